@@ -1,0 +1,41 @@
+"""`kakeya ...`: one small module per subcommand under bridge/commands/, dispatched from here.
+
+Each command module has `register(subparsers)` which adds its parser and sets `func(args) -> int`.
+A KakeyaError becomes one line on stderr and its exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from bridge.errors import KakeyaError
+
+# Command modules, in the order `kakeya --help` lists them.
+COMMANDS = ["presets", "exec", "gate"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kakeya", description="Request hardware runs through git; gate the evidence.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        importlib.import_module(f"bridge.commands.{name.replace('-', '_')}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KakeyaError as exc:
+        print(f"kakeya: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("kakeya: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,463 @@
+"""Presets: the allowlist of what a runner may execute (presets/*.yaml -> typed models).
+
+A preset is an argv template, typed and bounded parameters, runner labels, a time limit, an
+environment, the report kind it produces and its gate checks. A parameter fills exactly one argv
+element: template elements are either literals or exactly `{name}`, never a mix, so no value can
+add, split or prefix arguments. Nothing here runs anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from bridge.errors import InvalidRequest, KakeyaError
+from gates import Check, parse_checks
+
+BUILTINS = ("python", "report", "run_dir")
+_NAME = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
+_PARAM = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+_PLACEHOLDER = re.compile(r"^\{([a-z_][a-z0-9_]*)\}$")
+_ENV_REF = re.compile(r"\$\{ENV:([A-Za-z_][A-Za-z0-9_]*)\}")
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9][A-Za-z0-9._-]{0,127})?$")
+_ZOO = re.compile(r"^zoo:[a-z0-9][a-z0-9-]{0,63}$")
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    description: str = ""
+    required: bool = False
+
+    def parse(self, raw: Any) -> Any:
+        """Turn a CLI string or a JSON value into the typed value, or raise ValueError (the rule broken)."""
+        raise NotImplementedError
+
+    def render(self, value: Any) -> str:
+        return str(value)
+
+    def bounds(self) -> str:
+        return ""
+
+
+def _as_int(raw: Any) -> int:
+    if isinstance(raw, bool):
+        raise ValueError("must be an integer, not a boolean")
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, str) and re.fullmatch(r"[+-]?\d{1,18}", raw.strip()):
+        return int(raw.strip())
+    raise ValueError("must be an integer")
+
+
+class IntParam(_Base):
+    type: Literal["int"]
+    min: int
+    max: int
+    default: int | None = None
+
+    def parse(self, raw: Any) -> int:
+        value = _as_int(raw)
+        if not self.min <= value <= self.max:
+            raise ValueError(f"must be between {self.min} and {self.max}")
+        return value
+
+    def bounds(self) -> str:
+        return f"{self.min}..{self.max}"
+
+
+class FloatParam(_Base):
+    type: Literal["float"]
+    min: float
+    max: float
+    default: float | None = None
+
+    def parse(self, raw: Any) -> float:
+        if isinstance(raw, bool):
+            raise ValueError("must be a number, not a boolean")
+        try:
+            value = float(raw.strip() if isinstance(raw, str) else raw)
+        except (TypeError, ValueError):
+            raise ValueError("must be a number") from None
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        if not self.min <= value <= self.max:
+            raise ValueError(f"must be between {self.min} and {self.max}")
+        return value
+
+    def render(self, value: Any) -> str:
+        return repr(float(value))
+
+    def bounds(self) -> str:
+        return f"{self.min}..{self.max}"
+
+
+class BoolParam(_Base):
+    type: Literal["bool"]
+    default: bool | None = None
+
+    def parse(self, raw: Any) -> bool:
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and raw.strip().lower() in ("true", "1", "yes", "on"):
+            return True
+        if isinstance(raw, str) and raw.strip().lower() in ("false", "0", "no", "off"):
+            return False
+        raise ValueError("must be true or false")
+
+    def render(self, value: Any) -> str:
+        return "true" if value else "false"
+
+    def bounds(self) -> str:
+        return "true|false"
+
+
+class EnumParam(_Base):
+    type: Literal["enum"]
+    choices: list[str] = Field(min_length=1)
+    default: str | None = None
+
+    def parse(self, raw: Any) -> str:
+        if not isinstance(raw, str) or raw not in self.choices:
+            raise ValueError(f"must be one of {', '.join(self.choices)}")
+        return raw
+
+    def bounds(self) -> str:
+        return "|".join(self.choices)
+
+
+class StrParam(_Base):
+    type: Literal["str"]
+    pattern: str
+    max_length: int = Field(ge=1, le=4096)
+    default: str | None = None
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, pattern: str) -> str:
+        re.compile(pattern)
+        return pattern
+
+    def parse(self, raw: Any) -> str:
+        if not isinstance(raw, str):
+            raise ValueError("must be a string")
+        if len(raw) > self.max_length:
+            raise ValueError(f"must be at most {self.max_length} characters")
+        if not re.fullmatch(self.pattern, raw):
+            raise ValueError(f"must match the pattern {self.pattern}")
+        return raw
+
+    def bounds(self) -> str:
+        return f"/{self.pattern}/ max {self.max_length} chars"
+
+
+class IntListParam(_Base):
+    type: Literal["int_list"]
+    min: int
+    max: int
+    max_items: int = Field(ge=1, le=1024)
+    default: list[int] | None = None
+
+    def parse(self, raw: Any) -> list[int]:
+        if isinstance(raw, str):
+            items: list[Any] = [s for s in raw.split(",")]
+            if raw.strip() == "":
+                items = []
+        elif isinstance(raw, list):
+            items = raw
+        else:
+            raise ValueError("must be a comma-separated list of integers")
+        if not items:
+            raise ValueError("must hold at least one integer")
+        if len(items) > self.max_items:
+            raise ValueError(f"must hold at most {self.max_items} items")
+        values = []
+        for item in items:
+            try:
+                value = _as_int(item)
+            except ValueError:
+                raise ValueError(f"item {item!r} must be an integer") from None
+            if not self.min <= value <= self.max:
+                raise ValueError(f"item {value} must be between {self.min} and {self.max}")
+            values.append(value)
+        return values
+
+    def render(self, value: Any) -> str:
+        return ",".join(str(v) for v in value)
+
+    def bounds(self) -> str:
+        return f"items {self.min}..{self.max}, at most {self.max_items}"
+
+
+class PathParam(_Base):
+    """A relative path under `root` (relative roots are relative to the checkout the run uses)."""
+
+    type: Literal["path"]
+    root: str = "."
+    default: str | None = None
+
+    def parse(self, raw: Any) -> str:
+        if not isinstance(raw, str) or not raw.strip():
+            raise ValueError("must be a non-empty path")
+        if "\x00" in raw or "\n" in raw:
+            raise ValueError("must not contain NUL or newline characters")
+        path = PurePosixPath(raw)
+        root = PurePosixPath(self.root)
+        if path.is_absolute():
+            if not root.is_absolute() or not _is_under(path, root):
+                raise ValueError(f"must be a relative path under {self.root} (absolute paths are refused)")
+            path = path.relative_to(root)
+        if ".." in path.parts:
+            raise ValueError("must not contain '..'")
+        return str(path)
+
+    def render(self, value: Any) -> str:
+        return str(PurePosixPath(self.root) / value)
+
+    def bounds(self) -> str:
+        return f"under {self.root}"
+
+
+def _is_under(path: PurePosixPath, root: PurePosixPath) -> bool:
+    return ".." not in path.parts and (path == root or root in path.parents)
+
+
+class ModelParam(_Base):
+    """`zoo:NAME` (a model shipped in engine/zoo) or NAME, a directory under the runner's models dir."""
+
+    type: Literal["model"]
+    default: str | None = None
+
+    def parse(self, raw: Any) -> str:
+        if not isinstance(raw, str):
+            raise ValueError("must be a model reference (zoo:NAME or a model directory name)")
+        if _ZOO.match(raw):
+            return raw
+        if not _MODEL_NAME.match(raw) or ".." in raw.split("/"):
+            raise ValueError("must be zoo:NAME or a model directory name such as gemma-3-1b (no '..', not absolute)")
+        return raw
+
+    def bounds(self) -> str:
+        return "zoo:NAME | NAME under $KAKEYA_MODELS or ~/kakeya-models"
+
+
+Param = Annotated[
+    IntParam | FloatParam | BoolParam | EnumParam | StrParam | IntListParam | PathParam | ModelParam,
+    Field(discriminator="type"),
+]
+
+
+def models_dirs(environ: Mapping[str, str]) -> list[Path]:
+    """Where a runner looks for model NAME: $KAKEYA_MODELS, then ~/kakeya-models."""
+    dirs = []
+    if environ.get("KAKEYA_MODELS"):
+        dirs.append(Path(environ["KAKEYA_MODELS"]).expanduser())
+    home = environ.get("HOME")
+    dirs.append(Path(home).expanduser() / "kakeya-models" if home else Path.home() / "kakeya-models")
+    return dirs
+
+
+def resolve_model(ref: str, environ: Mapping[str, str]) -> str:
+    """On the runner: `zoo:NAME` passes through; NAME becomes the first existing models-dir/NAME."""
+    if ref.startswith("zoo:"):
+        return ref
+    tried = [d / ref for d in models_dirs(environ)]
+    for candidate in tried:
+        if candidate.is_dir():
+            return str(candidate)
+    raise KakeyaError(f"model {ref!r} not found: looked in {' and '.join(str(t) for t in tried)}; "
+                      f"set KAKEYA_MODELS or put the model directory at ~/kakeya-models/{ref}")
+
+
+class ReportSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: str = Field(pattern=r"^[a-z][a-z0-9_-]*$")
+    schema_version: int = Field(ge=1)
+
+
+class Preset(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    description: str
+    runners: list[str] = Field(min_length=1)
+    timeout_s: int = Field(ge=1, le=7 * 24 * 3600)
+    argv: list[str] = Field(min_length=1)
+    params: dict[str, Param] = {}
+    env: dict[str, str] = {}
+    secrets: list[str] = []
+    report: ReportSpec
+    gate: list[Check] = []
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not _NAME.match(name):
+            raise ValueError(f"name {name!r} must be lowercase letters, digits and dashes")
+        return name
+
+    @field_validator("gate", mode="before")
+    @classmethod
+    def _gate(cls, raw: Any) -> list[Check]:
+        return parse_checks(raw)
+
+    @model_validator(mode="after")
+    def _template(self) -> Preset:
+        for pname, spec in self.params.items():
+            if not _PARAM.match(pname):
+                raise ValueError(f"parameter name {pname!r} must be lowercase letters, digits and underscores")
+            if pname in BUILTINS:
+                raise ValueError(f"parameter {pname!r} shadows the builtin {{{pname}}}")
+            if spec.default is not None:
+                try:
+                    spec.parse(spec.default)
+                except ValueError as exc:
+                    raise ValueError(f"default of parameter {pname!r} ({spec.default!r}) {exc}") from None
+            elif not spec.required:
+                raise ValueError(f"parameter {pname!r} needs a default or `required: true`")
+        used = set()
+        for element in self.argv:
+            m = _PLACEHOLDER.match(element)
+            if m:
+                if m.group(1) not in self.params and m.group(1) not in BUILTINS:
+                    raise ValueError(f"argv element {element!r} names no parameter or builtin")
+                used.add(m.group(1))
+            elif "{" in element or "}" in element:
+                raise ValueError(f"argv element {element!r}: a placeholder must be a whole element, e.g. '{{model}}'")
+        unused = set(self.params) - used
+        if unused:
+            raise ValueError(f"parameters {sorted(unused)} are never used in argv")
+        for key in self.env:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise ValueError(f"env name {key!r} is not a valid variable name")
+        return self
+
+    @property
+    def content_hash(self) -> str:
+        """sha256 of the canonical definition: what the runner ran, independent of YAML formatting."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+    def validate_params(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        """Typed values for every parameter (defaults filled); InvalidRequest names what is wrong."""
+        unknown = sorted(set(raw) - set(self.params))
+        if unknown:
+            known = ", ".join(sorted(self.params)) or "none"
+            raise InvalidRequest(f"preset {self.name}: unknown parameter {unknown[0]!r} (known: {known})")
+        values: dict[str, Any] = {}
+        for pname, spec in self.params.items():
+            if pname in raw:
+                try:
+                    values[pname] = spec.parse(raw[pname])
+                except ValueError as exc:
+                    raise InvalidRequest(f"preset {self.name}: parameter {pname}={raw[pname]!r} {exc}") from None
+            elif spec.required:
+                raise InvalidRequest(f"preset {self.name}: parameter {pname!r} is required ({spec.type}, {spec.bounds()})")
+            else:
+                values[pname] = spec.parse(spec.default)
+        return values
+
+    def render_argv(self, values: Mapping[str, Any], builtins: Mapping[str, str],
+                    environ: Mapping[str, str]) -> list[str]:
+        """One argv element per template element; model names are resolved on this (runner) host."""
+        argv = []
+        for element in self.argv:
+            m = _PLACEHOLDER.match(element)
+            if not m:
+                argv.append(element)
+                continue
+            key = m.group(1)
+            if key in builtins:
+                argv.append(str(builtins[key]))
+                continue
+            spec = self.params[key]
+            rendered = spec.render(values[key])
+            if isinstance(spec, ModelParam):
+                rendered = resolve_model(rendered, environ)
+            argv.append(rendered)
+        return argv
+
+    def render_env(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """The preset's env with `${ENV:NAME}` resolved from the runner's environment (never the request)."""
+        out = {}
+        for key, template in self.env.items():
+            missing = [n for n in _ENV_REF.findall(template) if n not in environ]
+            if missing:
+                raise KakeyaError(f"preset {self.name}: env {key} needs ${{ENV:{missing[0]}}} but {missing[0]} "
+                                  f"is not set on this runner")
+            out[key] = _ENV_REF.sub(lambda m: environ[m.group(1)], template)
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """What `kakeya presets` shows."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "runners": self.runners,
+            "timeout_s": self.timeout_s,
+            "report": self.report.model_dump(),
+            "params": {n: {"type": s.type, "default": s.default, "required": s.required, "bounds": s.bounds(),
+                           "description": s.description} for n, s in self.params.items()},
+            "gate": [c.model_dump(exclude_none=True) for c in self.gate],
+            "hash": self.content_hash,
+        }
+
+
+def parse_assignments(pairs: list[str] | None) -> dict[str, str]:
+    """`-p name=value` pairs into a dict; a repeated or malformed pair is an InvalidRequest."""
+    out: dict[str, str] = {}
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise InvalidRequest(f"parameter {pair!r} must look like name=value")
+        if name in out:
+            raise InvalidRequest(f"parameter {name!r} is given twice")
+        out[name] = value
+    return out
+
+
+def default_presets_dir() -> Path:
+    """$KAKEYA_PRESETS, else presets/ next to the installed bridge package (the trusted checkout)."""
+    env = os.environ.get("KAKEYA_PRESETS")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "presets"
+
+
+def load_preset_file(path: Path) -> Preset:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise InvalidRequest(f"preset file {path}: cannot read YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest(f"preset file {path}: expected a mapping at the top level")
+    try:
+        preset = Preset.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'preset'}: "
+                             f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
+        raise InvalidRequest(f"preset file {path}: {problems}") from None
+    if preset.name != path.stem:
+        raise InvalidRequest(f"preset file {path}: name {preset.name!r} must match the file name {path.stem!r}")
+    return preset
+
+
+def load_registry(directory: Path | None = None) -> dict[str, Preset]:
+    """Every presets/*.yaml, validated; one bad file fails the whole registry (an allowlist is all or nothing)."""
+    directory = directory or default_presets_dir()
+    if not directory.is_dir():
+        raise KakeyaError(f"presets directory {directory} does not exist (set KAKEYA_PRESETS)")
+    return {p.stem: load_preset_file(p) for p in sorted(directory.glob("*.yaml"))}
+
+
+def get_preset(registry: Mapping[str, Preset], name: str) -> Preset:
+    if name not in registry:
+        raise InvalidRequest(f"unknown preset {name!r} (known: {', '.join(sorted(registry)) or 'none'})")
+    return registry[name]
