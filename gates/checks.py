@@ -41,6 +41,8 @@ class Check(BaseModel):
         elif self.check == "eq":
             if self.value is None:
                 raise ValueError(f"check 'eq' at {self.path} needs a value")
+            if isinstance(self.value, float) and not math.isfinite(self.value):
+                raise ValueError(f"check 'eq' at {self.path} needs a finite value, got {self.value!r}")
         elif self.value is not None:
             raise ValueError(f"check 'all_true' at {self.path} takes no value")
         return self
