@@ -27,6 +27,7 @@ BUILTINS = ("python", "report", "run_dir")
 _NAME = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 _PARAM = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 _PLACEHOLDER = re.compile(r"^\{([a-z_][a-z0-9_]*)\}$")
+_EMBEDDED = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 _ENV_REF = re.compile(r"\$\{ENV:([A-Za-z_][A-Za-z0-9_]*)\}")
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9][A-Za-z0-9._-]{0,127})?$")
 _ZOO = re.compile(r"^zoo:[a-z0-9][a-z0-9-]{0,63}$")
@@ -331,7 +332,7 @@ class Preset(BaseModel):
                 if m.group(1) not in self.params and m.group(1) not in BUILTINS:
                     raise ValueError(f"argv element {element!r} names no parameter or builtin")
                 used.add(m.group(1))
-            elif "{" in element or "}" in element:
+            elif any(n in self.params or n in BUILTINS for n in _EMBEDDED.findall(element)):
                 raise ValueError(f"argv element {element!r}: a placeholder must be a whole element, e.g. '{{model}}'")
         unused = set(self.params) - used
         if unused:

@@ -15,7 +15,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-
 TOOLS = (("torch", "torch"), ("transformers", "transformers"), ("mlx", "mlx.core"), ("mlx_lm", "mlx_lm"))
 
 

@@ -49,9 +49,7 @@ def probe() -> dict[str, Any]:
     versions = env["versions"]
     return {
         "python": platform.python_version(),
-        "executable": sys.executable,
         "os": env["os"],
-        "machine": env["machine"],
         "cpu_count": os.cpu_count() or 1,
         "memory_bytes": env["memory_bytes"],
         "packages": {name: versions.get(name) for name in ("torch", "transformers", "mlx", "mlx_lm")},

@@ -1,0 +1,265 @@
+"""One sandboxed run: real subprocesses, process trees, capped logs, redaction, report checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from bridge.cli import main
+from bridge.config import Config
+from bridge.presets import Preset
+from bridge.run import CappedLog, Redactor, RunContext, execute, write_outcome
+
+REPORT = {"kind": "probe", "schema_version": 1}
+
+
+def preset(argv, params=None, **over) -> Preset:
+    data = {"name": "t", "description": "test", "runners": ["cpu"], "timeout_s": 20, "argv": argv,
+            "params": params or {}, "report": REPORT}
+    data.update(over)
+    return Preset.model_validate(data)
+
+
+def script(checkout: Path, name: str, body: str) -> str:
+    (checkout / name).write_text(textwrap.dedent(body))
+    return name
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    path = tmp_path / "checkout"
+    path.mkdir()
+    return path
+
+
+def run(p, checkout, tmp_path, values=None, **kw):
+    kw.setdefault("config", Config())
+    kw.setdefault("environ", {"PATH": os.environ["PATH"], "HOME": str(tmp_path)})
+    return execute(p, p.validate_params(values or {}), checkout, tmp_path / "out", **kw)
+
+
+def test_injection_values_arrive_as_one_literal_argument(checkout, tmp_path):
+    canary = tmp_path / "canary"
+    script(checkout, "echo_args.py", """
+        import json, os, sys
+        json.dump({"argv": sys.argv[1:]}, open(os.environ["KAKEYA_REPORT"], "w"))
+    """)
+    p = preset(["{python}", "echo_args.py", "{v}"],
+               {"v": {"type": "str", "pattern": "(?s).*", "max_length": 200, "default": "x"}})
+    values = [f"; touch {canary}", f"$(touch {canary})", f"`touch {canary}`", f"a\ntouch {canary}",
+              "--help", f"x' ; touch {canary} '", f"| touch {canary}"]
+    for value in values:
+        result = run(p, checkout, tmp_path, {"v": value})
+        report = json.loads((tmp_path / "out" / "report.json").read_text())
+        assert report["argv"] == [value], value
+        assert result.status == "succeeded"
+    assert not canary.exists()
+
+
+def test_environment_is_scrubbed_and_checkout_is_on_pythonpath(checkout, tmp_path):
+    (checkout / "pkg").mkdir()
+    (checkout / "pkg" / "__init__.py").write_text("MARK = 'from-checkout'\n")
+    script(checkout, "env.py", """
+        import json, os, pkg
+        json.dump({"env": dict(os.environ), "mark": pkg.MARK, "cwd": os.getcwd()},
+                  open(os.environ["KAKEYA_REPORT"], "w"))
+    """)
+    p = preset(["{python}", "env.py"], env={"HF_HUB_OFFLINE": "1", "WHERE": "${ENV:MODELS_AT}"})
+    environ = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "AWS_SECRET": "leak", "MODELS_AT": "/m"}
+    result = run(p, checkout, tmp_path, environ=environ,
+                 context=RunContext(request_id="r1", subject="abc123", runner_name="n", runner_labels=["cpu"]))
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    env = report["env"]
+    assert "AWS_SECRET" not in env and "MODELS_AT" not in env
+    assert env["WHERE"] == "/m" and env["HF_HUB_OFFLINE"] == "1"
+    assert env["PYTHONPATH"] == str(checkout.resolve()) and report["mark"] == "from-checkout"
+    assert env["KAKEYA_SUBJECT"] == "abc123" and env["KAKEYA_RUN_DIR"] == str((tmp_path / "out").resolve())
+    assert report["cwd"] == str(checkout.resolve())
+    saved = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert saved["request_id"] == "r1" and saved["subject"] == "abc123" and saved["status"] == "succeeded"
+    assert saved["preset_hash"] == p.content_hash and saved["host"]["cpu_count"] >= 1
+    assert result.verdict == "fail"  # a probe report without its body fails its schema
+
+
+def test_missing_env_placeholder_fails_before_anything_starts(checkout, tmp_path):
+    canary = tmp_path / "ran"
+    p = preset(["{python}", "-c", f"open({str(canary)!r}, 'w')"], env={"X": "${ENV:NOT_SET_ANYWHERE}"})
+    result = run(p, checkout, tmp_path)
+    assert result.status == "error" and "NOT_SET_ANYWHERE is not set" in result.reason
+    assert not canary.exists()
+    assert json.loads((tmp_path / "out" / "result.json").read_text())["status"] == "error"
+
+
+def test_timeout_kills_the_whole_tree_grandchildren_included(checkout, tmp_path):
+    pids = tmp_path / "pids"
+    inner = ("import os, subprocess, sys, time\n"
+             "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+             "d = subprocess.Popen([sys.executable, '-c', 'import os, time; os.setsid(); time.sleep(600)'])\n"
+             f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{g.pid}} {{d.pid}}')\n"
+             "time.sleep(600)\n")
+    (checkout / "tree.py").write_text(
+        f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {inner!r}])\ntime.sleep(600)\n")
+    p = preset(["{python}", "tree.py"], timeout_s=3)
+    start = time.monotonic()
+    result = run(p, checkout, tmp_path)
+    assert result.status == "timed-out" and "time limit of 3 s" in result.reason
+    assert time.monotonic() - start < 15
+    tree = [int(x) for x in pids.read_text().split()]
+    assert len(tree) == 3
+    deadline = time.monotonic() + 5
+    while any(alive(pid) for pid in tree) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in tree if alive(pid)]
+
+
+def test_exited_program_leaves_no_background_process(checkout, tmp_path):
+    pidfile = tmp_path / "bg"
+    script(checkout, "bg.py", f"""
+        import subprocess, sys, json, os
+        g = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        open({str(pidfile)!r}, "w").write(str(g.pid))
+        json.dump({{}}, open(os.environ["KAKEYA_REPORT"], "w"))
+    """)
+    run(preset(["{python}", "bg.py"]), checkout, tmp_path)
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(pid)
+
+
+def test_fifty_megabytes_of_output_stay_under_the_cap_with_head_and_tail(checkout, tmp_path):
+    script(checkout, "loud.py", """
+        import sys
+        out = sys.stdout.buffer
+        out.write(b"HEAD-MARKER\\n")
+        line = b"x" * 99 + b"\\n"
+        for _ in range(500_000):
+            out.write(line)
+        out.write(b"TAIL-MARKER\\n")
+        sys.stderr.write("err-only\\n")
+    """)
+    cap = 1024 * 1024
+    result = run(preset(["{python}", "loud.py"]), checkout, tmp_path, config=Config(log_cap_bytes=cap))
+    log = (tmp_path / "out" / "logs" / "stdout.log").read_bytes()
+    assert len(log) <= cap + 200
+    assert log.startswith(b"HEAD-MARKER") and log.rstrip().endswith(b"TAIL-MARKER")
+    assert b"kakeya cut" in log
+    assert (tmp_path / "out" / "logs" / "stderr.log").read_bytes() == b"err-only\n"
+    assert result.status == "error" and "no report" in result.reason
+
+
+def test_secrets_appear_in_no_file_written(checkout, tmp_path):
+    secret = "s3cr3t-TOKEN-value-1234"
+    script(checkout, "leak.py", """
+        import json, os, sys
+        s = os.environ["HF_TOKEN"]
+        print("token is", s)
+        sys.stdout.flush()
+        # split across two writes, to straddle reads
+        sys.stdout.write(s[:7]); sys.stdout.flush(); sys.stdout.write(s[7:] + "\\n")
+        print(s, file=sys.stderr)
+        json.dump({"leaked": s, "note": "x" + s}, open(os.environ["KAKEYA_REPORT"], "w"))
+        open(os.path.join(os.environ["KAKEYA_RUN_DIR"], "extra.txt"), "w").write(s)
+    """)
+    p = preset(["{python}", "leak.py", "{v}"], {"v": {"type": "str", "pattern": ".*", "max_length": 64,
+                                                      "default": "x"}},
+               env={"HF_TOKEN": "${ENV:HF_TOKEN}"}, secrets=["HF_TOKEN"])
+    environ = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "HF_TOKEN": secret}
+    run(p, checkout, tmp_path, {"v": secret}, environ=environ)
+    files = [f for f in (tmp_path / "out").rglob("*") if f.is_file()]
+    assert {f.name for f in files} >= {"stdout.log", "stderr.log", "report.json", "result.json", "summary.md",
+                                       "extra.txt"}
+    for f in files:
+        assert secret.encode() not in f.read_bytes(), f
+    assert b"[REDACTED]" in (tmp_path / "out" / "logs" / "stdout.log").read_bytes()
+    assert "[REDACTED]" in json.loads((tmp_path / "out" / "result.json").read_text())["argv"]
+
+
+def test_capped_log_catches_a_secret_split_across_chunks(tmp_path):
+    log = CappedLog(tmp_path / "x.log", 1 << 20, Redactor(["abcdef"]))
+    for chunk in (b"..ab", b"c", b"de", b"f..abcdefabc", b"def"):
+        log.write(chunk)
+    log.close()
+    assert (tmp_path / "x.log").read_bytes() == b"..[REDACTED]..[REDACTED][REDACTED]"
+
+
+@pytest.mark.parametrize(("body", "reason"), [
+    ("pass", "wrote no report"),
+    ("open(os.environ['KAKEYA_REPORT'], 'w').write('{not json')", "not valid JSON"),
+    ("open(os.environ['KAKEYA_REPORT'], 'w').write('[1, 2]')", "not an object"),
+    ("open(os.environ['KAKEYA_REPORT'], 'w').write('{\"a\": NaN}')", "non-finite"),
+])
+def test_bad_reports_end_in_error_with_the_reason(checkout, tmp_path, body, reason):
+    p = preset(["{python}", "-c", f"import os\n{body}"])
+    result = run(p, checkout, tmp_path)
+    assert result.status == "error" and reason in result.reason
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "error" in summary and reason in summary
+
+
+def test_nonzero_exit_is_failed_and_unstartable_is_error(checkout, tmp_path):
+    result = run(preset(["{python}", "-c", "import sys; sys.exit(3)"]), checkout, tmp_path)
+    assert (result.status, result.exit_code, result.reason) == ("failed", 3, "exited with code 3")
+    result = run(preset(["/nonexistent/program"]), checkout, tmp_path)
+    assert result.status == "error" and "could not start '/nonexistent/program'" in result.reason
+
+
+def test_should_stop_cancels_or_errors(checkout, tmp_path):
+    p = preset(["{python}", "-c", "import time; time.sleep(60)"])
+    calls = []
+
+    def stop():
+        calls.append(1)
+        return "cancelled" if len(calls) > 3 else None
+
+    result = run(p, checkout, tmp_path, should_stop=stop)
+    assert result.status == "cancelled"
+    result = run(p, checkout, tmp_path, should_stop=lambda: "lease lost to runner b")
+    assert result.status == "error" and result.reason == "lease lost to runner b"
+
+
+def test_write_outcome_records_why_nothing_ran(tmp_path):
+    result = write_outcome(tmp_path / "o", "rejected", "unknown preset 'x'", preset_name="x", params={"a": "1"},
+                           context=RunContext(request_id="r9"))
+    saved = json.loads((tmp_path / "o" / "result.json").read_text())
+    assert saved["status"] == "rejected" and saved["request_id"] == "r9" and result.exit_code is None
+    assert "unknown preset 'x'" in (tmp_path / "o" / "summary.md").read_text()
+
+
+def test_exec_command_runs_the_probe_preset(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "probe-out"
+    assert main(["exec", "probe", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"results in {out}" in printed and "# probe: succeeded" in printed
+    report = json.loads((out / "report.json").read_text())
+    assert report["kind"] == "probe" and report["probe"]["cpu_count"] == os.cpu_count()
+    assert report["probe"]["packages"]["torch"] is not None
+    verdict = json.loads((out / "verdict.json").read_text())
+    assert verdict["status"] == "pass"
+    assert main(["exec", "probe", "-p", "x=1"]) == 2
+    assert "unknown parameter 'x'" in capsys.readouterr().err
+
+
+def test_exec_as_a_real_subprocess(tmp_path):
+    import subprocess
+
+    kakeya = Path(sys.executable).parent / "kakeya"
+    proc = subprocess.run([str(kakeya), "exec", "nope"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("kakeya: error: unknown preset 'nope'")
+    assert len(proc.stderr.strip().splitlines()) == 1
