@@ -298,23 +298,6 @@ def build_env(preset_env: Mapping[str, str], environ: Mapping[str, str], checkou
     return env
 
 
-def load_report(path: Path) -> dict[str, Any]:
-    """The program's report as a JSON object; KakeyaError says why it is not one."""
-    if not path.is_file():
-        raise KakeyaError(f"the program wrote no report at {path} ($KAKEYA_REPORT)")
-
-    def _finite(token: str) -> float:
-        raise ValueError(f"non-finite number {token}")
-
-    try:
-        report = json.loads(path.read_text(), parse_constant=_finite)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise KakeyaError(f"report {path.name} is not valid JSON: {exc}") from None
-    if not isinstance(report, dict):
-        raise KakeyaError(f"report {path.name} is a JSON {type(report).__name__}, not an object")
-    return report
-
-
 def execute(preset: Preset, values: Mapping[str, Any], checkout: Path, out_dir: Path, *, config: Config,
             environ: Mapping[str, str] | None = None, context: RunContext | None = None,
             should_stop: Callable[[], str | None] | None = None) -> RunResult:
@@ -379,12 +362,15 @@ def execute(preset: Preset, values: Mapping[str, Any], checkout: Path, out_dir: 
         result.report = "report.json"
     if result.status in ("succeeded", "failed"):
         try:
-            report = load_report(report_path)
-        except KakeyaError as exc:
+            if not report_path.is_file():
+                raise gates.ReportError(f"the program wrote no report at {report_path} ($KAKEYA_REPORT)")
+            report = gates.load_report(report_path)
+        except gates.ReportError as exc:
             if result.status == "succeeded":
                 result.status, result.reason = "error", str(exc)
         else:
-            verdict = gates.evaluate(report, preset.gate)
+            verdict = gates.evaluate(report, preset.gate, kind=preset.report.kind,
+                                     schema_version=preset.report.schema_version)
             (out_dir / "verdict.json").write_text(verdict.model_dump_json(indent=2) + "\n")
             result.verdict = verdict.status
     return _finish(out_dir, result, redact)

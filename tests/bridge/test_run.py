@@ -201,7 +201,7 @@ def test_capped_log_catches_a_secret_split_across_chunks(tmp_path):
 @pytest.mark.parametrize(("body", "reason"), [
     ("pass", "wrote no report"),
     ("open(os.environ['KAKEYA_REPORT'], 'w').write('{not json')", "not valid JSON"),
-    ("open(os.environ['KAKEYA_REPORT'], 'w').write('[1, 2]')", "not an object"),
+    ("open(os.environ['KAKEYA_REPORT'], 'w').write('[1, 2]')", "not a JSON object"),
     ("open(os.environ['KAKEYA_REPORT'], 'w').write('{\"a\": NaN}')", "non-finite"),
 ])
 def test_bad_reports_end_in_error_with_the_reason(checkout, tmp_path, body, reason):
