@@ -19,6 +19,13 @@ from gates.pointer import PathError, json_type, resolve, split
 _EPS = 1e-9
 
 
+def _num(x: float | None) -> str:
+    """A number as written: 95 not 95.0, 25276510208 not 2.52765e+10."""
+    if x is None:
+        return "null"
+    return str(int(x)) if x.is_integer() and abs(x) < 1e15 else repr(x)
+
+
 class Comparison(BaseModel):
     status: Literal["pass", "fail", "error"]
     metric: str
@@ -39,7 +46,7 @@ class Comparison(BaseModel):
         return "\n".join([
             f"**Compare: {MARK[self.status]} {self.status}** ({better})", "",
             "| | metric | new | base | change | max regression |", "|---|---|---|---|---|---|",
-            f"| {MARK[self.status]} | `{_cell(self.metric)}` | {_fmt(self.new)} | {_fmt(self.base)} | {change} "
+            f"| {MARK[self.status]} | `{_cell(self.metric)}` | {_num(self.new)} | {_num(self.base)} | {change} "
             f"| {self.max_regression_pct:g} % |", "",
             _cell(self.reason), "",
         ])
@@ -90,7 +97,7 @@ def compare(new: Any, base: Any, metric: str, max_regression_pct: float, *,
     ok = regression <= max_regression_pct * (1 + _EPS) + _EPS
     word = "worse" if regression > 0 else "better" if regression < 0 else "unchanged"
     amount = f"{abs(regression):.4g} % {word}" if regression else "unchanged"
-    reason = (f"{metric}: {n:g} vs baseline {b:g}, {amount}; "
+    reason = (f"{metric}: {_num(n)} vs baseline {_num(b)}, {amount}; "
               f"{'within' if ok else 'exceeds'} the allowed {max_regression_pct:g} % regression")
     return Comparison(status="pass" if ok else "fail", **head, new=n, base=b, change_pct=change,
                       regression_pct=regression, reason=reason)

@@ -70,7 +70,8 @@ class Verdict(BaseModel):
 
     def to_markdown(self) -> str:
         what = f"{self.kind} v{self.schema_version}" if self.kind is not None else "report"
-        lines = [f"**Gate: {MARK[self.status]} {self.status}** ({what}, {len(self.checks)} checks)", ""]
+        n = len(self.checks)
+        lines = [f"**Gate: {MARK[self.status]} {self.status}** ({what}, {n} check{'' if n == 1 else 's'})", ""]
         if self.error:
             lines += [f"Not evaluated: {_cell(self.error)}", ""]
         if self.checks:

@@ -159,8 +159,8 @@ def _metric_reports(tmp_path, new, base):
 
 
 @pytest.mark.parametrize(("new", "base", "extra", "code", "line"), [
-    (95, 100, [], 0, "| ✓ | `/probe/memory_bytes` | 95.0 | 100.0 | -5.00 % | 5 % |"),
-    (94, 100, [], 1, "| ✗ | `/probe/memory_bytes` | 94.0 | 100.0 | -6.00 % | 5 % |"),
+    (95, 100, [], 0, "| ✓ | `/probe/memory_bytes` | 95 | 100 | -5.00 % | 5 % |"),
+    (94, 100, [], 1, "| ✗ | `/probe/memory_bytes` | 94 | 100 | -6.00 % | 5 % |"),
     (106, 100, ["--lower-is-better"], 1, "6 % worse; exceeds the allowed 5 % regression"),
     (94, 100, ["--lower-is-better"], 0, "6 % better; within the allowed 5 % regression"),
     (None, 100, [], 1, "/probe/memory_bytes in the new report is null"),

@@ -36,7 +36,7 @@ def test_reason_and_markdown():
     assert result.change_pct == pytest.approx(-10.0)
     md = result.to_markdown()
     assert md.startswith("**Compare: ✗ fail** (higher is better)")
-    assert "| ✗ | `/summary/tok_s` | 90.0 | 100.0 | -10.00 % | 5 % |" in md
+    assert "| ✗ | `/summary/tok_s` | 90 | 100 | -10.00 % | 5 % |" in md
     assert Comparison.model_validate_json(result.model_dump_json()) == result
     assert "unchanged" in compare(rep(100), rep(100), "/summary/tok_s", 0).reason
 

@@ -33,6 +33,9 @@ def one(check, path, value=None, doc=LADDER):
     ("eq", "/flag", 1, "fail", True, "/flag"),
     ("eq", "/name", "x", "pass", "x", "/name"),
     ("eq", "/rungs/0", {"ctx": 256, "delta": 0.01, "exact": True}, "pass", LADDER["rungs"][0], "/rungs/0"),
+    ("eq", "/rungs/1", {"ctx": 1024, "delta": 0.04, "exact": 1}, "fail", LADDER["rungs"][1], "/rungs/1"),
+    ("eq", "/empty", [], "pass", [], "/empty"),
+    ("eq", "/empty", [0], "fail", [], "/empty"),
     ("all_true", "/rungs/*/exact", None, "pass", True, "/rungs/0/exact"),
     ("all_true", "/flag", None, "pass", True, "/flag"),
 ])
@@ -130,6 +133,7 @@ def test_failing_verdict_lists_every_reason_in_markdown(probe_report):
 def test_markdown_escapes_pipes_and_says_no_checks():
     verdict = evaluate({"kind": "probe"}, [Check(check="eq", path="/kind", value="a|b")])
     assert "= \"a\\|b\"" in verdict.to_markdown()
+    assert "(report, 1 check)" in verdict.to_markdown()
     assert "No checks." in Verdict(status="pass").to_markdown()
     error = Verdict(status="error", error="no schema")
     assert error.to_markdown().startswith("**Gate: ! error** (report, 0 checks)\n\nNot evaluated: no schema")
