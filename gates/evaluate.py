@@ -69,7 +69,7 @@ class Verdict(BaseModel):
         return out
 
     def to_markdown(self) -> str:
-        what = f"{self.kind} v{self.schema_version}" if self.kind is not None else "report"
+        what = f"{self.kind} v{self.schema_version}" if self.kind and self.schema_version else "report"
         n = len(self.checks)
         lines = [f"**Gate: {MARK[self.status]} {self.status}** ({what}, {n} check{'' if n == 1 else 's'})", ""]
         if self.error:
