@@ -1,0 +1,294 @@
+"""PyTorch backend: a transformers causal LM plus the policy cache.
+
+`PolicyCache` is passed to the model as `past_key_values`: each attention layer calls
+`update(k, v, layer_idx)` after RoPE; it writes the new K/V into preallocated buffers (sinks + ring,
+or a growing buffer for unbounded layers, see engine/cache.py) and returns the slots to attend.
+The per-query masks are built once per forward per layer group from the absolute position each slot
+holds and handed to the model as a prepared 4-D boolean mask (a dict keyed by layer type for models
+with several layer types), which transformers passes through untouched. `position_ids` are explicit,
+so every position keeps its original RoPE position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.cache import EMPTY, Layout, Plan
+from engine.policy import LayerSpec, Policy, layer_specs
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class _Group:
+    """Layers sharing one LayerSpec: one layout, one position table, one mask per forward."""
+
+    def __init__(self, spec: LayerSpec, max_block: int, layers: list[int]) -> None:
+        self.spec = spec
+        self.layout = Layout(spec, max_block)
+        self.layers = layers
+        self.pos = torch.full((0,), EMPTY, dtype=torch.long)
+        self.plan: Plan | None = None
+        self.slots: torch.Tensor | None = None  # written slots, when not a contiguous range
+        self.keep: torch.Tensor | None = None  # concat: rows of the block that are written
+
+    def begin(self, m: int) -> torch.Tensor | None:
+        plan = self.layout.plan(m)
+        self.plan = plan
+        if self.pos.numel() < plan.capacity:
+            grown = torch.full((_grow(self.pos.numel(), plan.capacity, self.layout.limit),), EMPTY, dtype=torch.long)
+            grown[: self.pos.numel()] = self.pos
+            self.pos = grown
+        new_pos = torch.arange(plan.start, plan.start + m)
+        written = new_pos if plan.keep is None else new_pos[list(plan.keep)]
+        rng = plan.slot_range
+        self.slots = None if rng else torch.tensor(plan.slots)
+        self.keep = None if plan.keep is None else torch.tensor(plan.keep)
+        # Concat: the keys are the old buffer (read before the write) followed by the new block.
+        kp = torch.cat((self.pos[: plan.old_view], new_pos)) if plan.concat else None
+        if rng:
+            self.pos[rng[0] : rng[1]] = written
+        else:
+            self.pos[self.slots] = written
+        if not plan.mask:
+            return None
+        if kp is None:
+            kp = self.pos[: plan.view]
+        return _mask(self.spec, new_pos, kp)
+
+    def trim(self, r: int) -> None:
+        dropped = self.layout.trim(r)
+        if dropped and self.layout.limit is not None:
+            self.pos[list(dropped)] = EMPTY
+
+
+def _grow(have: int, need: int, limit: int | None) -> int:
+    size = max(need, 2 * have, 256)
+    return size if limit is None else min(size, limit)
+
+
+def _mask(spec: LayerSpec, qp: torch.Tensor, kp: torch.Tensor) -> torch.Tensor:
+    q = qp[:, None]
+    k = kp[None, :]
+    allowed = k <= q
+    if spec.window is not None:
+        in_window = k > q - spec.window
+        allowed &= (in_window | (k < spec.sink)) if spec.sink else in_window
+    if spec.native_window is not None:
+        allowed &= k > q - spec.native_window
+    return allowed[None, None]
+
+
+class PolicyCache:
+    """A `past_key_values` object for transformers models, holding K/V under a cache policy."""
+
+    is_compileable = False
+
+    def __init__(self, specs: list[LayerSpec], max_block: int) -> None:
+        by_spec: dict[LayerSpec, list[int]] = {}
+        for i, s in enumerate(specs):
+            by_spec.setdefault(s, []).append(i)
+        self.groups = [_Group(s, max_block, layers) for s, layers in by_spec.items()]
+        self.group_of = [g for i in range(len(specs)) for g in self.groups if i in g.layers]
+        self.k: list[torch.Tensor | None] = [None] * len(specs)
+        self.v: list[torch.Tensor | None] = [None] * len(specs)
+        self.max_block = max_block
+
+    @property
+    def position(self) -> int:
+        return self.groups[0].layout.n
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.position
+
+    def begin(self, m: int) -> dict[LayerSpec, torch.Tensor | None]:
+        return {g.spec: g.begin(m) for g in self.groups}
+
+    def update(
+        self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        g = self.group_of[layer_idx]
+        plan = g.plan
+        assert plan is not None
+        kb, vb = self.k[layer_idx], self.v[layer_idx]
+        if kb is None or vb is None or kb.shape[2] < plan.capacity:
+            kb, vb = self._grow(layer_idx, key, value, plan.capacity, g.layout.limit)
+        if plan.concat:
+            ko = torch.cat((kb[:, :, : plan.old_view], key), dim=2)
+            vo = torch.cat((vb[:, :, : plan.old_view], value), dim=2)
+            if g.keep is not None:
+                key, value = key.index_select(2, g.keep), value.index_select(2, g.keep)
+            self._write(kb, vb, key, value, g, plan)
+            return ko, vo
+        self._write(kb, vb, key, value, g, plan)
+        return kb[:, :, : plan.view], vb[:, :, : plan.view]
+
+    @staticmethod
+    def _write(kb: torch.Tensor, vb: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: _Group, plan: Plan) -> None:
+        rng = plan.slot_range
+        if rng:
+            kb[:, :, rng[0] : rng[1]] = key
+            vb[:, :, rng[0] : rng[1]] = value
+        else:
+            assert g.slots is not None
+            kb.index_copy_(2, g.slots, key)
+            vb.index_copy_(2, g.slots, value)
+
+    def _grow(
+        self, i: int, key: torch.Tensor, value: torch.Tensor, need: int, limit: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        old_k, old_v = self.k[i], self.v[i]
+        have = 0 if old_k is None else old_k.shape[2]
+        size = _grow(have, need, limit)
+        b, h, _, d = key.shape
+        kb = key.new_empty((b, h, size, d))
+        vb = value.new_empty((b, h, size, value.shape[3]))
+        if old_k is not None and old_v is not None:
+            kb[:, :, :have] = old_k
+            vb[:, :, :have] = old_v
+        self.k[i], self.v[i] = kb, vb
+        return kb, vb
+
+    def trim(self, r: int) -> None:
+        for g in self.groups:
+            g.trim(r)
+
+    def kv_bytes(self) -> list[int]:
+        out = []
+        for i, kb in enumerate(self.k):
+            vb = self.v[i]
+            if kb is None or vb is None:
+                out.append(0)
+                continue
+            slot = (kb[0, :, 0].numel() + vb[0, :, 0].numel()) * kb.element_size() * kb.shape[0]
+            out.append(self.group_of[i].layout.held() * slot)
+        return out
+
+    def kv_allocated_bytes(self) -> list[int]:
+        return [0 if k is None else k.nbytes + v.nbytes for k, v in zip(self.k, self.v, strict=True)]  # type: ignore[union-attr]
+
+
+class TorchModel:
+    """A transformers causal LM (batch 1) with its tokenizer; makes policy-cached Sequences."""
+
+    def __init__(self, model: Any, tokenizer: Any = None, path: Path | None = None) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.path = path
+        config = model.config
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        self.layer_types: list[str] = list(
+            getattr(text_config, "layer_types", None) or ["full_attention"] * text_config.num_hidden_layers
+        )
+        self.sliding_window: int | None = getattr(text_config, "sliding_window", None)
+        self.mask_keys = sorted(set(self.layer_types))
+        layer_specs(Policy("full"), self.layer_types, self.sliding_window)  # fail early on unsupported layers
+        eos = model.generation_config.eos_token_id if model.generation_config else None
+        if eos is None:
+            eos = getattr(text_config, "eos_token_id", None)
+        self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def sequence(self, policy: Policy, max_block: int = 1, prefill_chunk: int = 512) -> TorchSequence:
+        return TorchSequence(self, policy, max_block, prefill_chunk)
+
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("this model was loaded without a tokenizer")
+        return list(self.tokenizer.encode(text, add_special_tokens=True))
+
+    def decode(self, ids: Seq[int]) -> str:
+        if self.tokenizer is None:
+            raise ValueError("this model was loaded without a tokenizer")
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
+
+
+class TorchSequence:
+    """One policy cache on a TorchModel: the `engine.decode.Sequence` interface."""
+
+    def __init__(self, model: TorchModel, policy: Policy, max_block: int = 1, prefill_chunk: int = 512) -> None:
+        if prefill_chunk < 1:
+            raise ValueError("prefill_chunk must be >= 1")
+        self.owner = model
+        self.policy = policy
+        self.specs = layer_specs(policy, model.layer_types, model.sliding_window)
+        self.cache = PolicyCache(self.specs, max_block)
+        self.max_block = max_block
+        self.prefill_chunk = prefill_chunk
+        self._spec_key = [(spec, t) for spec, t in zip(self.specs, model.layer_types, strict=True)]
+
+    @property
+    def position(self) -> int:
+        return self.cache.position
+
+    def prefill(self, ids: Seq[int]) -> int:
+        ids = list(ids)
+        if not ids:
+            raise ValueError("nothing to prefill")
+        last = 0
+        for i in range(0, len(ids), self.prefill_chunk):
+            last = self._run(ids[i : i + self.prefill_chunk], last_only=True)[-1]
+        return last
+
+    def forward(self, ids: Seq[int]) -> list[int]:
+        return self._run(list(ids), last_only=False)
+
+    def trim(self, n: int) -> None:
+        self.cache.trim(n)
+
+    def kv_bytes(self) -> list[int]:
+        return self.cache.kv_bytes()
+
+    @torch.inference_mode()
+    def _run(self, ids: list[int], last_only: bool) -> list[int]:
+        m = len(ids)
+        start = self.cache.position
+        masks = self.cache.begin(m)
+        by_type: dict[str, torch.Tensor | None] = {}
+        for spec, t in self._spec_key:
+            mask = masks[spec]
+            if by_type.setdefault(t, mask) is not mask:
+                raise ValueError(f"layers of type {t!r} got different cache layouts; this model is not supported")
+        if len(by_type) == 1:
+            mask = next(iter(by_type.values()))
+            attention_mask: Any = mask if mask is not None else _all_visible(self.cache.groups[0].plan)
+        else:
+            attention_mask = by_type
+        out = self.owner.model(
+            input_ids=torch.tensor([ids]),
+            position_ids=torch.arange(start, start + m)[None],
+            past_key_values=self.cache,
+            attention_mask=attention_mask,
+            use_cache=True,
+            logits_to_keep=1 if last_only else 0,
+        )
+        return out.logits[0].argmax(-1).tolist()
+
+
+_ONES = torch.ones((1, 1, 1, 0), dtype=torch.bool)
+
+
+def _all_visible(plan: Plan | None) -> torch.Tensor:
+    """A prepared all-True mask for one query (models without a dict mask need some 4-D mask)."""
+    global _ONES
+    assert plan is not None
+    n = plan.view
+    if _ONES.shape[-1] < n:
+        _ONES = torch.ones((1, 1, 1, max(n, 2 * _ONES.shape[-1], 1024)), dtype=torch.bool)
+    return _ONES[..., :n]
+
+
+def load_torch(path: Path, dtype: str = "float32") -> TorchModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    return TorchModel(model, tokenizer, path)

@@ -1,0 +1,129 @@
+"""Where each position's K/V lives in a layer's buffer: the backend-agnostic half of the cache.
+
+All layers that share a `LayerSpec` share one `Layout`; a backend keeps the tensors (K, V and the
+absolute position held by each slot) and applies the `Plan` that `Layout.plan(m)` returns for each
+forward. No torch or mlx here.
+
+Buffer: slots [0, sink) hold positions [0, sink); after them a ring of R = window - 1 + max_block
+slots holds position p at slot sink + (p - sink) % R. An unbounded spec (window=None) is a plain
+growing buffer, slot = position.
+
+Soundness. Let n be the positions fed and hw the highest position ever written + 1. Positions lost
+to the ring are <= hw - 1 - R; a future query (>= n) needs those > n - window. So every state keeps
+hw - n <= max_block: a forward feeds at most max_block tokens into the ring (a bigger block, e.g. a
+prefill chunk, is attended as old buffer + new block and only its last R positions are written), and
+a rollback drops at most max_block tokens. Trimmed slots are marked EMPTY so the mask hides them until
+they are rewritten; evicted positions are never needed again, so rollback is a cheap truncation.
+
+Mask (the backend builds it from the slot positions kp and query positions qp; EMPTY hides a slot):
+    kp <= qp  and  (kp < sink or kp > qp - window)  and  kp > qp - native_window
+with the window terms only for bounded specs and the native term only when the spec has one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.policy import LayerSpec
+
+EMPTY = 1 << 62  # position of a slot that holds nothing: greater than every query position
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one forward of `m` tokens at positions [start, start + m) touches one layout's buffers."""
+
+    start: int
+    m: int
+    concat: bool  # attend over buffer[:old_view] + the new block; write only `keep` rows of the block
+    old_view: int  # concat: buffer slots prepended to the new block
+    view: int  # direct: buffer slots attended (after the write)
+    slots: tuple[int, ...]  # slot of each written row, in order
+    keep: tuple[int, ...] | None  # concat: rows of the new block that are written (None: all)
+    capacity: int  # buffer slots needed for this forward
+    mask: bool  # False when every slot attended is visible to the (single) query
+
+    @property
+    def slot_range(self) -> tuple[int, int] | None:
+        """(a, b) when the written slots are the contiguous range [a, b)."""
+        s = self.slots
+        return (s[0], s[0] + len(s)) if s and s[-1] - s[0] == len(s) - 1 else None
+
+
+class Layout:
+    def __init__(self, spec: LayerSpec, max_block: int) -> None:
+        if max_block < 1:
+            raise ValueError(f"max_block must be >= 1 (got {max_block})")
+        self.spec = spec
+        self.max_block = max_block
+        self.sink = spec.sink
+        self.ring = spec.ring_size(max_block)
+        self.limit = None if self.ring is None else spec.sink + self.ring  # buffer slots at most
+        self.n = 0  # positions fed
+        self.hw = 0  # highest position ever written + 1
+
+    def slot(self, p: int) -> int:
+        if self.ring is None or p < self.sink:
+            return p
+        return self.sink + (p - self.sink) % self.ring
+
+    def view_len(self, n: int, hw: int) -> int:
+        """Buffer slots in use: before the ring wraps the slots are the positions [0, n)."""
+        if self.limit is None or hw <= self.limit:
+            return n
+        return self.limit
+
+    def plan(self, m: int) -> Plan:
+        """Plan feeding m tokens at positions [n, n + m) and advance n (commit on return)."""
+        if m < 1:
+            raise ValueError("a forward needs at least one token")
+        start, end = self.n, self.n + m
+        if self.limit is None or m <= self.max_block:
+            hw = max(self.hw, end)
+            view = self.view_len(end, hw)
+            slots = tuple(self.slot(p) for p in range(start, end))
+            mask = m > 1 or self._needs_mask(start, hw)
+            plan = Plan(start, m, False, 0, view, slots, None, max(view, max(slots) + 1), mask)
+        else:
+            old_view = self.view_len(start, self.hw)
+            keep = tuple(i for i in range(m) if start + i < self.sink or start + i >= end - self.ring)
+            slots = tuple(self.slot(start + i) for i in keep)
+            capacity = max(old_view, max(slots) + 1)
+            plan = Plan(start, m, True, old_view, 0, slots, None if len(keep) == m else keep, capacity, True)
+            # Positions [end - m, end - R) were not written; those of [start, hw) (EMPTY slots) that
+            # are not rewritten lie below end - R, so the ring holds nothing past `end`.
+            hw = end
+        self.n, self.hw = end, hw
+        return plan
+
+    def _needs_mask(self, p: int, hw: int) -> bool:
+        """Whether a single query at p, after its write, can see a slot it must not."""
+        if self.limit is None:
+            return False
+        wrapped = hw > self.limit
+        if wrapped and hw > p + 1:  # EMPTY slots of a rolled-back block are in view
+            return True
+        oldest = hw - self.ring if wrapped else self.sink
+        if self.spec.window is not None and oldest <= p - self.spec.window:
+            return True
+        return self.spec.native_window is not None and self.sink > 0 and p >= self.spec.native_window
+
+    def trim(self, r: int) -> tuple[int, ...]:
+        """Drop the last r positions fed; returns the slots to mark EMPTY."""
+        if r < 0 or r > self.n:
+            raise ValueError(f"cannot trim {r} of {self.n} positions")
+        if r == 0:
+            return ()
+        if self.hw - (self.n - r) > self.max_block:
+            raise ValueError(
+                f"cannot roll back {r} positions: this cache only keeps a slack of {self.max_block} "
+                "(create the sequence with a larger max_block)"
+            )
+        dropped = tuple(self.slot(p) for p in range(self.n - r, self.n))
+        self.n -= r
+        return dropped
+
+    def held(self) -> int:
+        """Slots in use (positions held, with EMPTY slots of a pending rollback counted)."""
+        return self.view_len(self.n, self.hw)
+

@@ -1,0 +1,120 @@
+"""Greedy decoding and stop conditions over any backend (no torch or mlx here).
+
+A backend provides `Sequence`s: one model plus one bounded cache, fed token ids and answering with
+the greedy (argmax) next token after each fed position. The loops here and in engine/speculative.py
+only ever talk to that interface, so PyTorch and MLX run the same algorithm.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+StopReason = Literal["max_new_tokens", "eos", "stop_string"]
+
+
+class Sequence(Protocol):
+    """One model + one cache. Positions are fed in order from 0; `position` = positions fed."""
+
+    @property
+    def position(self) -> int: ...
+
+    def prefill(self, ids: Seq[int]) -> int:
+        """Feed a prompt (chunked for long prompts); return the greedy token after its last position."""
+        ...
+
+    def forward(self, ids: Seq[int]) -> list[int]:
+        """Feed len(ids) <= max_block tokens in one forward; return the greedy token after each."""
+        ...
+
+    def trim(self, n: int) -> None:
+        """Forget the last n positions fed (n <= max_block; the cache keeps that much slack)."""
+        ...
+
+    def kv_bytes(self) -> list[int]:
+        """K/V bytes held now, per layer."""
+        ...
+
+
+@dataclass
+class Stop:
+    """Stop conditions, checked after every new token (the token that triggers one is kept)."""
+
+    max_new_tokens: int
+    eos_ids: frozenset[int] = frozenset()
+    stop_strings: tuple[str, ...] = ()
+    detokenize: Callable[[list[int]], str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1 (got {self.max_new_tokens})")
+        if self.stop_strings and self.detokenize is None:
+            raise ValueError("stop strings need a detokenize function")
+        self.eos_ids = frozenset(self.eos_ids)
+        self.stop_strings = tuple(s for s in self.stop_strings if s)
+        # Tokens decoded to look for a stop string that the newest token may have completed.
+        self._tail = max((len(s) for s in self.stop_strings), default=0) + 8
+
+    def check(self, out: list[int]) -> StopReason | None:
+        if out[-1] in self.eos_ids:
+            return "eos"
+        if self.stop_strings:
+            # Checked after every token, so a stop string in the tail was completed by the newest one.
+            assert self.detokenize is not None
+            text = self.detokenize(out[-self._tail :])
+            if any(s in text for s in self.stop_strings):
+                return "stop_string"
+        if len(out) >= self.max_new_tokens:
+            return "max_new_tokens"
+        return None
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    stop_reason: StopReason
+    prompt_tokens: int
+    prefill_s: float
+    decode_s: float  # wall time after the first new token (greedy) / after prefill (speculative)
+    forwards: int = 0  # decode forwards of the model that decides the output (after prefill)
+    drafted: int = 0  # tokens proposed by the drafter
+    accepted: int = 0  # drafted tokens the verifier agreed with
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def acceptance_length(self) -> float:
+        """Mean tokens committed per decode forward of the verifier (1.0 for greedy)."""
+        return (len(self.tokens) - 1) / self.forwards if self.forwards else 1.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        """Tokens after the first per second of decoding (the first comes from prefill)."""
+        return (len(self.tokens) - 1) / self.decode_s if self.decode_s > 0 else 0.0
+
+
+def generate(seq: Sequence, prompt: Seq[int], stop: Stop) -> Generation:
+    """Greedy autoregressive decoding: prefill once, then one forward per new token."""
+    if not prompt:
+        raise ValueError("the prompt is empty")
+    t0 = time.perf_counter()
+    out = [seq.prefill(prompt)]
+    t1 = time.perf_counter()
+    forwards = 0
+    while (reason := stop.check(out)) is None:
+        out.append(seq.forward(out[-1:])[0])
+        forwards += 1
+    return Generation(out, reason, len(prompt), t1 - t0, time.perf_counter() - t1, forwards)
+
+
+def commit(out: list[int], new: Iterable[int], stop: Stop) -> tuple[int, StopReason | None]:
+    """Append tokens one by one, stopping at the first stop condition; returns (appended, reason)."""
+    done = 0
+    for t in new:
+        out.append(t)
+        done += 1
+        if (reason := stop.check(out)) is not None:
+            return done, reason
+    return done, None

@@ -1,0 +1,177 @@
+"""Cache policies and slot layout: exact visibility under forwards, prefill chunks and rollbacks;
+K/V byte accounting of the torch cache (invariant c)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine.cache import EMPTY, Layout
+from engine.policy import (
+    LayerSpec,
+    Policy,
+    expected_kv_bytes,
+    full,
+    hybrid,
+    layer_spec,
+    parse_policy,
+    sink_window,
+)
+
+
+def test_parse_and_validate_policies() -> None:
+    assert parse_policy("full") == full()
+    assert parse_policy("sink_window:4:64") == sink_window(4, 64)
+    assert parse_policy(str(hybrid(2, 8))) == hybrid(2, 8)
+    for bad in ("window:4:64", "sink_window:4", "hybrid:a:8", "sink_window:4:0", "sink_window:-1:8"):
+        with pytest.raises(ValueError, match="policy"):
+            parse_policy(bad)
+    with pytest.raises(ValueError, match="no sink or window"):
+        Policy("full", 4, 8)
+    with pytest.raises(ValueError, match="not supported"):
+        layer_spec(full(), "chunked_attention", None)
+
+
+def _policy_rule(policy: Policy, layer_type: str, native: int | None, q: int, j: int) -> bool:
+    """The documented rule, written out: causal, policy sink+window (not on hybrid's full layers),
+    intersected with the native window on sliding layers."""
+    if j > q:
+        return False
+    exact = policy.kind == "full" or (policy.kind == "hybrid" and layer_type == "full_attention")
+    if not exact:
+        assert policy.window is not None
+        if not (j < policy.sink or j > q - policy.window):
+            return False
+    return layer_type != "sliding_attention" or native is None or j > q - native
+
+
+@pytest.mark.parametrize("policy", [full(), sink_window(4, 8), sink_window(0, 5), sink_window(3, 40), hybrid(2, 6), hybrid(4, 30)])
+@pytest.mark.parametrize("layer_type", ["full_attention", "sliding_attention"])
+def test_layer_spec_is_the_documented_rule(policy: Policy, layer_type: str) -> None:
+    native = 16
+    spec = layer_spec(policy, layer_type, native)
+    for q in range(70):
+        for j in range(70):
+            assert spec.visible(q, j) == _policy_rule(policy, layer_type, native, q, j), (spec, q, j)
+
+
+def _simulate(spec: LayerSpec, max_block: int, steps: int, seed: int) -> int:
+    """Drive a Layout with random blocks, prefill chunks and rollbacks, applying each plan to a
+    slot -> position table exactly as a backend does; check every query attends to exactly the
+    positions the rule allows. Returns the number of queries checked."""
+    rng = random.Random(seed)
+    layout = Layout(spec, max_block)
+    table: list[int] = []  # slot -> absolute position held (EMPTY: nothing)
+    checked = 0
+    for step in range(steps):
+        big = step == 0 or rng.random() < 0.05
+        m = rng.randint(max_block + 1, 3 * max_block + 40) if big else rng.randint(1, max_block)
+        plan = layout.plan(m)
+        new = list(range(plan.start, plan.start + m))
+        table += [EMPTY] * (plan.capacity - len(table))
+        if spec.bounded:
+            assert plan.capacity <= spec.sink + (spec.ring_size(max_block) or 0)
+        if plan.concat:
+            keys = table[: plan.old_view] + new
+        written = new if plan.keep is None else [new[i] for i in plan.keep]
+        assert len(set(plan.slots)) == len(plan.slots)
+        for s, p in zip(plan.slots, written, strict=True):
+            table[s] = p
+        if not plan.concat:
+            keys = table[: plan.view]
+        for q in new:
+            seen = sorted(k for k in keys if k <= q and (spec.window is None or k < spec.sink or k > q - spec.window)
+                          and (spec.native_window is None or k > q - spec.native_window))
+            assert seen == [j for j in range(q + 1) if spec.visible(q, j)], (spec, step, q)
+            if not plan.mask:
+                assert m == 1 and len(seen) == len(keys), "a mask-free forward attends to a hidden slot"
+            checked += 1
+        if rng.random() < 0.6:
+            r = rng.randint(0, min(m + 2, layout.n))
+            try:
+                dropped = layout.trim(r)
+            except ValueError:  # refused: more than the slack would be pending
+                assert r > max_block or layout.hw - layout.n + r > max_block
+                continue
+            for s in dropped:
+                table[s] = EMPTY
+        assert layout.held() <= len(table)
+    return checked
+
+
+SPECS = [
+    LayerSpec(0, None),
+    LayerSpec(4, 8),
+    LayerSpec(0, 8),
+    LayerSpec(2, 1),
+    LayerSpec(4, 5, 16),
+    LayerSpec(3, 30),
+]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+@pytest.mark.parametrize("max_block", [1, 2, 5, 9])
+def test_layout_sees_exactly_the_window_through_wraps_and_rollbacks(spec: LayerSpec, max_block: int) -> None:
+    assert _simulate(spec, max_block, steps=300, seed=max_block) > 300
+
+
+def test_rollback_beyond_the_slack_is_refused() -> None:
+    layout = Layout(LayerSpec(4, 8), max_block=3)
+    layout.plan(50)
+    layout.plan(3)
+    with pytest.raises(ValueError, match="slack of 3"):
+        layout.trim(4)
+    layout.trim(3)
+    with pytest.raises(ValueError, match="slack"):
+        layout.trim(1)  # 3 rejected positions already pending
+    layout.plan(2)
+    layout.trim(2)
+
+
+def test_held_slots_follow_the_formula() -> None:
+    spec = LayerSpec(4, 8)
+    layout = Layout(spec, max_block=5)
+    for n in range(1, 60):
+        layout.plan(1)
+        assert layout.held() == spec.held_slots(n, 5) == min(n, 4 + 8 - 1 + 5)
+
+
+# --- K/V bytes of the torch cache (invariant c) ------------------------------------------------
+
+torch = pytest.importorskip("torch")
+
+from tests.engine import tiny_models  # noqa: E402
+
+
+def _slot_bytes(seq) -> list[int]:  # K + V of one position, per layer
+    return [(k.shape[1] * k.shape[3] + v.shape[1] * v.shape[3]) * k.element_size()
+            for k, v in zip(seq.cache.k, seq.cache.v, strict=True)]
+
+
+@pytest.mark.parametrize("max_block", [1, 5])
+def test_kv_bytes_sink_window_constant_hybrid_grows_only_in_full_layers(max_block: int) -> None:
+    tm = tiny_models.gemma()
+    ids = tiny_models.prompt(300, seed=3)
+    full_layers = [i for i, t in enumerate(tm.layer_types) if t == "full_attention"]
+    sliding = [i for i, t in enumerate(tm.layer_types) if t == "sliding_attention"]
+    history: dict[str, list[list[int]]] = {}
+    for policy in (full(), sink_window(4, 8), hybrid(4, 8)):
+        seq = tm.sequence(policy, max_block=max_block, prefill_chunk=64)
+        rows = []
+        for n in (40, 100, 200, 300):
+            seq.prefill(ids[seq.position : n])
+            got = seq.kv_bytes()
+            assert got == expected_kv_bytes(seq.specs, n, max_block, _slot_bytes(seq))
+            assert sum(seq.cache.kv_allocated_bytes()) >= sum(got)
+            rows.append(got)
+        history[str(policy)] = rows
+    sw = history["sink_window:4:8"]
+    assert all(row == sw[0] for row in sw), "sink_window bytes must not grow"
+    hy = history["hybrid:4:8"]
+    for i in sliding:
+        assert len({row[i] for row in hy}) == 1, "hybrid sliding layers must not grow"
+    for i in full_layers:
+        assert [row[i] for row in hy] == [row[i] for row in history["full"]]
+        assert hy[0][i] < hy[-1][i]
+    assert sum(sw[-1]) < sum(hy[-1]) < sum(history["full"][-1])

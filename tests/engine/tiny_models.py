@@ -1,0 +1,80 @@
+"""Random-weight tiny models for the engine tests (float32, built from configs, cached per process)."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+from engine.backends.torch import TorchModel
+
+VOCAB = 256
+ZOO = Path(__file__).resolve().parents[2] / "engine" / "zoo" / "models"
+
+torch.set_num_threads(1)
+
+
+def _randomize_norms(model: torch.nn.Module) -> None:
+    # Gemma's RMSNorm scales by (1 + w) with w = 0: random w gives varied greedy output.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0.0, 0.5)
+
+
+@functools.cache
+def gemma(seed: int = 0, sliding_window: int = 16, layers: int = 4) -> TorchModel:
+    """A Gemma3 with alternating sliding / full layers."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(seed)
+    config = Gemma3TextConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=sliding_window,
+        layer_types=["sliding_attention", "full_attention"] * (layers // 2), initializer_range=0.2,
+        max_position_embeddings=4096, tie_word_embeddings=False, eos_token_id=None, bos_token_id=None, pad_token_id=0,
+    )
+    model = Gemma3ForCausalLM(config)
+    _randomize_norms(model)
+    return _wrap(model)
+
+
+@functools.cache
+def qwen(seed: int = 0, layers: int = 2) -> TorchModel:
+    """A Qwen3 with full-attention layers only."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, initializer_range=0.2,
+        max_position_embeddings=4096, eos_token_id=None, bos_token_id=None, pad_token_id=0,
+    )
+    return _wrap(Qwen3ForCausalLM(config))
+
+
+def _wrap(model: torch.nn.Module) -> TorchModel:
+    model.generation_config.eos_token_id = None  # generate() must not stop early: no EOS in these tests
+    return TorchModel(model)
+
+
+def prompt(n: int, seed: int = 0) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, VOCAB, (n,), generator=g).tolist()
+
+
+def hf_greedy(tm: TorchModel, ids: list[int], new: int) -> list[int]:
+    """transformers `generate`, greedy, full cache: the oracle of invariant (a)."""
+    with torch.inference_mode():
+        out = tm.model.generate(
+            torch.tensor([ids]), max_new_tokens=new, do_sample=False, pad_token_id=0
+        )
+    return out[0, len(ids) :].tolist()
+
+
+def zoo_pair() -> tuple[Path, Path] | None:
+    verifier, drafter = ZOO / "tiny-hybrid", ZOO / "tiny-drafter"
+    if (verifier / "config.json").is_file() and (drafter / "config.json").is_file():
+        return verifier, drafter
+    return None
