@@ -1,0 +1,416 @@
+#!/usr/bin/env bash
+# Make this host a Kakeya runner: a Linux GPU or CPU box, or an Apple-Silicon Mac. Idempotent:
+# running it again checks everything, changes only what differs, and gives the same result.
+#
+#   scripts/setup-runner.sh --labels h200                 # venv + packages + models dir + doctor
+#   scripts/setup-runner.sh --labels h200 --service       # ... and `kakeya runner watch` as a service
+#
+# Run it from the runner's trusted checkout of the repository (the default branch): the venv gets
+# this checkout installed in editable mode, and the runner takes its presets from here.
+# docs/runners.md explains the rest.
+set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+usage: scripts/setup-runner.sh [options]
+
+  --labels L1,L2       runner labels this host serves (default: $KAKEYA_LABELS, else cpu)
+  --name NAME          runner name (default: $KAKEYA_RUNNER_NAME, else the short hostname)
+  --remote URL         the bus: the repository requests are pushed to (default: $KAKEYA_REMOTE,
+                       else this checkout's origin URL)
+  --venv PATH          virtualenv to create or reuse (default: $KAKEYA_VENV, else ~/kakeya-runner/venv)
+  --python PYTHON      interpreter that creates the venv, 3.11 or newer (default: python3)
+  --torch MODE         auto | cuda | cpu | none (default auto: cuda on Linux when nvidia-smi lists a
+                       GPU, else cpu; on macOS the PyPI build, which uses Metal/MPS)
+  --torch-version V    (default: $KAKEYA_TORCH_VERSION, else 2.13.0)
+  --torch-index URL    index for the torch wheel (default: PyPI for cuda and macOS,
+                       https://download.pytorch.org/whl/cpu for cpu)
+  --extras E1,E2       kakeya extras (default: torch on Linux GPU hosts, torch,mlx otherwise)
+  --skip-install       install nothing: reuse the venv as it is (it must already hold kakeya)
+  --no-doctor          do not run `kakeya doctor`
+  --service            install `kakeya runner watch` as a user service (systemd on Linux,
+                       launchd on macOS) and (re)start it
+  --dry-run-service    write the service file, print the commands that would load it, run none
+  --actions-runner DIR also write KAKEYA_VENV (and KAKEYA_MODELS) into DIR/.env, the environment
+                       file of a GitHub Actions runner installed in DIR
+  --os linux|macos     act as on this OS (default: this host's); for preparing service files
+  -h, --help           this help
+
+Models: a preset's model NAME is looked up in $KAKEYA_MODELS/NAME, then ~/kakeya-models/NAME.
+EOF
+}
+
+die() { printf 'setup-runner: error: %s\n' "$*" >&2; exit 1; }
+say() { printf '%s\n' "$*"; }
+step() { printf '\n== %s\n' "$*"; }
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+[ -n "${HOME:-}" ] || die "HOME is not set"
+
+LABELS=${KAKEYA_LABELS:-}
+NAME=${KAKEYA_RUNNER_NAME:-}
+REMOTE=${KAKEYA_REMOTE:-}
+VENV=${KAKEYA_VENV:-$HOME/kakeya-runner/venv}
+PYTHON=python3
+TORCH=auto
+TORCH_VERSION=${KAKEYA_TORCH_VERSION:-2.13.0}
+TORCH_INDEX=""
+EXTRAS=""
+SKIP_INSTALL=0
+DOCTOR=1
+SERVICE=0
+DRY_RUN=0
+ACTIONS_DIR=""
+OS=""
+
+while [ $# -gt 0 ]; do
+  opt=$1
+  case $opt in
+    --*=*) set -- "${opt%%=*}" "${opt#*=}" "${@:2}"; continue ;;
+  esac
+  case $opt in
+    --labels|--name|--remote|--venv|--python|--torch|--torch-version|--torch-index|--extras|--actions-runner|--os)
+      [ $# -ge 2 ] || die "$opt needs a value"
+      val=$2; shift 2
+      case $opt in
+        --labels) LABELS=$val ;; --name) NAME=$val ;; --remote) REMOTE=$val ;; --venv) VENV=$val ;;
+        --python) PYTHON=$val ;; --torch) TORCH=$val ;; --torch-version) TORCH_VERSION=$val ;;
+        --torch-index) TORCH_INDEX=$val ;; --extras) EXTRAS=$val ;; --actions-runner) ACTIONS_DIR=$val ;;
+        --os) OS=$val ;;
+      esac ;;
+    --skip-install) SKIP_INSTALL=1; shift ;;
+    --no-doctor) DOCTOR=0; shift ;;
+    --service) SERVICE=1; shift ;;
+    --dry-run-service) SERVICE=1; DRY_RUN=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) usage >&2; die "unknown option $opt" ;;
+  esac
+done
+
+# --- checks of the inputs ---------------------------------------------------------------------------
+
+if [ -z "$OS" ]; then
+  case $(uname -s) in
+    Linux) OS=linux ;;
+    Darwin) OS=macos ;;
+    *) die "unsupported OS $(uname -s): Kakeya runners are Linux or macOS hosts" ;;
+  esac
+fi
+case $OS in linux|macos) ;; *) die "--os must be linux or macos, not '$OS'" ;; esac
+case $TORCH in auto|cuda|cpu|none) ;; *) die "--torch must be auto, cuda, cpu or none, not '$TORCH'" ;; esac
+[ "$OS" = macos ] && [ "$TORCH" = cuda ] && die "--torch cuda: there is no CUDA on macOS"
+
+LABELS=${LABELS:-cpu}
+LABELS=${LABELS// /}
+IFS=, read -r -a label_list <<<"$LABELS"
+[ ${#label_list[@]} -gt 0 ] || die "--labels is empty"
+for label in "${label_list[@]}"; do
+  [[ $label =~ ^[a-z0-9][a-z0-9_-]{0,62}$ ]] ||
+    die "label '$label' must be lowercase letters, digits, '-' or '_' (at most 63), e.g. h200 or mac-m4"
+done
+if [ -z "$NAME" ]; then
+  NAME=$(hostname -s 2>/dev/null || hostname 2>/dev/null || echo runner)
+fi
+[[ $NAME =~ ^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$ ]] || die "runner name '$NAME' must be letters, digits, '.', '_' or '-'"
+if [ -z "$REMOTE" ]; then
+  REMOTE=$(git -C "$REPO" remote get-url origin 2>/dev/null || true)
+fi
+case $VENV in /*) ;; *) VENV=$PWD/$VENV ;; esac
+for path in "$REPO" "$VENV" "$HOME"; do
+  case $path in *[[:space:]]*) die "path '$path' contains whitespace: service files cannot quote it safely" ;; esac
+done
+
+# --- plan ---------------------------------------------------------------------------------------------
+
+GPUS=""
+if [ "$OS" = linux ] && command -v nvidia-smi >/dev/null 2>&1; then
+  GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+  [ "$GPUS" != 0 ] || GPUS=""
+fi
+if [ "$TORCH" = auto ]; then
+  if [ "$OS" = macos ]; then TORCH=macos
+  elif [ -n "$GPUS" ]; then TORCH=cuda
+  else TORCH=cpu
+  fi
+fi
+[ "$OS" = macos ] && [ "$TORCH" = cpu ] && TORCH=macos
+if [ -z "$EXTRAS" ]; then
+  case $TORCH in
+    cuda) EXTRAS=torch ;;
+    none) EXTRAS=mlx ;;
+    *) EXTRAS=torch,mlx ;;
+  esac
+  [ "$TORCH" = none ] && [ "$OS" = linux ] && EXTRAS=""
+fi
+if [ -z "$TORCH_INDEX" ] && [ "$TORCH" = cpu ]; then
+  TORCH_INDEX=https://download.pytorch.org/whl/cpu
+fi
+case $TORCH in
+  cuda) torch_desc="torch==$TORCH_VERSION, CUDA build (nvidia-smi lists ${GPUS:-no} GPU(s))" ;;
+  cpu) torch_desc="torch==$TORCH_VERSION, CPU build" ;;
+  macos) torch_desc="torch==$TORCH_VERSION, macOS build (Metal/MPS)" ;;
+  none) torch_desc="no torch" ;;
+esac
+
+say "Kakeya runner setup"
+say "  checkout  $REPO (trusted copy: harness and presets come from here)"
+say "  os        $OS"
+say "  labels    $LABELS"
+say "  name      $NAME"
+say "  remote    ${REMOTE:-(none: the embedded local bus)}"
+say "  venv      $VENV"
+say "  packages  $torch_desc${TORCH_INDEX:+ from $TORCH_INDEX}; kakeya[${EXTRAS}] from the checkout"
+if [ "$(id -u)" = 0 ]; then
+  say "  warning   running as root: a run can do whatever this user can; use a dedicated unprivileged user"
+fi
+
+# --- venv and packages --------------------------------------------------------------------------------
+
+sha256() {
+  if command -v sha256sum >/dev/null 2>&1; then sha256sum "$1" | cut -d' ' -f1; else shasum -a 256 "$1" | cut -d' ' -f1; fi
+}
+
+step "venv and packages"
+PY=$VENV/bin/python
+if [ "$SKIP_INSTALL" = 1 ]; then
+  [ -x "$PY" ] || die "--skip-install: there is no venv at $VENV (run once without --skip-install)"
+  [ -x "$VENV/bin/kakeya" ] || die "--skip-install: $VENV has no kakeya (run once without --skip-install)"
+  say "skipped installing (--skip-install); using $VENV as it is"
+else
+  if [ -x "$PY" ]; then
+    say "venv exists: $VENV"
+  else
+    command -v "$PYTHON" >/dev/null 2>&1 || die "no $PYTHON on PATH: install Python 3.11 or newer, or pass --python"
+    "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+      die "$PYTHON is Python $("$PYTHON" -c 'import platform; print(platform.python_version())'); Kakeya needs 3.11 or newer (pass --python)"
+    mkdir -p "$(dirname "$VENV")"
+    "$PYTHON" -m venv "$VENV"
+    say "venv created: $VENV"
+  fi
+  "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || die "the venv at $VENV is older than Python 3.11: remove it or pass another --venv"
+  stamp_file=$VENV/.kakeya-runner-stamp
+  stamp="repo=$REPO extras=$EXTRAS torch=$TORCH-$TORCH_VERSION index=$TORCH_INDEX pyproject=$(sha256 "$REPO/pyproject.toml")"
+  if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] && [ -x "$VENV/bin/kakeya" ]; then
+    say "packages are up to date (same checkout, extras, torch and pyproject.toml as the last setup)"
+  else
+    pip=("$PY" -m pip install --quiet --disable-pip-version-check)
+    "${pip[@]}" --upgrade pip
+    have=$("$PY" -c 'from importlib import metadata as m; print(m.version("torch"))' 2>/dev/null || true)
+    case $TORCH in
+      cuda) ok="$TORCH_VERSION $TORCH_VERSION+cu*" ;;
+      cpu) ok="$TORCH_VERSION $TORCH_VERSION+cpu" ;;
+      macos) ok="$TORCH_VERSION" ;;
+      none) ok="" ;;
+    esac
+    torch_ok=0
+    for pattern in $ok; do
+      # shellcheck disable=SC2053  # $pattern is a glob on purpose
+      [[ $have == $pattern ]] && torch_ok=1
+    done
+    if [ "$TORCH" = none ]; then
+      say "torch: not installed (--torch none)"
+    elif [ "$torch_ok" = 1 ]; then
+      say "torch $have is installed"
+    else
+      say "installing $torch_desc (this can take a while)"
+      "${pip[@]}" "torch==$TORCH_VERSION" ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
+    fi
+    say "installing kakeya[${EXTRAS}] from $REPO (editable)"
+    "${pip[@]}" -e "$REPO${EXTRAS:+[$EXTRAS]}"
+    printf '%s\n' "$stamp" >"$stamp_file"
+  fi
+fi
+installed_from=$(cd / && "$PY" -c 'import bridge, os; print(os.path.dirname(os.path.dirname(os.path.realpath(bridge.__file__))))' 2>/dev/null || true)
+if [ "$installed_from" != "$REPO" ]; then
+  say "warning: the venv's kakeya comes from ${installed_from:-nowhere}, not from $REPO"
+fi
+
+# --- models ---------------------------------------------------------------------------------------------
+
+step "models"
+MODELS_HOME=$HOME/kakeya-models
+mkdir -p "$MODELS_HOME"
+say "A preset's model NAME (a parameter like model=gemma-3-1b) is looked up, on the runner, in:"
+if [ -n "${KAKEYA_MODELS:-}" ]; then
+  if [ -d "$KAKEYA_MODELS" ]; then say "  1. \$KAKEYA_MODELS/NAME   ($KAKEYA_MODELS)"
+  else say "  1. \$KAKEYA_MODELS/NAME   ($KAKEYA_MODELS — warning: this directory does not exist)"
+  fi
+else
+  say "  1. \$KAKEYA_MODELS/NAME   (KAKEYA_MODELS is not set)"
+fi
+say "  2. ~/kakeya-models/NAME  ($MODELS_HOME)"
+say "Put each model there as a Hugging Face model directory (config.json, tokenizer, *.safetensors),"
+say "or a symlink to one. zoo:NAME models ship with the repository and need nothing."
+found=$(find "$MODELS_HOME" ${KAKEYA_MODELS:+"$KAKEYA_MODELS"} -mindepth 1 -maxdepth 1 2>/dev/null | sort || true)
+if [ -n "$found" ]; then
+  say "Models on this host:"
+  printf '%s\n' "$found" | sed 's/^/  /'
+else
+  say "No models on this host yet."
+fi
+
+# --- doctor -----------------------------------------------------------------------------------------------
+
+doctor_rc=0
+step "kakeya doctor"
+export KAKEYA_LABELS=$LABELS KAKEYA_RUNNER_NAME=$NAME
+if [ -n "$REMOTE" ]; then export KAKEYA_REMOTE=$REMOTE; fi
+if [ "$DOCTOR" = 0 ]; then
+  say "skipped (--no-doctor)"
+elif ! (cd "$REPO" && "$VENV/bin/kakeya" doctor --help >/dev/null 2>&1); then
+  say "this version of kakeya has no doctor command; skipped"
+else
+  (cd "$REPO" && "$VENV/bin/kakeya" doctor) || doctor_rc=$?
+  [ "$doctor_rc" = 0 ] || say "kakeya doctor reported problems (exit $doctor_rc): see above"
+fi
+
+# --- service ------------------------------------------------------------------------------------------------
+
+run() {
+  if [ "$DRY_RUN" = 1 ]; then
+    say "would run: $*"
+  else
+    say "+ $*"
+    "$@"
+  fi
+}
+
+# install_file PATH MODE: the content on stdin; rewrites PATH only when it differs.
+install_file() {
+  local path=$1 mode=$2 tmp
+  mkdir -p "$(dirname "$path")"
+  tmp=$(mktemp "$path.XXXXXX")
+  cat >"$tmp"
+  chmod "$mode" "$tmp"
+  if [ -f "$path" ] && cmp -s "$tmp" "$path"; then
+    rm -f "$tmp"
+    say "unchanged: $path"
+  else
+    mv -f "$tmp" "$path"
+    say "wrote: $path"
+  fi
+}
+
+xml() { local s=$1; s=${s//&/&amp;}; s=${s//</&lt;}; s=${s//>/&gt;}; printf '%s' "$s"; }
+
+CONFIG_HOME=${XDG_CONFIG_HOME:-$HOME/.config}
+ENV_FILE=$CONFIG_HOME/kakeya/runner.env
+SERVICE_PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin
+[ "$OS" = macos ] && SERVICE_PATH=/opt/homebrew/bin:$SERVICE_PATH
+SERVICE_PATH=$VENV/bin:$SERVICE_PATH
+service_env=(
+  "KAKEYA_LABELS=$LABELS"
+  "KAKEYA_RUNNER_NAME=$NAME"
+  "KAKEYA_REMOTE=$REMOTE"
+)
+if [ -n "${KAKEYA_MODELS:-}" ]; then service_env+=("KAKEYA_MODELS=$KAKEYA_MODELS"); fi
+service_env+=("PATH=$SERVICE_PATH" "PYTHONUNBUFFERED=1")
+
+if [ "$SERVICE" = 1 ]; then
+  step "service: kakeya runner watch --labels $LABELS"
+  [ -n "$REMOTE" ] || say "warning: no --remote and no origin: the service would serve the embedded local bus only"
+  if [ -f "$ENV_FILE" ]; then
+    say "kept: $ENV_FILE (secrets for runs, e.g. HF_TOKEN=...; never printed)"
+  else
+    install_file "$ENV_FILE" 600 <<'EOF'
+# Environment for `kakeya runner watch` (read by the service; keep this file mode 600).
+# Secrets a preset needs, e.g.
+#   HF_TOKEN=hf_...
+# Values of HF_TOKEN, GITHUB_TOKEN and GH_TOKEN (and of the names in KAKEYA_SECRETS) are
+# redacted from every log and file a run writes.
+EOF
+  fi
+  if [ "$OS" = linux ]; then
+    UNIT=$CONFIG_HOME/systemd/user/kakeya-runner.service
+    {
+      printf '%s\n' "# Written by scripts/setup-runner.sh; rerun it to change this file." \
+        "[Unit]" \
+        "Description=Kakeya runner $NAME (labels: $LABELS)" \
+        "Wants=network-online.target" \
+        "After=network-online.target" \
+        "" \
+        "[Service]" \
+        "Type=simple" \
+        "WorkingDirectory=$REPO"
+      for kv in "${service_env[@]}"; do
+        kv=${kv//%/%%}; kv=${kv//\\/\\\\}; kv=${kv//\"/\\\"}
+        printf 'Environment="%s"\n' "$kv"
+      done
+      printf '%s\n' "EnvironmentFile=-$ENV_FILE" \
+        "ExecStart=$VENV/bin/kakeya runner watch --labels $LABELS" \
+        "Restart=always" \
+        "RestartSec=10" \
+        "TimeoutStopSec=60" \
+        "KillMode=control-group" \
+        "" \
+        "[Install]" \
+        "WantedBy=default.target"
+    } | install_file "$UNIT" 644
+    run systemctl --user daemon-reload
+    run systemctl --user enable kakeya-runner.service
+    run systemctl --user restart kakeya-runner.service
+    run loginctl enable-linger "$(id -un)"
+    say "logs: journalctl --user -u kakeya-runner -f"
+  else
+    AGENT=dev.kakeya.runner
+    PLIST=$HOME/Library/LaunchAgents/$AGENT.plist
+    LOG=$HOME/Library/Logs/kakeya-runner.log
+    {
+      printf '%s\n' '<?xml version="1.0" encoding="UTF-8"?>' \
+        '<!DOCTYPE plist PUBLIC "-//Apple//DTD PLIST 1.0//EN" "http://www.apple.com/DTDs/PropertyList-1.0.dtd">' \
+        '<!-- Written by scripts/setup-runner.sh; rerun it to change this file. -->' \
+        '<plist version="1.0">' '<dict>' \
+        "  <key>Label</key><string>$AGENT</string>" \
+        '  <key>ProgramArguments</key>' '  <array>'
+      # sh reads the secrets file (launchd has no EnvironmentFile), then becomes kakeya.
+      # shellcheck disable=SC2016  # expanded by that sh, not here
+      for arg in /bin/sh -c 'set -a; if [ -f "$1" ]; then . "$1"; fi; set +a; shift; exec "$@"' kakeya-runner \
+          "$ENV_FILE" "$VENV/bin/kakeya" runner watch --labels "$LABELS"; do
+        printf '    <string>%s</string>\n' "$(xml "$arg")"
+      done
+      printf '%s\n' '  </array>' "  <key>WorkingDirectory</key><string>$(xml "$REPO")</string>" \
+        '  <key>EnvironmentVariables</key>' '  <dict>'
+      for kv in "${service_env[@]}"; do
+        printf '    <key>%s</key><string>%s</string>\n' "$(xml "${kv%%=*}")" "$(xml "${kv#*=}")"
+      done
+      printf '%s\n' '  </dict>' \
+        '  <key>RunAtLoad</key><true/>' \
+        '  <key>KeepAlive</key><true/>' \
+        '  <key>ThrottleInterval</key><integer>10</integer>' \
+        "  <key>StandardOutPath</key><string>$(xml "$LOG")</string>" \
+        "  <key>StandardErrorPath</key><string>$(xml "$LOG")</string>" \
+        '</dict>' '</plist>'
+    } | install_file "$PLIST" 644
+    uid=$(id -u)
+    if [ "$DRY_RUN" = 1 ]; then
+      say "would run: launchctl bootout gui/$uid/$AGENT (if loaded)"
+    else
+      launchctl bootout "gui/$uid/$AGENT" 2>/dev/null || true
+    fi
+    run launchctl enable "gui/$uid/$AGENT"
+    run launchctl bootstrap "gui/$uid" "$PLIST"
+    say "logs: tail -f $LOG"
+  fi
+fi
+
+# --- GitHub Actions runner environment ---------------------------------------------------------------------
+
+if [ -n "$ACTIONS_DIR" ]; then
+  step "GitHub Actions runner environment: $ACTIONS_DIR/.env"
+  [ -d "$ACTIONS_DIR" ] || die "--actions-runner $ACTIONS_DIR is not a directory (install the Actions runner there first)"
+  entries=("KAKEYA_VENV=$VENV")
+  if [ -n "${KAKEYA_MODELS:-}" ]; then entries+=("KAKEYA_MODELS=$KAKEYA_MODELS"); fi
+  {
+    if [ -f "$ACTIONS_DIR/.env" ]; then grep -v -E '^(KAKEYA_VENV|KAKEYA_MODELS)=' "$ACTIONS_DIR/.env" || true; fi
+    printf '%s\n' "${entries[@]}"
+  } | install_file "$ACTIONS_DIR/.env" 644
+  say "restart the Actions runner (./svc.sh stop && ./svc.sh start in $ACTIONS_DIR) so its jobs see this"
+fi
+
+step "done"
+say "runner $NAME serves: $LABELS"
+if [ "$SERVICE" = 0 ]; then
+  say "serve requests by hand:   (cd $REPO && $VENV/bin/kakeya runner watch --labels $LABELS)"
+  say "or as a service:          scripts/setup-runner.sh --labels $LABELS --service"
+fi
+exit "$doctor_rc"

@@ -1,0 +1,186 @@
+"""scripts/setup-runner.sh for real, in a temporary HOME: the Linux path with the project's venv reused
+(--skip-install: nothing is installed, nothing is downloaded) and the service step dry-run."""
+
+from __future__ import annotations
+
+import os
+import plistlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "setup-runner.sh"
+VENV = Path(sys.prefix)  # the venv running these tests holds kakeya, installed from ROOT
+
+
+def snapshot(home: Path) -> dict[str, tuple[str, int]]:
+    """Every file and directory under home: relative path -> (content, mode)."""
+    out = {}
+    for path in sorted(home.rglob("*")):
+        rel = path.relative_to(home).as_posix()
+        out[rel] = (path.read_text() if path.is_file() else "<dir>", path.stat().st_mode & 0o777)
+    return out
+
+
+def setup(home: Path, *args: str, path: str | None = None, env: dict[str, str] | None = None,
+          check: bool = True) -> subprocess.CompletedProcess[str]:
+    environ = {"HOME": str(home), "PATH": path or os.environ["PATH"], "LANG": "C.UTF-8"}
+    environ.update(env or {})
+    proc = subprocess.run(["bash", str(SCRIPT), *args], env=environ, capture_output=True, text=True, timeout=120)
+    if check:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    home = tmp_path / "home"
+    home.mkdir()
+    return home
+
+
+@pytest.fixture
+def bus(tmp_path: Path) -> Path:
+    path = tmp_path / "bus.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(path)], check=True)
+    return path
+
+
+@pytest.fixture
+def no_gpu_path(tmp_path: Path) -> str:
+    """PATH whose nvidia-smi finds no GPU, so the CPU/GPU decision does not depend on the test machine."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the driver.'\nexit 9\n")
+    fake.chmod(0o755)
+    return f"{bindir}:{os.environ['PATH']}"
+
+
+def linux_args(bus: Path, *extra: str) -> list[str]:
+    return ["--os", "linux", "--venv", str(VENV), "--skip-install", "--labels", "cpu,h200", "--name", "box-1",
+            "--remote", str(bus), "--dry-run-service", *extra]
+
+
+def test_linux_service_unit_runs_the_watcher_with_the_hosts_labels(home, bus, no_gpu_path):
+    proc = setup(home, *linux_args(bus), path=no_gpu_path, env={"KAKEYA_MODELS": str(home / "models")})
+    unit = home / ".config" / "systemd" / "user" / "kakeya-runner.service"
+    text = unit.read_text()
+    lines = text.splitlines()
+    assert f"ExecStart={VENV}/bin/kakeya runner watch --labels cpu,h200" in lines
+    assert f"WorkingDirectory={ROOT}" in lines
+    for env in ("KAKEYA_LABELS=cpu,h200", "KAKEYA_RUNNER_NAME=box-1", f"KAKEYA_REMOTE={bus}",
+                f"KAKEYA_MODELS={home / 'models'}", "PYTHONUNBUFFERED=1"):
+        assert f'Environment="{env}"' in lines, env
+    assert any(line.startswith(f'Environment="PATH={VENV}/bin:') for line in lines)
+    assert f"EnvironmentFile=-{home}/.config/kakeya/runner.env" in lines
+    assert "Restart=always" in lines and "RestartSec=10" in lines
+    assert "WantedBy=default.target" in lines
+    # The secrets file exists, is private, and holds no secret yet.
+    secrets = home / ".config" / "kakeya" / "runner.env"
+    assert secrets.stat().st_mode & 0o777 == 0o600
+    assert all(line.startswith("#") for line in secrets.read_text().splitlines())
+    # Dry run: the commands are printed, none is run (no systemd here would accept them anyway).
+    for command in ("systemctl --user daemon-reload", "systemctl --user enable kakeya-runner.service",
+                    "systemctl --user restart kakeya-runner.service", "loginctl enable-linger"):
+        assert f"would run: {command}" in proc.stdout
+    assert "+ systemctl" not in proc.stdout
+    # The models directory is created and both places are named.
+    assert (home / "kakeya-models").is_dir()
+    assert "$KAKEYA_MODELS/NAME" in proc.stdout and f"{home}/kakeya-models" in proc.stdout
+    assert "CPU build from https://download.pytorch.org/whl/cpu" in proc.stdout
+    assert "skipped installing (--skip-install)" in proc.stdout
+    analyze = shutil.which("systemd-analyze")
+    if analyze:  # systemd's own parser: silent on a valid unit, names file:line for a bad directive
+        out = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60)
+        assert str(unit) not in out.stdout + out.stderr, out.stdout + out.stderr
+
+
+def test_running_twice_gives_the_same_result(home, bus, no_gpu_path):
+    first = setup(home, *linux_args(bus), path=no_gpu_path)
+    before = snapshot(home)
+    second = setup(home, *linux_args(bus), path=no_gpu_path)
+    assert snapshot(home) == before
+    assert "wrote:" in first.stdout and "wrote:" not in second.stdout
+    assert "unchanged:" in second.stdout and "kept:" in second.stdout
+    would = [line for line in first.stdout.splitlines() if line.startswith("would run:")]
+    assert would and would == [line for line in second.stdout.splitlines() if line.startswith("would run:")]
+
+
+def test_a_changed_option_rewrites_the_unit_and_keeps_the_secrets(home, bus, no_gpu_path):
+    setup(home, *linux_args(bus), path=no_gpu_path)
+    secrets = home / ".config" / "kakeya" / "runner.env"
+    secrets.write_text("HF_TOKEN=hf_not_a_real_token\n")
+    proc = setup(home, "--os", "linux", "--venv", str(VENV), "--skip-install", "--labels", "h200", "--name",
+                 "box-1", "--remote", str(bus), "--dry-run-service", path=no_gpu_path)
+    unit = (home / ".config" / "systemd" / "user" / "kakeya-runner.service").read_text()
+    assert f"ExecStart={VENV}/bin/kakeya runner watch --labels h200\n" in unit
+    assert "cpu" not in unit
+    assert secrets.read_text() == "HF_TOKEN=hf_not_a_real_token\n"
+    assert "hf_not_a_real_token" not in proc.stdout + proc.stderr
+
+
+def test_nvidia_smi_selects_the_cuda_build(home, bus, no_gpu_path, tmp_path):
+    fake = Path(no_gpu_path.split(":")[0]) / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-0)'\necho 'GPU 1: NVIDIA H200 (UUID: GPU-1)'\n")
+    fake.chmod(0o755)
+    proc = setup(home, *linux_args(bus, "--no-doctor"), path=no_gpu_path)
+    assert "torch==2.13.0, CUDA build (nvidia-smi lists 2 GPU(s)); kakeya[torch]" in proc.stdout
+    fake.write_text("#!/bin/sh\nexit 9\n")
+    proc = setup(home, *linux_args(bus, "--no-doctor"), path=no_gpu_path)
+    assert "CPU build" in proc.stdout and "kakeya[torch,mlx]" in proc.stdout
+
+
+def test_macos_launch_agent_sources_the_secrets_and_keeps_the_watcher_alive(home, bus, no_gpu_path):
+    proc = setup(home, "--os", "macos", "--venv", str(VENV), "--skip-install", "--labels", "mac-m4", "--name",
+                 "mini", "--remote", str(bus), "--dry-run-service", "--no-doctor", path=no_gpu_path)
+    plist_path = home / "Library" / "LaunchAgents" / "dev.kakeya.runner.plist"
+    plist = plistlib.loads(plist_path.read_bytes())
+    args = plist["ProgramArguments"]
+    assert args[-5:] == [f"{VENV}/bin/kakeya", "runner", "watch", "--labels", "mac-m4"]
+    assert plist["EnvironmentVariables"]["KAKEYA_REMOTE"] == str(bus)
+    assert plist["EnvironmentVariables"]["KAKEYA_LABELS"] == "mac-m4"
+    assert plist["KeepAlive"] is True and plist["RunAtLoad"] is True
+    assert plist["WorkingDirectory"] == str(ROOT)
+    assert "would run: launchctl bootstrap" in proc.stdout
+    assert "macOS build (Metal/MPS)" in proc.stdout
+    # The wrapper really loads the secrets file, then execs the program it is given.
+    secrets = home / ".config" / "kakeya" / "runner.env"
+    secrets.write_text("HF_TOKEN=hf_from_file\n")
+    wrapper = args[:-5] + ["/bin/sh", "-c", 'printf %s "$HF_TOKEN"']
+    out = subprocess.run(wrapper, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, timeout=30)
+    assert out.stdout == "hf_from_file"
+
+
+def test_actions_runner_env_is_updated_in_place(home, bus, no_gpu_path, tmp_path):
+    runner_dir = tmp_path / "actions-runner"
+    runner_dir.mkdir()
+    (runner_dir / ".env").write_text("LANG=C.UTF-8\nKAKEYA_VENV=/old/venv\n")
+    args = [*linux_args(bus, "--no-doctor"), "--actions-runner", str(runner_dir)]
+    setup(home, *args, path=no_gpu_path)
+    setup(home, *args, path=no_gpu_path)
+    assert (runner_dir / ".env").read_text() == f"LANG=C.UTF-8\nKAKEYA_VENV={VENV}\n"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--labels", "H200"], "label 'H200' must be lowercase"),
+    (["--labels", "cpu,../x"], "label '../x'"),
+    (["--torch", "rocm"], "--torch must be auto, cuda, cpu or none"),
+    (["--os", "macos", "--torch", "cuda"], "there is no CUDA on macOS"),
+    (["--bogus"], "unknown option --bogus"),
+])
+def test_bad_options_are_refused_before_anything_is_written(home, bus, args, message):
+    proc = setup(home, "--venv", str(VENV), "--skip-install", "--remote", str(bus), *args, check=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert list(home.iterdir()) == []
+
+
+def test_skip_install_needs_an_existing_venv(home, tmp_path):
+    proc = setup(home, "--venv", str(tmp_path / "nowhere"), "--skip-install", check=False)
+    assert proc.returncode == 1
+    assert "there is no venv at" in proc.stderr and "run once without --skip-install" in proc.stderr
