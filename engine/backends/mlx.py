@@ -229,15 +229,17 @@ class MLXModel:
             raise ValueError("this model was loaded without a tokenizer")
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
 
-    def logits(self, ids: mx.array, cache: list[Any] | None, last_only: bool) -> mx.array:
-        """Logits [1, m or 1, vocab] of one forward of `ids` [1, m]."""
-        if last_only and self.model_type in PLAIN_HEAD and hasattr(self.model, "model"):
-            h = self.model.model(ids, cache=cache)[:, -1:]
+    def logits(self, ids: mx.array, cache: list[Any] | None = None, keep: int | None = None) -> mx.array:
+        """Logits [1, keep or m, vocab] of one forward of `ids` [1, m] (keep: only the last rows).
+
+        cache=None is the model's own cache-free forward (its native sliding windows included)."""
+        if keep is not None and self.model_type in PLAIN_HEAD and hasattr(self.model, "model"):
+            h = self.model.model(ids, cache=cache)[:, -keep:]
             if "lm_head" in self.model:
                 return self.model.lm_head(h)
             return self.model.model.embed_tokens.as_linear(h)
         out = self.model(ids, cache=cache)
-        return out[:, -1:] if last_only else out
+        return out if keep is None else out[:, -keep:]
 
 
 def _check_layer_types(model: nn.Module, layer_types: list[str]) -> None:
@@ -302,7 +304,7 @@ class MLXSequence:
     def _run(self, ids: list[int], last_only: bool) -> list[int]:
         for g in self.groups:
             g.begin(len(ids))
-        logits = self.owner.logits(mx.array([ids]), self.cache, last_only)
+        logits = self.owner.logits(mx.array([ids]), self.cache, 1 if last_only else None)
         tokens = mx.argmax(logits[0], axis=-1)
         mx.eval(tokens, [c.state for c in self.cache])
         return [int(t) for t in tokens.tolist()]  # type: ignore[union-attr]
@@ -368,7 +370,8 @@ def load_mlx(path: Path, dtype: str = "float32") -> MLXModel:
     if dtype != "float32" or _weights_dtype(model) != mx.float32:
         model.set_dtype(DTYPES[dtype])
     config = {**load_config(path), **extra}
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    has_tokenizer = any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+    tokenizer = AutoTokenizer.from_pretrained(str(path)) if has_tokenizer else None
     return MLXModel(model, config, tokenizer, path)
 
 
