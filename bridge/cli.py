@@ -13,7 +13,8 @@ import sys
 from bridge.errors import KakeyaError
 
 # Command modules, in the order `kakeya --help` lists them.
-COMMANDS = ["presets", "exec", "gate"]
+COMMANDS = ["presets", "exec", "gate", "request", "status", "results", "cancel", "run", "runner", "bus",
+            "doctor"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,6 +8,8 @@ then `KAKEYA_*` environment variables, then command-line flags (applied by the c
     lease_s         claim lease length; heartbeats renew it
     log_cap_bytes   cap for each of stdout.log / stderr.log (head and tail kept)
     secrets         names of environment variables whose values are redacted from everything written
+    state_dir       where the embedded bus, runner mirrors and worktrees live (default: <project>/.kakeya)
+    request_ttl_s   a request expires this long after it is made unless --expires says otherwise
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class Config(BaseModel):
     lease_s: float = Field(default=60.0, ge=2, le=24 * 3600)
     log_cap_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     secrets: list[str] = ["HF_TOKEN", "GITHUB_TOKEN", "GH_TOKEN"]
+    state_dir: str = ""
+    request_ttl_s: float = Field(default=24 * 3600, gt=0)
 
 
 # Environment variable -> field; lists are comma-separated.
@@ -47,6 +51,8 @@ _ENV_FIELDS = {
     "KAKEYA_LEASE": "lease_s",
     "KAKEYA_LOG_CAP": "log_cap_bytes",
     "KAKEYA_SECRETS": "secrets",
+    "KAKEYA_STATE_DIR": "state_dir",
+    "KAKEYA_REQUEST_TTL": "request_ttl_s",
 }
 
 

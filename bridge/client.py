@@ -1,0 +1,415 @@
+"""The client side of the bus: request, status, wait, results, cancel, gc, and evidence for the gates.
+
+    client = Client(load_config(), root=project_root())          # bus: config.remote, or .kakeya/bus.git
+    manifest = client.request("probe", {}, "cpu")                 # pushes kakeya/req/cpu/<id>
+    done = client.wait(manifest.id, timeout=600)
+    result, out = client.results(manifest.id, Path("out/x"), done)
+    client.evidence(subject_sha, presets=["probe"])               # done results for a commit (for `gate pr`)
+
+The client's object store is the project's own repository: request commits are written into it
+(objects only) and pushed from it, and results are fetched into it without a ref or FETCH_HEAD; the
+user's branches, index and files are never touched. Outside a git repository results go to a bare
+cache under the state directory.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import getpass
+import json
+import platform
+import re
+import secrets
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from pydantic import ValidationError
+
+from bridge import bus as B
+from bridge.bus import Bus, CancelMarker, Claim, Entry, Manifest, Update
+from bridge.config import Config, project_root
+from bridge.errors import InvalidRequest, KakeyaError
+from bridge.presets import Preset, get_preset, load_registry
+from bridge.run import RunResult
+
+GC_CHUNK = 500
+
+
+def state_dir(config: Config, root: Path) -> Path:
+    """The state directory (default <project>/.kakeya), created with a .gitignore that ignores all of it."""
+    path = Path(config.state_dir).expanduser() if config.state_dir else root / ".kakeya"
+    path = path if path.is_absolute() else (root / path)
+    path.mkdir(parents=True, exist_ok=True)
+    ignore = path / ".gitignore"
+    if not ignore.exists():
+        ignore.write_text("# kakeya state: the embedded bus, runner mirrors and worktrees; never committed\n*\n")
+    return path
+
+
+def is_repo(path: Path) -> bool:
+    return B.run_git(path, "rev-parse", "--git-dir", check=False).returncode == 0
+
+
+def is_local_path(url: str) -> bool:
+    return "://" not in url and not re.match(r"^[^/]+:", url)
+
+
+def resolve_remote(remote: str, root: Path, config: Config) -> str:
+    """A git remote name of the project, a URL, a path, or '' for the embedded bus (.kakeya/bus.git)."""
+    if not remote:
+        return str(B.init_bare(state_dir(config, root) / "bus.git"))
+    if re.fullmatch(r"[A-Za-z0-9._-]+", remote) and is_repo(root):
+        named = B.run_git(root, "remote", "get-url", remote, check=False)
+        if named.returncode == 0:
+            return named.stdout.decode().strip()
+    if is_local_path(remote):
+        return str(Path(remote).expanduser().resolve())
+    return remote
+
+
+def exit_code(result: RunResult) -> int:
+    """0 succeeded with a passing (or no) verdict, 2 rejected (invalid request, nothing ran), 1 otherwise."""
+    if result.status == "rejected":
+        return 2
+    return 0 if result.status == "succeeded" and result.verdict in (None, "pass") else 1
+
+
+def verdict_line(request_id: str, result: RunResult) -> str:
+    verdict = f", verdict {result.verdict}" if result.verdict else ""
+    reason = f" ({result.reason})" if result.reason else ""
+    return f"{request_id}: {result.preset} {result.status}{verdict}{reason}"
+
+
+def parse_duration(text: str) -> float:
+    """'90', '90s', '15m', '2h', '7d' -> seconds."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if not m or float(m.group(1)) <= 0:
+        raise InvalidRequest(f"duration {text!r} must look like 90s, 15m, 2h or 7d")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+def age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(max(seconds, 0))}s"
+
+
+@dataclass
+class Row:
+    """One request as `kakeya status` shows it."""
+
+    id: str
+    state: str
+    preset: str
+    runner: str | None
+    created_at: str
+    age_s: float
+    verdict: str | None = None
+    reason: str | None = None
+    holder: str | None = None
+    subject: str | None = None
+    refs: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Evidence:
+    """A finished request for a subject, read from its done commit."""
+
+    id: str
+    done: str
+    manifest: Manifest
+    result: RunResult
+    report: dict[str, Any] | None
+
+    @property
+    def runner(self) -> str:
+        return self.manifest.runner
+
+
+class Client:
+    def __init__(self, config: Config, root: Path | None = None, remote: str | None = None):
+        self.config = config
+        self.root = (root or project_root()).resolve()
+        self.url = resolve_remote(config.remote if remote is None else remote, self.root, config)
+        self.in_repo = is_repo(self.root)
+        store = self.root if self.in_repo else B.init_bare(state_dir(config, self.root) / "client.git")
+        self.bus = Bus(self.url, store)
+        self.bus_dir = Path(self.url) if is_local_path(self.url) and Path(self.url).is_dir() else None
+
+    # --- request ------------------------------------------------------------------------------------
+
+    def request(self, preset_name: str, raw: Mapping[str, Any], label: str, *, subject: str | None = None,
+                expires_s: float | None = None, allow_dirty: bool = False,
+                registry: Mapping[str, Preset] | None = None) -> Manifest:
+        """Validate against the local registry, build the request commit on the subject, push it."""
+        preset = get_preset(registry if registry is not None else load_registry(), preset_name)
+        if not B.LABEL_RE.match(label):
+            raise InvalidRequest(f"runner label {label!r} must be lowercase letters, digits, '-' or '_'")
+        if label not in preset.runners:
+            raise InvalidRequest(f"preset {preset.name} may not run on runner label {label!r} "
+                                 f"(allowed: {', '.join(preset.runners)})")
+        preset.validate_params(raw)
+        subject_sha, snapshot_of = self.subject(subject, allow_dirty)
+        now = B.utcnow()
+        rid = B.new_id(preset.name, now)
+        manifest = Manifest(id=rid, preset=preset.name, params=dict(raw), subject=subject_sha, runner=label,
+                            requester=self.requester(), created_at=now,
+                            expires_at=now + dt.timedelta(seconds=expires_s or self.config.request_ttl_s),
+                            nonce=secrets.token_hex(8), snapshot_of=snapshot_of)
+        with B.open_repo(self.bus.store) as repo:
+            sha = B.child_commit(repo, subject_sha, {B.MANIFEST_PATH: manifest.dump()},
+                                 f"kakeya request {rid}: {preset.name} on {label}", self.who())
+        if not self.bus.swap([Update(B.req_ref(label, rid), sha, None)], atomic=False):
+            raise B.BusError(f"request id {rid} is already taken on the bus; try again")
+        return manifest
+
+    def subject(self, rev: str | None, allow_dirty: bool) -> tuple[str, str | None]:
+        """(subject sha, HEAD it snapshots or None): REV, or HEAD when the tree is clean, or a snapshot."""
+        if not self.in_repo:
+            raise KakeyaError(f"{self.root} is not a git repository: a request runs a commit of one")
+        if rev:
+            if allow_dirty:
+                raise InvalidRequest("--allow-dirty snapshots the working tree on HEAD; it cannot go with --subject")
+            return self.rev_parse(rev), None
+        head = self.rev_parse("HEAD")
+        dirty = self.dirty_paths()
+        if not dirty:
+            return head, None
+        if not allow_dirty:
+            shown = ", ".join(dirty[:5]) + (f" and {len(dirty) - 5} more" if len(dirty) > 5 else "")
+            raise KakeyaError(f"the working tree has uncommitted changes ({shown}): a runner would not see them. "
+                              "Commit them, or pass --allow-dirty to send a snapshot of the working tree")
+        return self.snapshot(head), head
+
+    def rev_parse(self, rev: str) -> str:
+        proc = B.run_git(self.root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", check=False)
+        if proc.returncode != 0:
+            raise InvalidRequest(f"{rev!r} is not a commit in {self.root}")
+        return proc.stdout.decode().strip()
+
+    def dirty_paths(self) -> list[str]:
+        out = B.run_git(self.root, "status", "--porcelain=v1", "-z", "--untracked-files=normal").stdout.decode()
+        paths = [e[3:] for e in out.split("\0") if len(e) > 3 and e[2] == " "]
+        return [p for p in paths if not p.startswith(".kakeya/")]
+
+    def snapshot(self, head: str) -> str:
+        """A commit of the working tree (tracked and untracked, minus ignored) on HEAD, made with a temporary
+        index: the user's branch, index and files stay as they are."""
+        index = Path(B.run_git(self.root, "rev-parse", "--git-path", "index").stdout.decode().strip())
+        index = index if index.is_absolute() else self.root / index
+        with tempfile.TemporaryDirectory(prefix="kakeya-index-") as tmp:
+            env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+            if index.is_file():
+                shutil.copyfile(index, env["GIT_INDEX_FILE"])
+            B.run_git(self.root, "add", "-A", "--", ".", env=env)
+            tree = B.run_git(self.root, "write-tree", env=env).stdout.decode().strip()
+        with B.open_repo(self.root) as repo:
+            return B.commit(repo, tree, [head], f"kakeya: snapshot of the working tree on {head[:12]}", self.who())
+
+    def requester(self) -> str:
+        email = B.run_git(self.bus.store, "config", "user.email", check=False).stdout.decode().strip()
+        return email or f"{getpass.getuser()}@{platform.node()}"
+
+    def who(self) -> str:
+        name = B.run_git(self.bus.store, "config", "user.name", check=False).stdout.decode().strip()
+        return f"{name or getpass.getuser()} <{self.requester()}>"
+
+    # --- reading the bus ----------------------------------------------------------------------------
+
+    def entry(self, request_id: str) -> Entry:
+        """One request's refs, from one ls-remote of just its refs."""
+        B.id_time(request_id)
+        snap = self.bus.ls_remote(f"{B.PREFIX}req/*/{request_id}", B.claim_ref(request_id), B.done_ref(request_id),
+                                  B.cancel_ref(request_id))
+        entry = snap.entries.get(request_id)
+        if entry is None:
+            raise KakeyaError(f"no request {request_id} on the bus at {self.url}")
+        return entry
+
+    def local_files(self, specs: Sequence[str]) -> dict[str, bytes]:
+        """`<sha>:<path>` -> content for the objects this machine already has (and a local bus has)."""
+        found = B.read_blobs(self.bus.store, specs)
+        rest = [s for s in specs if s not in found]
+        if rest and self.bus_dir is not None:
+            found.update(B.read_blobs(self.bus_dir, rest))
+        return found
+
+    def ensure(self, entries: Iterable[Entry], kinds: Sequence[str] = ("done",), in_store: bool = False) -> None:
+        """Fetch (one round trip) the given refs of `entries` whose commits are not here yet (in the store or,
+        unless `in_store`, in a local bus)."""
+        wanted = {getattr(e, k): (e, k) for e in entries for k in kinds if getattr(e, k)}
+        missing = set(wanted) - B.present(self.bus.store, list(wanted))
+        if missing and self.bus_dir is not None and not in_store:
+            missing -= B.present(self.bus_dir, list(missing))
+        self.bus.fetch([B.req_ref(e.label or "", e.id) if k == "req" else f"{B.PREFIX}{k}/{e.id}"
+                        for e, k in (wanted[sha] for sha in sorted(missing))])
+
+    def repo_with(self, sha: str) -> Path:
+        """The local repository that has `sha`: the store, or a local bus."""
+        if self.bus_dir is not None and not B.present(self.bus.store, [sha]):
+            return self.bus_dir
+        return self.bus.store
+
+    def status(self, fetch: bool = False) -> list[Row]:
+        """Every request on the bus from one ls-remote; verdicts and leases for commits already here
+        (`fetch` fetches the missing done commits first: one more round trip)."""
+        snap = self.bus.ls_remote()
+        entries = list(snap.entries.values())
+        if fetch:
+            self.ensure(entries)
+        return self.rows(entries)
+
+    def status_one(self, request_id: str) -> Row:
+        entry = self.entry(request_id)
+        self.ensure([entry], ("req", "claim", "done"))
+        return self.rows([entry])[0]
+
+    def rows(self, entries: Sequence[Entry]) -> list[Row]:
+        specs: dict[str, str] = {}
+        for e in entries:
+            if e.done:
+                specs[e.id] = f"{e.done}:{B.results_path(e.id)}/result.json"
+            elif e.claim:
+                specs[e.id] = f"{e.claim}:{B.CLAIM_PATH}"
+            elif e.req:
+                specs[e.id] = f"{e.req}:{B.MANIFEST_PATH}"
+        manifests = {e.id: f"{e.req}:{B.MANIFEST_PATH}" for e in entries if e.req}
+        found = self.local_files(list(specs.values()) + list(manifests.values()))
+        now = B.utcnow()
+        rows = []
+        for e in entries:
+            created = e.created_at
+            row = Row(e.id, e.state, e.preset, e.label, created.isoformat(timespec="milliseconds"),
+                      round((now - created).total_seconds(), 3),
+                      refs={k: v for k in ("req", "claim", "done", "cancel") if (v := getattr(e, k))})
+            data = found.get(specs.get(e.id, ""))
+            manifest = _model(Manifest, found.get(manifests.get(e.id, "")))
+            if manifest:
+                row.subject = manifest.subject
+            if e.done and (result := _model(RunResult, data)):
+                row.state, row.verdict, row.reason = result.status, result.verdict, result.reason
+                row.holder = result.runner_name
+            elif e.claim and not e.done and (claim := _model(Claim, data)):
+                row.holder = claim.runner
+                if e.state == "claimed" and claim.lease_until < now:
+                    row.state = "stale"
+            elif e.state == "requested" and manifest and manifest.expires_at < now:
+                row.state = "expired"
+            rows.append(row)
+        return rows
+
+    def wait(self, request_id: str, timeout: float | None = None, poll_s: float | None = None) -> str:
+        """The done commit of `request_id`, once there is one (polls with ls-remote)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        poll_s = poll_s or self.config.poll_interval_s
+        while True:
+            entry = self.entry(request_id)
+            if entry.done:
+                return entry.done
+            if deadline is not None and time.monotonic() >= deadline:
+                raise KakeyaError(f"timed out after {timeout:g} s waiting for {request_id} (state: {entry.state})")
+            time.sleep(poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic())))
+
+    def results(self, request_id: str, out: Path, done: str | None = None) -> RunResult:
+        """Fetch the done commit and write its .kakeya/results/<id>/ files into `out`."""
+        entry = self.entry(request_id) if done is None else Entry(request_id, done=done)
+        if entry.done is None:
+            raise KakeyaError(f"{request_id} has no results yet (state: {entry.state}); `kakeya wait {request_id}`")
+        self.ensure([entry])
+        with B.open_repo(self.repo_with(entry.done)) as repo:
+            files = B.read_dir(repo, entry.done, B.results_path(request_id))
+        if "result.json" not in files:
+            raise KakeyaError(f"done commit {entry.done[:12]} of {request_id} has no result.json")
+        out.mkdir(parents=True, exist_ok=True)
+        for rel, data in files.items():
+            parts = PurePosixPath(rel).parts
+            if not parts or any(p in ("", ".", "..") for p in parts):
+                continue
+            target = out.joinpath(*parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        try:
+            return RunResult.model_validate_json(files["result.json"])
+        except ValidationError as exc:
+            raise KakeyaError(f"result.json of {request_id} is not a valid result: {exc.errors()[0]['msg']}") from None
+
+    # --- writing ------------------------------------------------------------------------------------
+
+    def cancel(self, request_id: str, reason: str = "") -> str:
+        """Push a cancel marker; returns the state the request was in."""
+        entry = self.entry(request_id)
+        if entry.done:
+            raise KakeyaError(f"{request_id} is already done; nothing to cancel")
+        if entry.cancel:
+            return "cancelled"
+        if entry.req is None:
+            raise KakeyaError(f"{request_id} has no request ref on the bus; nothing to cancel")
+        self.ensure([entry], ("req",), in_store=True)
+        marker = CancelMarker(id=request_id, by=self.requester(), at=B.utcnow(), reason=reason)
+        with B.open_repo(self.bus.store) as repo:
+            sha = B.child_commit(repo, entry.req, {B.CANCEL_PATH: marker.dump()}, f"kakeya cancel {request_id}",
+                                 self.who())
+        self.bus.swap([Update(B.cancel_ref(request_id), sha, None)], atomic=False)
+        return entry.state
+
+    def gc(self, older_than_days: float, dry_run: bool = False) -> list[str]:
+        """Delete the req/claim/cancel refs of finished requests older than the cutoff (done refs stay)."""
+        cutoff = B.utcnow() - dt.timedelta(days=older_than_days)
+        updates = [Update(ref, None, sha) for e in self.bus.ls_remote().entries.values()
+                   if e.done and e.created_at < cutoff
+                   for ref, sha in ((B.req_ref(e.label or "", e.id), e.req), (B.claim_ref(e.id), e.claim),
+                                    (B.cancel_ref(e.id), e.cancel)) if sha]
+        if dry_run:
+            return [u.ref for u in updates]
+        deleted = []
+        for i in range(0, len(updates), GC_CHUNK):
+            chunk = updates[i:i + GC_CHUNK]
+            status = self.bus.push(chunk)
+            deleted += [u.ref for u in chunk if status.get(u.ref, (False, ""))[0]]
+        return deleted
+
+    # --- evidence for gates -------------------------------------------------------------------------
+
+    def evidence(self, subject: str, presets: Sequence[str] | None = None) -> list[Evidence]:
+        """Finished requests whose subject is `subject` (a full sha), oldest first: their manifest, result and
+        report, from done commits that descend from the subject. One ls-remote, one fetch."""
+        snap = self.bus.ls_remote()
+        dones = [e for e in snap.entries.values() if e.done and (not presets or e.preset in presets)]
+        self.ensure(dones)
+        found = []
+        for e in dones:
+            assert e.done is not None
+            repo_dir = self.repo_with(e.done)
+            with B.open_repo(repo_dir) as repo:
+                manifest = _model(Manifest, B.read_path(repo, e.done, B.MANIFEST_PATH))
+                if manifest is None or manifest.subject != subject or manifest.id != e.id:
+                    continue
+                result = _model(RunResult, B.read_path(repo, e.done, f"{B.results_path(e.id)}/result.json"))
+                raw_report = B.read_path(repo, e.done, f"{B.results_path(e.id)}/report.json")
+            if result is None or not B.is_ancestor(repo_dir, subject, e.done):
+                continue
+            try:
+                report = json.loads(raw_report) if raw_report is not None else None
+            except ValueError:
+                report = None
+            found.append(Evidence(e.id, e.done, manifest, result, report if isinstance(report, dict) else None))
+        return found
+
+
+def _model(cls: Any, data: bytes | None) -> Any:
+    if data is None:
+        return None
+    try:
+        return cls.model_validate_json(data)
+    except ValidationError:
+        return None
+
+
+def row_dict(row: Row) -> dict[str, Any]:
+    return asdict(row)

@@ -1,0 +1,37 @@
+"""Flags and helpers shared by the bus commands (request, status, results, wait, cancel, bus, runner, run)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from bridge.client import Client, exit_code, verdict_line
+from bridge.config import Config, load_config, project_root
+from bridge.run import RunResult
+
+
+def add_remote(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--remote", metavar="NAME|URL",
+                        help="the bus: a git remote name, URL or path (default: config / KAKEYA_REMOTE, "
+                             "else the embedded .kakeya/bus.git)")
+
+
+def config_and_root() -> tuple[Config, Path]:
+    root = project_root()
+    return load_config(root), root
+
+
+def client(args: argparse.Namespace, remote: str | None = None) -> Client:
+    config, root = config_and_root()
+    return Client(config, root, remote=args.remote if remote is None else remote)
+
+
+def out_dir(root: Path, given: Path | None, request_id: str) -> Path:
+    return (given or root / "out" / request_id).resolve()
+
+
+def report(request_id: str, result: RunResult, out: Path) -> int:
+    """Print the verdict line and where the summary is; the exit code of the outcome."""
+    print(verdict_line(request_id, result))
+    print(f"summary: {out / 'summary.md'}")
+    return exit_code(result)

@@ -1,0 +1,74 @@
+"""`kakeya runner once [--request ID]` and `kakeya runner watch [--poll S]`: serve requests from the bus.
+
+once claims one pending request for the runner's labels (or the one named) and executes it; watch
+does so in a loop, backing off while the bus fails. SIGTERM/SIGINT: take no new request, finish the
+current one (a claim whose run has not started is released); a second signal kills the run, which
+still ends in a done commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from pathlib import Path
+
+from bridge.client import resolve_remote, state_dir
+from bridge.commands._bus import add_remote, config_and_root
+from bridge.config import Config
+from bridge.runner import Runner
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("runner", help="serve requests from the bus on this host")
+    modes = parser.add_subparsers(dest="mode", metavar="MODE", required=True)
+    for mode, help_ in (("once", "claim and run one pending request, then exit"),
+                        ("watch", "claim and run requests until stopped")):
+        p = modes.add_parser(mode, help=help_)
+        p.add_argument("--labels", metavar="L1,L2", help="labels this runner serves (default: config / KAKEYA_LABELS)")
+        p.add_argument("--name", help="runner name (default: config / KAKEYA_RUNNER_NAME / hostname)")
+        add_remote(p)
+        p.add_argument("--workdir", type=Path, help="mirror and worktrees (default .kakeya/runners/<name>)")
+        p.add_argument("--lease", type=float, metavar="S", help="claim lease in seconds (default: config lease_s)")
+        p.add_argument("--poll", type=float, metavar="S", help="poll interval (default: config poll_interval_s)")
+        if mode == "once":
+            p.add_argument("--request", metavar="ID", help="serve this request (it must be for one of our labels)")
+        p.set_defaults(func=run)
+
+
+def make_runner(args: argparse.Namespace, config: Config, root: Path, url: str, labels: list[str]) -> Runner:
+    name = args.name or config.runner_name
+    workdir = args.workdir or state_dir(config, root) / "runners" / name
+    return Runner(url, config=config, name=name, labels=labels, workdir=workdir)
+
+
+def handle_signals(runner: Runner) -> None:
+    """First SIGTERM/SIGINT: stop after the current request. Second: kill the current run too."""
+    def handler(signum: int, _frame: object) -> None:
+        name = signal.Signals(signum).name
+        if runner.stopping.is_set():
+            runner.abort(f"runner {runner.name} stopped by {name} during the run")
+        else:
+            runner.stop(name)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handler)
+
+
+def run(args: argparse.Namespace) -> int:
+    config, root = config_and_root()
+    updates = {k: v for k, v in (("lease_s", args.lease), ("poll_interval_s", args.poll)) if v is not None}
+    config = Config.model_validate({**config.model_dump(), **updates})
+    labels = [s.strip() for s in args.labels.split(",") if s.strip()] if args.labels else config.labels
+    url = resolve_remote(config.remote if args.remote is None else args.remote, root, config)
+    runner = make_runner(args, config, root, url, labels)
+    handle_signals(runner)
+    if args.mode == "watch":
+        runner.watch()
+        return 0
+    served = runner.once(request_id=args.request)
+    if served is None:
+        what = args.request or f"labels {', '.join(runner.labels)}"
+        print(f"nothing to do for {what} (no pending request, or it is done or held by a live lease)")
+        return 0
+    verdict = f", verdict {served.verdict}" if served.verdict else ""
+    print(f"{served.id}: {served.status}{verdict}" + ("" if served.pushed else " (result not pushed)"))
+    return 0 if served.pushed or served.status == "released" else 1

@@ -1,0 +1,51 @@
+"""`kakeya status [ID] [--json] [--fetch]`: one request, or a table of all of them, from one ls-remote.
+
+Verdicts show for done commits this machine already has (or that a local bus holds); --fetch first
+fetches the missing ones (one more round trip). `status ID` fetches what that one request needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from bridge.client import Row, age, row_dict
+from bridge.commands._bus import add_remote, client
+
+COLUMNS = ("ID", "STATE", "PRESET", "RUNNER", "AGE", "VERDICT")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("status", help="the state of one request or of all of them")
+    parser.add_argument("id", nargs="?")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--fetch", action="store_true", help="fetch done commits not yet here to show every verdict")
+    add_remote(parser)
+    parser.set_defaults(func=run)
+
+
+def table(rows: list[Row]) -> str:
+    cells = [COLUMNS] + [(r.id, r.state, r.preset, r.runner or "-", age(r.age_s), r.verdict or "-") for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)
+
+
+def run(args: argparse.Namespace) -> int:
+    c = client(args)
+    if args.id:
+        row = c.status_one(args.id)
+        if args.json:
+            print(json.dumps(row_dict(row), indent=2))
+        else:
+            for key, value in row_dict(row).items():
+                if value not in (None, {}):
+                    print(f"{key:<11}{json.dumps(value) if isinstance(value, dict) else value}")
+        return 0
+    rows = c.status(fetch=args.fetch)
+    if args.json:
+        print(json.dumps([row_dict(r) for r in rows], indent=2))
+    elif rows:
+        print(table(rows))
+    else:
+        print(f"no requests on the bus at {c.url}")
+    return 0

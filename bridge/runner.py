@@ -1,0 +1,437 @@
+"""The runner: claim a request from the bus, run its preset on a fresh worktree of the subject, push the result.
+
+    runner = Runner(url, config=config, name="h200-1", labels=["h200"], workdir=Path(".kakeya/runners/h200-1"))
+    runner.once()            # claim and serve one pending request (or `request_id`); None when idle
+    runner.watch()           # the same in a loop until stop()
+
+Claim = create kakeya/claim/<id> only if absent. While the run goes on a `Lease` thread heartbeats
+(fast-forwards the claim with a later lease_until) and watches for a cancel marker or a takeover; a
+runner that finds an expired lease takes it over with a lease on the sha it saw. The result is pushed
+in one atomic push that moves the claim to the done commit (leased on this runner's last claim sha)
+and creates the done ref: a runner that lost its lease can never push a result. Presets come from the
+runner's own registry, never from the request commit. Every outcome ends in a done commit.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import random
+import shutil
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from bridge import bus as B
+from bridge.bus import Bus, Claim, Entry, Manifest, Update
+from bridge.config import Config
+from bridge.errors import KakeyaError
+from bridge.presets import Preset, load_registry
+from bridge.run import RunContext, RunResult, execute, write_outcome
+
+LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
+CLAIM_WINDOW = 4  # runners pick at random among the oldest few pending requests, so they rarely collide
+
+
+class Rejected(KakeyaError):
+    """The request is not one this runner may run; it ends in a `rejected` done commit."""
+
+
+@dataclass
+class Served:
+    """What `Runner.once` did with one request."""
+
+    id: str
+    status: str
+    verdict: str | None = None
+    reason: str | None = None
+    done: str | None = None  # the done commit, when pushed
+    pushed: bool = False
+
+
+class Lease(threading.Thread):
+    """Keeps a claim alive while the request is served: heartbeats, cancel markers, takeovers."""
+
+    def __init__(self, runner: Runner, request_id: str, sha: str, claim: Claim):
+        super().__init__(name=f"lease-{request_id}", daemon=True)
+        self.runner, self.id, self.sha, self.claim = runner, request_id, sha, claim
+        self.cancelled = False
+        self.lost: str | None = None
+        self._halt = threading.Event()
+        lease_s = runner.config.lease_s
+        self.tick_s = min(runner.config.poll_interval_s, lease_s / 3)
+        self.beat_s = lease_s / 3
+
+    def run(self) -> None:
+        next_beat = self.beat_s
+        waited = 0.0
+        while not self._halt.wait(self.tick_s) and not self.lost:
+            waited += self.tick_s
+            try:
+                self.check()
+                if not self.lost and waited >= next_beat:
+                    self.heartbeat()
+                    next_beat = waited + self.beat_s
+            except KakeyaError as exc:  # the bus is unreachable for now: keep running, keep trying
+                self.runner.log(f"{self.id}: heartbeat/check failed, will retry: {exc}")
+
+    def check(self) -> None:
+        snap = self.runner.bus.ls_remote(B.claim_ref(self.id), B.cancel_ref(self.id))
+        if B.cancel_ref(self.id) in snap.refs:
+            self.cancelled = True
+        current = snap.refs.get(B.claim_ref(self.id))
+        if current != self.sha:
+            self.lost = f"lease lost: {self.runner.holder(self.id, current)}"
+
+    def heartbeat(self) -> None:
+        now = B.utcnow()
+        claim = self.claim.model_copy(update={"heartbeat": self.claim.heartbeat + 1,
+                                              "lease_until": now + dt.timedelta(seconds=self.runner.config.lease_s)})
+        with B.open_repo(self.runner.mirror) as repo:
+            sha = B.child_commit(repo, self.sha, {B.CLAIM_PATH: claim.dump()},
+                                 f"kakeya heartbeat {self.id} #{claim.heartbeat} by {self.runner.name}", self.runner.who)
+        if self.runner.bus.swap([Update(B.claim_ref(self.id), sha, self.sha)]):
+            self.sha, self.claim = sha, claim
+        else:
+            self.lost = f"lease lost: {self.runner.holder(self.id, None)}"
+
+    def should_stop(self) -> str | None:
+        if self.lost:
+            return self.lost
+        if self.cancelled:
+            return "cancelled"
+        return self.runner.abort_reason
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+
+class Runner:
+    def __init__(self, url: str, *, config: Config, name: str, labels: list[str], workdir: Path,
+                 registry: Mapping[str, Preset] | None = None, environ: Mapping[str, str] | None = None,
+                 log: Callable[[str], None] | None = None):
+        self.config, self.name, self.labels = config, name, [B.check_label(lb) for lb in labels]
+        if not labels:
+            raise KakeyaError("a runner needs at least one label (--labels cpu,h200 or KAKEYA_LABELS)")
+        self.registry = dict(registry) if registry is not None else load_registry()
+        self.environ = os.environ if environ is None else environ
+        self.workdir = workdir.resolve()
+        self.mirror = B.init_bare(self.workdir / "mirror.git")
+        self.bus = Bus(url, self.mirror)
+        self.who = f"kakeya runner {name} <{name}@kakeya.invalid>"
+        self.leases: dict[str, Claim | None] = {}  # claim sha -> its claim.json (immutable, so cached)
+        self.stopping = threading.Event()
+        self.abort_reason: str | None = None
+        self._log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        B.run_git(self.mirror, "worktree", "prune", check=False)
+
+    def log(self, msg: str) -> None:
+        self._log(f"kakeya runner {self.name}: {msg}")
+
+    # --- stopping -----------------------------------------------------------------------------------
+
+    def stop(self, why: str = "stop requested") -> None:
+        """Take no new request; the current one is finished (or released if it has not started)."""
+        if not self.stopping.is_set():
+            self.log(f"{why}: finishing the current request, then stopping")
+        self.stopping.set()
+
+    def abort(self, why: str) -> None:
+        """Kill the current run; it still ends in a done commit (status error, `why`)."""
+        self.stopping.set()
+        self.abort_reason = why
+
+    # --- one request --------------------------------------------------------------------------------
+
+    def once(self, request_id: str | None = None) -> Served | None:
+        """Claim and serve one pending request for our labels (or `request_id`); None if there was none."""
+        self.flush_outbox()
+        snap = self.bus.ls_remote()
+        for entry, old in self.candidates(snap, request_id):
+            if self.stopping.is_set():
+                return None
+            claimed = self.claim(entry, old)
+            if claimed:
+                return self.serve(entry, *claimed)
+        return None
+
+    def candidates(self, snap: B.Snapshot, request_id: str | None) -> list[tuple[Entry, tuple[str, Claim] | None]]:
+        """Requests we may claim, oldest first: unclaimed ones, and claimed ones whose lease has expired."""
+        if request_id:
+            entry = snap.entries.get(request_id)
+            if entry is None or entry.req is None:
+                raise KakeyaError(f"no request {request_id} on the bus at {self.bus.url}")
+            if entry.label not in self.labels:
+                raise KakeyaError(f"request {request_id} is for runner label {entry.label!r}; "
+                                  f"this runner serves {', '.join(self.labels)}")
+            pool = [] if entry.done else [entry]
+        else:
+            pool = [e for e in snap.entries.values() if e.req and not e.done and e.label in self.labels]
+        self._learn_leases([e for e in pool if e.claim])
+        live = {e.claim for e in snap.entries.values() if e.claim}
+        self.leases = {sha: c for sha, c in self.leases.items() if sha in live}
+        now = B.utcnow()
+        out: list[tuple[Entry, tuple[str, Claim] | None]] = []
+        for e in pool:
+            if e.claim is None:
+                out.append((e, None))
+                continue
+            claim = self.leases.get(e.claim)
+            if claim is not None and claim.lease_until < now:
+                out.append((e, (e.claim, claim)))
+            elif claim is None and e.claim in self.leases:  # unreadable claim.json: treat as expired
+                out.append((e, (e.claim, Claim(id=e.id, runner="unknown", labels=[], host="", pid=0,
+                                               claimed_at=now, lease_until=now))))
+        head = out[:CLAIM_WINDOW]
+        random.shuffle(head)
+        return head + out[CLAIM_WINDOW:]
+
+    def _learn_leases(self, claimed: list[Entry]) -> None:
+        unknown = [e for e in claimed if e.claim not in self.leases]
+        if not unknown:
+            return
+        try:
+            self.bus.fetch([B.claim_ref(e.id) for e in unknown])
+        except B.BusError as exc:  # a claim moved or went away meanwhile: look again next time
+            self.log(f"could not read claims: {exc}")
+            return
+        with B.open_repo(self.mirror) as repo:
+            for e in unknown:
+                assert e.claim is not None
+                if not B.has_object(repo, e.claim):
+                    continue
+                raw = B.read_path(repo, e.claim, B.CLAIM_PATH)
+                try:
+                    self.leases[e.claim] = Claim.model_validate_json(raw or b"")
+                except ValidationError:
+                    self.leases[e.claim] = None
+
+    def holder(self, request_id: str, sha: str | None) -> str:
+        """Who holds the claim now, for messages."""
+        try:
+            if sha is None:
+                sha = self.bus.ls_remote(B.claim_ref(request_id)).refs.get(B.claim_ref(request_id))
+            if sha is None:
+                return "the claim was deleted"
+            self.bus.fetch([B.claim_ref(request_id)])
+            with B.open_repo(self.mirror) as repo:
+                raw = B.read_path(repo, sha, B.CLAIM_PATH)
+                if B.read_path(repo, sha, f"{B.results_path(request_id)}/result.json") is not None:
+                    return "the request was finished by another runner"
+            return f"taken over by runner {Claim.model_validate_json(raw or b'').runner}"
+        except (KakeyaError, ValidationError):
+            return f"the claim is now {sha or 'gone'}"
+
+    def claim(self, entry: Entry, old: tuple[str, Claim] | None) -> tuple[str, Claim] | None:
+        """Create (or take over) the claim; None if another runner got there first."""
+        assert entry.req is not None and entry.label is not None
+        self.bus.fetch([f"+{B.req_ref(entry.label, entry.id)}:refs/kakeya/req/{entry.id}"])
+        now = B.utcnow()
+        claim = Claim(id=entry.id, runner=self.name, labels=self.labels, host=platform.node(), pid=os.getpid(),
+                      claimed_at=now, lease_until=now + dt.timedelta(seconds=self.config.lease_s),
+                      takeover_of=old[1].runner if old else None)
+        base = old[0] if old else entry.req
+        verb = f"takes over {entry.id} from {old[1].runner}" if old else f"claims {entry.id}"
+        with B.open_repo(self.mirror) as repo:
+            sha = B.child_commit(repo, base, {B.CLAIM_PATH: claim.dump()}, f"kakeya: {self.name} {verb}", self.who)
+        if not self.bus.swap([Update(B.claim_ref(entry.id), sha, old[0] if old else None)]):
+            return None
+        self.log(f"{verb} ({entry.preset} on {entry.label})")
+        return sha, claim
+
+    def serve(self, entry: Entry, sha: str, claim: Claim) -> Served:
+        lease = Lease(self, entry.id, sha, claim)
+        lease.start()
+        out = self.workdir / "runs" / entry.id
+        shutil.rmtree(out, ignore_errors=True)
+        try:
+            if self.stopping.is_set():  # nothing has run yet: give the request back
+                lease.stop()
+                return self.release(entry, lease.sha)
+            result = self.run_request(entry, lease, out)
+            lease.stop()
+            served = Served(entry.id, result.status, result.verdict, result.reason)
+            if lease.lost:
+                self.log(f"{entry.id}: {lease.lost}; its result is not pushed (kept in {out})")
+                served.reason = lease.lost
+                return served
+            served.done = self.commit_done(entry, lease.sha, out, result)
+            served.pushed = self.push_done(entry.id, lease.sha, served.done)
+            if served.pushed:
+                shutil.rmtree(out, ignore_errors=True)
+            return served
+        finally:
+            lease.stop()
+            B.run_git(self.mirror, "update-ref", "-d", f"refs/kakeya/req/{entry.id}", check=False)
+
+    def release(self, entry: Entry, sha: str) -> Served:
+        released = self.bus.swap([Update(B.claim_ref(entry.id), None, sha)])
+        self.log(f"{entry.id}: released the claim before the run started" if released else
+                 f"{entry.id}: could not release the claim (it changed)")
+        return Served(entry.id, "released", reason="runner stopping before the run started")
+
+    def run_request(self, entry: Entry, lease: Lease, out: Path) -> RunResult:
+        """Validate, then run; every failure becomes a result (nothing raises past here)."""
+        context = RunContext(request_id=entry.id, runner_name=self.name, runner_labels=self.labels)
+        preset_name, params, preset_hash = entry.preset, {}, None
+        try:
+            manifest, preset, values = self.validate(entry)
+            context.subject, preset_name, params = manifest.subject, preset.name, values
+            preset_hash = preset.content_hash
+            if lease.cancelled or entry.cancel:
+                return write_outcome(out, "cancelled", "cancelled before it started", preset_name=preset_name,
+                                     params=params, context=context, preset_hash=preset_hash)
+            if manifest.expires_at < B.utcnow():
+                return write_outcome(out, "expired", f"expired at {manifest.expires_at.isoformat()} before a runner "
+                                     "started it", preset_name=preset_name, params=params, context=context,
+                                     preset_hash=preset_hash)
+            checkout = self.add_worktree(entry.id, manifest.subject)
+            try:
+                check_lfs(checkout)
+                self.log(f"{entry.id}: running {preset.name}")
+                return execute(preset, values, checkout, out, config=self.config, environ=self.environ,
+                               context=context, should_stop=lease.should_stop)
+            finally:
+                self.remove_worktree(checkout)
+        except Rejected as exc:
+            return write_outcome(out, "rejected", str(exc), preset_name=preset_name, params=params, context=context)
+        except Exception as exc:  # noqa: BLE001 — any failure at any step still ends in a done commit
+            return write_outcome(out, "error", f"runner {self.name}: {exc}", preset_name=preset_name, params=params,
+                                 context=context, preset_hash=preset_hash)
+
+    def validate(self, entry: Entry) -> tuple[Manifest, Preset, dict[str, Any]]:
+        """The request, re-validated against this runner's own registry; Rejected says why not."""
+        assert entry.req is not None
+        with B.open_repo(self.mirror) as repo:
+            raw = B.read_path(repo, entry.req, B.MANIFEST_PATH)
+            parents = [p.hexsha for p in repo.commit(entry.req).parents]
+        if raw is None:
+            raise Rejected(f"invalid manifest: the request commit has no {B.MANIFEST_PATH}")
+        try:
+            manifest = Manifest.model_validate_json(raw)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'manifest'}: {e['msg']}"
+                                 for e in exc.errors()[:5])
+            raise Rejected(f"invalid manifest: {problems}") from None
+        for field, want in (("id", entry.id), ("runner", entry.label), ("preset", entry.preset)):
+            if getattr(manifest, field) != want:
+                raise Rejected(f"invalid manifest: {field} is {getattr(manifest, field)!r} but the bus ref says {want!r}")
+        if parents != [manifest.subject]:
+            raise Rejected(f"invalid manifest: subject {manifest.subject} is not the request commit's parent")
+        preset = self.registry.get(manifest.preset)
+        if preset is None:
+            raise Rejected(f"unknown preset {manifest.preset!r}: this runner's registry has "
+                           f"{', '.join(sorted(self.registry)) or 'no presets'}")
+        if manifest.runner not in preset.runners:
+            raise Rejected(f"preset {preset.name} may not run on runner label {manifest.runner!r} "
+                           f"(allowed: {', '.join(preset.runners)})")
+        try:
+            values = preset.validate_params(manifest.params)
+        except KakeyaError as exc:
+            raise Rejected(f"bad parameters: {exc}") from None
+        return manifest, preset, values
+
+    # --- worktrees ----------------------------------------------------------------------------------
+
+    def add_worktree(self, request_id: str, subject: str) -> Path:
+        path = self.workdir / "work" / request_id
+        if path.exists():
+            self.remove_worktree(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        B.run_git(self.mirror, "worktree", "add", "--detach", "--force", str(path), subject)
+        return path
+
+    def remove_worktree(self, path: Path) -> None:
+        B.run_git(self.mirror, "worktree", "remove", "--force", "--force", str(path), check=False)
+        shutil.rmtree(path, ignore_errors=True)
+        B.run_git(self.mirror, "worktree", "prune", check=False)
+
+    # --- results ------------------------------------------------------------------------------------
+
+    def commit_done(self, entry: Entry, claim_sha: str, out: Path, result: RunResult) -> str:
+        prefix = B.results_path(entry.id)
+        files = {f"{prefix}/{p.relative_to(out).as_posix()}": p.read_bytes()
+                 for p in sorted(out.rglob("*")) if p.is_file() and not p.is_symlink()}
+        verdict = f", verdict {result.verdict}" if result.verdict else ""
+        message = f"kakeya done {entry.id}: {result.status}{verdict}\n\n{result.reason or ''}".rstrip() + "\n"
+        with B.open_repo(self.mirror) as repo:
+            return B.child_commit(repo, claim_sha, files, message, self.who)
+
+    def push_done(self, request_id: str, claim_sha: str, done_sha: str) -> bool:
+        """Atomically: claim (leased on our last sha) -> done commit, done ref created. Kept locally if the bus
+        cannot be reached, and pushed by a later `once`."""
+        updates = [Update(B.claim_ref(request_id), done_sha, claim_sha), Update(B.done_ref(request_id), done_sha, None)]
+        try:
+            pushed = self.bus.swap(updates, atomic=True)
+        except KakeyaError as exc:
+            B.run_git(self.mirror, "update-ref", f"refs/kakeya/outbox/{request_id}", done_sha)
+            self.log(f"{request_id}: result {done_sha[:12]} not pushed yet ({exc}); will retry")
+            return False
+        self.log(f"{request_id}: done {done_sha[:12]} pushed" if pushed else
+                 f"{request_id}: lease lost before the result could be pushed; result dropped")
+        # One ref keeps the last subject's history as `have`s for the next fetch; the rest may be collected.
+        B.run_git(self.mirror, "update-ref", "refs/kakeya/last", done_sha, check=False)
+        B.run_git(self.mirror, "gc", "--auto", "--quiet", check=False)
+        return pushed
+
+    def flush_outbox(self) -> None:
+        """Push results that an earlier attempt could not deliver."""
+        listed = B.run_git(self.mirror, "for-each-ref", "--format=%(refname) %(objectname)", "refs/kakeya/outbox/")
+        for line in listed.stdout.decode().splitlines():
+            ref, done_sha = line.split()
+            request_id = ref.rsplit("/", 1)[1]
+            claim_sha = B.run_git(self.mirror, "rev-parse", f"{done_sha}^").stdout.decode().strip()
+            updates = [Update(B.claim_ref(request_id), done_sha, claim_sha),
+                       Update(B.done_ref(request_id), done_sha, None)]
+            pushed = self.bus.swap(updates, atomic=True)  # raises while the bus is still unreachable
+            self.log(f"{request_id}: delayed result pushed" if pushed else
+                     f"{request_id}: lease lost while the result waited; dropped")
+            B.run_git(self.mirror, "update-ref", "-d", ref)
+
+    # --- the loop -----------------------------------------------------------------------------------
+
+    def watch(self, poll_s: float | None = None, max_backoff_s: float = 60.0) -> None:
+        """Serve requests until stop(): poll every `poll_s`, back off (doubling) while the bus fails."""
+        poll_s = poll_s or self.config.poll_interval_s
+        backoff = 0.0
+        self.log(f"watching {self.bus.url} for {', '.join(self.labels)} every {poll_s:g} s")
+        while not self.stopping.is_set():
+            try:
+                served = self.once()
+                backoff = 0.0
+            except KakeyaError as exc:
+                backoff = min(max(backoff * 2, poll_s), max_backoff_s)
+                self.log(f"{exc}; retrying in {poll_s + backoff:.1f} s")
+                served = None
+            if served is None:
+                self.stopping.wait(poll_s + backoff)
+        self.log("stopped")
+
+
+def check_lfs(checkout: Path) -> None:
+    """Refuse a checkout in which a Git LFS file is still a pointer (git-lfs missing or not pulled)."""
+    pointers = []
+    for dirpath, dirnames, filenames in os.walk(checkout):
+        dirnames[:] = [d for d in dirnames if d != ".git"]
+        for name in filenames:
+            path = Path(dirpath) / name
+            try:
+                if path.is_symlink() or path.stat().st_size > 1024:
+                    continue
+                with path.open("rb") as fh:
+                    head = fh.read(len(LFS_POINTER))
+            except OSError:
+                continue
+            if head == LFS_POINTER:
+                pointers.append(path.relative_to(checkout).as_posix())
+    if pointers:
+        shown = ", ".join(pointers[:5]) + (f" and {len(pointers) - 5} more" if len(pointers) > 5 else "")
+        raise KakeyaError(f"the subject has {len(pointers)} Git LFS pointer file(s) that were not fetched ({shown}); "
+                          "install git-lfs on the runner (`git lfs install`) so checkouts get the real files")

@@ -1,0 +1,243 @@
+"""Shared set-up for the bus tests: a project repository with a test program, test presets, `git daemon`.
+
+The test program (work.py, committed in the project, so it is what the subject runs) appends its tag
+to $COUNTER — the side effect that counts executions — and writes a valid probe report.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bridge import bus as B
+
+WORK_PY = textwrap.dedent('''
+    import json, os, sys, time
+
+    mode, tag, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    marks = os.environ["MARKS"]
+
+    def mark(name, text=""):
+        with open(os.path.join(marks, f"{tag}.{name}"), "w") as fh:
+            fh.write(text)
+
+    if mode == "once" and os.path.exists(os.path.join(marks, f"{tag}.first")):
+        seconds = 0  # a second attempt (after a takeover) finishes at once
+    elif mode == "once":
+        mark("first", str(os.getpid()))
+    mark("started", f"{os.getpid()} {time.time()!r}")
+    if mode in ("sleep", "once"):
+        time.sleep(seconds)
+    with open(os.environ["COUNTER"], "a") as fh:
+        fh.write(tag + "\\n")
+    env = {"python": "3", "os": "test", "machine": "x", "hostname": "h", "cpu_count": 1, "memory_bytes": None,
+           "versions": {"python": "3"}}
+    report = {"kind": "probe", "schema_version": 1, "created_at": "2026-01-01T00:00:00+00:00",
+              "environment": env, "subject": os.environ.get("KAKEYA_SUBJECT"),
+              "probe": {"python": "3", "os": "test", "cpu_count": 1, "memory_bytes": None,
+                        "packages": {"torch": None, "transformers": None, "mlx": None, "mlx_lm": None},
+                        "accelerators": {"cuda": {"available": False, "devices": []}, "mps": {"available": False},
+                                         "metal": {"available": False}},
+                        "mlx_default_device": None}}
+    with open(os.environ["KAKEYA_REPORT"], "w") as fh:
+        json.dump(report, fh)
+    print(f"work {mode} {tag} done")
+''')
+
+_WORK = {
+    "description": "test program",
+    "timeout_s": 60,
+    "argv": ["{python}", "work.py", "{mode}", "{tag}", "{seconds}"],
+    "params": {
+        "mode": {"type": "enum", "choices": ["count", "sleep", "once"], "default": "count"},
+        "tag": {"type": "str", "pattern": "[a-z0-9-]+", "max_length": 40, "default": "x"},
+        "seconds": {"type": "float", "min": 0, "max": 120, "default": 0},
+    },
+    "env": {"COUNTER": "${ENV:KAKEYA_TEST_COUNTER}", "MARKS": "${ENV:KAKEYA_TEST_MARKS}"},
+    "report": {"kind": "probe", "schema_version": 1},
+}
+PRESETS = {
+    "work": {**_WORK, "runners": ["cpu", "gpu"], "gate": [{"check": "min", "path": "/probe/cpu_count", "value": 1}]},
+    "strict": {**_WORK, "runners": ["cpu"], "gate": [{"check": "min", "path": "/probe/cpu_count", "value": 4096}]},
+    "cpuonly": {**_WORK, "runners": ["cpu"]},
+}
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+class Env:
+    """Paths of one test's world."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.project = tmp / "project"
+        self.presets = tmp / "presets"
+        self.counter = tmp / "counter.txt"
+        self.marks = tmp / "marks"
+
+    def count(self) -> list[str]:
+        return self.counter.read_text().split() if self.counter.exists() else []
+
+    def mark(self, tag: str, name: str) -> Path:
+        return self.marks / f"{tag}.{name}"
+
+
+@pytest.fixture(name="world")
+def world_fixture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Env:
+    """A committed project with work.py, test presets, fast leases and polls; cwd = the project."""
+    env = Env(tmp_path)
+    env.presets.mkdir()
+    for name, data in PRESETS.items():
+        (env.presets / f"{name}.yaml").write_text(yaml.safe_dump({"name": name, **data}))
+    env.marks.mkdir()
+    env.project.mkdir()
+    for var in list(os.environ):
+        if var.startswith("KAKEYA_"):
+            monkeypatch.delenv(var)
+    for key, value in {"KAKEYA_PRESETS": str(env.presets), "KAKEYA_TEST_COUNTER": str(env.counter),
+                       "KAKEYA_TEST_MARKS": str(env.marks), "KAKEYA_POLL_INTERVAL": "0.2", "KAKEYA_LEASE": "3",
+                       "KAKEYA_RUNNER_NAME": "inproc", "GIT_AUTHOR_NAME": "Test", "GIT_AUTHOR_EMAIL": "t@example.com",
+                       "GIT_COMMITTER_NAME": "Test", "GIT_COMMITTER_EMAIL": "t@example.com",
+                       "OMP_NUM_THREADS": "1"}.items():
+        monkeypatch.setenv(key, value)
+    (env.project / "work.py").write_text(WORK_PY)
+    (env.project / ".gitignore").write_text("/out/\n")
+    git(env.project, "init", "-q", "-b", "main")
+    git(env.project, "add", "-A")
+    git(env.project, "commit", "-q", "-m", "project")
+    monkeypatch.chdir(env.project)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    """`git daemon` on 127.0.0.1 serving bare repositories under `base`; counts connections from its log."""
+
+    def __init__(self, base: Path):
+        self.base = base
+        base.mkdir(parents=True, exist_ok=True)
+        self.log = base.parent / "daemon.log"
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def repo(self, name: str = "bus.git") -> str:
+        B.init_bare(self.base / name)
+        return f"git://127.0.0.1:{self.port}/{name}"
+
+    def start(self) -> Daemon:
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                ["git", "daemon", "--reuseaddr", "--export-all", "--enable=receive-pack", "--informative-errors",
+                 "--verbose", f"--base-path={self.base}", "--listen=127.0.0.1", f"--port={self.port}",
+                 "--max-connections=64", str(self.base)], stderr=log, stdout=log)
+        wait_for(self._accepts, 20, "git daemon to listen")
+        return self
+
+    def _accepts(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+            return True
+        except OSError:
+            return False
+
+    def connections(self) -> int:
+        return self.log.read_text(errors="replace").count("Connection from")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+@pytest.fixture(name="daemon")
+def daemon_fixture(tmp_path: Path) -> Iterator[Daemon]:
+    d = Daemon(tmp_path / "served").start()
+    yield d
+    d.stop()
+
+
+def wait_for(cond: Callable[[], object], timeout: float, what: str, step: float = 0.05) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def runner_process(env: Env, url: str, name: str, *args: str, mode: str = "watch") -> subprocess.Popen[bytes]:
+    """`kakeya runner MODE` as its own process (cwd = the project; output to <tmp>/<name>.log)."""
+    log = (env.tmp / f"{name}.log").open("ab")
+    return subprocess.Popen([sys.executable, "-m", "bridge.cli", "runner", mode, "--labels", "cpu", "--name", name,
+                             "--remote", url, *args], cwd=env.project, stdout=log, stderr=subprocess.STDOUT)
+
+
+def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    return proc.wait(timeout)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def kill_pid(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def done_result(store: Path, url: str, request_id: str) -> dict:
+    """result.json of a done commit, fetched into `store`."""
+    bus = B.Bus(url, store)
+    sha = bus.ls_remote(B.done_ref(request_id)).refs[B.done_ref(request_id)]
+    bus.fetch([B.done_ref(request_id)])
+    with B.open_repo(store) as repo:
+        raw = B.read_path(repo, sha, f"{B.results_path(request_id)}/result.json")
+    assert raw is not None
+    return json.loads(raw)
+
+
+def push_raw_request(url: str, store: Path, label: str, request_id: str, manifest: bytes | dict,
+                     parent: str | None = None) -> str:
+    """A request commit with any manifest at all (as a misbehaving client would push it)."""
+    data = manifest if isinstance(manifest, bytes) else json.dumps(manifest).encode()
+    with B.open_repo(store) as repo:
+        parent = parent or repo.head.commit.hexsha
+        sha = B.child_commit(repo, parent, {B.MANIFEST_PATH: data}, "raw request", "Test <t@example.com>")
+    assert B.Bus(url, store).swap([B.Update(B.req_ref(label, request_id), sha, None)], atomic=False)
+    return sha
+
+
+def manifest_dict(request_id: str, preset: str, subject: str, label: str = "cpu", params: dict | None = None,
+                  ttl_s: float = 3600) -> dict:
+    now = B.utcnow()
+    return B.Manifest(id=request_id, preset=preset, params=params or {}, subject=subject, runner=label,
+                      requester="test", created_at=now, expires_at=now + dt.timedelta(seconds=ttl_s),
+                      nonce="n").model_dump(mode="json")

@@ -1,0 +1,163 @@
+"""The bus primitives against real repositories: ids, ref parsing, commits built in-process, leased pushes."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from pathlib import Path
+
+import pytest
+
+from bridge import bus as B
+from bridge.errors import KakeyaError
+from tests.bridge.bus_support import Daemon, daemon_fixture, free_port, git  # noqa: F401 — fixture
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    path = tmp_path / "w"
+    path.mkdir()
+    git(path, "init", "-q", "-b", "main")
+    (path / "a.txt").write_text("a\n")
+    (path / "dir").mkdir()
+    (path / "dir" / "b.txt").write_text("b\n")
+    (path / "caf\u00e9 \u2603.txt").write_text("unicode name\n")
+    git(path, "add", "-A")
+    git(path, "-c", "user.name=T", "-c", "user.email=t@e", "commit", "-q", "-m", "base")
+    return path
+
+
+def head(path: Path) -> str:
+    return git(path, "rev-parse", "HEAD")
+
+
+def test_ids_sort_by_time_and_carry_the_preset():
+    t0 = dt.datetime(2026, 6, 14, 10, 15, 2, 123456, tzinfo=dt.UTC)
+    ids = [B.new_id("niah-ladder", t0 + dt.timedelta(milliseconds=ms)) for ms in (0, 1, 999, 1000, 86_400_000)]
+    assert ids == sorted(ids)
+    assert ids[0].startswith("20260614T101502.123Z-niah-ladder-")
+    assert B.id_time(ids[0]) == t0.replace(microsecond=123000)
+    assert B.id_preset(ids[0]) == "niah-ladder"
+    assert B.id_preset("garbage") == ""
+    with pytest.raises(KakeyaError, match="not a request id"):
+        B.id_time("20260614-probe")
+    assert len({B.new_id("p", t0) for _ in range(200)}) == 200  # the random suffix separates same-ms ids
+    assert B.check_label("mac-m4") == "mac-m4"
+    for bad in ("", "H200", "a/b", "a..b", "-x"):
+        with pytest.raises(KakeyaError, match="runner label"):
+            B.check_label(bad)
+
+
+def test_snapshot_parses_every_kind_and_ignores_malformed_refs():
+    a, b, c, d = ("a" * 40, "b" * 40, "c" * 40, "d" * 40)
+    i1, i2 = "20260101T000000.000Z-probe-000001", "20260101T000001.000Z-niah-000002"
+    text = "\n".join([
+        f"{a}\t{B.req_ref('cpu', i1)}", f"{b}\t{B.claim_ref(i1)}", f"{c}\t{B.done_ref(i1)}",
+        f"{d}\t{B.req_ref('h200', i2)}", f"{a}\t{B.cancel_ref(i2)}",
+        f"{a}\t{B.req_ref('gpu', i2)}",                       # the same id under a second label
+        f"{a}\trefs/heads/kakeya/req/cpu/not-an-id", f"{a}\trefs/heads/kakeya/what/{i1}",
+        f"{a}\trefs/heads/kakeya/req/{i1}", f"{a}\trefs/heads/main", "zzz\trefs/heads/kakeya/done/x", "",
+    ])
+    snap = B.Snapshot.parse(text)
+    assert list(snap.entries) == [i1, i2]
+    e1, e2 = snap.entries[i1], snap.entries[i2]
+    assert (e1.label, e1.req, e1.claim, e1.done, e1.cancel, e1.state) == ("cpu", a, b, c, None, "done")
+    assert (e2.label, e2.req, e2.state, e2.preset) == ("h200", d, "cancelled", "niah")
+    assert B.Entry("x", req=a, claim=b, cancel=c).state == "cancelling"
+    assert B.Entry("x", req=a, claim=b).state == "claimed"
+    assert B.Entry("x", req=a).state == "requested"
+    assert len(snap.ignored) == 4
+    assert "refs/heads/main" not in snap.refs
+
+
+def test_commits_add_files_without_touching_anything_else(repo: Path):
+    before = (git(repo, "status", "--porcelain"), head(repo), (repo / ".git" / "index").read_bytes())
+    with B.open_repo(repo) as r:
+        c1 = B.child_commit(r, head(repo), {".kakeya/request.json": b"{}\n", "dir/new.txt": b"n"}, "one", "K <k@x>")
+        c2 = B.child_commit(r, c1, {".kakeya/results/x/logs/out.log": b"log", ".kakeya/request.json": b"[]"},
+                            "two", "K <k@x>")
+        assert B.read_path(r, c2, ".kakeya/request.json") == b"[]"
+        assert B.read_path(r, c2, "dir/b.txt") == b"b\n"
+        assert B.read_path(r, c2, "dir/new.txt") == b"n"
+        assert B.read_path(r, c2, "caf\u00e9 \u2603.txt") == b"unicode name\n"
+        assert B.read_path(r, c2, "missing") is None and B.read_path(r, c2, "dir") is None
+        assert B.read_path(r, "0" * 40, "a.txt") is None
+        assert B.read_dir(r, c2, ".kakeya") == {"request.json": b"[]", "results/x/logs/out.log": b"log"}
+        assert B.read_dir(r, c2, "nope") == {} and B.read_dir(r, c2, "a.txt") == {}
+        assert B.has_object(r, c2) and not B.has_object(r, "1" * 40) and not B.has_object(r, "zz")
+        assert [p.hexsha for p in r.commit(c2).parents] == [c1]
+        with pytest.raises(KakeyaError, match="refusing"):
+            B.tree_with(r, None, {"../x": b""})
+    assert git(repo, "fsck", "--strict", "--no-dangling") == ""
+    assert (git(repo, "status", "--porcelain"), head(repo), (repo / ".git" / "index").read_bytes()) == before
+    # the commit's tree is the parent's tree plus exactly the added files
+    changed = git(repo, "diff-tree", "-r", "--name-only", "--no-commit-id", head(repo), c1).splitlines()
+    assert sorted(changed) == [".kakeya/request.json", "dir/new.txt"]
+    found = B.read_blobs(repo, [f"{c2}:.kakeya/request.json", f"{'1' * 40}:x", f"{c2}:dir", f"{c2}:a.txt"])
+    assert found == {f"{c2}:.kakeya/request.json": b"[]", f"{c2}:a.txt": b"a\n"}
+    assert B.read_blobs(repo, []) == {}
+    assert B.present(repo, [c1, "1" * 40]) == {c1} and B.present(repo, []) == set()
+    assert B.is_ancestor(repo, head(repo), c2) and not B.is_ancestor(repo, c2, head(repo))
+
+
+def test_leased_pushes_create_once_update_on_the_seen_sha_and_delete(repo: Path, tmp_path: Path):
+    bus = B.Bus(str(B.init_bare(tmp_path / "bus.git")), repo)
+    with B.open_repo(repo) as r:
+        one = B.child_commit(r, head(repo), {"x": b"1"}, "1", "K <k@x>")
+        two = B.child_commit(r, head(repo), {"x": b"2"}, "2", "K <k@x>")
+        three = B.child_commit(r, one, {"x": b"3"}, "3", "K <k@x>")
+    ref = B.claim_ref("20260101T000000.000Z-p-000001")
+    assert bus.swap([B.Update(ref, one, None)])
+    assert not bus.swap([B.Update(ref, two, None)])          # must not exist: lost
+    assert not bus.swap([B.Update(ref, three, two)])         # leased on a sha that is not there: lost
+    assert bus.swap([B.Update(ref, three, one)])             # leased on what is there
+    assert bus.swap([B.Update(ref, three, one)])             # already there (a retry after a lost answer)
+    done = B.done_ref("20260101T000000.000Z-p-000001")
+    assert not bus.swap([B.Update(ref, two, one), B.Update(done, two, None)])  # atomic: neither moves
+    assert bus.ls_remote().refs == {ref: three}
+    assert bus.swap([B.Update(ref, None, three)]) and bus.ls_remote().refs == {}
+    status = bus.push([B.Update(ref, one, None), B.Update(done, one, "f" * 40)])
+    assert status[ref][0] and not status[done][0]
+
+
+def test_racing_writers_create_a_ref_exactly_once(repo: Path, daemon: Daemon):
+    bus = B.Bus(daemon.repo(), repo)
+    shas = []
+    with B.open_repo(repo) as r:
+        for i in range(6):
+            shas.append(B.child_commit(r, head(repo), {"claim": str(i).encode()}, f"c{i}", "K <k@x>"))
+    ref = B.claim_ref("20260101T000000.000Z-p-000002")
+    wins: list[str] = []
+    barrier = threading.Barrier(len(shas))
+
+    def claim(sha: str) -> None:
+        barrier.wait()
+        if bus.swap([B.Update(ref, sha, None)]):
+            wins.append(sha)
+
+    threads = [threading.Thread(target=claim, args=(s,)) for s in shas]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(wins) == 1
+    assert bus.ls_remote().refs[ref] == wins[0]
+
+
+def test_an_unreachable_bus_is_a_clear_error(repo: Path, tmp_path: Path):
+    for url in (f"git://127.0.0.1:{free_port()}/bus.git",
+                str(tmp_path / "nothing-here.git")):
+        bus = B.Bus(url, repo, timeout_s=30)
+        with pytest.raises(B.BusUnreachable, match="cannot reach the bus"):
+            bus.ls_remote()
+        with pytest.raises(B.BusUnreachable, match="cannot push"):
+            bus.swap([B.Update(B.claim_ref("20260101T000000.000Z-p-000003"), head(repo), None)])
+        with pytest.raises(B.BusUnreachable, match="cannot fetch"):
+            bus.fetch([B.done_ref("20260101T000000.000Z-p-000003")])
+    bus = B.Bus(str(B.init_bare(tmp_path / "empty.git")), repo)
+    with pytest.raises(B.BusError, match="couldn't find remote ref"):
+        bus.fetch([B.done_ref("20260101T000000.000Z-p-000003")])
+    bus.fetch([])
+    with pytest.raises(B.BusError, match="git rev-parse"):
+        B.run_git(repo, "rev-parse", "--verify", "nope")
+    assert B.git_message(b"") == "no message"
