@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The body of the `kakeya gate` PR check (.github/workflows/pr-gate.yml), run from the trusted checkout
+# of the PR's base: re-gate the evidence the bus holds for the PR's head commit against the presets
+# listed in .github/kakeya-required.yml. Writes the table (and, when evidence is missing or failing,
+# how to ask for it) to the job summary. Exit: that of `kakeya gate pr` (0 pass, 1 fail), 2 when the
+# requirements file is not valid.
+#
+# Environment: SUBJECT (the PR's head sha), KAKEYA_REMOTE (the repository), GITHUB_TOKEN (read), PR
+# (the pull request number, for the instructions), KAKEYA (how to run kakeya; default `kakeya`).
+set -uo pipefail
+
+HARNESS=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
+SUBJECT=${SUBJECT:?SUBJECT is not set}
+SUMMARY=${GITHUB_STEP_SUMMARY:-/dev/null}
+read -r -a KAKEYA <<<"${KAKEYA:-kakeya}"
+cd "$HARNESS" || exit 1
+
+if [ -n "${GITHUB_TOKEN:-}" ] && [ -n "${KAKEYA_REMOTE:-}" ]; then
+  basic=$(printf 'x-access-token:%s' "$GITHUB_TOKEN" | base64 | tr -d '\n')
+  echo "::add-mask::$basic"
+  export GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0="http.$KAKEYA_REMOTE.extraheader"
+  export GIT_CONFIG_VALUE_0="AUTHORIZATION: basic $basic"
+fi
+
+if ! required=$(python .github/scripts/required.py .github/kakeya-required.yml --presets presets); then
+  echo "::error::.github/kakeya-required.yml on the base branch is not valid (see above)"
+  exit 2
+fi
+if [ -z "$required" ]; then
+  echo "no evidence is required (.github/kakeya-required.yml lists none)" | tee -a "$SUMMARY"
+  exit 0
+fi
+args=()
+while read -r entry; do args+=(--require "$entry"); done <<<"$required"
+
+table=$(mktemp)
+"${KAKEYA[@]}" gate pr --subject "$SUBJECT" "${args[@]}" --summary "$table"
+rc=$?
+{
+  printf '## Kakeya evidence for %s\n\n' "$SUBJECT"
+  cat "$table" 2>/dev/null
+  printf '\n'
+} >>"$SUMMARY"
+if [ "$rc" != 0 ]; then
+  echo "::error::evidence for $SUBJECT is missing or failing (the job summary has the table and how to ask for it)"
+  {
+    printf '### How to provide the evidence\n\n'
+    printf 'A maintainer with push access requests each run for this commit, from a clone of the repository:\n\n'
+    printf '```sh\n'
+    printf 'git fetch origin%s   # the PR head\n' "${PR:+ pull/$PR/head}"
+    while read -r entry; do
+      printf 'kakeya request %s --runner %s --subject %s --wait\n' "${entry%@*}" "${entry#*@}" "$SUBJECT"
+    done <<<"$required"
+    # shellcheck disable=SC2016  # literal backquotes: markdown
+    printf '```\n\nthen re-runs this check (Re-run jobs, or `gh run rerun --failed %s`).\n' "${GITHUB_RUN_ID:-RUN_ID}"
+  } >>"$SUMMARY"
+fi
+exit "$rc"

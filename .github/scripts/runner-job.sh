@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# The body of the `kakeya runner` job (.github/workflows/runner.yml), run from the trusted checkout of
+# the default branch on a self-hosted runner:
+#
+#   1. serve $REQUEST (when the job was triggered by a request push) with `kakeya runner once`;
+#   2. drain: serve the label's other pending requests until none is left or the time budget is spent
+#      (GitHub keeps one pending job per concurrency group, so a trigger may have been dropped: the
+#      bus is the queue, and whoever runs next serves it); when the budget runs out with work left,
+#      dispatch one more drain job;
+#   3. write every served request's results to $RUNNER_TEMP/kakeya-results/<id>/ (uploaded as an
+#      artifact) and its summary.md to the job summary.
+#
+# Environment: LABEL, REQUEST (empty for a drain), KAKEYA_REMOTE, GITHUB_TOKEN (contents: write; plus
+# actions: write for the re-dispatch), KAKEYA_DRAIN_MINUTES, KAKEYA_VENV (default ~/kakeya-runner/venv,
+# made by scripts/setup-runner.sh); KAKEYA_DRAIN_SECONDS overrides the budget in seconds. Exit: that of $REQUEST's outcome (0 succeeded with a passing or no
+# verdict), or 1 when the harness could not run.
+set -uo pipefail
+
+HARNESS=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
+VENV=${KAKEYA_VENV:-$HOME/kakeya-runner/venv}
+OUT=${RUNNER_TEMP:-${TMPDIR:-/tmp}}/kakeya-results
+SUMMARY=${GITHUB_STEP_SUMMARY:-/dev/null}
+LABEL=${LABEL:?LABEL is not set}
+REQUEST=${REQUEST:-}
+BUDGET_S=${KAKEYA_DRAIN_SECONDS:-$(( ${KAKEYA_DRAIN_MINUTES:-480} * 60 ))}
+NAME=${KAKEYA_RUNNER_NAME:-${RUNNER_NAME:-$(hostname -s 2>/dev/null || echo runner)}}
+NAME=$(printf '%s' "$NAME" | tr -c 'A-Za-z0-9._-' '-')
+PY=$VENV/bin/python
+
+error() { printf '::error::%s\n' "$*"; }
+
+if [ ! -x "$PY" ]; then
+  error "no Kakeya venv at $VENV on runner $NAME: run scripts/setup-runner.sh on this host, or set KAKEYA_VENV in the Actions runner's .env"
+  exit 1
+fi
+
+# Credentials for the bus, scoped to its URL, from the environment only: nothing is written to a git
+# config file, and the preset's program never sees them (its environment is rebuilt from scratch).
+if [ -n "${GITHUB_TOKEN:-}" ] && [ -n "${KAKEYA_REMOTE:-}" ]; then
+  basic=$(printf 'x-access-token:%s' "$GITHUB_TOKEN" | base64 | tr -d '\n')
+  echo "::add-mask::$basic"
+  export GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0="http.$KAKEYA_REMOTE.extraheader"
+  export GIT_CONFIG_VALUE_0="AUTHORIZATION: basic $basic"
+  export KAKEYA_SECRETS="${KAKEYA_SECRETS:-HF_TOKEN,GITHUB_TOKEN,GH_TOKEN},GIT_CONFIG_VALUE_0"
+fi
+
+# The harness and presets of the trusted checkout; heavy packages (torch, mlx) from the runner's venv.
+export PYTHONPATH=$HARNESS KAKEYA_PRESETS=$HARNESS/presets KAKEYA_RUNNER_NAME=$NAME
+# Mirrors and worktrees outlive the job's workspace (which checkout cleans), so fetches stay small.
+export KAKEYA_STATE_DIR=${KAKEYA_STATE_DIR:-$HOME/kakeya-runner/state}
+kakeya() { (cd "$HARNESS" && "$PY" -m bridge.cli "$@"); }
+
+echo "harness $(git -C "$HARNESS" rev-parse --short HEAD 2>/dev/null || echo '?') from $HARNESS; venv $VENV; runner $NAME; label $LABEL"
+mkdir -p "$OUT"
+
+# collect ID: results into $OUT/ID and summary.md into the job summary; prints the outcome's exit code.
+collect() {
+  local id=$1 dir=$OUT/$1
+  if kakeya results "$id" --out "$dir" >&2 && [ -f "$dir/summary.md" ]; then
+    { cat "$dir/summary.md"; printf '\n---\n\n'; } >>"$SUMMARY"
+    "$PY" -c 'import json, sys; r = json.load(open(sys.argv[1]))
+print(0 if r["status"] == "succeeded" and r.get("verdict") in (None, "pass") else 2 if r["status"] == "rejected" else 1)' \
+      "$dir/result.json"
+  else
+    # shellcheck disable=SC2016  # literal backquotes: markdown
+    printf '### %s\n\nNo result yet: another runner holds it. It will be on `kakeya/done/%s` (`kakeya wait %s`).\n\n---\n\n' \
+      "$id" "$id" "$id" >>"$SUMMARY"
+    echo 1
+  fi
+}
+
+# serve [--request ID]: one `kakeya runner once`; prints the id it served, or nothing when idle.
+# Fails when the harness itself failed (bus unreachable, bad configuration).
+serve() {
+  local out rc
+  out=$(kakeya runner once --labels "$LABEL" "$@")
+  rc=$?
+  printf '%s\n' "$out" >&2
+  case $out in
+    "nothing to do"*) return 0 ;;
+  esac
+  local id=${out%%:*}
+  if [[ $id =~ ^[0-9]{8}T[0-9]{6}\.[0-9]{3}Z-[a-z][a-z0-9-]*-[0-9a-f]{6}$ ]]; then
+    echo "$id"
+    return 0
+  fi
+  return $((rc == 0 ? 1 : rc))
+}
+
+printf '## Kakeya runner %s (label %s)\n\n' "$NAME" "$LABEL" >>"$SUMMARY"
+started=$SECONDS
+code=0
+if [ -n "$REQUEST" ]; then
+  if ! serve --request "$REQUEST" >/dev/null; then
+    error "kakeya runner once --request $REQUEST failed (see above)"
+    code=1
+  fi
+  outcome=$(collect "$REQUEST")
+  [ "$code" != 0 ] || code=$outcome
+fi
+
+# Drain the label's queue; `ended` says why the loop stopped: idle, error or budget.
+served=0 ended=budget
+while [ $((SECONDS - started)) -lt "$BUDGET_S" ]; do
+  if ! id=$(serve); then
+    error "draining label $LABEL failed (see above); pending requests stay on the bus for the next runner"
+    ended=error
+    break
+  fi
+  if [ -z "$id" ]; then ended=idle; break; fi
+  served=$((served + 1))
+  collect "$id" >/dev/null
+done
+echo "drained $served more request(s) for $LABEL"
+
+# Out of time with work possibly left: one more drain job (it queues behind this one in the label's
+# concurrency group). Only after progress, so a budget too small to serve anything cannot loop.
+if [ "$ended" = budget ] && [ "$BUDGET_S" -gt 0 ] && { [ "$served" -gt 0 ] || [ -n "$REQUEST" ]; }; then
+  workflow=${GITHUB_WORKFLOW_REF:-}
+  workflow=${workflow%%@*}
+  workflow=${workflow##*/}
+  workflow=${workflow:-runner.yml}
+  echo "the drain budget (${BUDGET_S} s) ran out: dispatching $workflow for label $LABEL"
+  if ! curl -fsS -X POST -H "Authorization: Bearer ${GITHUB_TOKEN:-}" -H "Accept: application/vnd.github+json" \
+      "${GITHUB_API_URL:-https://api.github.com}/repos/${GITHUB_REPOSITORY:-}/actions/workflows/$workflow/dispatches" \
+      -d "{\"ref\":\"${DEFAULT_BRANCH:-main}\",\"inputs\":{\"label\":\"$LABEL\"}}"; then
+    error "could not dispatch a follow-up drain: the remaining requests wait for the next trigger or kakeya runner watch"
+  fi
+fi
+exit "$code"

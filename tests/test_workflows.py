@@ -1,0 +1,285 @@
+"""The GitHub workflows: the linter passes on them and fails on broken copies; their security-relevant
+shape; the route step's ref parsing; and the runner job's script end to end on a real local bus."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKFLOWS = ROOT / ".github" / "workflows"
+FILES = sorted(WORKFLOWS.glob("*.yml"))
+ACTIONLINT = Path(sys.executable).parent / "actionlint"
+KAKEYA = Path(sys.executable).parent / "kakeya"
+SHA = "0123456789abcdef0123456789abcdef01234567"
+
+
+def load(name: str) -> dict:
+    data = yaml.safe_load((WORKFLOWS / name).read_text())
+    data["on"] = data.pop(True, data.get("on"))  # YAML 1.1 reads the key `on` as true
+    return data
+
+
+def actionlint(*files: Path, path: str = "", cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    # An empty PATH: no shellcheck and no pyflakes for actionlint to find; it must pass without them.
+    return subprocess.run([str(ACTIONLINT), "-no-color", *map(str, files)], cwd=cwd, capture_output=True,
+                          text=True, env={"PATH": path, "HOME": os.environ.get("HOME", "/")}, timeout=120)
+
+
+# --- the linter -------------------------------------------------------------------------------------
+
+
+def test_the_three_workflows_exist():
+    assert {p.name for p in FILES} >= {"ci.yml", "runner.yml", "pr-gate.yml"}
+
+
+def test_actionlint_passes_on_the_workflows_without_shellcheck():
+    out = actionlint(*FILES)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
+def test_actionlint_passes_on_the_workflows_with_shellcheck():
+    out = actionlint(*FILES, path=os.environ["PATH"])
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+BREAKAGES = [
+    ("runner.yml", "    needs: route\n", "    needs: rout\n", 'needs job "rout" which does not exist'),
+    ("ci.yml", "runs-on: ${{ matrix.os }}", "runs-on: ${{ matrix.oss }}", 'property "oss" is not defined'),
+    ("pr-gate.yml", "persist-credentials: false", "persist-credential: false",
+     'input "persist-credential" is not defined'),
+    ("pr-gate.yml", "        run: bash harness/.github/scripts/pr-gate.sh",
+     "        run: echo ${{ github.event.pull_request.title }}", "potentially untrusted"),
+    ("runner.yml", "      cancel-in-progress: false", "    cancel-in-progress: false",
+     'unexpected key "cancel-in-progress" for "job" section'),
+    ("ci.yml", "name: ci\n", "name: [ci\n", "could not parse as YAML"),
+]
+
+
+@pytest.mark.parametrize("name, old, new, message", BREAKAGES, ids=[b[3] for b in BREAKAGES])
+def test_actionlint_fails_on_a_broken_copy(tmp_path, name, old, new, message):
+    target = tmp_path / ".github" / "workflows"
+    target.mkdir(parents=True)
+    text = (WORKFLOWS / name).read_text()
+    assert old in text
+    (target / name).write_text(text.replace(old, new, 1))
+    out = actionlint(target / name, cwd=tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert message in out.stdout
+
+
+def test_make_lint_runs_actionlint_on_the_workflows():
+    makefile = (ROOT / "Makefile").read_text()
+    assert "actionlint .github/workflows/*.yml" in makefile
+
+
+# --- what the workflows do ----------------------------------------------------------------------------
+
+
+def steps(job: dict) -> list[dict]:
+    return job["steps"]
+
+
+def checkout(job: dict) -> dict:
+    found = [s for s in steps(job) if str(s.get("uses", "")).startswith("actions/checkout@")]
+    assert len(found) == 1
+    return found[0]["with"]
+
+
+def test_runner_workflow_runs_the_default_branchs_harness_on_the_labelled_self_hosted_runner():
+    wf = load("runner.yml")
+    assert wf["on"]["push"] == {"branches": ["kakeya/req/**"]}
+    assert wf["permissions"]["contents"] == "write"
+    job = wf["jobs"]["run"]
+    assert job["runs-on"] == ["self-hosted", "${{ needs.route.outputs.label }}"]
+    assert job["concurrency"] == {"group": "kakeya-runner-${{ needs.route.outputs.label }}",
+                                  "cancel-in-progress": False}
+    co = checkout(job)
+    assert co["ref"] == "${{ github.event.repository.default_branch }}"
+    assert co["persist-credentials"] is False and co["path"] == "harness"
+    runs = [s["run"] for s in steps(job) if "run" in s]
+    assert runs == ["bash harness/.github/scripts/runner-job.sh"]
+    upload = [s for s in steps(job) if str(s.get("uses", "")).startswith("actions/upload-artifact@")]
+    assert upload and upload[0]["with"]["path"] == "${{ runner.temp }}/kakeya-results/"
+    assert "cancelled()" in upload[0]["if"]
+
+
+def test_pr_gate_checks_out_the_base_and_never_the_head():
+    wf = load("pr-gate.yml")
+    assert "pull_request" in wf["on"]
+    assert wf["permissions"] == {"contents": "read"}
+    job = wf["jobs"]["gate"]
+    co = checkout(job)
+    assert co["ref"].startswith("${{ github.event.pull_request.base.sha")
+    assert "head" not in co["ref"] and co["persist-credentials"] is False
+    gate = steps(job)[-1]
+    assert gate["run"] == "bash harness/.github/scripts/pr-gate.sh"
+    assert gate["env"]["SUBJECT"].startswith("${{ github.event.pull_request.head.sha")
+
+
+def test_ci_runs_make_test_on_linux_and_macos_with_a_pip_cache_and_skips_bus_refs():
+    wf = load("ci.yml")
+    assert wf["on"]["push"] == {"branches-ignore": ["kakeya/**"]}
+    job = wf["jobs"]["test"]
+    assert {m["os"] for m in job["strategy"]["matrix"]["include"]} == {"ubuntu-latest", "macos-14"}
+    setup_python = [s for s in steps(job) if str(s.get("uses", "")).startswith("actions/setup-python@")][0]
+    assert setup_python["with"]["cache"] == "pip"
+    assert steps(job)[-1]["run"].startswith("make test")
+
+
+# --- the route step: label and id from the pushed ref ----------------------------------------------------
+
+
+def route(tmp_path: Path, ref: str, event: str = "push", label: str = "") -> tuple[int, dict[str, str], str]:
+    script = load("runner.yml")["jobs"]["route"]["steps"][0]["run"]
+    output = tmp_path / "output"
+    output.write_text("")
+    env = {"PATH": os.environ["PATH"], "EVENT": event, "REF": ref, "INPUT_LABEL": label, "GITHUB_OUTPUT": str(output)}
+    proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    values = dict(line.split("=", 1) for line in output.read_text().splitlines())
+    return proc.returncode, values, proc.stdout
+
+
+def test_route_parses_label_and_id(tmp_path):
+    rc, out, _ = route(tmp_path, "refs/heads/kakeya/req/h200/20260614T101502.123Z-niah-ladder-a1b2c3")
+    assert rc == 0 and out == {"label": "h200", "request": "20260614T101502.123Z-niah-ladder-a1b2c3"}
+    rc, out, _ = route(tmp_path, "refs/heads/main", event="workflow_dispatch", label="mac-m4")
+    assert rc == 0 and out == {"label": "mac-m4", "request": ""}
+
+
+@pytest.mark.parametrize("ref, event, label", [
+    ("refs/heads/kakeya/req/H200/20260614T101502.123Z-probe-a1b2c3", "push", ""),
+    ("refs/heads/kakeya/req/cpu/x/20260614T101502.123Z-probe-a1b2c3", "push", ""),
+    ("refs/heads/kakeya/req/cpu/20260614T101502.123Z-probe-a1b2c3;touch${IFS}pwned", "push", ""),
+    ("refs/heads/kakeya/req/$(touch pwned)/20260614T101502.123Z-probe-a1b2c3", "push", ""),
+    ("refs/heads/main", "workflow_dispatch", "cpu,h200"),
+])
+def test_route_refuses_anything_else(tmp_path, ref, event, label):
+    rc, out, stdout = route(tmp_path, ref, event, label)
+    assert rc == 1 and out == {}
+    assert "::error::" in stdout
+    assert not (tmp_path / "pwned").exists()
+
+
+# --- the PR gate's requirements ------------------------------------------------------------------------------
+
+
+def required(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(ROOT / ".github" / "scripts" / "required.py"), *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_the_repositorys_requirements_name_existing_presets_and_their_runners():
+    out = required("--presets", str(ROOT / "presets"))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() and all("@" in line for line in out.stdout.split())
+
+
+@pytest.mark.parametrize("text, message", [
+    ("required: [probe]\n", "must look like PRESET@LABEL"),
+    ("required: [probe@cpu, probe@cpu]\n", "listed twice"),
+    ("required: [probe@gpu9]\n", "preset probe runs on"),
+    ("required: [nope@cpu]\n", "there is no preset nope"),
+    ("require: [probe@cpu]\n", "Extra inputs are not permitted"),
+    ("required: [probe@cpu\n", "cannot read YAML"),
+])
+def test_bad_requirements_are_refused(tmp_path, text, message):
+    path = tmp_path / "required.yml"
+    path.write_text(text)
+    out = required(str(path), "--presets", str(ROOT / "presets"))
+    assert out.returncode == 2 and message in out.stderr and out.stdout == ""
+
+
+# --- the runner job on a real bus ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def bus(tmp_path: Path) -> tuple[Path, Path]:
+    """A bare repository as the bus, and a clone of this project (committed HEAD) to request runs of."""
+    remote = tmp_path / "bus.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(remote)], check=True)
+    subject = tmp_path / "subject"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(subject)], check=True, timeout=120)
+    return remote, subject
+
+
+def request(subject: Path, remote: Path, preset: str = "probe") -> str:
+    out = subprocess.run([str(KAKEYA), "request", preset, "--runner", "cpu", "--remote", str(remote)], cwd=subject,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def job(tmp_path: Path, remote: Path, request_id: str, **env: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    temp, summary, home = tmp_path / "runner-temp", tmp_path / "summary.md", tmp_path / "home"
+    for d in (temp, home):
+        d.mkdir(exist_ok=True)
+    summary.write_text("")
+    environ = {"PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
+               "LABEL": "cpu", "REQUEST": request_id, "KAKEYA_REMOTE": str(remote), "KAKEYA_VENV": sys.prefix,
+               "RUNNER_TEMP": str(temp), "GITHUB_STEP_SUMMARY": str(summary), "RUNNER_NAME": "gh runner 1", **env}
+    proc = subprocess.run(["bash", str(ROOT / ".github" / "scripts" / "runner-job.sh")], env=environ,
+                          capture_output=True, text=True, timeout=600)
+    return proc, summary.read_text()
+
+
+def done_ids(remote: Path) -> set[str]:
+    out = subprocess.run(["git", "for-each-ref", "--format=%(refname:lstrip=4)", "refs/heads/kakeya/done/"],
+                         cwd=remote, capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
+
+
+@pytest.mark.slow
+def test_runner_job_serves_its_request_then_a_dispatched_drain_serves_the_one_whose_trigger_was_dropped(
+        tmp_path, bus):
+    remote, subject = bus
+    first, second = request(subject, remote), request(subject, remote)
+    # A fake curl records the dispatch call (no network); its URL and body are what GitHub would get.
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "curl").write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$(dirname "$0")/curl.args"\n')
+    (bindir / "curl").chmod(0o755)
+
+    # Job 1 (trigger of `first`; `second`'s trigger was the pending job GitHub cancelled). Its drain
+    # budget is spent by `first` alone, so it dispatches a drain for the label.
+    proc, summary = job(tmp_path, remote, first, PATH=f"{bindir}:{os.environ['PATH']}", KAKEYA_DRAIN_SECONDS="1",
+                        GITHUB_TOKEN="ghs_not_a_real_token", GITHUB_REPOSITORY="org/kakeya",
+                        GITHUB_WORKFLOW_REF="org/kakeya/.github/workflows/runner.yml@refs/heads/kakeya/req/cpu/x",
+                        DEFAULT_BRANCH="main", GITHUB_API_URL="https://api.invalid")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert done_ids(remote) == {first}
+    results = tmp_path / "runner-temp" / "kakeya-results" / first
+    assert json.loads((results / "result.json").read_text())["status"] == "succeeded"
+    assert (results / "report.json").is_file() and (results / "logs" / "stdout.log").is_file()
+    assert first in summary and "probe: succeeded" in summary and second not in summary
+    args = (bindir / "curl.args").read_text().splitlines()
+    assert "https://api.invalid/repos/org/kakeya/actions/workflows/runner.yml/dispatches" in args
+    assert json.loads(args[-1]) == {"ref": "main", "inputs": {"label": "cpu"}}
+    assert "ghs_not_a_real_token" not in proc.stdout + proc.stderr
+
+    # Job 2: the dispatched drain (no request id) serves `second`, then finds nothing and stops.
+    (bindir / "curl.args").unlink()
+    proc, summary = job(tmp_path, remote, "", PATH=f"{bindir}:{os.environ['PATH']}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert done_ids(remote) == {first, second}
+    assert second in summary and "drained 1 more request(s) for cpu" in proc.stdout
+    assert not (bindir / "curl.args").exists()
+
+    # Job 3: a late trigger for a request someone else already served: nothing runs, its results show.
+    proc, summary = job(tmp_path, remote, first)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "nothing to do" in proc.stderr and first in summary
+
+
+def test_runner_job_without_a_venv_says_how_to_make_one(tmp_path):
+    proc, _ = job(tmp_path, tmp_path / "bus.git", "", KAKEYA_VENV=str(tmp_path / "none"))
+    assert proc.returncode == 1
+    assert "no Kakeya venv at" in proc.stdout and "scripts/setup-runner.sh" in proc.stdout
