@@ -100,10 +100,21 @@ def test_linux_service_unit_runs_the_watcher_with_the_hosts_labels(home, bus, no
         assert str(unit) not in out.stdout + out.stderr, out.stdout + out.stderr
 
 
+def test_doctor_runs_against_the_hosts_bus_and_its_failure_is_the_scripts(home, bus, no_gpu_path, tmp_path):
+    proc = setup(home, *linux_args(bus), path=no_gpu_path)
+    assert "== kakeya doctor" in proc.stdout and str(bus) in proc.stdout.split("== kakeya doctor")[1]
+    proc = setup(home, *linux_args(tmp_path / "missing.git"), path=no_gpu_path, check=False)
+    assert proc.returncode == 1
+    assert "kakeya doctor reported problems (exit 1)" in proc.stdout
+    # Everything else was still done: the unit is there, pointing at the (unreachable) remote.
+    unit = (home / ".config" / "systemd" / "user" / "kakeya-runner.service").read_text()
+    assert f'Environment="KAKEYA_REMOTE={tmp_path / "missing.git"}"' in unit
+
+
 def test_running_twice_gives_the_same_result(home, bus, no_gpu_path):
-    first = setup(home, *linux_args(bus), path=no_gpu_path)
+    first = setup(home, *linux_args(bus, "--no-doctor"), path=no_gpu_path)
     before = snapshot(home)
-    second = setup(home, *linux_args(bus), path=no_gpu_path)
+    second = setup(home, *linux_args(bus, "--no-doctor"), path=no_gpu_path)
     assert snapshot(home) == before
     assert "wrote:" in first.stdout and "wrote:" not in second.stdout
     assert "unchanged:" in second.stdout and "kept:" in second.stdout
@@ -112,11 +123,11 @@ def test_running_twice_gives_the_same_result(home, bus, no_gpu_path):
 
 
 def test_a_changed_option_rewrites_the_unit_and_keeps_the_secrets(home, bus, no_gpu_path):
-    setup(home, *linux_args(bus), path=no_gpu_path)
+    setup(home, *linux_args(bus, "--no-doctor"), path=no_gpu_path)
     secrets = home / ".config" / "kakeya" / "runner.env"
     secrets.write_text("HF_TOKEN=hf_not_a_real_token\n")
     proc = setup(home, "--os", "linux", "--venv", str(VENV), "--skip-install", "--labels", "h200", "--name",
-                 "box-1", "--remote", str(bus), "--dry-run-service", path=no_gpu_path)
+                 "box-1", "--remote", str(bus), "--dry-run-service", "--no-doctor", path=no_gpu_path)
     unit = (home / ".config" / "systemd" / "user" / "kakeya-runner.service").read_text()
     assert f"ExecStart={VENV}/bin/kakeya runner watch --labels h200\n" in unit
     assert "cpu" not in unit
