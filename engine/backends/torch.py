@@ -239,6 +239,7 @@ class TorchSequence:
     def forward(self, ids: Seq[int]) -> list[int]:
         return self._run(list(ids), last_only=False)
 
+    @torch.inference_mode()
     def trim(self, n: int) -> None:
         self.cache.trim(n)
 
