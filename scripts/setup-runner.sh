@@ -266,13 +266,16 @@ fi
 
 # --- service ------------------------------------------------------------------------------------------------
 
+# run COMMAND...: print it (dry run) or run it; a failure stops the script with a hint.
 run() {
   if [ "$DRY_RUN" = 1 ]; then
     say "would run: $*"
-  else
-    say "+ $*"
-    "$@"
+    return 0
   fi
+  say "+ $*"
+  local rc=0
+  "$@" || rc=$?
+  [ "$rc" = 0 ] || die "'$*' failed (exit $rc). $SERVICE_HINT"
 }
 
 # install_file PATH MODE: the content on stdin; rewrites PATH only when it differs.
@@ -346,10 +349,11 @@ EOF
         "[Install]" \
         "WantedBy=default.target"
     } | install_file "$UNIT" 644
+    SERVICE_HINT="systemctl --user needs the user's own session: log in as $(id -un) (ssh, or machinectl shell $(id -un)@), not sudo -u; if lingering is not allowed, an administrator runs: loginctl enable-linger $(id -un)"
+    run loginctl enable-linger "$(id -un)"
     run systemctl --user daemon-reload
     run systemctl --user enable kakeya-runner.service
     run systemctl --user restart kakeya-runner.service
-    run loginctl enable-linger "$(id -un)"
     say "logs: journalctl --user -u kakeya-runner -f"
   else
     AGENT=dev.kakeya.runner
@@ -382,6 +386,7 @@ EOF
         '</dict>' '</plist>'
     } | install_file "$PLIST" 644
     uid=$(id -u)
+    SERVICE_HINT="launchctl gui/$uid needs a logged-in GUI session of $(id -un) (log in once on the Mac, or enable automatic login)"
     if [ "$DRY_RUN" = 1 ]; then
       say "would run: launchctl bootout gui/$uid/$AGENT (if loaded)"
     else

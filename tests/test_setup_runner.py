@@ -111,6 +111,26 @@ def test_doctor_runs_against_the_hosts_bus_and_its_failure_is_the_scripts(home, 
     assert f'Environment="KAKEYA_REMOTE={tmp_path / "missing.git"}"' in unit
 
 
+def test_service_step_runs_systemctl_and_stops_with_a_hint_when_it_fails(home, bus, no_gpu_path):
+    bindir = Path(no_gpu_path.split(":")[0])
+    calls = bindir / "calls"
+    for tool in ("systemctl", "loginctl"):  # stand-ins that record their arguments; restart can be made to fail
+        (bindir / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> "{calls}"\n'
+                                   f'if [ "$2" = restart ] && [ -n "$FAIL_RESTART" ]; then exit 3; fi\n')
+        (bindir / tool).chmod(0o755)
+    args = [a for a in linux_args(bus, "--no-doctor") if a != "--dry-run-service"] + ["--service"]
+    proc = setup(home, *args, path=no_gpu_path)
+    user = subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout.strip()
+    assert calls.read_text().splitlines() == [
+        f"loginctl enable-linger {user}", "systemctl --user daemon-reload",
+        "systemctl --user enable kakeya-runner.service", "systemctl --user restart kakeya-runner.service"]
+    assert "+ systemctl --user restart kakeya-runner.service" in proc.stdout
+    proc = setup(home, *args, path=no_gpu_path, env={"FAIL_RESTART": "1"}, check=False)
+    assert proc.returncode == 1
+    assert "'systemctl --user restart kakeya-runner.service' failed (exit 3)" in proc.stderr
+    assert "log in as" in proc.stderr
+
+
 def test_running_twice_gives_the_same_result(home, bus, no_gpu_path):
     first = setup(home, *linux_args(bus, "--no-doctor"), path=no_gpu_path)
     before = snapshot(home)
