@@ -51,6 +51,13 @@ def test_actionlint_passes_on_the_workflows_with_shellcheck():
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
+def test_the_shell_scripts_pass_shellcheck():
+    scripts = [ROOT / "scripts" / "setup-runner.sh", *sorted((ROOT / ".github" / "scripts").glob("*.sh"))]
+    out = subprocess.run(["shellcheck", *map(str, scripts)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 BREAKAGES = [
     ("runner.yml", "    needs: route\n", "    needs: rout\n", 'needs job "rout" which does not exist'),
     ("ci.yml", "runs-on: ${{ matrix.os }}", "runs-on: ${{ matrix.oss }}", 'property "oss" is not defined'),
