@@ -1,0 +1,252 @@
+"""Decode throughput of the PyTorch engine vs transformers, and K/V bytes per policy. Writes JSON.
+
+    python benchmarks/engine_torch.py --out out/bench/engine_torch.json
+
+Measures on the same model and code-like prompts (engine.zoo.corpus.code_prompts, or --prompts):
+- greedy decode tok/s: transformers `generate` (full cache) vs ours (full and each --policies entry);
+- speculative decode tok/s, speedup over our greedy under the same policy, mean acceptance length
+  and exactness, for the zoo drafter and the prompt-lookup drafter at each k in --ks, and for
+  transformers assisted generation (`assistant_model`, assistant_confidence_threshold=0,
+  num_assistant_tokens=k, constant schedule);
+- K/V bytes held per policy after several sequence lengths.
+
+Decode tok/s = (new tokens - 1) / (time after the first new token), i.e. prefill excluded; for
+`generate` the prefill time is a `max_new_tokens=1` run of the same prompt. Each figure is the best
+of --repeats runs per prompt (the machine may be shared), summed over prompts. Acceptance length =
+tokens committed per verifier decode forward (for assisted generation: per verifier forward,
+its first forward, which also prefills, included). Not a test: targets are reported, not asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import engine  # noqa: E402
+from engine.backends.torch import TorchModel  # noqa: E402
+from engine.policy import Policy, parse_policy  # noqa: E402
+from engine.report import write_report  # noqa: E402
+
+
+class Config(BaseModel):
+    model: str
+    drafter: str
+    policies: list[str]
+    ks: list[int]
+    new_tokens: int
+    prompts: int
+    prompt_tokens: list[int]
+    repeats: int
+    threads: int
+
+
+class Row(BaseModel):
+    method: str  # generate | greedy | speculative | assisted
+    policy: str  # ours: the cache policy; transformers: "full"
+    drafter: str | None = None  # zoo drafter name | prompt-lookup | None
+    k: int | None = None
+    tokens: int  # new tokens, summed over prompts
+    decode_s: float
+    decode_tok_s: float
+    speedup_vs_greedy: float | None = None  # vs our greedy under the same policy
+    speedup_vs_generate: float | None = None
+    acceptance_length: float | None = None
+    exact: bool  # tokens equal the reference: generate (greedy full, assisted) / our greedy (others)
+
+
+class KvRow(BaseModel):
+    policy: str
+    length: int
+    total_bytes: int
+    per_layer: list[int]
+
+
+class Targets(BaseModel):
+    greedy_full_ge_generate: bool
+    best_speculative_speedup: float
+    speculative_ge_1_5x_exact: bool
+
+
+class Body(BaseModel):
+    config: Config
+    throughput: list[Row]
+    kv_bytes: list[KvRow]
+    targets: Targets
+
+
+def hf_generate(tm: TorchModel, ids: list[int], new: int, **kw: Any) -> tuple[list[int], float, int]:
+    """(new tokens, seconds, verifier forwards) of one transformers `generate` call."""
+    calls = [0]
+    hook = tm.model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    try:
+        with torch.inference_mode():
+            t = time.perf_counter()
+            out = tm.model.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False, **kw)
+            dt = time.perf_counter() - t
+    finally:
+        hook.remove()
+    return out[0, len(ids) :].tolist(), dt, calls[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--model", default="zoo:tiny-hybrid")
+    ap.add_argument("--drafter", default="zoo:tiny-drafter")
+    ap.add_argument("--policies", default="hybrid:4:64,sink_window:4:64", help="comma-separated, besides full")
+    ap.add_argument("--ks", default="4,8")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--prompts", type=int, default=4, help="number of code-like prompts")
+    ap.add_argument("--prompt-tokens", type=int, default=96)
+    ap.add_argument("--prompts-file", type=Path, help="JSON list of prompt strings instead of the zoo corpus")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--kv-lengths", default="256,1024,4096")
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
+    args = ap.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    policies = [engine.full(), *(parse_policy(p) for p in args.policies.split(",") if p)]
+    ks = [int(k) for k in args.ks.split(",")]
+    verifier = engine.load(args.model)
+    drafter = engine.load(args.drafter)
+    for tm in (verifier, drafter):
+        tm.model.generation_config.eos_token_id = None  # decode exactly new_tokens everywhere
+        tm.model.generation_config.pad_token_id = 0
+    if args.prompts_file:
+        texts = json.loads(args.prompts_file.read_text())[: args.prompts]
+    else:
+        from engine.zoo import corpus
+
+        texts = corpus.code_prompts(args.prompts, seed=0, n_tokens=args.prompt_tokens)
+    prompts = [verifier.encode(t) for t in texts]
+    new, reps = args.new_tokens, args.repeats
+    stop = engine.Stop(new)
+    rows: list[Row] = []
+
+    def ours(seq_of: Callable[[], Any], drafter_of: Callable[[], Any] | None, k: int) -> Callable[[list[int]], Any]:
+        def run(ids: list[int]) -> tuple[list[int], float, float]:
+            if drafter_of is None:
+                g = engine.generate(seq_of(), ids, stop)
+            else:
+                g = engine.speculative_generate(seq_of(), drafter_of(), ids, k, stop)
+            return g.tokens, g.decode_s, g.acceptance_length
+        return run
+
+    # Every method runs on every prompt once per repeat, interleaved, so that a busy spell of a
+    # shared machine does not land on one method only; the best run per (method, prompt) counts.
+    methods: list[dict[str, Any]] = []
+
+    def add(method: str, policy: str, run: Callable[[list[int]], Any], ref: str | None,
+            drafter_name: str | None = None, k: int | None = None) -> dict[str, Any]:
+        m = {"method": method, "policy": policy, "run": run, "ref": ref, "drafter": drafter_name, "k": k,
+             "best": [None] * len(prompts)}
+        methods.append(m)
+        return m
+
+    # transformers generate: decode time = time(new tokens) - time(1 token)
+    def hf_run(ids: list[int], **kw: Any) -> tuple[list[int], float, float]:
+        toks, dt, calls = hf_generate(verifier, ids, new, **kw)
+        _, dt1, _ = hf_generate(verifier, ids, 1)
+        return toks, dt - dt1, new / max(calls, 1)
+
+    add("generate", "full", hf_run, None)
+    for policy in policies:
+        def seq_of(policy: Policy = policy) -> Any:
+            return verifier.sequence(policy)
+
+        add("greedy", str(policy), ours(seq_of, None, 0), "generate" if policy.kind == "full" else None)
+        for k in ks:
+            for name, make in ((args.drafter, lambda p=policy, k=k: engine.ModelDrafter(drafter.sequence(p, max_block=k + 1))),
+                               ("prompt-lookup", engine.PromptLookupDrafter)):
+                add("speculative", str(policy), ours(lambda p=policy, k=k: verifier.sequence(p, max_block=k + 1), make, k),
+                    f"greedy {policy}", name, k)
+    for k in ks:
+        def assisted(ids: list[int], k: int = k) -> tuple[list[int], float, float]:
+            return hf_run(ids, assistant_model=drafter.model, assistant_confidence_threshold=0.0,
+                          num_assistant_tokens=k, num_assistant_tokens_schedule="constant")
+        add("assisted", "full", assisted, "generate", args.drafter, k)
+
+    for m in methods:
+        m["run"](prompts[0])  # warm-up
+    for rep in range(reps):
+        for i, ids in enumerate(prompts):
+            for m in methods:
+                got = m["run"](ids)
+                best = m["best"][i]
+                if best is not None and got[0] != best[0]:
+                    raise RuntimeError(f"{m['method']} gave different tokens on two runs of prompt {i}")
+                if best is None or got[1] < best[1]:
+                    m["best"][i] = got
+        print(f"repeat {rep + 1}/{reps} done", flush=True)
+
+    def key(m: dict[str, Any]) -> str:
+        return m["method"] if m["method"] == "generate" else f"{m['method']} {m['policy']}"
+
+    by_key = {key(m): m for m in methods if m["method"] in ("generate", "greedy")}
+    for m in methods:
+        toks = [b[0] for b in m["best"]]
+        secs = sum(b[1] for b in m["best"])
+        n = sum(len(t) - 1 for t in toks)
+        ref = by_key[m["ref"]] if m["ref"] else None
+        row = Row(method=m["method"], policy=m["policy"], drafter=m["drafter"], k=m["k"], tokens=n + len(toks),
+                  decode_s=secs, decode_tok_s=n / secs,
+                  acceptance_length=sum(b[2] for b in m["best"]) / len(toks) if m["drafter"] else None,
+                  exact=ref is None or toks == [b[0] for b in ref["best"]])
+        m["row"] = row
+        rows.append(row)
+    gen_tok_s = by_key["generate"]["row"].decode_tok_s
+    for row in rows:
+        greedy = by_key.get(f"greedy {row.policy}")
+        if row.method != "generate":
+            row.speedup_vs_generate = row.decode_tok_s / gen_tok_s
+        if row.method in ("speculative", "assisted") and greedy:
+            row.speedup_vs_greedy = row.decode_tok_s / greedy["row"].decode_tok_s
+        print(f"{row.method:12s} {row.policy:20s} {row.drafter or '':18s} k={row.k or '-'} {row.decode_tok_s:8.1f} tok/s"
+              f"{'' if row.acceptance_length is None else f'  accept {row.acceptance_length:.2f}'}"
+              f"{'' if row.speedup_vs_greedy is None else f'  x{row.speedup_vs_greedy:.2f} vs greedy'}"
+              f"{'' if row.exact else '  NOT EXACT'}", flush=True)
+    greedy_tok_s = {r.policy: r.decode_tok_s for r in rows if r.method == "greedy"}
+    gen_row = by_key["generate"]["row"]
+
+    kv_rows = []
+    filler = [t for ids in prompts for t in ids]
+    for policy in policies:
+        seq = verifier.sequence(policy)
+        for length in sorted(int(x) for x in args.kv_lengths.split(",")):
+            ids = (filler * (length // len(filler) + 1))[: length - seq.position]
+            seq.prefill(ids)
+            per_layer = seq.kv_bytes()
+            kv_rows.append(KvRow(policy=str(policy), length=length, total_bytes=sum(per_layer), per_layer=per_layer))
+            print(f"kv {policy!s:20s} {length:7d} {sum(per_layer):12d} B", flush=True)
+
+    spec = [r for r in rows if r.method == "speculative"]
+    best = max((r.speedup_vs_greedy or 0.0) for r in spec) if spec else 0.0
+    targets = Targets(
+        greedy_full_ge_generate=greedy_tok_s["full"] >= gen_row.decode_tok_s,
+        best_speculative_speedup=best,
+        speculative_ge_1_5x_exact=any((r.speedup_vs_greedy or 0) >= 1.5 and r.exact for r in spec),
+    )
+    body = Body(
+        config=Config(model=args.model, drafter=args.drafter, policies=[str(p) for p in policies], ks=ks,
+                      new_tokens=new, prompts=len(prompts), prompt_tokens=[len(p) for p in prompts],
+                      repeats=reps, threads=args.threads),
+        throughput=rows, kv_bytes=kv_rows, targets=targets,
+    )
+    write_report(args.out, "bench-engine-torch", 1, body.model_dump())
+    print(json.dumps(targets.model_dump()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
