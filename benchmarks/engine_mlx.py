@@ -1,0 +1,158 @@
+"""Benchmark the MLX backend against mlx-lm on the same model, prompts and machine; writes JSON.
+
+    python benchmarks/engine_mlx.py --model zoo:tiny-hybrid --drafter zoo:tiny-drafter \\
+        --out benchmarks/results/engine_mlx.json
+
+Methods (all greedy, `--new-tokens` tokens, no EOS stop so every method decodes the same length):
+  ours_greedy         engine.generate on the MLX backend (policy --policy, default full)
+  ours_spec_model     engine.speculative_generate, the --drafter model proposing k tokens
+  ours_spec_lookup    engine.speculative_generate, prompt-lookup drafting (no drafter model)
+  mlxlm_greedy        mlx_lm.stream_generate (what mlx_lm.generate runs), the model's own caches
+  mlxlm_spec          mlx_lm.stream_generate(draft_model=..., num_draft_tokens=k)
+Each method's tokens are compared with ours_greedy (token-exact or not, and where they first differ).
+Times are the median of --repeats runs after one warm-up: total wall time (prefill + decode) and
+decode tok/s (tokens after the first / time after the first token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mlx.core as mx  # noqa: E402
+from mlx_lm.generate import stream_generate  # noqa: E402
+from mlx_lm.tokenizer_utils import TokenizerWrapper  # noqa: E402
+
+import engine  # noqa: E402
+from engine.report import environment  # noqa: E402
+from engine.zoo import corpus  # noqa: E402
+
+Run = tuple[list[int], float, float, dict[str, float]]  # tokens, total seconds, decode seconds, extra
+
+
+def ours(seq_factory: Callable[[], Any], drafter: Callable[[], Any] | None, ids: list[int], n: int, k: int) -> Run:
+    t0 = time.perf_counter()
+    if drafter is None:
+        gen = engine.generate(seq_factory(), ids, engine.Stop(n))
+    else:
+        gen = engine.speculative_generate(seq_factory(), drafter(), ids, k, engine.Stop(n))
+    total = time.perf_counter() - t0
+    extra = {"acceptance_length": gen.acceptance_length, "drafted": gen.drafted, "accepted": gen.accepted}
+    return gen.tokens, total, gen.decode_s, extra
+
+
+def mlxlm(model: Any, tok: TokenizerWrapper, draft: Any | None, ids: list[int], n: int, k: int) -> Run:
+    kwargs: dict[str, Any] = {} if draft is None else {"draft_model": draft, "num_draft_tokens": k}
+    tokens: list[int] = []
+    from_draft = 0
+    t0 = time.perf_counter()
+    t1 = t0
+    for r in stream_generate(model, tok, mx.array(ids), max_tokens=n, **kwargs):
+        if not tokens:
+            t1 = time.perf_counter()
+        tokens.append(int(r.token))
+        from_draft += bool(r.from_draft)
+    t2 = time.perf_counter()
+    return tokens, t2 - t0, t2 - t1, {"from_draft": from_draft}
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="zoo:tiny-hybrid")
+    p.add_argument("--drafter", default="zoo:tiny-drafter")
+    p.add_argument("--policy", default="full")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--prompt-tokens", type=int, default=256)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--k", type=int, default=4, help="drafted tokens per block")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="benchmarks/results/engine_mlx.json")
+    args = p.parse_args(argv)
+
+    policy = engine.parse_policy(args.policy)
+    mm = engine.load(args.model, "mlx", args.dtype)
+    dm = engine.load(args.drafter, "mlx", args.dtype)
+    tok = TokenizerWrapper(mm.tokenizer)
+    tok.eos_token_ids = set()  # decode exactly --new-tokens tokens, as ours does with Stop(n)
+    n, k = args.new_tokens, args.k
+    texts = corpus.code_prompts(n=args.prompts, seed=args.seed, n_tokens=args.prompt_tokens)
+
+    methods: dict[str, Callable[[list[int]], Run]] = {
+        "ours_greedy": lambda ids: ours(lambda: mm.sequence(policy), None, ids, n, k),
+        "ours_spec_model": lambda ids: ours(
+            lambda: mm.sequence(policy, k + 1), lambda: engine.ModelDrafter(dm.sequence(policy, k + 1)), ids, n, k),
+        "ours_spec_lookup": lambda ids: ours(
+            lambda: mm.sequence(policy, k + 1), engine.PromptLookupDrafter, ids, n, k),
+        "mlxlm_greedy": lambda ids: mlxlm(mm.model, tok, None, ids, n, k),
+        "mlxlm_spec": lambda ids: mlxlm(mm.model, tok, dm.model, ids, n, k),
+    }
+    rows: list[dict[str, Any]] = []
+    for i, text in enumerate(texts):
+        ids = mm.encode(text)
+        ref: list[int] | None = None
+        for name, fn in methods.items():
+            fn(ids)  # warm-up
+            runs = [fn(ids) for _ in range(args.repeats)]
+            tokens, _, _, extra = runs[0]
+            if any(r[0] != tokens for r in runs):
+                raise RuntimeError(f"{name} is not deterministic on prompt {i}")
+            ref = tokens if name == "ours_greedy" else ref
+            assert ref is not None
+            total = statistics.median(r[1] for r in runs)
+            decode = statistics.median(r[2] for r in runs)
+            rows.append({
+                "prompt": i, "method": name, "prompt_tokens": len(ids), "new_tokens": len(tokens),
+                "exact_vs_ours_greedy": tokens == ref, "first_difference": first_difference(tokens, ref),
+                "total_s": total, "tok_s": len(tokens) / total,
+                "decode_tok_s": (len(tokens) - 1) / decode if decode > 0 else 0.0, **extra,
+            })
+            print(f"prompt {i} {name:17s} exact={tokens == ref!s:5s} first_diff={first_difference(tokens, ref)} "
+                  f"tok/s={len(tokens) / total:8.1f} decode tok/s={rows[-1]['decode_tok_s']:8.1f}", flush=True)
+
+    summary: dict[str, Any] = {}
+    for name in methods:
+        mine = [r for r in rows if r["method"] == name]
+        summary[name] = {
+            "exact_prompts": sum(r["exact_vs_ours_greedy"] for r in mine),
+            "prompts": len(mine),
+            "tok_s": sum(r["new_tokens"] for r in mine) / sum(r["total_s"] for r in mine),
+            "decode_tok_s_mean": statistics.mean(r["decode_tok_s"] for r in mine),
+        }
+    base = summary["mlxlm_greedy"]["tok_s"]
+    for s in summary.values():
+        s["speedup_vs_mlxlm_greedy"] = s["tok_s"] / base
+    result = {
+        "benchmark": "engine_mlx",
+        "command": " ".join(["python", "benchmarks/engine_mlx.py", *(argv if argv is not None else sys.argv[1:])]),
+        "environment": environment(),
+        "mlx_device": str(mx.default_device()),
+        "config": {k_: v for k_, v in vars(args).items() if k_ != "out"},
+        "summary": summary,
+        "rows": rows,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
