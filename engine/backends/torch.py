@@ -180,10 +180,16 @@ class TorchModel:
         self.path = path
         config = model.config
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        self.layer_types: list[str] = list(
-            getattr(text_config, "layer_types", None) or ["full_attention"] * text_config.num_hidden_layers
-        )
         self.sliding_window: int | None = getattr(text_config, "sliding_window", None)
+        # Without `layer_types` (Llama, Mistral): every layer slides when the config has a window.
+        default_type = "sliding_attention" if self.sliding_window else "full_attention"
+        self.layer_types: list[str] = list(
+            getattr(text_config, "layer_types", None) or [default_type] * text_config.num_hidden_layers
+        )
+        impl = config._attn_implementation
+        if impl not in ("sdpa", "eager"):
+            raise ValueError(f"attention implementation {impl!r} is not supported: load the model with sdpa or eager")
+        self.additive_masks = impl == "eager"  # eager adds the mask to the scores; sdpa takes booleans
         self.mask_keys = sorted(set(self.layer_types))
         layer_specs(Policy("full"), self.layer_types, self.sliding_window)  # fail early on unsupported layers
         eos = model.generation_config.eos_token_id if model.generation_config else None
@@ -191,9 +197,7 @@ class TorchModel:
             eos = getattr(text_config, "eos_token_id", None)
         self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
+        self.dtype: torch.dtype = next(model.parameters()).dtype
 
     def sequence(self, policy: Policy, max_block: int = 1, prefill_chunk: int = 512) -> TorchSequence:
         return TorchSequence(self, policy, max_block, prefill_chunk)
@@ -251,6 +255,8 @@ class TorchSequence:
         m = len(ids)
         start = self.cache.position
         masks = self.cache.begin(m)
+        if self.owner.additive_masks:
+            masks = {s: None if x is None else _additive(x, self.owner.dtype) for s, x in masks.items()}
         by_type: dict[str, torch.Tensor | None] = {}
         for spec, t in self._spec_key:
             mask = masks[spec]
@@ -258,7 +264,10 @@ class TorchSequence:
                 raise ValueError(f"layers of type {t!r} got different cache layouts; this model is not supported")
         if len(by_type) == 1:
             mask = next(iter(by_type.values()))
-            attention_mask: Any = mask if mask is not None else _all_visible(self.cache.groups[0].plan)
+            if mask is None:  # a model without dict masks needs some prepared 4-D mask
+                mask = _all_visible(self.cache.groups[0].plan)
+                mask = _additive(mask, self.owner.dtype) if self.owner.additive_masks else mask
+            attention_mask: Any = mask
         else:
             attention_mask = by_type
         out = self.owner.model(
@@ -270,6 +279,10 @@ class TorchSequence:
             logits_to_keep=1 if last_only else 0,
         )
         return out.logits[0].argmax(-1).tolist()
+
+
+def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, torch.finfo(dtype).min)
 
 
 _ONES = torch.ones((1, 1, 1, 0), dtype=torch.bool)

@@ -13,10 +13,20 @@ from tests.engine import tiny_models
 COVERING = [full(), sink_window(4, 4096), hybrid(4, 4096)]
 
 
+MODELS = {
+    "gemma": tiny_models.gemma,
+    "gemma-eager": lambda: tiny_models.gemma(attn="eager"),  # additive float masks
+    "qwen": tiny_models.qwen,
+    "mistral": tiny_models.mistral,  # no layer_types: every layer slides
+}
+
+
 @pytest.mark.parametrize("policy", COVERING, ids=str)
-@pytest.mark.parametrize(("model", "prompt_len", "chunk"), [("gemma", 5, 512), ("gemma", 70, 16), ("qwen", 33, 7)])
+@pytest.mark.parametrize(("model", "prompt_len", "chunk"), [
+    ("gemma", 5, 512), ("gemma", 70, 16), ("gemma-eager", 40, 16), ("qwen", 33, 7), ("mistral", 30, 8),
+])
 def test_covering_window_equals_transformers_generate(policy: Policy, model: str, prompt_len: int, chunk: int) -> None:
-    tm = getattr(tiny_models, model)()
+    tm = MODELS[model]()
     ids = tiny_models.prompt(prompt_len, seed=prompt_len)
     ref = tiny_models.hf_greedy(tm, ids, 60)
     assert len(set(ref)) > 10, "the test model must give varied output"
@@ -35,11 +45,11 @@ def _policy_masks(tm, policy: Policy, n: int) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("policy", [sink_window(4, 8), sink_window(0, 6), hybrid(2, 5), full()], ids=str)
-@pytest.mark.parametrize("model", ["gemma", "qwen"])
+@pytest.mark.parametrize("model", ["gemma", "qwen", "mistral"])
 def test_bounded_greedy_equals_a_teacher_forced_masked_forward(policy: Policy, model: str) -> None:
     """An oracle that shares nothing with the cache: one cache-free forward over prompt + output with
     the rule's dense masks must predict every generated token (windows of 5-8 wrap ~15 times)."""
-    tm = getattr(tiny_models, model)()
+    tm = MODELS[model]()
     ids = tiny_models.prompt(30, seed=1)
     gen = engine.generate(tm.sequence(policy, prefill_chunk=11), ids, engine.Stop(90))
     seq = ids + gen.tokens

@@ -24,7 +24,7 @@ def _randomize_norms(model: torch.nn.Module) -> None:
 
 
 @functools.cache
-def gemma(seed: int = 0, sliding_window: int = 16, layers: int = 4) -> TorchModel:
+def gemma(seed: int = 0, sliding_window: int = 16, layers: int = 4, attn: str = "sdpa") -> TorchModel:
     """A Gemma3 with alternating sliding / full layers."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
@@ -35,6 +35,7 @@ def gemma(seed: int = 0, sliding_window: int = 16, layers: int = 4) -> TorchMode
         layer_types=["sliding_attention", "full_attention"] * (layers // 2), initializer_range=0.2,
         max_position_embeddings=4096, tie_word_embeddings=False, eos_token_id=None, bos_token_id=None, pad_token_id=0,
     )
+    config._attn_implementation = attn
     model = Gemma3ForCausalLM(config)
     _randomize_norms(model)
     return _wrap(model)
@@ -52,6 +53,20 @@ def qwen(seed: int = 0, layers: int = 2) -> TorchModel:
         max_position_embeddings=4096, eos_token_id=None, bos_token_id=None, pad_token_id=0,
     )
     return _wrap(Qwen3ForCausalLM(config))
+
+
+@functools.cache
+def mistral(seed: int = 0) -> TorchModel:
+    """A Mistral: no `layer_types`, every layer slides (window 12)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(seed)
+    config = MistralConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, initializer_range=0.2, sliding_window=12,
+        max_position_embeddings=4096, eos_token_id=None, bos_token_id=None, pad_token_id=0,
+    )
+    return _wrap(MistralForCausalLM(config))
 
 
 def _wrap(model: torch.nn.Module) -> TorchModel:
