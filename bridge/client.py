@@ -212,13 +212,16 @@ class Client:
         with B.open_repo(self.root) as repo:
             return B.commit(repo, tree, [head], f"kakeya: snapshot of the working tree on {head[:12]}", self.who())
 
-    def requester(self) -> str:
-        email = B.run_git(self.bus.store, "config", "user.email", check=False).stdout.decode().strip()
-        return email or f"{getpass.getuser()}@{platform.node()}"
-
     def who(self) -> str:
-        name = B.run_git(self.bus.store, "config", "user.name", check=False).stdout.decode().strip()
-        return f"{name or getpass.getuser()} <{self.requester()}>"
+        """'Name <email>' as git would sign a commit here (env and config), else user@host."""
+        ident = B.run_git(self.bus.store, "var", "GIT_AUTHOR_IDENT", check=False).stdout.decode()
+        m = re.match(r"^(.*?) <(.*)> \d+ [+-]\d{4}$", ident.strip())
+        if m and m.group(2):
+            return f"{m.group(1)} <{m.group(2)}>"
+        return f"{getpass.getuser()} <{getpass.getuser()}@{platform.node()}>"
+
+    def requester(self) -> str:
+        return self.who().rsplit("<", 1)[1].rstrip(">")
 
     # --- reading the bus ----------------------------------------------------------------------------
 
@@ -377,8 +380,8 @@ class Client:
     # --- evidence for gates -------------------------------------------------------------------------
 
     def evidence(self, subject: str, presets: Sequence[str] | None = None) -> list[Evidence]:
-        """Finished requests whose subject is `subject` (a full sha), oldest first: their manifest, result and
-        report, from done commits that descend from the subject. One ls-remote, one fetch."""
+        """Finished requests that ran `subject` (a full sha), oldest first: their manifest, result and report,
+        from done commits that descend from the subject. One ls-remote, one fetch."""
         snap = self.bus.ls_remote()
         dones = [e for e in snap.entries.values() if e.done and (not presets or e.preset in presets)]
         self.ensure(dones)
@@ -392,7 +395,9 @@ class Client:
                     continue
                 result = _model(RunResult, B.read_path(repo, e.done, f"{B.results_path(e.id)}/result.json"))
                 raw_report = B.read_path(repo, e.done, f"{B.results_path(e.id)}/report.json")
-            if result is None or not B.is_ancestor(repo_dir, subject, e.done):
+            # The runner records the subject it checked out (after checking it is the request's parent);
+            # a rejected request records none, so a manifest cannot claim evidence for a commit it did not run.
+            if result is None or result.subject != subject or not B.is_ancestor(repo_dir, subject, e.done):
                 continue
             try:
                 report = json.loads(raw_report) if raw_report is not None else None

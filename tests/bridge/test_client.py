@@ -1,0 +1,314 @@
+"""The client against real repositories: validation, dirty trees, status, results, cancel, gc, doctor, `run`."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from bridge import bus as B
+from bridge.cli import main
+from bridge.client import Client, age, parse_duration, resolve_remote
+from bridge.config import load_config
+from bridge.errors import InvalidRequest, KakeyaError
+from bridge.presets import load_registry
+from bridge.runner import Runner
+from tests.bridge.bus_support import (  # noqa: F401 — fixtures
+    Daemon,
+    Env,
+    daemon_fixture,
+    free_port,
+    git,
+    manifest_dict,
+    push_raw_request,
+    world_fixture,
+)
+
+
+def client(remote: str | None = None) -> Client:
+    return Client(load_config(), remote=remote)
+
+
+def runner(url: str, env: Env, name: str = "r1", labels: tuple[str, ...] = ("cpu",)) -> Runner:
+    return Runner(url, config=load_config(), name=name, labels=list(labels), workdir=env.tmp / "runners" / name)
+
+
+def user_state(project: Path) -> tuple[str, str, str, bytes]:
+    return (git(project, "rev-parse", "HEAD"), git(project, "symbolic-ref", "HEAD"),
+            git(project, "status", "--porcelain", "--untracked-files=all"), (project / ".git" / "index").read_bytes())
+
+
+def test_run_on_the_embedded_bus_passes_fails_and_refuses(world: Env, capsys):
+    assert main(["run", "work", "-p", "tag=one"]) == 0
+    line, summary = capsys.readouterr().out.strip().splitlines()
+    rid = line.split(":")[0]
+    assert line == f"{rid}: work succeeded, verdict pass" and summary == f"summary: {world.project}/out/{rid}/summary.md"
+    out = world.project / "out" / rid
+    assert {p.name for p in out.iterdir()} >= {"result.json", "report.json", "verdict.json", "summary.md", "logs"}
+    result = json.loads((out / "result.json").read_text())
+    assert (result["request_id"], result["subject"], result["runner_name"]) == (rid, git(world.project, "rev-parse",
+                                                                                             "HEAD"), "inproc")
+    assert (out / "logs" / "stdout.log").read_text() == "work count one done\n"
+    assert world.count() == ["one"]
+    # the embedded bus is a bare repository under .kakeya/, which git ignores
+    bus = world.project / ".kakeya" / "bus.git"
+    assert (bus / "HEAD").is_file() and git(world.project, "status", "--porcelain") == ""
+    assert {r.rsplit("/", 2)[-2] for r in B.Bus(str(bus), world.project).ls_remote().refs} == {"cpu", "claim", "done"}
+
+    assert main(["run", "strict", "-p", "tag=two", "--out", "strict-out"]) == 1
+    assert "strict failed" not in capsys.readouterr().out  # the program succeeded; its verdict failed
+    assert json.loads((world.project / "strict-out" / "result.json").read_text())["verdict"] == "fail"
+    assert main(["run", "nope"]) == 2
+    assert main(["run", "work", "-p", "seconds=1000"]) == 2
+    assert main(["run", "work", "--runner", "h200"]) == 2
+    assert world.count() == ["one", "two"]
+
+
+def test_run_sends_a_dirty_tree_as_a_snapshot_and_leaves_the_user_tree_alone(world: Env):
+    (world.project / "work.py").write_text((world.project / "work.py").read_text().replace("done", "dirty-done"))
+    (world.project / "extra.txt").write_text("untracked\n")
+    git(world.project, "add", "extra.txt")
+    (world.project / "more.txt").write_text("untracked too\n")
+    before = user_state(world.project)
+    c = client()
+    with pytest.raises(KakeyaError, match="uncommitted changes .*work.py.*--allow-dirty"):
+        c.request("work", {}, "cpu")
+    manifest = c.request("work", {"tag": "dirty"}, "cpu", allow_dirty=True)
+    assert user_state(world.project) == before
+    head = before[0]
+    assert manifest.snapshot_of == head and manifest.subject != head
+    assert git(world.project, "rev-parse", f"{manifest.subject}^") == head
+    assert git(world.project, "show", f"{manifest.subject}:more.txt") == "untracked too"
+    assert "dirty-done" in git(world.project, "show", f"{manifest.subject}:work.py")
+    served = runner(c.url, world).once()
+    assert served is not None and served.status == "succeeded"
+    out = world.tmp / "res"
+    c.results(manifest.id, out)
+    assert (out / "logs" / "stdout.log").read_text() == "work count dirty dirty-done\n"
+    assert user_state(world.project) == before
+    with pytest.raises(InvalidRequest, match="cannot go with --subject"):
+        c.request("work", {}, "cpu", subject="HEAD", allow_dirty=True)
+
+
+def test_request_validates_before_anything_is_pushed(world: Env, capsys):
+    bus = world.project / ".kakeya" / "bus.git"
+    assert main(["request", "nope", "--runner", "cpu"]) == 2
+    assert "unknown preset 'nope'" in capsys.readouterr().err
+    assert main(["request", "work", "--runner", "cpu", "-p", "mode=fly"]) == 2
+    assert "parameter mode='fly' must be one of" in capsys.readouterr().err
+    assert main(["request", "cpuonly", "--runner", "gpu"]) == 2
+    assert "may not run on runner label 'gpu'" in capsys.readouterr().err
+    assert main(["request", "work", "--runner", "GPU!"]) == 2
+    assert main(["request", "work", "--runner", "cpu", "-p", "oops"]) == 2
+    assert main(["request", "work", "--runner", "cpu", "--subject", "no-such-rev"]) == 2
+    assert main(["request", "work", "--runner", "cpu", "--expires", "soon"]) == 2
+    assert B.Bus(str(bus), world.project).ls_remote().refs == {}
+    first = git(world.project, "rev-parse", "HEAD")
+    (world.project / "b.txt").write_text("b")
+    git(world.project, "add", "b.txt")
+    git(world.project, "commit", "-qm", "b")
+    assert main(["request", "work", "--runner", "gpu", "--subject", first, "--expires", "2h"]) == 0
+    rid = capsys.readouterr().out.strip()
+    manifest = B.Manifest.model_validate_json(_manifest(bus, rid, "gpu"))
+    assert manifest.subject == first and manifest.runner == "gpu" and manifest.requester == "t@example.com"
+    assert 7190 < (manifest.expires_at - manifest.created_at).total_seconds() <= 7200
+
+
+def _manifest(bus: Path, rid: str, label: str) -> bytes:
+    return git(bus, "show", f"{B.req_ref(label, rid)}:.kakeya/request.json").encode()
+
+
+def test_status_wait_results_and_cancel(world: Env, capsys):
+    c = client()
+    r = runner(c.url, world)
+    done = c.request("work", {"tag": "a"}, "cpu")
+    assert r.once() is not None
+    pending = c.request("work", {"tag": "b"}, "cpu")
+    expired = c.request("work", {"tag": "c"}, "cpu", expires_s=0.001)
+    cancelled = c.request("work", {"tag": "d"}, "cpu")
+    assert main(["cancel", cancelled.id, "--reason", "changed my mind"]) == 0
+    assert "cancel requested (was requested)" in capsys.readouterr().out
+    assert main(["cancel", cancelled.id]) == 0 and "already cancelled" in capsys.readouterr().out
+    with pytest.raises(KakeyaError, match="already done"):
+        c.cancel(done.id)
+    gpu = c.request("work", {"tag": "e"}, "gpu")
+    rows = {row.id: row for row in c.status()}
+    assert [rows[i].state for i in (done.id, pending.id, expired.id, cancelled.id, gpu.id)] == [
+        "succeeded", "requested", "expired", "cancelled", "requested"]
+    assert rows[done.id].verdict == "pass" and rows[done.id].holder == "r1"
+    assert rows[gpu.id].runner == "gpu" and rows[gpu.id].subject == done.subject
+
+    assert main(["status"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == ["ID", "STATE", "PRESET", "RUNNER", "AGE", "VERDICT"]
+    assert table[1].split()[:3] == [done.id, "succeeded", "work"] and table[1].split()[-1] == "pass"
+    assert main(["status", "--json"]) == 0
+    assert [d["id"] for d in json.loads(capsys.readouterr().out)] == sorted(rows)
+    assert main(["status", pending.id]) == 0
+    assert "state      requested" in capsys.readouterr().out
+    assert main(["status", done.id, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"] == "pass"
+    assert main(["status", "20260101T000000.000Z-work-abcdef"]) == 1
+    assert "no request" in capsys.readouterr().err
+
+    # the runner serves the rest: pending runs, expired and cancelled end without running
+    served = [r.once() for _ in range(3)]
+    assert sorted(s.status for s in served if s) == ["cancelled", "expired", "succeeded"]
+    assert r.once() is None  # the gpu request is not for this runner
+    assert world.count() == ["a", "b"]
+    assert main(["wait", expired.id, "--out", "w"]) == 1
+    assert "expired" in capsys.readouterr().out
+    assert json.loads((world.project / "w" / "result.json").read_text())["status"] == "expired"
+    assert main(["results", cancelled.id]) == 0
+    assert f"{cancelled.id}: work cancelled (cancelled before it started)" in capsys.readouterr().out
+    assert main(["wait", gpu.id, "--timeout", "0.3"]) == 1
+    assert "timed out after 0.3 s waiting for" in capsys.readouterr().err
+    assert main(["results", gpu.id]) == 1
+    assert "has no results yet (state: requested)" in capsys.readouterr().err
+
+
+def test_request_wait_over_git_daemon_and_gc(world: Env, daemon: Daemon, capsys):
+    url = daemon.repo()
+    r = runner(url, world)
+    rid = client(url).request("work", {"tag": "x"}, "cpu").id
+    r.once()
+    # a fresh clone (no shared objects with the bus) waits and fetches the results
+    other = world.tmp / "other"
+    git(world.tmp, "clone", "-q", str(world.project), str(other))
+    os.chdir(other)
+    assert main(["wait", rid, "--remote", url, "--timeout", "30"]) == 0
+    assert (other / "out" / rid / "summary.md").read_text().startswith("# work: succeeded — verdict pass")
+    capsys.readouterr()
+    assert main(["request", "work", "--runner", "cpu", "--remote", url, "-p", "tag=y", "--wait", "--timeout",
+                 "0.5"]) == 1
+    assert "timed out" in capsys.readouterr().err
+    snap = B.Bus(url, other).ls_remote()
+    assert sum(1 for e in snap.entries.values() if not e.done) == 1
+    assert main(["bus", "gc", "--older-than", "0", "--remote", url, "--dry-run"]) == 0
+    assert "would delete 2 refs" in capsys.readouterr().out
+    assert main(["bus", "gc", "--older-than", "0", "--remote", url]) == 0
+    assert "deleted 2 refs" in capsys.readouterr().out
+    after = B.Bus(url, other).ls_remote()
+    assert after.entries[rid].done == snap.entries[rid].done and after.entries[rid].req is None
+    assert after.entries[rid].claim is None and len(after.entries) == 2
+    assert main(["bus", "gc", "--older-than", "1", "--remote", url]) == 0
+    assert "deleted 0 refs" in capsys.readouterr().out
+    # results of a request whose req ref is gone still come from its done ref
+    assert main(["results", rid, "--remote", url, "--out", str(world.tmp / "again")]) == 0
+    assert (world.tmp / "again" / "result.json").is_file()
+
+
+def test_unreachable_remote_is_a_clear_error_with_nothing_half_written(world: Env, tmp_path: Path, capsys):
+    daemon = Daemon(tmp_path / "later")
+    url = daemon.repo()
+    before = user_state(world.project)
+    assert main(["request", "work", "--runner", "cpu", "--remote", url]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"kakeya: error: cannot push to the bus at {url}") and "unable to connect" in err
+    assert main(["status", "--remote", url]) == 1
+    assert "cannot reach the bus" in capsys.readouterr().err
+    assert user_state(world.project) == before
+    daemon.start()
+    try:
+        assert B.Bus(url, world.project).ls_remote().refs == {}  # nothing was written by the failed attempt
+        assert main(["request", "work", "--runner", "cpu", "--remote", url]) == 0
+        rid = capsys.readouterr().out.strip()
+        assert list(B.Bus(url, world.project).ls_remote().refs) == [B.req_ref("cpu", rid)]
+        assert user_state(world.project) == before
+    finally:
+        daemon.stop()
+
+
+def test_status_over_2000_finished_requests_is_one_round_trip(world: Env, daemon: Daemon, capsys):
+    url = daemon.repo()
+    bus = daemon.base / "bus.git"
+    head = git(world.project, "rev-parse", "HEAD")
+    git(world.project, "push", "-q", str(bus), "HEAD:refs/heads/main")
+    # 2,000 finished requests (request, claim = done, done), written with one `git fast-import`
+    stream, t0 = [], B.utcnow().replace(microsecond=0)
+    for i in range(2000):
+        rid = B.new_id("work", t0 - dt.timedelta(seconds=i))
+        result = json.dumps({"schema_version": 1, "status": "succeeded" if i % 3 else "failed", "preset": "work",
+                             "verdict": "pass" if i % 3 else "fail", "request_id": rid}).encode()
+        for ref, frm, path, data in ((B.req_ref("cpu", rid), head, B.MANIFEST_PATH, b"{}"),
+                                     (B.done_ref(rid), f":{2 * i + 1}", f"{B.results_path(rid)}/result.json", result)):
+            mark = 2 * i + (1 if "req" in ref else 2)
+            stream.append(f"commit {ref}\nmark :{mark}\ncommitter T <t@e> 1700000000 +0000\ndata 1\nx\n"
+                          f"from {frm}\nM 100644 inline {path}\ndata {len(data)}\n".encode() + data + b"\n")
+        stream.append(f"reset {B.claim_ref(rid)}\nfrom :{2 * i + 2}\n\n".encode())
+    B.run_git(bus, "fast-import", "--quiet", input=b"".join(stream))
+    before = daemon.connections()
+    assert main(["status", "--remote", url, "--json"]) == 0
+    assert daemon.connections() - before == 1
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 2000 and {r["state"] for r in rows} == {"done"}  # verdicts are not here yet
+    before = daemon.connections()
+    assert main(["status", "--remote", url, "--fetch"]) == 0
+    assert daemon.connections() - before == 2
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2001 and sum(ln.split()[1] == "failed" for ln in lines[1:]) == 667
+    before = daemon.connections()
+    assert main(["status", "--remote", url]) == 0  # now the done commits are here: still one round trip
+    assert daemon.connections() - before == 1
+    without_age = [ln.split()[:4] + ln.split()[5:] for ln in lines[1:]]
+    assert [ln.split()[:4] + ln.split()[5:] for ln in capsys.readouterr().out.splitlines()[1:]] == without_age
+
+
+def test_evidence_for_a_subject(world: Env):
+    c = client()
+    r = runner(c.url, world)
+    first = git(world.project, "rev-parse", "HEAD")
+    a = c.request("work", {"tag": "a"}, "cpu")
+    (world.project / "x.txt").write_text("x")
+    git(world.project, "add", "x.txt")
+    git(world.project, "commit", "-qm", "x")
+    b = c.request("strict", {"tag": "b"}, "cpu")
+    lying = B.new_id("work")  # a manifest naming a subject the commit does not descend from
+    push_raw_request(c.url, world.project, "cpu", lying, manifest_dict(lying, "work", first), parent=b.subject)
+    for _ in range(3):
+        r.once()
+    found = c.evidence(first)
+    assert [(e.id, e.runner, e.result.status, e.report["kind"]) for e in found] == [(a.id, "cpu", "succeeded", "probe")]
+    assert [e.id for e in c.evidence(b.subject)] == [b.id]
+    assert c.evidence(b.subject, presets=["work"]) == []
+    assert [e.result.verdict for e in c.evidence(b.subject, presets=["strict"])] == ["fail"]
+
+
+def test_doctor_says_what_is_wrong(world: Env, capsys, monkeypatch):
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "ok    git" in out and "(embedded)" in out and "3 valid: cpuonly, strict, work" in out
+    assert "all checks passed" in out
+    monkeypatch.setenv("KAKEYA_REMOTE", f"git://127.0.0.1:{free_port()}/nope.git")
+    monkeypatch.setenv("KAKEYA_PRESETS", str(world.tmp / "missing"))
+    assert main(["doctor"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  bus      cannot reach the bus" in out and "KAKEYA_REMOTE" in out
+    assert "FAIL  presets" in out and "2 check(s) failed" in out
+
+
+def test_helpers():
+    assert [parse_duration(s) for s in ("90", "90s", "1.5m", "2h", "7d")] == [90, 90, 90, 7200, 604800]
+    with pytest.raises(InvalidRequest):
+        parse_duration("0")
+    assert [age(s) for s in (5, 61, 3600 * 5, 86400 * 3)] == ["5s", "1m", "5h", "3d"]
+
+
+def test_remotes_resolve_by_name_url_or_path(world: Env, tmp_path: Path):
+    config = load_config()
+    git(world.project, "remote", "add", "origin", "https://example.com/x.git")
+    assert resolve_remote("origin", world.project, config) == "https://example.com/x.git"
+    assert resolve_remote("ssh://h/x.git", world.project, config) == "ssh://h/x.git"
+    assert resolve_remote("git@github.com:o/r.git", world.project, config) == "git@github.com:o/r.git"
+    assert resolve_remote("bus.git", world.project, config) == str(world.project / "bus.git")
+    assert resolve_remote("", world.project, config) == str(world.project / ".kakeya" / "bus.git")
+    # outside a git repository the client keeps fetched objects in a cache under the state dir
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    c = Client(config, root=plain, remote=str(world.project / ".kakeya" / "bus.git"))
+    assert c.bus.store == plain / ".kakeya" / "client.git"
+    with pytest.raises(KakeyaError, match="not a git repository"):
+        c.request("work", {}, "cpu", registry=load_registry())

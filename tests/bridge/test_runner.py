@@ -1,0 +1,284 @@
+"""The runner against a real bus: end to end over git://, exactly-once under 4 runner processes, lease
+takeover after SIGKILL, a stalled runner that loses its lease, cancels, rejections, LFS, signals, outbox."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+from bridge import bus as B
+from bridge.cli import main
+from bridge.client import Client
+from bridge.config import load_config
+from bridge.presets import load_registry
+from bridge.runner import Runner
+from tests.bridge.bus_support import (  # noqa: F401 — fixtures
+    Daemon,
+    Env,
+    daemon_fixture,
+    done_result,
+    git,
+    kill_pid,
+    manifest_dict,
+    pid_alive,
+    push_raw_request,
+    runner_process,
+    stop,
+    wait_for,
+    world_fixture,
+)
+
+
+def make_runner(url: str, env: Env, name: str = "r1", labels: tuple[str, ...] = ("cpu",)) -> Runner:
+    return Runner(url, config=load_config(), name=name, labels=list(labels), workdir=env.tmp / "runners" / name)
+
+
+def done_claim(store: Path, url: str, request_id: str) -> B.Claim:
+    bus = B.Bus(url, store)
+    sha = bus.ls_remote(B.done_ref(request_id)).refs[B.done_ref(request_id)]
+    bus.fetch([B.done_ref(request_id)])
+    with B.open_repo(store) as repo:
+        return B.Claim.model_validate_json(B.read_path(repo, sha, B.CLAIM_PATH) or b"")
+
+
+def test_request_runner_results_end_to_end_over_git_daemon(world: Env, daemon: Daemon, capsys):
+    url = daemon.repo()
+    assert main(["request", "work", "-p", "tag=e2e", "--runner", "cpu", "--remote", url]) == 0
+    rid = capsys.readouterr().out.strip()
+    assert main(["status", rid, "--remote", url]) == 0 and "state      requested" in capsys.readouterr().out
+    assert main(["runner", "once", "--labels", "cpu", "--name", "gpu-box", "--remote", url]) == 0
+    assert capsys.readouterr().out.strip() == f"{rid}: succeeded, verdict pass"
+    assert main(["results", rid, "--remote", url, "--out", "res"]) == 0
+    result = json.loads((world.project / "res" / "result.json").read_text())
+    assert (result["status"], result["runner_name"], result["runner_labels"]) == ("succeeded", "gpu-box", ["cpu"])
+    assert result["subject"] == git(world.project, "rev-parse", "HEAD") and result["preset"] == "work"
+    assert json.loads((world.project / "res" / "report.json").read_text())["subject"] == result["subject"]
+    assert world.count() == ["e2e"]
+    # the done commit descends from the claim, the request and the subject; the claim ref moved to it
+    snap = B.Bus(url, world.project).ls_remote()
+    entry = snap.entries[rid]
+    assert entry.claim == entry.done
+    assert B.is_ancestor(world.project, entry.req, entry.done)
+    assert main(["runner", "once", "--labels", "cpu", "--remote", url, "--request", rid]) == 0
+    assert "nothing to do" in capsys.readouterr().out
+    assert main(["runner", "once", "--labels", "gpu", "--remote", url, "--request", rid]) == 1
+    assert "is for runner label 'cpu'; this runner serves gpu" in capsys.readouterr().err
+    assert main(["runner", "once", "--labels", "cpu", "--remote", url, "--request", B.new_id("work")]) == 1
+    assert world.count() == ["e2e"]
+    # worktrees are removed after the run; the mirror keeps no per-request refs
+    mirror = world.project / ".kakeya" / "runners" / "gpu-box"
+    assert not any((mirror / "work").iterdir())
+    assert git(mirror / "mirror.git", "for-each-ref", "--format=%(refname)") == "refs/kakeya/last"
+
+
+def test_four_runner_processes_execute_40_requests_exactly_once(world: Env, daemon: Daemon):
+    url = daemon.repo()
+    client = Client(load_config(), remote=url)
+    ids = [client.request("work", {"tag": f"t{i}", "seconds": "0.1", "mode": "sleep"}, "cpu").id for i in range(40)]
+    procs = [runner_process(world, url, f"w{i}", "--poll", "0.5", "--lease", "5") for i in range(4)]
+    try:
+        bus = B.Bus(url, world.project)
+        wait_for(lambda: sum(1 for e in bus.ls_remote().entries.values() if e.done) == 40, 150, "40 done refs",
+                 step=0.5)
+    finally:
+        codes = [stop(p) for p in procs]
+    assert codes == [0, 0, 0, 0]
+    assert sorted(world.count()) == sorted(f"t{i}" for i in range(40))  # each executed exactly once
+    bus.fetch([B.done_ref(i) for i in ids])
+    names = []
+    with B.open_repo(world.project) as repo:
+        for rid, entry in bus.ls_remote().entries.items():
+            result = json.loads(B.read_path(repo, entry.done or "", f"{B.results_path(rid)}/result.json") or b"")
+            assert result["status"] == "succeeded" and result["request_id"] == rid
+            names.append(result["runner_name"])
+    assert len(set(names)) >= 2, names
+
+
+def test_a_sigkilled_runner_loses_its_claim_to_another_after_the_lease(world: Env, daemon: Daemon):
+    url = daemon.repo()
+    client = Client(load_config(), remote=url)
+    rid = client.request("work", {"tag": "k", "mode": "once", "seconds": "60"}, "cpu").id
+    first = runner_process(world, url, "a", "--poll", "0.2", "--lease", "2")
+    program = int(wait_for(lambda: world.mark("k", "first").exists() and world.mark("k", "first").read_text(), 60,
+                           "the first attempt to start"))
+    bus = B.Bus(url, world.project)
+    wait_for(lambda: world.mark("k", "started").exists(), 10, "the program")
+    time.sleep(1.0)  # let a heartbeat or two land
+    held = bus.ls_remote(B.claim_ref(rid)).refs[B.claim_ref(rid)]
+    first.send_signal(signal.SIGKILL)
+    first.wait(10)
+    kill_pid(program)  # the host died: its run died with it
+    second = make_runner(url, world, "b")
+    assert second.once() is None  # the lease of the dead runner has not expired yet
+    served = wait_for(second.once, 20, "the takeover")
+    assert served.status == "succeeded" and served.pushed
+    claim = done_claim(world.project, url, rid)
+    assert (claim.runner, claim.takeover_of) == ("b", "a")
+    done = bus.ls_remote().entries[rid].done
+    assert done is not None and B.is_ancestor(world.project, held, done)  # what runner a wrote is kept
+    assert world.count() == ["k"]
+    assert done_result(world.project, url, rid)["runner_name"] == "b"
+
+
+def test_a_stalled_runner_that_lost_its_lease_kills_its_run_and_pushes_nothing(world: Env, daemon: Daemon):
+    url = daemon.repo()
+    client = Client(load_config(), remote=url)
+    rid = client.request("work", {"tag": "s", "mode": "once", "seconds": "60"}, "cpu").id
+    stalled = runner_process(world, url, "a", "--poll", "0.2", "--lease", "2")
+    try:
+        program = int(wait_for(lambda: world.mark("s", "first").exists() and world.mark("s", "first").read_text(), 60,
+                               "the first attempt"))
+        stalled.send_signal(signal.SIGSTOP)
+        served = wait_for(make_runner(url, world, "b").once, 20, "the takeover")
+        assert served.status == "succeeded" and served.pushed
+        assert pid_alive(program)
+        stalled.send_signal(signal.SIGCONT)
+        wait_for(lambda: not pid_alive(program), 20, "the stalled runner to kill its run")
+        wait_for(lambda: "result is not pushed" in (world.tmp / "a.log").read_text(), 20, "the stalled runner's log")
+    finally:
+        stalled.send_signal(signal.SIGCONT)
+        assert stop(stalled) == 0
+    log = (world.tmp / "a.log").read_text()
+    assert f"{rid}: lease lost: the request was finished by another runner; its result is not pushed" in log
+    assert done_result(world.project, url, rid)["runner_name"] == "b"
+    assert world.count() == ["s"]
+
+
+def test_rejections_end_in_done_commits_and_run_nothing(world: Env):
+    client = Client(load_config())
+    url = client.url
+    head = git(world.project, "rev-parse", "HEAD")
+    cases = {}
+
+    def raw(preset: str, manifest) -> str:
+        rid = B.new_id(preset)
+        push_raw_request(url, world.project, "cpu", rid, manifest(rid) if callable(manifest) else manifest)
+        return rid
+
+    cases[raw("ghost", lambda r: manifest_dict(r, "ghost", head))] = "unknown preset 'ghost'"
+    cases[raw("work", lambda r: manifest_dict(r, "work", head, params={"seconds": "999"}))] = \
+        "bad parameters: preset work: parameter seconds='999' must be between"
+    cases[raw("work", lambda r: manifest_dict(r, "work", head, params={"shell": "rm -rf /"}))] = \
+        "unknown parameter 'shell'"
+    cases[raw("work", b"{not json")] = "invalid manifest: manifest: Invalid JSON"
+    cases[raw("work", lambda r: manifest_dict(B.new_id("work"), "work", head))] = "invalid manifest: id is"
+    cases[raw("work", lambda r: manifest_dict(r, "work", head, label="gpu"))] = "invalid manifest: runner is 'gpu'"
+    cases[raw("work", lambda r: {**manifest_dict(r, "work", head), "schema_version": 2})] = "schema_version"
+    other = git(world.project, "commit-tree", f"{head}^{{tree}}", "-m", "other")
+    cases[raw("work", lambda r: manifest_dict(r, "work", other))] = "is not the request commit's parent"
+    # a preset this runner's own registry does not allow on its label (the requester's registry said yes)
+    lenient = dict(load_registry())
+    lenient["cpuonly"] = lenient["cpuonly"].model_copy(update={"runners": ["cpu", "gpu"]})
+    cases[client.request("cpuonly", {}, "gpu", registry=lenient).id] = "may not run on runner label 'gpu'"
+    runner = make_runner(url, world, labels=("cpu", "gpu"))
+    served = [runner.once() for _ in range(len(cases))]
+    assert runner.once() is None
+    assert {s.id: s.status for s in served if s} == {rid: "rejected" for rid in cases}
+    for rid, why in cases.items():
+        result = done_result(world.project, url, rid)
+        assert result["status"] == "rejected" and why in result["reason"], (rid, result["reason"])
+        assert result["argv"] == [] and result["started_at"] is None
+    assert world.count() == [] and not any(world.marks.iterdir())
+    assert main(["wait", list(cases)[0], "--timeout", "5"]) == 2  # rejected = invalid: exit 2
+
+
+def test_cancel_during_a_run_kills_it(world: Env):
+    client = Client(load_config())
+    rid = client.request("work", {"tag": "c", "mode": "sleep", "seconds": "60"}, "cpu").id
+    runner = make_runner(client.url, world)
+    served: list = []
+    thread = threading.Thread(target=lambda: served.append(runner.once()))
+    thread.start()
+    started = wait_for(lambda: world.mark("c", "started").exists() and world.mark("c", "started").read_text(), 30,
+                       "the run")
+    assert client.cancel(rid) == "claimed"
+    thread.join(30)
+    assert not thread.is_alive() and served[0].status == "cancelled" and served[0].pushed
+    assert not pid_alive(int(started.split()[0]))
+    result = done_result(world.project, client.url, rid)
+    assert (result["status"], result["reason"]) == ("cancelled", "cancelled while running")
+    assert world.count() == []
+
+
+def test_lfs_pointer_files_are_refused(world: Env):
+    (world.project / "model.bin").write_text("version https://git-lfs.github.com/spec/v1\n"
+                                             "oid sha256:" + "0" * 64 + "\nsize 123\n")
+    git(world.project, "add", "model.bin")
+    git(world.project, "commit", "-qm", "lfs")
+    client = Client(load_config())
+    rid = client.request("work", {"tag": "l"}, "cpu").id
+    served = make_runner(client.url, world).once()
+    assert served is not None and served.status == "error"
+    reason = done_result(world.project, client.url, rid)["reason"]
+    assert "1 Git LFS pointer file(s) that were not fetched (model.bin)" in reason and "git lfs install" in reason
+    assert world.count() == []
+
+
+def test_heartbeats_keep_a_long_run_and_other_runners_wait(world: Env):
+    client = Client(load_config())  # lease 3 s (KAKEYA_LEASE): the run outlives it twice over
+    rid = client.request("work", {"tag": "h", "mode": "sleep", "seconds": "6.5"}, "cpu").id
+    holder = make_runner(client.url, world, "a")
+    served: list = []
+    thread = threading.Thread(target=lambda: served.append(holder.once()))
+    thread.start()
+    wait_for(lambda: world.mark("h", "started").exists(), 30, "the run")
+    other = make_runner(client.url, world, "b")
+    polls = 0
+    while thread.is_alive():
+        assert other.once() is None
+        polls += 1
+        time.sleep(0.3)
+    assert polls >= 5 and served[0].status == "succeeded" and served[0].pushed
+    claim = done_claim(world.project, client.url, rid)
+    assert claim.runner == "a" and claim.heartbeat >= 3 and claim.takeover_of is None
+    assert world.count() == ["h"]
+
+
+def test_sigterm_finishes_the_current_run_and_a_second_one_ends_it(world: Env, daemon: Daemon):
+    url = daemon.repo()
+    client = Client(load_config(), remote=url)
+    finish = client.request("work", {"tag": "f", "mode": "sleep", "seconds": "1.5"}, "cpu").id
+    proc = runner_process(world, url, "a", "--poll", "0.2")
+    wait_for(lambda: world.mark("f", "started").exists(), 60, "the first run")
+    later = client.request("work", {"tag": "g"}, "cpu").id
+    assert stop(proc, signal.SIGTERM) == 0
+    assert done_result(world.project, url, finish)["status"] == "succeeded"
+    assert later not in {i for i, e in B.Bus(url, world.project).ls_remote().entries.items() if e.claim}
+    assert world.count() == ["f"]
+
+    killed = client.request("work", {"tag": "k", "mode": "sleep", "seconds": "60"}, "cpu").id
+    proc = runner_process(world, url, "b", "--request", killed, mode="once")
+    started = wait_for(lambda: world.mark("k", "started").exists() and world.mark("k", "started").read_text(), 60,
+                       "the second run")
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert proc.poll() is None  # the first signal lets the run go on
+    assert stop(proc, signal.SIGTERM) == 0
+    result = done_result(world.project, url, killed)
+    assert (result["status"], result["reason"]) == ("error", "runner b stopped by SIGTERM during the run")
+    assert not pid_alive(int(started.split()[0]))
+    assert world.count() == ["f"]
+
+
+def test_a_result_the_bus_could_not_take_is_pushed_later(world: Env):
+    client = Client(load_config())
+    rid = client.request("work", {"tag": "o", "mode": "sleep", "seconds": "1"}, "cpu").id
+    runner = make_runner(client.url, world)
+    bus_dir, aside = Path(client.url), Path(client.url + ".away")
+    served: list = []
+    thread = threading.Thread(target=lambda: served.append(runner.once()))
+    thread.start()
+    wait_for(lambda: world.mark("o", "started").exists(), 30, "the run")
+    bus_dir.rename(aside)  # the bus goes away during the run
+    thread.join(60)
+    assert served[0].status == "succeeded" and not served[0].pushed
+    aside.rename(bus_dir)
+    assert runner.once() is None  # flushes the outbox, then finds nothing to do
+    assert done_result(world.project, client.url, rid)["status"] == "succeeded"
+    assert world.count() == ["o"]
+    assert git(runner.mirror, "for-each-ref", "refs/kakeya/outbox/") == ""
+    shutil.rmtree(runner.workdir / "runs", ignore_errors=True)
