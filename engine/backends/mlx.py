@@ -10,12 +10,14 @@ own in without forking any model code:
   attend (or old slots + the new block for a prefill chunk larger than the ring's slack).
 - `make_mask(N, window_size=...)`: mlx-lm's `create_attention_mask` asks the cache for the mask; ours
   returns a boolean [N, slots] mask built from the absolute position each slot holds: causal, the
-  policy's sink + window, and the model's native sliding window. Models compute one mask per layer
-  type from a representative layer's cache (Gemma-3: layer 0 for the sliding layers, layer
-  `sliding_window_pattern - 1` for the global ones) and share it; all layers of a type share one
-  `Layout`, so that mask is right for each of them. A cache asked for a sliding-window mask that is
-  not a sliding layer (or the reverse) raises, so a model whose mlx-lm code disagrees with the
-  config's `layer_types` fails loudly instead of attending to the wrong positions.
+  policy's sink + window, and the model's native sliding window (from the transformers config, the
+  same `layer_types` / `sliding_window` the PyTorch backend reads, so e.g. a Mistral without
+  `layer_types` slides on MLX too). Models compute one mask per layer type from a representative
+  layer's cache (Gemma-3: layer 0 for the sliding layers, layer `sliding_window_pattern - 1` for the
+  global ones; Llama/Qwen: layer 0) and share it; all layers of a type share one `Layout`, so that
+  mask is right for each of them. Two checks make a model whose mlx-lm code groups its layers
+  differently fail loudly instead of attending to the wrong positions: a window the model asks for
+  must be that layer's native window, and every layer type must have been asked for its own mask.
 
 The plan for all layers is made once per forward before the model runs (`_Group.begin`), as in the
 PyTorch backend. Nothing here imports torch.
@@ -52,12 +54,14 @@ class _Group:
         self.pos = np.full((0,), EMPTY, dtype=np.int64)
         self.plan: Plan | None = None
         self.mask: mx.array | str | None = None
+        self.asked = False  # make_mask was called for this forward
         self.slots: mx.array | None = None  # written slots, when not a contiguous range
         self.keep: mx.array | None = None  # concat: rows of the block that are written
 
     def begin(self, m: int) -> None:
         plan = self.layout.plan(m)
         self.plan = plan
+        self.asked = False
         if self.pos.size < plan.capacity:
             grown = np.full((_grow(self.pos.size, plan.capacity, self.layout.limit),), EMPTY, dtype=np.int64)
             grown[: self.pos.size] = self.pos
@@ -119,13 +123,14 @@ class LayerCache:
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> Any:
         g = self.group
-        if window_size != g.native_window:
+        if window_size is not None and window_size != g.native_window:
             raise ValueError(
                 f"mlx-lm asked layer {self.layer} ({g.layer_type}, sliding_window={g.native_window}) for a "
                 f"mask with window_size={window_size}: the model's mlx-lm code and its config's layer_types "
                 "disagree; this model is not supported by the mlx backend"
             )
         assert g.plan is not None and g.plan.m == n, "make_mask outside a planned forward"
+        g.asked = True
         if return_array and isinstance(g.mask, str):
             start = g.plan.start
             return mx.array(_mask(g.spec, np.arange(start, start + n), np.arange(start + n)))
@@ -196,17 +201,20 @@ class MLXModel:
     """An mlx-lm causal LM (batch 1) with its tokenizer; makes policy-cached Sequences."""
 
     def __init__(self, model: nn.Module, config: dict[str, Any], tokenizer: Any = None, path: Path | None = None):
+        """`config`: the config.json keys; `layer_types` and `sliding_window` as transformers reads them
+        (`load_mlx` takes them from `AutoConfig`; without `layer_types` every layer slides when there
+        is a `sliding_window`, as in the PyTorch backend)."""
         self.model = model
         self.config = config
         self.tokenizer = tokenizer
         self.path = path
         self.model_type = str(config.get("model_type", ""))
         n_layers = len(model.layers)
-        self.layer_types: list[str] = list(config.get("layer_types") or [FULL_ATTENTION] * n_layers)
+        self.sliding_window: int | None = config.get("sliding_window")
+        default_type = SLIDING_ATTENTION if self.sliding_window else FULL_ATTENTION
+        self.layer_types: list[str] = list(config.get("layer_types") or [default_type] * n_layers)
         if len(self.layer_types) != n_layers:
-            raise ValueError(f"config.json lists {len(self.layer_types)} layer_types for {n_layers} layers")
-        has_sliding = SLIDING_ATTENTION in self.layer_types
-        self.sliding_window: int | None = config.get("sliding_window") if has_sliding else None
+            raise ValueError(f"the config lists {len(self.layer_types)} layer_types for {n_layers} layers")
         layer_specs(Policy("full"), self.layer_types, self.sliding_window)  # fail early on unsupported layers
         _check_layer_types(model, self.layer_types)
         eos = config.get("eos_token_id")
@@ -305,6 +313,11 @@ class MLXSequence:
         for g in self.groups:
             g.begin(len(ids))
         logits = self.owner.logits(mx.array([ids]), self.cache, 1 if last_only else None)
+        if missed := [g.layer_type for g in self.groups if not g.asked]:
+            raise ValueError(
+                f"the mlx-lm code of this model applies another layer's mask to its {missed[0]} layers: "
+                "it groups its layers differently from the config's layer_types; not supported by the mlx backend"
+            )
         tokens = mx.argmax(logits[0], axis=-1)
         mx.eval(tokens, [c.state for c in self.cache])
         return [int(t) for t in tokens.tolist()]  # type: ignore[union-attr]
@@ -369,10 +382,19 @@ def load_mlx(path: Path, dtype: str = "float32") -> MLXModel:
     model, _ = load_model(path, model_config=extra)
     if dtype != "float32" or _weights_dtype(model) != mx.float32:
         model.set_dtype(DTYPES[dtype])
-    config = {**load_config(path), **extra}
+    config = {**load_config(path), **extra, **_transformers_view(path)}
     has_tokenizer = any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
     tokenizer = AutoTokenizer.from_pretrained(str(path)) if has_tokenizer else None
     return MLXModel(model, config, tokenizer, path)
+
+
+def _transformers_view(path: Path) -> dict[str, Any]:
+    """`layer_types` and `sliding_window` as transformers (and so the PyTorch backend) reads them: a
+    config class may derive them (e.g. from `use_sliding_window`) rather than store them."""
+    from transformers import AutoConfig
+
+    text = AutoConfig.from_pretrained(str(path)).get_text_config()
+    return {"layer_types": getattr(text, "layer_types", None), "sliding_window": getattr(text, "sliding_window", None)}
 
 
 def _weights_dtype(model: nn.Module) -> mx.Dtype:

@@ -35,6 +35,8 @@ def _mlx_lm_greedy(model, ids: list[int], n: int) -> list[int]:
 
 @pytest.mark.parametrize(("model", "prompt_len"), [("gemma", 5), ("gemma", 70), ("qwen", 33)])
 def test_greedy_equals_transformers_and_mlx_lm_own_caches(model: str, prompt_len: int) -> None:
+    """Three implementations agree: transformers `generate`, mlx-lm's `generate_step` with its own
+    caches (RotatingKVCache on Gemma's sliding layers), and our MLX policy cache."""
     tm = getattr(tiny_models, model)()
     mm = mlx_twin(tm)
     ids = tiny_models.prompt(prompt_len, seed=prompt_len)
@@ -43,6 +45,17 @@ def test_greedy_equals_transformers_and_mlx_lm_own_caches(model: str, prompt_len
     assert _mlx_lm_greedy(mm.model, ids, 60) == ref
     for policy in (full(), hybrid(4, 4096)):
         assert engine.generate(mm.sequence(policy, prefill_chunk=16), ids, engine.Stop(60)).tokens == ref
+
+
+def test_a_config_without_layer_types_slides_like_transformers() -> None:
+    """Mistral: no `layer_types`, a `sliding_window`; mlx-lm's llama code builds no window, our masks do."""
+    tm = tiny_models.mistral()
+    mm = mlx_twin(tm)
+    assert mm.layer_types == ["sliding_attention"] * 2 and mm.sliding_window == 12
+    ids = tiny_models.prompt(30, seed=3)
+    ref = tiny_models.hf_greedy(tm, ids, 40)
+    assert len(ids) + 40 > 3 * 12 and len(set(ref)) > 10
+    assert engine.generate(mm.sequence(full(), prefill_chunk=8), ids, engine.Stop(40)).tokens == ref
 
 
 def _save_gemma(tmp_path: Path, **overrides) -> Path:
@@ -87,8 +100,12 @@ def test_a_model_whose_mlx_code_ignores_the_sliding_window_fails_loudly() -> Non
     twin = mlx_twin(tiny_models.qwen())
     config = {**twin.config, "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 8}
     lying = MLXModel(twin.model, config)
-    with pytest.raises(ValueError, match="layer_types disagree"):
+    with pytest.raises(ValueError, match="groups its layers differently"):
         lying.sequence(full()).prefill([5, 6, 7])
+    gemma = mlx_twin(tiny_models.gemma())
+    wrong_window = MLXModel(gemma.model, {**gemma.config, "sliding_window": 12})
+    with pytest.raises(ValueError, match="window_size=16"):
+        wrong_window.sequence(full()).prefill([5, 6, 7])
 
 
 @pytest.mark.parametrize(("dtype", "itemsize"), [("bfloat16", 2), ("float16", 2), ("float32", 4)])
