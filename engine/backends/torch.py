@@ -250,6 +250,10 @@ class TorchSequence:
     def kv_bytes(self) -> list[int]:
         return self.cache.kv_bytes()
 
+    def kv_allocated_bytes(self) -> list[int]:
+        """Bytes of the K/V buffers allocated (>= kv_bytes: buffers grow in steps)."""
+        return self.cache.kv_allocated_bytes()
+
     @torch.inference_mode()
     def _run(self, ids: list[int], last_only: bool) -> list[int]:
         m = len(ids)

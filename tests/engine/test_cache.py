@@ -141,17 +141,17 @@ def test_held_slots_follow_the_formula() -> None:
 
 torch = pytest.importorskip("torch")
 
+from engine.policy import kv_bytes_per_slot  # noqa: E402
 from tests.engine import tiny_models  # noqa: E402
+from tests.engine.backends import BACKENDS, on  # noqa: E402
 
 
-def _slot_bytes(seq) -> list[int]:  # K + V of one position, per layer
-    return [(k.shape[1] * k.shape[3] + v.shape[1] * v.shape[3]) * k.element_size()
-            for k, v in zip(seq.cache.k, seq.cache.v, strict=True)]
-
-
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("max_block", [1, 5])
-def test_kv_bytes_sink_window_constant_hybrid_grows_only_in_full_layers(max_block: int) -> None:
-    tm = tiny_models.gemma()
+def test_kv_bytes_sink_window_constant_hybrid_grows_only_in_full_layers(max_block: int, backend: str) -> None:
+    cfg = tiny_models.gemma().model.config
+    slot_bytes = [kv_bytes_per_slot(cfg.num_key_value_heads, cfg.head_dim, 4)] * cfg.num_hidden_layers  # float32
+    tm = on(backend, tiny_models.gemma())
     ids = tiny_models.prompt(300, seed=3)
     full_layers = [i for i, t in enumerate(tm.layer_types) if t == "full_attention"]
     sliding = [i for i, t in enumerate(tm.layer_types) if t == "sliding_attention"]
@@ -162,8 +162,8 @@ def test_kv_bytes_sink_window_constant_hybrid_grows_only_in_full_layers(max_bloc
         for n in (40, 100, 200, 300):
             seq.prefill(ids[seq.position : n])
             got = seq.kv_bytes()
-            assert got == expected_kv_bytes(seq.specs, n, max_block, _slot_bytes(seq))
-            assert sum(seq.cache.kv_allocated_bytes()) >= sum(got)
+            assert got == expected_kv_bytes(seq.specs, n, max_block, slot_bytes)
+            assert sum(seq.kv_allocated_bytes()) >= sum(got)
             rows.append(got)
         history[str(policy)] = rows
     sw = history["sink_window:4:8"]

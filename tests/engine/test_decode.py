@@ -9,6 +9,7 @@ import torch
 import engine
 from engine.policy import Policy, full, hybrid, sink_window
 from tests.engine import tiny_models
+from tests.engine.backends import BACKENDS, on
 
 COVERING = [full(), sink_window(4, 4096), hybrid(4, 4096)]
 
@@ -19,18 +20,23 @@ MODELS = {
     "qwen": tiny_models.qwen,
     "mistral": tiny_models.mistral,  # no layer_types: every layer slides
 }
+MLX_MARKS = BACKENDS[1].marks
 
 
 @pytest.mark.parametrize("policy", COVERING, ids=str)
-@pytest.mark.parametrize(("model", "prompt_len", "chunk"), [
-    ("gemma", 5, 512), ("gemma", 70, 16), ("gemma-eager", 40, 16), ("qwen", 33, 7), ("mistral", 30, 8),
+@pytest.mark.parametrize(("model", "prompt_len", "chunk", "backend"), [
+    ("gemma", 5, 512, "torch"), ("gemma", 70, 16, "torch"), ("gemma-eager", 40, 16, "torch"),
+    ("qwen", 33, 7, "torch"), ("mistral", 30, 8, "torch"),
+    pytest.param("gemma", 70, 16, "mlx", marks=MLX_MARKS), pytest.param("qwen", 33, 7, "mlx", marks=MLX_MARKS),
 ])
-def test_covering_window_equals_transformers_generate(policy: Policy, model: str, prompt_len: int, chunk: int) -> None:
+def test_covering_window_equals_transformers_generate(
+    policy: Policy, model: str, prompt_len: int, chunk: int, backend: str
+) -> None:
     tm = MODELS[model]()
     ids = tiny_models.prompt(prompt_len, seed=prompt_len)
     ref = tiny_models.hf_greedy(tm, ids, 60)
     assert len(set(ref)) > 10, "the test model must give varied output"
-    got = engine.generate(tm.sequence(policy, prefill_chunk=chunk), ids, engine.Stop(60))
+    got = engine.generate(on(backend, tm).sequence(policy, prefill_chunk=chunk), ids, engine.Stop(60))
     assert got.tokens == ref
     assert got.stop_reason == "max_new_tokens" and got.forwards == 59
 
@@ -44,14 +50,21 @@ def _policy_masks(tm, policy: Policy, n: int) -> dict[str, torch.Tensor]:
     return masks
 
 
-@pytest.mark.parametrize("policy", [sink_window(4, 8), sink_window(0, 6), hybrid(2, 5), full()], ids=str)
-@pytest.mark.parametrize("model", ["gemma", "qwen", "mistral"])
-def test_bounded_greedy_equals_a_teacher_forced_masked_forward(policy: Policy, model: str) -> None:
-    """An oracle that shares nothing with the cache: one cache-free forward over prompt + output with
-    the rule's dense masks must predict every generated token (windows of 5-8 wrap ~15 times)."""
+ORACLE_POLICIES = [sink_window(4, 8), sink_window(0, 6), hybrid(2, 5), full()]
+
+
+@pytest.mark.parametrize(("policy", "model", "backend"), [
+    *((p, m, "torch") for p in ORACLE_POLICIES for m in ("gemma", "qwen", "mistral")),
+    *(pytest.param(p, m, "mlx", marks=MLX_MARKS)
+      for p, m in [(sink_window(4, 8), "gemma"), (hybrid(2, 5), "gemma"), (sink_window(0, 6), "qwen")]),
+])
+def test_bounded_greedy_equals_a_teacher_forced_masked_forward(policy: Policy, model: str, backend: str) -> None:
+    """An oracle that shares nothing with the cache: one cache-free transformers forward over prompt +
+    output with the rule's dense masks must predict every generated token (windows of 5-8 wrap ~15
+    times)."""
     tm = MODELS[model]()
     ids = tiny_models.prompt(30, seed=1)
-    gen = engine.generate(tm.sequence(policy, prefill_chunk=11), ids, engine.Stop(90))
+    gen = engine.generate(on(backend, tm).sequence(policy, prefill_chunk=11), ids, engine.Stop(90))
     seq = ids + gen.tokens
     masks = _policy_masks(tm, policy, len(seq) - 1)
     mask = masks if len(masks) > 1 else next(iter(masks.values()))

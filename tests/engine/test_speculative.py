@@ -10,41 +10,48 @@ import pytest
 import engine
 from engine.policy import Policy, full, hybrid, sink_window
 from tests.engine import tiny_models
+from tests.engine.backends import BACKENDS, on
 
 NEW = 100
 POLICIES = [full(), sink_window(4, 8), sink_window(0, 5), hybrid(2, 6)]
+MLX_MARKS = BACKENDS[1].marks
 
 
 @functools.cache
-def _greedy(model: str, policy: Policy, prompt_len: int) -> tuple[int, ...]:
-    tm = getattr(tiny_models, model)()
+def _greedy(backend: str, model: str, policy: Policy, prompt_len: int) -> tuple[int, ...]:
+    tm = on(backend, getattr(tiny_models, model)())
     ids = tiny_models.prompt(prompt_len, seed=prompt_len)
     return tuple(engine.generate(tm.sequence(policy, prefill_chunk=16), ids, engine.Stop(NEW)).tokens)
 
 
-def _drafter(kind: str, model: str, policy: Policy, k: int) -> engine.Drafter:
+def _drafter(backend: str, kind: str, model: str, policy: Policy, k: int) -> engine.Drafter:
     if kind == "lookup":
         return engine.PromptLookupDrafter()
     if kind == "self":  # the verifier drafting for itself: everything is accepted
-        return engine.ModelDrafter(getattr(tiny_models, model)().sequence(policy, max_block=k + 1))
+        return engine.ModelDrafter(on(backend, getattr(tiny_models, model)()).sequence(policy, max_block=k + 1))
     if kind == "narrow":  # same weights, a narrower window: agrees often, not always
-        return engine.ModelDrafter(getattr(tiny_models, model)().sequence(sink_window(1, 3), max_block=k + 1))
+        return engine.ModelDrafter(on(backend, getattr(tiny_models, model)()).sequence(sink_window(1, 3), max_block=k + 1))
     # a random-weight drafter of another architecture (same vocabulary): mostly rejected
-    return engine.ModelDrafter(tiny_models.qwen(seed=7, layers=1).sequence(policy, max_block=k + 1))
+    return engine.ModelDrafter(on(backend, tiny_models.qwen(seed=7, layers=1)).sequence(policy, max_block=k + 1))
 
 
-# The drafters the issue names (self, a random-weight model) at every k; the others at fewer.
+# torch: the drafters the issue names (self, a random-weight model) at every k and every policy, the
+# others at fewer k. mlx: the same algorithm on its own cache, over a representative subset.
 CASES = [(d, k) for d in ("self", "random") for k in (1, 4, 8)] + [("narrow", 4), ("lookup", 1), ("lookup", 8)]
+GEMMA = [pytest.param(p, d, k, "torch", id=f"torch-{p}-{d}-{k}") for p in POLICIES for d, k in CASES] + [
+    pytest.param(p, d, k, "mlx", marks=MLX_MARKS, id=f"mlx-{p}-{d}-{k}")
+    for p, d, k in [(sink_window(4, 8), "self", 8), (sink_window(4, 8), "random", 4), (hybrid(2, 6), "narrow", 4),
+                    (full(), "random", 1), (sink_window(0, 5), "lookup", 8)]
+]
 
 
-@pytest.mark.parametrize("policy", POLICIES, ids=str)
-@pytest.mark.parametrize(("drafter", "k"), CASES)
-def test_speculative_equals_greedy_gemma(policy: Policy, k: int, drafter: str) -> None:
+@pytest.mark.parametrize(("policy", "drafter", "k", "backend"), GEMMA)
+def test_speculative_equals_greedy_gemma(policy: Policy, drafter: str, k: int, backend: str) -> None:
     prompt_len = [3, 40, 17][k % 3]
     ids = tiny_models.prompt(prompt_len, seed=prompt_len)
-    verifier = tiny_models.gemma().sequence(policy, max_block=k + 1, prefill_chunk=16)
-    gen = engine.speculative_generate(verifier, _drafter(drafter, "gemma", policy, k), ids, k, engine.Stop(NEW))
-    assert tuple(gen.tokens) == _greedy("gemma", policy, prompt_len)
+    verifier = on(backend, tiny_models.gemma()).sequence(policy, max_block=k + 1, prefill_chunk=16)
+    gen = engine.speculative_generate(verifier, _drafter(backend, drafter, "gemma", policy, k), ids, k, engine.Stop(NEW))
+    assert tuple(gen.tokens) == _greedy(backend, "gemma", policy, prompt_len)
     assert gen.accepted <= gen.drafted and gen.forwards * (k + 1) >= NEW - 1
     assert gen.acceptance_length == pytest.approx((NEW - 1) / gen.forwards)
     if drafter == "self":
@@ -53,21 +60,22 @@ def test_speculative_equals_greedy_gemma(policy: Policy, k: int, drafter: str) -
         assert 0 < gen.accepted < gen.drafted
 
 
-@pytest.mark.parametrize(("policy", "drafter", "k"), [
-    (sink_window(4, 8), "narrow", 1), (sink_window(4, 8), "narrow", 4), (sink_window(0, 5), "self", 8),
-    (full(), "lookup", 4),
+@pytest.mark.parametrize(("policy", "drafter", "k", "backend"), [
+    (sink_window(4, 8), "narrow", 1, "torch"), (sink_window(4, 8), "narrow", 4, "torch"),
+    (sink_window(0, 5), "self", 8, "torch"), (full(), "lookup", 4, "torch"),
+    pytest.param(sink_window(4, 8), "narrow", 4, "mlx", marks=MLX_MARKS),
 ])
-def test_speculative_equals_greedy_qwen(policy: Policy, k: int, drafter: str) -> None:
+def test_speculative_equals_greedy_qwen(policy: Policy, drafter: str, k: int, backend: str) -> None:
     ids = tiny_models.prompt(40, seed=40)
-    verifier = tiny_models.qwen().sequence(policy, max_block=k + 1, prefill_chunk=16)
-    gen = engine.speculative_generate(verifier, _drafter(drafter, "qwen", policy, k), ids, k, engine.Stop(NEW))
-    assert tuple(gen.tokens) == _greedy("qwen", policy, 40)
+    verifier = on(backend, tiny_models.qwen()).sequence(policy, max_block=k + 1, prefill_chunk=16)
+    gen = engine.speculative_generate(verifier, _drafter(backend, drafter, "qwen", policy, k), ids, k, engine.Stop(NEW))
+    assert tuple(gen.tokens) == _greedy(backend, "qwen", policy, 40)
 
 
 def test_speculative_stops_like_greedy_and_leaves_a_consistent_cache() -> None:
     tm = tiny_models.gemma()
     ids = tiny_models.prompt(40, seed=40)
-    ref = list(_greedy("gemma", sink_window(4, 8), 40))
+    ref = list(_greedy("torch", "gemma", sink_window(4, 8), 40))
     eos = ref[50]
 
     def detok(toks: list[int]) -> str:
@@ -97,13 +105,20 @@ def test_prompt_lookup_proposes_the_latest_continuation() -> None:
 
 
 @pytest.mark.skipif(tiny_models.zoo_pair() is None, reason="engine/zoo/models/tiny-{hybrid,drafter} are not committed yet")
-@pytest.mark.parametrize("k", [1, 4, 8])
-def test_speculative_equals_greedy_zoo_pair(k: int) -> None:
-    verifier_model = engine.load("zoo:tiny-hybrid")
-    drafter_model = engine.load("zoo:tiny-drafter")
-    ids = verifier_model.encode("def fibonacci(n):\n    if n < 2:\n        return n\n    return")
+@pytest.mark.parametrize(("k", "backend"), [(1, "torch"), (4, "torch"), (8, "torch"), pytest.param(4, "mlx", marks=MLX_MARKS)])
+def test_speculative_equals_greedy_zoo_pair(k: int, backend: str) -> None:
+    verifier_model = engine.load("zoo:tiny-hybrid", backend=backend)  # type: ignore[arg-type]
+    drafter_model = engine.load("zoo:tiny-drafter", backend=backend)  # type: ignore[arg-type]
+    ids = verifier_model.encode(_zoo_code_prompt())
     for policy in (hybrid(4, 16), sink_window(4, 16)):
         want = engine.generate(verifier_model.sequence(policy), ids, engine.Stop(150))
         drafter = engine.ModelDrafter(drafter_model.sequence(policy, max_block=k + 1))
         got = engine.speculative_generate(verifier_model.sequence(policy, max_block=k + 1), drafter, ids, k, engine.Stop(150))
         assert got.tokens == want.tokens
+        assert got.accepted > 0
+
+
+def _zoo_code_prompt() -> str:
+    from engine.zoo import corpus
+
+    return corpus.code_prompts(1, seed=5, n_tokens=80)[0]
