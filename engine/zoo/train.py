@@ -1,0 +1,339 @@
+"""Train a zoo model on the CPU, deterministically.
+
+    python -m engine.zoo.train --model tiny-hybrid            # the Gemma-3-style verifier
+    python -m engine.zoo.train --model tiny-drafter           # 1-layer drafter, distilled from it
+    python -m engine.zoo.train --model tiny-hybrid --smoke --out /tmp/x   # seconds: a few steps
+
+Writes a Hugging Face model directory (config.json, model.safetensors, tokenizer files,
+generation_config.json) plus train_record.json to engine/zoo/models/NAME/ (or --out).
+Data come from `engine.zoo.corpus`, one `random.Random` per step seeded from the recipe's seed,
+and the weights from `torch.manual_seed(seed)`, so a run is a function of the recipe (and of the
+torch thread count, which changes float summation order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+from engine.zoo import corpus, tokenizer
+
+ZOO_MODELS = Path(__file__).resolve().parent / "models"
+
+
+class Arch(BaseModel):
+    """Gemma-3 text architecture; layers alternate sliding/full with `pattern` (mlx-lm's
+    `sliding_window_pattern`: layer i is full attention when (i + 1) % pattern == 0)."""
+
+    model_config = ConfigDict(extra="forbid")
+    hidden: int  # a perfect square <= 256^2 keeps sqrt(hidden) exact in bfloat16 (mlx-lm's embed scale)
+    intermediate: int
+    layers: int
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 32
+    # attention scale 1/sqrt(query_scalar): below head_dim so that q/k-normed heads can attend sharply
+    # to one token among a thousand from the start (max logit head_dim/sqrt(query_scalar))
+    query_scalar: int = 8
+    sliding_window: int = 128
+    pattern: int = 2
+    rope_global: float = 1_000_000.0
+    rope_local: float = 10_000.0
+    max_positions: int = 8192
+
+
+class Phase(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    steps: int
+    min_len: int  # context length range (tokens, <bos> included), sampled per step
+    max_len: int
+    tokens_per_step: int  # rows per step = max(1, tokens_per_step // length)
+    code_frac: float  # fraction of rows that are code-like text (the rest: haystacks or distilled)
+    max_needles: int = 4  # needles per haystack row: 1..max_needles
+
+
+class Distill(BaseModel):
+    """Rows of verifier greedy continuations of corpus code prompts (for a drafter)."""
+
+    model_config = ConfigDict(extra="forbid")
+    verifier: str = "tiny-hybrid"
+    prompts_per_len: int = 96
+    prompt_lens: list[int] = [24, 48, 96, 160]
+    new_tokens: int = 160
+    frac: float = 0.6  # fraction of rows taken from the distilled pool
+
+
+class Recipe(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    arch: Arch
+    phases: list[Phase]
+    lr: float = 1e-3
+    min_lr_frac: float = 0.1
+    warmup: int = 40
+    weight_decay: float = 0.01
+    filler_weight: float = 0.1  # loss weight of haystack tokens that are not answers
+    seed: int = 0
+    distill: Distill | None = None
+
+
+class TrainRecord(BaseModel):
+    """What `train` did; written next to the weights as train_record.json."""
+
+    recipe: Recipe
+    command: str
+    threads: int
+    wall_s: float
+    steps: int
+    params: int
+    final: dict[str, float]  # means over the last logged window of steps
+    versions: dict[str, str]
+
+
+RECIPES: dict[str, Recipe] = {
+    "tiny-hybrid": Recipe(
+        name="tiny-hybrid",
+        arch=Arch(hidden=144, intermediate=288, layers=6),
+        phases=[
+            Phase(steps=300, min_len=48, max_len=192, tokens_per_step=2048, code_frac=0.1, max_needles=2),
+            Phase(steps=250, min_len=128, max_len=384, tokens_per_step=3072, code_frac=0.1),
+            Phase(steps=150, min_len=384, max_len=896, tokens_per_step=4096, code_frac=0.05),
+            Phase(steps=120, min_len=896, max_len=1280, tokens_per_step=6144, code_frac=0.05),
+        ],
+    ),
+    "tiny-drafter": Recipe(
+        name="tiny-drafter",
+        arch=Arch(hidden=144, intermediate=288, layers=1, pattern=1),
+        phases=[Phase(steps=500, min_len=64, max_len=256, tokens_per_step=2048, code_frac=0.3)],
+        lr=2e-3,
+        distill=Distill(),
+    ),
+}
+
+SMOKE_ARCH = {"hidden": 16, "intermediate": 32, "heads": 2, "kv_heads": 1, "head_dim": 8, "sliding_window": 16}
+
+
+def gemma_config(arch: Arch) -> Gemma3TextConfig:
+    layer_types = [
+        "full_attention" if (i + 1) % arch.pattern == 0 else "sliding_attention" for i in range(arch.layers)
+    ]
+    return Gemma3TextConfig(
+        vocab_size=len(corpus.VOCAB), hidden_size=arch.hidden, intermediate_size=arch.intermediate,
+        num_hidden_layers=arch.layers, num_attention_heads=arch.heads, num_key_value_heads=arch.kv_heads,
+        head_dim=arch.head_dim, query_pre_attn_scalar=arch.query_scalar, sliding_window=arch.sliding_window,
+        layer_types=layer_types, max_position_embeddings=arch.max_positions,
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": arch.rope_global},
+            "sliding_attention": {"rope_type": "default", "rope_theta": arch.rope_local},
+        },
+        pad_token_id=tokenizer.TOKEN_IDS[corpus.PAD], eos_token_id=tokenizer.TOKEN_IDS[corpus.EOS],
+        bos_token_id=tokenizer.TOKEN_IDS[corpus.BOS], tie_word_embeddings=True,
+    )
+
+
+def save_model(model: Gemma3ForCausalLM, recipe: Recipe, out: Path) -> None:
+    """An ordinary HF model directory, also loadable by mlx_lm.load (extra keys for mlx-lm)."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.generation_config.do_sample = False
+    model.save_pretrained(out)
+    tokenizer.save(out)
+    cfg_path = out / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    # mlx-lm's gemma3_text ignores layer_types/rope_parameters and reads these instead.
+    cfg["sliding_window_pattern"] = recipe.arch.pattern
+    cfg["rope_theta"] = recipe.arch.rope_global
+    cfg["rope_local_base_freq"] = recipe.arch.rope_local
+    cfg.pop("_sliding_window_pattern", None)  # private transformers attribute; the public key is above
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+# --- data --------------------------------------------------------------------------------------
+
+Row = tuple[list[int], list[float], list[bool]]  # ids, loss weights, answer mask
+
+
+def _code_row(n: int, rng: random.Random) -> Row:
+    ids = tokenizer.encode_words([corpus.BOS, *corpus.code_words(n - 1, rng)])
+    return ids, [1.0] * n, [False] * n
+
+
+def _haystack_row(n: int, rng: random.Random, recipe: Recipe, phase: Phase) -> Row:
+    words, mask = corpus.training_haystack(n, rng, phase.max_needles)
+    return tokenizer.encode_words(words), [1.0 if m else recipe.filler_weight for m in mask], mask
+
+
+def make_batch(
+    recipe: Recipe, phase: Phase, rng: random.Random, pool: dict[int, torch.Tensor] | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows of one length (no padding): ids, loss weights and the answer mask, each [B, L]."""
+    distill = recipe.distill
+    if pool and rng.random() < distill.frac:  # type: ignore[union-attr]
+        seqs = pool[rng.choice(sorted(pool))]
+        rows = max(1, min(len(seqs), phase.tokens_per_step // seqs.shape[1]))
+        idx = rng.sample(range(len(seqs)), rows)
+        ids = seqs[idx]
+        return ids, torch.ones(ids.shape), torch.zeros(ids.shape, dtype=torch.bool)
+    n = rng.randint(phase.min_len, phase.max_len)
+    rows = max(1, phase.tokens_per_step // n)
+    data = [
+        _code_row(n, rng) if rng.random() < phase.code_frac else _haystack_row(n, rng, recipe, phase)
+        for _ in range(rows)
+    ]
+    return tuple(torch.tensor([d[k] for d in data]) for k in range(3))  # type: ignore[return-value]
+
+
+@torch.no_grad()
+def greedy(model: Gemma3ForCausalLM, ids: torch.Tensor, new_tokens: int, stop: bool = True) -> torch.Tensor:
+    """Plain transformers greedy decoding with the full cache; returns only the new tokens.
+    With stop=False exactly `new_tokens` tokens are produced (<eos> is not a stop)."""
+    kw = {} if stop else {"min_new_tokens": new_tokens}
+    out = model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
+        pad_token_id=tokenizer.TOKEN_IDS[corpus.PAD], **kw,
+    )
+    return out[:, ids.shape[1]:]
+
+
+def distill_pool(spec: Distill, seed: int, log) -> dict[int, torch.Tensor]:
+    """Verifier greedy continuations of code prompts, grouped by total length."""
+    vdir = Path(spec.verifier)
+    if not vdir.is_dir():
+        vdir = ZOO_MODELS / spec.verifier
+    if not (vdir / "config.json").is_file():
+        raise FileNotFoundError(f"verifier {spec.verifier!r} not found (train it first: "
+                                f"python -m engine.zoo.train --model tiny-hybrid)")
+    verifier = Gemma3ForCausalLM.from_pretrained(vdir, dtype=torch.float32).eval()
+    pool: dict[int, torch.Tensor] = {}
+    for plen in spec.prompt_lens:
+        prompts = corpus.code_prompts(spec.prompts_per_len, seed=seed + 1000 + plen, n_tokens=plen)
+        ids = torch.tensor([tokenizer.encode_words([corpus.BOS, *p.split(" ")]) for p in prompts])
+        outs = [greedy(verifier, chunk, spec.new_tokens, stop=False) for chunk in ids.split(32)]
+        pool[plen + spec.new_tokens] = torch.cat([ids, torch.cat(outs)], dim=1)
+        log(f"distill: {len(prompts)} prompts of {plen} tokens + {spec.new_tokens} verifier tokens")
+    return pool
+
+
+# --- training ----------------------------------------------------------------------------------
+
+def lr_at(step: int, total: int, recipe: Recipe) -> float:
+    if step < recipe.warmup:
+        return recipe.lr * (step + 1) / recipe.warmup
+    t = (step - recipe.warmup) / max(1, total - recipe.warmup)
+    return recipe.lr * (recipe.min_lr_frac + (1 - recipe.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def smoke_recipe(recipe: Recipe, verifier: str | None) -> Recipe:
+    """The same code path in seconds: a tiny architecture, 2 short steps per phase."""
+    arch = recipe.arch.model_copy(update={**SMOKE_ARCH, "layers": min(recipe.arch.layers, 2)})
+    phases = [p.model_copy(update={"steps": 2, "max_len": p.min_len, "tokens_per_step": 2 * p.min_len})
+              for p in recipe.phases]
+    distill = recipe.distill and recipe.distill.model_copy(
+        update={"prompts_per_len": 2, "prompt_lens": [24], "new_tokens": 8,
+                **({"verifier": verifier} if verifier else {})})
+    return recipe.model_copy(update={"arch": arch, "phases": phases, "distill": distill, "warmup": 1})
+
+
+def train(recipe: Recipe, out: Path, command: str = "", log=print) -> TrainRecord:
+    t0 = time.time()
+    torch.manual_seed(recipe.seed)
+    model = Gemma3ForCausalLM(gemma_config(recipe.arch))
+    model.set_attn_implementation("sdpa")
+    pool = distill_pool(recipe.distill, recipe.seed, log) if recipe.distill else None
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=recipe.lr, betas=(0.9, 0.98))
+    total = sum(p.steps for p in recipe.phases)
+    step = 0
+    window: list[tuple[float, float, float, float]] = []
+    final: dict[str, float] = {}
+    for pi, phase in enumerate(recipe.phases):
+        for _ in range(phase.steps):
+            rng = random.Random(f"{recipe.name}:{recipe.seed}:{step}")
+            ids, weights, answers = make_batch(recipe, phase, rng, pool)
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step, total, recipe)
+            logits = model(input_ids=ids).logits[:, :-1]
+            w = weights[:, 1:]
+            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
+                                 reduction="none").view_as(w)
+            loss = (ce * w).sum() / w.sum()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            with torch.no_grad():
+                hit = logits.argmax(-1) == ids[:, 1:]
+                ans = answers[:, 1:]
+                acc = hit[ans].float().mean().item() if ans.any() else float("nan")
+            window.append((loss.item(), acc, hit.float().mean().item(), float(ids.shape[1])))
+            step += 1
+            if step % 25 == 0 or step == total:
+                accs = [x[1] for x in window if not math.isnan(x[1])]
+                final = {"loss": sum(x[0] for x in window) / len(window),
+                         "answer_token_acc": sum(accs) / len(accs) if accs else float("nan"),
+                         "token_acc": sum(x[2] for x in window) / len(window),
+                         "mean_len": sum(x[3] for x in window) / len(window)}
+                log(f"step {step}/{total} phase {pi} loss {final['loss']:.4f} "
+                    f"ans_acc {final['answer_token_acc']:.3f} tok_acc {final['token_acc']:.3f} "
+                    f"len {final['mean_len']:.0f} "
+                    f"lr {lr_at(step - 1, total, recipe):.2e} {time.time() - t0:.0f}s")
+                window = []
+        model.eval()
+        save_model(model, recipe, out)  # usable checkpoint after every phase
+        model.train()
+        log(f"phase {pi} done, saved {out}")
+    model.eval()
+    import transformers
+
+    record = TrainRecord(
+        recipe=recipe, command=command, threads=torch.get_num_threads(), wall_s=round(time.time() - t0, 1),
+        steps=total, params=sum(p.numel() for p in model.parameters()), final=final,
+        versions={"torch": torch.__version__, "transformers": transformers.__version__,
+                  "python": sys.version.split()[0]},
+    )
+    (out / "train_record.json").write_text(record.model_dump_json(indent=2) + "\n")
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m engine.zoo.train", description=__doc__.split("\n")[0])
+    ap.add_argument("--model", required=True, choices=sorted(RECIPES))
+    ap.add_argument("--out", type=Path, help="output directory (default engine/zoo/models/NAME)")
+    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    ap.add_argument("--seed", type=int, help="override the recipe's seed")
+    ap.add_argument("--step-scale", type=float, default=1.0, help="multiply every phase's steps")
+    ap.add_argument("--verifier", help="drafter only: verifier directory or zoo name to distill from")
+    ap.add_argument("--smoke", action="store_true", help="tiny architecture, 2 steps per phase")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    recipe = RECIPES[args.model]
+    if args.seed is not None:
+        recipe = recipe.model_copy(update={"seed": args.seed})
+    if args.step_scale != 1.0:
+        recipe = recipe.model_copy(update={"phases": [
+            p.model_copy(update={"steps": max(1, round(p.steps * args.step_scale))}) for p in recipe.phases]})
+    if args.verifier and recipe.distill:
+        recipe = recipe.model_copy(update={"distill": recipe.distill.model_copy(update={"verifier": args.verifier})})
+    if args.smoke:
+        recipe = smoke_recipe(recipe, args.verifier)
+    out = args.out or ZOO_MODELS / recipe.name
+    command = "python -m engine.zoo.train " + " ".join(argv if argv is not None else sys.argv[1:])
+    record = train(recipe, out, command=command, log=lambda s: print(s, flush=True))
+    print(f"wrote {out} ({record.params} parameters, {record.wall_s:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
