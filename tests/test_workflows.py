@@ -290,3 +290,77 @@ def test_runner_job_without_a_venv_says_how_to_make_one(tmp_path):
     proc, _ = job(tmp_path, tmp_path / "bus.git", "", KAKEYA_VENV=str(tmp_path / "none"))
     assert proc.returncode == 1
     assert "no Kakeya venv at" in proc.stdout and "scripts/setup-runner.sh" in proc.stdout
+
+
+# --- the PR gate's script on a real bus --------------------------------------------------------------------
+
+HAS_GATE_PR = "pr" in subprocess.run([str(KAKEYA), "gate", "--help"], capture_output=True, text=True).stdout.split()
+
+
+def pr_gate(tmp_path: Path, remote: Path, subject: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    summary = tmp_path / "gate-summary.md"
+    summary.write_text("")
+    env = {"PATH": f"{KAKEYA.parent}:{os.environ['PATH']}", "HOME": str(tmp_path), "LANG": "C.UTF-8",
+           "SUBJECT": subject, "PR": "42", "KAKEYA_REMOTE": str(remote), "GITHUB_STEP_SUMMARY": str(summary),
+           "GITHUB_RUN_ID": "777"}
+    proc = subprocess.run(["bash", str(ROOT / ".github" / "scripts" / "pr-gate.sh")], env=env, capture_output=True,
+                          text=True, timeout=300)
+    return proc, summary.read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_GATE_PR, reason="`kakeya gate pr` is not implemented yet")
+def test_pr_gate_passes_with_evidence_and_says_how_to_get_it_without(tmp_path, bus):
+    remote, subject = bus
+    entries = required().stdout.split()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=subject, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    # No evidence yet: the check fails and the summary gives one request command per requirement.
+    proc, summary = pr_gate(tmp_path, remote, head)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "::error::" in proc.stdout
+    assert "git fetch origin pull/42/head" in summary and "gh run rerun --failed 777" in summary
+    for entry in entries:
+        preset, label = entry.split("@")
+        assert f"kakeya request {preset} --runner {label} --subject {head} --wait" in summary
+    # Evidence for every requirement, served by a runner: the check passes.
+    for entry in entries:
+        preset, label = entry.split("@")
+        rid = request(subject, remote, preset) if label == "cpu" else pytest.skip(f"{entry} needs a {label} runner")
+        served = subprocess.run([str(KAKEYA), "runner", "once", "--request", rid, "--labels", label, "--remote",
+                                 str(remote)], cwd=subject, capture_output=True, text=True, timeout=600,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert served.returncode == 0, served.stderr
+    proc, summary = pr_gate(tmp_path, remote, head)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert head in summary and "How to provide the evidence" not in summary
+
+
+@pytest.mark.parametrize("verdict", [0, 1])
+def test_pr_gate_script_builds_the_gate_command_from_the_requirements(tmp_path, verdict):
+    """`kakeya gate pr` replaced by a stand-in that records its arguments: what the script asks and writes."""
+    stand_in = tmp_path / "kakeya-stand-in"
+    stand_in.write_text(f"""#!/bin/sh
+printf '%s\\n' "$@" > "{tmp_path}/argv"
+while [ $# -gt 1 ]; do [ "$1" = --summary ] && echo "| the gate's table |" > "$2"; shift; done
+exit {verdict}
+""")
+    stand_in.chmod(0o755)
+    summary = tmp_path / "summary.md"
+    env = {"PATH": f"{KAKEYA.parent}:{os.environ['PATH']}", "SUBJECT": SHA, "PR": "42", "KAKEYA": str(stand_in),
+           "GITHUB_STEP_SUMMARY": str(summary), "GITHUB_RUN_ID": "777"}
+    proc = subprocess.run(["bash", str(ROOT / ".github" / "scripts" / "pr-gate.sh")], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == verdict, proc.stdout + proc.stderr
+    argv = (tmp_path / "argv").read_text().splitlines()
+    entries = required().stdout.split()
+    assert argv[:4] == ["gate", "pr", "--subject", SHA]
+    assert argv[4:-2] == [x for entry in entries for x in ("--require", entry)]
+    assert argv[-2] == "--summary"
+    text = summary.read_text()
+    assert f"## Kakeya evidence for {SHA}" in text and "| the gate's table |" in text
+    assert ("How to provide the evidence" in text) == bool(verdict)
+    if verdict:
+        preset, label = entries[0].split("@")
+        assert f"kakeya request {preset} --runner {label} --subject {SHA} --wait" in text
+        assert "git fetch origin pull/42/head" in text and "gh run rerun --failed 777" in text

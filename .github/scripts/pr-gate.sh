@@ -22,7 +22,7 @@ if [ -n "${GITHUB_TOKEN:-}" ] && [ -n "${KAKEYA_REMOTE:-}" ]; then
   export GIT_CONFIG_VALUE_0="AUTHORIZATION: basic $basic"
 fi
 
-if ! required=$(python .github/scripts/required.py .github/kakeya-required.yml --presets presets); then
+if ! required=$(python3 .github/scripts/required.py .github/kakeya-required.yml --presets presets); then
   echo "::error::.github/kakeya-required.yml on the base branch is not valid (see above)"
   exit 2
 fi
@@ -41,7 +41,7 @@ rc=$?
   cat "$table" 2>/dev/null
   printf '\n'
 } >>"$SUMMARY"
-if [ "$rc" != 0 ]; then
+if [ "$rc" = 1 ]; then
   echo "::error::evidence for $SUBJECT is missing or failing (the job summary has the table and how to ask for it)"
   {
     printf '### How to provide the evidence\n\n'
