@@ -248,6 +248,13 @@ def done_ids(remote: Path) -> set[str]:
 def test_runner_job_serves_its_request_then_a_dispatched_drain_serves_the_one_whose_trigger_was_dropped(
         tmp_path, bus):
     remote, subject = bus
+    # The commit under test carries its own copy of the probe preset with a gate it would fail: the job must
+    # judge it by the trusted checkout's preset instead.
+    preset = subject / "presets" / "probe.yaml"
+    preset.write_text(preset.read_text().replace("cpu_count, value: 1}", "cpu_count, value: 100000}"))
+    assert "100000" in preset.read_text()
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "tighten"], cwd=subject,
+                   check=True)
     first, second = request(subject, remote), request(subject, remote)
     # A fake curl records the dispatch call (no network); its URL and body are what GitHub would get.
     bindir = tmp_path / "bin"
@@ -264,7 +271,8 @@ def test_runner_job_serves_its_request_then_a_dispatched_drain_serves_the_one_wh
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert done_ids(remote) == {first}
     results = tmp_path / "runner-temp" / "kakeya-results" / first
-    assert json.loads((results / "result.json").read_text())["status"] == "succeeded"
+    result = json.loads((results / "result.json").read_text())
+    assert result["status"] == "succeeded" and result["verdict"] == "pass"  # the trusted gate, not the subject's
     assert (results / "report.json").is_file() and (results / "logs" / "stdout.log").is_file()
     assert first in summary and "probe: succeeded" in summary and second not in summary
     args = (bindir / "curl.args").read_text().splitlines()
