@@ -6,8 +6,9 @@ Measures on the same model and code-like prompts (engine.zoo.corpus.code_prompts
 - greedy decode tok/s: transformers `generate` (full cache) vs ours (full and each --policies entry);
 - speculative decode tok/s, speedup over our greedy under the same policy, mean acceptance length
   and exactness, for the zoo drafter and the prompt-lookup drafter at each k in --ks, and for
-  transformers assisted generation (`assistant_model`, assistant_confidence_threshold=0,
-  num_assistant_tokens=k, constant schedule);
+  transformers assisted generation (`assistant_model`, with assistant_confidence_threshold=0,
+  num_assistant_tokens=k and a constant schedule set in the assistant's generation config, where
+  transformers reads them);
 - K/V bytes held per policy after several sequence lengths.
 
 Decode tok/s = (new tokens - 1) / (time after the first new token), i.e. prefill excluded; for
@@ -173,8 +174,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"greedy {policy}", name, k)
     for k in ks:
         def assisted(ids: list[int], k: int = k) -> tuple[list[int], float, float]:
-            return hf_run(ids, assistant_model=drafter.model, assistant_confidence_threshold=0.0,
-                          num_assistant_tokens=k, num_assistant_tokens_schedule="constant")
+            # transformers reads these from the assistant's own generation config, not from kwargs.
+            gc = drafter.model.generation_config
+            gc.assistant_confidence_threshold, gc.num_assistant_tokens = 0.0, k
+            gc.num_assistant_tokens_schedule = "constant"
+            return hf_run(ids, assistant_model=drafter.model)
         add("assisted", "full", assisted, "generate", args.drafter, k)
 
     for m in methods:

@@ -17,7 +17,11 @@ StopReason = Literal["max_new_tokens", "eos", "stop_string"]
 
 
 class Sequence(Protocol):
-    """One model + one cache. Positions are fed in order from 0; `position` = positions fed."""
+    """One model + one cache. Positions are fed in order from 0; `position` = positions fed.
+    `max_block` is the cache's slack: the largest block fed in ring layers at once and the largest
+    rollback (a bigger block still works, attended as old buffer + block, but cannot be rolled back)."""
+
+    max_block: int
 
     @property
     def position(self) -> int: ...

@@ -7,7 +7,8 @@ trimmed from the verifier (and the drafter). Every committed token is the verifi
 given exactly the context step-by-step decoding would have had (the cache masks each query to its own
 sink + window), so the output equals `engine.decode.generate` under the same policy token for token.
 
-The verifier's Sequence needs max_block >= k + 1, a model drafter's Sequence max_block >= k + 1 too.
+The verifier's Sequence needs max_block >= k + 1; a model drafter's needs max_block >= k - 1 (it rolls
+back at most k - 1 fed drafts), k + 1 is simplest.
 """
 
 from __future__ import annotations
@@ -111,6 +112,8 @@ def speculative_generate(verifier: Sequence, drafter: Drafter, prompt: Seq[int],
         raise ValueError(f"k must be >= 1 (got {k})")
     if not prompt:
         raise ValueError("the prompt is empty")
+    if verifier.max_block < k + 1:
+        raise ValueError(f"the verifier's sequence needs max_block >= k + 1 = {k + 1} (has {verifier.max_block})")
     t0 = time.perf_counter()
     out = [verifier.prefill(prompt)]
     drafter.begin(prompt)

@@ -31,8 +31,9 @@ def _drafter(backend: str, kind: str, model: str, policy: Policy, k: int) -> eng
         return engine.ModelDrafter(on(backend, getattr(tiny_models, model)()).sequence(policy, max_block=k + 1))
     if kind == "narrow":  # same weights, a narrower window: agrees often, not always
         return engine.ModelDrafter(on(backend, getattr(tiny_models, model)()).sequence(sink_window(1, 3), max_block=k + 1))
-    # a random-weight drafter of another architecture (same vocabulary): mostly rejected
-    return engine.ModelDrafter(on(backend, tiny_models.qwen(seed=7, layers=1)).sequence(policy, max_block=k + 1))
+    # a random-weight drafter of another architecture (same vocabulary): mostly rejected; with the
+    # smallest slack a drafter may have (it rolls back at most k - 1 fed drafts)
+    return engine.ModelDrafter(on(backend, tiny_models.qwen(seed=7, layers=1)).sequence(policy, max_block=max(1, k - 1)))
 
 
 # torch: the drafters the issue names (self, a random-weight model) at every k and every policy, the
@@ -91,6 +92,12 @@ def test_speculative_stops_like_greedy_and_leaves_a_consistent_cache() -> None:
         assert got.tokens == want.tokens and got.stop_reason == want.stop_reason
         # Fed: the prompt and every output token but the last, as after greedy decoding.
         assert seq.position == len(ids) + len(got.tokens) - 1
+
+
+def test_verifier_without_the_slack_is_refused() -> None:
+    seq = tiny_models.gemma().sequence(sink_window(4, 8), max_block=4)
+    with pytest.raises(ValueError, match="max_block >= k \\+ 1 = 5"):
+        engine.speculative_generate(seq, engine.PromptLookupDrafter(), [5, 6, 7], 4, engine.Stop(10))
 
 
 def test_prompt_lookup_proposes_the_latest_continuation() -> None:
