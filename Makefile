@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.kakeya-installed
+# The venv's tools (kakeya, actionlint, shellcheck) come first for every recipe and test.
+export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: demo test lint install clean
 
