@@ -1,0 +1,276 @@
+"""`python -m engine.workloads.compression --out FILE`: net K/V bytes per token and compression ratio vs
+a full cache over batch x sequence length (kind `compression`, v1).
+
+Computed, not measured, from the model's config and the cache policy with the engine's own formulas
+(`engine.policy.layer_specs` / `expected_kv_bytes`), for B sequences of S tokens each:
+
+    full      = B x K/V bytes the `full` policy holds after S tokens (plain greedy decoding)
+    net       = B x (the policy's K/V bytes + the drafter's K/V bytes, after S tokens of speculative
+                decoding with k drafted tokens: a slack of k positions per bounded layer)
+                + the drafter's weights, held once and amortised over all B x S tokens
+    net bytes per token = net / (B x S);   compression ratio = full / net
+
+as the seeds' table does (its drafter, a diffusion proposer, holds no K/V; pass `--drafter none
+--drafter-weights BYTES` for such a drafter). The drafter's weights are its parameter count (read from
+its safetensors headers) times the table's dtype size; its cache is sink_window(sink, window) of the
+policy (full when the policy is full). The cross-check loads the models and prefills `--check-lens`
+tokens (batch 1) under each policy, and compares the K/V bytes the caches hold with the formula.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+import sys
+from math import prod
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.report import write_report
+from engine.workloads import common
+
+BATCHES = [1, 8, 64]
+SEQ_LENS = [8192, 32768, 131072, 262144, 1048576]
+
+
+class Config(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    backend: str
+    dtype: str
+    policies: list[str] = Field(min_length=1)
+    drafter: str
+    drafter_weights: int | None = Field(ge=0)
+    k: int = Field(ge=0)
+    batches: list[int] = Field(min_length=1)
+    seq_lens: list[int] = Field(min_length=1)
+    check_lens: list[int]
+
+
+class Row(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    policy: str
+    batch: int
+    seq_len: int
+    full_bytes: int
+    kv_bytes: int
+    drafter_kv_bytes: int
+    drafter_weight_bytes: int
+    net_bytes: int
+    full_bytes_per_token: float
+    net_bytes_per_token: float
+    compression_ratio: float
+
+
+class Check(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str  # verifier | drafter
+    policy: str
+    seq_len: int
+    predicted_bytes: int
+    measured_bytes: int
+    allocated_bytes: int
+    match: bool
+
+
+class PolicySummary(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    policy: str
+    max_compression_ratio: float
+    at_batch: int
+    at_seq_len: int
+    net_bytes_per_token: float
+
+
+class Summary(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    full_bytes_per_token: float  # at the longest sequence
+    policies: dict[str, PolicySummary]
+    checks: int
+    check_passed: bool | None  # None: no cross-check was asked for
+
+
+def safetensors_params(path: Path) -> int:
+    """Parameters stored in a model directory's *.safetensors files (read from their headers only)."""
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{path} has no .safetensors files to count the drafter's weights from")
+    total = 0
+    for f in files:
+        with f.open("rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(size))
+        total += sum(prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+    return total
+
+
+def drafter_policy(policy: Any) -> Any:
+    import engine
+
+    return engine.full() if policy.kind == "full" else engine.sink_window(policy.sink, policy.window)
+
+
+def per_sequence(geo: common.Geometry, policy: Any, n: int, max_block: int, dtype: str) -> int:
+    """K/V bytes one sequence holds after n tokens (engine.policy.expected_kv_bytes, summed over layers)."""
+    from engine.policy import expected_kv_bytes, layer_specs
+
+    specs = layer_specs(policy, geo.layer_types, geo.sliding_window)
+    return sum(expected_kv_bytes(specs, n, max_block, geo.slot_bytes(dtype)))
+
+
+def table(config: Config, geo: common.Geometry, dgeo: common.Geometry | None, weights: int) -> list[Row]:
+    import engine
+
+    rows = []
+    full = engine.full()
+    for text in config.policies:
+        policy = engine.parse_policy(text)
+        for b in config.batches:
+            for s in config.seq_lens:
+                full_bytes = b * per_sequence(geo, full, s, 1, config.dtype)
+                kv = b * per_sequence(geo, policy, s, config.k + 1, config.dtype)
+                dkv = 0 if dgeo is None else b * per_sequence(dgeo, drafter_policy(policy), s, config.k + 1, config.dtype)
+                net = kv + dkv + weights
+                rows.append(Row(policy=str(policy), batch=b, seq_len=s, full_bytes=full_bytes, kv_bytes=kv,
+                                drafter_kv_bytes=dkv, drafter_weight_bytes=weights, net_bytes=net,
+                                full_bytes_per_token=full_bytes / (b * s), net_bytes_per_token=net / (b * s),
+                                compression_ratio=full_bytes / net))
+    return rows
+
+
+def _prompt(model: Any, n: int) -> list[int]:
+    from engine.zoo import corpus
+
+    ids = model.encode(corpus.haystack(max(n, 32), 0.5, 0).prompt)
+    return (ids * (n // len(ids) + 1))[:n]
+
+
+def cross_check(config: Config, geo: common.Geometry, dgeo: common.Geometry | None) -> list[Check]:
+    """Prefill each check length under each policy (batch 1); measured K/V bytes vs the formula."""
+    import engine
+
+    model = engine.load(config.model, config.backend, config.dtype)
+    dmodel = None if dgeo is None else engine.load(config.drafter, config.backend, config.dtype)
+    jobs: list[tuple[str, Any, Any, common.Geometry, int]] = []
+    for text in ["full", *config.policies]:
+        policy = engine.parse_policy(text)
+        block = 1 if text == "full" else config.k + 1
+        jobs.append(("verifier", model, policy, geo, block))
+        if dmodel is not None and dgeo is not None and text != "full":
+            jobs.append(("drafter", dmodel, drafter_policy(policy), dgeo, config.k + 1))
+    out = []
+    with common.progress(len(jobs) * len(config.check_lens), "compression check", "prefill") as bar:
+        for n in config.check_lens:
+            for name, m, policy, g, block in jobs:
+                seq = m.sequence(policy, max_block=block)
+                seq.prefill(_prompt(m, n))
+                measured = sum(seq.kv_bytes())
+                allocated = sum(seq.kv_allocated_bytes()) if hasattr(seq, "kv_allocated_bytes") else measured
+                predicted = per_sequence(g, policy, n, block, config.dtype)
+                out.append(Check(model=name, policy=str(policy), seq_len=n, predicted_bytes=predicted,
+                                 measured_bytes=measured, allocated_bytes=allocated, match=measured == predicted))
+                bar.update(1)
+    return out
+
+
+def compression(config: Config) -> dict[str, Any]:
+    import engine
+
+    geo = common.geometry(engine.resolve(config.model))
+    dgeo, weights, params = None, 0, None
+    if config.drafter not in ("none", "lookup"):
+        dpath = engine.resolve(config.drafter)
+        dgeo = common.geometry(dpath)
+        params = safetensors_params(dpath)
+        weights = params * common.ITEMSIZE[config.dtype]
+    if config.drafter_weights is not None:
+        weights = config.drafter_weights
+    rows = table(config, geo, dgeo, weights)
+    checks = cross_check(config, geo, dgeo) if config.check_lens else []
+    longest = max(config.seq_lens)
+    policies = {}
+    for text in config.policies:
+        mine = [r for r in rows if r.policy == text]
+        best = max(mine, key=lambda r: (r.compression_ratio, r.batch * r.seq_len))
+        policies[engine.parse_policy(text).kind] = PolicySummary(
+            policy=text, max_compression_ratio=best.compression_ratio, at_batch=best.batch, at_seq_len=best.seq_len,
+            net_bytes_per_token=best.net_bytes_per_token)
+    summary = Summary(
+        full_bytes_per_token=next(r.full_bytes_per_token for r in rows if r.seq_len == longest),
+        policies=policies, checks=len(checks),
+        check_passed=all(c.match for c in checks) if checks else None,
+    )
+    return {
+        "config": config.model_dump(),
+        "geometry": {"layer_types": geo.layer_types, "sliding_window": geo.sliding_window,
+                     "kv_heads": geo.kv_heads, "head_dim": geo.head_dim,
+                     "bytes_per_slot": geo.slot_bytes(config.dtype)[0]},
+        "drafter": {"params": params, "weight_bytes": weights,
+                    "layers": None if dgeo is None else len(dgeo.layer_types)},
+        "table": [r.model_dump() for r in rows],
+        "checks": [c.model_dump() for c in checks],
+        "summary": summary.model_dump(),
+    }
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = ["| policy | batch | seq len | net bytes/token | full bytes/token | compression |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in report["table"]:
+        lines.append(f"| {r['policy']} | {r['batch']} | {r['seq_len']:,} | {r['net_bytes_per_token']:,.1f} | "
+                     f"{r['full_bytes_per_token']:,.1f} | {r['compression_ratio']:,.2f}x |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="zoo:tiny-hybrid",
+                        help="zoo:NAME, a Hugging Face model directory, or a NAME under $KAKEYA_MODELS")
+    parser.add_argument("--policy", default="sink_window:4:64,hybrid:4:64", help="policies, comma-separated")
+    parser.add_argument("--drafter", default="zoo:tiny-drafter", help="drafter model, or none / lookup (no weights)")
+    parser.add_argument("--draft", choices=("model", "none"), default="model",
+                        help="none: no drafter, whatever --drafter says (for presets, whose --drafter is a model)")
+    parser.add_argument("--drafter-weights", type=int, help="drafter weight bytes (overrides the drafter's files)")
+    parser.add_argument("--k", type=int, default=4, help="tokens drafted per block (0: plain decoding)")
+    parser.add_argument("--dtype", choices=("auto", *common.ITEMSIZE), default="auto",
+                        help="K/V and weights dtype (auto: the model config's)")
+    parser.add_argument("--backend", choices=("torch", "mlx"), default="torch", help="for the cross-check")
+    parser.add_argument("--batches", type=common.int_list, default=BATCHES)
+    parser.add_argument("--seq-lens", type=common.int_list, default=SEQ_LENS)
+    parser.add_argument("--check-lens", type=lambda t: [] if t == "none" else common.int_list(t), default=[64, 256, 1024],
+                        help="prompt lengths prefilled to cross-check the formula ('none': skip)")
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--out", required=True, help="where to write the report (JSON)")
+    args = parser.parse_args(argv)
+    import engine
+
+    try:
+        policies = common.policies(args.policy)
+        common.set_threads(args.threads)
+        dtype = args.dtype if args.dtype != "auto" else common.geometry(engine.resolve(args.model)).dtype
+    except (ValueError, OSError) as exc:
+        parser.error(str(exc))
+    if args.k < 0 or min(args.batches) < 1 or min(args.seq_lens) < 1 or min(args.check_lens, default=1) < 1:
+        parser.error("--k must be >= 0, batches, sequence and check lengths >= 1")
+    if args.draft == "none":
+        args.drafter = "none"
+    if args.k == 0 and args.drafter not in ("none", "lookup"):
+        parser.error("--k 0 is plain decoding: use --drafter none")
+    config = Config(model=args.model, backend=args.backend, dtype=dtype, policies=[str(p) for p in policies],
+                    drafter=args.drafter, drafter_weights=args.drafter_weights, k=args.k, batches=args.batches,
+                    seq_lens=args.seq_lens, check_lens=args.check_lens)
+    report = write_report(args.out, "compression", 1, compression(config))
+    print(markdown(report))
+    s = report["summary"]
+    print(f"compression: full {s['full_bytes_per_token']:,.1f} bytes/token; "
+          + ", ".join(f"{v['policy']} up to {v['max_compression_ratio']:,.2f}x (B={v['at_batch']}, S={v['at_seq_len']:,})"
+                      for v in s["policies"].values())
+          + f"; cross-check {s['checks']} caches: {'match' if s['check_passed'] else 'MISMATCH' if s['checks'] else 'skipped'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,378 @@
+"""`python -m engine.workloads.niah --out FILE`: needle-in-a-haystack recall of bounded-KV cache policies
+against the full-cache oracle over a context ladder (kind `niah`, v1).
+
+For each rung (context length) x needle depth x sample, the oracle (`full`) and every policy under test
+(`--policy hybrid:4:64,sink_window:4:64`) decode greedily after the same `engine.zoo.corpus.haystack`
+prompt; recall is the exact match of the answer digits. Per rung the report gives the recall of each,
+the recall delta (oracle minus policy, a fraction: 0.05 = 5 percentage points), the K/V bytes each holds
+(measured from the cache) against the full cache and against the bound the policy promises
+(`engine.policy.expected_kv_bytes`), and the farthest-back position each can still attend to.
+
+Needle placement. On a rung longer than the widest policy window, every needle lies where the bounded
+policies have evicted it by query time: after the sinks and before the window of the last prompt
+position, i.e. token positions [sink, context - window) for the widest sink and window under test. The
+depths are fractions of that evictable span: 0 % is the first sentence boundary at or after the sinks,
+100 % the last one whose needle ends before the window. Shorter rungs use the depths over the whole
+prompt, and say so (`needles_evicted: false`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.report import write_report
+from engine.workloads import common
+
+DEPTHS = [0.0, 0.25, 0.5, 0.75, 1.0]
+MIN_SPAN = 24  # evictable tokens a rung needs to place needles outside the window
+
+
+class Config(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    backend: str
+    dtype: str
+    policies: list[str] = Field(min_length=1)
+    contexts: list[int] = Field(min_length=1)
+    depths: list[float] = Field(min_length=1)
+    samples: int = Field(ge=1)
+    seed: int
+
+
+class Placed(BaseModel):
+    """One haystack prompt as the model tokenizes it."""
+
+    ids: list[int]
+    answer: str
+    needle_pos: int  # token index of the needle's key
+    needle_end: int  # one past the needle's last token
+    evicted: bool  # the needle lies in [sink, len(ids) - window) of the widest policy under test
+
+
+class DepthResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    depth: float
+    needle_pos: list[int]
+    prompt_tokens: list[int]
+    recall: dict[str, float]  # policy kind (full = the oracle) -> fraction of samples answered exactly
+
+
+class OracleResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    policy: str
+    recall: float
+    kv_bytes: int
+    farthest_position: int
+
+
+class PolicyResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    policy: str
+    recall: float
+    recall_delta: float  # oracle recall - this policy's recall (fraction)
+    kv_bytes: int  # held at the end of decoding, max over the rung's samples
+    kv_bytes_bound: int  # what the policy promises at that position (engine.policy.expected_kv_bytes)
+    kv_bytes_full: int  # the oracle's, same prompt
+    kv_fraction: float  # kv_bytes / kv_bytes_full
+    kv_allocated_bytes: int  # buffers allocated (bounded layers never beyond sink + ring)
+    kv_bounded: bool
+    farthest_position: int  # smallest key position the last prompt token still attends to (sinks aside)
+    reach: int  # positions back from the last prompt token it still attends to (sinks aside)
+
+
+class Rung(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    context: int
+    samples: int  # haystacks per depth
+    needles: int  # haystacks in the rung
+    needles_evicted: bool  # every needle lies outside the window of every policy under test
+    depths: list[DepthResult]
+    oracle: OracleResult
+    policies: dict[str, PolicyResult]
+
+
+class PolicySummary(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    policy: str
+    min_recall: float
+    max_recall_delta: float
+    max_kv_fraction: float
+    kv_bounded: bool
+
+
+class Summary(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    oracle_min_recall: float
+    evicted_rungs: int
+    kv_bounded: bool
+    policies: dict[str, PolicySummary]
+    wall_s: float
+
+
+# --- prompts ------------------------------------------------------------------------------------------
+
+def locate(model: Any, prompt: str, key: str) -> tuple[list[int], int, int]:
+    """The prompt's token ids and the needle's token span, measured with the model's tokenizer."""
+    m = re.search(rf"(^| ){re.escape(key)} :", prompt)
+    if m is None:
+        raise ValueError(f"needle {key!r} not found in its prompt")
+    start = m.start() + len(m.group(1))
+    end = prompt.index(" .", start) + 2
+    ids = model.encode(prompt)
+    return ids, len(model.encode(prompt[:start].rstrip())), len(model.encode(prompt[:end]))
+
+
+def place(model: Any, context: int, depth: float, seed: int, sink: int, window: int, scale: float) -> Placed:
+    """A haystack of about `context` tokens with its needle at `depth` of the evictable span (or of the
+    whole prompt when the rung is too short to evict anything); `scale`: model tokens per corpus word."""
+    from engine.zoo import corpus
+
+    n_words = max(32, round(context / scale))
+    filler = n_words - 1 - (corpus.NEEDLE_DIGITS + 3) - corpus.QUERY_TOKENS
+    needle = corpus.NEEDLE_DIGITS + 3
+    evict = context - window - round(needle * scale) - sink >= MIN_SPAN
+    if not evict:
+        nd = corpus.haystack(n_words, depth, seed)
+        ids, pos, end = locate(model, nd.prompt, nd.key)
+        return Placed(ids=ids, answer=nd.answer, needle_pos=pos, needle_end=end,
+                      evicted=pos >= sink and end <= len(ids) - window)
+    for variant in range(24):
+        target = sink + depth * (context - window - round(needle * scale) - sink)
+        for _ in range(10):
+            d = min(1.0, max(0.0, (target - 1) / (scale * filler)))
+            nd = corpus.haystack(n_words, d, seed + 100_000 * variant)
+            ids, pos, end = locate(model, nd.prompt, nd.key)
+            hi = len(ids) - window
+            if pos >= sink and end <= hi:
+                return Placed(ids=ids, answer=nd.answer, needle_pos=pos, needle_end=end, evicted=True)
+            # The needle snaps to the sentence boundary nearest the target: push the target past it.
+            target += (sink - pos) if pos < sink else (hi - end)
+    raise ValueError(f"could not place a needle outside the window at context {context}, depth {depth}")
+
+
+def tokens_per_word(model: Any) -> float:
+    """Model tokens per corpus word (1.0 for the zoo tokenizer, about 1-2 for real tokenizers)."""
+    from engine.zoo import corpus
+
+    nd = corpus.haystack(512, 0.5, 0)
+    return len(model.encode(nd.prompt)) / nd.n_tokens
+
+
+# --- the run --------------------------------------------------------------------------------------------
+
+class _Tally:
+    def __init__(self) -> None:
+        self.hits = 0
+        self.n = 0
+        self.kv = 0
+        self.bound = 0
+        self.full = 0
+        self.allocated = 0
+        self.bounded = True
+        self.farthest = 1 << 62
+
+
+def _decode(model: Any, seq: Any, placed: Placed, max_new: int) -> bool:
+    import engine
+    from engine.zoo import corpus
+
+    gen = engine.generate(seq, placed.ids, engine.Stop(max_new, model.eos_ids))
+    want = placed.answer.split()
+    return bool(model.decode(gen.tokens).replace(corpus.EOS, " ").split()[: len(want)] == want)
+
+
+def _account(t: _Tally, seq: Any, slot_bytes: list[int], n_prompt: int) -> None:
+    from engine.policy import expected_kv_bytes
+
+    held = seq.kv_bytes()
+    bound = expected_kv_bytes(seq.specs, seq.position, seq.max_block, slot_bytes)
+    allocated = seq.kv_allocated_bytes() if hasattr(seq, "kv_allocated_bytes") else held
+    limits = [None if s.window is None else (s.sink + s.ring_size(seq.max_block)) * b
+              for s, b in zip(seq.specs, slot_bytes, strict=True)]
+    t.bounded &= all(h <= b for h, b in zip(held, bound, strict=True))
+    t.bounded &= all(lim is None or a <= lim for a, lim in zip(allocated, limits, strict=True))
+    t.kv = max(t.kv, sum(held))
+    t.bound = max(t.bound, sum(bound))
+    t.allocated = max(t.allocated, sum(allocated))
+    t.farthest = min(t.farthest, common.oldest_visible(seq.specs, n_prompt - 1))
+
+
+def niah(config: Config, plot: str | None = None) -> dict[str, Any]:
+    import engine
+
+    t0 = time.perf_counter()
+    under_test = common.policies(",".join(config.policies), allow_full=False)
+    oracle = engine.full()
+    run = [oracle, *under_test]
+    sink = max(p.sink for p in under_test)
+    window = max(p.window or 0 for p in under_test)
+    model = engine.load(config.model, config.backend, config.dtype)
+    geo = common.geometry(engine.resolve(config.model))
+    slot_bytes = geo.slot_bytes(config.dtype)
+    scale = tokens_per_word(model)
+    total = len(config.contexts) * len(config.depths) * config.samples * len(run)
+    rungs: list[Rung] = []
+    with common.progress(total, "niah", "gen") as bar:
+        for context in config.contexts:
+            tallies = {p.kind: _Tally() for p in run}
+            depths, evicted = [], True
+            for depth in config.depths:
+                hits = {p.kind: 0 for p in run}
+                positions, lengths = [], []
+                for s in range(config.samples):
+                    placed = place(model, context, depth, config.seed + s, sink, window, scale)
+                    evicted &= placed.evicted
+                    positions.append(placed.needle_pos)
+                    lengths.append(len(placed.ids))
+                    max_new = len(model.encode("? " + placed.answer)) - len(model.encode("?")) + 1
+                    full_kv = 0
+                    for p in run:
+                        seq = model.sequence(p)
+                        hit = _decode(model, seq, placed, max(2, max_new))
+                        t = tallies[p.kind]
+                        hits[p.kind] += hit
+                        t.hits += hit
+                        t.n += 1
+                        _account(t, seq, slot_bytes, len(placed.ids))
+                        if p.kind == "full":
+                            full_kv = sum(seq.kv_bytes())
+                        t.full = max(t.full, full_kv)
+                        bar.update(1)
+                depths.append(DepthResult(depth=depth, needle_pos=positions, prompt_tokens=lengths,
+                                          recall={k: h / config.samples for k, h in hits.items()}))
+                bar.set_postfix(context=context, depth=depth)
+            o = tallies["full"]
+            oracle_recall = o.hits / o.n
+            results = {}
+            for p in under_test:
+                t = tallies[p.kind]
+                q = max(x for d in depths for x in d.prompt_tokens) - 1
+                results[p.kind] = PolicyResult(
+                    policy=str(p), recall=t.hits / t.n, recall_delta=oracle_recall - t.hits / t.n, kv_bytes=t.kv,
+                    kv_bytes_bound=t.bound, kv_bytes_full=t.full, kv_fraction=t.kv / t.full if t.full else 1.0,
+                    kv_allocated_bytes=t.allocated, kv_bounded=t.bounded, farthest_position=t.farthest,
+                    reach=q - t.farthest + 1,
+                )
+            rungs.append(Rung(
+                context=context, samples=config.samples, needles=len(config.depths) * config.samples,
+                needles_evicted=evicted, depths=depths,
+                oracle=OracleResult(policy="full", recall=oracle_recall, kv_bytes=o.kv, farthest_position=o.farthest),
+                policies=results,
+            ))
+    summary = Summary(
+        oracle_min_recall=min(r.oracle.recall for r in rungs),
+        evicted_rungs=sum(r.needles_evicted for r in rungs),
+        kv_bounded=all(p.kv_bounded for r in rungs for p in r.policies.values()),
+        policies={p.kind: PolicySummary(
+            policy=str(p),
+            min_recall=min(r.policies[p.kind].recall for r in rungs),
+            max_recall_delta=max(r.policies[p.kind].recall_delta for r in rungs),
+            max_kv_fraction=max(r.policies[p.kind].kv_fraction for r in rungs),
+            kv_bounded=all(r.policies[p.kind].kv_bounded for r in rungs),
+        ) for p in under_test},
+        wall_s=round(time.perf_counter() - t0, 3),
+    )
+    body: dict[str, Any] = {
+        "config": config.model_dump(),
+        "geometry": {"layer_types": geo.layer_types, "sliding_window": geo.sliding_window,
+                     "kv_heads": geo.kv_heads, "head_dim": geo.head_dim},
+        "placement": {"sink": sink, "window": window},
+        "rungs": [r.model_dump() for r in rungs],
+        "summary": summary.model_dump(),
+        "plot": None,
+    }
+    return body
+
+
+def draw(body: dict[str, Any], path: Any) -> None:
+    """Recall vs context (oracle and each policy) and K/V bytes held vs context."""
+    plt = common.pyplot()
+    rungs = body["rungs"]
+    xs = [r["context"] for r in rungs]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4))
+    ax.plot(xs, [r["oracle"]["recall"] for r in rungs], "k-o", label="full (oracle)")
+    bx.plot(xs, [r["oracle"]["kv_bytes"] for r in rungs], "k-o", label="full (oracle)")
+    for kind, marker in zip(body["summary"]["policies"], ("s", "^", "D"), strict=False):
+        label = body["summary"]["policies"][kind]["policy"]
+        ax.plot(xs, [r["policies"][kind]["recall"] for r in rungs], f"-{marker}", label=label)
+        bx.plot(xs, [r["policies"][kind]["kv_bytes"] for r in rungs], f"-{marker}", label=label)
+    edge = body["placement"]["sink"] + body["placement"]["window"]
+    for axis in (ax, bx):
+        axis.set_xscale("log", base=2)
+        axis.set_xticks(xs, [str(x) for x in xs])
+        axis.minorticks_off()
+        axis.set_xlabel("context (tokens)")
+        if min(xs) <= edge <= max(xs):
+            axis.axvline(edge, color="grey", ls=":", lw=1, label="sink + window")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_ylabel("needle recall (exact match)")
+    ax.set_title("recall vs context")
+    bx.set_yscale("log")
+    bx.set_ylabel("K/V bytes held")
+    bx.set_title("K/V bytes vs context")
+    fig.suptitle(f"niah: {body['config']['model']} ({body['config']['backend']})", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def table(report: dict[str, Any]) -> str:
+    kinds = list(report["summary"]["policies"])
+    head = ["context", "evicted", "oracle"] + [f"{k} (delta)" for k in kinds] + [f"{k} KV/full" for k in kinds]
+    lines = [" | ".join(head)]
+    for r in report["rungs"]:
+        row = [str(r["context"]), "yes" if r["needles_evicted"] else "no", f"{r['oracle']['recall']:.2f}"]
+        row += [f"{r['policies'][k]['recall']:.2f} ({r['policies'][k]['recall_delta']:+.2f})" for k in kinds]
+        row += [f"{r['policies'][k]['kv_fraction']:.3f}" for k in kinds]
+        lines.append(" | ".join(row))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    common.add_model_args(parser)
+    parser.add_argument("--policy", default="hybrid:4:64,sink_window:4:64",
+                        help="policies under test, comma-separated (the full-cache oracle always runs)")
+    parser.add_argument("--contexts", type=common.int_list, default=[256, 1024], help="the ladder, e.g. 256,1024")
+    parser.add_argument("--depths", type=common.float_list, default=DEPTHS, help="needle depths in [0, 1]")
+    parser.add_argument("--samples", type=int, default=2, help="haystacks per rung and depth")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--plot", help="PNG path (default: <report stem>-recall.png next to the report; 'none')")
+    args = parser.parse_args(argv)
+    try:
+        under_test = common.policies(args.policy, allow_full=False)
+        common.set_threads(args.threads)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if any(not 0.0 <= d <= 1.0 for d in args.depths):
+        parser.error("--depths must lie in [0, 1]")
+    if args.samples < 1 or any(c < 32 for c in args.contexts):
+        parser.error("--samples must be >= 1 and every context >= 32")
+    config = Config(model=args.model, backend=args.backend, dtype=args.dtype, policies=[str(p) for p in under_test],
+                    contexts=args.contexts, depths=args.depths, samples=args.samples, seed=args.seed)
+    body = niah(config)
+    png = common.plot_path(args.out, "recall", args.plot)
+    if png is not None:
+        draw(body, png)
+        body["plot"] = png.name
+    report = write_report(args.out, "niah", 1, body)
+    print(table(report))
+    s = report["summary"]
+    print(f"niah: oracle min recall {s['oracle_min_recall']:.2f}, "
+          + ", ".join(f"{k} max delta {v['max_recall_delta']:+.2f}" for k, v in s["policies"].items())
+          + f", kv_bounded {s['kv_bounded']}, {s['evicted_rungs']}/{len(report['rungs'])} rungs with evicted needles"
+          + (f"; plot {png}" if png else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,314 @@
+"""`python -m engine.workloads.throughput --out FILE`: code-completion decode speed, greedy vs speculative
+decoding under one cache policy (kind `throughput`, v1).
+
+Prompts: the zoo's code-like corpus (`engine.zoo.corpus.code_prompts`) when the model reads the zoo
+vocabulary (one token per word), else built-in HumanEval-style Python prompts (a signature and a
+docstring to complete). Per prompt the verifier decodes greedily and then speculatively (drafter
+`--drafter`: a model sharing the verifier's tokenizer, e.g. zoo:tiny-drafter, or `lookup` for prompt
+lookup; k drafted tokens per block), each the best of `--repeats` runs. Reported per prompt: decode-only
+tok/s (tokens after the first / time after prefill) and end-to-end tok/s (tokens / prefill + decode) of
+both, the mean acceptance length (tokens committed per verifier forward), the speedup (speculative /
+greedy decode tok/s), and `exact`: whether the two token lists are equal, compared token by token.
+
+The drafter's own cache: `--drafter-policy` (default: sink_window with the policy's sink and window, or
+full when the policy is full - a drafter only needs recent context).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.report import write_report
+from engine.workloads import common
+
+HUMANEVAL_STYLE = [
+    'def running_max(numbers: list[int]) -> list[int]:\n    """Return the running maximum of numbers.\n'
+    '    >>> running_max([1, 3, 2, 5])\n    [1, 3, 3, 5]\n    """\n',
+    'def count_vowels(text: str) -> int:\n    """Count the vowels (a, e, i, o, u) in text, ignoring case.\n'
+    '    >>> count_vowels("Hello World")\n    3\n    """\n',
+    'def is_palindrome(text: str) -> bool:\n    """Whether text reads the same backwards, ignoring spaces and case.\n'
+    '    >>> is_palindrome("Never odd or even")\n    True\n    """\n',
+    'def pairwise_sums(xs: list[int]) -> list[int]:\n    """Sums of neighbouring elements.\n'
+    '    >>> pairwise_sums([1, 2, 3, 4])\n    [3, 5, 7]\n    """\n',
+    'def flatten(nested: list[list[int]]) -> list[int]:\n    """Concatenate the inner lists in order.\n'
+    '    >>> flatten([[1, 2], [], [3]])\n    [1, 2, 3]\n    """\n',
+    'def word_lengths(sentence: str) -> dict[str, int]:\n    """Map each word of sentence to its length.\n'
+    '    >>> word_lengths("to be or not")\n    {\'to\': 2, \'be\': 2, \'or\': 2, \'not\': 3}\n    """\n',
+    'def fizzbuzz(n: int) -> list[str]:\n    """FizzBuzz from 1 to n: "Fizz" for multiples of 3, "Buzz" of 5, "FizzBuzz" of both.\n'
+    '    >>> fizzbuzz(5)\n    [\'1\', \'2\', \'Fizz\', \'4\', \'Buzz\']\n    """\n',
+    'def dedupe(items: list[int]) -> list[int]:\n    """Remove repeated items, keeping the first occurrence of each.\n'
+    '    >>> dedupe([3, 1, 3, 2, 1])\n    [3, 1, 2]\n    """\n',
+]
+
+
+class Config(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    backend: str
+    dtype: str
+    policy: str
+    drafter: str
+    drafter_policy: str
+    k: int = Field(ge=1)
+    prompts: int = Field(ge=1)
+    prompt_source: str
+    prompt_tokens: int = Field(ge=2)
+    new_tokens: int = Field(ge=2)
+    repeats: int = Field(ge=1)
+    seed: int
+    min_speedup: float = Field(ge=0)
+
+
+class Run(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tokens: int
+    prefill_s: float
+    decode_s: float
+    decode_tok_s: float
+    e2e_tok_s: float
+
+
+class SpecRun(Run):
+    forwards: int
+    drafted: int
+    accepted: int
+    acceptance_length: float
+
+
+class Prompt(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prompt_tokens: int
+    greedy: Run
+    speculative: SpecRun
+    speedup: float  # speculative / greedy decode tok/s
+    speedup_e2e: float
+    exact: bool  # the speculative tokens equal the greedy tokens, compared token by token
+    first_mismatch: int | None
+
+
+class Summary(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prompts: int
+    exact_prompts: int
+    all_exact: bool
+    greedy_decode_tok_s: float
+    speculative_decode_tok_s: float
+    greedy_e2e_tok_s: float
+    speculative_e2e_tok_s: float
+    speedup: float
+    speedup_e2e: float
+    min_prompt_speedup: float
+    mean_acceptance_length: float
+    acceptance_rate: float
+    min_speedup: float
+    speedup_ok: bool
+
+
+def first_mismatch(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token (the shorter length when one is a prefix); None if equal."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def is_zoo_tokenizer(model: Any) -> bool:
+    """One token per word of a zoo code prompt (plus <bos>): the model reads the zoo vocabulary."""
+    from engine.zoo import corpus
+
+    text = corpus.code_prompts(1, 0, 32)[0]
+    ids = model.encode(text)
+    return len(ids) == 32 and model.decode(ids[1:]) == text
+
+
+def prompt_texts(source: str, n: int, n_tokens: int, seed: int) -> list[str]:
+    if source == "zoo":
+        from engine.zoo import corpus
+
+        return corpus.code_prompts(n, seed, n_tokens)
+    return [HUMANEVAL_STYLE[(seed + i) % len(HUMANEVAL_STYLE)] for i in range(n)]
+
+
+def _run(gen: Any) -> dict[str, Any]:
+    total = gen.prefill_s + gen.decode_s
+    return {"tokens": len(gen.tokens), "prefill_s": gen.prefill_s, "decode_s": gen.decode_s,
+            "decode_tok_s": gen.decode_tok_s, "e2e_tok_s": len(gen.tokens) / total if total > 0 else 0.0}
+
+
+def _best(runs: list[Any]) -> Any:
+    first = runs[0].tokens
+    if any(r.tokens != first for r in runs):
+        raise RuntimeError("repeated runs of the same prompt produced different tokens: decoding is not deterministic")
+    return min(runs, key=lambda g: g.decode_s)
+
+
+def drafter_factory(config: Config, model: Any, probe: str) -> Callable[[], Any]:
+    import engine
+
+    if config.drafter == "lookup":
+        return engine.PromptLookupDrafter
+    dm = engine.load(config.drafter, config.backend, config.dtype)
+    if dm.encode(probe) != model.encode(probe):
+        raise ValueError(f"the drafter {config.drafter} does not share the verifier's tokenizer")
+    policy = engine.parse_policy(config.drafter_policy)
+    return lambda: engine.ModelDrafter(dm.sequence(policy, max_block=config.k + 1))
+
+
+def throughput(config: Config) -> dict[str, Any]:
+    import engine
+
+    t0 = time.perf_counter()
+    policy = engine.parse_policy(config.policy)
+    model = engine.load(config.model, config.backend, config.dtype)
+    source = config.prompt_source
+    if source == "auto":
+        source = "zoo" if is_zoo_tokenizer(model) else "humaneval"
+    texts = prompt_texts(source, config.prompts, config.prompt_tokens, config.seed)
+    make_drafter = drafter_factory(config, model, texts[0])
+    stop = engine.Stop(config.new_tokens, model.eos_ids)
+    warm = model.encode(texts[0])  # first forwards pay one-off costs: keep them out of the figures
+    engine.generate(model.sequence(policy), warm, engine.Stop(4))
+    engine.speculative_generate(model.sequence(policy, config.k + 1), make_drafter(), warm, config.k, engine.Stop(4))
+    rows: list[Prompt] = []
+    with common.progress(len(texts) * config.repeats * 2, "throughput", "gen") as bar:
+        for text in texts:
+            ids = model.encode(text)
+            greedy, spec = [], []
+            for _ in range(config.repeats):  # interleaved, so a busy spell hits both alike
+                greedy.append(engine.generate(model.sequence(policy), ids, stop))
+                bar.update(1)
+                spec.append(engine.speculative_generate(model.sequence(policy, config.k + 1), make_drafter(), ids,
+                                                        config.k, stop))
+                bar.update(1)
+            g, s = _best(greedy), _best(spec)
+            mismatch = first_mismatch(g.tokens, s.tokens)
+            gr, sr = Run(**_run(g)), SpecRun(**_run(s), forwards=s.forwards, drafted=s.drafted, accepted=s.accepted,
+                                             acceptance_length=s.acceptance_length)
+            rows.append(Prompt(
+                prompt_tokens=len(ids), greedy=gr, speculative=sr,
+                speedup=sr.decode_tok_s / gr.decode_tok_s if gr.decode_tok_s else 0.0,
+                speedup_e2e=sr.e2e_tok_s / gr.e2e_tok_s if gr.e2e_tok_s else 0.0,
+                exact=mismatch is None, first_mismatch=mismatch,
+            ))
+    summary = summarize(rows, config.min_speedup)
+    return {
+        "config": config.model_copy(update={"prompt_source": source}).model_dump(),
+        "prompts": [r.model_dump() for r in rows],
+        "summary": summary.model_dump(),
+        "wall_s": round(time.perf_counter() - t0, 3),
+        "plot": None,
+    }
+
+
+def _rate(tokens: int, seconds: float) -> float:
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def summarize(rows: list[Prompt], min_speedup: float) -> Summary:
+    g_dec = _rate(sum(r.greedy.tokens - 1 for r in rows), sum(r.greedy.decode_s for r in rows))
+    s_dec = _rate(sum(r.speculative.tokens - 1 for r in rows), sum(r.speculative.decode_s for r in rows))
+    g_e2e = _rate(sum(r.greedy.tokens for r in rows), sum(r.greedy.prefill_s + r.greedy.decode_s for r in rows))
+    s_e2e = _rate(sum(r.speculative.tokens for r in rows),
+                  sum(r.speculative.prefill_s + r.speculative.decode_s for r in rows))
+    forwards = sum(r.speculative.forwards for r in rows)
+    drafted = sum(r.speculative.drafted for r in rows)
+    speedup = s_dec / g_dec if g_dec else 0.0
+    exact = sum(r.exact for r in rows)
+    return Summary(
+        prompts=len(rows), exact_prompts=exact, all_exact=exact == len(rows),
+        greedy_decode_tok_s=g_dec, speculative_decode_tok_s=s_dec, greedy_e2e_tok_s=g_e2e, speculative_e2e_tok_s=s_e2e,
+        speedup=speedup, speedup_e2e=s_e2e / g_e2e if g_e2e else 0.0, min_prompt_speedup=min(r.speedup for r in rows),
+        mean_acceptance_length=sum(r.speculative.tokens - 1 for r in rows) / forwards if forwards else 1.0,
+        acceptance_rate=sum(r.speculative.accepted for r in rows) / drafted if drafted else 0.0,
+        min_speedup=min_speedup, speedup_ok=speedup >= min_speedup,
+    )
+
+
+def draw(body: dict[str, Any], path: Any) -> None:
+    """Decode tok/s per prompt and overall, greedy vs speculative, with the speedup over each pair."""
+    plt = common.pyplot()
+    rows, s = body["prompts"], body["summary"]
+    labels = [str(i) for i in range(len(rows))] + ["all"]
+    greedy = [r["greedy"]["decode_tok_s"] for r in rows] + [s["greedy_decode_tok_s"]]
+    spec = [r["speculative"]["decode_tok_s"] for r in rows] + [s["speculative_decode_tok_s"]]
+    speedups = [r["speedup"] for r in rows] + [s["speedup"]]
+    xs = list(range(len(labels)))
+    fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(labels) + 2), 4))
+    ax.bar([x - 0.2 for x in xs], greedy, 0.4, label="greedy")
+    c = body["config"]
+    ax.bar([x + 0.2 for x in xs], spec, 0.4, label=f"speculative ({c['drafter']}, k={c['k']})")
+    for x, g, sp, up in zip(xs, greedy, spec, speedups, strict=True):
+        ax.annotate(f"{up:.2f}x", (x, max(g, sp)), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(xs, labels)
+    ax.set_xlabel("prompt")
+    ax.set_ylabel("decode tok/s")
+    ax.set_title(f"throughput: {c['model']} ({c['backend']}, {c['policy']})", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    common.add_model_args(parser)
+    parser.add_argument("--policy", default="hybrid:4:64", help="full | sink_window:SINK:WINDOW | hybrid:SINK:WINDOW")
+    parser.add_argument("--drafter", default="zoo:tiny-drafter", help="a drafter model (zoo:NAME or directory) or 'lookup'")
+    parser.add_argument("--draft", choices=("model", "lookup"), default="model",
+                        help="lookup: prompt lookup, whatever --drafter says (for presets, whose --drafter is a model)")
+    parser.add_argument("--drafter-policy", default="auto", help="the drafter's cache policy (auto: see above)")
+    parser.add_argument("--k", type=int, default=4, help="tokens drafted per block")
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--prompt-source", choices=("auto", "zoo", "humaneval"), default="auto")
+    parser.add_argument("--prompt-tokens", type=int, default=96, help="zoo prompts: tokens each")
+    parser.add_argument("--new-tokens", type=int, default=96)
+    parser.add_argument("--repeats", type=int, default=2, help="runs per prompt and method; the fastest counts")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--min-speedup", type=float, default=1.0, help="summary.speedup_ok: speedup >= this")
+    parser.add_argument("--plot", help="PNG path (default: <report stem>-tok_s.png next to the report; 'none')")
+    args = parser.parse_args(argv)
+    import engine
+
+    try:
+        policy = engine.parse_policy(args.policy)
+        dpolicy = args.drafter_policy
+        if dpolicy == "auto":
+            dpolicy = "full" if policy.kind == "full" else str(engine.sink_window(policy.sink, policy.window or 1))
+        engine.parse_policy(dpolicy)
+        common.set_threads(args.threads)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.k < 1 or args.prompts < 1 or args.repeats < 1 or args.new_tokens < 2 or args.prompt_tokens < 2:
+        parser.error("--k, --prompts and --repeats must be >= 1, --new-tokens and --prompt-tokens >= 2")
+    drafter = "lookup" if args.draft == "lookup" else args.drafter
+    config = Config(model=args.model, backend=args.backend, dtype=args.dtype, policy=str(policy), drafter=drafter,
+                    drafter_policy=dpolicy, k=args.k, prompts=args.prompts, prompt_source=args.prompt_source,
+                    prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, repeats=args.repeats,
+                    seed=args.seed, min_speedup=args.min_speedup)
+    body = throughput(config)
+    png = common.plot_path(args.out, "tok_s", args.plot)
+    if png is not None:
+        draw(body, png)
+        body["plot"] = png.name
+    report = write_report(args.out, "throughput", 1, body)
+    s = report["summary"]
+    for i, r in enumerate(report["prompts"]):
+        print(f"prompt {i}: greedy {r['greedy']['decode_tok_s']:.1f} tok/s, speculative "
+              f"{r['speculative']['decode_tok_s']:.1f} tok/s ({r['speedup']:.2f}x), acceptance length "
+              f"{r['speculative']['acceptance_length']:.2f}, exact {r['exact']}")
+    print(f"throughput: greedy {s['greedy_decode_tok_s']:.1f} tok/s, speculative {s['speculative_decode_tok_s']:.1f} "
+          f"tok/s, speedup {s['speedup']:.2f}x (e2e {s['speedup_e2e']:.2f}x), acceptance length "
+          f"{s['mean_acceptance_length']:.2f}, exact {s['exact_prompts']}/{s['prompts']}" + (f"; plot {png}" if png else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
