@@ -114,7 +114,7 @@ def test_a_kind_or_version_without_a_schema_is_an_error(probe_report):
     assert verdict.status == "error"
     assert verdict.checks == [] and verdict.violations == []
     assert "no schema for report kind 'probe' version 2" in verdict.error
-    assert "known: probe v1" in verdict.error
+    assert "known: " in verdict.error and "probe v1" in verdict.error
 
     probe_report.update(kind="warp-drive", schema_version=1)
     assert "no schema for report kind 'warp-drive' version 1" in gates.evaluate(probe_report, []).error
