@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 StopReason = Literal["max_new_tokens", "eos", "stop_string"]
@@ -86,7 +86,6 @@ class Generation:
     forwards: int = 0  # decode forwards of the model that decides the output (after prefill)
     drafted: int = 0  # tokens proposed by the drafter
     accepted: int = 0  # drafted tokens the verifier agreed with
-    extra: dict[str, float] = field(default_factory=dict)
 
     @property
     def acceptance_length(self) -> float:
