@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Literal
 
 import git
-from gitdb import IStream
+from gitdb import IStream, LooseObjectDB
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
 
 from bridge.errors import KakeyaError
@@ -273,7 +273,8 @@ def open_repo(path: Path | str) -> Iterator[git.Repo]:
 
 
 def _store(repo: git.Repo, kind: bytes, data: bytes) -> bytes:
-    return repo.odb.store(IStream(kind, len(data), BytesIO(data))).binsha
+    """Write a loose object in-process (gitdb); GitPython's own `store` would start a git process per object."""
+    return LooseObjectDB.store(repo.odb, IStream(kind, len(data), BytesIO(data))).binsha
 
 
 def _tree_entries(repo: git.Repo, binsha: bytes | None) -> dict[bytes, tuple[bytes, bytes]]:
@@ -311,12 +312,16 @@ def tree_with(repo: git.Repo, base: str | bytes | None, files: Mapping[str, byte
 
 
 def commit(repo: git.Repo, tree: str, parents: Sequence[str], message: str, who: str) -> str:
-    """A commit object (no ref moves); `who` is 'Name <email>'."""
+    """A commit object (no ref moves); `who` is 'Name <email>', used as author and committer."""
     name, _, email = who.partition(" <")
-    actor = git.Actor(name, email.rstrip(">") or "kakeya@kakeya.invalid")
-    made = git.Commit.create_from_tree(repo, tree, message, parent_commits=[repo.commit(p) for p in parents],
-                                       head=False, author=actor, committer=actor)
-    return made.hexsha
+    ident = f"{_clean(name) or 'kakeya'} <{_clean(email.rstrip('>')) or 'kakeya@kakeya.invalid'}> {int(time.time())} +0000"
+    lines = [f"tree {tree}", *(f"parent {p}" for p in parents), f"author {ident}", f"committer {ident}", "",
+             message.rstrip("\n") + "\n"]
+    return _store(repo, b"commit", "\n".join(lines).encode()).hex()
+
+
+def _clean(text: str) -> str:
+    return re.sub(r"[<>\n\r\0]", "", text).strip()
 
 
 def child_commit(repo: git.Repo, parent: str, files: Mapping[str, bytes], message: str, who: str) -> str:

@@ -342,7 +342,10 @@ def execute(preset: Preset, values: Mapping[str, Any], checkout: Path, out_dir: 
         if stopped:
             kill_tree(proc)
             break
-        time.sleep(POLL_S)
+        try:  # returns as soon as the program exits, not at the next poll
+            proc.wait(timeout=POLL_S)
+        except subprocess.TimeoutExpired:
+            pass
     else:
         # The program exited; anything it left behind in its group dies with the run.
         kill_tree(proc, grace_s=0.5)

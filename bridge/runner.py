@@ -26,12 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import git
 from pydantic import ValidationError
 
 from bridge import bus as B
 from bridge.bus import Bus, Claim, Entry, Manifest, Update
 from bridge.config import Config
 from bridge.errors import KakeyaError
+from bridge.evidence import apply_baseline
 from bridge.presets import Preset, load_registry
 from bridge.run import RunContext, RunResult, execute, write_outcome
 
@@ -65,7 +67,7 @@ class Lease(threading.Thread):
         self.lost: str | None = None
         self._halt = threading.Event()
         lease_s = runner.config.lease_s
-        self.tick_s = min(runner.config.poll_interval_s, lease_s / 3)
+        self.tick_s = min(max(runner.config.poll_interval_s, 1.0), lease_s / 3)  # cancel/takeover checks
         self.beat_s = lease_s / 3
 
     def run(self) -> None:
@@ -124,16 +126,19 @@ class Runner:
         self.environ = os.environ if environ is None else environ
         self.workdir = workdir.resolve()
         self.mirror = B.init_bare(self.workdir / "mirror.git")
+        self.repo = git.Repo(self.mirror)  # the main thread's; the lease thread opens its own
         self.bus = Bus(url, self.mirror)
         self.who = f"kakeya runner {name} <{name}@kakeya.invalid>"
         self.leases: dict[str, Claim | None] = {}  # claim sha -> its claim.json (immutable, so cached)
         self.stopping = threading.Event()
         self.abort_reason: str | None = None
         self._log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.served = 0
+        self.outbox_pending = True  # look once at start; then only after a push failed
         B.run_git(self.mirror, "worktree", "prune", check=False)
 
     def log(self, msg: str) -> None:
-        self._log(f"kakeya runner {self.name}: {msg}")
+        self._log(f"{dt.datetime.now().astimezone():%H:%M:%S} kakeya runner {self.name}: {msg}")
 
     # --- stopping -----------------------------------------------------------------------------------
 
@@ -202,12 +207,10 @@ class Runner:
         except B.BusError as exc:  # a claim moved or went away meanwhile: look again next time
             self.log(f"could not read claims: {exc}")
             return
-        with B.open_repo(self.mirror) as repo:
-            for e in unknown:
-                assert e.claim is not None
-                if not B.has_object(repo, e.claim):
-                    continue
-                raw = B.read_path(repo, e.claim, B.CLAIM_PATH)
+        for e in unknown:
+            assert e.claim is not None
+            if B.has_object(self.repo, e.claim):
+                raw = B.read_path(self.repo, e.claim, B.CLAIM_PATH)
                 try:
                     self.leases[e.claim] = Claim.model_validate_json(raw or b"")
                 except ValidationError:
@@ -232,15 +235,15 @@ class Runner:
     def claim(self, entry: Entry, old: tuple[str, Claim] | None) -> tuple[str, Claim] | None:
         """Create (or take over) the claim; None if another runner got there first."""
         assert entry.req is not None and entry.label is not None
-        self.bus.fetch([f"+{B.req_ref(entry.label, entry.id)}:refs/kakeya/req/{entry.id}"])
+        # One local ref, moved to each fetched request, keeps the subjects' history as `have`s for the next fetch.
+        self.bus.fetch([f"+{B.req_ref(entry.label, entry.id)}:refs/kakeya/last"])
         now = B.utcnow()
         claim = Claim(id=entry.id, runner=self.name, labels=self.labels, host=platform.node(), pid=os.getpid(),
                       claimed_at=now, lease_until=now + dt.timedelta(seconds=self.config.lease_s),
                       takeover_of=old[1].runner if old else None)
         base = old[0] if old else entry.req
         verb = f"takes over {entry.id} from {old[1].runner}" if old else f"claims {entry.id}"
-        with B.open_repo(self.mirror) as repo:
-            sha = B.child_commit(repo, base, {B.CLAIM_PATH: claim.dump()}, f"kakeya: {self.name} {verb}", self.who)
+        sha = B.child_commit(self.repo, base, {B.CLAIM_PATH: claim.dump()}, f"kakeya: {self.name} {verb}", self.who)
         if not self.bus.swap([Update(B.claim_ref(entry.id), sha, old[0] if old else None)]):
             return None
         self.log(f"{verb} ({entry.preset} on {entry.label})")
@@ -269,7 +272,6 @@ class Runner:
             return served
         finally:
             lease.stop()
-            B.run_git(self.mirror, "update-ref", "-d", f"refs/kakeya/req/{entry.id}", check=False)
 
     def release(self, entry: Entry, sha: str) -> Served:
         released = self.bus.swap([Update(B.claim_ref(entry.id), None, sha)])
@@ -296,10 +298,11 @@ class Runner:
             try:
                 check_lfs(checkout)
                 self.log(f"{entry.id}: running {preset.name}")
-                return execute(preset, values, checkout, out, config=self.config, environ=self.environ,
-                               context=context, should_stop=lease.should_stop)
+                result = execute(preset, values, checkout, out, config=self.config, environ=self.environ,
+                                 context=context, should_stop=lease.should_stop)
             finally:
                 self.remove_worktree(checkout)
+            return apply_baseline(self.bus, preset, entry.label, out, result)  # a preset's `baseline:`, if any
         except Rejected as exc:
             return write_outcome(out, "rejected", str(exc), preset_name=preset_name, params=params, context=context)
         except Exception as exc:  # noqa: BLE001 — any failure at any step still ends in a done commit
@@ -309,9 +312,8 @@ class Runner:
     def validate(self, entry: Entry) -> tuple[Manifest, Preset, dict[str, Any]]:
         """The request, re-validated against this runner's own registry; Rejected says why not."""
         assert entry.req is not None
-        with B.open_repo(self.mirror) as repo:
-            raw = B.read_path(repo, entry.req, B.MANIFEST_PATH)
-            parents = [p.hexsha for p in repo.commit(entry.req).parents]
+        raw = B.read_path(self.repo, entry.req, B.MANIFEST_PATH)
+        parents = [p.hexsha for p in self.repo.commit(entry.req).parents]
         if raw is None:
             raise Rejected(f"invalid manifest: the request commit has no {B.MANIFEST_PATH}")
         try:
@@ -349,9 +351,9 @@ class Runner:
         return path
 
     def remove_worktree(self, path: Path) -> None:
-        B.run_git(self.mirror, "worktree", "remove", "--force", "--force", str(path), check=False)
-        shutil.rmtree(path, ignore_errors=True)
-        B.run_git(self.mirror, "worktree", "prune", check=False)
+        if B.run_git(self.mirror, "worktree", "remove", "--force", "--force", str(path), check=False).returncode:
+            shutil.rmtree(path, ignore_errors=True)
+            B.run_git(self.mirror, "worktree", "prune", check=False)
 
     # --- results ------------------------------------------------------------------------------------
 
@@ -361,8 +363,7 @@ class Runner:
                  for p in sorted(out.rglob("*")) if p.is_file() and not p.is_symlink()}
         verdict = f", verdict {result.verdict}" if result.verdict else ""
         message = f"kakeya done {entry.id}: {result.status}{verdict}\n\n{result.reason or ''}".rstrip() + "\n"
-        with B.open_repo(self.mirror) as repo:
-            return B.child_commit(repo, claim_sha, files, message, self.who)
+        return B.child_commit(self.repo, claim_sha, files, message, self.who)
 
     def push_done(self, request_id: str, claim_sha: str, done_sha: str) -> bool:
         """Atomically: claim (leased on our last sha) -> done commit, done ref created. Kept locally if the bus
@@ -372,17 +373,20 @@ class Runner:
             pushed = self.bus.swap(updates, atomic=True)
         except KakeyaError as exc:
             B.run_git(self.mirror, "update-ref", f"refs/kakeya/outbox/{request_id}", done_sha)
+            self.outbox_pending = True
             self.log(f"{request_id}: result {done_sha[:12]} not pushed yet ({exc}); will retry")
             return False
         self.log(f"{request_id}: done {done_sha[:12]} pushed" if pushed else
                  f"{request_id}: lease lost before the result could be pushed; result dropped")
-        # One ref keeps the last subject's history as `have`s for the next fetch; the rest may be collected.
-        B.run_git(self.mirror, "update-ref", "refs/kakeya/last", done_sha, check=False)
-        B.run_git(self.mirror, "gc", "--auto", "--quiet", check=False)
+        self.served += 1
+        if self.served % 50 == 0:
+            B.run_git(self.mirror, "gc", "--auto", "--quiet", check=False)
         return pushed
 
     def flush_outbox(self) -> None:
         """Push results that an earlier attempt could not deliver."""
+        if not self.outbox_pending:
+            return
         listed = B.run_git(self.mirror, "for-each-ref", "--format=%(refname) %(objectname)", "refs/kakeya/outbox/")
         for line in listed.stdout.decode().splitlines():
             ref, done_sha = line.split()
@@ -394,6 +398,7 @@ class Runner:
             self.log(f"{request_id}: delayed result pushed" if pushed else
                      f"{request_id}: lease lost while the result waited; dropped")
             B.run_git(self.mirror, "update-ref", "-d", ref)
+        self.outbox_pending = False
 
     # --- the loop -----------------------------------------------------------------------------------
 

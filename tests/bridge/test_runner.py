@@ -77,8 +77,10 @@ def test_request_runner_results_end_to_end_over_git_daemon(world: Env, daemon: D
 
 def test_four_runner_processes_execute_40_requests_exactly_once(world: Env, daemon: Daemon):
     url = daemon.repo()
-    client = Client(load_config(), remote=url)
+    staging = B.init_bare(world.tmp / "staging.git")  # queue the 40 requests with one push
+    client = Client(load_config(), remote=str(staging))
     ids = [client.request("work", {"tag": f"t{i}", "seconds": "0.1", "mode": "sleep"}, "cpu").id for i in range(40)]
+    git(staging, "push", "-q", url, "refs/heads/kakeya/*:refs/heads/kakeya/*")
     procs = [runner_process(world, url, f"w{i}", "--poll", "0.5", "--lease", "5") for i in range(4)]
     try:
         bus = B.Bus(url, world.project)

@@ -1,0 +1,241 @@
+"""Benchmark the git bus; writes JSON. Not a test: it measures, it asserts nothing.
+
+    python benchmarks/bus.py --out benchmarks/results/bus.json
+
+  overhead     local round trip: wall time of `kakeya run probe` minus `kakeya exec probe` (both as CLI
+               processes, alternated, in a clean clone of this repository; median of --repeats each)
+  pickup       seconds from `kakeya request` returning to the program starting on a `kakeya runner
+               watch --poll 0.5` process, over `git daemon` on 127.0.0.1 (median and max of --pickups)
+  throughput   wall time for 1 and for 4 runner processes (already polling) to finish 40 requests of a
+               preset that sleeps 1 s, pushed to the bus at once (over `git daemon`); speedup = time(1) / time(4)
+
+Targets (issue 3): overhead <= 1 s, pickup <= 1.5 s, speedup >= 3.5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bridge import bus as B  # noqa: E402
+from bridge.client import Client  # noqa: E402
+from bridge.config import load_config  # noqa: E402
+
+PROGRAM = textwrap.dedent('''
+    import json, os, sys, time
+    start = time.time()
+    tag, seconds = sys.argv[1], float(sys.argv[2])
+    with open(os.path.join(os.environ["MARKS"], tag), "w") as fh:
+        fh.write(repr(start))
+    time.sleep(seconds)
+    json.dump({"kind": "bench", "schema_version": 1}, open(os.environ["KAKEYA_REPORT"], "w"))
+''')
+PRESET = textwrap.dedent('''
+    name: bench
+    description: records when it started, sleeps, writes a report
+    runners: [cpu]
+    timeout_s: 120
+    argv: ["{python}", "bench_program.py", "{tag}", "{seconds}"]
+    params:
+      tag: {type: str, pattern: "[a-z0-9-]+", max_length: 40, default: x}
+      seconds: {type: float, min: 0, max: 60, default: 0}
+    env:
+      MARKS: "${ENV:KAKEYA_BENCH_MARKS}"
+    report: {kind: bench, schema_version: 1}
+''')
+
+
+def sh(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(args), cwd=cwd, env=env, check=True, capture_output=True, text=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def kakeya(*args: str) -> list[str]:
+    return [sys.executable, "-m", "bridge.cli", *args]
+
+
+def overhead(work: Path, repeats: int) -> dict[str, Any]:
+    """`kakeya run probe` vs `kakeya exec probe` in a clean clone (the presets of this checkout)."""
+    clone = work / "clone"
+    work.mkdir(parents=True)
+    sh("git", "clone", "-q", str(ROOT), str(clone), cwd=work)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KAKEYA_")}
+    env["KAKEYA_PRESETS"] = str(ROOT / "presets")
+    times: dict[str, list[float]] = {"run": [], "exec": []}
+    subprocess.run(kakeya("run", "probe", "--out", str(work / "warm")), cwd=clone, env=env, check=True,
+                   capture_output=True)  # creates the embedded bus and the runner mirror
+    for i in range(repeats):
+        for mode in ("run", "exec"):
+            t0 = time.perf_counter()
+            subprocess.run(kakeya(mode, "probe", "--out", str(work / f"{mode}{i}")), cwd=clone, env=env, check=True,
+                           capture_output=True)
+            times[mode].append(time.perf_counter() - t0)
+    diffs = [r - e for r, e in zip(times["run"], times["exec"], strict=True)]
+    return {"run_s": times["run"], "exec_s": times["exec"], "median_run_s": statistics.median(times["run"]),
+            "median_exec_s": statistics.median(times["exec"]),
+            "overhead_s": statistics.median(times["run"]) - statistics.median(times["exec"]),
+            "median_paired_overhead_s": statistics.median(diffs), "target_s": 1.0}
+
+
+class Bench:
+    """A project with the bench preset, a `git daemon` serving its bus, and runner processes."""
+
+    def __init__(self, work: Path):
+        self.work = work
+        self.project, self.presets, self.marks = work / "project", work / "presets", work / "marks"
+        for d in (self.project, self.presets, self.marks):
+            d.mkdir(parents=True)
+        (self.presets / "bench.yaml").write_text(PRESET)
+        (self.project / "bench_program.py").write_text(PROGRAM)
+        sh("git", "init", "-q", "-b", "main", cwd=self.project)
+        sh("git", "add", "-A", cwd=self.project)
+        sh("git", "-c", "user.name=bench", "-c", "user.email=bench@example.com", "commit", "-qm", "bench",
+           cwd=self.project)
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("KAKEYA_")}
+        self.env.update({"KAKEYA_PRESETS": str(self.presets), "KAKEYA_BENCH_MARKS": str(self.marks),
+                         "OMP_NUM_THREADS": "1"})
+        served = work / "served"
+        served.mkdir()
+        self.port = free_port()
+        self.daemon = subprocess.Popen(["git", "daemon", "--reuseaddr", "--export-all", "--enable=receive-pack",
+                                        f"--base-path={served}", "--listen=127.0.0.1", f"--port={self.port}",
+                                        "--max-connections=64", str(served)],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.buses = served
+        self.n = 0
+        time.sleep(0.5)
+
+    def bus(self) -> str:
+        self.n += 1
+        B.init_bare(self.buses / f"bus{self.n}.git")
+        return f"git://127.0.0.1:{self.port}/bus{self.n}.git"
+
+    def client(self, url: str) -> Client:
+        os.environ.update(self.env)
+        return Client(load_config(self.project), root=self.project, remote=url)
+
+    def runners(self, url: str, count: int, poll: float) -> list[subprocess.Popen[bytes]]:
+        return [subprocess.Popen(kakeya("runner", "watch", "--labels", "cpu", "--name", f"bench{i}", "--remote", url,
+                                        "--poll", str(poll), "--workdir", str(self.work / "runners" / f"bench{i}")),
+                                 cwd=self.project, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                for i in range(count)]
+
+    def close(self) -> None:
+        self.daemon.terminate()
+        self.daemon.wait()
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        p.wait(60)
+
+
+def done_count(client: Client) -> int:
+    return sum(1 for e in client.bus.ls_remote().entries.values() if e.done)
+
+
+def pickup(bench: Bench, count: int) -> dict[str, Any]:
+    url = bench.bus()
+    client = bench.client(url)
+    procs = bench.runners(url, 1, 0.5)
+    try:
+        time.sleep(3)  # the runner is up and polling
+        latencies = []
+        for i in range(count):
+            client.request("bench", {"tag": f"p{i}"}, "cpu")
+            pushed = time.time()
+            mark = bench.marks / f"p{i}"
+            while not mark.exists() or not mark.read_text():
+                time.sleep(0.01)
+            latencies.append(float(mark.read_text()) - pushed)
+            while done_count(client) < i + 1:
+                time.sleep(0.1)
+            time.sleep(0.25 * (i % 3))  # requests land at different phases of the poll
+    finally:
+        stop(procs)
+    return {"poll_s": 0.5, "latencies_s": latencies, "median_s": statistics.median(latencies), "max_s": max(latencies),
+            "target_s": 1.5}
+
+
+def throughput(bench: Bench, runners: int, requests: int, sleep_s: float) -> float:
+    """Runners up and polling an empty bus; the requests land in one push; time until all are done."""
+    url = bench.bus()
+    staging = B.init_bare(bench.work / f"staging{runners}.git")
+    local = bench.client(str(staging))
+    for i in range(requests):
+        local.request("bench", {"tag": f"t{runners}-{i}", "seconds": str(sleep_s)}, "cpu")
+    client = bench.client(url)
+    procs = bench.runners(url, runners, 0.5)
+    try:
+        time.sleep(3)
+        sh("git", "push", "-q", url, "refs/heads/kakeya/*:refs/heads/kakeya/*", cwd=staging)
+        t0 = time.perf_counter()
+        while done_count(client) < requests:
+            time.sleep(0.1)
+        elapsed = time.perf_counter() - t0
+    finally:
+        stop(procs)
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bus.json")
+    parser.add_argument("--repeats", type=int, default=5, help="overhead: runs of each command")
+    parser.add_argument("--pickups", type=int, default=10, help="pickup: requests to time")
+    parser.add_argument("--requests", type=int, default=40, help="throughput: queued requests")
+    parser.add_argument("--sleep", type=float, default=1.0, help="throughput: seconds each request sleeps")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="kakeya-bench-bus-"))
+    started = time.time()
+    try:
+        result: dict[str, Any] = {"host": {"machine": platform.machine(), "cpus": os.cpu_count(),
+                                           "load_avg_before": os.getloadavg()},
+                                  "command": " ".join([Path(sys.executable).name, *sys.argv])}
+        result["overhead"] = overhead(work / "overhead", args.repeats)
+        print(json.dumps(result["overhead"]), flush=True)
+        bench = Bench(work / "bus")
+        try:
+            result["pickup"] = pickup(bench, args.pickups)
+            print(json.dumps(result["pickup"]), flush=True)
+            one = throughput(bench, 1, args.requests, args.sleep)
+            four = throughput(bench, 4, args.requests, args.sleep)
+        finally:
+            bench.close()
+        result["throughput"] = {"requests": args.requests, "sleep_s": args.sleep, "one_runner_s": one,
+                                "four_runners_s": four, "speedup": one / four, "target_speedup": 3.5}
+        print(json.dumps(result["throughput"]), flush=True)
+        result["host"]["load_avg_after"] = os.getloadavg()
+        result["wall_s"] = time.time() - started
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
