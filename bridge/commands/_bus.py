@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import gates
 from bridge.client import Client, exit_code, verdict_line
 from bridge.config import Config, load_config, project_root
 from bridge.run import RunResult
@@ -31,7 +32,13 @@ def out_dir(root: Path, given: Path | None, request_id: str) -> Path:
 
 
 def report(request_id: str, result: RunResult, out: Path) -> int:
-    """Print the verdict line and where the summary is; the exit code of the outcome."""
+    """Print the verdict line, the gate table, where the plots and the summary are; the exit code of the outcome."""
     print(verdict_line(request_id, result))
+    try:
+        print(gates.Verdict.model_validate_json((out / "verdict.json").read_text()).to_markdown().rstrip())
+    except (OSError, ValueError):
+        pass  # no verdict (the run did not get that far) or an unreadable one: the line above says why
+    for png in sorted(out.rglob("*.png")):
+        print(f"plot: {png}")
     print(f"summary: {out / 'summary.md'}")
     return exit_code(result)

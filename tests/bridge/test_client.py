@@ -43,7 +43,9 @@ def user_state(project: Path) -> tuple[str, str, str, bytes]:
 
 def test_run_on_the_embedded_bus_passes_fails_and_refuses(world: Env, capsys):
     assert main(["run", "work", "-p", "tag=one"]) == 0
-    line, summary = capsys.readouterr().out.strip().splitlines()
+    lines = capsys.readouterr().out.strip().splitlines()
+    line, summary = lines[0], lines[-1]
+    assert lines[1].startswith("**Gate: ✓ pass**")
     rid = line.split(":")[0]
     assert line == f"{rid}: work succeeded, verdict pass" and summary == f"summary: {world.project}/out/{rid}/summary.md"
     out = world.project / "out" / rid
