@@ -285,6 +285,25 @@ class ReportSpec(BaseModel):
     schema_version: int = Field(ge=1)
 
 
+class BaselineSpec(BaseModel):
+    """`baseline: {from: previous-pass, metric: /summary/decode_tok_s, max_regression_pct: 10}`: the runner
+    compares each report with the last passing report of the same preset and runner label on the bus."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    from_: Literal["previous-pass"] = Field(alias="from")
+    metric: str
+    max_regression_pct: float = Field(ge=0, allow_inf_nan=False)
+    higher_is_better: bool = True
+
+    @field_validator("metric")
+    @classmethod
+    def _metric(cls, metric: str) -> str:
+        if not metric.startswith("/") or "*" in metric.split("/"):
+            raise ValueError(f"baseline metric {metric!r} must be a JSON pointer to one number, e.g. "
+                             "/summary/decode_tok_s (no '*')")
+        return metric
+
+
 class Preset(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -298,6 +317,7 @@ class Preset(BaseModel):
     secrets: list[str] = []
     report: ReportSpec
     gate: list[Check] = []
+    baseline: BaselineSpec | None = None
 
     @field_validator("name")
     @classmethod
@@ -345,7 +365,9 @@ class Preset(BaseModel):
     @property
     def content_hash(self) -> str:
         """sha256 of the canonical definition: what the runner ran, independent of YAML formatting."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        # A preset without a baseline hashes as it did before `baseline:` existed.
+        data = self.model_dump(mode="json", by_alias=True, exclude={"baseline"} if self.baseline is None else None)
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
     def validate_params(self, raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -409,6 +431,7 @@ class Preset(BaseModel):
             "params": {n: {"type": s.type, "default": s.default, "required": s.required, "bounds": s.bounds(),
                            "description": s.description} for n, s in self.params.items()},
             "gate": [c.model_dump(exclude_none=True) for c in self.gate],
+            **({"baseline": self.baseline.model_dump(by_alias=True)} if self.baseline else {}),
             "hash": self.content_hash,
         }
 

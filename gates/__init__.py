@@ -8,6 +8,7 @@
 from gates.checks import Check, parse_checks
 from gates.compare import Comparison, compare
 from gates.evaluate import (
+    Baseline,
     CheckResult,
     ReportError,
     Verdict,
@@ -20,7 +21,9 @@ from gates.evaluate import (
 from gates.pointer import PathError, resolve
 from gates.schema import known as known_schemas
 
+Verdict.model_rebuild(_types_namespace={"Comparison": Comparison})  # Verdict.comparison (a forward reference)
+
 __all__ = [
-    "Check", "CheckResult", "Comparison", "PathError", "ReportError", "Verdict", "Violation",
+    "Baseline", "Check", "CheckResult", "Comparison", "PathError", "ReportError", "Verdict", "Violation",
     "compare", "evaluate", "evaluate_file", "known_schemas", "load_report", "parse_checks", "resolve", "run_check",
 ]

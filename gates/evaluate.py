@@ -6,13 +6,16 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
 from gates import schema
 from gates.checks import Check
 from gates.pointer import PathError, json_type, resolve
+
+if TYPE_CHECKING:
+    from gates.compare import Comparison  # resolved in gates/__init__.py (compare imports this module)
 
 Status = Literal["pass", "fail", "error"]
 MARK = {"pass": "✓", "fail": "✗", "error": "!"}
@@ -45,6 +48,15 @@ class CheckResult(BaseModel):
     reason: str
 
 
+class Baseline(BaseModel):
+    """What a report was compared against (a preset's `baseline:`): a run, or none and why not."""
+
+    source: str  # how the baseline is chosen, e.g. "previous-pass"
+    run: str | None = None  # the baseline run (a request id); None when there was none
+    subject: str | None = None  # the commit the baseline run tested
+    note: str = ""  # one line for people: which run, or why there is no comparison
+
+
 class Verdict(BaseModel):
     status: Status
     kind: str | None = None
@@ -53,6 +65,8 @@ class Verdict(BaseModel):
     error: str | None = None  # why the report could not be evaluated (status "error")
     violations: list[Violation] = []
     checks: list[CheckResult] = []
+    baseline: Baseline | None = None  # set when the preset declares a baseline
+    comparison: Comparison | None = None  # the comparison with that baseline, when there was one
 
     @property
     def passed(self) -> bool:
@@ -66,7 +80,16 @@ class Verdict(BaseModel):
         out = [self.error] if self.error else []
         out += [f"schema: {v}" for v in self.violations]
         out += [f"{c.check} {c.path}: {c.reason}" for c in self.checks if c.status == "fail"]
+        if self.comparison is not None and self.comparison.status == "fail":
+            out.append(f"baseline: {self.comparison.reason}")
         return out
+
+    def with_comparison(self, baseline: Baseline, comparison: Comparison | None) -> Verdict:
+        """This verdict with its baseline recorded; a regression (a failed comparison) fails a passing verdict.
+        No baseline run, or one that cannot be compared against (comparison error), is recorded, not failed."""
+        failed = comparison is not None and comparison.status == "fail" and self.status == "pass"
+        return self.model_copy(update={"status": "fail" if failed else self.status, "baseline": baseline,
+                                       "comparison": comparison})
 
     def to_markdown(self) -> str:
         what = f"{self.kind} v{self.schema_version}" if self.kind and self.schema_version else "report"
@@ -89,6 +112,10 @@ class Verdict(BaseModel):
             lines += [f"Schema violations ({len(self.violations)}):", ""]
             lines += [f"- `{v.pointer or '/'}`: {_cell(v.message)}" for v in self.violations]
             lines.append("")
+        if self.baseline is not None:
+            lines += [f"Baseline ({_cell(self.baseline.source)}): {_cell(self.baseline.note or 'none')}", ""]
+        if self.comparison is not None:
+            lines.append(self.comparison.to_markdown())
         return "\n".join(lines)
 
 

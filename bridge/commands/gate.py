@@ -1,17 +1,26 @@
-"""`kakeya gate check REPORT (--preset NAME | --checks FILE)` and `kakeya gate compare NEW BASE --metric PATH ...`.
+"""`kakeya gate check REPORT (--preset NAME | --checks FILE)`, `kakeya gate compare NEW BASE --metric PATH ...`
+and `kakeya gate pr --subject SHA --require PRESET[@LABEL] ... [--remote R] [--summary FILE]`.
 
-Both print a table (or `--json`) and exit 0 pass, 1 fail, 2 error (the report could not be evaluated).
+check and compare print a table (or `--json`) and exit 0 pass, 1 fail, 2 error (the report could not be
+evaluated). pr finds the evidence the bus holds for a commit and re-gates it (bridge/evidence.py): exit 0
+when every requirement passes, 1 when evidence is missing, belongs to another commit or fails, 2 when a
+requirement names an unknown preset or a label the preset does not run on.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 import gates
+from bridge import bus as B
+from bridge import evidence
+from bridge.commands._bus import add_remote, client
 from bridge.errors import InvalidRequest
 
 
@@ -40,6 +49,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="the metric is a cost (latency, bytes): an increase is a regression")
     comp.add_argument("--json", action="store_true", help="print the comparison as JSON")
     comp.set_defaults(func=run_compare)
+
+    pr = gsub.add_parser("pr", help="re-gate the evidence the bus holds for a commit (the pull-request check)",
+                         description="For each PRESET[@LABEL]: the newest done run on the bus for the subject, "
+                                     "verified to belong to it and re-gated with this registry's checks. Exit 0 all "
+                                     "pass, 1 evidence missing, for another commit or failing, 2 bad requirement.")
+    pr.add_argument("--subject", required=True, metavar="SHA", help="the commit (a full sha, or a rev of this repo)")
+    pr.add_argument("--require", action="append", required=True, metavar="PRESET[@LABEL]",
+                    help="evidence that must pass (repeatable); without @LABEL a run on any label counts")
+    pr.add_argument("--summary", type=Path, metavar="FILE",
+                    help="append a markdown table to FILE (e.g. $GITHUB_STEP_SUMMARY), keeping it under 1 MiB")
+    pr.add_argument("--json", action="store_true", help="print the outcomes as JSON")
+    add_remote(pr)
+    pr.set_defaults(func=run_pr)
 
 
 def _checks_file(path: Path) -> tuple[list[gates.Check], str | None, int | None]:
@@ -87,3 +109,24 @@ def run_compare(args: argparse.Namespace) -> int:
         raise InvalidRequest(str(exc)) from None
     print(result.model_dump_json(indent=2) if args.json else result.to_markdown())
     return result.exit_code()
+
+
+def run_pr(args: argparse.Namespace) -> int:
+    from bridge.presets import load_registry
+
+    registry = load_registry()
+    requirements = evidence.check_requirements(args.require, registry)
+    c = client(args)
+    subject = args.subject.strip().lower()
+    if not re.fullmatch(B.SHA_PATTERN, subject):
+        subject = c.rev_parse(args.subject)
+    outcomes = evidence.gate_subject(evidence.Shelf(c.bus, c.bus_dir), subject, requirements, registry)
+    if args.json:
+        print(evidence.evidence_json(outcomes))
+    else:
+        for o in outcomes:
+            what = o.evidence.id if o.evidence and o.passed else "; ".join(o.reasons)
+            print(f"{evidence.MARK[o.status]} {o.requirement}: {o.status} — {what}")
+    if args.summary and not evidence.append_summary(args.summary, subject, outcomes):
+        print(f"kakeya: warning: {args.summary} is already at its 1 MiB limit; nothing appended", file=sys.stderr)
+    return 0 if all(o.passed for o in outcomes) else 1

@@ -1,0 +1,425 @@
+"""Evidence on the bus: the run that proves a commit (for `kakeya gate pr`) and the previous pass (for a
+preset's `baseline: {from: previous-pass, ...}`).
+
+    shelf = Shelf(bus)                       # or Shelf(client.bus, client.bus_dir)
+    shelf.load(["probe"])                    # one ls-remote, at most one fetch, one `git cat-file --batch`
+    outcome = judge(shelf, subject, Requirement("probe", "cpu"), registry["probe"])
+    outcome.status                           # pass | fail | missing | mismatch
+    shelf.previous_pass(preset, "cpu", before=request_id)   # (done result, report) or None
+
+Nothing a runner or a requester wrote is taken on trust: the newest done result that names the subject
+(in its request or its result) must agree everywhere — request.json, result.json and report.json name
+the subject, the done commit descends from it and changes nothing outside .kakeya/ — and its report is
+gated again with the checks of this machine's preset registry; the runner's verdict is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+import gates
+from bridge import bus as B
+from bridge.bus import Bus, Manifest, Snapshot
+from bridge.errors import InvalidRequest, KakeyaError
+from bridge.presets import Preset, get_preset
+from bridge.run import RunResult, summary_markdown
+
+SUMMARY_CAP = 1024 * 1024  # GitHub refuses a job summary (the whole $GITHUB_STEP_SUMMARY file) over 1 MiB
+REQUIREMENT_RE = re.compile(r"^([a-z][a-z0-9-]{0,62})(?:@([a-z0-9][a-z0-9_-]{0,62}))?$")
+Status = Literal["pass", "fail", "missing", "mismatch"]
+MARK = {"pass": "✓", "fail": "✗", "missing": "✗", "mismatch": "✗"}
+
+
+# --- done results -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Done:
+    """One done result on the bus, as its commit says (nothing verified yet)."""
+
+    id: str
+    sha: str  # the done commit
+    label: str | None  # the request's runner label: its request.json, else its req ref
+    manifest: Manifest | None  # None: missing or invalid
+    result: RunResult | None
+
+    def names(self, subject: str) -> bool:
+        """Whether its request or its result claims to be evidence for `subject`."""
+        return subject in ((self.manifest.subject if self.manifest else None),
+                           (self.result.subject if self.result else None))
+
+    @property
+    def subject(self) -> str | None:
+        return (self.result.subject if self.result else None) or (self.manifest.subject if self.manifest else None)
+
+
+def _model(cls: Any, data: bytes | None) -> Any:
+    if data is None:
+        return None
+    try:
+        return cls.model_validate_json(data)
+    except ValidationError:
+        return None
+
+
+def parse_report(data: bytes) -> dict[str, Any]:
+    """A report from the bus, read as strictly as `gates.load_report` reads a file (raises gates.ReportError)."""
+    with tempfile.TemporaryDirectory(prefix="kakeya-report-") as tmp:
+        path = Path(tmp) / "report.json"
+        path.write_bytes(data)
+        try:
+            return gates.load_report(path)
+        except gates.ReportError as exc:
+            raise gates.ReportError(str(exc).replace(f"report {path} ", "report.json ")) from None
+
+
+class Shelf:
+    """The done results of some presets, read from local object stores: the bus's `store` (fetched into,
+    objects only, no ref) and, for a bus on a local path, the bus repository itself (read in place)."""
+
+    def __init__(self, bus: Bus, local_bus: Path | None = None):
+        self.bus, self.local_bus = bus, local_bus
+        self.dones: dict[str, list[Done]] = {}  # preset -> its done results, oldest first
+
+    def repos(self) -> list[Path]:
+        return [Path(self.bus.store)] + ([self.local_bus] if self.local_bus is not None else [])
+
+    def load(self, presets: Iterable[str], snap: Snapshot | None = None) -> Shelf:
+        """Read every done result of `presets` on the bus (one ls-remote unless `snap`, one fetch of what is
+        not here yet, one batch read)."""
+        wanted = set(presets)
+        snap = snap if snap is not None else self.bus.ls_remote()
+        entries = [e for e in snap.entries.values() if e.done and e.preset in wanted]
+        missing = {e.done for e in entries}
+        for repo in self.repos():
+            missing -= B.present(repo, sorted(missing))
+        self.bus.fetch([B.done_ref(e.id) for e in entries if e.done in missing])
+        specs = [f"{e.done}:{path}" for e in entries for path in (B.MANIFEST_PATH, f"{B.results_path(e.id)}/result.json")]
+        files = self.read(specs)
+        self.dones = {name: [] for name in wanted}
+        for e in entries:  # snapshot entries are sorted by id: oldest first
+            assert e.done is not None
+            manifest = _model(Manifest, files.get(f"{e.done}:{B.MANIFEST_PATH}"))
+            result = _model(RunResult, files.get(f"{e.done}:{B.results_path(e.id)}/result.json"))
+            label = manifest.runner if manifest else e.label
+            self.dones[e.preset].append(Done(e.id, e.done, label, manifest, result))
+        return self
+
+    def read(self, specs: Sequence[str]) -> dict[str, bytes]:
+        """`<sha>:<path>` -> content, for the ones found in any of the local repositories."""
+        found: dict[str, bytes] = {}
+        for repo in self.repos():
+            rest = [s for s in specs if s not in found]
+            if rest:
+                found.update(B.read_blobs(repo, rest))
+        return found
+
+    def repo_with(self, sha: str) -> Path:
+        return next((r for r in self.repos() if B.present(r, [sha])), Path(self.bus.store))
+
+    def report(self, done: Done) -> bytes | None:
+        return self.read([f"{done.sha}:{B.results_path(done.id)}/report.json"]).get(
+            f"{done.sha}:{B.results_path(done.id)}/report.json")
+
+    def of(self, preset: str, label: str | None) -> list[Done]:
+        """The done results of `preset` (on runner label `label`, when given), newest first."""
+        return [d for d in reversed(self.dones.get(preset, [])) if label is None or d.label == label]
+
+    def previous_pass(self, preset: Preset, label: str | None, before: str | None = None
+                      ) -> tuple[Done, dict[str, Any]] | None:
+        """The newest run of `preset` on `label` created before request `before` that passed: it succeeded, its
+        runner's verdict was pass (so it had no regression either) and its report still passes the checks of
+        this registry. Failing, errored and unreadable runs are skipped, never used as a baseline."""
+        for done in self.of(preset.name, label):
+            r = done.result
+            if (before is not None and done.id >= before) or r is None or r.status != "succeeded" \
+                    or r.verdict != "pass" or r.request_id != done.id or r.preset != preset.name:
+                continue
+            raw = self.report(done)
+            try:
+                report = parse_report(raw) if raw is not None else None
+            except gates.ReportError:
+                continue
+            if report is not None and regate(report, preset).passed:
+                return done, report
+        return None
+
+
+def regate(report: dict[str, Any], preset: Preset) -> gates.Verdict:
+    """The report gated with `preset`'s checks, kind and schema version (no baseline)."""
+    return gates.evaluate(report, preset.gate, kind=preset.report.kind, schema_version=preset.report.schema_version)
+
+
+# --- the baseline ----------------------------------------------------------------------------------
+
+
+def compare_to_previous(shelf: Shelf, preset: Preset, label: str | None, request_id: str | None,
+                        report: dict[str, Any]) -> tuple[gates.Baseline, gates.Comparison | None]:
+    """The preset's baseline comparison for `report` (the run `request_id`); shelf loaded with the preset."""
+    spec = preset.baseline
+    assert spec is not None
+    where = f"{preset.name} on {label or 'any runner'}"
+    found = shelf.previous_pass(preset, label, before=request_id)
+    if found is None:
+        return gates.Baseline(source=spec.from_, note=f"no previous pass of {where}; nothing to compare with"), None
+    done, base = found
+    subject = done.result.subject if done.result else None
+    baseline = gates.Baseline(source=spec.from_, run=done.id, subject=subject,
+                              note=f"previous pass {done.id} (subject {(subject or 'unknown')[:12]})")
+    # The metric and tolerance were validated with the preset, so compare raises nothing here.
+    return baseline, gates.compare(report, base, spec.metric, spec.max_regression_pct,
+                                   higher_is_better=spec.higher_is_better)
+
+
+def apply_baseline(bus: Bus, preset: Preset, label: str | None, out: Path, result: RunResult) -> RunResult:
+    """After the runner gated a run in `out`: compare its report with the previous pass on the bus, record the
+    comparison in verdict.json, and fail the verdict on a regression (result.json and summary.md follow).
+    A preset without `baseline:` or a run without a verdict is returned as it is. The bus being unreachable
+    is recorded, never raised: a run is not lost for want of its baseline."""
+    verdict_path = out / "verdict.json"
+    if preset.baseline is None or result.verdict is None or not verdict_path.is_file():
+        return result
+    verdict = gates.Verdict.model_validate_json(verdict_path.read_text())
+    try:
+        report = gates.load_report(out / "report.json")
+        shelf = Shelf(bus).load([preset.name])
+        baseline, comparison = compare_to_previous(shelf, preset, label, result.request_id, report)
+    except (KakeyaError, gates.ReportError) as exc:
+        baseline, comparison = gates.Baseline(source=preset.baseline.from_, note=f"not compared: {exc}"), None
+    verdict = verdict.with_comparison(baseline, comparison)
+    _write(verdict_path, verdict.model_dump_json(indent=2) + "\n")
+    # result.json as written (already redacted), not the in-memory result
+    on_disk = RunResult.model_validate_json((out / "result.json").read_text())
+    update: dict[str, Any] = {"verdict": verdict.status}
+    if verdict.status == "fail" and comparison is not None and comparison.status == "fail" and not on_disk.reason:
+        update["reason"] = f"regression: {comparison.reason}"
+    on_disk = on_disk.model_copy(update=update)
+    _write(out / "result.json", on_disk.model_dump_json(indent=2) + "\n")
+    _write(out / "summary.md", summary_markdown(on_disk, out))
+    return result.model_copy(update=update)
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+# --- evidence for a commit ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Requirement:
+    preset: str
+    label: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Requirement:
+        m = REQUIREMENT_RE.match(text.strip())
+        if not m:
+            raise InvalidRequest(f"requirement {text!r} must look like PRESET or PRESET@LABEL, e.g. probe@cpu")
+        return cls(m.group(1), m.group(2))
+
+    def __str__(self) -> str:
+        return f"{self.preset}@{self.label}" if self.label else self.preset
+
+
+@dataclass
+class Outcome:
+    """What the bus holds for one requirement, judged."""
+
+    requirement: Requirement
+    status: Status
+    reasons: list[str]
+    evidence: Done | None = None
+    verdict: gates.Verdict | None = None  # the re-gated verdict, when the report could be gated
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "pass"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"requirement": str(self.requirement), "status": self.status, "reasons": self.reasons,
+                "notes": self.notes, "request_id": self.evidence.id if self.evidence else None,
+                "done": self.evidence.sha if self.evidence else None,
+                "runner": self.evidence.result.runner_name if self.evidence and self.evidence.result else None,
+                "verdict": self.verdict.model_dump(mode="json") if self.verdict else None}
+
+
+def check_requirements(texts: Sequence[str], registry: Mapping[str, Preset]) -> list[Requirement]:
+    """Parsed, each naming a preset of `registry` and a label it may run on; duplicates dropped."""
+    out: list[Requirement] = []
+    for text in texts:
+        req = Requirement.parse(text)
+        preset = get_preset(registry, req.preset)
+        if req.label is not None and req.label not in preset.runners:
+            raise InvalidRequest(f"requirement {req}: preset {preset.name} runs on {', '.join(preset.runners)}, "
+                                 f"not {req.label}")
+        if req not in out:
+            out.append(req)
+    return out
+
+
+def judge(shelf: Shelf, subject: str, req: Requirement, preset: Preset) -> Outcome:
+    """The newest done result of `req` that names `subject`, verified and re-gated."""
+    candidates = shelf.of(req.preset, req.label)
+    done = next((d for d in candidates if d.names(subject)), None)
+    if done is None:
+        why = f"no {req} result on the bus names {subject[:12]}"
+        if candidates:
+            other = candidates[0]
+            why += f" (the newest, {other.id}, is for {(other.subject or 'an unknown commit')[:12]})"
+        return Outcome(req, "missing", [why])
+    r = done.result
+    if r is not None and r.subject is None and r.status != "succeeded" and done.manifest is not None \
+            and done.manifest.subject == subject:  # rejected or expired: the runner ran nothing for the subject
+        return Outcome(req, "fail", [f"{done.id}: the run was {r.status}" + (f": {r.reason}" if r.reason else "")],
+                       evidence=done)
+    problems = provenance(shelf, done, subject, req, preset)
+    if problems:
+        return Outcome(req, "mismatch", [f"{done.id} does not belong to {subject[:12]}: {p}" for p in problems],
+                       evidence=done)
+    return regate_evidence(shelf, done, subject, req, preset)
+
+
+def provenance(shelf: Shelf, done: Done, subject: str, req: Requirement, preset: Preset) -> list[str]:
+    """Every way the done result disagrees with being `req`'s evidence for `subject` (empty: none)."""
+    problems = []
+    m, r = done.manifest, done.result
+    if m is None:
+        problems.append(f"its {B.MANIFEST_PATH} is missing or invalid")
+    else:
+        for what, seen, want in (("subject", m.subject, subject), ("id", m.id, done.id),
+                                 ("preset", m.preset, preset.name)):
+            if seen != want:
+                problems.append(f"its request names {what} {seen}, not {want}")
+    if r is None:
+        problems.append("its result.json is missing or invalid")
+    else:
+        for what, seen, want in (("subject", r.subject, subject), ("request", r.request_id, done.id),
+                                 ("preset", r.preset, preset.name)):
+            if seen != want:
+                problems.append(f"its result.json names {what} {seen}, not {want}")
+        if done.label is not None and done.label not in r.runner_labels:
+            problems.append(f"it ran on a runner labelled {', '.join(r.runner_labels) or 'nothing'}, "
+                            f"not {done.label}")
+    repo = shelf.repo_with(done.sha)
+    if not B.is_ancestor(repo, subject, done.sha):
+        problems.append(f"its done commit {done.sha[:12]} does not descend from {subject[:12]}")
+    elif changed := changed_outside_kakeya(repo, subject, done.sha):
+        problems.append(f"its done commit changes the subject's files ({', '.join(changed[:5])})")
+    return problems
+
+
+def changed_outside_kakeya(repo_dir: Path, subject: str, done: str) -> list[str]:
+    """Top-level entries whose content differs between the two commits, other than .kakeya."""
+    with B.open_repo(repo_dir) as repo:
+        def top(sha: str) -> dict[str, tuple[bytes, int]]:
+            return {item.name: (item.binsha, item.mode) for item in repo.commit(sha).tree if item.name != ".kakeya"}
+        a, b = top(subject), top(done)
+    return sorted(n for n in a.keys() | b.keys() if a.get(n) != b.get(n))
+
+
+def regate_evidence(shelf: Shelf, done: Done, subject: str, req: Requirement, preset: Preset) -> Outcome:
+    assert done.result is not None
+    notes = [f"runner {done.result.runner_name or 'unknown'}, done {done.sha[:12]}"]
+    if done.result.preset_hash != preset.content_hash:
+        notes.append(f"ran preset definition {done.result.preset_hash or 'unknown'}; gated with this registry's "
+                     f"{preset.content_hash}")
+    if done.result.status != "succeeded":
+        return Outcome(req, "fail", [f"{done.id}: the run ended with status {done.result.status}"
+                                     + (f": {done.result.reason}" if done.result.reason else "")],
+                       evidence=done, notes=notes)
+    raw = shelf.report(done)
+    if raw is None:
+        return Outcome(req, "fail", [f"{done.id} has no report.json"], evidence=done, notes=notes)
+    try:
+        report = parse_report(raw)
+    except gates.ReportError as exc:
+        return Outcome(req, "fail", [f"{done.id}: {exc}"], evidence=done, notes=notes)
+    if report.get("subject") != subject:
+        return Outcome(req, "mismatch", [f"{done.id} does not belong to {subject[:12]}: its report names subject "
+                                         f"{report.get('subject')}"], evidence=done, notes=notes)
+    verdict = regate(report, preset)
+    if preset.baseline is not None:
+        verdict = verdict.with_comparison(*compare_to_previous(shelf, preset, done.label, done.id, report))
+    if verdict.passed:
+        return Outcome(req, "pass", [], evidence=done, verdict=verdict, notes=notes)
+    return Outcome(req, "fail", [f"{done.id}: {r}" for r in verdict.reasons()] or [f"{done.id}: {verdict.status}"],
+                   evidence=done, verdict=verdict, notes=notes)
+
+
+def gate_subject(shelf: Shelf, subject: str, requirements: Sequence[Requirement],
+                 registry: Mapping[str, Preset]) -> list[Outcome]:
+    """Judge every requirement for `subject` (a full sha): one ls-remote and at most one fetch in all."""
+    shelf.load({r.preset for r in requirements})
+    return [judge(shelf, subject, r, registry[r.preset]) for r in requirements]
+
+
+# --- the job summary ---------------------------------------------------------------------------------
+
+
+def _cell(text: str, limit: int = 400) -> str:
+    text = text.replace("|", "\\|").replace("\n", " ")
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def summary_table(subject: str, outcomes: Sequence[Outcome], limit: int = SUMMARY_CAP) -> str:
+    """Markdown for a job summary, at most `limit` bytes (UTF-8): a line, a table with one row per requirement,
+    then the gate of each requirement that did not pass; what does not fit is cut and counted."""
+    met = sum(o.passed for o in outcomes)
+    ok = met == len(outcomes)
+    head = [f"**Evidence for `{subject}`: {'✓ pass' if ok else '✗ fail'}** ({met} of {len(outcomes)} "
+            f"requirement{'' if len(outcomes) == 1 else 's'} met)\n\n",
+            "| | requirement | status | evidence | details |\n|---|---|---|---|---|\n"]
+    rows = []
+    for o in outcomes:
+        ev = f"`{o.evidence.id}`" if o.evidence else "—"
+        details = "; ".join(o.reasons) if o.reasons else (
+            f"{len(o.verdict.checks)} check{'' if len(o.verdict.checks) == 1 else 's'} passed" if o.verdict else "")
+        if o.notes:
+            details += (" — " if details else "") + "; ".join(o.notes)
+        rows.append(f"| {MARK[o.status]} | `{o.requirement}` | {o.status} | {ev} | {_cell(details)} |\n")
+    sections = [f"\n<details><summary>{o.requirement}: {o.status}</summary>\n\n{o.verdict.to_markdown()}\n</details>\n"
+                for o in outcomes if o.verdict is not None and not o.passed]
+    blocks = head + rows + sections
+    out: list[str] = []
+    used, reserve = 0, 200  # room for the note that says what was cut
+    for i, block in enumerate(blocks):
+        size = len(block.encode())
+        if used + size + (reserve if i < len(blocks) - 1 else 0) > limit:
+            first_section = len(head) + len(rows)
+            cut_rows = max(0, first_section - max(i, len(head)))
+            cut_sections = len(sections) - max(0, i - first_section)
+            note = (f"\n_Cut to fit the 1 MiB job summary: {cut_rows} more row(s), {cut_sections} gate "
+                    "section(s); `kakeya gate pr --json` has all._\n")
+            if used + len(note.encode()) <= limit:
+                out.append(note)
+            break
+        out.append(block)
+        used += size
+    return "".join(out)
+
+
+def append_summary(path: Path, subject: str, outcomes: Sequence[Outcome], cap: int = SUMMARY_CAP) -> int:
+    """Append the summary to `path` (created if missing) so that the whole file stays under `cap` bytes;
+    returns the bytes written (0 when the file is already full)."""
+    existing = path.stat().st_size if path.exists() else 0
+    text = summary_table(subject, outcomes, limit=cap - 1 - existing)
+    if text:
+        with path.open("ab") as fh:
+            fh.write(text.encode())
+    return len(text.encode())
+
+
+def evidence_json(outcomes: Sequence[Outcome]) -> str:
+    return json.dumps([o.as_dict() for o in outcomes], indent=2)

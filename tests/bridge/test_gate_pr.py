@@ -1,0 +1,371 @@
+"""`kakeya gate pr` against a real bus: real requests, an in-process runner, evidence re-gated with the local
+registry. Missing evidence, evidence for another commit, failing reports, reports and done commits edited
+after the run, passing evidence; exit codes, stdout and the appended, capped job summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bridge import bus as B
+from bridge import evidence as E
+from bridge.cli import main
+from bridge.client import Client
+from bridge.config import load_config
+from bridge.presets import load_registry
+from bridge.runner import Runner
+from tests.bridge.bus_support import (  # noqa: F401 — fixtures
+    PRESETS,
+    Env,
+    git,
+    manifest_dict,
+    push_raw_request,
+    world_fixture,
+)
+
+
+class Bus:
+    """A bare bus in the test's temp dir, a client for it and one runner serving cpu and gpu."""
+
+    def __init__(self, env: Env, url: str | None = None):
+        self.env = env
+        self.url = url or str(B.init_bare(env.tmp / "bus.git"))
+        self.client = Client(load_config(), remote=self.url)
+        self.runner = Runner(self.url, config=load_config(), name="r1", labels=["cpu", "gpu"],
+                             workdir=env.tmp / "runners" / "r1")
+
+    def run(self, preset: str, label: str = "cpu", **params: str) -> str:
+        rid = self.client.request(preset, params, label).id
+        served = self.runner.once(request_id=rid)
+        assert served is not None and served.pushed
+        return rid
+
+    def done(self, rid: str) -> str:
+        return B.Bus(self.url, self.env.project).ls_remote(B.done_ref(rid)).refs[B.done_ref(rid)]
+
+    def files(self, rid: str) -> dict[str, bytes]:
+        """The done commit's .kakeya/results/<id>/ files, fetched into the project."""
+        B.Bus(self.url, self.env.project).fetch([B.done_ref(rid)])
+        with B.open_repo(self.env.project) as repo:
+            return B.read_dir(repo, self.done(rid), B.results_path(rid))
+
+    def push_done(self, rid: str, parent: str, files: dict[str, bytes], replace: bool) -> str:
+        """A done commit on `parent` with `files` (paths relative to the repository), pushed as kakeya/done/<rid>
+        (force-moving it when `replace`), as someone with push access to the bus could."""
+        with B.open_repo(self.env.project) as repo:
+            sha = B.child_commit(repo, parent, files, "edited after the run", "Mallory <m@example.com>")
+        expect = self.done(rid) if replace else None
+        assert B.Bus(self.url, self.env.project).swap([B.Update(B.done_ref(rid), sha, expect)], atomic=False)
+        return sha
+
+
+def commit(env: Env, name: str) -> str:
+    (env.project / name).write_text(name)
+    git(env.project, "add", name)
+    git(env.project, "commit", "-qm", name)
+    return git(env.project, "rev-parse", "HEAD")
+
+
+def gate(bus: Bus, subject: str, *require: str, summary: Path | None = None, as_json: bool = False) -> int:
+    args = ["gate", "pr", "--subject", subject, "--remote", bus.url]
+    for r in require:
+        args += ["--require", r]
+    if summary is not None:
+        args += ["--summary", str(summary)]
+    return main(args + (["--json"] if as_json else []))
+
+
+def outcomes(capsys) -> dict[str, dict]:
+    return {o["requirement"]: o for o in json.loads(capsys.readouterr().out)}
+
+
+def set_gate(env: Env, preset: str, value: int) -> None:
+    """Change the trusted registry's threshold for `preset` (min /probe/cpu_count)."""
+    data = {"name": preset, **PRESETS[preset], "gate": [{"check": "min", "path": "/probe/cpu_count", "value": value}]}
+    (env.presets / f"{preset}.yaml").write_text(yaml.safe_dump(data))
+
+
+@pytest.fixture(name="bus")
+def bus_fixture(world: Env) -> Bus:
+    return Bus(world)
+
+
+def test_no_evidence_then_evidence_for_another_commit_then_passing_evidence(world: Env, bus: Bus, capsys, tmp_path):
+    first = git(world.project, "rev-parse", "HEAD")
+    summary = tmp_path / "summary.md"
+    summary.write_text("## earlier step\n\nkept\n")
+    assert gate(bus, first, "work@cpu", summary=summary) == 1
+    out = capsys.readouterr().out
+    assert out == f"✗ work@cpu: missing — no work@cpu result on the bus names {first[:12]}\n"
+    text = summary.read_text()
+    assert text.startswith("## earlier step\n\nkept\n")  # appended, not overwritten
+    assert f"**Evidence for `{first}`: ✗ fail** (0 of 1 requirement met)" in text
+    assert "| ✗ | `work@cpu` | missing | — | no work@cpu result on the bus names" in text
+
+    rid = bus.run("work", tag="a")
+    second = commit(world, "b.txt")
+    # the bus has work@cpu evidence, but for the first commit
+    assert gate(bus, second, "work@cpu", as_json=True) == 1
+    o = outcomes(capsys)["work@cpu"]
+    assert o["status"] == "missing" and o["request_id"] is None
+    assert o["reasons"] == [f"no work@cpu result on the bus names {second[:12]} (the newest, {rid}, is for "
+                            f"{first[:12]})"]
+
+    # the first commit has it: pass (a short rev of this repository is resolved too)
+    before = summary.read_text()
+    assert gate(bus, first[:10], "work@cpu", "work", summary=summary) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [f"✓ work@cpu: pass — {rid}", f"✓ work: pass — {rid}"]
+    text = summary.read_text()
+    assert text.startswith(before)
+    added = text[len(before):]
+    assert f"**Evidence for `{first}`: ✓ pass** (2 of 2 requirements met)" in added
+    assert f"| ✓ | `work@cpu` | pass | `{rid}` | 1 check passed — runner r1, done {bus.done(rid)[:12]} |" in added
+    assert "<details>" not in added  # gate sections only for what did not pass
+
+
+def test_the_newest_evidence_counts_and_a_label_must_match(world: Env, bus: Bus, capsys):
+    head = git(world.project, "rev-parse", "HEAD")
+    passed = bus.run("work", tag="p")
+    assert gate(bus, head, "work@cpu", "work@gpu") == 1
+    assert capsys.readouterr().out.splitlines() == [
+        f"✓ work@cpu: pass — {passed}",
+        f"✗ work@gpu: missing — no work@gpu result on the bus names {head[:12]}"]
+    failed = B.new_id("work")  # a request the runner rejects is the newest: it counts
+    push_raw_request(bus.url, world.project, "cpu", failed, manifest_dict(failed, "work", head, params={"seconds": 999}))
+    assert bus.runner.once(request_id=failed).status == "rejected"
+    assert gate(bus, head, "work@cpu", as_json=True) == 1
+    o = outcomes(capsys)["work@cpu"]
+    assert (o["status"], o["request_id"]) == ("fail", failed)
+    assert o["reasons"][0].startswith(f"{failed}: the run was rejected: bad parameters: preset work: parameter "
+                                      "seconds=999 must be between")
+    again = bus.run("work", tag="again")
+    assert gate(bus, head, "work@cpu") == 0
+    assert capsys.readouterr().out == f"✓ work@cpu: pass — {again}\n"
+
+
+def test_a_failing_report_fails_and_the_runner_verdict_is_not_trusted(world: Env, bus: Bus, capsys, tmp_path):
+    head = git(world.project, "rev-parse", "HEAD")
+    strict = bus.run("strict")  # wants 4096 CPUs: the runner's verdict is fail
+    work = bus.run("work")  # the runner's verdict is pass
+    summary = tmp_path / "summary.md"
+    assert gate(bus, head, "strict@cpu", "work@cpu", summary=summary) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (f"✗ strict@cpu: fail — {strict}: min /probe/cpu_count: /probe/cpu_count = 1, needs ≥ 4096")
+    assert out[1] == f"✓ work@cpu: pass — {work}"
+    text = summary.read_text()
+    assert "(1 of 2 requirements met)" in text
+    assert "<details><summary>strict@cpu: fail</summary>" in text and "| ✗ | min | 1 | ≥ 4096 |" in text
+
+    # This machine's registry decides: loosen strict and tighten work, and both verdicts flip.
+    set_gate(world, "strict", 1)
+    set_gate(world, "work", 64)
+    assert gate(bus, head, "strict@cpu", "work@cpu", as_json=True) == 1
+    found = outcomes(capsys)
+    assert found["strict@cpu"]["status"] == "pass" and found["strict@cpu"]["verdict"]["status"] == "pass"
+    assert found["work@cpu"]["status"] == "fail"
+    assert found["work@cpu"]["reasons"] == [f"{work}: min /probe/cpu_count: /probe/cpu_count = 1, needs ≥ 64"]
+    assert any("gated with this registry's sha256:" in n for n in found["work@cpu"]["notes"])
+
+
+def test_a_report_edited_after_the_run_does_not_pass(world: Env, bus: Bus, capsys):
+    head = git(world.project, "rev-parse", "HEAD")
+    other = commit(world, "other.txt")
+    git(world.project, "checkout", "-q", head)
+    rid = bus.run("strict")  # fails: cpu_count 1 < 4096
+    prefix = B.results_path(rid)
+    files = bus.files(rid)
+    report = json.loads(files["report.json"])
+    assert report["subject"] == head
+
+    def edited(**changes) -> dict[str, bytes]:
+        data = {**report, "probe": {**report["probe"], "cpu_count": 8192}, **changes}
+        return {f"{prefix}/report.json": json.dumps(data).encode()}
+
+    # the checks would pass now, but the report names another commit
+    bus.push_done(rid, bus.done(rid), edited(subject=other), replace=True)
+    assert gate(bus, head, "strict@cpu", as_json=True) == 1
+    o = outcomes(capsys)["strict@cpu"]
+    assert o["status"] == "mismatch" and o["verdict"] is None
+    assert o["reasons"] == [f"{rid} does not belong to {head[:12]}: its report names subject {other}"]
+
+    # the checks would pass now, but the report no longer fits its schema
+    broken = edited(subject=head, unexpected="field")
+    bus.push_done(rid, bus.done(rid), broken, replace=True)
+    assert gate(bus, head, "strict@cpu", as_json=True) == 1
+    o = outcomes(capsys)["strict@cpu"]
+    assert o["status"] == "fail" and o["verdict"]["checks"][0]["status"] == "pass"
+    assert any(r.startswith(f"{rid}: schema: /: ") and "unexpected" in r for r in o["reasons"]), o["reasons"]
+
+    # a result.json that says the run was on another label
+    result = {**json.loads(files["result.json"]), "runner_labels": ["gpu"]}
+    bus.push_done(rid, bus.done(rid), {**edited(subject=head), f"{prefix}/result.json": json.dumps(result).encode()},
+                  replace=True)
+    assert gate(bus, head, "strict@cpu", as_json=True) == 1
+    o = outcomes(capsys)["strict@cpu"]
+    assert o["reasons"] == [f"{rid} does not belong to {head[:12]}: it ran on a runner labelled gpu, not cpu"]
+    bus.push_done(rid, bus.done(rid), {f"{prefix}/result.json": files["result.json"]}, replace=True)
+
+    # a report that is not strict JSON
+    bus.push_done(rid, bus.done(rid), {f"{prefix}/report.json": b'{"kind": "probe", "kind": "probe"}'}, replace=True)
+    assert gate(bus, head, "strict@cpu") == 1
+    assert "report.json is not valid: duplicate key 'kind'" in capsys.readouterr().out
+
+    # a good report, but the done commit also changes the code under test
+    bus.push_done(rid, bus.done(rid), {**edited(subject=head), "work.py": b"print('not what ran')\n"}, replace=True)
+    assert gate(bus, head, "strict@cpu", as_json=True) == 1
+    o = outcomes(capsys)["strict@cpu"]
+    assert (o["status"], o["reasons"]) == ("mismatch", [f"{rid} does not belong to {head[:12]}: its done commit "
+                                                        "changes the subject's files (work.py)"])
+
+    # the same good report alone: now it passes (so each case above failed for its own reason)
+    bus.push_done(rid, bus.done(rid), {**edited(subject=head), "work.py": (world.project / "work.py").read_bytes()},
+                  replace=True)
+    assert gate(bus, head, "strict@cpu") == 0
+    assert capsys.readouterr().out == f"✓ strict@cpu: pass — {rid}\n"
+
+
+def test_a_done_commit_pushed_for_another_commit_does_not_count(world: Env, bus: Bus, capsys):
+    first = git(world.project, "rev-parse", "HEAD")
+    rid = bus.run("work")
+    second = commit(world, "second.txt")
+    files = bus.files(rid)
+    # Someone copies the first commit's passing evidence into a new done result that claims the second commit.
+    forged = B.new_id("work")
+    result = {**json.loads(files["result.json"]), "subject": second, "request_id": forged}
+    report = {**json.loads(files["report.json"]), "subject": second}
+    prefix = B.results_path(forged)
+    bus.push_done(forged, bus.done(rid), {
+        B.MANIFEST_PATH: json.dumps(manifest_dict(forged, "work", second)).encode(),
+        f"{prefix}/result.json": json.dumps(result).encode(),
+        f"{prefix}/report.json": json.dumps(report).encode()}, replace=False)
+    assert gate(bus, second, "work@cpu", as_json=True) == 1
+    o = outcomes(capsys)["work@cpu"]
+    assert (o["status"], o["request_id"]) == ("mismatch", forged)
+    assert o["reasons"] == [f"{forged} does not belong to {second[:12]}: its done commit {bus.done(forged)[:12]} "
+                            f"does not descend from {second[:12]}"]
+    # a result.json that names the subject while its request does not
+    other = B.new_id("work")
+    bus.push_done(other, bus.done(rid), {
+        f"{B.results_path(other)}/result.json": json.dumps({**result, "request_id": other}).encode()}, replace=False)
+    assert gate(bus, second, "work@cpu", as_json=True) == 1
+    o = outcomes(capsys)["work@cpu"]
+    assert o["request_id"] == other and o["status"] == "mismatch"
+    assert f"its request names subject {first}, not {second}" in o["reasons"][0]
+    assert any(f"its request names id {rid}, not {other}" in r for r in o["reasons"])
+    # a request that names the subject and a result.json that does not (nor is readable at all)
+    third = B.new_id("work")
+    bus.push_done(third, bus.done(rid), {B.MANIFEST_PATH: json.dumps(manifest_dict(third, "work", second)).encode(),
+                                         f"{B.results_path(third)}/result.json": b"{}"}, replace=False)
+    assert gate(bus, second, "work@cpu", as_json=True) == 1
+    o = outcomes(capsys)["work@cpu"]
+    assert o["request_id"] == third and "its result.json is missing or invalid" in o["reasons"][0]
+    # The newest result that names the first commit (in its request.json) is `other`: it does not verify, so the
+    # check fails closed rather than falling back to older evidence ...
+    assert gate(bus, first, "work@cpu", as_json=True) == 1
+    o = outcomes(capsys)["work@cpu"]
+    assert (o["status"], o["request_id"]) == ("mismatch", other)
+    # ... until the bogus results are gone: then the original evidence passes for the commit it ran.
+    store = B.Bus(bus.url, world.project)
+    assert store.swap([B.Update(B.done_ref(i), None, bus.done(i)) for i in (forged, other, third)])
+    assert gate(bus, first, "work@cpu") == 0
+    assert capsys.readouterr().out == f"✓ work@cpu: pass — {rid}\n"
+
+
+def test_over_a_url_bus_the_evidence_is_fetched_once(world: Env, capsys):
+    bare = B.init_bare(world.tmp / "remote.git")
+    bus = Bus(world, url=f"file://{bare}")
+    head = git(world.project, "rev-parse", "HEAD")
+    rid = bus.run("work")
+    assert bus.client.bus_dir is None  # not read in place: fetched into the project's object store
+    assert not B.present(world.project, [bus.done(rid)])
+    assert gate(bus, head, "work@cpu", "cpuonly@cpu") == 1
+    assert capsys.readouterr().out.splitlines() == [f"✓ work@cpu: pass — {rid}",
+                                                    f"✗ cpuonly@cpu: missing — no cpuonly@cpu result on the bus "
+                                                    f"names {head[:12]}"]
+    assert B.present(world.project, [bus.done(rid)])
+
+
+def test_bad_requirements_are_refused_before_the_bus_is_read(world: Env, bus: Bus, capsys):
+    head = git(world.project, "rev-parse", "HEAD")
+    assert gate(bus, head, "ghost@cpu") == 2
+    assert "unknown preset 'ghost'" in capsys.readouterr().err
+    assert gate(bus, head, "strict@gpu") == 2
+    assert "preset strict runs on cpu, not gpu" in capsys.readouterr().err
+    assert gate(bus, head, "Work@CPU") == 2
+    assert "must look like PRESET or PRESET@LABEL" in capsys.readouterr().err
+    assert gate(bus, "not-a-commit", "work@cpu") == 2
+    assert "'not-a-commit' is not a commit" in capsys.readouterr().err
+    assert main(["gate", "pr", "--subject", head, "--require", "work@cpu", "--remote",
+                 str(world.tmp / "no-such-bus")]) == 1
+    assert "cannot reach the bus" in capsys.readouterr().err
+    assert E.check_requirements(["work@cpu", "work@cpu", "work"], load_registry()) == [
+        E.Requirement("work", "cpu"), E.Requirement("work")]
+
+
+def test_the_summary_stays_under_1_mib_with_many_requirements(world: Env, bus: Bus, capsys, tmp_path):
+    head = git(world.project, "rev-parse", "HEAD")
+    bus.run("strict")
+    # 20000 requirements, each with a long reason and a failing gate: far more than 1 MiB of markdown
+    shelf = E.Shelf(bus.client.bus, bus.client.bus_dir).load(["strict"])
+    preset = load_registry()["strict"]
+    one = E.judge(shelf, head, E.Requirement("strict", "cpu"), preset)
+    assert one.status == "fail" and one.verdict is not None
+    many = [E.Outcome(E.Requirement(f"p{i}", "cpu"), "fail", ["x" * 1000], one.evidence, one.verdict)
+            for i in range(20000)]
+    text = E.summary_table(head, many)
+    size = len(text.encode())
+    assert E.SUMMARY_CAP - 2048 < size <= E.SUMMARY_CAP
+    assert text.count("\n| ✗ | `p") > 2000 and "<details>" not in text  # rows first; no room for sections
+    assert text.rstrip().endswith("`kakeya gate pr --json` has all._")
+    cut = int(text.rsplit("summary: ", 1)[1].split(" ")[0])
+    assert cut == 20000 - text.count("\n| ✗ | `p") and "20000 gate section(s)" in text
+    # sections fill what rows leave
+    few = E.summary_table(head, many[:3])
+    assert few.count("<details>") == 3 and "Cut to fit" not in few
+    part = E.summary_table(head, many[:3], limit=len(few.encode()) - 10)
+    shown = part.count("<details>")
+    assert len(part.encode()) <= len(few.encode()) - 10 and part.count("\n| ✗ | `p") == 3 and 0 < shown < 3
+    assert f"0 more row(s), {3 - shown} gate section(s)" in part
+    assert E.summary_table(head, many[:3], limit=100) == ""  # not even the first line fits: nothing
+
+    # through the CLI: appended to a file that is nearly full already, the whole file stays under 1 MiB
+    summary = tmp_path / "summary.md"
+    summary.write_bytes(b"e" * (E.SUMMARY_CAP - 3000))
+    assert gate(bus, head, *[f"{p}@cpu" for p in ("strict", "work", "cpuonly")], summary=summary) == 1
+    data = summary.read_bytes()
+    assert E.SUMMARY_CAP - 3000 < len(data) < E.SUMMARY_CAP and data.startswith(b"e" * (E.SUMMARY_CAP - 3000))
+    assert "`cpuonly@cpu` | missing" in data.decode()
+    capsys.readouterr()
+    summary.write_bytes(b"e" * E.SUMMARY_CAP)  # full: nothing is appended, and the check still fails
+    assert gate(bus, head, "strict@cpu", summary=summary) == 1
+    assert summary.stat().st_size == E.SUMMARY_CAP
+    assert "already at its 1 MiB limit" in capsys.readouterr().err
+
+
+def test_a_run_that_did_not_succeed_fails_whatever_its_report(world: Env, capsys):
+    """A run that could not start (a variable its preset needs is not set on the runner) ends in an error result."""
+    bus = Bus(world)
+    bus.runner.environ = {k: v for k, v in bus.runner.environ.items() if k != "KAKEYA_TEST_COUNTER"}
+    head = git(world.project, "rev-parse", "HEAD")
+    rid = bus.run("work")
+    assert gate(bus, head, "work@cpu") == 1
+    assert capsys.readouterr().out == (f"✗ work@cpu: fail — {rid}: the run ended with status error: could not start: preset work: env "
+                                       "COUNTER needs ${ENV:KAKEYA_TEST_COUNTER} but KAKEYA_TEST_COUNTER is not set "
+                                       "on this runner\n")
+
+
+def test_a_request_for_the_subject_that_never_ran_there(world: Env, bus: Bus, capsys):
+    """A request commit whose manifest names the subject but whose parent is another commit is rejected by the
+    runner; its done result is the newest that names the subject, and fails."""
+    head = git(world.project, "rev-parse", "HEAD")
+    other = commit(world, "c.txt")
+    rid = B.new_id("work")
+    push_raw_request(bus.url, world.project, "cpu", rid, manifest_dict(rid, "work", head), parent=other)
+    assert bus.runner.once(request_id=rid).status == "rejected"
+    assert gate(bus, head, "work@cpu") == 1
+    assert capsys.readouterr().out.startswith(f"✗ work@cpu: fail — {rid}: the run was rejected: invalid manifest: "
+                                              f"subject {head} is not the request commit's parent")
