@@ -159,6 +159,17 @@ def test_throughput_tiny_report(model_dir: Path, drafter_dir: Path, tmp_path: Pa
     assert [p["greedy"]["tokens"] for p in lookup["prompts"]] == [20, 20]
 
 
+@pytest.mark.skipif(not HAVE_MLX, reason="mlx / mlx-lm not installed")
+def test_throughput_mlx_backend(model_dir: Path, drafter_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "tp.json"
+    throughput.main(["--model", str(model_dir), "--backend", "mlx", "--drafter", str(drafter_dir), "--policy",
+                     "hybrid:2:8", "--k", "3", "--prompts", "2", "--prompt-tokens", "24", "--new-tokens", "20",
+                     "--repeats", "1", "--plot", "none", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert _gate(report).status == "pass" and report["config"]["backend"] == "mlx"
+    assert report["summary"]["all_exact"] and all(p["speculative"]["tokens"] == 20 for p in report["prompts"])
+
+
 def test_throughput_exactness_is_computed_from_tokens(model_dir: Path, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     real = engine.speculative_generate
