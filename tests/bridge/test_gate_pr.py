@@ -353,9 +353,9 @@ def test_a_run_that_did_not_succeed_fails_whatever_its_report(world: Env, capsys
     head = git(world.project, "rev-parse", "HEAD")
     rid = bus.run("work")
     assert gate(bus, head, "work@cpu") == 1
-    assert capsys.readouterr().out == (f"✗ work@cpu: fail — {rid}: the run ended with status error: could not start: preset work: env "
-                                       "COUNTER needs ${ENV:KAKEYA_TEST_COUNTER} but KAKEYA_TEST_COUNTER is not set "
-                                       "on this runner\n")
+    assert capsys.readouterr().out == (f"✗ work@cpu: fail — {rid}: the run ended with status error: could not "
+                                       "start: preset work: env COUNTER needs ${ENV:KAKEYA_TEST_COUNTER} but "
+                                       "KAKEYA_TEST_COUNTER is not set on this runner\n")
 
 
 def test_a_request_for_the_subject_that_never_ran_there(world: Env, bus: Bus, capsys):
