@@ -176,6 +176,7 @@ class _Tally:
         self.allocated = 0
         self.bounded = True
         self.farthest = 1 << 62
+        self.reach = 0
 
 
 def _decode(model: Any, seq: Any, placed: Placed, max_new: int) -> bool:
@@ -200,10 +201,12 @@ def _account(t: _Tally, seq: Any, slot_bytes: list[int], n_prompt: int) -> None:
     t.kv = max(t.kv, sum(held))
     t.bound = max(t.bound, sum(bound))
     t.allocated = max(t.allocated, sum(allocated))
-    t.farthest = min(t.farthest, common.oldest_visible(seq.specs, n_prompt - 1))
+    oldest = common.oldest_visible(seq.specs, n_prompt - 1)
+    t.farthest = min(t.farthest, oldest)
+    t.reach = max(t.reach, n_prompt - oldest)
 
 
-def niah(config: Config, plot: str | None = None) -> dict[str, Any]:
+def niah(config: Config) -> dict[str, Any]:
     import engine
 
     t0 = time.perf_counter()
@@ -252,12 +255,11 @@ def niah(config: Config, plot: str | None = None) -> dict[str, Any]:
             results = {}
             for p in under_test:
                 t = tallies[p.kind]
-                q = max(x for d in depths for x in d.prompt_tokens) - 1
                 results[p.kind] = PolicyResult(
                     policy=str(p), recall=t.hits / t.n, recall_delta=oracle_recall - t.hits / t.n, kv_bytes=t.kv,
                     kv_bytes_bound=t.bound, kv_bytes_full=t.full, kv_fraction=t.kv / t.full if t.full else 1.0,
                     kv_allocated_bytes=t.allocated, kv_bounded=t.bounded, farthest_position=t.farthest,
-                    reach=q - t.farthest + 1,
+                    reach=t.reach,
                 )
             rungs.append(Rung(
                 context=context, samples=config.samples, needles=len(config.depths) * config.samples,
