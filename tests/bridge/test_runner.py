@@ -284,3 +284,91 @@ def test_a_result_the_bus_could_not_take_is_pushed_later(world: Env):
     assert world.count() == ["o"]
     assert git(runner.mirror, "for-each-ref", "refs/kakeya/outbox/") == ""
     shutil.rmtree(runner.workdir / "runs", ignore_errors=True)
+
+
+def test_a_takeover_during_the_run_stops_the_holder_in_process(world: Env):
+    client = Client(load_config())
+    rid = client.request("work", {"tag": "t", "mode": "once", "seconds": "60"}, "cpu").id
+    holder = make_runner(client.url, world, "a")
+    served: list = []
+    thread = threading.Thread(target=lambda: served.append(holder.once()))
+    thread.start()
+    program = int(wait_for(lambda: world.mark("t", "first").exists() and world.mark("t", "first").read_text(), 30,
+                           "the run"))
+    # another runner takes the claim over with a lease on the sha it saw (as after an expired lease)
+    thief = make_runner(client.url, world, "b")
+    entry = thief.bus.ls_remote().entries[rid]
+    thief.bus.fetch([B.claim_ref(rid)])
+    seen = B.Claim.model_validate_json(B.read_path(thief.repo, entry.claim, B.CLAIM_PATH) or b"")
+    took = thief.claim(entry, (entry.claim, seen))
+    assert took is not None
+    thread.join(30)
+    assert not thread.is_alive() and not served[0].pushed
+    assert served[0].reason == "lease lost: taken over by runner b"
+    assert not pid_alive(program)
+    assert thief.serve(entry, *took).pushed
+    assert done_result(world.project, client.url, rid)["runner_name"] == "b"
+    assert done_claim(world.project, client.url, rid).takeover_of == "a"
+    assert world.count() == ["t"]
+
+
+def test_an_unreadable_claim_is_treated_as_expired(world: Env):
+    client = Client(load_config())
+    rid = client.request("work", {"tag": "u"}, "cpu").id
+    entry = client.entry(rid)
+    with B.open_repo(world.project) as repo:
+        bogus = B.child_commit(repo, entry.req or "", {B.CLAIM_PATH: b"not json"}, "bogus claim", "X <x@e>")
+    assert client.bus.swap([B.Update(B.claim_ref(rid), bogus, None)])
+    served = make_runner(client.url, world).once()
+    assert served is not None and served.status == "succeeded" and served.pushed
+    assert done_claim(world.project, client.url, rid).takeover_of == "unknown"
+    assert world.count() == ["u"]
+
+
+def test_watch_serves_until_stopped_and_backs_off_while_the_bus_is_away(world: Env):
+    client = Client(load_config())
+    ids = [client.request("work", {"tag": f"w{i}"}, "cpu").id for i in range(2)]
+    lines: list[str] = []
+    runner = Runner(client.url, config=load_config(), name="w", labels=["cpu"], workdir=world.tmp / "w",
+                    log=lines.append)
+    thread = threading.Thread(target=runner.watch, kwargs={"poll_s": 0.2, "max_backoff_s": 0.4})
+    thread.start()
+    bus = B.Bus(client.url, world.project)
+    wait_for(lambda: all(bus.ls_remote().entries[i].done for i in ids), 30, "both requests")
+    Path(client.url).rename(client.url + ".away")
+    wait_for(lambda: any("retrying in" in ln for ln in lines), 10, "a failed poll")
+    Path(client.url + ".away").rename(client.url)
+    runner.stop("test")
+    thread.join(10)
+    assert not thread.is_alive() and lines[-1].endswith("kakeya runner w: stopped")
+    assert any("cannot reach the bus" in ln and "retrying in" in ln for ln in lines)
+    assert sorted(world.count()) == ["w0", "w1"]
+
+
+def test_a_claim_taken_while_stopping_is_released_unrun(world: Env):
+    client = Client(load_config())
+    rid = client.request("work", {"tag": "r"}, "cpu").id
+    runner = make_runner(client.url, world)
+    entry = runner.bus.ls_remote().entries[rid]
+    claimed = runner.claim(entry, None)
+    assert claimed is not None
+    runner.stop("test")
+    assert runner.serve(entry, *claimed).status == "released"
+    assert runner.once() is None
+    assert runner.bus.ls_remote().entries[rid].claim is None  # back in the queue
+    served = make_runner(client.url, world, "r2").once()
+    assert served is not None and served.id == rid and served.status == "succeeded"
+    assert world.count() == ["r"]
+
+
+def test_ctrl_c_during_kakeya_run_kills_the_run_and_records_it(world: Env, capsys):
+    def interrupt() -> None:
+        wait_for(lambda: world.mark("i", "started").exists(), 60, "the run")
+        signal.raise_signal(signal.SIGINT)  # handled in the main thread, where `kakeya run` waits
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    assert main(["run", "work", "-p", "mode=sleep", "-p", "tag=i", "-p", "seconds=60"]) == 1
+    assert "work error (interrupted by SIGINT)" in capsys.readouterr().out
+    pid = int(world.mark("i", "started").read_text().split()[0])
+    assert not pid_alive(pid) and world.count() == []
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
