@@ -133,15 +133,17 @@ class Shelf:
         """The done results of `preset` (on runner label `label`, when given), newest first."""
         return [d for d in reversed(self.dones.get(preset, [])) if label is None or d.label == label]
 
-    def previous_pass(self, preset: Preset, label: str | None, before: str | None = None
-                      ) -> tuple[Done, dict[str, Any]] | None:
-        """The newest run of `preset` on `label` created before request `before` that passed: it succeeded, its
+    def previous_pass(self, preset: Preset, label: str | None, before: str | None = None,
+                      params: dict[str, Any] | None = None) -> tuple[Done, dict[str, Any]] | None:
+        """The newest run of `preset` on `label` (with the same `params`, when given: a run of another model
+        or context length is no baseline) created before request `before` that passed: it succeeded, its
         runner's verdict was pass (so it had no regression either) and its report still passes the checks of
         this registry. Failing, errored and unreadable runs are skipped, never used as a baseline."""
         for done in self.of(preset.name, label):
             r = done.result
             if (before is not None and done.id >= before) or r is None or r.status != "succeeded" \
-                    or r.verdict != "pass" or r.request_id != done.id or r.preset != preset.name:
+                    or r.verdict != "pass" or r.request_id != done.id or r.preset != preset.name \
+                    or (params is not None and r.params != params):
                 continue
             raw = self.report(done)
             try:
@@ -162,14 +164,16 @@ def regate(report: dict[str, Any], preset: Preset) -> gates.Verdict:
 
 
 def compare_to_previous(shelf: Shelf, preset: Preset, label: str | None, request_id: str | None,
-                        report: dict[str, Any]) -> tuple[gates.Baseline, gates.Comparison | None]:
+                        report: dict[str, Any], params: dict[str, Any] | None = None
+                        ) -> tuple[gates.Baseline, gates.Comparison | None]:
     """The preset's baseline comparison for `report` (the run `request_id`); shelf loaded with the preset."""
     spec = preset.baseline
     assert spec is not None
     where = f"{preset.name} on {label or 'any runner'}"
-    found = shelf.previous_pass(preset, label, before=request_id)
+    found = shelf.previous_pass(preset, label, before=request_id, params=params)
     if found is None:
-        return gates.Baseline(source=spec.from_, note=f"no previous pass of {where}; nothing to compare with"), None
+        return gates.Baseline(source=spec.from_, note=f"no previous pass of {where} with these parameters; "
+                                                      "nothing to compare with"), None
     done, base = found
     subject = done.result.subject if done.result else None
     baseline = gates.Baseline(source=spec.from_, run=done.id, subject=subject,
@@ -191,7 +195,7 @@ def apply_baseline(bus: Bus, preset: Preset, label: str | None, out: Path, resul
     try:
         report = gates.load_report(out / "report.json")
         shelf = Shelf(bus).load([preset.name])
-        baseline, comparison = compare_to_previous(shelf, preset, label, result.request_id, report)
+        baseline, comparison = compare_to_previous(shelf, preset, label, result.request_id, report, result.params)
     except (KakeyaError, gates.ReportError) as exc:
         baseline, comparison = gates.Baseline(source=preset.baseline.from_, note=f"not compared: {exc}"), None
     verdict = verdict.with_comparison(baseline, comparison)
@@ -351,7 +355,8 @@ def regate_evidence(shelf: Shelf, done: Done, subject: str, req: Requirement, pr
                                          f"{report.get('subject')}"], evidence=done, notes=notes)
     verdict = regate(report, preset)
     if preset.baseline is not None:
-        verdict = verdict.with_comparison(*compare_to_previous(shelf, preset, done.label, done.id, report))
+        params = done.result.params if done.result else None
+        verdict = verdict.with_comparison(*compare_to_previous(shelf, preset, done.label, done.id, report, params))
     if verdict.passed:
         return Outcome(req, "pass", [], evidence=done, verdict=verdict, notes=notes)
     return Outcome(req, "fail", [f"{done.id}: {r}" for r in verdict.reasons()] or [f"{done.id}: {verdict.status}"],

@@ -25,7 +25,9 @@ from tests.bridge.bus_support import Env, git, world_fixture  # noqa: F401 — f
 BENCH_PY = textwrap.dedent('''
     import json, os, sys
 
-    value, ok = int(sys.argv[1]), sys.argv[2] == "true"
+    with open("bench.json") as fh:  # the code under test decides the metric, as a real change would
+        cfg = json.load(fh)
+    value, ok = cfg["value"], cfg["ok"]
     env = {"python": "3", "os": "test", "machine": "x", "hostname": "h", "cpu_count": 1, "memory_bytes": None,
            "versions": {"python": "3"}}
     report = {"kind": "probe", "schema_version": 1, "created_at": "2026-01-01T00:00:00+00:00", "environment": env,
@@ -44,9 +46,8 @@ BENCH = {
     "description": "a benchmark with a metric that must not regress",
     "runners": ["cpu", "gpu"],
     "timeout_s": 60,
-    "argv": ["{python}", "bench.py", "{value}", "{ok}"],
-    "params": {"value": {"type": "int", "min": 0, "max": 10**9, "default": 100},
-               "ok": {"type": "bool", "default": True}},
+    "argv": ["{python}", "bench.py", "{size}"],
+    "params": {"size": {"type": "int", "min": 1, "max": 8, "default": 1}},
     "report": {"kind": "probe", "schema_version": 1},
     "gate": [{"check": "min", "path": "/probe/cpu_count", "value": 2}],
     "baseline": {"from": "previous-pass", "metric": "/probe/memory_bytes", "max_regression_pct": 10},
@@ -63,9 +64,13 @@ def bench_fixture(world: Env, monkeypatch) -> Env:
     return world
 
 
-def run(env: Env, capsys, value: int, ok: bool = True, label: str = "cpu") -> tuple[int, str, dict, dict]:
-    """`kakeya run bench` -> (exit code, request id, verdict.json, result.json)."""
-    code = main(["run", "bench", "-p", f"value={value}", "-p", f"ok={str(ok).lower()}", "--runner", label])
+def run(env: Env, capsys, value: int, ok: bool = True, label: str = "cpu", size: int = 1
+        ) -> tuple[int, str, dict, dict]:
+    """Commit code whose metric is `value`, then `kakeya run bench` -> (exit code, request id, verdict, result)."""
+    (env.project / "bench.json").write_text(json.dumps({"value": value, "ok": ok}))
+    git(env.project, "add", "bench.json")
+    git(env.project, "commit", "-q", "--allow-empty", "-m", f"metric {value}")
+    code = main(["run", "bench", "-p", f"size={size}", "--runner", label])
     line = capsys.readouterr().out.splitlines()[0]
     rid = line.split(":")[0]
     out = env.project / "out" / rid
@@ -75,10 +80,12 @@ def run(env: Env, capsys, value: int, ok: bool = True, label: str = "cpu") -> tu
 def test_previous_pass_baseline_over_a_series_of_runs(bench: Env, capsys):
     # 1. the first run: nothing to compare with, which is not a failure
     code, first, verdict, result = run(bench, capsys, 100)
+    first_subject = result["subject"]
     assert code == 0 and verdict["status"] == "pass" and result["verdict"] == "pass"
     assert verdict["comparison"] is None
     assert verdict["baseline"] == {"source": "previous-pass", "run": None, "subject": None,
-                                   "note": "no previous pass of bench on cpu; nothing to compare with"}
+                                   "note": "no previous pass of bench on cpu with these parameters; "
+                                           "nothing to compare with"}
     summary = (bench.project / "out" / first / "summary.md").read_text()
     assert "Baseline (previous-pass): no previous pass of bench on cpu" in summary
 
@@ -86,7 +93,7 @@ def test_previous_pass_baseline_over_a_series_of_runs(bench: Env, capsys):
     code, second, verdict, result = run(bench, capsys, 95)
     assert code == 0 and verdict["status"] == "pass"
     assert verdict["baseline"]["run"] == first
-    assert verdict["baseline"]["subject"] == git(bench.project, "rev-parse", "HEAD")
+    assert verdict["baseline"]["subject"] == first_subject != result["subject"]
     c = verdict["comparison"]
     assert (c["status"], c["metric"], c["new"], c["base"], c["regression_pct"]) == \
         ("pass", "/probe/memory_bytes", 95, 100, pytest.approx(5.0))
@@ -114,7 +121,7 @@ def test_previous_pass_baseline_over_a_series_of_runs(bench: Env, capsys):
 
     # 5. neither the regressed run (3) nor the failing one (4) is a baseline: the last pass is still run 2.
     # Against run 4 (1000) this would be a 91 % regression.
-    code, fifth, verdict, _ = run(bench, capsys, 90)
+    code, fifth, verdict, fifth_result = run(bench, capsys, 90)
     assert code == 0 and verdict["status"] == "pass"
     assert (verdict["baseline"]["run"], verdict["comparison"]["base"]) == (second, 95)
 
@@ -122,8 +129,13 @@ def test_previous_pass_baseline_over_a_series_of_runs(bench: Env, capsys):
     code, _, verdict, _ = run(bench, capsys, 1, label="gpu")
     assert code == 0 and verdict["comparison"] is None and "no previous pass of bench on gpu" in verdict["baseline"]["note"]
 
+    # 7. a run with other parameters is no baseline for this one (nor this one for them)
+    code, _, verdict, _ = run(bench, capsys, 1, size=2)
+    assert code == 0 and verdict["comparison"] is None
+    assert "no previous pass of bench on cpu with these parameters" in verdict["baseline"]["note"]
+
     # `kakeya gate pr` computes the comparison itself from the bus (the runner's verdict is not trusted)
-    head = git(bench.project, "rev-parse", "HEAD")
+    head = fifth_result["subject"]
     assert main(["gate", "pr", "--subject", head, "--require", "bench@cpu", "--json"]) == 0
     [o] = json.loads(capsys.readouterr().out)
     assert o["request_id"] == fifth and o["verdict"]["comparison"]["base"] == 95
@@ -148,7 +160,8 @@ def test_an_unreachable_bus_is_recorded_not_failed(bench: Env, tmp_path: Path):
     """The run's own verdict stands and nothing it produced is lost when the baseline cannot be looked up."""
     preset = load_registry()["bench"]
     out = tmp_path / "out"
-    result = execute(preset, preset.validate_params({"value": 7}), bench.project, out, config=load_config(),
+    (bench.project / "bench.json").write_text(json.dumps({"value": 7, "ok": True}))
+    result = execute(preset, preset.validate_params({}), bench.project, out, config=load_config(),
                      context=RunContext(request_id=B.new_id("bench"), runner_labels=["cpu"]))
     assert result.verdict == "pass"
     before = (out / "result.json").read_text()
