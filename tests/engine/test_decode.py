@@ -102,8 +102,8 @@ def test_stop_conditions() -> None:
         engine.Stop(0)
 
 
-def test_forward_larger_than_the_slack_or_rollback_beyond_it_is_refused_or_exact() -> None:
-    tm = tiny_models.gemma()
+def test_forward_larger_than_the_slack_or_rollback_beyond_it_is_refused_or_exact(backend: str) -> None:
+    tm = on(backend, tiny_models.gemma())
     ids = tiny_models.prompt(60, seed=4)
     seq = tm.sequence(sink_window(4, 8), max_block=3)
     seq.prefill(ids[:40])

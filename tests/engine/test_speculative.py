@@ -73,10 +73,10 @@ def test_speculative_equals_greedy_qwen(policy: Policy, drafter: str, k: int, ba
     assert tuple(gen.tokens) == _greedy(backend, "qwen", policy, 40)
 
 
-def test_speculative_stops_like_greedy_and_leaves_a_consistent_cache() -> None:
-    tm = tiny_models.gemma()
+def test_speculative_stops_like_greedy_and_leaves_a_consistent_cache(backend: str) -> None:
+    tm = on(backend, tiny_models.gemma())
     ids = tiny_models.prompt(40, seed=40)
-    ref = list(_greedy("torch", "gemma", sink_window(4, 8), 40))
+    ref = list(_greedy(backend, "gemma", sink_window(4, 8), 40))
     eos = ref[50]
 
     def detok(toks: list[int]) -> str:
