@@ -227,12 +227,16 @@ class Snapshot:
 # --- running git ------------------------------------------------------------------------------------
 
 GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", "LANGUAGE": "C"}
+# Variables that would point our git commands at some other repository (e.g. when run from a git hook).
+_REPO_VARS = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR",
+              "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_NAMESPACE", "GIT_PREFIX")
 
 
 def run_git(cwd: Path | str, *args: str, input: bytes | None = None, env: Mapping[str, str] | None = None,
             timeout: float | None = 300, check: bool = True) -> subprocess.CompletedProcess[bytes]:
     """`git <args>` in `cwd`; BusError with git's message when it fails (and `check`)."""
-    full_env = {**os.environ, **GIT_ENV, **(env or {})}
+    full_env = {k: v for k, v in os.environ.items() if k not in _REPO_VARS}
+    full_env.update({**GIT_ENV, **(env or {})})
     try:
         proc = subprocess.run(["git", *args], cwd=cwd, input=input, capture_output=True, env=full_env,
                               timeout=timeout)

@@ -360,7 +360,8 @@ class Runner:
     def commit_done(self, entry: Entry, claim_sha: str, out: Path, result: RunResult) -> str:
         prefix = B.results_path(entry.id)
         files = {f"{prefix}/{p.relative_to(out).as_posix()}": p.read_bytes()
-                 for p in sorted(out.rglob("*")) if p.is_file() and not p.is_symlink()}
+                 for p in sorted(out.rglob("*")) if p.is_file() and not p.is_symlink()
+                 and ".git" not in p.relative_to(out).parts}  # git refuses a tree entry named .git
         verdict = f", verdict {result.verdict}" if result.verdict else ""
         message = f"kakeya done {entry.id}: {result.status}{verdict}\n\n{result.reason or ''}".rstrip() + "\n"
         return B.child_commit(self.repo, claim_sha, files, message, self.who)

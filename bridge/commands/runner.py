@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import signal
 from pathlib import Path
+from typing import Any
 
 from bridge.client import resolve_remote, state_dir
 from bridge.commands._bus import add_remote, config_and_root
@@ -41,16 +42,16 @@ def make_runner(args: argparse.Namespace, config: Config, root: Path, url: str, 
     return Runner(url, config=config, name=name, labels=labels, workdir=workdir)
 
 
-def handle_signals(runner: Runner) -> None:
-    """First SIGTERM/SIGINT: stop after the current request. Second: kill the current run too."""
+def handle_signals(runner: Runner) -> dict[int, Any]:
+    """First SIGTERM/SIGINT: stop after the current request. Second: kill the current run too.
+    Returns the handlers it replaced."""
     def handler(signum: int, _frame: object) -> None:
         name = signal.Signals(signum).name
         if runner.stopping.is_set():
             runner.abort(f"runner {runner.name} stopped by {name} during the run")
         else:
             runner.stop(name)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, handler)
+    return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,11 +61,15 @@ def run(args: argparse.Namespace) -> int:
     labels = [s.strip() for s in args.labels.split(",") if s.strip()] if args.labels else config.labels
     url = resolve_remote(config.remote if args.remote is None else args.remote, root, config)
     runner = make_runner(args, config, root, url, labels)
-    handle_signals(runner)
-    if args.mode == "watch":
-        runner.watch()
-        return 0
-    served = runner.once(request_id=args.request)
+    previous = handle_signals(runner)
+    try:
+        if args.mode == "watch":
+            runner.watch()
+            return 0
+        served = runner.once(request_id=args.request)
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
     if served is None:
         what = args.request or f"labels {', '.join(runner.labels)}"
         print(f"nothing to do for {what} (no pending request, or it is done or held by a live lease)")
