@@ -39,6 +39,8 @@ from bridge.run import RunContext, RunResult, execute, write_outcome
 
 LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
 CLAIM_WINDOW = 4  # runners pick at random among the oldest few pending requests, so they rarely collide
+PREFETCH = 16  # requests fetched ahead in one fetch
+MAX_TRIES = 4  # claims tried per poll before looking at the bus again
 
 
 class Rejected(KakeyaError):
@@ -134,6 +136,7 @@ class Runner:
         self.abort_reason: str | None = None
         self._log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.served = 0
+        self.contended = False
         self.outbox_pending = True  # look once at start; then only after a push failed
         B.run_git(self.mirror, "worktree", "prune", check=False)
 
@@ -159,13 +162,26 @@ class Runner:
         """Claim and serve one pending request for our labels (or `request_id`); None if there was none."""
         self.flush_outbox()
         snap = self.bus.ls_remote()
-        for entry, old in self.candidates(snap, request_id):
+        candidates = self.candidates(snap, request_id)
+        self.contended = False
+        self.prefetch([e for e, _ in candidates[:PREFETCH]])
+        for entry, old in candidates[:MAX_TRIES]:
             if self.stopping.is_set():
                 return None
             claimed = self.claim(entry, old)
             if claimed:
                 return self.serve(entry, *claimed)
+            self.contended = True  # another runner was faster: look again at once, not after a poll
         return None
+
+    def prefetch(self, entries: list[Entry]) -> None:
+        """Fetch the requests we may claim (and their subjects) in one go; a backlog costs one fetch, not one each."""
+        here = B.present(self.mirror, [e.req for e in entries if e.req])
+        missing = [e for e in entries if e.req not in here]
+        if missing:
+            # One local ref, moved to a fetched request, keeps the subjects' history as `have`s for the next fetch.
+            self.bus.fetch([f"+{B.req_ref(e.label or '', e.id)}:refs/kakeya/last" if i == 0 else
+                            B.req_ref(e.label or "", e.id) for i, e in enumerate(missing)])
 
     def candidates(self, snap: B.Snapshot, request_id: str | None) -> list[tuple[Entry, tuple[str, Claim] | None]]:
         """Requests we may claim, oldest first: unclaimed ones, and claimed ones whose lease has expired."""
@@ -235,8 +251,8 @@ class Runner:
     def claim(self, entry: Entry, old: tuple[str, Claim] | None) -> tuple[str, Claim] | None:
         """Create (or take over) the claim; None if another runner got there first."""
         assert entry.req is not None and entry.label is not None
-        # One local ref, moved to each fetched request, keeps the subjects' history as `have`s for the next fetch.
-        self.bus.fetch([f"+{B.req_ref(entry.label, entry.id)}:refs/kakeya/last"])
+        if not B.has_object(self.repo, entry.req):
+            self.prefetch([entry])
         now = B.utcnow()
         claim = Claim(id=entry.id, runner=self.name, labels=self.labels, host=platform.node(), pid=os.getpid(),
                       claimed_at=now, lease_until=now + dt.timedelta(seconds=self.config.lease_s),
@@ -416,7 +432,7 @@ class Runner:
                 backoff = min(max(backoff * 2, poll_s), max_backoff_s)
                 self.log(f"{exc}; retrying in {poll_s + backoff:.1f} s")
                 served = None
-            if served is None:
+            if served is None and not self.contended:
                 self.stopping.wait(poll_s + backoff)
         self.log("stopped")
 
