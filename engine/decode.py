@@ -81,7 +81,7 @@ class Generation:
     tokens: list[int]
     stop_reason: StopReason
     prompt_tokens: int
-    prefill_s: float
+    prefill_s: float  # prompt prefill (of the verifier and the drafter, for speculative decoding)
     decode_s: float  # wall time after the first new token (greedy) / after prefill (speculative)
     forwards: int = 0  # decode forwards of the model that decides the output (after prefill)
     drafted: int = 0  # tokens proposed by the drafter
