@@ -38,7 +38,7 @@ from bridge.presets import Preset, load_registry
 from bridge.run import RunContext, RunResult, execute, write_outcome
 
 LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
-CLAIM_WINDOW = 4  # runners pick at random among the oldest few pending requests, so they rarely collide
+CLAIM_WINDOW = 8  # runners pick at random among the oldest few pending requests, so they rarely collide
 PREFETCH = 16  # requests fetched ahead in one fetch
 MAX_TRIES = 4  # claims tried per poll before looking at the bus again
 
@@ -69,7 +69,7 @@ class Lease(threading.Thread):
         self.lost: str | None = None
         self._halt = threading.Event()
         lease_s = runner.config.lease_s
-        self.tick_s = min(max(runner.config.poll_interval_s, 1.0), lease_s / 3)  # cancel/takeover checks
+        self.tick_s = min(max(runner.config.poll_interval_s, 2.0), lease_s / 3)  # cancel/takeover checks
         self.beat_s = lease_s / 3
 
     def run(self) -> None:
@@ -261,6 +261,7 @@ class Runner:
         verb = f"takes over {entry.id} from {old[1].runner}" if old else f"claims {entry.id}"
         sha = B.child_commit(self.repo, base, {B.CLAIM_PATH: claim.dump()}, f"kakeya: {self.name} {verb}", self.who)
         if not self.bus.swap([Update(B.claim_ref(entry.id), sha, old[0] if old else None)]):
+            self.log(f"{entry.id}: another runner claimed it first")
             return None
         self.log(f"{verb} ({entry.preset} on {entry.label})")
         return sha, claim
