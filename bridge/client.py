@@ -4,7 +4,6 @@
     manifest = client.request("probe", {}, "cpu")                 # pushes kakeya/req/cpu/<id>
     done = client.wait(manifest.id, timeout=600)
     result, out = client.results(manifest.id, Path("out/x"), done)
-    client.evidence(subject_sha, presets=["probe"])               # done results for a commit (for `gate pr`)
 
 The client's object store is the project's own repository: request commits are written into it
 (objects only) and pushed from it, and results are fetched into it without a ref or FETCH_HEAD; the
@@ -16,7 +15,6 @@ from __future__ import annotations
 
 import datetime as dt
 import getpass
-import json
 import platform
 import re
 import secrets
@@ -115,21 +113,6 @@ class Row:
     holder: str | None = None
     subject: str | None = None
     refs: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class Evidence:
-    """A finished request for a subject, read from its done commit."""
-
-    id: str
-    done: str
-    manifest: Manifest
-    result: RunResult
-    report: dict[str, Any] | None
-
-    @property
-    def runner(self) -> str:
-        return self.manifest.runner
 
 
 class Client:
@@ -376,35 +359,6 @@ class Client:
             status = self.bus.push(chunk)
             deleted += [u.ref for u in chunk if status.get(u.ref, (False, ""))[0]]
         return deleted
-
-    # --- evidence for gates -------------------------------------------------------------------------
-
-    def evidence(self, subject: str, presets: Sequence[str] | None = None) -> list[Evidence]:
-        """Finished requests that ran `subject` (a full sha), oldest first: their manifest, result and report,
-        from done commits that descend from the subject. One ls-remote, one fetch."""
-        snap = self.bus.ls_remote()
-        dones = [e for e in snap.entries.values() if e.done and (not presets or e.preset in presets)]
-        self.ensure(dones)
-        found = []
-        for e in dones:
-            assert e.done is not None
-            repo_dir = self.repo_with(e.done)
-            with B.open_repo(repo_dir) as repo:
-                manifest = _model(Manifest, B.read_path(repo, e.done, B.MANIFEST_PATH))
-                if manifest is None or manifest.subject != subject or manifest.id != e.id:
-                    continue
-                result = _model(RunResult, B.read_path(repo, e.done, f"{B.results_path(e.id)}/result.json"))
-                raw_report = B.read_path(repo, e.done, f"{B.results_path(e.id)}/report.json")
-            # The runner records the subject it checked out (after checking it is the request's parent);
-            # a rejected request records none, so a manifest cannot claim evidence for a commit it did not run.
-            if result is None or result.subject != subject or not B.is_ancestor(repo_dir, subject, e.done):
-                continue
-            try:
-                report = json.loads(raw_report) if raw_report is not None else None
-            except ValueError:
-                report = None
-            found.append(Evidence(e.id, e.done, manifest, result, report if isinstance(report, dict) else None))
-        return found
 
 
 def _model(cls: Any, data: bytes | None) -> Any:

@@ -22,8 +22,6 @@ from tests.bridge.bus_support import (  # noqa: F401 — fixtures
     daemon_fixture,
     free_port,
     git,
-    manifest_dict,
-    push_raw_request,
     world_fixture,
 )
 
@@ -257,26 +255,6 @@ def test_status_over_2000_finished_requests_is_one_round_trip(world: Env, daemon
     assert daemon.connections() - before == 1
     without_age = [ln.split()[:4] + ln.split()[5:] for ln in lines[1:]]
     assert [ln.split()[:4] + ln.split()[5:] for ln in capsys.readouterr().out.splitlines()[1:]] == without_age
-
-
-def test_evidence_for_a_subject(world: Env):
-    c = client()
-    r = runner(c.url, world)
-    first = git(world.project, "rev-parse", "HEAD")
-    a = c.request("work", {"tag": "a"}, "cpu")
-    (world.project / "x.txt").write_text("x")
-    git(world.project, "add", "x.txt")
-    git(world.project, "commit", "-qm", "x")
-    b = c.request("strict", {"tag": "b"}, "cpu")
-    lying = B.new_id("work")  # a manifest naming a subject the commit does not descend from
-    push_raw_request(c.url, world.project, "cpu", lying, manifest_dict(lying, "work", first), parent=b.subject)
-    for _ in range(3):
-        r.once()
-    found = c.evidence(first)
-    assert [(e.id, e.runner, e.result.status, e.report["kind"]) for e in found] == [(a.id, "cpu", "succeeded", "probe")]
-    assert [e.id for e in c.evidence(b.subject)] == [b.id]
-    assert c.evidence(b.subject, presets=["work"]) == []
-    assert [e.result.verdict for e in c.evidence(b.subject, presets=["strict"])] == ["fail"]
 
 
 def test_doctor_says_what_is_wrong(world: Env, capsys, monkeypatch):
