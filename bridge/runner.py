@@ -176,8 +176,7 @@ class Runner:
 
     def prefetch(self, entries: list[Entry]) -> None:
         """Fetch the requests we may claim (and their subjects) in one go; a backlog costs one fetch, not one each."""
-        here = B.present(self.mirror, [e.req for e in entries if e.req])
-        missing = [e for e in entries if e.req not in here]
+        missing = [e for e in entries if e.req and not B.has_object(self.repo, e.req)]
         if missing:
             # One local ref, moved to a fetched request, keeps the subjects' history as `have`s for the next fetch.
             self.bus.fetch([f"+{B.req_ref(e.label or '', e.id)}:refs/kakeya/last" if i == 0 else
