@@ -344,9 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     common.add_model_args(parser)
     parser.add_argument("--policy", default="hybrid:4:64,sink_window:4:64",
                         help="policies under test, comma-separated (the full-cache oracle always runs)")
-    parser.add_argument("--contexts", type=common.int_list, default=[256, 1024], help="the ladder, e.g. 256,1024")
+    parser.add_argument("--contexts", type=common.int_list, default=[256, 512, 1024], help="the ladder, e.g. 256,1024")
     parser.add_argument("--depths", type=common.float_list, default=DEPTHS, help="needle depths in [0, 1]")
-    parser.add_argument("--samples", type=int, default=2, help="haystacks per rung and depth")
+    parser.add_argument("--samples", type=int, default=4, help="haystacks per rung and depth")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", help="PNG path (default: <report stem>-recall.png next to the report; 'none')")
     args = parser.parse_args(argv)
