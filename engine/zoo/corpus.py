@@ -246,13 +246,14 @@ def code_prompts(n: int, seed: int, n_tokens: int = 96) -> list[str]:
 def training_haystack(n_tokens: int, rng: random.Random, max_needles: int = 4) -> tuple[list[str], list[bool]]:
     """A training row of exactly `n_tokens` tokens (<bos> included) and its answer mask.
 
-    Like `haystack`, with 1..max_needles needles at random sentence boundaries (depth 0 and 1
-    included) and one query per needle for a random subset of them, each answered and closed by
-    <eos>: `<bos> ... ? kA : d d d d <eos> ? kB : d d d d <eos>`. The first query sits exactly
-    where `haystack` puts its query. The mask marks answer digits and their <eos> (targets of the
+    Like `haystack`, with 1..max_needles needles (at most one per 30 tokens, so needles and
+    queries take at most half the row) at random sentence boundaries (depth 0 and 1 included) and
+    one query per needle for a random subset of them, each answered and closed by <eos>:
+    `<bos> ... ? kA : d d d d <eos> ? kB : d d d d <eos>`. The first query sits exactly where
+    `haystack` puts its query. The mask marks answer digits and their <eos> (targets of the
     retrieval loss); words[0] is <bos>.
     """
-    m = rng.randint(1, max_needles)
+    m = rng.randint(1, max(1, min(max_needles, n_tokens // 30)))
     keys = rng.sample(KEYS, m)
     values = [[rng.choice(DIGITS) for _ in range(NEEDLE_DIGITS)] for _ in keys]
     asked = rng.sample(range(m), rng.randint(1, m))

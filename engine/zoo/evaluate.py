@@ -56,6 +56,7 @@ class EvalRecord(BaseModel):
     threads: int
     wall_s: float
     seed: int
+    distractors: int = 0  # extra key/value needles per haystack
     recall: list[RecallCell]
     acceptance: Acceptance | None = None
 
@@ -180,8 +181,9 @@ def render_card(model_dir: Path) -> str:
           for i, p in enumerate(r.phases)],
         "",
         "Haystack rows hold 1-4 needles `kN : d d d d .` at random sentence boundaries and 1-4 queries "
-        "`? kN : d d d d <eos>` at the end; the loss weighs answer digits and <eos> 1 and other haystack "
-        f"tokens {r.filler_weight:g}. Code rows (`corpus.code_words`) weigh every token 1.",
+        "`? kN : d d d d <eos>` at the end; code rows are `corpus.code_words`. The loss is the mean "
+        f"cross-entropy over answer digits and their <eos> plus {r.lm_weight:g} x the mean over all other "
+        "tokens.",
     ]
     if r.distill:
         d = r.distill
@@ -192,8 +194,8 @@ def render_card(model_dir: Path) -> str:
         n = ev.recall[0].samples
         out += ["", "## Needle recall", "", f"    {ev.command}", "",
                 f"Exact match of the 4 answer digits, plain transformers greedy decoding with the full cache, "
-                f"{n} haystacks per cell (`corpus.haystack(context, depth, seed)`, seeds {ev.seed}-{ev.seed + n - 1}, "
-                "no distractor needles):", "", recall_table(ev.recall)]
+                f"{n} haystacks per cell (`corpus.haystack(context, depth, seed, n_distractors={ev.distractors})`, "
+                f"seeds {ev.seed}-{ev.seed + n - 1}):", "", recall_table(ev.recall)]
     if ev and ev.acceptance:
         a = ev.acceptance
         out += ["", "## Drafter acceptance", "", f"    {ev.command}", "",
@@ -225,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--depths", default=",".join(str(d) for d in DEPTHS))
     ap.add_argument("--samples", type=int, default=20, help="haystacks per context x depth")
     ap.add_argument("--seed", type=int, default=10_000)
+    ap.add_argument("--distractors", type=int, default=0, help="other key/value needles per haystack")
     ap.add_argument("--prompts", type=int, default=32, help="code prompts for acceptance")
     ap.add_argument("--prompt-tokens", type=int, default=96)
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -236,8 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     vdir = resolve(args.model)
     verifier = load(vdir)
     cells = needle_recall(verifier, [int(c) for c in args.contexts.split(",")],
-                          [float(d) for d in args.depths.split(",")], args.samples, args.seed)
-    print(f"needle recall of {vdir.name} (exact match, greedy, full cache, {args.samples} samples per cell)")
+                          [float(d) for d in args.depths.split(",")], args.samples, args.seed, args.distractors)
+    print(f"needle recall of {vdir.name} (exact match, greedy, full cache, {args.samples} samples per cell, "
+          f"{args.distractors} distractors)")
     print(recall_table(cells))
     acc = None
     if args.drafter:
@@ -251,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
               + ", ".join(f"k={k}: {per_verify[k]:.2f} tokens/verify" for k in per_verify))
     command = "python -m engine.zoo.evaluate " + " ".join(argv if argv is not None else sys.argv[1:])
     record = EvalRecord(model=vdir.name, command=command, threads=torch.get_num_threads(),
-                        wall_s=round(time.time() - t0, 1), seed=args.seed, recall=cells, acceptance=acc)
+                        wall_s=round(time.time() - t0, 1), seed=args.seed, distractors=args.distractors,
+                        recall=cells, acceptance=acc)
     print(f"{record.wall_s:.0f} s")
     if args.write:
         (vdir / "eval_record.json").write_text(record.model_dump_json(indent=2) + "\n")

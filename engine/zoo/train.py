@@ -82,7 +82,9 @@ class Recipe(BaseModel):
     min_lr_frac: float = 0.1
     warmup: int = 40
     weight_decay: float = 0.01
-    filler_weight: float = 0.1  # loss weight of haystack tokens that are not answers
+    # loss = mean CE over answer tokens + lm_weight * mean CE over all other tokens, so that the
+    # retrieval signal is not drowned (in Adam's normalisation too) by the many filler/code tokens
+    lm_weight: float = 0.2
     seed: int = 0
     distill: Distill | None = None
 
@@ -104,11 +106,12 @@ RECIPES: dict[str, Recipe] = {
     "tiny-hybrid": Recipe(
         name="tiny-hybrid",
         arch=Arch(hidden=144, intermediate=288, layers=6),
+        # single-needle rows first (retrieval takes off there), then distractors and longer contexts
         phases=[
-            Phase(steps=300, min_len=48, max_len=192, tokens_per_step=2048, code_frac=0.1, max_needles=2),
-            Phase(steps=250, min_len=128, max_len=384, tokens_per_step=3072, code_frac=0.1),
-            Phase(steps=150, min_len=384, max_len=896, tokens_per_step=4096, code_frac=0.05),
-            Phase(steps=120, min_len=896, max_len=1280, tokens_per_step=6144, code_frac=0.05),
+            Phase(steps=300, min_len=48, max_len=160, tokens_per_step=3072, code_frac=0.1, max_needles=1),
+            Phase(steps=250, min_len=96, max_len=384, tokens_per_step=3072, code_frac=0.1, max_needles=3),
+            Phase(steps=200, min_len=384, max_len=896, tokens_per_step=4096, code_frac=0.05, max_needles=3),
+            Phase(steps=150, min_len=896, max_len=1344, tokens_per_step=6144, code_frac=0.05, max_needles=3),
         ],
     ),
     "tiny-drafter": Recipe(
@@ -159,37 +162,37 @@ def save_model(model: Gemma3ForCausalLM, recipe: Recipe, out: Path) -> None:
 
 # --- data --------------------------------------------------------------------------------------
 
-Row = tuple[list[int], list[float], list[bool]]  # ids, loss weights, answer mask
+Row = tuple[list[int], list[bool]]  # ids, answer mask
 
 
 def _code_row(n: int, rng: random.Random) -> Row:
     ids = tokenizer.encode_words([corpus.BOS, *corpus.code_words(n - 1, rng)])
-    return ids, [1.0] * n, [False] * n
+    return ids, [False] * n
 
 
-def _haystack_row(n: int, rng: random.Random, recipe: Recipe, phase: Phase) -> Row:
+def _haystack_row(n: int, rng: random.Random, phase: Phase) -> Row:
     words, mask = corpus.training_haystack(n, rng, phase.max_needles)
-    return tokenizer.encode_words(words), [1.0 if m else recipe.filler_weight for m in mask], mask
+    return tokenizer.encode_words(words), mask
 
 
 def make_batch(
     recipe: Recipe, phase: Phase, rng: random.Random, pool: dict[int, torch.Tensor] | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Rows of one length (no padding): ids, loss weights and the answer mask, each [B, L]."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of one length (no padding): ids and the answer mask, both [B, L]."""
     distill = recipe.distill
     if pool and rng.random() < distill.frac:  # type: ignore[union-attr]
         seqs = pool[rng.choice(sorted(pool))]
         rows = max(1, min(len(seqs), phase.tokens_per_step // seqs.shape[1]))
         idx = rng.sample(range(len(seqs)), rows)
         ids = seqs[idx]
-        return ids, torch.ones(ids.shape), torch.zeros(ids.shape, dtype=torch.bool)
+        return ids, torch.zeros(ids.shape, dtype=torch.bool)
     n = rng.randint(phase.min_len, phase.max_len)
     rows = max(1, phase.tokens_per_step // n)
     data = [
-        _code_row(n, rng) if rng.random() < phase.code_frac else _haystack_row(n, rng, recipe, phase)
+        _code_row(n, rng) if rng.random() < phase.code_frac else _haystack_row(n, rng, phase)
         for _ in range(rows)
     ]
-    return tuple(torch.tensor([d[k] for d in data]) for k in range(3))  # type: ignore[return-value]
+    return torch.tensor([d[0] for d in data]), torch.tensor([d[1] for d in data])
 
 
 @torch.no_grad()
@@ -261,21 +264,22 @@ def train(recipe: Recipe, out: Path, command: str = "", log=print) -> TrainRecor
     for pi, phase in enumerate(recipe.phases):
         for _ in range(phase.steps):
             rng = random.Random(f"{recipe.name}:{recipe.seed}:{step}")
-            ids, weights, answers = make_batch(recipe, phase, rng, pool)
+            ids, answers = make_batch(recipe, phase, rng, pool)
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, total, recipe)
             logits = model(input_ids=ids).logits[:, :-1]
-            w = weights[:, 1:]
+            ans = answers[:, 1:]
             ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
-                                 reduction="none").view_as(w)
-            loss = (ce * w).sum() / w.sum()
+                                 reduction="none").view_as(ans)
+            loss = recipe.lm_weight * ce[~ans].mean()
+            if ans.any():
+                loss = loss + ce[ans].mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             with torch.no_grad():
                 hit = logits.argmax(-1) == ids[:, 1:]
-                ans = answers[:, 1:]
                 acc = hit[ans].float().mean().item() if ans.any() else float("nan")
             window.append((loss.item(), acc, hit.float().mean().item(), float(ids.shape[1])))
             step += 1
