@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/kakeya run probe --out out/demo
+	$(VENV)/bin/kakeya run niah-smoke --out out/demo
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
