@@ -159,8 +159,10 @@ def cross_check(config: Config, geo: common.Geometry, dgeo: common.Geometry | No
         policy = engine.parse_policy(text)
         block = 1 if text == "full" else config.k + 1
         jobs.append(("verifier", model, policy, geo, block))
-        if dmodel is not None and dgeo is not None and text != "full":
-            jobs.append(("drafter", dmodel, drafter_policy(policy), dgeo, config.k + 1))
+        dpolicy = drafter_policy(policy)
+        if dmodel is not None and dgeo is not None and text != "full" and not any(
+                j[0] == "drafter" and j[2] == dpolicy for j in jobs):
+            jobs.append(("drafter", dmodel, dpolicy, dgeo, config.k + 1))
     out = []
     with common.progress(len(jobs) * len(config.check_lens), "compression check", "prefill") as bar:
         for n in config.check_lens:

@@ -233,7 +233,7 @@ def test_compression_cross_check(model_dir: Path, drafter_dir: Path, tmp_path: P
     compression.main(args)
     report = json.loads(out.read_text())
     assert _gate(report, "compression-table").status == "pass", _gate(report, "compression-table").reasons()
-    assert report["summary"]["checks"] == 2 * 5  # (full, 2 policies, 2 drafter caches) x 2 lengths
+    assert report["summary"]["checks"] == 2 * 4  # (full, 2 policies, the drafter's sink_window) x 2 lengths
     assert {(c["model"], c["policy"]) for c in report["checks"]} == {
         ("verifier", "full"), ("verifier", "sink_window:2:8"), ("verifier", "hybrid:2:8"),
         ("drafter", "sink_window:2:8")}
@@ -251,7 +251,7 @@ def test_compression_cross_check(model_dir: Path, drafter_dir: Path, tmp_path: P
     compression.main(args)
     report = json.loads(out.read_text())
     assert report["summary"]["check_passed"] is False
-    assert [c["seq_len"] for c in report["checks"] if not c["match"]] == [40] * 5
+    assert [c["seq_len"] for c in report["checks"] if not c["match"]] == [40] * 4
     assert _gate(report, "compression-table").status == "fail"
 
 
