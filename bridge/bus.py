@@ -28,11 +28,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import git
 from gitdb import IStream, LooseObjectDB
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from bridge.errors import KakeyaError
 
@@ -156,6 +156,19 @@ class CancelMarker(_File):
     by: str
     at: AwareDatetime
     reason: str = ""
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def parse_or_none(cls: type[_M], data: bytes | None) -> _M | None:
+    """`data` (JSON read from the bus) as a `cls`, or None when it is missing or not a valid `cls`."""
+    if data is None:
+        return None
+    try:
+        return cls.model_validate_json(data)
+    except ValidationError:
+        return None
 
 
 # --- the state of the bus from one ls-remote ---------------------------------------------------------

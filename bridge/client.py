@@ -275,13 +275,13 @@ class Client:
                       round((now - created).total_seconds(), 3),
                       refs={k: v for k in ("req", "claim", "done", "cancel") if (v := getattr(e, k))})
             data = found.get(specs.get(e.id, ""))
-            manifest = _model(Manifest, found.get(manifests.get(e.id, "")))
+            manifest = B.parse_or_none(Manifest, found.get(manifests.get(e.id, "")))
             if manifest:
                 row.subject = manifest.subject
-            if e.done and (result := _model(RunResult, data)):
+            if e.done and (result := B.parse_or_none(RunResult, data)):
                 row.state, row.verdict, row.reason = result.status, result.verdict, result.reason
                 row.holder = result.runner_name
-            elif e.claim and not e.done and (claim := _model(Claim, data)):
+            elif e.claim and not e.done and (claim := B.parse_or_none(Claim, data)):
                 row.holder = claim.runner
                 if e.state == "claimed" and claim.lease_until < now:
                     row.state = "stale"
@@ -359,15 +359,6 @@ class Client:
             status = self.bus.push(chunk)
             deleted += [u.ref for u in chunk if status.get(u.ref, (False, ""))[0]]
         return deleted
-
-
-def _model(cls: Any, data: bytes | None) -> Any:
-    if data is None:
-        return None
-    try:
-        return cls.model_validate_json(data)
-    except ValidationError:
-        return None
 
 
 def row_dict(row: Row) -> dict[str, Any]:

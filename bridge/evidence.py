@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ValidationError
-
 import gates
 from bridge import bus as B
 from bridge.bus import Bus, Manifest, Snapshot
@@ -59,15 +57,6 @@ class Done:
     @property
     def subject(self) -> str | None:
         return (self.result.subject if self.result else None) or (self.manifest.subject if self.manifest else None)
-
-
-def _model(cls: Any, data: bytes | None) -> Any:
-    if data is None:
-        return None
-    try:
-        return cls.model_validate_json(data)
-    except ValidationError:
-        return None
 
 
 def parse_report(data: bytes) -> dict[str, Any]:
@@ -107,8 +96,8 @@ class Shelf:
         self.dones = {name: [] for name in wanted}
         for e in entries:  # snapshot entries are sorted by id: oldest first
             assert e.done is not None
-            manifest = _model(Manifest, files.get(f"{e.done}:{B.MANIFEST_PATH}"))
-            result = _model(RunResult, files.get(f"{e.done}:{B.results_path(e.id)}/result.json"))
+            manifest = B.parse_or_none(Manifest, files.get(f"{e.done}:{B.MANIFEST_PATH}"))
+            result = B.parse_or_none(RunResult, files.get(f"{e.done}:{B.results_path(e.id)}/result.json"))
             label = manifest.runner if manifest else e.label
             self.dones[e.preset].append(Done(e.id, e.done, label, manifest, result))
         return self
