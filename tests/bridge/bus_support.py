@@ -23,8 +23,26 @@ import yaml
 
 from bridge import bus as B
 
-WORK_PY = textwrap.dedent('''
-    import json, os, sys, time
+# Included at the top of the test programs: writes a valid probe report to $KAKEYA_REPORT.
+WRITE_REPORT_PY = textwrap.dedent('''
+    import json, os
+
+    def write_report(cpu_count=1, memory_bytes=None):
+        env = {"python": "3", "os": "test", "machine": "x", "hostname": "h", "cpu_count": 1, "memory_bytes": None,
+               "versions": {"python": "3"}}
+        report = {"kind": "probe", "schema_version": 1, "created_at": "2026-01-01T00:00:00+00:00",
+                  "environment": env, "subject": os.environ.get("KAKEYA_SUBJECT"),
+                  "probe": {"python": "3", "os": "test", "cpu_count": cpu_count, "memory_bytes": memory_bytes,
+                            "packages": {"torch": None, "transformers": None, "mlx": None, "mlx_lm": None},
+                            "accelerators": {"cuda": {"available": False, "devices": []}, "mps": {"available": False},
+                                             "metal": {"available": False}},
+                            "mlx_default_device": None}}
+        with open(os.environ["KAKEYA_REPORT"], "w") as fh:
+            json.dump(report, fh)
+''')
+
+WORK_PY = WRITE_REPORT_PY + textwrap.dedent('''
+    import sys, time
 
     mode, tag, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
     marks = os.environ["MARKS"]
@@ -42,17 +60,7 @@ WORK_PY = textwrap.dedent('''
         time.sleep(seconds)
     with open(os.environ["COUNTER"], "a") as fh:
         fh.write(tag + "\\n")
-    env = {"python": "3", "os": "test", "machine": "x", "hostname": "h", "cpu_count": 1, "memory_bytes": None,
-           "versions": {"python": "3"}}
-    report = {"kind": "probe", "schema_version": 1, "created_at": "2026-01-01T00:00:00+00:00",
-              "environment": env, "subject": os.environ.get("KAKEYA_SUBJECT"),
-              "probe": {"python": "3", "os": "test", "cpu_count": 1, "memory_bytes": None,
-                        "packages": {"torch": None, "transformers": None, "mlx": None, "mlx_lm": None},
-                        "accelerators": {"cuda": {"available": False, "devices": []}, "mps": {"available": False},
-                                         "metal": {"available": False}},
-                        "mlx_default_device": None}}
-    with open(os.environ["KAKEYA_REPORT"], "w") as fh:
-        json.dump(report, fh)
+    write_report()
     print(f"work {mode} {tag} done")
 ''')
 

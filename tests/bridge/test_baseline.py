@@ -18,27 +18,14 @@ from bridge.config import load_config
 from bridge.errors import InvalidRequest
 from bridge.presets import load_preset_file, load_registry
 from bridge.run import RunContext, execute
-from tests.bridge.bus_support import Env, git, world_fixture  # noqa: F401 — fixtures
+from tests.bridge.bus_support import WRITE_REPORT_PY, Env, git, world_fixture  # noqa: F401 — fixtures
 
 # Writes a probe report whose /probe/memory_bytes is the metric and whose /probe/cpu_count passes the gate
 # (>= 2) only when `ok` is true.
-BENCH_PY = textwrap.dedent('''
-    import json, os, sys
-
+BENCH_PY = WRITE_REPORT_PY + textwrap.dedent('''
     with open("bench.json") as fh:  # the code under test decides the metric, as a real change would
         cfg = json.load(fh)
-    value, ok = cfg["value"], cfg["ok"]
-    env = {"python": "3", "os": "test", "machine": "x", "hostname": "h", "cpu_count": 1, "memory_bytes": None,
-           "versions": {"python": "3"}}
-    report = {"kind": "probe", "schema_version": 1, "created_at": "2026-01-01T00:00:00+00:00", "environment": env,
-              "subject": os.environ.get("KAKEYA_SUBJECT"),
-              "probe": {"python": "3", "os": "test", "cpu_count": 2 if ok else 1, "memory_bytes": value,
-                        "packages": {"torch": None, "transformers": None, "mlx": None, "mlx_lm": None},
-                        "accelerators": {"cuda": {"available": False, "devices": []}, "mps": {"available": False},
-                                         "metal": {"available": False}},
-                        "mlx_default_device": None}}
-    with open(os.environ["KAKEYA_REPORT"], "w") as fh:
-        json.dump(report, fh)
+    write_report(cpu_count=2 if cfg["ok"] else 1, memory_bytes=cfg["value"])
 ''')
 
 BENCH = {

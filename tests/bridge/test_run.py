@@ -15,6 +15,7 @@ from bridge.cli import main
 from bridge.config import Config
 from bridge.presets import Preset
 from bridge.run import CappedLog, Redactor, RunContext, execute, write_outcome
+from tests.bridge.bus_support import pid_alive
 
 REPORT = {"kind": "probe", "schema_version": 1}
 
@@ -29,14 +30,6 @@ def preset(argv, params=None, **over) -> Preset:
 def script(checkout: Path, name: str, body: str) -> str:
     (checkout / name).write_text(textwrap.dedent(body))
     return name
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 @pytest.fixture
@@ -121,9 +114,9 @@ def test_timeout_kills_the_whole_tree_grandchildren_included(checkout, tmp_path)
     tree = [int(x) for x in pids.read_text().split()]
     assert len(tree) == 3
     deadline = time.monotonic() + 5
-    while any(alive(pid) for pid in tree) and time.monotonic() < deadline:
+    while any(pid_alive(pid) for pid in tree) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [pid for pid in tree if alive(pid)]
+    assert not [pid for pid in tree if pid_alive(pid)]
 
 
 def test_exited_program_leaves_no_background_process(checkout, tmp_path):
@@ -137,9 +130,9 @@ def test_exited_program_leaves_no_background_process(checkout, tmp_path):
     run(preset(["{python}", "bg.py"]), checkout, tmp_path)
     pid = int(pidfile.read_text())
     deadline = time.monotonic() + 5
-    while alive(pid) and time.monotonic() < deadline:
+    while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not alive(pid)
+    assert not pid_alive(pid)
 
 
 def test_fifty_megabytes_of_output_stay_under_the_cap_with_head_and_tail(checkout, tmp_path):
