@@ -15,14 +15,19 @@ prefill chunk, is attended as old buffer + new block and only its last R positio
 a rollback drops at most max_block tokens. Trimmed slots are marked EMPTY so the mask hides them until
 they are rewritten; evicted positions are never needed again, so rollback is a cheap truncation.
 
-Mask (the backend builds it from the slot positions kp and query positions qp; EMPTY hides a slot):
+`Positions` keeps, next to a layout, the absolute position each slot holds (a numpy table that both
+backends share); `visible_mask` builds a forward's mask from it: query positions qp, key positions kp
+(EMPTY hides a slot):
     kp <= qp  and  (kp < sink or kp > qp - window)  and  kp > qp - native_window
 with the window terms only for bounded specs and the native term only when the spec has one.
+The backends turn the boolean mask and the slot indices into their own tensors.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from engine.policy import LayerSpec
 
@@ -127,3 +132,57 @@ class Layout:
         """Slots in use (positions held, with EMPTY slots of a pending rollback counted)."""
         return self.view_len(self.n, self.hw)
 
+
+
+class Positions:
+    """The absolute position held by each buffer slot of one layout (EMPTY: nothing), as the backends'
+    K/V buffers hold them: grown like them (`buffer_size`), written per `Plan`, cleared by `trim`."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self.table = np.full((0,), EMPTY, dtype=np.int64)
+
+    def apply(self, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+        """Record the positions `plan` writes; returns (query positions, key positions attended).
+
+        The key positions of a direct plan are a view of the table (valid until the next apply/trim)."""
+        table = self.table
+        if table.size < plan.capacity:
+            grown = np.full((buffer_size(table.size, plan.capacity, self.layout.limit),), EMPTY, dtype=np.int64)
+            grown[: table.size] = table
+            self.table = table = grown
+        new_pos = np.arange(plan.start, plan.start + plan.m, dtype=np.int64)
+        written = new_pos if plan.keep is None else new_pos[list(plan.keep)]
+        # Concat: the keys are the old buffer (read before the write) followed by the new block.
+        kp = np.concatenate((table[: plan.old_view], new_pos)) if plan.concat else None
+        rng = plan.slot_range
+        if rng:
+            table[rng[0] : rng[1]] = written
+        else:
+            table[list(plan.slots)] = written
+        return new_pos, table[: plan.view] if kp is None else kp
+
+    def trim(self, r: int) -> None:
+        """Drop the last r positions fed (`Layout.trim`) and mark the slots they held EMPTY."""
+        dropped = self.layout.trim(r)
+        if dropped and self.layout.limit is not None:
+            self.table[list(dropped)] = EMPTY
+
+
+def buffer_size(have: int, need: int, limit: int | None) -> int:
+    """Slots to allocate when a buffer of `have` slots must hold `need` (at most `limit`)."""
+    size = max(need, 2 * have, 256)
+    return size if limit is None else min(size, limit)
+
+
+def visible_mask(spec: LayerSpec, qp: np.ndarray, kp: np.ndarray) -> np.ndarray:
+    """Boolean [len(qp), len(kp)]: which key positions each query position attends (module docstring)."""
+    q = qp[:, None]
+    k = kp[None, :]
+    allowed = k <= q
+    if spec.window is not None:
+        in_window = k > q - spec.window
+        allowed &= (in_window | (k < spec.sink)) if spec.sink else in_window
+    if spec.native_window is not None:
+        allowed &= k > q - spec.native_window
+    return allowed

@@ -34,7 +34,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from engine.cache import EMPTY, Layout, Plan
+from engine.cache import Layout, Plan, Positions, buffer_size, visible_mask
 from engine.policy import FULL_ATTENTION, SLIDING_ATTENTION, LayerSpec, Policy, layer_specs
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
@@ -51,7 +51,7 @@ class _Group:
         self.layer_type = layer_type
         self.native_window = native_window if layer_type == SLIDING_ATTENTION else None
         self.layout = Layout(spec, max_block)
-        self.pos = np.full((0,), EMPTY, dtype=np.int64)
+        self.positions = Positions(self.layout)
         self.plan: Plan | None = None
         self.mask: mx.array | str | None = None
         self.asked = False  # make_mask was called for this forward
@@ -59,52 +59,20 @@ class _Group:
         self.keep: mx.array | None = None  # concat: rows of the block that are written
 
     def begin(self, m: int) -> None:
-        plan = self.layout.plan(m)
-        self.plan = plan
+        plan = self.plan = self.layout.plan(m)
         self.asked = False
-        if self.pos.size < plan.capacity:
-            grown = np.full((_grow(self.pos.size, plan.capacity, self.layout.limit),), EMPTY, dtype=np.int64)
-            grown[: self.pos.size] = self.pos
-            self.pos = grown
-        new_pos = np.arange(plan.start, plan.start + m, dtype=np.int64)
-        written = new_pos if plan.keep is None else new_pos[list(plan.keep)]
-        kp = np.concatenate((self.pos[: plan.old_view], new_pos)) if plan.concat else None
-        rng = plan.slot_range
-        if rng:
-            self.pos[rng[0] : rng[1]] = written
-            self.slots = None
-        else:
-            self.pos[list(plan.slots)] = written
-            self.slots = mx.array(plan.slots, dtype=mx.int32)
+        qp, kp = self.positions.apply(plan)
+        self.slots = None if plan.slot_range else mx.array(plan.slots, dtype=mx.int32)
         self.keep = None if plan.keep is None else mx.array(plan.keep, dtype=mx.int32)
         if not plan.mask:
             self.mask = None
-        elif kp is None and self.layout.limit is None:
+        elif not plan.concat and self.layout.limit is None:
             self.mask = "causal"  # slots are positions 0..end-1: mlx's bottom-right aligned causal mask
         else:
-            self.mask = mx.array(_mask(self.spec, new_pos, self.pos[: plan.view] if kp is None else kp))
+            self.mask = mx.array(visible_mask(self.spec, qp, kp))
 
     def trim(self, r: int) -> None:
-        dropped = self.layout.trim(r)
-        if dropped and self.layout.limit is not None:
-            self.pos[list(dropped)] = EMPTY
-
-
-def _grow(have: int, need: int, limit: int | None) -> int:
-    size = max(need, 2 * have, 256)
-    return size if limit is None else min(size, limit)
-
-
-def _mask(spec: LayerSpec, qp: np.ndarray, kp: np.ndarray) -> np.ndarray:
-    q = qp[:, None]
-    k = kp[None, :]
-    allowed = k <= q
-    if spec.window is not None:
-        in_window = k > q - spec.window
-        allowed &= (in_window | (k < spec.sink)) if spec.sink else in_window
-    if spec.native_window is not None:
-        allowed &= k > q - spec.native_window
-    return allowed
+        self.positions.trim(r)
 
 
 class LayerCache:
@@ -133,7 +101,7 @@ class LayerCache:
         g.asked = True
         if return_array and isinstance(g.mask, str):
             start = g.plan.start
-            return mx.array(_mask(g.spec, np.arange(start, start + n), np.arange(start + n)))
+            return mx.array(visible_mask(g.spec, np.arange(start, start + n), np.arange(start + n)))
         return g.mask
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
@@ -166,7 +134,7 @@ class LayerCache:
 
     def _grow(self, keys: mx.array, values: mx.array, need: int, limit: int | None) -> None:
         have = 0 if self.keys is None else self.keys.shape[2]
-        size = _grow(have, need, limit)
+        size = buffer_size(have, need, limit)
         b, h, _, d = keys.shape
         kb = mx.zeros((b, h, size, d), keys.dtype)
         vb = mx.zeros((b, h, size, values.shape[3]), values.dtype)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from engine.cache import EMPTY, Layout, Plan
+from engine.cache import Layout, Plan, Positions, buffer_size, visible_mask
 from engine.policy import LayerSpec, Policy, layer_specs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -29,57 +29,21 @@ class _Group:
     def __init__(self, spec: LayerSpec, max_block: int, layers: list[int]) -> None:
         self.spec = spec
         self.layout = Layout(spec, max_block)
+        self.positions = Positions(self.layout)
         self.layers = layers
-        self.pos = torch.full((0,), EMPTY, dtype=torch.long)
         self.plan: Plan | None = None
         self.slots: torch.Tensor | None = None  # written slots, when not a contiguous range
         self.keep: torch.Tensor | None = None  # concat: rows of the block that are written
 
     def begin(self, m: int) -> torch.Tensor | None:
-        plan = self.layout.plan(m)
-        self.plan = plan
-        if self.pos.numel() < plan.capacity:
-            grown = torch.full((_grow(self.pos.numel(), plan.capacity, self.layout.limit),), EMPTY, dtype=torch.long)
-            grown[: self.pos.numel()] = self.pos
-            self.pos = grown
-        new_pos = torch.arange(plan.start, plan.start + m)
-        written = new_pos if plan.keep is None else new_pos[list(plan.keep)]
-        rng = plan.slot_range
-        self.slots = None if rng else torch.tensor(plan.slots)
+        plan = self.plan = self.layout.plan(m)
+        qp, kp = self.positions.apply(plan)
+        self.slots = None if plan.slot_range else torch.tensor(plan.slots)
         self.keep = None if plan.keep is None else torch.tensor(plan.keep)
-        # Concat: the keys are the old buffer (read before the write) followed by the new block.
-        kp = torch.cat((self.pos[: plan.old_view], new_pos)) if plan.concat else None
-        if rng:
-            self.pos[rng[0] : rng[1]] = written
-        else:
-            self.pos[self.slots] = written
-        if not plan.mask:
-            return None
-        if kp is None:
-            kp = self.pos[: plan.view]
-        return _mask(self.spec, new_pos, kp)
+        return torch.from_numpy(visible_mask(self.spec, qp, kp))[None, None] if plan.mask else None
 
     def trim(self, r: int) -> None:
-        dropped = self.layout.trim(r)
-        if dropped and self.layout.limit is not None:
-            self.pos[list(dropped)] = EMPTY
-
-
-def _grow(have: int, need: int, limit: int | None) -> int:
-    size = max(need, 2 * have, 256)
-    return size if limit is None else min(size, limit)
-
-
-def _mask(spec: LayerSpec, qp: torch.Tensor, kp: torch.Tensor) -> torch.Tensor:
-    q = qp[:, None]
-    k = kp[None, :]
-    allowed = k <= q
-    if spec.window is not None:
-        in_window = k > q - spec.window
-        allowed &= (in_window | (k < spec.sink)) if spec.sink else in_window
-    if spec.native_window is not None:
-        allowed &= k > q - spec.native_window
-    return allowed[None, None]
+        self.positions.trim(r)
 
 
 class PolicyCache:
@@ -142,7 +106,7 @@ class PolicyCache:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         old_k, old_v = self.k[i], self.v[i]
         have = 0 if old_k is None else old_k.shape[2]
-        size = _grow(have, need, limit)
+        size = buffer_size(have, need, limit)
         b, h, _, d = key.shape
         kb = key.new_empty((b, h, size, d))
         vb = value.new_empty((b, h, size, value.shape[3]))
