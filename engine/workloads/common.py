@@ -6,15 +6,27 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict
 
 from engine.policy import Policy, parse_policy
+from engine.report import write_report
 
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 POLICY_PATTERN = r"^(full|(sink_window|hybrid):[0-9]+:[0-9]+)$"
+
+
+class ModelConfig(BaseModel):
+    """The report's `config` fields for the flags `add_model_args` adds; each workload extends it."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    backend: str
+    dtype: str
 
 
 def add_model_args(parser: argparse.ArgumentParser, *, backend: bool = True) -> None:
@@ -54,22 +66,23 @@ def policies(text: str, *, allow_full: bool = True) -> list[Policy]:
 
 
 def int_list(text: str) -> list[int]:
-    try:
-        out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not out:
-        raise argparse.ArgumentTypeError("expected at least one integer")
-    return out
+    return _numbers(text, int, "integer")
 
 
 def float_list(text: str) -> list[float]:
+    return _numbers(text, float, "number")
+
+
+_N = TypeVar("_N", int, float)
+
+
+def _numbers(text: str, convert: Callable[[str], _N], noun: str) -> list[_N]:
     try:
-        out = [float(x) for x in text.split(",") if x.strip()]
+        out = [convert(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected comma-separated {noun}s, got {text!r}") from None
     if not out:
-        raise argparse.ArgumentTypeError("expected at least one number")
+        raise argparse.ArgumentTypeError(f"expected at least one {noun}")
     return out
 
 
@@ -139,6 +152,17 @@ def plot_path(out: str, suffix: str, given: str | None) -> Path | None:
         return Path(given)
     report = Path(out)
     return report.with_name(f"{report.stem}-{suffix}.png")
+
+
+def write_plotted(out: str, kind: str, body: dict[str, Any], draw: Callable[[dict[str, Any], Path], None],
+                  suffix: str, given: str | None) -> tuple[dict[str, Any], Path | None]:
+    """Draw the body's plot where `plot_path` says (naming it in the body as `plot`), then write the
+    report (schema version 1); returns the report and the PNG path (None: no plot)."""
+    png = plot_path(out, suffix, given)
+    if png is not None:
+        draw(body, png)
+        body["plot"] = png.name
+    return write_report(out, kind, 1, body), png
 
 
 def pyplot() -> Any:

@@ -36,11 +36,7 @@ BATCHES = [1, 8, 64]
 SEQ_LENS = [8192, 32768, 131072, 262144, 1048576]
 
 
-class Config(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model: str
-    backend: str
-    dtype: str
+class Config(common.ModelConfig):
     policies: list[str] = Field(min_length=1)
     drafter: str
     drafter_weights: int | None = Field(ge=0)

@@ -26,18 +26,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.report import write_report
 from engine.workloads import common
 
 DEPTHS = [0.0, 0.25, 0.5, 0.75, 1.0]
 MIN_SPAN = 24  # evictable tokens a rung needs to place needles outside the window
 
 
-class Config(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model: str
-    backend: str
-    dtype: str
+class Config(common.ModelConfig):
     policies: list[str] = Field(min_length=1)
     contexts: list[int] = Field(min_length=1)
     depths: list[float] = Field(min_length=1)
@@ -361,12 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--samples must be >= 1 and every context >= 32")
     config = Config(model=args.model, backend=args.backend, dtype=args.dtype, policies=[str(p) for p in under_test],
                     contexts=args.contexts, depths=args.depths, samples=args.samples, seed=args.seed)
-    body = niah(config)
-    png = common.plot_path(args.out, "recall", args.plot)
-    if png is not None:
-        draw(body, png)
-        body["plot"] = png.name
-    report = write_report(args.out, "niah", 1, body)
+    report, png = common.write_plotted(args.out, "niah", niah(config), draw, "recall", args.plot)
     print(table(report))
     s = report["summary"]
     print(f"niah: oracle min recall {s['oracle_min_recall']:.2f}, "

@@ -24,7 +24,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.report import write_report
 from engine.workloads import common
 
 HUMANEVAL_STYLE = [
@@ -47,11 +46,7 @@ HUMANEVAL_STYLE = [
 ]
 
 
-class Config(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model: str
-    backend: str
-    dtype: str
+class Config(common.ModelConfig):
     policy: str
     drafter: str
     drafter_policy: str
@@ -294,12 +289,7 @@ def main(argv: list[str] | None = None) -> int:
                     drafter_policy=dpolicy, k=args.k, prompts=args.prompts, prompt_source=args.prompt_source,
                     prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, repeats=args.repeats,
                     seed=args.seed, min_speedup=args.min_speedup)
-    body = throughput(config)
-    png = common.plot_path(args.out, "tok_s", args.plot)
-    if png is not None:
-        draw(body, png)
-        body["plot"] = png.name
-    report = write_report(args.out, "throughput", 1, body)
+    report, png = common.write_plotted(args.out, "throughput", throughput(config), draw, "tok_s", args.plot)
     s = report["summary"]
     for i, r in enumerate(report["prompts"]):
         print(f"prompt {i}: greedy {r['greedy']['decode_tok_s']:.1f} tok/s, speculative "
