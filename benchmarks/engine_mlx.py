@@ -1,7 +1,7 @@
 """Benchmark the MLX backend against mlx-lm on the same model, prompts and machine; writes JSON.
 
     python benchmarks/engine_mlx.py --model zoo:tiny-hybrid --drafter zoo:tiny-drafter \\
-        --out out/bench/engine_mlx.json
+        --out benchmarks/results/engine_mlx.json
 
 Methods (all greedy, `--new-tokens` tokens, no EOS stop so every method decodes the same length):
   ours_greedy         engine.generate on the MLX backend (policy --policy, default full)
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=4, help="drafted tokens per block")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="out/bench/engine_mlx.json")
+    p.add_argument("--out", default="benchmarks/results/engine_mlx.json")
     args = p.parse_args(argv)
 
     policy = engine.parse_policy(args.policy)

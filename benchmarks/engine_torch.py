@@ -1,6 +1,6 @@
 """Decode throughput of the PyTorch engine vs transformers, and K/V bytes per policy. Writes JSON.
 
-    python benchmarks/engine_torch.py --out out/bench/engine_torch.json
+    python benchmarks/engine_torch.py --out benchmarks/results/engine_torch.json
 
 Measures on the same model and code-like prompts (engine.zoo.corpus.code_prompts, or --prompts):
 - greedy decode tok/s: transformers `generate` (full cache) vs ours (full and each --policies entry);
@@ -102,7 +102,7 @@ def hf_generate(tm: TorchModel, ids: list[int], new: int, **kw: Any) -> tuple[li
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/engine_torch.json"))
     ap.add_argument("--model", default="zoo:tiny-hybrid")
     ap.add_argument("--drafter", default="zoo:tiny-drafter")
     ap.add_argument("--policies", default="hybrid:4:64,sink_window:4:64", help="comma-separated, besides full")
