@@ -30,6 +30,7 @@ DEPTHS = [0.0, 0.25, 0.5, 0.75, 1.0]
 class RecallCell(BaseModel):
     context: int
     depth: float
+    distractors: int = 0  # other key/value needles in the haystack
     samples: int
     correct: int
 
@@ -56,7 +57,6 @@ class EvalRecord(BaseModel):
     threads: int
     wall_s: float
     seed: int
-    distractors: int = 0  # extra key/value needles per haystack
     recall: list[RecallCell]
     acceptance: Acceptance | None = None
 
@@ -90,7 +90,8 @@ def needle_recall(
                 nd.matches(" ".join(corpus.VOCAB[t] for t in out.tolist()))
                 for nd, out in zip(needles, outs, strict=True)
             )
-            cells.append(RecallCell(context=n, depth=depth, samples=samples, correct=correct))
+            cells.append(RecallCell(context=n, depth=depth, distractors=n_distractors, samples=samples,
+                                    correct=correct))
     return cells
 
 
@@ -125,15 +126,15 @@ def acceptance(
 
 
 def recall_table(cells: list[RecallCell]) -> str:
-    contexts = sorted({c.context for c in cells})
+    """Markdown: one row per (distractors, context), one column per depth."""
     depths = sorted({c.depth for c in cells})
-    by = {(c.context, c.depth): c for c in cells}
-    lines = ["| context | " + " | ".join(f"depth {d:.0%}" for d in depths) + " | all |",
-             "|---:|" + "---:|" * (len(depths) + 1)]
-    for n in contexts:
-        row = [by[(n, d)] for d in depths]
+    by = {(c.distractors, c.context, c.depth): c for c in cells}
+    lines = ["| distractors | context | " + " | ".join(f"depth {d:.0%}" for d in depths) + " | all |",
+             "|---:|---:|" + "---:|" * (len(depths) + 1)]
+    for nd, n in sorted({(c.distractors, c.context) for c in cells}):
+        row = [by[(nd, n, d)] for d in depths]
         total = sum(c.correct for c in row) / sum(c.samples for c in row)
-        lines.append(f"| {n} | " + " | ".join(f"{c.recall:.2f}" for c in row) + f" | {total:.2f} |")
+        lines.append(f"| {nd} | {n} | " + " | ".join(f"{c.recall:.2f}" for c in row) + f" | {total:.2f} |")
     return "\n".join(lines)
 
 
@@ -160,7 +161,7 @@ def render_card(model_dir: Path) -> str:
         "## Architecture",
         "",
         f"- {tr.params:,} parameters, float32, tied embeddings, vocabulary {cfg['vocab_size']} words",
-        f"- {cfg['num_hidden_layers']} layers ({kinds}; S = sliding window {cfg['sliding_window']}, "
+        f"- {cfg['num_hidden_layers']} layer{'s' if cfg['num_hidden_layers'] > 1 else ''} ({kinds}; S = sliding window {cfg['sliding_window']}, "
         f"F = full attention; mlx-lm `sliding_window_pattern` = {cfg['sliding_window_pattern']})",
         f"- hidden {cfg['hidden_size']}, MLP {cfg['intermediate_size']}, {cfg['num_attention_heads']} query "
         f"heads / {cfg['num_key_value_heads']} K/V heads of {cfg['head_dim']}",
@@ -171,17 +172,19 @@ def render_card(model_dir: Path) -> str:
         "",
         f"    {tr.command}",
         "",
+        "(`--out` only chooses where the directory is written; its default is engine/zoo/models/NAME.) "
         f"Seed {r.seed}, {tr.threads} torch threads, {tr.steps} AdamW steps (lr {r.lr:g}, warm-up {r.warmup}, "
         f"cosine to {r.min_lr_frac:g} x lr, weight decay {r.weight_decay:g}), wall time {tr.wall_s / 60:.1f} min "
         f"on a shared 2-core CPU ({', '.join(f'{k} {v}' for k, v in tr.versions.items())}).",
         "",
-        "| phase | steps | context tokens | tokens/step | code rows |",
-        "|---:|---:|---|---:|---:|",
-        *[f"| {i} | {p.steps} | {p.min_len}-{p.max_len} | {p.tokens_per_step} | {p.code_frac:.0%} |"
-          for i, p in enumerate(r.phases)],
+        "| phase | steps | context tokens | tokens/step | code rows | needles per haystack row |",
+        "|---:|---:|---|---:|---:|---:|",
+        *[f"| {i} | {p.steps} | {p.min_len}-{p.max_len} | {p.tokens_per_step} | {p.code_frac:.0%} | "
+          f"{'' if p.max_needles == 1 else '1-'}{p.max_needles} |" for i, p in enumerate(r.phases)],
         "",
-        "Haystack rows hold 1-4 needles `kN : d d d d .` at random sentence boundaries and 1-4 queries "
-        "`? kN : d d d d <eos>` at the end; code rows are `corpus.code_words`. The loss is the mean "
+        "Haystack rows (`corpus.training_haystack`) hold needles `kN : d d d d .` at random sentence "
+        "boundaries (at most one per 30 tokens) and queries `? kN : d d d d <eos>` for some of them at the "
+        "end; code rows are `corpus.code_words`. The loss is the mean "
         f"cross-entropy over answer digits and their <eos> plus {r.lm_weight:g} x the mean over all other "
         "tokens.",
     ]
@@ -194,8 +197,15 @@ def render_card(model_dir: Path) -> str:
         n = ev.recall[0].samples
         out += ["", "## Needle recall", "", f"    {ev.command}", "",
                 f"Exact match of the 4 answer digits, plain transformers greedy decoding with the full cache, "
-                f"{n} haystacks per cell (`corpus.haystack(context, depth, seed, n_distractors={ev.distractors})`, "
+                f"{n} haystacks per cell (`corpus.haystack(context, depth, seed, n_distractors)`, "
                 f"seeds {ev.seed}-{ev.seed + n - 1}):", "", recall_table(ev.recall)]
+        crowded = [c for c in ev.recall if c.distractors]
+        if crowded:
+            rate = sum(c.correct for c in crowded) / sum(c.samples for c in crowded)
+            if rate < 0.9:
+                out += ["", f"With distractor needles (other keys and values) in the haystack recall is {rate:.2f}: "
+                        "the model often answers with another needle's value, i.e. it does not reliably select "
+                        "a needle by its key. The workloads use haystacks without distractors."]
     if ev and ev.acceptance:
         a = ev.acceptance
         out += ["", "## Drafter acceptance", "", f"    {ev.command}", "",
@@ -207,11 +217,16 @@ def render_card(model_dir: Path) -> str:
                 *[f"| {k} | {a.mean_accepted[k]:.2f} | {a.tokens_per_verify[k]:.2f} |" for k in a.tokens_per_verify]]
     out += ["", "## Use", "", "    from transformers import AutoModelForCausalLM, AutoTokenizer",
             "    from engine.zoo import corpus", f'    path = "engine/zoo/models/{model_dir.name}"',
-            "    tok, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)",
-            "    nd = corpus.haystack(n_tokens=512, depth=0.5, seed=0)",
-            "    ids = tok(nd.prompt, return_tensors=\"pt\").input_ids",
-            "    out = model.generate(ids, max_new_tokens=5, do_sample=False)",
-            "    assert nd.matches(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True))", ""]
+            "    tok, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)"]
+    if ev and ev.recall:
+        out += ["    nd = corpus.haystack(n_tokens=512, depth=0.5, seed=0)",
+                "    ids = tok(nd.prompt, return_tensors=\"pt\").input_ids",
+                "    out = model.generate(ids, max_new_tokens=5, do_sample=False)",
+                "    assert nd.matches(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True))", ""]
+    else:
+        out += ["    ids = tok(corpus.code_prompts(1, seed=0)[0], return_tensors=\"pt\").input_ids",
+                "    out = model.generate(ids, max_new_tokens=32, do_sample=False)",
+                "    print(tok.decode(out[0, ids.shape[1]:]))", ""]
     return "\n".join(out)
 
 
@@ -227,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--depths", default=",".join(str(d) for d in DEPTHS))
     ap.add_argument("--samples", type=int, default=20, help="haystacks per context x depth")
     ap.add_argument("--seed", type=int, default=10_000)
-    ap.add_argument("--distractors", type=int, default=0, help="other key/value needles per haystack")
+    ap.add_argument("--distractors", default="0", help="comma list: other key/value needles per haystack")
     ap.add_argument("--prompts", type=int, default=32, help="code prompts for acceptance")
     ap.add_argument("--prompt-tokens", type=int, default=96)
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -238,10 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     vdir = resolve(args.model)
     verifier = load(vdir)
-    cells = needle_recall(verifier, [int(c) for c in args.contexts.split(",")],
-                          [float(d) for d in args.depths.split(",")], args.samples, args.seed, args.distractors)
-    print(f"needle recall of {vdir.name} (exact match, greedy, full cache, {args.samples} samples per cell, "
-          f"{args.distractors} distractors)")
+    cells = [cell for nd in args.distractors.split(",") for cell in needle_recall(
+        verifier, [int(c) for c in args.contexts.split(",")], [float(d) for d in args.depths.split(",")],
+        args.samples, args.seed, int(nd))]
+    print(f"needle recall of {vdir.name} (exact match, greedy, full cache, {args.samples} samples per cell)")
     print(recall_table(cells))
     acc = None
     if args.drafter:
@@ -255,8 +270,7 @@ def main(argv: list[str] | None = None) -> int:
               + ", ".join(f"k={k}: {per_verify[k]:.2f} tokens/verify" for k in per_verify))
     command = "python -m engine.zoo.evaluate " + " ".join(argv if argv is not None else sys.argv[1:])
     record = EvalRecord(model=vdir.name, command=command, threads=torch.get_num_threads(),
-                        wall_s=round(time.time() - t0, 1), seed=args.seed, distractors=args.distractors,
-                        recall=cells, acceptance=acc)
+                        wall_s=round(time.time() - t0, 1), seed=args.seed, recall=cells, acceptance=acc)
     print(f"{record.wall_s:.0f} s")
     if args.write:
         (vdir / "eval_record.json").write_text(record.model_dump_json(indent=2) + "\n")

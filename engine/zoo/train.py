@@ -117,7 +117,7 @@ RECIPES: dict[str, Recipe] = {
     "tiny-drafter": Recipe(
         name="tiny-drafter",
         arch=Arch(hidden=144, intermediate=288, layers=1, pattern=1),
-        phases=[Phase(steps=500, min_len=64, max_len=256, tokens_per_step=2048, code_frac=0.3)],
+        phases=[Phase(steps=500, min_len=64, max_len=256, tokens_per_step=2048, code_frac=0.5, max_needles=1)],
         lr=2e-3,
         distill=Distill(),
     ),

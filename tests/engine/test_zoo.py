@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from engine.zoo import corpus, tokenizer
 from engine.zoo.evaluate import acceptance, needle_recall
 from engine.zoo.train import ZOO_MODELS
+from engine.zoo.train import main as train_main
 
 ROOT = Path(__file__).resolve().parents[2]
 HYBRID = ZOO_MODELS / "tiny-hybrid"
@@ -113,8 +114,13 @@ def _run(*args: str) -> None:
 
 
 def test_trainer_smoke_writes_loadable_verifier_and_drafter(tmp_path):
-    v, d = tmp_path / "v", tmp_path / "d"
+    v, v2, d = tmp_path / "v", tmp_path / "v2", tmp_path / "d"
     _run("engine.zoo.train", "--model", "tiny-hybrid", "--smoke", "--threads", "1", "--out", str(v))
+    # seeded: a second run gives the same weights, another seed does not
+    train_main(["--model", "tiny-hybrid", "--smoke", "--threads", "1", "--out", str(v2)])
+    assert (v / "model.safetensors").read_bytes() == (v2 / "model.safetensors").read_bytes()
+    train_main(["--model", "tiny-hybrid", "--smoke", "--threads", "1", "--out", str(v2), "--seed", "1"])
+    assert (v / "model.safetensors").read_bytes() != (v2 / "model.safetensors").read_bytes()
     _run("engine.zoo.train", "--model", "tiny-drafter", "--smoke", "--threads", "1", "--out", str(d),
          "--verifier", str(v))
     for path, layers in ((v, 2), (d, 1)):
