@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import transformers
 from pydantic import BaseModel, ConfigDict
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
@@ -235,14 +236,13 @@ def lr_at(step: int, total: int, recipe: Recipe) -> float:
     return recipe.lr * (recipe.min_lr_frac + (1 - recipe.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def smoke_recipe(recipe: Recipe, verifier: str | None) -> Recipe:
+def smoke_recipe(recipe: Recipe) -> Recipe:
     """The same code path in seconds: a tiny architecture, 2 short steps per phase."""
     arch = recipe.arch.model_copy(update={**SMOKE_ARCH, "layers": min(recipe.arch.layers, 2)})
     phases = [p.model_copy(update={"steps": 2, "max_len": p.min_len, "tokens_per_step": 2 * p.min_len})
               for p in recipe.phases]
     distill = recipe.distill and recipe.distill.model_copy(
-        update={"prompts_per_len": 2, "prompt_lens": [24], "new_tokens": 8,
-                **({"verifier": verifier} if verifier else {})})
+        update={"prompts_per_len": 2, "prompt_lens": [24], "new_tokens": 8})
     return recipe.model_copy(update={"arch": arch, "phases": phases, "distill": distill, "warmup": 1})
 
 
@@ -253,8 +253,8 @@ def train(recipe: Recipe, out: Path, command: str = "", log=print) -> TrainRecor
     model.set_attn_implementation("sdpa")
     pool = distill_pool(recipe.distill, recipe.seed, log) if recipe.distill else None
     model.train()
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=recipe.lr, betas=(0.9, 0.98))
     total = sum(p.steps for p in recipe.phases)
@@ -299,8 +299,6 @@ def train(recipe: Recipe, out: Path, command: str = "", log=print) -> TrainRecor
         model.train()
         log(f"phase {pi} done, saved {out}")
     model.eval()
-    import transformers
-
     record = TrainRecord(
         recipe=recipe, command=command, threads=torch.get_num_threads(), wall_s=round(time.time() - t0, 1),
         steps=total, params=sum(p.numel() for p in model.parameters()), final=final,
@@ -331,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.verifier and recipe.distill:
         recipe = recipe.model_copy(update={"distill": recipe.distill.model_copy(update={"verifier": args.verifier})})
     if args.smoke:
-        recipe = smoke_recipe(recipe, args.verifier)
+        recipe = smoke_recipe(recipe)
     out = args.out or ZOO_MODELS / recipe.name
     command = "python -m engine.zoo.train " + " ".join(argv if argv is not None else sys.argv[1:])
     record = train(recipe, out, command=command, log=lambda s: print(s, flush=True))
