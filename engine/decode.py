@@ -43,6 +43,18 @@ class Sequence(Protocol):
         ...
 
 
+def chunked_prefill(run: Callable[[list[int]], list[int]], ids: Seq[int], chunk: int) -> int:
+    """`Sequence.prefill` for backends: feed `ids` in chunks through `run` (one forward each, returning the
+    greedy token after the chunk's last position) and return the greedy token after the prompt."""
+    ids = list(ids)
+    if not ids:
+        raise ValueError("nothing to prefill")
+    last = 0
+    for i in range(0, len(ids), chunk):
+        last = run(ids[i : i + chunk])[-1]
+    return last
+
+
 @dataclass
 class Stop:
     """Stop conditions, checked after every new token (the token that triggers one is kept)."""

@@ -4,6 +4,7 @@ $KAKEYA_MODELS. Backends are imported lazily, so resolving a name needs neither 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -13,6 +14,28 @@ Backend = Literal["torch", "mlx"]
 
 class ModelNotFoundError(FileNotFoundError):
     pass
+
+
+class Tokenized:
+    """`encode` / `decode` through the model's Hugging Face tokenizer (a base of each backend's model)."""
+
+    tokenizer: Any
+
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("this model was loaded without a tokenizer")
+        return list(self.tokenizer.encode(text, add_special_tokens=True))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        if self.tokenizer is None:
+            raise ValueError("this model was loaded without a tokenizer")
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
+
+
+def models_dirs() -> list[Path]:
+    """Where a model NAME is looked for: $KAKEYA_MODELS, then ~/kakeya-models (as runners resolve it)."""
+    root = os.environ.get("KAKEYA_MODELS")
+    return ([Path(root).expanduser()] if root else []) + [Path.home() / "kakeya-models"]
 
 
 def zoo_models() -> list[str]:
@@ -32,13 +55,14 @@ def resolve(name: str) -> Path:
     path = Path(name).expanduser()
     if (path / "config.json").is_file():
         return path
-    root = os.environ.get("KAKEYA_MODELS")
-    if root and not path.is_absolute() and ".." not in path.parts and (Path(root) / path / "config.json").is_file():
-        return Path(root) / path
-    where = f" or under $KAKEYA_MODELS ({root})" if root else ""
+    if not path.is_absolute() and ".." not in path.parts:
+        for root in models_dirs():
+            if (root / path / "config.json").is_file():
+                return root / path
+    where = " or ".join(str(root / path) for root in models_dirs())
     raise ModelNotFoundError(
         f"model {name!r} not found: give zoo:<name> (zoo models: {zoo}) or a Hugging Face model "
-        f"directory with a config.json{where}"
+        f"directory with a config.json; looked in {where}"
     )
 
 

@@ -35,6 +35,8 @@ import mlx.nn as nn
 import numpy as np
 
 from engine.cache import Layout, Plan, Positions, buffer_size, visible_mask
+from engine.decode import chunked_prefill
+from engine.models import Tokenized
 from engine.policy import FULL_ATTENTION, SLIDING_ATTENTION, LayerSpec, Policy, layer_specs
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
@@ -165,7 +167,7 @@ class LayerCache:
         return 0 if self.keys is None or self.values is None else self.keys.nbytes + self.values.nbytes
 
 
-class MLXModel:
+class MLXModel(Tokenized):
     """An mlx-lm causal LM (batch 1) with its tokenizer; makes policy-cached Sequences."""
 
     def __init__(self, model: nn.Module, config: dict[str, Any], tokenizer: Any = None, path: Path | None = None):
@@ -195,15 +197,6 @@ class MLXModel:
     def sequence(self, policy: Policy, max_block: int = 1, prefill_chunk: int = 512) -> MLXSequence:
         return MLXSequence(self, policy, max_block, prefill_chunk)
 
-    def encode(self, text: str) -> list[int]:
-        if self.tokenizer is None:
-            raise ValueError("this model was loaded without a tokenizer")
-        return list(self.tokenizer.encode(text, add_special_tokens=True))
-
-    def decode(self, ids: Seq[int]) -> str:
-        if self.tokenizer is None:
-            raise ValueError("this model was loaded without a tokenizer")
-        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
 
     def logits(self, ids: mx.array, cache: list[Any] | None = None, keep: int | None = None) -> mx.array:
         """Logits [1, keep or m, vocab] of one forward of `ids` [1, m] (keep: only the last rows).
@@ -255,13 +248,7 @@ class MLXSequence:
         return self.groups[0].layout.n
 
     def prefill(self, ids: Seq[int]) -> int:
-        ids = list(ids)
-        if not ids:
-            raise ValueError("nothing to prefill")
-        last = 0
-        for i in range(0, len(ids), self.prefill_chunk):
-            last = self._run(ids[i : i + self.prefill_chunk], last_only=True)[-1]
-        return last
+        return chunked_prefill(lambda chunk: self._run(chunk, last_only=True), ids, self.prefill_chunk)
 
     def forward(self, ids: Seq[int]) -> list[int]:
         return self._run(list(ids), last_only=False)

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 
 from engine.cache import Layout, Plan, Positions, buffer_size, visible_mask
+from engine.decode import chunked_prefill
+from engine.models import Tokenized
 from engine.policy import LayerSpec, Policy, layer_specs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -135,7 +137,7 @@ class PolicyCache:
         return [0 if k is None else k.nbytes + v.nbytes for k, v in zip(self.k, self.v, strict=True)]  # type: ignore[union-attr]
 
 
-class TorchModel:
+class TorchModel(Tokenized):
     """A transformers causal LM (batch 1) with its tokenizer; makes policy-cached Sequences."""
 
     def __init__(self, model: Any, tokenizer: Any = None, path: Path | None = None) -> None:
@@ -166,15 +168,6 @@ class TorchModel:
     def sequence(self, policy: Policy, max_block: int = 1, prefill_chunk: int = 512) -> TorchSequence:
         return TorchSequence(self, policy, max_block, prefill_chunk)
 
-    def encode(self, text: str) -> list[int]:
-        if self.tokenizer is None:
-            raise ValueError("this model was loaded without a tokenizer")
-        return list(self.tokenizer.encode(text, add_special_tokens=True))
-
-    def decode(self, ids: Seq[int]) -> str:
-        if self.tokenizer is None:
-            raise ValueError("this model was loaded without a tokenizer")
-        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
 
 
 class TorchSequence:
@@ -196,13 +189,7 @@ class TorchSequence:
         return self.cache.position
 
     def prefill(self, ids: Seq[int]) -> int:
-        ids = list(ids)
-        if not ids:
-            raise ValueError("nothing to prefill")
-        last = 0
-        for i in range(0, len(ids), self.prefill_chunk):
-            last = self._run(ids[i : i + self.prefill_chunk], last_only=True)[-1]
-        return last
+        return chunked_prefill(lambda chunk: self._run(chunk, last_only=True), ids, self.prefill_chunk)
 
     def forward(self, ids: Seq[int]) -> list[int]:
         return self._run(list(ids), last_only=False)

@@ -130,6 +130,14 @@ def test_load_resolves_zoo_paths_and_reports_bad_names(tmp_path, monkeypatch) ->
     assert ids == [10, 7, 14, 14, 17, 25, 17, 20, 14, 6] and loaded.decode(ids).replace(" ", "") == "helloworld"
     monkeypatch.setenv("KAKEYA_MODELS", str(tmp_path))
     assert engine.resolve("m") == tmp_path / "m"
+    home = tmp_path / "home"
+    (home / "kakeya-models").mkdir(parents=True)
+    (tmp_path / "m").rename(home / "kakeya-models" / "m")
+    monkeypatch.setenv("HOME", str(home))
+    assert engine.resolve("m") == home / "kakeya-models" / "m"  # then ~/kakeya-models
+    with pytest.raises(engine.ModelNotFoundError) as err:
+        engine.resolve("gone")
+    assert f"looked in {tmp_path / 'gone'} or {home / 'kakeya-models' / 'gone'}" in str(err.value)
     same = engine.generate(loaded.sequence(full()), ids, engine.Stop(10)).tokens
     assert same == engine.generate(tm.sequence(full()), ids, engine.Stop(10)).tokens
 
