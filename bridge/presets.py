@@ -170,9 +170,7 @@ class IntListParam(_Base):
 
     def parse(self, raw: Any) -> list[int]:
         if isinstance(raw, str):
-            items: list[Any] = [s for s in raw.split(",")]
-            if raw.strip() == "":
-                items = []
+            items: list[Any] = raw.split(",") if raw.strip() else []
         elif isinstance(raw, list):
             items = raw
         else:
