@@ -207,11 +207,17 @@ def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: floa
 
 
 def pid_alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    """Is `pid` a live process (not gone, not a zombie)? /proc on Linux, `ps` elsewhere (macOS)."""
+    if Path("/proc").is_dir():
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return False
+    else:
+        state = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
+        if not state:
+            return False
+    return not state.startswith("Z")
 
 
 def kill_pid(pid: int) -> None:
