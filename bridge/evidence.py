@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,7 @@ from bridge import bus as B
 from bridge.bus import Bus, Manifest, Snapshot
 from bridge.errors import InvalidRequest, KakeyaError
 from bridge.presets import Preset, get_preset
-from bridge.run import RunResult, summary_markdown
+from bridge.run import RunResult, atomic_write, summary_markdown
 
 SUMMARY_CAP = 1024 * 1024  # GitHub refuses a job summary (the whole $GITHUB_STEP_SUMMARY file) over 1 MiB
 REQUIREMENT_RE = re.compile(r"^([a-z][a-z0-9-]{0,62})(?:@([a-z0-9][a-z0-9_-]{0,62}))?$")
@@ -57,17 +56,6 @@ class Done:
     @property
     def subject(self) -> str | None:
         return (self.result.subject if self.result else None) or (self.manifest.subject if self.manifest else None)
-
-
-def parse_report(data: bytes) -> dict[str, Any]:
-    """A report from the bus, read as strictly as `gates.load_report` reads a file (raises gates.ReportError)."""
-    with tempfile.TemporaryDirectory(prefix="kakeya-report-") as tmp:
-        path = Path(tmp) / "report.json"
-        path.write_bytes(data)
-        try:
-            return gates.load_report(path)
-        except gates.ReportError as exc:
-            raise gates.ReportError(str(exc).replace(f"report {path} ", "report.json ")) from None
 
 
 class Shelf:
@@ -136,7 +124,7 @@ class Shelf:
                 continue
             raw = self.report(done)
             try:
-                report = parse_report(raw) if raw is not None else None
+                report = gates.parse_report(raw, "report.json") if raw is not None else None
             except gates.ReportError:
                 continue
             if report is not None and regate(report, preset).passed:
@@ -188,22 +176,16 @@ def apply_baseline(bus: Bus, preset: Preset, label: str | None, out: Path, resul
     except (KakeyaError, gates.ReportError) as exc:
         baseline, comparison = gates.Baseline(source=preset.baseline.from_, note=f"not compared: {exc}"), None
     verdict = verdict.with_comparison(baseline, comparison)
-    _write(verdict_path, verdict.model_dump_json(indent=2) + "\n")
+    atomic_write(verdict_path, verdict.model_dump_json(indent=2) + "\n")
     # result.json as written (already redacted), not the in-memory result
     on_disk = RunResult.model_validate_json((out / "result.json").read_text())
     update: dict[str, Any] = {"verdict": verdict.status}
     if verdict.status == "fail" and comparison is not None and comparison.status == "fail" and not on_disk.reason:
         update["reason"] = f"regression: {comparison.reason}"
     on_disk = on_disk.model_copy(update=update)
-    _write(out / "result.json", on_disk.model_dump_json(indent=2) + "\n")
-    _write(out / "summary.md", summary_markdown(on_disk, out))
+    atomic_write(out / "result.json", on_disk.model_dump_json(indent=2) + "\n")
+    atomic_write(out / "summary.md", summary_markdown(on_disk, out))
     return result.model_copy(update=update)
-
-
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 # --- evidence for a commit ---------------------------------------------------------------------------
@@ -336,7 +318,7 @@ def regate_evidence(shelf: Shelf, done: Done, subject: str, req: Requirement, pr
     if raw is None:
         return Outcome(req, "fail", [f"{done.id} has no report.json"], evidence=done, notes=notes)
     try:
-        report = parse_report(raw)
+        report = gates.parse_report(raw, "report.json")
     except gates.ReportError as exc:
         return Outcome(req, "fail", [f"{done.id}: {exc}"], evidence=done, notes=notes)
     if report.get("subject") != subject:

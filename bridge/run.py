@@ -390,14 +390,14 @@ def write_outcome(out_dir: Path, status: Status, reason: str, *, preset_name: st
 
 
 def _finish(out_dir: Path, result: RunResult, redact: Redactor) -> RunResult:
-    _atomic_write(out_dir / "result.json", redact.text(result.model_dump_json(indent=2)) + "\n")
-    _atomic_write(out_dir / "summary.md", redact.text(summary_markdown(result, out_dir)))
+    atomic_write(out_dir / "result.json", redact.text(result.model_dump_json(indent=2)) + "\n")
+    atomic_write(out_dir / "summary.md", redact.text(summary_markdown(result, out_dir)))
     for path in out_dir.rglob("*"):
         redact.scrub_file(path)
     return result
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     tmp.replace(path)

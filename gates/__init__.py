@@ -16,6 +16,7 @@ from gates.evaluate import (
     evaluate,
     evaluate_file,
     load_report,
+    parse_report,
     run_check,
 )
 from gates.pointer import PathError, resolve
@@ -25,5 +26,6 @@ Verdict.model_rebuild(_types_namespace={"Comparison": Comparison})  # Verdict.co
 
 __all__ = [
     "Baseline", "Check", "CheckResult", "Comparison", "PathError", "ReportError", "Verdict", "Violation",
-    "compare", "evaluate", "evaluate_file", "known_schemas", "load_report", "parse_checks", "resolve", "run_check",
+    "compare", "evaluate", "evaluate_file", "known_schemas", "load_report", "parse_checks", "parse_report",
+    "resolve", "run_check",
 ]

@@ -240,25 +240,35 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a report as strict JSON: an object, no duplicate keys, no NaN / Infinity (nor overflow to them)."""
+def parse_report(data: str | bytes, name: str = "report") -> dict[str, Any]:
+    """Parse a report as strict JSON: an object, no duplicate keys, no NaN / Infinity (nor overflow to them).
+    `name` says which report in the error messages."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ReportError(f"cannot read report {path}: {exc}") from None
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+    except UnicodeDecodeError as exc:
+        raise ReportError(f"cannot read {name}: {exc}") from None
     try:
-        data = json.loads(text, object_pairs_hook=_no_duplicates)
+        parsed = json.loads(text, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as exc:
-        raise ReportError(f"report {path} is not valid JSON: {exc}") from None
+        raise ReportError(f"{name} is not valid JSON: {exc}") from None
     except ReportError as exc:
-        raise ReportError(f"report {path} is not valid: {exc}") from None
-    bad = schema.non_finite(data)
+        raise ReportError(f"{name} is not valid: {exc}") from None
+    bad = schema.non_finite(parsed)
     if bad:
         where = ", ".join(f"{p or '/'} = {v!r}" for p, v in bad[:5])
-        raise ReportError(f"report {path} has non-finite numbers ({where}); JSON numbers must be finite")
-    if not isinstance(data, dict):
-        raise ReportError(f"report {path} is {json_type(data)}, not a JSON object")
-    return data
+        raise ReportError(f"{name} has non-finite numbers ({where}); JSON numbers must be finite")
+    if not isinstance(parsed, dict):
+        raise ReportError(f"{name} is {json_type(parsed)}, not a JSON object")
+    return parsed
+
+
+def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """`parse_report` on a file."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ReportError(f"cannot read report {path}: {exc}") from None
+    return parse_report(data, f"report {path}")
 
 
 def evaluate_file(path: str | os.PathLike[str], checks: list[Check], *, kind: str | None = None,
