@@ -385,9 +385,8 @@ class Runner:
     def push_done(self, request_id: str, claim_sha: str, done_sha: str) -> bool:
         """Atomically: claim (leased on our last sha) -> done commit, done ref created. Kept locally if the bus
         cannot be reached, and pushed by a later `once`."""
-        updates = [Update(B.claim_ref(request_id), done_sha, claim_sha), Update(B.done_ref(request_id), done_sha, None)]
         try:
-            pushed = self.bus.swap(updates, atomic=True)
+            pushed = self.bus.swap(done_updates(request_id, claim_sha, done_sha), atomic=True)
         except KakeyaError as exc:
             B.run_git(self.mirror, "update-ref", f"refs/kakeya/outbox/{request_id}", done_sha)
             self.outbox_pending = True
@@ -409,9 +408,8 @@ class Runner:
             ref, done_sha = line.split()
             request_id = ref.rsplit("/", 1)[1]
             claim_sha = B.run_git(self.mirror, "rev-parse", f"{done_sha}^").stdout.decode().strip()
-            updates = [Update(B.claim_ref(request_id), done_sha, claim_sha),
-                       Update(B.done_ref(request_id), done_sha, None)]
-            pushed = self.bus.swap(updates, atomic=True)  # raises while the bus is still unreachable
+            # raises while the bus is still unreachable
+            pushed = self.bus.swap(done_updates(request_id, claim_sha, done_sha), atomic=True)
             self.log(f"{request_id}: delayed result pushed" if pushed else
                      f"{request_id}: lease lost while the result waited; dropped")
             B.run_git(self.mirror, "update-ref", "-d", ref)
@@ -435,6 +433,12 @@ class Runner:
             if served is None and not self.contended:
                 self.stopping.wait(poll_s + backoff)
         self.log("stopped")
+
+
+def done_updates(request_id: str, claim_sha: str, done_sha: str) -> list[Update]:
+    """The result push: the claim (leased on the runner's last claim sha) moves to the done commit, and the
+    done ref is created (it must not exist): a runner that lost its lease can never push a result."""
+    return [Update(B.claim_ref(request_id), done_sha, claim_sha), Update(B.done_ref(request_id), done_sha, None)]
 
 
 def check_lfs(checkout: Path) -> None:
