@@ -401,6 +401,21 @@ def present(repo_dir: Path | str, shas: Sequence[str]) -> set[str]:
     return {line.split()[0] for line in out.decode().splitlines() if not line.endswith(" missing")}
 
 
+def read_blobs_in(repos: Sequence[Path], specs: Sequence[str]) -> dict[str, bytes]:
+    """`read_blobs` over several local repositories (a bus's store, then a local bus), first found wins."""
+    found: dict[str, bytes] = {}
+    for repo in repos:
+        rest = [s for s in specs if s not in found]
+        if rest:
+            found.update(read_blobs(repo, rest))
+    return found
+
+
+def repo_having(repos: Sequence[Path], sha: str) -> Path:
+    """The first of `repos` that has `sha` (the first one when none has it)."""
+    return next((r for r in repos if present(r, [sha])), repos[0])
+
+
 def is_ancestor(repo_dir: Path | str, ancestor: str, sha: str) -> bool:
     return run_git(repo_dir, "merge-base", "--is-ancestor", ancestor, sha, check=False).returncode == 0
 

@@ -218,13 +218,13 @@ class Client:
             raise KakeyaError(f"no request {request_id} on the bus at {self.url}")
         return entry
 
+    def repos(self) -> list[Path]:
+        """Where this machine has bus objects: the store, then a local bus."""
+        return [Path(self.bus.store)] + ([self.bus_dir] if self.bus_dir is not None else [])
+
     def local_files(self, specs: Sequence[str]) -> dict[str, bytes]:
         """`<sha>:<path>` -> content for the objects this machine already has (and a local bus has)."""
-        found = B.read_blobs(self.bus.store, specs)
-        rest = [s for s in specs if s not in found]
-        if rest and self.bus_dir is not None:
-            found.update(B.read_blobs(self.bus_dir, rest))
-        return found
+        return B.read_blobs_in(self.repos(), specs)
 
     def ensure(self, entries: Iterable[Entry], kinds: Sequence[str] = ("done",), in_store: bool = False) -> None:
         """Fetch (one round trip) the given refs of `entries` whose commits are not here yet (in the store or,
@@ -238,9 +238,7 @@ class Client:
 
     def repo_with(self, sha: str) -> Path:
         """The local repository that has `sha`: the store, or a local bus."""
-        if self.bus_dir is not None and not B.present(self.bus.store, [sha]):
-            return self.bus_dir
-        return self.bus.store
+        return B.repo_having(self.repos(), sha)
 
     def status(self, fetch: bool = False) -> list[Row]:
         """Every request on the bus from one ls-remote; verdicts and leases for commits already here

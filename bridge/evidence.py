@@ -92,15 +92,10 @@ class Shelf:
 
     def read(self, specs: Sequence[str]) -> dict[str, bytes]:
         """`<sha>:<path>` -> content, for the ones found in any of the local repositories."""
-        found: dict[str, bytes] = {}
-        for repo in self.repos():
-            rest = [s for s in specs if s not in found]
-            if rest:
-                found.update(B.read_blobs(repo, rest))
-        return found
+        return B.read_blobs_in(self.repos(), specs)
 
     def repo_with(self, sha: str) -> Path:
-        return next((r for r in self.repos() if B.present(r, [sha])), Path(self.bus.store))
+        return B.repo_having(self.repos(), sha)
 
     def report(self, done: Done) -> bytes | None:
         return self.read([f"{done.sha}:{B.results_path(done.id)}/report.json"]).get(
