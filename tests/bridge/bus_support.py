@@ -22,6 +22,8 @@ import pytest
 import yaml
 
 from bridge import bus as B
+from bridge.config import load_config
+from bridge.runner import Runner
 
 # Included at the top of the test programs: writes a valid probe report to $KAKEYA_REPORT.
 WRITE_REPORT_PY = textwrap.dedent('''
@@ -191,6 +193,11 @@ def wait_for(cond: Callable[[], object], timeout: float, what: str, step: float 
             return value
         time.sleep(step)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def make_runner(url: str, env: Env, name: str = "r1", labels: tuple[str, ...] = ("cpu",)) -> Runner:
+    """An in-process runner for the bus at `url`, working in <tmp>/runners/<name>."""
+    return Runner(url, config=load_config(), name=name, labels=list(labels), workdir=env.tmp / "runners" / name)
 
 
 def runner_process(env: Env, url: str, name: str, *args: str, mode: str = "watch") -> subprocess.Popen[bytes]:

@@ -15,23 +15,19 @@ from bridge.client import Client, age, parse_duration, resolve_remote
 from bridge.config import load_config
 from bridge.errors import InvalidRequest, KakeyaError
 from bridge.presets import load_registry
-from bridge.runner import Runner
 from tests.bridge.bus_support import (  # noqa: F401 — fixtures
     Daemon,
     Env,
     daemon_fixture,
     free_port,
     git,
+    make_runner,
     world_fixture,
 )
 
 
 def client(remote: str | None = None) -> Client:
     return Client(load_config(), remote=remote)
-
-
-def runner(url: str, env: Env, name: str = "r1", labels: tuple[str, ...] = ("cpu",)) -> Runner:
-    return Runner(url, config=load_config(), name=name, labels=list(labels), workdir=env.tmp / "runners" / name)
 
 
 def user_state(project: Path) -> tuple[str, str, str, bytes]:
@@ -83,7 +79,7 @@ def test_run_sends_a_dirty_tree_as_a_snapshot_and_leaves_the_user_tree_alone(wor
     assert git(world.project, "rev-parse", f"{manifest.subject}^") == head
     assert git(world.project, "show", f"{manifest.subject}:more.txt") == "untracked too"
     assert "dirty-done" in git(world.project, "show", f"{manifest.subject}:work.py")
-    served = runner(c.url, world).once()
+    served = make_runner(c.url, world).once()
     assert served is not None and served.status == "succeeded"
     out = world.tmp / "res"
     c.results(manifest.id, out)
@@ -123,7 +119,7 @@ def _manifest(bus: Path, rid: str, label: str) -> bytes:
 
 def test_status_wait_results_and_cancel(world: Env, capsys):
     c = client()
-    r = runner(c.url, world)
+    r = make_runner(c.url, world)
     done = c.request("work", {"tag": "a"}, "cpu")
     assert r.once() is not None
     pending = c.request("work", {"tag": "b"}, "cpu")
@@ -172,7 +168,7 @@ def test_status_wait_results_and_cancel(world: Env, capsys):
 
 def test_request_wait_over_git_daemon_and_gc(world: Env, daemon: Daemon, capsys):
     url = daemon.repo()
-    r = runner(url, world)
+    r = make_runner(url, world)
     rid = client(url).request("work", {"tag": "x"}, "cpu").id
     r.once()
     # a fresh clone (no shared objects with the bus) waits and fetches the results

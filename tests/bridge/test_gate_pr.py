@@ -16,11 +16,11 @@ from bridge.cli import main
 from bridge.client import Client
 from bridge.config import load_config
 from bridge.presets import load_registry
-from bridge.runner import Runner
 from tests.bridge.bus_support import (  # noqa: F401 — fixtures
     PRESETS,
     Env,
     git,
+    make_runner,
     manifest_dict,
     push_raw_request,
     world_fixture,
@@ -34,8 +34,7 @@ class Bus:
         self.env = env
         self.url = url or str(B.init_bare(env.tmp / "bus.git"))
         self.client = Client(load_config(), remote=self.url)
-        self.runner = Runner(self.url, config=load_config(), name="r1", labels=["cpu", "gpu"],
-                             workdir=env.tmp / "runners" / "r1")
+        self.runner = make_runner(self.url, env, labels=("cpu", "gpu"))
 
     def run(self, preset: str, label: str = "cpu", **params: str) -> str:
         rid = self.client.request(preset, params, label).id

@@ -23,6 +23,7 @@ from tests.bridge.bus_support import (  # noqa: F401 — fixtures
     done_result,
     git,
     kill_pid,
+    make_runner,
     manifest_dict,
     pid_alive,
     push_raw_request,
@@ -31,10 +32,6 @@ from tests.bridge.bus_support import (  # noqa: F401 — fixtures
     wait_for,
     world_fixture,
 )
-
-
-def make_runner(url: str, env: Env, name: str = "r1", labels: tuple[str, ...] = ("cpu",)) -> Runner:
-    return Runner(url, config=load_config(), name=name, labels=list(labels), workdir=env.tmp / "runners" / name)
 
 
 def done_claim(store: Path, url: str, request_id: str) -> B.Claim:
