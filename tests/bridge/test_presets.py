@@ -122,22 +122,25 @@ def test_defaults_fill_and_render_one_element_each():
                     "zoo:tiny-hybrid", "/r.json"]
 
 
-@pytest.mark.parametrize("bad", [
-    {"argv": ["prog", "--n={n}"]},
-    {"argv": ["prog", "{nope}"]},
-    {"argv": ["prog"]},
-    {"params": {"n": {"type": "int", "min": 1, "max": 3}}, "argv": ["p", "{n}"]},
-    {"params": {"n": {"type": "int", "min": 1, "max": 3, "default": 9}}, "argv": ["p", "{n}"]},
-    {"params": {"python": {"type": "int", "min": 1, "max": 3, "default": 1}}, "argv": ["{python}"]},
-    {"params": {"n": {"type": "float", "min": 1, "max": 3, "default": 1, "choices": ["a"]}}, "argv": ["p", "{n}"]},
-    {"name": "Bad Name"},
-    {"gate": [{"check": "median", "path": "/x", "value": 1}]},
-    {"gate": [{"check": "min", "path": "x/y", "value": 1}]},
-    {"gate": [{"check": "between", "path": "/x", "value": [3, 1]}]},
-    {"env": {"BAD-NAME": "1"}},
+@pytest.mark.parametrize(("bad", "message"), [
+    ({"argv": ["prog", "--n={n}"]}, "a placeholder must be a whole element"),
+    ({"argv": ["prog", "{nope}"]}, "'{nope}' names no parameter or builtin"),
+    ({"argv": ["prog"]}, "are never used in argv"),
+    ({"params": {"n": {"type": "int", "min": 1, "max": 3}}, "argv": ["p", "{n}"]}, "needs a default"),
+    ({"params": {"n": {"type": "int", "min": 1, "max": 3, "default": 9}}, "argv": ["p", "{n}"]},
+     r"default of parameter 'n' \(9\) must be between 1 and 3"),
+    ({"params": {"python": {"type": "int", "min": 1, "max": 3, "default": 1}}, "argv": ["{python}"]},
+     "shadows the builtin"),
+    ({"params": {"n": {"type": "float", "min": 1, "max": 3, "default": 1, "choices": ["a"]}}, "argv": ["p", "{n}"]},
+     r"(?s)choices.*Extra inputs are not permitted"),
+    ({"name": "Bad Name"}, "must be lowercase letters, digits and dashes"),
+    ({"gate": [{"check": "median", "path": "/x", "value": 1}]}, "Input should be 'min'"),
+    ({"gate": [{"check": "min", "path": "x/y", "value": 1}]}, "is not a JSON pointer"),
+    ({"gate": [{"check": "between", "path": "/x", "value": [3, 1]}]}, r"needs value \[low, high\]"),
+    ({"env": {"BAD-NAME": "1"}}, "env name 'BAD-NAME' is not a valid variable name"),
 ])
-def test_malformed_presets_are_rejected(bad):
-    with pytest.raises(ValueError):
+def test_malformed_presets_are_rejected(bad, message):
+    with pytest.raises(ValueError, match=message):
         make_preset(**bad)
 
 
