@@ -152,7 +152,6 @@ def _tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
 
 
-@pytest.mark.skipif(tiny_models.zoo_pair() is None, reason="engine/zoo/models/tiny-hybrid is not committed yet")
 def test_zoo_model_loads_and_equals_generate() -> None:
     tm = engine.load("zoo:tiny-hybrid")
     assert "sliding_attention" in tm.layer_types and "full_attention" in tm.layer_types

@@ -149,7 +149,6 @@ def test_each_backend_runs_without_the_other_installed() -> None:
     assert torch_only.returncode == 1 and "the mlx backend is not available here" in torch_only.stderr
 
 
-@pytest.mark.skipif(tiny_models.zoo_pair() is None, reason="engine/zoo/models/tiny-hybrid is not committed yet")
 def test_zoo_models_load_on_mlx_and_match_torch() -> None:
     tm = engine.load("zoo:tiny-hybrid", "torch")
     mm = engine.load("zoo:tiny-hybrid", "mlx")

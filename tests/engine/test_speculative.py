@@ -111,7 +111,6 @@ def test_prompt_lookup_proposes_the_latest_continuation() -> None:
         engine.PromptLookupDrafter(max_ngram=1, min_ngram=2)
 
 
-@pytest.mark.skipif(tiny_models.zoo_pair() is None, reason="engine/zoo/models/tiny-{hybrid,drafter} are not committed yet")
 @pytest.mark.parametrize(("k", "backend"), [(1, "torch"), (4, "torch"), (8, "torch"), pytest.param(4, "mlx", marks=MLX_MARKS)])
 def test_speculative_equals_greedy_zoo_pair(k: int, backend: str) -> None:
     verifier_model = engine.load("zoo:tiny-hybrid", backend=backend)  # type: ignore[arg-type]

@@ -17,10 +17,8 @@ torch = pytest.importorskip("torch")
 import gates  # noqa: E402
 from bridge.presets import load_registry  # noqa: E402
 from engine.workloads import compression, niah, throughput  # noqa: E402
-from tests.engine.tiny_models import zoo_pair  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.skipif(zoo_pair() is None, reason="the zoo models are not in engine/zoo/models yet")
 torch.set_num_threads(1)
 
 

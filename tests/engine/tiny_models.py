@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import torch
 
 from engine.backends.torch import TorchModel
 
 VOCAB = 256
-ZOO = Path(__file__).resolve().parents[2] / "engine" / "zoo" / "models"
 
 torch.set_num_threads(1)
 
@@ -87,9 +85,3 @@ def hf_greedy(tm: TorchModel, ids: list[int], new: int) -> list[int]:
         )
     return out[0, len(ids) :].tolist()
 
-
-def zoo_pair() -> tuple[Path, Path] | None:
-    verifier, drafter = ZOO / "tiny-hybrid", ZOO / "tiny-drafter"
-    if (verifier / "config.json").is_file() and (drafter / "config.json").is_file():
-        return verifier, drafter
-    return None
