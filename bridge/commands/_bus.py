@@ -1,4 +1,4 @@
-"""Flags and helpers shared by the bus commands (request, status, results, wait, cancel, bus, runner, run)."""
+"""Flags and helpers shared by the commands (request, status, results, wait, cancel, bus, runner, run, exec)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,11 @@ import gates
 from bridge.client import Client, exit_code, verdict_line
 from bridge.config import Config, load_config, project_root
 from bridge.run import RunResult
+
+
+def add_preset_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("preset")
+    parser.add_argument("-p", "--param", action="append", metavar="NAME=VALUE", help="a preset parameter (repeatable)")
 
 
 def add_remote(parser: argparse.ArgumentParser) -> None:

@@ -9,15 +9,14 @@ import argparse
 import datetime as dt
 from pathlib import Path
 
-from bridge.config import load_config, project_root
+from bridge.commands._bus import add_preset_args, config_and_root
 from bridge.presets import get_preset, load_registry, parse_assignments
 from bridge.run import execute
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("exec", help="run a preset against the current working tree (no bus)")
-    parser.add_argument("preset")
-    parser.add_argument("-p", "--param", action="append", metavar="NAME=VALUE", help="a preset parameter (repeatable)")
+    add_preset_args(parser)
     parser.add_argument("--out", type=Path, help="output directory (default: out/exec/<time>-<preset>)")
     parser.set_defaults(func=run)
 
@@ -25,8 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     preset = get_preset(load_registry(), args.preset)
     values = preset.validate_params(parse_assignments(args.param))
-    root = project_root()
-    config = load_config(root)
+    config, root = config_and_root()
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     out = (args.out or root / "out" / "exec" / f"{stamp}-{preset.name}").resolve()
     result = execute(preset, values, root, out, config=config)

@@ -10,14 +10,13 @@ import argparse
 from pathlib import Path
 
 from bridge.client import parse_duration
-from bridge.commands._bus import add_remote, client, out_dir, report
+from bridge.commands._bus import add_preset_args, add_remote, client, out_dir, report
 from bridge.presets import parse_assignments
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("request", help="ask a runner for a run through the bus")
-    parser.add_argument("preset")
-    parser.add_argument("-p", "--param", action="append", metavar="NAME=VALUE", help="a preset parameter (repeatable)")
+    add_preset_args(parser)
     parser.add_argument("--runner", required=True, metavar="LABEL", help="the runner label to run on (e.g. cpu, h200)")
     add_remote(parser)
     parser.add_argument("--subject", metavar="REV", help="the commit to run (default: HEAD)")

@@ -13,7 +13,7 @@ import signal
 from pathlib import Path
 
 from bridge.client import Client, state_dir
-from bridge.commands._bus import add_remote, config_and_root, out_dir, report
+from bridge.commands._bus import add_preset_args, add_remote, config_and_root, out_dir, report
 from bridge.errors import InvalidRequest, KakeyaError
 from bridge.presets import get_preset, load_registry, parse_assignments
 from bridge.runner import Runner
@@ -21,8 +21,7 @@ from bridge.runner import Runner
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("run", help="run a preset through the bus on this machine (request + runner + wait)")
-    parser.add_argument("preset")
-    parser.add_argument("-p", "--param", action="append", metavar="NAME=VALUE", help="a preset parameter (repeatable)")
+    add_preset_args(parser)
     parser.add_argument("--runner", metavar="LABEL",
                         help="runner label (default: the first of this host's labels the preset allows)")
     parser.add_argument("--out", type=Path, help="where to write the results (default out/<id>)")
