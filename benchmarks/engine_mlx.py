@@ -34,6 +34,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper  # noqa: E402
 
 import engine  # noqa: E402
 from engine.report import environment  # noqa: E402
+from engine.workloads.common import first_divergence  # noqa: E402
 from engine.zoo import corpus  # noqa: E402
 
 Run = tuple[list[int], float, float, dict[str, float]]  # tokens, total seconds, decode seconds, extra
@@ -63,13 +64,6 @@ def mlxlm(model: Any, tok: TokenizerWrapper, draft: Any | None, ids: list[int], 
         from_draft += bool(r.from_draft)
     t2 = time.perf_counter()
     return tokens, t2 - t0, t2 - t1, {"from_draft": from_draft}
-
-
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,11 +114,11 @@ def main(argv: list[str] | None = None) -> int:
             decode = statistics.median(r[2] for r in runs)
             rows.append({
                 "prompt": i, "method": name, "prompt_tokens": len(ids), "new_tokens": len(tokens),
-                "exact_vs_ours_greedy": tokens == ref, "first_difference": first_difference(tokens, ref),
+                "exact_vs_ours_greedy": tokens == ref, "first_difference": first_divergence(tokens, ref),
                 "total_s": total, "prefill_s": total - decode, "tok_s": len(tokens) / total,
                 "decode_tok_s": (len(tokens) - 1) / decode if decode > 0 else 0.0, **extra,
             })
-            print(f"prompt {i} {name:17s} exact={tokens == ref!s:5s} first_diff={first_difference(tokens, ref)} "
+            print(f"prompt {i} {name:17s} exact={tokens == ref!s:5s} first_diff={first_divergence(tokens, ref)} "
                   f"tok/s={len(tokens) / total:8.1f} decode tok/s={rows[-1]['decode_tok_s']:8.1f}", flush=True)
 
     summary: dict[str, Any] = {}

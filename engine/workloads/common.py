@@ -13,11 +13,10 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from engine.policy import Policy, parse_policy
+from engine.policy import Policy, full, kv_bytes_per_slot, parse_policy, sink_window
 from engine.report import write_report
 
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
-POLICY_PATTERN = r"^(full|(sink_window|hybrid):[0-9]+:[0-9]+)$"
 
 
 class ModelConfig(BaseModel):
@@ -65,6 +64,20 @@ def policies(text: str, *, allow_full: bool = True) -> list[Policy]:
     return out
 
 
+def drafter_policy(policy: Policy) -> Policy:
+    """A model drafter's cache under `policy`: sink_window with its sink and window (full for full);
+    a drafter only needs recent context."""
+    return full() if policy.kind == "full" else sink_window(policy.sink, policy.window or 1)
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first differing token (the shorter length when one is a prefix); None if equal."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
 def int_list(text: str) -> list[int]:
     return _numbers(text, int, "integer")
 
@@ -98,8 +111,6 @@ class Geometry:
 
     def slot_bytes(self, dtype: str) -> list[int]:
         """K and V bytes of one position, per layer (engine.policy.kv_bytes_per_slot)."""
-        from engine.policy import kv_bytes_per_slot
-
         return [kv_bytes_per_slot(self.kv_heads, self.head_dim, ITEMSIZE[dtype])] * len(self.layer_types)
 
 

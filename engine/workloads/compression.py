@@ -103,12 +103,6 @@ def safetensors_params(path: Path) -> int:
     return total
 
 
-def drafter_policy(policy: Any) -> Any:
-    import engine
-
-    return engine.full() if policy.kind == "full" else engine.sink_window(policy.sink, policy.window)
-
-
 def per_sequence(geo: common.Geometry, policy: Any, n: int, max_block: int, dtype: str) -> int:
     """K/V bytes one sequence holds after n tokens (engine.policy.expected_kv_bytes, summed over layers)."""
     from engine.policy import expected_kv_bytes, layer_specs
@@ -128,7 +122,7 @@ def table(config: Config, geo: common.Geometry, dgeo: common.Geometry | None, we
             for s in config.seq_lens:
                 full_bytes = b * per_sequence(geo, full, s, 1, config.dtype)
                 kv = b * per_sequence(geo, policy, s, config.k + 1, config.dtype)
-                dkv = 0 if dgeo is None else b * per_sequence(dgeo, drafter_policy(policy), s, config.k + 1, config.dtype)
+                dkv = 0 if dgeo is None else b * per_sequence(dgeo, common.drafter_policy(policy), s, config.k + 1, config.dtype)
                 net = kv + dkv + weights
                 rows.append(Row(policy=str(policy), batch=b, seq_len=s, full_bytes=full_bytes, kv_bytes=kv,
                                 drafter_kv_bytes=dkv, drafter_weight_bytes=weights, net_bytes=net,
@@ -155,7 +149,7 @@ def cross_check(config: Config, geo: common.Geometry, dgeo: common.Geometry | No
         policy = engine.parse_policy(text)
         block = 1 if text == "full" else config.k + 1
         jobs.append(("verifier", model, policy, geo, block))
-        dpolicy = drafter_policy(policy)
+        dpolicy = common.drafter_policy(policy)
         if dmodel is not None and dgeo is not None and text != "full" and not any(
                 j[0] == "drafter" and j[2] == dpolicy for j in jobs):
             jobs.append(("drafter", dmodel, dpolicy, dgeo, config.k + 1))
@@ -166,7 +160,7 @@ def cross_check(config: Config, geo: common.Geometry, dgeo: common.Geometry | No
                 seq = m.sequence(policy, max_block=block)
                 seq.prefill(_prompt(m, n))
                 measured = sum(seq.kv_bytes())
-                allocated = sum(seq.kv_allocated_bytes()) if hasattr(seq, "kv_allocated_bytes") else measured
+                allocated = sum(seq.kv_allocated_bytes())
                 predicted = per_sequence(g, policy, n, block, config.dtype)
                 out.append(Check(model=name, policy=str(policy), seq_len=n, predicted_bytes=predicted,
                                  measured_bytes=measured, allocated_bytes=allocated, match=measured == predicted))

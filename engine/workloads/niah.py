@@ -188,7 +188,7 @@ def _account(t: _Tally, seq: Any, slot_bytes: list[int], n_prompt: int) -> None:
 
     held = seq.kv_bytes()
     bound = expected_kv_bytes(seq.specs, seq.position, seq.max_block, slot_bytes)
-    allocated = seq.kv_allocated_bytes() if hasattr(seq, "kv_allocated_bytes") else held
+    allocated = seq.kv_allocated_bytes()
     limits = [None if s.window is None else (s.sink + s.ring_size(seq.max_block)) * b
               for s, b in zip(seq.specs, slot_bytes, strict=True)]
     t.bounded &= all(h <= b for h, b in zip(held, bound, strict=True))

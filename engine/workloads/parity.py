@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.report import write_report
+from engine.workloads.common import first_divergence
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -76,13 +77,6 @@ def prompts(n: int, n_tokens: int, seed: int) -> list[str]:
     for i in range(n):
         out.append(code[i // 2] if i % 2 == 0 else hay[i // 2])
     return out
-
-
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def _torch_logits(tm: Any, seq: list[int], keep: int) -> Any:

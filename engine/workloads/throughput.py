@@ -105,14 +105,6 @@ class Summary(BaseModel):
     speedup_ok: bool
 
 
-def first_mismatch(a: list[int], b: list[int]) -> int | None:
-    """Index of the first differing token (the shorter length when one is a prefix); None if equal."""
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 def is_zoo_tokenizer(model: Any) -> bool:
     """One token per word of a zoo code prompt (plus <bos>): the model reads the zoo vocabulary."""
     from engine.zoo import corpus
@@ -182,7 +174,7 @@ def throughput(config: Config) -> dict[str, Any]:
                                                         config.k, stop))
                 bar.update(1)
             g, s = _best(greedy), _best(spec)
-            mismatch = first_mismatch(g.tokens, s.tokens)
+            mismatch = common.first_divergence(g.tokens, s.tokens)
             gr, sr = Run(**_run(g)), SpecRun(**_run(s), forwards=s.forwards, drafted=s.drafted, accepted=s.accepted,
                                              acceptance_length=s.acceptance_length)
             rows.append(Prompt(
@@ -277,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         policy = engine.parse_policy(args.policy)
         dpolicy = args.drafter_policy
         if dpolicy == "auto":
-            dpolicy = "full" if policy.kind == "full" else str(engine.sink_window(policy.sink, policy.window or 1))
+            dpolicy = str(common.drafter_policy(policy))
         engine.parse_policy(dpolicy)
         common.set_threads(args.threads)
     except ValueError as exc:

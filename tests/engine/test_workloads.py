@@ -189,7 +189,7 @@ def test_throughput_exactness_is_computed_from_tokens(model_dir: Path, tmp_path:
     assert not report["summary"]["all_exact"] and report["summary"]["exact_prompts"] == 0
     verdict = _gate(report, "throughput-code")
     assert verdict.status == "fail" and any("/exact" in r for r in verdict.reasons())
-    assert throughput.first_mismatch([1, 2, 3], [1, 2]) == 2 and throughput.first_mismatch([4], [4]) is None
+    assert common.first_divergence([1, 2, 3], [1, 2]) == 2 and common.first_divergence([4], [4]) is None
 
 
 # --- compression --------------------------------------------------------------------------------------------
