@@ -156,7 +156,6 @@ class TorchModel(Tokenized):
         if impl not in ("sdpa", "eager"):
             raise ValueError(f"attention implementation {impl!r} is not supported: load the model with sdpa or eager")
         self.additive_masks = impl == "eager"  # eager adds the mask to the scores; sdpa takes booleans
-        self.mask_keys = sorted(set(self.layer_types))
         layer_specs(Policy("full"), self.layer_types, self.sliding_window)  # fail early on unsupported layers
         eos = model.generation_config.eos_token_id if model.generation_config else None
         if eos is None:
@@ -182,7 +181,8 @@ class TorchSequence:
         self.cache = PolicyCache(self.specs, max_block)
         self.max_block = max_block
         self.prefill_chunk = prefill_chunk
-        self._spec_key = [(spec, t) for spec, t in zip(self.specs, model.layer_types, strict=True)]
+        # Each layer type has one spec (layer_spec depends on the type only): one mask per type.
+        self._type_spec = dict(zip(model.layer_types, self.specs, strict=True))
 
     @property
     def position(self) -> int:
@@ -194,7 +194,6 @@ class TorchSequence:
     def forward(self, ids: Seq[int]) -> list[int]:
         return self._run(list(ids), last_only=False)
 
-    @torch.inference_mode()
     def trim(self, n: int) -> None:
         self.cache.trim(n)
 
@@ -212,11 +211,7 @@ class TorchSequence:
         masks = self.cache.begin(m)
         if self.owner.additive_masks:
             masks = {s: None if x is None else _additive(x, self.owner.dtype) for s, x in masks.items()}
-        by_type: dict[str, torch.Tensor | None] = {}
-        for spec, t in self._spec_key:
-            mask = masks[spec]
-            if by_type.setdefault(t, mask) is not mask:
-                raise ValueError(f"layers of type {t!r} got different cache layouts; this model is not supported")
+        by_type = {t: masks[spec] for t, spec in self._type_spec.items()}
         if len(by_type) == 1:
             mask = next(iter(by_type.values()))
             if mask is None:  # a model without dict masks needs some prepared 4-D mask
