@@ -37,7 +37,7 @@ def environment() -> dict[str, Any]:
     """Tool versions and the device, cheap enough to put in every report."""
     versions = {"python": platform.python_version()}
     for name, module in TOOLS:
-        found = _version(module) if _importable(module) else None
+        found = _version(module)
         if found is not None:
             versions[name] = found
     return {
@@ -49,15 +49,6 @@ def environment() -> dict[str, Any]:
         "memory_bytes": _memory_bytes(),
         "versions": versions,
     }
-
-
-def _importable(module: str) -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(module.split(".")[0]) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def subject() -> str | None:

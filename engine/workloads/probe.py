@@ -7,8 +7,6 @@ CUDA / MPS / Metal availability with device names, and MLX's default device.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 from typing import Any
 
@@ -48,9 +46,9 @@ def probe() -> dict[str, Any]:
     metal, mlx_device = _mlx()
     versions = env["versions"]
     return {
-        "python": platform.python_version(),
+        "python": env["python"],
         "os": env["os"],
-        "cpu_count": os.cpu_count() or 1,
+        "cpu_count": env["cpu_count"],
         "memory_bytes": env["memory_bytes"],
         "packages": {name: versions.get(name) for name in ("torch", "transformers", "mlx", "mlx_lm")},
         "accelerators": {"cuda": cuda, "mps": mps, "metal": metal},
