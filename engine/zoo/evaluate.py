@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from engine.zoo import corpus, tokenizer
-from engine.zoo.train import ZOO_MODELS, TrainRecord, greedy
+from engine.zoo.train import TrainRecord, greedy, model_dir
 
 DEPTHS = [0.0, 0.25, 0.5, 0.75, 1.0]
 
@@ -59,15 +59,6 @@ class EvalRecord(BaseModel):
     seed: int
     recall: list[RecallCell]
     acceptance: Acceptance | None = None
-
-
-def resolve(name: str) -> Path:
-    path = Path(name)
-    if (path / "config.json").is_file():
-        return path
-    if (ZOO_MODELS / name / "config.json").is_file():
-        return ZOO_MODELS / name
-    raise FileNotFoundError(f"no model directory {name!r} (a path or a name under {ZOO_MODELS})")
 
 
 def load(path: Path) -> PreTrainedModel:
@@ -138,18 +129,18 @@ def recall_table(cells: list[RecallCell]) -> str:
     return "\n".join(lines)
 
 
-def render_card(model_dir: Path) -> str:
+def render_card(directory: Path) -> str:
     """README.md of a zoo model from its config, train_record.json and eval_record.json."""
     import json
 
-    cfg = json.loads((model_dir / "config.json").read_text())
-    tr = TrainRecord.model_validate_json((model_dir / "train_record.json").read_text())
-    ev_path = model_dir / "eval_record.json"
+    cfg = json.loads((directory / "config.json").read_text())
+    tr = TrainRecord.model_validate_json((directory / "train_record.json").read_text())
+    ev_path = directory / "eval_record.json"
     ev = EvalRecord.model_validate_json(ev_path.read_text()) if ev_path.is_file() else None
     kinds = ", ".join("S" if t == "sliding_attention" else "F" for t in cfg["layer_types"])
     r = tr.recipe
     out = [
-        f"# {model_dir.name}",
+        f"# {directory.name}",
         "",
         "A tiny model of the Kakeya model zoo, trained on the CPU from scratch on the synthetic corpus of "
         "`engine/zoo/corpus.py` (needle-in-a-haystack retrieval and short code-like text). "
@@ -216,7 +207,7 @@ def render_card(model_dir: Path) -> str:
                 "| block k | accepted drafts per block | tokens per verifier forward |", "|---:|---:|---:|",
                 *[f"| {k} | {a.mean_accepted[k]:.2f} | {a.tokens_per_verify[k]:.2f} |" for k in a.tokens_per_verify]]
     out += ["", "## Use", "", "    from transformers import AutoModelForCausalLM, AutoTokenizer",
-            "    from engine.zoo import corpus", f'    path = "engine/zoo/models/{model_dir.name}"',
+            "    from engine.zoo import corpus", f'    path = "engine/zoo/models/{directory.name}"',
             "    tok, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)"]
     if ev and ev.recall:
         out += ["    nd = corpus.haystack(n_tokens=512, depth=0.5, seed=0)",
@@ -230,8 +221,8 @@ def render_card(model_dir: Path) -> str:
     return "\n".join(out)
 
 
-def write_card(model_dir: Path) -> None:
-    (model_dir / "README.md").write_text(render_card(model_dir))
+def write_card(directory: Path) -> None:
+    (directory / "README.md").write_text(render_card(directory))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -251,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     t0 = time.time()
-    vdir = resolve(args.model)
+    vdir = model_dir(args.model)
     verifier = load(vdir)
     cells = [cell for nd in args.distractors.split(",") for cell in needle_recall(
         verifier, [int(c) for c in args.contexts.split(",")], [float(d) for d in args.depths.split(",")],
@@ -260,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     print(recall_table(cells))
     acc = None
     if args.drafter:
-        ddir = resolve(args.drafter)
+        ddir = model_dir(args.drafter)
         rate, per_verify, accepted = acceptance(verifier, load(ddir), args.prompts, args.prompt_tokens,
                                                 args.new_tokens, args.seed)
         acc = Acceptance(verifier=vdir.name, drafter=ddir.name, prompts=args.prompts,
@@ -276,7 +267,6 @@ def main(argv: list[str] | None = None) -> int:
         (vdir / "eval_record.json").write_text(record.model_dump_json(indent=2) + "\n")
         write_card(vdir)
         if acc:
-            ddir = resolve(args.drafter)
             drec = record.model_copy(update={"model": ddir.name, "recall": []})
             (ddir / "eval_record.json").write_text(drec.model_dump_json(indent=2) + "\n")
             write_card(ddir)

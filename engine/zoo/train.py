@@ -27,9 +27,18 @@ import transformers
 from pydantic import BaseModel, ConfigDict
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
+from engine.models import ZOO_DIR as ZOO_MODELS
 from engine.zoo import corpus, tokenizer
 
-ZOO_MODELS = Path(__file__).resolve().parent / "models"
+
+def model_dir(name: str) -> Path:
+    """A model directory: a path with a config.json, or the name of a zoo model."""
+    path = Path(name)
+    if (path / "config.json").is_file():
+        return path
+    if (ZOO_MODELS / name / "config.json").is_file():
+        return ZOO_MODELS / name
+    raise FileNotFoundError(f"no model directory {name!r} (a path or a name under {ZOO_MODELS})")
 
 
 class Arch(BaseModel):
@@ -210,12 +219,10 @@ def greedy(model: Gemma3ForCausalLM, ids: torch.Tensor, new_tokens: int, stop: b
 
 def distill_pool(spec: Distill, seed: int, log) -> dict[int, torch.Tensor]:
     """Verifier greedy continuations of code prompts, grouped by total length."""
-    vdir = Path(spec.verifier)
-    if not vdir.is_dir():
-        vdir = ZOO_MODELS / spec.verifier
-    if not (vdir / "config.json").is_file():
-        raise FileNotFoundError(f"verifier {spec.verifier!r} not found (train it first: "
-                                f"python -m engine.zoo.train --model tiny-hybrid)")
+    try:
+        vdir = model_dir(spec.verifier)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"verifier: {exc} (train it first: python -m engine.zoo.train --model tiny-hybrid)") from None
     verifier = Gemma3ForCausalLM.from_pretrained(vdir, dtype=torch.float32).eval()
     pool: dict[int, torch.Tensor] = {}
     for plen in spec.prompt_lens:
