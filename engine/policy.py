@@ -117,6 +117,12 @@ class LayerSpec:
         return n if ring is None else min(n, self.sink + ring)
 
 
+def config_layer_types(declared: Sequence[str] | None, sliding_window: int | None, n_layers: int) -> list[str]:
+    """A config's layer types: its `layer_types`, or without them (Llama, Mistral) every layer sliding when
+    it has a `sliding_window`, else full attention (as transformers reads such configs)."""
+    return list(declared or [SLIDING_ATTENTION if sliding_window else FULL_ATTENTION] * n_layers)
+
+
 def layer_spec(policy: Policy, layer_type: str, native_window: int | None) -> LayerSpec:
     if layer_type == FULL_ATTENTION:
         native = None

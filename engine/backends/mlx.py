@@ -37,7 +37,14 @@ import numpy as np
 from engine.cache import Layout, Plan, Positions, buffer_size, visible_mask
 from engine.decode import chunked_prefill
 from engine.models import Tokenized
-from engine.policy import FULL_ATTENTION, SLIDING_ATTENTION, LayerSpec, Policy, layer_specs
+from engine.policy import (
+    FULL_ATTENTION,
+    SLIDING_ATTENTION,
+    LayerSpec,
+    Policy,
+    config_layer_types,
+    layer_specs,
+)
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 # Model types whose mlx-lm `Model.__call__` is `head(model.model(...))`: prefill computes the head for
@@ -181,8 +188,7 @@ class MLXModel(Tokenized):
         self.model_type = str(config.get("model_type", ""))
         n_layers = len(model.layers)
         self.sliding_window: int | None = config.get("sliding_window")
-        default_type = SLIDING_ATTENTION if self.sliding_window else FULL_ATTENTION
-        self.layer_types: list[str] = list(config.get("layer_types") or [default_type] * n_layers)
+        self.layer_types = config_layer_types(config.get("layer_types"), self.sliding_window, n_layers)
         if len(self.layer_types) != n_layers:
             raise ValueError(f"the config lists {len(self.layer_types)} layer_types for {n_layers} layers")
         layer_specs(Policy("full"), self.layer_types, self.sliding_window)  # fail early on unsupported layers

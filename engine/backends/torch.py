@@ -20,7 +20,7 @@ import torch
 from engine.cache import Layout, Plan, Positions, buffer_size, visible_mask
 from engine.decode import chunked_prefill
 from engine.models import Tokenized
-from engine.policy import LayerSpec, Policy, layer_specs
+from engine.policy import LayerSpec, Policy, config_layer_types, layer_specs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -147,10 +147,8 @@ class TorchModel(Tokenized):
         config = model.config
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
         self.sliding_window: int | None = getattr(text_config, "sliding_window", None)
-        # Without `layer_types` (Llama, Mistral): every layer slides when the config has a window.
-        default_type = "sliding_attention" if self.sliding_window else "full_attention"
-        self.layer_types: list[str] = list(
-            getattr(text_config, "layer_types", None) or [default_type] * text_config.num_hidden_layers
+        self.layer_types = config_layer_types(
+            getattr(text_config, "layer_types", None), self.sliding_window, text_config.num_hidden_layers
         )
         impl = config._attn_implementation
         if impl not in ("sdpa", "eager"):

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from engine.policy import Policy, full, kv_bytes_per_slot, parse_policy, sink_window
+from engine.policy import Policy, config_layer_types, full, kv_bytes_per_slot, parse_policy, sink_window
 from engine.report import write_report
 
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -121,8 +121,7 @@ def geometry(path: Path) -> Geometry:
     config = AutoConfig.from_pretrained(str(path))
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     window = getattr(text, "sliding_window", None)
-    default = "sliding_attention" if window else "full_attention"
-    types = list(getattr(text, "layer_types", None) or [default] * text.num_hidden_layers)
+    types = config_layer_types(getattr(text, "layer_types", None), window, text.num_hidden_layers)
     heads = text.num_attention_heads
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
