@@ -23,6 +23,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	@if [ -d .github/workflows ]; then $(VENV)/bin/actionlint .github/workflows/*.yml; fi
 
 test: lint

@@ -37,7 +37,7 @@ from bridge import bus as B  # noqa: E402
 from bridge.client import Client  # noqa: E402
 from bridge.config import load_config  # noqa: E402
 
-PROGRAM = textwrap.dedent('''
+PROGRAM = textwrap.dedent("""
     import json, os, sys, time
     start = time.time()
     tag, seconds = sys.argv[1], float(sys.argv[2])
@@ -45,8 +45,8 @@ PROGRAM = textwrap.dedent('''
         fh.write(repr(start))
     time.sleep(seconds)
     json.dump({"kind": "bench", "schema_version": 1}, open(os.environ["KAKEYA_REPORT"], "w"))
-''')
-PRESET = textwrap.dedent('''
+""")
+PRESET = textwrap.dedent("""
     name: bench
     description: records when it started, sleeps, writes a report
     runners: [cpu]
@@ -58,7 +58,7 @@ PRESET = textwrap.dedent('''
     env:
       MARKS: "${ENV:KAKEYA_BENCH_MARKS}"
     report: {kind: bench, schema_version: 1}
-''')
+""")
 
 
 def sh(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -83,19 +83,34 @@ def overhead(work: Path, repeats: int) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KAKEYA_")}
     env["KAKEYA_PRESETS"] = str(ROOT / "presets")
     times: dict[str, list[float]] = {"run": [], "exec": []}
-    subprocess.run(kakeya("run", "probe", "--out", str(work / "warm")), cwd=clone, env=env, check=True,
-                   capture_output=True)  # creates the embedded bus and the runner mirror
+    subprocess.run(
+        kakeya("run", "probe", "--out", str(work / "warm")),
+        cwd=clone,
+        env=env,
+        check=True,
+        capture_output=True,
+    )  # creates the embedded bus and the runner mirror
     for i in range(repeats):
         for mode in ("run", "exec"):
             t0 = time.perf_counter()
-            subprocess.run(kakeya(mode, "probe", "--out", str(work / f"{mode}{i}")), cwd=clone, env=env, check=True,
-                           capture_output=True)
+            subprocess.run(
+                kakeya(mode, "probe", "--out", str(work / f"{mode}{i}")),
+                cwd=clone,
+                env=env,
+                check=True,
+                capture_output=True,
+            )
             times[mode].append(time.perf_counter() - t0)
     diffs = [r - e for r, e in zip(times["run"], times["exec"], strict=True)]
-    return {"run_s": times["run"], "exec_s": times["exec"], "median_run_s": statistics.median(times["run"]),
-            "median_exec_s": statistics.median(times["exec"]),
-            "overhead_s": statistics.median(times["run"]) - statistics.median(times["exec"]),
-            "median_paired_overhead_s": statistics.median(diffs), "target_s": 1.0}
+    return {
+        "run_s": times["run"],
+        "exec_s": times["exec"],
+        "median_run_s": statistics.median(times["run"]),
+        "median_exec_s": statistics.median(times["exec"]),
+        "overhead_s": statistics.median(times["run"]) - statistics.median(times["exec"]),
+        "median_paired_overhead_s": statistics.median(diffs),
+        "target_s": 1.0,
+    }
 
 
 class Bench:
@@ -110,18 +125,44 @@ class Bench:
         (self.project / "bench_program.py").write_text(PROGRAM)
         sh("git", "init", "-q", "-b", "main", cwd=self.project)
         sh("git", "add", "-A", cwd=self.project)
-        sh("git", "-c", "user.name=bench", "-c", "user.email=bench@example.com", "commit", "-qm", "bench",
-           cwd=self.project)
+        sh(
+            "git",
+            "-c",
+            "user.name=bench",
+            "-c",
+            "user.email=bench@example.com",
+            "commit",
+            "-qm",
+            "bench",
+            cwd=self.project,
+        )
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("KAKEYA_")}
-        self.env.update({"KAKEYA_PRESETS": str(self.presets), "KAKEYA_BENCH_MARKS": str(self.marks),
-                         "OMP_NUM_THREADS": "1"})
+        self.env.update(
+            {
+                "KAKEYA_PRESETS": str(self.presets),
+                "KAKEYA_BENCH_MARKS": str(self.marks),
+                "OMP_NUM_THREADS": "1",
+            }
+        )
         served = work / "served"
         served.mkdir()
         self.port = free_port()
-        self.daemon = subprocess.Popen(["git", "daemon", "--reuseaddr", "--export-all", "--enable=receive-pack",
-                                        f"--base-path={served}", "--listen=127.0.0.1", f"--port={self.port}",
-                                        "--max-connections=64", str(served)],
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.daemon = subprocess.Popen(
+            [
+                "git",
+                "daemon",
+                "--reuseaddr",
+                "--export-all",
+                "--enable=receive-pack",
+                f"--base-path={served}",
+                "--listen=127.0.0.1",
+                f"--port={self.port}",
+                "--max-connections=64",
+                str(served),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self.buses = served
         self.n = 0
         time.sleep(0.5)
@@ -136,10 +177,29 @@ class Bench:
         return Client(load_config(self.project), root=self.project, remote=url)
 
     def runners(self, url: str, count: int, poll: float) -> list[subprocess.Popen[bytes]]:
-        return [subprocess.Popen(kakeya("runner", "watch", "--labels", "cpu", "--name", f"bench{i}", "--remote", url,
-                                        "--poll", str(poll), "--workdir", str(self.work / "runners" / f"bench{i}")),
-                                 cwd=self.project, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                for i in range(count)]
+        return [
+            subprocess.Popen(
+                kakeya(
+                    "runner",
+                    "watch",
+                    "--labels",
+                    "cpu",
+                    "--name",
+                    f"bench{i}",
+                    "--remote",
+                    url,
+                    "--poll",
+                    str(poll),
+                    "--workdir",
+                    str(self.work / "runners" / f"bench{i}"),
+                ),
+                cwd=self.project,
+                env=self.env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for i in range(count)
+        ]
 
     def close(self) -> None:
         self.daemon.terminate()
@@ -159,7 +219,9 @@ def done_on_disk(bus: Path) -> int:
     names = set(os.listdir(loose)) if loose.is_dir() else set()
     packed = bus / "packed-refs"
     if packed.is_file():
-        names |= {ln.rsplit("/", 1)[1] for ln in packed.read_text().splitlines() if " refs/heads/kakeya/done/" in ln}
+        names |= {
+            ln.rsplit("/", 1)[1] for ln in packed.read_text().splitlines() if " refs/heads/kakeya/done/" in ln
+        }
     return len(names)
 
 
@@ -186,8 +248,13 @@ def pickup(bench: Bench, count: int) -> dict[str, Any]:
             time.sleep(0.25 * (i % 3))  # requests land at different phases of the poll
     finally:
         stop(procs)
-    return {"poll_s": 0.5, "latencies_s": latencies, "median_s": statistics.median(latencies), "max_s": max(latencies),
-            "target_s": 1.5}
+    return {
+        "poll_s": 0.5,
+        "latencies_s": latencies,
+        "median_s": statistics.median(latencies),
+        "max_s": max(latencies),
+        "target_s": 1.5,
+    }
 
 
 def throughput(bench: Bench, runners: int, requests: int, sleep_s: float) -> float:
@@ -211,21 +278,30 @@ def throughput(bench: Bench, runners: int, requests: int, sleep_s: float) -> flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bus.json")
     parser.add_argument("--repeats", type=int, default=5, help="overhead: runs of each command")
     parser.add_argument("--pickups", type=int, default=10, help="pickup: requests to time")
     parser.add_argument("--requests", type=int, default=40, help="throughput: queued requests")
     parser.add_argument("--sleep", type=float, default=1.0, help="throughput: seconds each request sleeps")
-    parser.add_argument("--parts", default="overhead,pickup,throughput", help="which measurements (comma-separated)")
+    parser.add_argument(
+        "--parts", default="overhead,pickup,throughput", help="which measurements (comma-separated)"
+    )
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     work = Path(tempfile.mkdtemp(prefix="kakeya-bench-bus-"))
     started = time.time()
     try:
-        result: dict[str, Any] = {"host": {"machine": platform.machine(), "cpus": os.cpu_count(),
-                                           "load_avg_before": os.getloadavg()},
-                                  "command": " ".join([Path(sys.executable).name, *sys.argv])}
+        result: dict[str, Any] = {
+            "host": {
+                "machine": platform.machine(),
+                "cpus": os.cpu_count(),
+                "load_avg_before": os.getloadavg(),
+            },
+            "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        }
         if "overhead" in parts:
             result["overhead"] = overhead(work / "overhead", args.repeats)
             print(json.dumps(result["overhead"]), flush=True)
@@ -237,8 +313,14 @@ def main() -> None:
             if "throughput" in parts:
                 one = throughput(bench, 1, args.requests, args.sleep)
                 four = throughput(bench, 4, args.requests, args.sleep)
-                result["throughput"] = {"requests": args.requests, "sleep_s": args.sleep, "one_runner_s": one,
-                                        "four_runners_s": four, "speedup": one / four, "target_speedup": 3.5}
+                result["throughput"] = {
+                    "requests": args.requests,
+                    "sleep_s": args.sleep,
+                    "one_runner_s": one,
+                    "four_runners_s": four,
+                    "speedup": one / four,
+                    "target_speedup": 3.5,
+                }
                 print(json.dumps(result["throughput"]), flush=True)
         finally:
             bench.close()

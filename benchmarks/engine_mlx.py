@@ -40,7 +40,9 @@ from engine.zoo import corpus  # noqa: E402
 Run = tuple[list[int], float, float, dict[str, float]]  # tokens, total seconds, decode seconds, extra
 
 
-def ours(seq_factory: Callable[[], Any], drafter: Callable[[], Any] | None, ids: list[int], n: int, k: int) -> Run:
+def ours(
+    seq_factory: Callable[[], Any], drafter: Callable[[], Any] | None, ids: list[int], n: int, k: int
+) -> Run:
     t0 = time.perf_counter()
     if drafter is None:
         gen = engine.generate(seq_factory(), ids, engine.Stop(n))
@@ -92,9 +94,15 @@ def main(argv: list[str] | None = None) -> int:
     methods: dict[str, Callable[[list[int]], Run]] = {
         "ours_greedy": lambda ids: ours(lambda: mm.sequence(policy), None, ids, n, k),
         "ours_spec_model": lambda ids: ours(
-            lambda: mm.sequence(policy, k + 1), lambda: engine.ModelDrafter(dm.sequence(policy, k + 1)), ids, n, k),
+            lambda: mm.sequence(policy, k + 1),
+            lambda: engine.ModelDrafter(dm.sequence(policy, k + 1)),
+            ids,
+            n,
+            k,
+        ),
         "ours_spec_lookup": lambda ids: ours(
-            lambda: mm.sequence(policy, k + 1), engine.PromptLookupDrafter, ids, n, k),
+            lambda: mm.sequence(policy, k + 1), engine.PromptLookupDrafter, ids, n, k
+        ),
         "mlxlm_greedy": lambda ids: mlxlm(mm.model, tok, None, ids, n, k),
         "mlxlm_spec": lambda ids: mlxlm(mm.model, tok, dm.model, ids, n, k),
     }
@@ -112,14 +120,26 @@ def main(argv: list[str] | None = None) -> int:
             assert ref is not None
             total = statistics.median(r[1] for r in runs)
             decode = statistics.median(r[2] for r in runs)
-            rows.append({
-                "prompt": i, "method": name, "prompt_tokens": len(ids), "new_tokens": len(tokens),
-                "exact_vs_ours_greedy": tokens == ref, "first_difference": first_divergence(tokens, ref),
-                "total_s": total, "prefill_s": total - decode, "tok_s": len(tokens) / total,
-                "decode_tok_s": (len(tokens) - 1) / decode if decode > 0 else 0.0, **extra,
-            })
-            print(f"prompt {i} {name:17s} exact={tokens == ref!s:5s} first_diff={first_divergence(tokens, ref)} "
-                  f"tok/s={len(tokens) / total:8.1f} decode tok/s={rows[-1]['decode_tok_s']:8.1f}", flush=True)
+            rows.append(
+                {
+                    "prompt": i,
+                    "method": name,
+                    "prompt_tokens": len(ids),
+                    "new_tokens": len(tokens),
+                    "exact_vs_ours_greedy": tokens == ref,
+                    "first_difference": first_divergence(tokens, ref),
+                    "total_s": total,
+                    "prefill_s": total - decode,
+                    "tok_s": len(tokens) / total,
+                    "decode_tok_s": (len(tokens) - 1) / decode if decode > 0 else 0.0,
+                    **extra,
+                }
+            )
+            print(
+                f"prompt {i} {name:17s} exact={tokens == ref!s:5s} first_diff={first_divergence(tokens, ref)} "
+                f"tok/s={len(tokens) / total:8.1f} decode tok/s={rows[-1]['decode_tok_s']:8.1f}",
+                flush=True,
+            )
 
     summary: dict[str, Any] = {}
     for name in methods:
@@ -135,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         s["speedup_vs_mlxlm_greedy"] = s["tok_s"] / base
     result = {
         "benchmark": "engine_mlx",
-        "command": " ".join(["python", "benchmarks/engine_mlx.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(
+            ["python", "benchmarks/engine_mlx.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
         "environment": environment(),
         "mlx_device": str(mx.default_device()),
         "config": {k_: v for k_, v in vars(args).items() if k_ != "out"},

@@ -105,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/engine_torch.json"))
     ap.add_argument("--model", default="zoo:tiny-hybrid")
     ap.add_argument("--drafter", default="zoo:tiny-drafter")
-    ap.add_argument("--policies", default="hybrid:4:64,sink_window:4:64", help="comma-separated, besides full")
+    ap.add_argument(
+        "--policies", default="hybrid:4:64,sink_window:4:64", help="comma-separated, besides full"
+    )
     ap.add_argument("--ks", default="4,8")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--prompts", type=int, default=4, help="number of code-like prompts")
@@ -135,23 +137,39 @@ def main(argv: list[str] | None = None) -> int:
     stop = engine.Stop(new)
     rows: list[Row] = []
 
-    def ours(seq_of: Callable[[], Any], drafter_of: Callable[[], Any] | None, k: int) -> Callable[[list[int]], Any]:
+    def ours(
+        seq_of: Callable[[], Any], drafter_of: Callable[[], Any] | None, k: int
+    ) -> Callable[[list[int]], Any]:
         def run(ids: list[int]) -> tuple[list[int], float, float]:
             if drafter_of is None:
                 g = engine.generate(seq_of(), ids, stop)
             else:
                 g = engine.speculative_generate(seq_of(), drafter_of(), ids, k, stop)
             return g.tokens, g.decode_s, g.acceptance_length
+
         return run
 
     # Every method runs on every prompt once per repeat, interleaved, so that a busy spell of a
     # shared machine does not land on one method only; the best run per (method, prompt) counts.
     methods: list[dict[str, Any]] = []
 
-    def add(method: str, policy: str, run: Callable[[list[int]], Any], ref: str | None,
-            drafter_name: str | None = None, k: int | None = None) -> dict[str, Any]:
-        m = {"method": method, "policy": policy, "run": run, "ref": ref, "drafter": drafter_name, "k": k,
-             "best": [None] * len(prompts)}
+    def add(
+        method: str,
+        policy: str,
+        run: Callable[[list[int]], Any],
+        ref: str | None,
+        drafter_name: str | None = None,
+        k: int | None = None,
+    ) -> dict[str, Any]:
+        m = {
+            "method": method,
+            "policy": policy,
+            "run": run,
+            "ref": ref,
+            "drafter": drafter_name,
+            "k": k,
+            "best": [None] * len(prompts),
+        }
         methods.append(m)
         return m
 
@@ -163,22 +181,36 @@ def main(argv: list[str] | None = None) -> int:
 
     add("generate", "full", hf_run, None)
     for policy in policies:
+
         def seq_of(policy: Policy = policy) -> Any:
             return verifier.sequence(policy)
 
         add("greedy", str(policy), ours(seq_of, None, 0), "generate" if policy.kind == "full" else None)
         for k in ks:
-            for name, make in ((args.drafter, lambda p=policy, k=k: engine.ModelDrafter(drafter.sequence(p, max_block=k + 1))),
-                               ("prompt-lookup", engine.PromptLookupDrafter)):
-                add("speculative", str(policy), ours(lambda p=policy, k=k: verifier.sequence(p, max_block=k + 1), make, k),
-                    f"greedy {policy}", name, k)
+            for name, make in (
+                (
+                    args.drafter,
+                    lambda p=policy, k=k: engine.ModelDrafter(drafter.sequence(p, max_block=k + 1)),
+                ),
+                ("prompt-lookup", engine.PromptLookupDrafter),
+            ):
+                add(
+                    "speculative",
+                    str(policy),
+                    ours(lambda p=policy, k=k: verifier.sequence(p, max_block=k + 1), make, k),
+                    f"greedy {policy}",
+                    name,
+                    k,
+                )
     for k in ks:
+
         def assisted(ids: list[int], k: int = k) -> tuple[list[int], float, float]:
             # transformers reads these from the assistant's own generation config, not from kwargs.
             gc = drafter.model.generation_config
             gc.assistant_confidence_threshold, gc.num_assistant_tokens = 0.0, k
             gc.num_assistant_tokens_schedule = "constant"
             return hf_run(ids, assistant_model=drafter.model)
+
         add("assisted", "full", assisted, "generate", args.drafter, k)
 
     for m in methods:
@@ -203,10 +235,17 @@ def main(argv: list[str] | None = None) -> int:
         secs = sum(b[1] for b in m["best"])
         n = sum(len(t) - 1 for t in toks)
         ref = by_key[m["ref"]] if m["ref"] else None
-        row = Row(method=m["method"], policy=m["policy"], drafter=m["drafter"], k=m["k"], tokens=n + len(toks),
-                  decode_s=secs, decode_tok_s=n / secs,
-                  acceptance_length=sum(b[2] for b in m["best"]) / len(toks) if m["drafter"] else None,
-                  exact=ref is None or toks == [b[0] for b in ref["best"]])
+        row = Row(
+            method=m["method"],
+            policy=m["policy"],
+            drafter=m["drafter"],
+            k=m["k"],
+            tokens=n + len(toks),
+            decode_s=secs,
+            decode_tok_s=n / secs,
+            acceptance_length=sum(b[2] for b in m["best"]) / len(toks) if m["drafter"] else None,
+            exact=ref is None or toks == [b[0] for b in ref["best"]],
+        )
         m["row"] = row
         rows.append(row)
     gen_tok_s = by_key["generate"]["row"].decode_tok_s
@@ -216,10 +255,13 @@ def main(argv: list[str] | None = None) -> int:
             row.speedup_vs_generate = row.decode_tok_s / gen_tok_s
         if row.method in ("speculative", "assisted") and greedy:
             row.speedup_vs_greedy = row.decode_tok_s / greedy["row"].decode_tok_s
-        print(f"{row.method:12s} {row.policy:20s} {row.drafter or '':18s} k={row.k or '-'} {row.decode_tok_s:8.1f} tok/s"
-              f"{'' if row.acceptance_length is None else f'  accept {row.acceptance_length:.2f}'}"
-              f"{'' if row.speedup_vs_greedy is None else f'  x{row.speedup_vs_greedy:.2f} vs greedy'}"
-              f"{'' if row.exact else '  NOT EXACT'}", flush=True)
+        print(
+            f"{row.method:12s} {row.policy:20s} {row.drafter or '':18s} k={row.k or '-'} {row.decode_tok_s:8.1f} tok/s"
+            f"{'' if row.acceptance_length is None else f'  accept {row.acceptance_length:.2f}'}"
+            f"{'' if row.speedup_vs_greedy is None else f'  x{row.speedup_vs_greedy:.2f} vs greedy'}"
+            f"{'' if row.exact else '  NOT EXACT'}",
+            flush=True,
+        )
     greedy_tok_s = {r.policy: r.decode_tok_s for r in rows if r.method == "greedy"}
     gen_row = by_key["generate"]["row"]
 
@@ -231,7 +273,9 @@ def main(argv: list[str] | None = None) -> int:
             ids = (filler * (length // len(filler) + 1))[: length - seq.position]
             seq.prefill(ids)
             per_layer = seq.kv_bytes()
-            kv_rows.append(KvRow(policy=str(policy), length=length, total_bytes=sum(per_layer), per_layer=per_layer))
+            kv_rows.append(
+                KvRow(policy=str(policy), length=length, total_bytes=sum(per_layer), per_layer=per_layer)
+            )
             print(f"kv {policy!s:20s} {length:7d} {sum(per_layer):12d} B", flush=True)
 
     spec = [r for r in rows if r.method == "speculative"]
@@ -242,10 +286,20 @@ def main(argv: list[str] | None = None) -> int:
         speculative_ge_1_5x_exact=any((r.speedup_vs_greedy or 0) >= 1.5 and r.exact for r in spec),
     )
     body = Body(
-        config=Config(model=args.model, drafter=args.drafter, policies=[str(p) for p in policies], ks=ks,
-                      new_tokens=new, prompts=len(prompts), prompt_tokens=[len(p) for p in prompts],
-                      repeats=reps, threads=args.threads),
-        throughput=rows, kv_bytes=kv_rows, targets=targets,
+        config=Config(
+            model=args.model,
+            drafter=args.drafter,
+            policies=[str(p) for p in policies],
+            ks=ks,
+            new_tokens=new,
+            prompts=len(prompts),
+            prompt_tokens=[len(p) for p in prompts],
+            repeats=reps,
+            threads=args.threads,
+        ),
+        throughput=rows,
+        kv_bytes=kv_rows,
+        targets=targets,
     )
     write_report(args.out, "bench-engine-torch", 1, body.model_dump())
     print(json.dumps(targets.model_dump()))

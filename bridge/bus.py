@@ -68,7 +68,9 @@ def new_id(preset: str, now: dt.datetime | None = None) -> str:
 def id_time(request_id: str) -> dt.datetime:
     m = ID_RE.match(request_id)
     if not m:
-        raise KakeyaError(f"{request_id!r} is not a request id (expected e.g. 20260614T101502.123Z-probe-a1b2c3)")
+        raise KakeyaError(
+            f"{request_id!r} is not a request id (expected e.g. 20260614T101502.123Z-probe-a1b2c3)"
+        )
     return dt.datetime.strptime(m.group(1), "%Y%m%dT%H%M%S.%fZ").replace(tzinfo=dt.UTC)
 
 
@@ -79,7 +81,9 @@ def id_preset(request_id: str) -> str:
 
 def check_label(label: str) -> str:
     if not LABEL_RE.match(label):
-        raise KakeyaError(f"runner label {label!r} must be lowercase letters, digits, '-' or '_' (e.g. cpu, h200)")
+        raise KakeyaError(
+            f"runner label {label!r} must be lowercase letters, digits, '-' or '_' (e.g. cpu, h200)"
+        )
     return label
 
 
@@ -219,10 +223,11 @@ class Snapshot:
             if not ref.startswith(PREFIX) or not re.fullmatch(SHA_PATTERN, sha):
                 continue
             refs[ref] = sha
-            parts = ref[len(PREFIX):].split("/")
+            parts = ref[len(PREFIX) :].split("/")
             kind, rid = parts[0], parts[-1]
-            shape_ok = (len(parts) == 3 and kind == "req" and LABEL_RE.match(parts[1])) or \
-                       (len(parts) == 2 and kind in ("claim", "done", "cancel"))
+            shape_ok = (len(parts) == 3 and kind == "req" and LABEL_RE.match(parts[1])) or (
+                len(parts) == 2 and kind in ("claim", "done", "cancel")
+            )
             if not shape_ok or not ID_RE.match(rid):
                 ignored.append(ref)
                 continue
@@ -241,18 +246,33 @@ class Snapshot:
 
 GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", "LANGUAGE": "C"}
 # Variables that would point our git commands at some other repository (e.g. when run from a git hook).
-_REPO_VARS = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR",
-              "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_NAMESPACE", "GIT_PREFIX")
+_REPO_VARS = (
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_COMMON_DIR",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_NAMESPACE",
+    "GIT_PREFIX",
+)
 
 
-def run_git(cwd: Path | str, *args: str, input: bytes | None = None, env: Mapping[str, str] | None = None,
-            timeout: float | None = 300, check: bool = True) -> subprocess.CompletedProcess[bytes]:
+def run_git(
+    cwd: Path | str,
+    *args: str,
+    input: bytes | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = 300,
+    check: bool = True,
+) -> subprocess.CompletedProcess[bytes]:
     """`git <args>` in `cwd`; BusError with git's message when it fails (and `check`)."""
     full_env = {k: v for k, v in os.environ.items() if k not in _REPO_VARS}
     full_env.update({**GIT_ENV, **(env or {})})
     try:
-        proc = subprocess.run(["git", *args], cwd=cwd, input=input, capture_output=True, env=full_env,
-                              timeout=timeout)
+        proc = subprocess.run(
+            ["git", *args], cwd=cwd, input=input, capture_output=True, env=full_env, timeout=timeout
+        )
     except subprocess.TimeoutExpired:
         raise BusError(f"git {args[0]} timed out after {timeout:.0f} s") from None
     except OSError as exc:
@@ -302,7 +322,7 @@ def _tree_entries(repo: git.Repo, binsha: bytes | None) -> dict[bytes, tuple[byt
     while i < len(data):
         space = data.index(b" ", i)
         nul = data.index(b"\0", space)
-        out[data[space + 1:nul]] = (data[i:space], data[nul + 1:nul + 21])
+        out[data[space + 1 : nul]] = (data[i:space], data[nul + 1 : nul + 21])
         i = nul + 21
     return out
 
@@ -332,8 +352,14 @@ def commit(repo: git.Repo, tree: str, parents: Sequence[str], message: str, who:
     """A commit object (no ref moves); `who` is 'Name <email>', used as author and committer."""
     name, _, email = who.partition(" <")
     ident = f"{_clean(name) or 'kakeya'} <{_clean(email.rstrip('>')) or 'kakeya@kakeya.invalid'}> {int(time.time())} +0000"
-    lines = [f"tree {tree}", *(f"parent {p}" for p in parents), f"author {ident}", f"committer {ident}", "",
-             message.rstrip("\n") + "\n"]
+    lines = [
+        f"tree {tree}",
+        *(f"parent {p}" for p in parents),
+        f"author {ident}",
+        f"committer {ident}",
+        "",
+        message.rstrip("\n") + "\n",
+    ]
     return _store(repo, b"commit", "\n".join(lines).encode()).hex()
 
 
@@ -370,8 +396,11 @@ def read_dir(repo: git.Repo, sha: str, path: str) -> dict[str, bytes]:
         return {}
     if tree.type != "tree":
         return {}
-    return {blob.path[len(path) + 1:]: blob.data_stream.read()
-            for blob in tree.traverse() if blob.type == "blob" and blob.mode in (0o100644, 0o100755)}
+    return {
+        blob.path[len(path) + 1 :]: blob.data_stream.read()
+        for blob in tree.traverse()
+        if blob.type == "blob" and blob.mode in (0o100644, 0o100755)
+    }
 
 
 def read_blobs(repo_dir: Path | str, specs: Sequence[str]) -> dict[str, bytes]:
@@ -386,7 +415,7 @@ def read_blobs(repo_dir: Path | str, specs: Sequence[str]) -> dict[str, bytes]:
         i = nl + 1
         if len(header) == 3 and header[1] == b"blob":
             size = int(header[2])
-            found[spec] = out[i:i + size]
+            found[spec] = out[i : i + size]
             i += size + 1
         elif len(header) == 3:  # a tree or commit where a blob was expected: skip its body
             i += int(header[2]) + 1
@@ -397,7 +426,9 @@ def present(repo_dir: Path | str, shas: Sequence[str]) -> set[str]:
     """Which of `shas` the repository at `repo_dir` has (one `git cat-file --batch-check`)."""
     if not shas:
         return set()
-    out = run_git(repo_dir, "cat-file", "--batch-check", input="".join(s + "\n" for s in shas).encode()).stdout
+    out = run_git(
+        repo_dir, "cat-file", "--batch-check", input="".join(s + "\n" for s in shas).encode()
+    ).stdout
     return {line.split()[0] for line in out.decode().splitlines() if not line.endswith(" missing")}
 
 
@@ -452,8 +483,17 @@ class Bus:
         """Fetch `refspecs` ('src' for objects only, '+src:dst' to keep a local ref) into the store, in one go."""
         if not refspecs:
             return
-        proc = self._network("fetch", "--no-write-fetch-head", "--no-auto-gc", "--no-tags", "--no-recurse-submodules",
-                             "-q", "--stdin", self.url, input="".join(r + "\n" for r in refspecs).encode())
+        proc = self._network(
+            "fetch",
+            "--no-write-fetch-head",
+            "--no-auto-gc",
+            "--no-tags",
+            "--no-recurse-submodules",
+            "-q",
+            "--stdin",
+            self.url,
+            input="".join(r + "\n" for r in refspecs).encode(),
+        )
         if proc.returncode != 0:
             msg = git_message(proc.stderr)
             cls = BusError if "couldn't find remote ref" in msg else BusUnreachable
@@ -484,14 +524,16 @@ class Bus:
         last, unreachable = "", 0
         for attempt in range(attempts):
             if attempt:
-                time.sleep(min(0.1 * 2 ** attempt, 2.0) * (0.5 + random.random()))
+                time.sleep(min(0.1 * 2**attempt, 2.0) * (0.5 + random.random()))
             try:
                 status = self.push(updates, atomic=atomic)
                 if all(status.get(r, (False, ""))[0] for r in refs):
                     return True
                 last = "; ".join(f"{r}: {status.get(r, (False, 'no answer'))[1]}" for r in refs)
                 seen = self.ls_remote(*refs).refs
-            except BusUnreachable as exc:  # one more try for a dropped connection; a bus that is down is an error
+            except (
+                BusUnreachable
+            ) as exc:  # one more try for a dropped connection; a bus that is down is an error
                 unreachable += 1
                 if unreachable > 1:
                     raise

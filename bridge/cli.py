@@ -13,12 +13,25 @@ import sys
 from bridge.errors import KakeyaError
 
 # Command modules, in the order `kakeya --help` lists them.
-COMMANDS = ["presets", "exec", "gate", "request", "status", "results", "cancel", "run", "runner", "bus",
-            "doctor"]
+COMMANDS = [
+    "presets",
+    "exec",
+    "gate",
+    "request",
+    "status",
+    "results",
+    "cancel",
+    "run",
+    "runner",
+    "bus",
+    "doctor",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kakeya", description="Request hardware runs through git; gate the evidence.")
+    parser = argparse.ArgumentParser(
+        prog="kakeya", description="Request hardware runs through git; gate the evidence."
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         importlib.import_module(f"bridge.commands.{name.replace('-', '_')}").register(sub)

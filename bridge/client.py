@@ -45,7 +45,9 @@ def state_dir(config: Config, root: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     ignore = path / ".gitignore"
     if not ignore.exists():
-        ignore.write_text("# kakeya state: the embedded bus, runner mirrors and worktrees; never committed\n*\n")
+        ignore.write_text(
+            "# kakeya state: the embedded bus, runner mirrors and worktrees; never committed\n*\n"
+        )
     return path
 
 
@@ -127,27 +129,50 @@ class Client:
 
     # --- request ------------------------------------------------------------------------------------
 
-    def request(self, preset_name: str, raw: Mapping[str, Any], label: str, *, subject: str | None = None,
-                expires_s: float | None = None, allow_dirty: bool = False,
-                registry: Mapping[str, Preset] | None = None) -> Manifest:
+    def request(
+        self,
+        preset_name: str,
+        raw: Mapping[str, Any],
+        label: str,
+        *,
+        subject: str | None = None,
+        expires_s: float | None = None,
+        allow_dirty: bool = False,
+        registry: Mapping[str, Preset] | None = None,
+    ) -> Manifest:
         """Validate against the local registry, build the request commit on the subject, push it."""
         preset = get_preset(registry if registry is not None else load_registry(), preset_name)
         if not B.LABEL_RE.match(label):
             raise InvalidRequest(f"runner label {label!r} must be lowercase letters, digits, '-' or '_'")
         if label not in preset.runners:
-            raise InvalidRequest(f"preset {preset.name} may not run on runner label {label!r} "
-                                 f"(allowed: {', '.join(preset.runners)})")
+            raise InvalidRequest(
+                f"preset {preset.name} may not run on runner label {label!r} "
+                f"(allowed: {', '.join(preset.runners)})"
+            )
         preset.validate_params(raw)
         subject_sha, snapshot_of = self.subject(subject, allow_dirty)
         now = B.utcnow()
         rid = B.new_id(preset.name, now)
-        manifest = Manifest(id=rid, preset=preset.name, params=dict(raw), subject=subject_sha, runner=label,
-                            requester=self.requester(), created_at=now,
-                            expires_at=now + dt.timedelta(seconds=expires_s or self.config.request_ttl_s),
-                            nonce=secrets.token_hex(8), snapshot_of=snapshot_of)
+        manifest = Manifest(
+            id=rid,
+            preset=preset.name,
+            params=dict(raw),
+            subject=subject_sha,
+            runner=label,
+            requester=self.requester(),
+            created_at=now,
+            expires_at=now + dt.timedelta(seconds=expires_s or self.config.request_ttl_s),
+            nonce=secrets.token_hex(8),
+            snapshot_of=snapshot_of,
+        )
         with B.open_repo(self.bus.store) as repo:
-            sha = B.child_commit(repo, subject_sha, {B.MANIFEST_PATH: manifest.dump()},
-                                 f"kakeya request {rid}: {preset.name} on {label}", self.who())
+            sha = B.child_commit(
+                repo,
+                subject_sha,
+                {B.MANIFEST_PATH: manifest.dump()},
+                f"kakeya request {rid}: {preset.name} on {label}",
+                self.who(),
+            )
         if not self.bus.swap([Update(B.req_ref(label, rid), sha, None)], atomic=False):
             raise B.BusError(f"request id {rid} is already taken on the bus; try again")
         return manifest
@@ -158,7 +183,9 @@ class Client:
             raise KakeyaError(f"{self.root} is not a git repository: a request runs a commit of one")
         if rev:
             if allow_dirty:
-                raise InvalidRequest("--allow-dirty snapshots the working tree on HEAD; it cannot go with --subject")
+                raise InvalidRequest(
+                    "--allow-dirty snapshots the working tree on HEAD; it cannot go with --subject"
+                )
             return self.rev_parse(rev), None
         head = self.rev_parse("HEAD")
         dirty = self.dirty_paths()
@@ -166,8 +193,10 @@ class Client:
             return head, None
         if not allow_dirty:
             shown = ", ".join(dirty[:5]) + (f" and {len(dirty) - 5} more" if len(dirty) > 5 else "")
-            raise KakeyaError(f"the working tree has uncommitted changes ({shown}): a runner would not see them. "
-                              "Commit them, or pass --allow-dirty to send a snapshot of the working tree")
+            raise KakeyaError(
+                f"the working tree has uncommitted changes ({shown}): a runner would not see them. "
+                "Commit them, or pass --allow-dirty to send a snapshot of the working tree"
+            )
         return self.snapshot(head), head
 
     def rev_parse(self, rev: str) -> str:
@@ -177,7 +206,9 @@ class Client:
         return proc.stdout.decode().strip()
 
     def dirty_paths(self) -> list[str]:
-        out = B.run_git(self.root, "status", "--porcelain=v1", "-z", "--untracked-files=normal").stdout.decode()
+        out = B.run_git(
+            self.root, "status", "--porcelain=v1", "-z", "--untracked-files=normal"
+        ).stdout.decode()
         paths = [e[3:] for e in out.split("\0") if len(e) > 3 and e[2] == " "]
         return [p for p in paths if not p.startswith(".kakeya/")]
 
@@ -193,7 +224,9 @@ class Client:
             B.run_git(self.root, "add", "-A", "--", ".", env=env)
             tree = B.run_git(self.root, "write-tree", env=env).stdout.decode().strip()
         with B.open_repo(self.root) as repo:
-            return B.commit(repo, tree, [head], f"kakeya: snapshot of the working tree on {head[:12]}", self.who())
+            return B.commit(
+                repo, tree, [head], f"kakeya: snapshot of the working tree on {head[:12]}", self.who()
+            )
 
     def who(self) -> str:
         """'Name <email>' as git would sign a commit here (env and config), else user@host."""
@@ -211,8 +244,12 @@ class Client:
     def entry(self, request_id: str) -> Entry:
         """One request's refs, from one ls-remote of just its refs."""
         B.id_time(request_id)
-        snap = self.bus.ls_remote(f"{B.PREFIX}req/*/{request_id}", B.claim_ref(request_id), B.done_ref(request_id),
-                                  B.cancel_ref(request_id))
+        snap = self.bus.ls_remote(
+            f"{B.PREFIX}req/*/{request_id}",
+            B.claim_ref(request_id),
+            B.done_ref(request_id),
+            B.cancel_ref(request_id),
+        )
         entry = snap.entries.get(request_id)
         if entry is None:
             raise KakeyaError(f"no request {request_id} on the bus at {self.url}")
@@ -226,15 +263,21 @@ class Client:
         """`<sha>:<path>` -> content for the objects this machine already has (and a local bus has)."""
         return B.read_blobs_in(self.repos(), specs)
 
-    def ensure(self, entries: Iterable[Entry], kinds: Sequence[str] = ("done",), in_store: bool = False) -> None:
+    def ensure(
+        self, entries: Iterable[Entry], kinds: Sequence[str] = ("done",), in_store: bool = False
+    ) -> None:
         """Fetch (one round trip) the given refs of `entries` whose commits are not here yet (in the store or,
         unless `in_store`, in a local bus)."""
         wanted = {getattr(e, k): (e, k) for e in entries for k in kinds if getattr(e, k)}
         missing = set(wanted) - B.present(self.bus.store, list(wanted))
         if missing and self.bus_dir is not None and not in_store:
             missing -= B.present(self.bus_dir, list(missing))
-        self.bus.fetch([B.req_ref(e.label or "", e.id) if k == "req" else f"{B.PREFIX}{k}/{e.id}"
-                        for e, k in (wanted[sha] for sha in sorted(missing))])
+        self.bus.fetch(
+            [
+                B.req_ref(e.label or "", e.id) if k == "req" else f"{B.PREFIX}{k}/{e.id}"
+                for e, k in (wanted[sha] for sha in sorted(missing))
+            ]
+        )
 
     def repo_with(self, sha: str) -> Path:
         """The local repository that has `sha`: the store, or a local bus."""
@@ -269,9 +312,15 @@ class Client:
         rows = []
         for e in entries:
             created = e.created_at
-            row = Row(e.id, e.state, e.preset, e.label, created.isoformat(timespec="milliseconds"),
-                      round((now - created).total_seconds(), 3),
-                      refs={k: v for k in ("req", "claim", "done", "cancel") if (v := getattr(e, k))})
+            row = Row(
+                e.id,
+                e.state,
+                e.preset,
+                e.label,
+                created.isoformat(timespec="milliseconds"),
+                round((now - created).total_seconds(), 3),
+                refs={k: v for k in ("req", "claim", "done", "cancel") if (v := getattr(e, k))},
+            )
             data = found.get(specs.get(e.id, ""))
             manifest = B.parse_or_none(Manifest, found.get(manifests.get(e.id, "")))
             if manifest:
@@ -297,14 +346,18 @@ class Client:
             if entry.done:
                 return entry.done
             if deadline is not None and time.monotonic() >= deadline:
-                raise KakeyaError(f"timed out after {timeout:g} s waiting for {request_id} (state: {entry.state})")
+                raise KakeyaError(
+                    f"timed out after {timeout:g} s waiting for {request_id} (state: {entry.state})"
+                )
             time.sleep(poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic())))
 
     def results(self, request_id: str, out: Path, done: str | None = None) -> RunResult:
         """Fetch the done commit and write its .kakeya/results/<id>/ files into `out`."""
         entry = self.entry(request_id) if done is None else Entry(request_id, done=done)
         if entry.done is None:
-            raise KakeyaError(f"{request_id} has no results yet (state: {entry.state}); `kakeya wait {request_id}`")
+            raise KakeyaError(
+                f"{request_id} has no results yet (state: {entry.state}); `kakeya wait {request_id}`"
+            )
         self.ensure([entry])
         with B.open_repo(self.repo_with(entry.done)) as repo:
             files = B.read_dir(repo, entry.done, B.results_path(request_id))
@@ -321,7 +374,9 @@ class Client:
         try:
             return RunResult.model_validate_json(files["result.json"])
         except ValidationError as exc:
-            raise KakeyaError(f"result.json of {request_id} is not a valid result: {exc.errors()[0]['msg']}") from None
+            raise KakeyaError(
+                f"result.json of {request_id} is not a valid result: {exc.errors()[0]['msg']}"
+            ) from None
 
     # --- writing ------------------------------------------------------------------------------------
 
@@ -337,23 +392,31 @@ class Client:
         self.ensure([entry], ("req",), in_store=True)
         marker = CancelMarker(id=request_id, by=self.requester(), at=B.utcnow(), reason=reason)
         with B.open_repo(self.bus.store) as repo:
-            sha = B.child_commit(repo, entry.req, {B.CANCEL_PATH: marker.dump()}, f"kakeya cancel {request_id}",
-                                 self.who())
+            sha = B.child_commit(
+                repo, entry.req, {B.CANCEL_PATH: marker.dump()}, f"kakeya cancel {request_id}", self.who()
+            )
         self.bus.swap([Update(B.cancel_ref(request_id), sha, None)], atomic=False)
         return entry.state
 
     def gc(self, older_than_days: float, dry_run: bool = False) -> list[str]:
         """Delete the req/claim/cancel refs of finished requests older than the cutoff (done refs stay)."""
         cutoff = B.utcnow() - dt.timedelta(days=older_than_days)
-        updates = [Update(ref, None, sha) for e in self.bus.ls_remote().entries.values()
-                   if e.done and e.created_at < cutoff
-                   for ref, sha in ((B.req_ref(e.label or "", e.id), e.req), (B.claim_ref(e.id), e.claim),
-                                    (B.cancel_ref(e.id), e.cancel)) if sha]
+        updates = [
+            Update(ref, None, sha)
+            for e in self.bus.ls_remote().entries.values()
+            if e.done and e.created_at < cutoff
+            for ref, sha in (
+                (B.req_ref(e.label or "", e.id), e.req),
+                (B.claim_ref(e.id), e.claim),
+                (B.cancel_ref(e.id), e.cancel),
+            )
+            if sha
+        ]
         if dry_run:
             return [u.ref for u in updates]
         deleted = []
         for i in range(0, len(updates), GC_CHUNK):
-            chunk = updates[i:i + GC_CHUNK]
+            chunk = updates[i : i + GC_CHUNK]
             status = self.bus.push(chunk)
             deleted += [u.ref for u in chunk if status.get(u.ref, (False, ""))[0]]
         return deleted

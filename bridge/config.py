@@ -60,8 +60,9 @@ def project_root(start: Path | None = None) -> Path:
     """The git top level of `start` (default: cwd), or `start` itself outside a repository."""
     start = (start or Path.cwd()).resolve()
     try:
-        out = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=start, capture_output=True, text=True,
-                             timeout=30)
+        out = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel"], cwd=start, capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.SubprocessError):
         return start
     return Path(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else start
@@ -90,7 +91,9 @@ def load_config(root: Path | None = None, environ: Mapping[str, str] | None = No
     for var, field in _ENV_FIELDS.items():
         if var in environ:
             raw = environ[var]
-            values[field] = [s.strip() for s in raw.split(",") if s.strip()] if field in ("labels", "secrets") else raw
+            values[field] = (
+                [s.strip() for s in raw.split(",") if s.strip()] if field in ("labels", "secrets") else raw
+            )
     try:
         return Config.model_validate(values)
     except ValidationError as exc:

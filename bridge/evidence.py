@@ -50,12 +50,16 @@ class Done:
 
     def names(self, subject: str) -> bool:
         """Whether its request or its result claims to be evidence for `subject`."""
-        return subject in ((self.manifest.subject if self.manifest else None),
-                           (self.result.subject if self.result else None))
+        return subject in (
+            (self.manifest.subject if self.manifest else None),
+            (self.result.subject if self.result else None),
+        )
 
     @property
     def subject(self) -> str | None:
-        return (self.result.subject if self.result else None) or (self.manifest.subject if self.manifest else None)
+        return (self.result.subject if self.result else None) or (
+            self.manifest.subject if self.manifest else None
+        )
 
 
 class Shelf:
@@ -79,7 +83,11 @@ class Shelf:
         for repo in self.repos():
             missing -= B.present(repo, sorted(missing))
         self.bus.fetch([B.done_ref(e.id) for e in entries if e.done in missing])
-        specs = [f"{e.done}:{path}" for e in entries for path in (B.MANIFEST_PATH, f"{B.results_path(e.id)}/result.json")]
+        specs = [
+            f"{e.done}:{path}"
+            for e in entries
+            for path in (B.MANIFEST_PATH, f"{B.results_path(e.id)}/result.json")
+        ]
         files = self.read(specs)
         self.dones = {name: [] for name in wanted}
         for e in entries:  # snapshot entries are sorted by id: oldest first
@@ -99,23 +107,35 @@ class Shelf:
 
     def report(self, done: Done) -> bytes | None:
         return self.read([f"{done.sha}:{B.results_path(done.id)}/report.json"]).get(
-            f"{done.sha}:{B.results_path(done.id)}/report.json")
+            f"{done.sha}:{B.results_path(done.id)}/report.json"
+        )
 
     def of(self, preset: str, label: str | None) -> list[Done]:
         """The done results of `preset` (on runner label `label`, when given), newest first."""
         return [d for d in reversed(self.dones.get(preset, [])) if label is None or d.label == label]
 
-    def previous_pass(self, preset: Preset, label: str | None, before: str | None = None,
-                      params: dict[str, Any] | None = None) -> tuple[Done, dict[str, Any]] | None:
+    def previous_pass(
+        self,
+        preset: Preset,
+        label: str | None,
+        before: str | None = None,
+        params: dict[str, Any] | None = None,
+    ) -> tuple[Done, dict[str, Any]] | None:
         """The newest run of `preset` on `label` (with the same `params`, when given: a run of another model
         or context length is no baseline) created before request `before` that passed: it succeeded, its
         runner's verdict was pass (so it had no regression either) and its report still passes the checks of
         this registry. Failing, errored and unreadable runs are skipped, never used as a baseline."""
         for done in self.of(preset.name, label):
             r = done.result
-            if (before is not None and done.id >= before) or r is None or r.status != "succeeded" \
-                    or r.verdict != "pass" or r.request_id != done.id or r.preset != preset.name \
-                    or (params is not None and r.params != params):
+            if (
+                (before is not None and done.id >= before)
+                or r is None
+                or r.status != "succeeded"
+                or r.verdict != "pass"
+                or r.request_id != done.id
+                or r.preset != preset.name
+                or (params is not None and r.params != params)
+            ):
                 continue
             raw = self.report(done)
             try:
@@ -129,30 +149,44 @@ class Shelf:
 
 def regate(report: dict[str, Any], preset: Preset) -> gates.Verdict:
     """The report gated with `preset`'s checks, kind and schema version (no baseline)."""
-    return gates.evaluate(report, preset.gate, kind=preset.report.kind, schema_version=preset.report.schema_version)
+    return gates.evaluate(
+        report, preset.gate, kind=preset.report.kind, schema_version=preset.report.schema_version
+    )
 
 
 # --- the baseline ----------------------------------------------------------------------------------
 
 
-def compare_to_previous(shelf: Shelf, preset: Preset, label: str | None, request_id: str | None,
-                        report: dict[str, Any], params: dict[str, Any] | None = None
-                        ) -> tuple[gates.Baseline, gates.Comparison | None]:
+def compare_to_previous(
+    shelf: Shelf,
+    preset: Preset,
+    label: str | None,
+    request_id: str | None,
+    report: dict[str, Any],
+    params: dict[str, Any] | None = None,
+) -> tuple[gates.Baseline, gates.Comparison | None]:
     """The preset's baseline comparison for `report` (the run `request_id`); shelf loaded with the preset."""
     spec = preset.baseline
     assert spec is not None
     where = f"{preset.name} on {label or 'any runner'}"
     found = shelf.previous_pass(preset, label, before=request_id, params=params)
     if found is None:
-        return gates.Baseline(source=spec.from_, note=f"no previous pass of {where} with these parameters; "
-                                                      "nothing to compare with"), None
+        return gates.Baseline(
+            source=spec.from_,
+            note=f"no previous pass of {where} with these parameters; nothing to compare with",
+        ), None
     done, base = found
     subject = done.result.subject if done.result else None
-    baseline = gates.Baseline(source=spec.from_, run=done.id, subject=subject,
-                              note=f"previous pass {done.id} (subject {(subject or 'unknown')[:12]})")
+    baseline = gates.Baseline(
+        source=spec.from_,
+        run=done.id,
+        subject=subject,
+        note=f"previous pass {done.id} (subject {(subject or 'unknown')[:12]})",
+    )
     # The metric and tolerance were validated with the preset, so compare raises nothing here.
-    return baseline, gates.compare(report, base, spec.metric, spec.max_regression_pct,
-                                   higher_is_better=spec.higher_is_better)
+    return baseline, gates.compare(
+        report, base, spec.metric, spec.max_regression_pct, higher_is_better=spec.higher_is_better
+    )
 
 
 def apply_baseline(bus: Bus, preset: Preset, label: str | None, out: Path, result: RunResult) -> RunResult:
@@ -167,7 +201,9 @@ def apply_baseline(bus: Bus, preset: Preset, label: str | None, out: Path, resul
     try:
         report = gates.load_report(out / "report.json")
         shelf = Shelf(bus).load([preset.name])
-        baseline, comparison = compare_to_previous(shelf, preset, label, result.request_id, report, result.params)
+        baseline, comparison = compare_to_previous(
+            shelf, preset, label, result.request_id, report, result.params
+        )
     except (KakeyaError, gates.ReportError) as exc:
         baseline, comparison = gates.Baseline(source=preset.baseline.from_, note=f"not compared: {exc}"), None
     verdict = verdict.with_comparison(baseline, comparison)
@@ -175,7 +211,12 @@ def apply_baseline(bus: Bus, preset: Preset, label: str | None, out: Path, resul
     # result.json as written (already redacted), not the in-memory result
     on_disk = RunResult.model_validate_json((out / "result.json").read_text())
     update: dict[str, Any] = {"verdict": verdict.status}
-    if verdict.status == "fail" and comparison is not None and comparison.status == "fail" and not on_disk.reason:
+    if (
+        verdict.status == "fail"
+        and comparison is not None
+        and comparison.status == "fail"
+        and not on_disk.reason
+    ):
         update["reason"] = f"regression: {comparison.reason}"
     on_disk = on_disk.model_copy(update=update)
     atomic_write(out / "result.json", on_disk.model_dump_json(indent=2) + "\n")
@@ -195,7 +236,9 @@ class Requirement:
     def parse(cls, text: str) -> Requirement:
         m = REQUIREMENT_RE.match(text.strip())
         if not m:
-            raise InvalidRequest(f"requirement {text!r} must look like PRESET or PRESET@LABEL, e.g. probe@cpu")
+            raise InvalidRequest(
+                f"requirement {text!r} must look like PRESET or PRESET@LABEL, e.g. probe@cpu"
+            )
         return cls(m.group(1), m.group(2))
 
     def __str__(self) -> str:
@@ -218,11 +261,16 @@ class Outcome:
         return self.status == "pass"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"requirement": str(self.requirement), "status": self.status, "reasons": self.reasons,
-                "notes": self.notes, "request_id": self.evidence.id if self.evidence else None,
-                "done": self.evidence.sha if self.evidence else None,
-                "runner": self.evidence.result.runner_name if self.evidence and self.evidence.result else None,
-                "verdict": self.verdict.model_dump(mode="json") if self.verdict else None}
+        return {
+            "requirement": str(self.requirement),
+            "status": self.status,
+            "reasons": self.reasons,
+            "notes": self.notes,
+            "request_id": self.evidence.id if self.evidence else None,
+            "done": self.evidence.sha if self.evidence else None,
+            "runner": self.evidence.result.runner_name if self.evidence and self.evidence.result else None,
+            "verdict": self.verdict.model_dump(mode="json") if self.verdict else None,
+        }
 
 
 def check_requirements(texts: Sequence[str], registry: Mapping[str, Preset]) -> list[Requirement]:
@@ -232,8 +280,10 @@ def check_requirements(texts: Sequence[str], registry: Mapping[str, Preset]) -> 
         req = Requirement.parse(text)
         preset = get_preset(registry, req.preset)
         if req.label is not None and req.label not in preset.runners:
-            raise InvalidRequest(f"requirement {req}: preset {preset.name} runs on {', '.join(preset.runners)}, "
-                                 f"not {req.label}")
+            raise InvalidRequest(
+                f"requirement {req}: preset {preset.name} runs on {', '.join(preset.runners)}, "
+                f"not {req.label}"
+            )
         if req not in out:
             out.append(req)
     return out
@@ -250,14 +300,27 @@ def judge(shelf: Shelf, subject: str, req: Requirement, preset: Preset) -> Outco
             why += f" (the newest, {other.id}, is for {(other.subject or 'an unknown commit')[:12]})"
         return Outcome(req, "missing", [why])
     r = done.result
-    if r is not None and r.subject is None and r.status != "succeeded" and done.manifest is not None \
-            and done.manifest.subject == subject:  # rejected or expired: the runner ran nothing for the subject
-        return Outcome(req, "fail", [f"{done.id}: the run was {r.status}" + (f": {r.reason}" if r.reason else "")],
-                       evidence=done)
+    if (
+        r is not None
+        and r.subject is None
+        and r.status != "succeeded"
+        and done.manifest is not None
+        and done.manifest.subject == subject
+    ):  # rejected or expired: the runner ran nothing for the subject
+        return Outcome(
+            req,
+            "fail",
+            [f"{done.id}: the run was {r.status}" + (f": {r.reason}" if r.reason else "")],
+            evidence=done,
+        )
     problems = provenance(shelf, done, subject, req, preset)
     if problems:
-        return Outcome(req, "mismatch", [f"{done.id} does not belong to {subject[:12]}: {p}" for p in problems],
-                       evidence=done)
+        return Outcome(
+            req,
+            "mismatch",
+            [f"{done.id} does not belong to {subject[:12]}: {p}" for p in problems],
+            evidence=done,
+        )
     return regate_evidence(shelf, done, subject, req, preset)
 
 
@@ -268,20 +331,27 @@ def provenance(shelf: Shelf, done: Done, subject: str, req: Requirement, preset:
     if m is None:
         problems.append(f"its {B.MANIFEST_PATH} is missing or invalid")
     else:
-        for what, seen, want in (("subject", m.subject, subject), ("id", m.id, done.id),
-                                 ("preset", m.preset, preset.name)):
+        for what, seen, want in (
+            ("subject", m.subject, subject),
+            ("id", m.id, done.id),
+            ("preset", m.preset, preset.name),
+        ):
             if seen != want:
                 problems.append(f"its request names {what} {seen}, not {want}")
     if r is None:
         problems.append("its result.json is missing or invalid")
     else:
-        for what, seen, want in (("subject", r.subject, subject), ("request", r.request_id, done.id),
-                                 ("preset", r.preset, preset.name)):
+        for what, seen, want in (
+            ("subject", r.subject, subject),
+            ("request", r.request_id, done.id),
+            ("preset", r.preset, preset.name),
+        ):
             if seen != want:
                 problems.append(f"its result.json names {what} {seen}, not {want}")
         if done.label is not None and done.label not in r.runner_labels:
-            problems.append(f"it ran on a runner labelled {', '.join(r.runner_labels) or 'nothing'}, "
-                            f"not {done.label}")
+            problems.append(
+                f"it ran on a runner labelled {', '.join(r.runner_labels) or 'nothing'}, not {done.label}"
+            )
     repo = shelf.repo_with(done.sha)
     if not B.is_ancestor(repo, subject, done.sha):
         problems.append(f"its done commit {done.sha[:12]} does not descend from {subject[:12]}")
@@ -293,8 +363,14 @@ def provenance(shelf: Shelf, done: Done, subject: str, req: Requirement, preset:
 def changed_outside_kakeya(repo_dir: Path, subject: str, done: str) -> list[str]:
     """Top-level entries whose content differs between the two commits, other than .kakeya."""
     with B.open_repo(repo_dir) as repo:
+
         def top(sha: str) -> dict[str, tuple[bytes, int]]:
-            return {item.name: (item.binsha, item.mode) for item in repo.commit(sha).tree if item.name != ".kakeya"}
+            return {
+                item.name: (item.binsha, item.mode)
+                for item in repo.commit(sha).tree
+                if item.name != ".kakeya"
+            }
+
         a, b = top(subject), top(done)
     return sorted(n for n in a.keys() | b.keys() if a.get(n) != b.get(n))
 
@@ -303,12 +379,21 @@ def regate_evidence(shelf: Shelf, done: Done, subject: str, req: Requirement, pr
     assert done.result is not None
     notes = [f"runner {done.result.runner_name or 'unknown'}, done {done.sha[:12]}"]
     if done.result.preset_hash != preset.content_hash:
-        notes.append(f"ran preset definition {done.result.preset_hash or 'unknown'}; gated with this registry's "
-                     f"{preset.content_hash}")
+        notes.append(
+            f"ran preset definition {done.result.preset_hash or 'unknown'}; gated with this registry's "
+            f"{preset.content_hash}"
+        )
     if done.result.status != "succeeded":
-        return Outcome(req, "fail", [f"{done.id}: the run ended with status {done.result.status}"
-                                     + (f": {done.result.reason}" if done.result.reason else "")],
-                       evidence=done, notes=notes)
+        return Outcome(
+            req,
+            "fail",
+            [
+                f"{done.id}: the run ended with status {done.result.status}"
+                + (f": {done.result.reason}" if done.result.reason else "")
+            ],
+            evidence=done,
+            notes=notes,
+        )
     raw = shelf.report(done)
     if raw is None:
         return Outcome(req, "fail", [f"{done.id} has no report.json"], evidence=done, notes=notes)
@@ -317,20 +402,37 @@ def regate_evidence(shelf: Shelf, done: Done, subject: str, req: Requirement, pr
     except gates.ReportError as exc:
         return Outcome(req, "fail", [f"{done.id}: {exc}"], evidence=done, notes=notes)
     if report.get("subject") != subject:
-        return Outcome(req, "mismatch", [f"{done.id} does not belong to {subject[:12]}: its report names subject "
-                                         f"{report.get('subject')}"], evidence=done, notes=notes)
+        return Outcome(
+            req,
+            "mismatch",
+            [
+                f"{done.id} does not belong to {subject[:12]}: its report names subject "
+                f"{report.get('subject')}"
+            ],
+            evidence=done,
+            notes=notes,
+        )
     verdict = regate(report, preset)
     if preset.baseline is not None:
         params = done.result.params if done.result else None
-        verdict = verdict.with_comparison(*compare_to_previous(shelf, preset, done.label, done.id, report, params))
+        verdict = verdict.with_comparison(
+            *compare_to_previous(shelf, preset, done.label, done.id, report, params)
+        )
     if verdict.passed:
         return Outcome(req, "pass", [], evidence=done, verdict=verdict, notes=notes)
-    return Outcome(req, "fail", [f"{done.id}: {r}" for r in verdict.reasons()] or [f"{done.id}: {verdict.status}"],
-                   evidence=done, verdict=verdict, notes=notes)
+    return Outcome(
+        req,
+        "fail",
+        [f"{done.id}: {r}" for r in verdict.reasons()] or [f"{done.id}: {verdict.status}"],
+        evidence=done,
+        verdict=verdict,
+        notes=notes,
+    )
 
 
-def gate_subject(shelf: Shelf, subject: str, requirements: Sequence[Requirement],
-                 registry: Mapping[str, Preset]) -> list[Outcome]:
+def gate_subject(
+    shelf: Shelf, subject: str, requirements: Sequence[Requirement], registry: Mapping[str, Preset]
+) -> list[Outcome]:
     """Judge every requirement for `subject` (a full sha): one ls-remote and at most one fetch in all."""
     shelf.load({r.preset for r in requirements})
     return [judge(shelf, subject, r, registry[r.preset]) for r in requirements]
@@ -341,7 +443,7 @@ def gate_subject(shelf: Shelf, subject: str, requirements: Sequence[Requirement]
 
 def _cell(text: str, limit: int = 400) -> str:
     text = text.replace("|", "\\|").replace("\n", " ")
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def summary_table(subject: str, outcomes: Sequence[Outcome], limit: int = SUMMARY_CAP) -> str:
@@ -349,19 +451,31 @@ def summary_table(subject: str, outcomes: Sequence[Outcome], limit: int = SUMMAR
     then the gate of each requirement that did not pass; what does not fit is cut and counted."""
     met = sum(o.passed for o in outcomes)
     ok = met == len(outcomes)
-    head = [f"**Evidence for `{subject}`: {'✓ pass' if ok else '✗ fail'}** ({met} of {len(outcomes)} "
-            f"requirement{'' if len(outcomes) == 1 else 's'} met)\n\n",
-            "| | requirement | status | evidence | details |\n|---|---|---|---|---|\n"]
+    head = [
+        f"**Evidence for `{subject}`: {'✓ pass' if ok else '✗ fail'}** ({met} of {len(outcomes)} "
+        f"requirement{'' if len(outcomes) == 1 else 's'} met)\n\n",
+        "| | requirement | status | evidence | details |\n|---|---|---|---|---|\n",
+    ]
     rows = []
     for o in outcomes:
         ev = f"`{o.evidence.id}`" if o.evidence else "—"
-        details = "; ".join(o.reasons) if o.reasons else (
-            f"{len(o.verdict.checks)} check{'' if len(o.verdict.checks) == 1 else 's'} passed" if o.verdict else "")
+        details = (
+            "; ".join(o.reasons)
+            if o.reasons
+            else (
+                f"{len(o.verdict.checks)} check{'' if len(o.verdict.checks) == 1 else 's'} passed"
+                if o.verdict
+                else ""
+            )
+        )
         if o.notes:
             details += (" — " if details else "") + "; ".join(o.notes)
         rows.append(f"| {MARK[o.status]} | `{o.requirement}` | {o.status} | {ev} | {_cell(details)} |\n")
-    sections = [f"\n<details><summary>{o.requirement}: {o.status}</summary>\n\n{o.verdict.to_markdown()}\n</details>\n"
-                for o in outcomes if o.verdict is not None and not o.passed]
+    sections = [
+        f"\n<details><summary>{o.requirement}: {o.status}</summary>\n\n{o.verdict.to_markdown()}\n</details>\n"
+        for o in outcomes
+        if o.verdict is not None and not o.passed
+    ]
     blocks = head + rows + sections
     out: list[str] = []
     used, reserve = 0, 200  # room for the note that says what was cut
@@ -371,8 +485,10 @@ def summary_table(subject: str, outcomes: Sequence[Outcome], limit: int = SUMMAR
             first_section = len(head) + len(rows)
             cut_rows = max(0, first_section - max(i, len(head)))
             cut_sections = len(sections) - max(0, i - first_section)
-            note = (f"\n_Cut to fit the 1 MiB job summary: {cut_rows} more row(s), {cut_sections} gate "
-                    "section(s); `kakeya gate pr --json` has all._\n")
+            note = (
+                f"\n_Cut to fit the 1 MiB job summary: {cut_rows} more row(s), {cut_sections} gate "
+                "section(s); `kakeya gate pr --json` has all._\n"
+            )
             if used + len(note.encode()) <= limit:
                 out.append(note)
             break

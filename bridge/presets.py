@@ -242,7 +242,9 @@ class ModelParam(_Base):
         if _ZOO.match(raw):
             return raw
         if not _MODEL_NAME.match(raw) or ".." in raw.split("/"):
-            raise ValueError("must be zoo:NAME or a model directory name such as gemma-3-1b (no '..', not absolute)")
+            raise ValueError(
+                "must be zoo:NAME or a model directory name such as gemma-3-1b (no '..', not absolute)"
+            )
         return raw
 
     def bounds(self) -> str:
@@ -273,8 +275,10 @@ def resolve_model(ref: str, environ: Mapping[str, str]) -> str:
     for candidate in tried:
         if candidate.is_dir():
             return str(candidate)
-    raise KakeyaError(f"model {ref!r} not found: looked in {' and '.join(str(t) for t in tried)}; "
-                      f"set KAKEYA_MODELS or put the model directory at ~/kakeya-models/{ref}")
+    raise KakeyaError(
+        f"model {ref!r} not found: looked in {' and '.join(str(t) for t in tried)}; "
+        f"set KAKEYA_MODELS or put the model directory at ~/kakeya-models/{ref}"
+    )
 
 
 class ReportSpec(BaseModel):
@@ -297,8 +301,10 @@ class BaselineSpec(BaseModel):
     @classmethod
     def _metric(cls, metric: str) -> str:
         if not metric.startswith("/") or "*" in metric.split("/"):
-            raise ValueError(f"baseline metric {metric!r} must be a JSON pointer to one number, e.g. "
-                             "/summary/decode_tok_s (no '*')")
+            raise ValueError(
+                f"baseline metric {metric!r} must be a JSON pointer to one number, e.g. "
+                "/summary/decode_tok_s (no '*')"
+            )
         return metric
 
 
@@ -333,7 +339,9 @@ class Preset(BaseModel):
     def _template(self) -> Preset:
         for pname, spec in self.params.items():
             if not _PARAM.match(pname):
-                raise ValueError(f"parameter name {pname!r} must be lowercase letters, digits and underscores")
+                raise ValueError(
+                    f"parameter name {pname!r} must be lowercase letters, digits and underscores"
+                )
             if pname in BUILTINS:
                 raise ValueError(f"parameter {pname!r} shadows the builtin {{{pname}}}")
             if spec.default is not None:
@@ -351,7 +359,9 @@ class Preset(BaseModel):
                     raise ValueError(f"argv element {element!r} names no parameter or builtin")
                 used.add(m.group(1))
             elif any(n in self.params or n in BUILTINS for n in _EMBEDDED.findall(element)):
-                raise ValueError(f"argv element {element!r}: a placeholder must be a whole element, e.g. '{{model}}'")
+                raise ValueError(
+                    f"argv element {element!r}: a placeholder must be a whole element, e.g. '{{model}}'"
+                )
         unused = set(self.params) - used
         if unused:
             raise ValueError(f"parameters {sorted(unused)} are never used in argv")
@@ -364,7 +374,9 @@ class Preset(BaseModel):
     def content_hash(self) -> str:
         """sha256 of the canonical definition: what the runner ran, independent of YAML formatting."""
         # A preset without a baseline hashes as it did before `baseline:` existed.
-        data = self.model_dump(mode="json", by_alias=True, exclude={"baseline"} if self.baseline is None else None)
+        data = self.model_dump(
+            mode="json", by_alias=True, exclude={"baseline"} if self.baseline is None else None
+        )
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -380,15 +392,20 @@ class Preset(BaseModel):
                 try:
                     values[pname] = spec.parse(raw[pname])
                 except ValueError as exc:
-                    raise InvalidRequest(f"preset {self.name}: parameter {pname}={raw[pname]!r} {exc}") from None
+                    raise InvalidRequest(
+                        f"preset {self.name}: parameter {pname}={raw[pname]!r} {exc}"
+                    ) from None
             elif spec.required:
-                raise InvalidRequest(f"preset {self.name}: parameter {pname!r} is required ({spec.type}, {spec.bounds()})")
+                raise InvalidRequest(
+                    f"preset {self.name}: parameter {pname!r} is required ({spec.type}, {spec.bounds()})"
+                )
             else:
                 values[pname] = spec.parse(spec.default)
         return values
 
-    def render_argv(self, values: Mapping[str, Any], builtins: Mapping[str, str],
-                    environ: Mapping[str, str]) -> list[str]:
+    def render_argv(
+        self, values: Mapping[str, Any], builtins: Mapping[str, str], environ: Mapping[str, str]
+    ) -> list[str]:
         """One argv element per template element; model names are resolved on this (runner) host."""
         argv = []
         for element in self.argv:
@@ -413,8 +430,10 @@ class Preset(BaseModel):
         for key, template in self.env.items():
             missing = [n for n in _ENV_REF.findall(template) if n not in environ]
             if missing:
-                raise KakeyaError(f"preset {self.name}: env {key} needs ${{ENV:{missing[0]}}} but {missing[0]} "
-                                  f"is not set on this runner")
+                raise KakeyaError(
+                    f"preset {self.name}: env {key} needs ${{ENV:{missing[0]}}} but {missing[0]} "
+                    f"is not set on this runner"
+                )
             out[key] = _ENV_REF.sub(lambda m: environ[m.group(1)], template)
         return out
 
@@ -426,8 +445,16 @@ class Preset(BaseModel):
             "runners": self.runners,
             "timeout_s": self.timeout_s,
             "report": self.report.model_dump(),
-            "params": {n: {"type": s.type, "default": s.default, "required": s.required, "bounds": s.bounds(),
-                           "description": s.description} for n, s in self.params.items()},
+            "params": {
+                n: {
+                    "type": s.type,
+                    "default": s.default,
+                    "required": s.required,
+                    "bounds": s.bounds(),
+                    "description": s.description,
+                }
+                for n, s in self.params.items()
+            },
             "gate": [c.model_dump(exclude_none=True) for c in self.gate],
             **({"baseline": self.baseline.model_dump(by_alias=True)} if self.baseline else {}),
             "hash": self.content_hash,
@@ -463,11 +490,15 @@ def load_preset_file(path: Path) -> Preset:
     try:
         preset = Preset.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'preset'}: "
-                             f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'preset'}: {e['msg'].removeprefix('Value error, ')}"
+            for e in exc.errors()
+        )
         raise InvalidRequest(f"preset file {path}: {problems}") from None
     if preset.name != path.stem:
-        raise InvalidRequest(f"preset file {path}: name {preset.name!r} must match the file name {path.stem!r}")
+        raise InvalidRequest(
+            f"preset file {path}: name {preset.name!r} must match the file name {path.stem!r}"
+        )
     return preset
 
 

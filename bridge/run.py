@@ -113,7 +113,11 @@ def host_fingerprint() -> dict[str, Any]:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         memory = None
-    gpus = _cmd(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]) if shutil.which("nvidia-smi") else None
+    gpus = (
+        _cmd(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"])
+        if shutil.which("nvidia-smi")
+        else None
+    )
     accelerator = None
     if gpus:
         accelerator = {"kind": "cuda", "devices": gpus.splitlines()}
@@ -209,7 +213,9 @@ class CappedLog:
         self._emit(self.redact(self.pending))
         self.pending = b""
         if self.cut:
-            self.file.write(f"\n[... kakeya cut {self.cut} bytes here to keep this log under its cap ...]\n".encode())
+            self.file.write(
+                f"\n[... kakeya cut {self.cut} bytes here to keep this log under its cap ...]\n".encode()
+            )
         self.file.write(bytes(self.tail))
         self.file.close()
 
@@ -278,36 +284,59 @@ def kill_tree(proc: subprocess.Popen[bytes], grace_s: float = 3.0) -> None:
 # --- the run ----------------------------------------------------------------------------------------
 
 
-def secret_values(preset: Preset, config: Config, environ: Mapping[str, str], env: Mapping[str, str]) -> list[str]:
+def secret_values(
+    preset: Preset, config: Config, environ: Mapping[str, str], env: Mapping[str, str]
+) -> list[str]:
     names = set(preset.secrets) | set(config.secrets)
     return [v for n in names for v in (environ.get(n), env.get(n)) if v]
 
 
-def build_env(preset_env: Mapping[str, str], environ: Mapping[str, str], checkout: Path, out_dir: Path,
-              context: RunContext) -> dict[str, str]:
+def build_env(
+    preset_env: Mapping[str, str],
+    environ: Mapping[str, str],
+    checkout: Path,
+    out_dir: Path,
+    context: RunContext,
+) -> dict[str, str]:
     env = {k: environ[k] for k in BASE_ENV if k in environ}
     env.update(preset_env)
-    env.update({
-        "PYTHONPATH": str(checkout),
-        "PYTHONUNBUFFERED": "1",
-        "KAKEYA_REPORT": str(out_dir / "report.json"),
-        "KAKEYA_RUN_DIR": str(out_dir),
-    })
+    env.update(
+        {
+            "PYTHONPATH": str(checkout),
+            "PYTHONUNBUFFERED": "1",
+            "KAKEYA_REPORT": str(out_dir / "report.json"),
+            "KAKEYA_RUN_DIR": str(out_dir),
+        }
+    )
     if context.subject:
         env["KAKEYA_SUBJECT"] = context.subject
     return env
 
 
-def execute(preset: Preset, values: Mapping[str, Any], checkout: Path, out_dir: Path, *, config: Config,
-            environ: Mapping[str, str] | None = None, context: RunContext | None = None,
-            should_stop: Callable[[], str | None] | None = None) -> RunResult:
+def execute(
+    preset: Preset,
+    values: Mapping[str, Any],
+    checkout: Path,
+    out_dir: Path,
+    *,
+    config: Config,
+    environ: Mapping[str, str] | None = None,
+    context: RunContext | None = None,
+    should_stop: Callable[[], str | None] | None = None,
+) -> RunResult:
     """Run `preset` with validated `values` in `checkout`; always returns (and writes) a RunResult."""
     environ = os.environ if environ is None else environ
     context = context or RunContext()
     checkout, out_dir = checkout.resolve(), out_dir.resolve()
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
-    base = dict(preset=preset.name, preset_hash=preset.content_hash, params=dict(values),
-                host=host_fingerprint(), tools=tool_versions(), **context.model_dump())
+    base = dict(
+        preset=preset.name,
+        preset_hash=preset.content_hash,
+        params=dict(values),
+        host=host_fingerprint(),
+        tools=tool_versions(),
+        **context.model_dump(),
+    )
     redact = Redactor(secret_values(preset, config, environ, {}))
     try:
         preset_env = preset.render_env(environ)
@@ -321,14 +350,31 @@ def execute(preset: Preset, values: Mapping[str, Any], checkout: Path, out_dir: 
     base["argv"] = [redact.text(a) for a in argv]
     started = _now()
     try:
-        proc = subprocess.Popen(argv, cwd=checkout, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            cwd=checkout,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
     except OSError as exc:
-        return _finish(out_dir, RunResult(status="error", reason=f"could not start {argv[0]!r}: {exc}",
-                                          started_at=_iso(started), **base), redact)
-    pumps = [threading.Thread(target=_pump, args=(stream, CappedLog(out_dir / "logs" / name, config.log_cap_bytes,
-                                                                         redact)), daemon=True)
-             for stream, name in ((proc.stdout, "stdout.log"), (proc.stderr, "stderr.log"))]
+        return _finish(
+            out_dir,
+            RunResult(
+                status="error", reason=f"could not start {argv[0]!r}: {exc}", started_at=_iso(started), **base
+            ),
+            redact,
+        )
+    pumps = [
+        threading.Thread(
+            target=_pump,
+            args=(stream, CappedLog(out_dir / "logs" / name, config.log_cap_bytes, redact)),
+            daemon=True,
+        )
+        for stream, name in ((proc.stdout, "stdout.log"), (proc.stderr, "stderr.log"))
+    ]
     for t in pumps:
         t.start()
 
@@ -353,8 +399,14 @@ def execute(preset: Preset, values: Mapping[str, Any], checkout: Path, out_dir: 
         t.join(timeout=30)
     ended = _now()
 
-    result = RunResult(status="succeeded", exit_code=proc.returncode, started_at=_iso(started), ended_at=_iso(ended),
-                       duration_s=round((ended - started).total_seconds(), 3), **base)
+    result = RunResult(
+        status="succeeded",
+        exit_code=proc.returncode,
+        started_at=_iso(started),
+        ended_at=_iso(ended),
+        duration_s=round((ended - started).total_seconds(), 3),
+        **base,
+    )
     report_path = out_dir / "report.json"
     redact.scrub_file(report_path)
     if stopped:
@@ -372,20 +424,37 @@ def execute(preset: Preset, values: Mapping[str, Any], checkout: Path, out_dir: 
             if result.status == "succeeded":
                 result.status, result.reason = "error", str(exc)
         else:
-            verdict = gates.evaluate(report, preset.gate, kind=preset.report.kind,
-                                     schema_version=preset.report.schema_version)
+            verdict = gates.evaluate(
+                report, preset.gate, kind=preset.report.kind, schema_version=preset.report.schema_version
+            )
             (out_dir / "verdict.json").write_text(verdict.model_dump_json(indent=2) + "\n")
             result.verdict = verdict.status
     return _finish(out_dir, result, redact)
 
 
-def write_outcome(out_dir: Path, status: Status, reason: str, *, preset_name: str, params: Mapping[str, Any],
-                  context: RunContext | None = None, preset_hash: str | None = None) -> RunResult:
+def write_outcome(
+    out_dir: Path,
+    status: Status,
+    reason: str,
+    *,
+    preset_name: str,
+    params: Mapping[str, Any],
+    context: RunContext | None = None,
+    preset_hash: str | None = None,
+) -> RunResult:
     """Record an outcome where nothing ran (rejected, expired, cancelled before start)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    result = RunResult(status=status, reason=reason, preset=preset_name, preset_hash=preset_hash, params=dict(params),
-                       host=host_fingerprint(), tools=tool_versions(), ended_at=_iso(_now()),
-                       **(context or RunContext()).model_dump())
+    result = RunResult(
+        status=status,
+        reason=reason,
+        preset=preset_name,
+        preset_hash=preset_hash,
+        params=dict(params),
+        host=host_fingerprint(),
+        tools=tool_versions(),
+        ended_at=_iso(_now()),
+        **(context or RunContext()).model_dump(),
+    )
     return _finish(out_dir, result, Redactor([]))
 
 
@@ -411,16 +480,29 @@ def _fmt(value: Any) -> str:
 
 def summary_markdown(result: RunResult, out_dir: Path) -> str:
     """The same facts as result.json, for a human; plus the gate table and any plots."""
-    lines = [f"# {result.preset}: {result.status}" + (f" — verdict {result.verdict}" if result.verdict else ""), ""]
+    lines = [
+        f"# {result.preset}: {result.status}" + (f" — verdict {result.verdict}" if result.verdict else ""),
+        "",
+    ]
     if result.reason:
         lines += [f"**Reason:** {result.reason}", ""]
-    rows = [("request", result.request_id), ("subject", result.subject), ("runner", result.runner_name),
-            ("labels", ", ".join(result.runner_labels) or None), ("exit code", result.exit_code),
-            ("started", result.started_at), ("ended", result.ended_at),
-            ("duration", f"{result.duration_s:.2f} s" if result.duration_s is not None else None),
-            ("preset hash", result.preset_hash),
-            ("host", f"{result.host.get('hostname')} · {result.host.get('os')} · {result.host.get('cpu')}"
-             if result.host else None)]
+    rows = [
+        ("request", result.request_id),
+        ("subject", result.subject),
+        ("runner", result.runner_name),
+        ("labels", ", ".join(result.runner_labels) or None),
+        ("exit code", result.exit_code),
+        ("started", result.started_at),
+        ("ended", result.ended_at),
+        ("duration", f"{result.duration_s:.2f} s" if result.duration_s is not None else None),
+        ("preset hash", result.preset_hash),
+        (
+            "host",
+            f"{result.host.get('hostname')} · {result.host.get('os')} · {result.host.get('cpu')}"
+            if result.host
+            else None,
+        ),
+    ]
     lines += ["| | |", "|---|---|"] + [f"| {k} | {_fmt(v)} |" for k, v in rows if v is not None] + [""]
     if result.params:
         lines += ["## Parameters", "", "| name | value |", "|---|---|"]
@@ -436,7 +518,9 @@ def summary_markdown(result: RunResult, out_dir: Path) -> str:
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     logs = [p for p in ("logs/stdout.log", "logs/stderr.log") if (out_dir / p).is_file()]
     if logs:
-        lines += ["## Logs", ""] + [f"- [{p}]({p}) ({(out_dir / p).stat().st_size} bytes)" for p in logs] + [""]
+        lines += (
+            ["## Logs", ""] + [f"- [{p}]({p}) ({(out_dir / p).stat().st_size} bytes)" for p in logs] + [""]
+        )
     if result.tools:
         lines += ["## Tools", "", ", ".join(f"{k} {v}" for k, v in result.tools.items()), ""]
     return "\n".join(lines)

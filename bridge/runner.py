@@ -95,11 +95,20 @@ class Lease(threading.Thread):
 
     def heartbeat(self) -> None:
         now = B.utcnow()
-        claim = self.claim.model_copy(update={"heartbeat": self.claim.heartbeat + 1,
-                                              "lease_until": now + dt.timedelta(seconds=self.runner.config.lease_s)})
+        claim = self.claim.model_copy(
+            update={
+                "heartbeat": self.claim.heartbeat + 1,
+                "lease_until": now + dt.timedelta(seconds=self.runner.config.lease_s),
+            }
+        )
         with B.open_repo(self.runner.mirror) as repo:
-            sha = B.child_commit(repo, self.sha, {B.CLAIM_PATH: claim.dump()},
-                                 f"kakeya heartbeat {self.id} #{claim.heartbeat} by {self.runner.name}", self.runner.who)
+            sha = B.child_commit(
+                repo,
+                self.sha,
+                {B.CLAIM_PATH: claim.dump()},
+                f"kakeya heartbeat {self.id} #{claim.heartbeat} by {self.runner.name}",
+                self.runner.who,
+            )
         if self.runner.bus.swap([Update(B.claim_ref(self.id), sha, self.sha)]):
             self.sha, self.claim = sha, claim
         else:
@@ -118,9 +127,18 @@ class Lease(threading.Thread):
 
 
 class Runner:
-    def __init__(self, url: str, *, config: Config, name: str, labels: list[str], workdir: Path,
-                 registry: Mapping[str, Preset] | None = None, environ: Mapping[str, str] | None = None,
-                 log: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        url: str,
+        *,
+        config: Config,
+        name: str,
+        labels: list[str],
+        workdir: Path,
+        registry: Mapping[str, Preset] | None = None,
+        environ: Mapping[str, str] | None = None,
+        log: Callable[[str], None] | None = None,
+    ):
         self.config, self.name, self.labels = config, name, [B.check_label(lb) for lb in labels]
         if not labels:
             raise KakeyaError("a runner needs at least one label (--labels cpu,h200 or KAKEYA_LABELS)")
@@ -179,18 +197,28 @@ class Runner:
         missing = [e for e in entries if e.req and not B.has_object(self.repo, e.req)]
         if missing:
             # One local ref, moved to a fetched request, keeps the subjects' history as `have`s for the next fetch.
-            self.bus.fetch([f"+{B.req_ref(e.label or '', e.id)}:refs/kakeya/last" if i == 0 else
-                            B.req_ref(e.label or "", e.id) for i, e in enumerate(missing)])
+            self.bus.fetch(
+                [
+                    f"+{B.req_ref(e.label or '', e.id)}:refs/kakeya/last"
+                    if i == 0
+                    else B.req_ref(e.label or "", e.id)
+                    for i, e in enumerate(missing)
+                ]
+            )
 
-    def candidates(self, snap: B.Snapshot, request_id: str | None) -> list[tuple[Entry, tuple[str, Claim] | None]]:
+    def candidates(
+        self, snap: B.Snapshot, request_id: str | None
+    ) -> list[tuple[Entry, tuple[str, Claim] | None]]:
         """Requests we may claim, oldest first: unclaimed ones, and claimed ones whose lease has expired."""
         if request_id:
             entry = snap.entries.get(request_id)
             if entry is None or entry.req is None:
                 raise KakeyaError(f"no request {request_id} on the bus at {self.bus.url}")
             if entry.label not in self.labels:
-                raise KakeyaError(f"request {request_id} is for runner label {entry.label!r}; "
-                                  f"this runner serves {', '.join(self.labels)}")
+                raise KakeyaError(
+                    f"request {request_id} is for runner label {entry.label!r}; "
+                    f"this runner serves {', '.join(self.labels)}"
+                )
             pool = [] if entry.done else [entry]
         else:
             pool = [e for e in snap.entries.values() if e.req and not e.done and e.label in self.labels]
@@ -207,8 +235,23 @@ class Runner:
             if claim is not None and claim.lease_until < now:
                 out.append((e, (e.claim, claim)))
             elif claim is None and e.claim in self.leases:  # unreadable claim.json: treat as expired
-                out.append((e, (e.claim, Claim(id=e.id, runner="unknown", labels=[], host="", pid=0,
-                                               claimed_at=now, lease_until=now))))
+                out.append(
+                    (
+                        e,
+                        (
+                            e.claim,
+                            Claim(
+                                id=e.id,
+                                runner="unknown",
+                                labels=[],
+                                host="",
+                                pid=0,
+                                claimed_at=now,
+                                lease_until=now,
+                            ),
+                        ),
+                    )
+                )
         head = out[:CLAIM_WINDOW]
         random.shuffle(head)
         return head + out[CLAIM_WINDOW:]
@@ -253,12 +296,21 @@ class Runner:
         if not B.has_object(self.repo, entry.req):
             self.prefetch([entry])
         now = B.utcnow()
-        claim = Claim(id=entry.id, runner=self.name, labels=self.labels, host=platform.node(), pid=os.getpid(),
-                      claimed_at=now, lease_until=now + dt.timedelta(seconds=self.config.lease_s),
-                      takeover_of=old[1].runner if old else None)
+        claim = Claim(
+            id=entry.id,
+            runner=self.name,
+            labels=self.labels,
+            host=platform.node(),
+            pid=os.getpid(),
+            claimed_at=now,
+            lease_until=now + dt.timedelta(seconds=self.config.lease_s),
+            takeover_of=old[1].runner if old else None,
+        )
         base = old[0] if old else entry.req
         verb = f"takes over {entry.id} from {old[1].runner}" if old else f"claims {entry.id}"
-        sha = B.child_commit(self.repo, base, {B.CLAIM_PATH: claim.dump()}, f"kakeya: {self.name} {verb}", self.who)
+        sha = B.child_commit(
+            self.repo, base, {B.CLAIM_PATH: claim.dump()}, f"kakeya: {self.name} {verb}", self.who
+        )
         if not self.bus.swap([Update(B.claim_ref(entry.id), sha, old[0] if old else None)]):
             self.log(f"{entry.id}: another runner claimed it first")
             return None
@@ -291,8 +343,11 @@ class Runner:
 
     def release(self, entry: Entry, sha: str) -> Served:
         released = self.bus.swap([Update(B.claim_ref(entry.id), None, sha)])
-        self.log(f"{entry.id}: released the claim before the run started" if released else
-                 f"{entry.id}: could not release the claim (it changed)")
+        self.log(
+            f"{entry.id}: released the claim before the run started"
+            if released
+            else f"{entry.id}: could not release the claim (it changed)"
+        )
         return Served(entry.id, "released", reason="runner stopping before the run started")
 
     def run_request(self, entry: Entry, lease: Lease, out: Path) -> RunResult:
@@ -304,26 +359,58 @@ class Runner:
             context.subject, preset_name, params = manifest.subject, preset.name, values
             preset_hash = preset.content_hash
             if lease.cancelled or entry.cancel:
-                return write_outcome(out, "cancelled", "cancelled before it started", preset_name=preset_name,
-                                     params=params, context=context, preset_hash=preset_hash)
+                return write_outcome(
+                    out,
+                    "cancelled",
+                    "cancelled before it started",
+                    preset_name=preset_name,
+                    params=params,
+                    context=context,
+                    preset_hash=preset_hash,
+                )
             if manifest.expires_at < B.utcnow():
-                return write_outcome(out, "expired", f"expired at {manifest.expires_at.isoformat()} before a runner "
-                                     "started it", preset_name=preset_name, params=params, context=context,
-                                     preset_hash=preset_hash)
+                return write_outcome(
+                    out,
+                    "expired",
+                    f"expired at {manifest.expires_at.isoformat()} before a runner started it",
+                    preset_name=preset_name,
+                    params=params,
+                    context=context,
+                    preset_hash=preset_hash,
+                )
             checkout = self.add_worktree(entry.id, manifest.subject)
             try:
                 check_lfs(checkout)
                 self.log(f"{entry.id}: running {preset.name}")
-                result = execute(preset, values, checkout, out, config=self.config, environ=self.environ,
-                                 context=context, should_stop=lease.should_stop)
+                result = execute(
+                    preset,
+                    values,
+                    checkout,
+                    out,
+                    config=self.config,
+                    environ=self.environ,
+                    context=context,
+                    should_stop=lease.should_stop,
+                )
             finally:
                 self.remove_worktree(checkout)
-            return apply_baseline(self.bus, preset, entry.label, out, result)  # a preset's `baseline:`, if any
+            return apply_baseline(
+                self.bus, preset, entry.label, out, result
+            )  # a preset's `baseline:`, if any
         except Rejected as exc:
-            return write_outcome(out, "rejected", str(exc), preset_name=preset_name, params=params, context=context)
+            return write_outcome(
+                out, "rejected", str(exc), preset_name=preset_name, params=params, context=context
+            )
         except Exception as exc:  # noqa: BLE001 — any failure at any step still ends in a done commit
-            return write_outcome(out, "error", f"runner {self.name}: {exc}", preset_name=preset_name, params=params,
-                                 context=context, preset_hash=preset_hash)
+            return write_outcome(
+                out,
+                "error",
+                f"runner {self.name}: {exc}",
+                preset_name=preset_name,
+                params=params,
+                context=context,
+                preset_hash=preset_hash,
+            )
 
     def validate(self, entry: Entry) -> tuple[Manifest, Preset, dict[str, Any]]:
         """The request, re-validated against this runner's own registry; Rejected says why not."""
@@ -335,21 +422,28 @@ class Runner:
         try:
             manifest = Manifest.model_validate_json(raw)
         except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'manifest'}: {e['msg']}"
-                                 for e in exc.errors()[:5])
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'manifest'}: {e['msg']}" for e in exc.errors()[:5]
+            )
             raise Rejected(f"invalid manifest: {problems}") from None
         for field, want in (("id", entry.id), ("runner", entry.label), ("preset", entry.preset)):
             if getattr(manifest, field) != want:
-                raise Rejected(f"invalid manifest: {field} is {getattr(manifest, field)!r} but the bus ref says {want!r}")
+                raise Rejected(
+                    f"invalid manifest: {field} is {getattr(manifest, field)!r} but the bus ref says {want!r}"
+                )
         if parents != [manifest.subject]:
             raise Rejected(f"invalid manifest: subject {manifest.subject} is not the request commit's parent")
         preset = self.registry.get(manifest.preset)
         if preset is None:
-            raise Rejected(f"unknown preset {manifest.preset!r}: this runner's registry has "
-                           f"{', '.join(sorted(self.registry)) or 'no presets'}")
+            raise Rejected(
+                f"unknown preset {manifest.preset!r}: this runner's registry has "
+                f"{', '.join(sorted(self.registry)) or 'no presets'}"
+            )
         if manifest.runner not in preset.runners:
-            raise Rejected(f"preset {preset.name} may not run on runner label {manifest.runner!r} "
-                           f"(allowed: {', '.join(preset.runners)})")
+            raise Rejected(
+                f"preset {preset.name} may not run on runner label {manifest.runner!r} "
+                f"(allowed: {', '.join(preset.runners)})"
+            )
         try:
             values = preset.validate_params(manifest.params)
         except KakeyaError as exc:
@@ -367,7 +461,9 @@ class Runner:
         return path
 
     def remove_worktree(self, path: Path) -> None:
-        if B.run_git(self.mirror, "worktree", "remove", "--force", "--force", str(path), check=False).returncode:
+        if B.run_git(
+            self.mirror, "worktree", "remove", "--force", "--force", str(path), check=False
+        ).returncode:
             shutil.rmtree(path, ignore_errors=True)
             B.run_git(self.mirror, "worktree", "prune", check=False)
 
@@ -375,9 +471,11 @@ class Runner:
 
     def commit_done(self, entry: Entry, claim_sha: str, out: Path, result: RunResult) -> str:
         prefix = B.results_path(entry.id)
-        files = {f"{prefix}/{p.relative_to(out).as_posix()}": p.read_bytes()
-                 for p in sorted(out.rglob("*")) if p.is_file() and not p.is_symlink()
-                 and ".git" not in p.relative_to(out).parts}  # git refuses a tree entry named .git
+        files = {
+            f"{prefix}/{p.relative_to(out).as_posix()}": p.read_bytes()
+            for p in sorted(out.rglob("*"))
+            if p.is_file() and not p.is_symlink() and ".git" not in p.relative_to(out).parts
+        }  # git refuses a tree entry named .git
         verdict = f", verdict {result.verdict}" if result.verdict else ""
         message = f"kakeya done {entry.id}: {result.status}{verdict}\n\n{result.reason or ''}".rstrip() + "\n"
         return B.child_commit(self.repo, claim_sha, files, message, self.who)
@@ -392,8 +490,11 @@ class Runner:
             self.outbox_pending = True
             self.log(f"{request_id}: result {done_sha[:12]} not pushed yet ({exc}); will retry")
             return False
-        self.log(f"{request_id}: done {done_sha[:12]} pushed" if pushed else
-                 f"{request_id}: lease lost before the result could be pushed; result dropped")
+        self.log(
+            f"{request_id}: done {done_sha[:12]} pushed"
+            if pushed
+            else f"{request_id}: lease lost before the result could be pushed; result dropped"
+        )
         self.served += 1
         if self.served % 50 == 0:
             B.run_git(self.mirror, "gc", "--auto", "--quiet", check=False)
@@ -403,15 +504,20 @@ class Runner:
         """Push results that an earlier attempt could not deliver."""
         if not self.outbox_pending:
             return
-        listed = B.run_git(self.mirror, "for-each-ref", "--format=%(refname) %(objectname)", "refs/kakeya/outbox/")
+        listed = B.run_git(
+            self.mirror, "for-each-ref", "--format=%(refname) %(objectname)", "refs/kakeya/outbox/"
+        )
         for line in listed.stdout.decode().splitlines():
             ref, done_sha = line.split()
             request_id = ref.rsplit("/", 1)[1]
             claim_sha = B.run_git(self.mirror, "rev-parse", f"{done_sha}^").stdout.decode().strip()
             # raises while the bus is still unreachable
             pushed = self.bus.swap(done_updates(request_id, claim_sha, done_sha), atomic=True)
-            self.log(f"{request_id}: delayed result pushed" if pushed else
-                     f"{request_id}: lease lost while the result waited; dropped")
+            self.log(
+                f"{request_id}: delayed result pushed"
+                if pushed
+                else f"{request_id}: lease lost while the result waited; dropped"
+            )
             B.run_git(self.mirror, "update-ref", "-d", ref)
         self.outbox_pending = False
 
@@ -438,7 +544,10 @@ class Runner:
 def done_updates(request_id: str, claim_sha: str, done_sha: str) -> list[Update]:
     """The result push: the claim (leased on the runner's last claim sha) moves to the done commit, and the
     done ref is created (it must not exist): a runner that lost its lease can never push a result."""
-    return [Update(B.claim_ref(request_id), done_sha, claim_sha), Update(B.done_ref(request_id), done_sha, None)]
+    return [
+        Update(B.claim_ref(request_id), done_sha, claim_sha),
+        Update(B.done_ref(request_id), done_sha, None),
+    ]
 
 
 def check_lfs(checkout: Path) -> None:
@@ -459,5 +568,7 @@ def check_lfs(checkout: Path) -> None:
                 pointers.append(path.relative_to(checkout).as_posix())
     if pointers:
         shown = ", ".join(pointers[:5]) + (f" and {len(pointers) - 5} more" if len(pointers) > 5 else "")
-        raise KakeyaError(f"the subject has {len(pointers)} Git LFS pointer file(s) that were not fetched ({shown}); "
-                          "install git-lfs on the runner (`git lfs install`) so checkouts get the real files")
+        raise KakeyaError(
+            f"the subject has {len(pointers)} Git LFS pointer file(s) that were not fetched ({shown}); "
+            "install git-lfs on the runner (`git lfs install`) so checkouts get the real files"
+        )

@@ -133,7 +133,6 @@ class Layout:
         return self.view_len(self.n, self.hw)
 
 
-
 class Positions:
     """The absolute position held by each buffer slot of one layout (EMPTY: nothing), as the backends'
     K/V buffers hold them: grown like them (`buffer_size`), written per `Plan`, cleared by `trim`."""
@@ -148,7 +147,9 @@ class Positions:
         The key positions of a direct plan are a view of the table (valid until the next apply/trim)."""
         table = self.table
         if table.size < plan.capacity:
-            grown = np.full((buffer_size(table.size, plan.capacity, self.layout.limit),), EMPTY, dtype=np.int64)
+            grown = np.full(
+                (buffer_size(table.size, plan.capacity, self.layout.limit),), EMPTY, dtype=np.int64
+            )
             grown[: table.size] = table
             self.table = table = grown
         new_pos = np.arange(plan.start, plan.start + plan.m, dtype=np.int64)

@@ -117,7 +117,9 @@ class LayerSpec:
         return n if ring is None else min(n, self.sink + ring)
 
 
-def config_layer_types(declared: Sequence[str] | None, sliding_window: int | None, n_layers: int) -> list[str]:
+def config_layer_types(
+    declared: Sequence[str] | None, sliding_window: int | None, n_layers: int
+) -> list[str]:
     """A config's layer types: its `layer_types`, or without them (Llama, Mistral) every layer sliding when
     it has a `sliding_window`, else full attention (as transformers reads such configs)."""
     return list(declared or [SLIDING_ATTENTION if sliding_window else FULL_ATTENTION] * n_layers)
@@ -131,7 +133,9 @@ def layer_spec(policy: Policy, layer_type: str, native_window: int | None) -> La
             raise ValueError("a sliding_attention layer needs the model's sliding_window in its config")
         native = native_window
     else:
-        raise ValueError(f"layer type {layer_type!r} is not supported (full_attention and sliding_attention are)")
+        raise ValueError(
+            f"layer type {layer_type!r} is not supported (full_attention and sliding_attention are)"
+        )
     keep_exact = policy.kind == "full" or (policy.kind == "hybrid" and native is None)
     sink, window = (0, None) if keep_exact else (policy.sink, policy.window)
     if native is None:
@@ -150,6 +154,8 @@ def kv_bytes_per_slot(kv_heads: int, head_dim: int, itemsize: int) -> int:
     return 2 * kv_heads * head_dim * itemsize
 
 
-def expected_kv_bytes(specs: Sequence[LayerSpec], n: int, max_block: int, slot_bytes: Sequence[int]) -> list[int]:
+def expected_kv_bytes(
+    specs: Sequence[LayerSpec], n: int, max_block: int, slot_bytes: Sequence[int]
+) -> list[int]:
     """Per-layer K/V bytes a cache holds after n committed positions: the formula both backends meet."""
     return [s.held_slots(n, max_block) * b for s, b in zip(specs, slot_bytes, strict=True)]

@@ -63,7 +63,9 @@ def subject() -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def write_report(path: str | os.PathLike[str], kind: str, schema_version: int, body: dict[str, Any]) -> dict[str, Any]:
+def write_report(
+    path: str | os.PathLike[str], kind: str, schema_version: int, body: dict[str, Any]
+) -> dict[str, Any]:
     """Wrap `body` in the envelope and write it atomically (temp file + rename)."""
     report = {
         "kind": kind,

@@ -106,14 +106,18 @@ class PromptLookupDrafter:
             self._push(t)
 
 
-def speculative_generate(verifier: Sequence, drafter: Drafter, prompt: Seq[int], k: int, stop: Stop) -> Generation:
+def speculative_generate(
+    verifier: Sequence, drafter: Drafter, prompt: Seq[int], k: int, stop: Stop
+) -> Generation:
     """Greedy speculative decoding; the tokens equal `generate(verifier, prompt, stop)`."""
     if k < 1:
         raise ValueError(f"k must be >= 1 (got {k})")
     if not prompt:
         raise ValueError("the prompt is empty")
     if verifier.max_block < k + 1:
-        raise ValueError(f"the verifier's sequence needs max_block >= k + 1 = {k + 1} (has {verifier.max_block})")
+        raise ValueError(
+            f"the verifier's sequence needs max_block >= k + 1 = {k + 1} (has {verifier.max_block})"
+        )
     t0 = time.perf_counter()
     out = [verifier.prefill(prompt)]
     drafter.begin(prompt)

@@ -28,16 +28,25 @@ class Check(BaseModel):
     @model_validator(mode="after")
     def _shape(self) -> Check:
         if not _POINTER.match(self.path):
-            raise ValueError(f"path {self.path!r} is not a JSON pointer such as /summary/recall or /rungs/*/delta")
+            raise ValueError(
+                f"path {self.path!r} is not a JSON pointer such as /summary/recall or /rungs/*/delta"
+            )
         if self.check in ("min", "max"):
             if not _finite_number(self.value):
-                raise ValueError(f"check {self.check!r} at {self.path} needs a finite number, got {self.value!r}")
+                raise ValueError(
+                    f"check {self.check!r} at {self.path} needs a finite number, got {self.value!r}"
+                )
         elif self.check == "between":
-            ok = (isinstance(self.value, list) and len(self.value) == 2
-                  and all(_finite_number(v) for v in self.value)
-                  and self.value[0] <= self.value[1])
+            ok = (
+                isinstance(self.value, list)
+                and len(self.value) == 2
+                and all(_finite_number(v) for v in self.value)
+                and self.value[0] <= self.value[1]
+            )
             if not ok:
-                raise ValueError(f"check 'between' at {self.path} needs value [low, high], got {self.value!r}")
+                raise ValueError(
+                    f"check 'between' at {self.path} needs value [low, high], got {self.value!r}"
+                )
         elif self.check == "eq":
             if self.value is None:
                 raise ValueError(f"check 'eq' at {self.path} needs a value")

@@ -43,13 +43,19 @@ class Comparison(BaseModel):
     def to_markdown(self) -> str:
         better = "higher is better" if self.higher_is_better else "lower is better"
         change = "—" if self.change_pct is None else f"{self.change_pct:+.2f} %"
-        return "\n".join([
-            f"**Compare: {MARK[self.status]} {self.status}** ({better})", "",
-            "| | metric | new | base | change | max regression |", "|---|---|---|---|---|---|",
-            f"| {MARK[self.status]} | `{_cell(self.metric)}` | {_num(self.new)} | {_num(self.base)} | {change} "
-            f"| {self.max_regression_pct:g} % |", "",
-            _cell(self.reason), "",
-        ])
+        return "\n".join(
+            [
+                f"**Compare: {MARK[self.status]} {self.status}** ({better})",
+                "",
+                "| | metric | new | base | change | max regression |",
+                "|---|---|---|---|---|---|",
+                f"| {MARK[self.status]} | `{_cell(self.metric)}` | {_num(self.new)} | {_num(self.base)} | {change} "
+                f"| {self.max_regression_pct:g} % |",
+                "",
+                _cell(self.reason),
+                "",
+            ]
+        )
 
 
 def _one_number(report: Any, metric: str, which: str) -> tuple[float | None, str | None]:
@@ -66,20 +72,29 @@ def _one_number(report: Any, metric: str, which: str) -> tuple[float | None, str
     return float(value), None
 
 
-def compare(new: Any, base: Any, metric: str, max_regression_pct: float, *,
-            higher_is_better: bool = True) -> Comparison:
+def compare(
+    new: Any, base: Any, metric: str, max_regression_pct: float, *, higher_is_better: bool = True
+) -> Comparison:
     """Pass when `metric` in `new` is at most `max_regression_pct` percent worse than in `base`.
 
     Raises ValueError for a bad metric path or tolerance (a caller's mistake, not the reports').
     """
     if "*" in split(metric) or not metric:
         raise ValueError(f"metric {metric!r} must be a JSON pointer to one number, without '*'")
-    if isinstance(max_regression_pct, bool) or not math.isfinite(max_regression_pct) or max_regression_pct < 0:
+    if (
+        isinstance(max_regression_pct, bool)
+        or not math.isfinite(max_regression_pct)
+        or max_regression_pct < 0
+    ):
         raise ValueError(f"max regression must be a finite percentage >= 0, got {max_regression_pct!r}")
     head = {"metric": metric, "max_regression_pct": max_regression_pct, "higher_is_better": higher_is_better}
     if isinstance(new, dict) and isinstance(base, dict) and new.get("kind") != base.get("kind"):
-        return Comparison(status="error", **head, reason=f"cannot compare a {_fmt(new.get('kind'))} report "
-                                                          f"with a {_fmt(base.get('kind'))} baseline")
+        return Comparison(
+            status="error",
+            **head,
+            reason=f"cannot compare a {_fmt(new.get('kind'))} report "
+            f"with a {_fmt(base.get('kind'))} baseline",
+        )
     b, why = _one_number(base, metric, "baseline")
     if b is None:
         return Comparison(status="error", **head, reason=str(why))
@@ -88,16 +103,37 @@ def compare(new: Any, base: Any, metric: str, max_regression_pct: float, *,
         return Comparison(status="fail", **head, base=b, reason=str(why))
     if b == 0:
         if n == 0:
-            return Comparison(status="pass", **head, new=n, base=b, change_pct=0.0, regression_pct=0.0,
-                              reason=f"{metric} is 0 in both reports")
-        return Comparison(status="error", **head, new=n, base=b,
-                          reason=f"{metric} is 0 in the baseline, so a relative change is undefined")
+            return Comparison(
+                status="pass",
+                **head,
+                new=n,
+                base=b,
+                change_pct=0.0,
+                regression_pct=0.0,
+                reason=f"{metric} is 0 in both reports",
+            )
+        return Comparison(
+            status="error",
+            **head,
+            new=n,
+            base=b,
+            reason=f"{metric} is 0 in the baseline, so a relative change is undefined",
+        )
     change = (n - b) / abs(b) * 100
     regression = -change if higher_is_better else change
     ok = regression <= max_regression_pct * (1 + _EPS) + _EPS
     word = "worse" if regression > 0 else "better" if regression < 0 else "unchanged"
     amount = f"{abs(regression):.4g} % {word}" if regression else "unchanged"
-    reason = (f"{metric}: {_num(n)} vs baseline {_num(b)}, {amount}; "
-              f"{'within' if ok else 'exceeds'} the allowed {max_regression_pct:g} % regression")
-    return Comparison(status="pass" if ok else "fail", **head, new=n, base=b, change_pct=change,
-                      regression_pct=regression, reason=reason)
+    reason = (
+        f"{metric}: {_num(n)} vs baseline {_num(b)}, {amount}; "
+        f"{'within' if ok else 'exceeds'} the allowed {max_regression_pct:g} % regression"
+    )
+    return Comparison(
+        status="pass" if ok else "fail",
+        **head,
+        new=n,
+        base=b,
+        change_pct=change,
+        regression_pct=regression,
+        reason=reason,
+    )

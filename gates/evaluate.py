@@ -88,23 +88,35 @@ class Verdict(BaseModel):
         """This verdict with its baseline recorded; a regression (a failed comparison) fails a passing verdict.
         No baseline run, or one that cannot be compared against (comparison error), is recorded, not failed."""
         failed = comparison is not None and comparison.status == "fail" and self.status == "pass"
-        return self.model_copy(update={"status": "fail" if failed else self.status, "baseline": baseline,
-                                       "comparison": comparison})
+        return self.model_copy(
+            update={
+                "status": "fail" if failed else self.status,
+                "baseline": baseline,
+                "comparison": comparison,
+            }
+        )
 
     def to_markdown(self) -> str:
         what = f"{self.kind} v{self.schema_version}" if self.kind and self.schema_version else "report"
         n = len(self.checks)
-        lines = [f"**Gate: {MARK[self.status]} {self.status}** ({what}, {n} check{'' if n == 1 else 's'})", ""]
+        lines = [
+            f"**Gate: {MARK[self.status]} {self.status}** ({what}, {n} check{'' if n == 1 else 's'})",
+            "",
+        ]
         if self.error:
             lines += [f"Not evaluated: {_cell(self.error)}", ""]
         if self.checks:
             lines += ["| | check | value | threshold | path |", "|---|---|---|---|---|"]
             for c in self.checks:
-                seen = c.reason if c.at is None else _fmt(c.value) + (f" at `{c.at}`" if c.at != c.path else "")
+                seen = (
+                    c.reason if c.at is None else _fmt(c.value) + (f" at `{c.at}`" if c.at != c.path else "")
+                )
                 if c.count > 1:
                     seen += f" (worst of {c.count})"
-                lines.append(f"| {MARK[c.status]} | {c.check} | {_cell(seen)} | {_cell(threshold_text(c.check, c.threshold))} "
-                             f"| `{_cell(c.path)}` |")
+                lines.append(
+                    f"| {MARK[c.status]} | {c.check} | {_cell(seen)} | {_cell(threshold_text(c.check, c.threshold))} "
+                    f"| `{_cell(c.path)}` |"
+                )
             lines.append("")
         elif not self.error:
             lines += ["No checks.", ""]
@@ -179,8 +191,14 @@ def run_check(report: Any, check: Check) -> CheckResult:
         for at, value in matches:
             if not _number(value):
                 what = "not finite" if isinstance(value, float) else f"{json_type(value)}, not a number"
-                return CheckResult(**base, status="fail", value=value, at=at, count=count,
-                                   reason=f"{at} = {_fmt(value)} is {what}")
+                return CheckResult(
+                    **base,
+                    status="fail",
+                    value=value,
+                    at=at,
+                    count=count,
+                    reason=f"{at} = {_fmt(value)} is {what}",
+                )
         i = min(range(count), key=lambda k: _margin(check.check, check.value, matches[k][1]))
         ok = _margin(check.check, check.value, matches[i][1]) >= 0
     elif check.check == "eq":
@@ -192,11 +210,14 @@ def run_check(report: Any, check: Check) -> CheckResult:
     at, value = matches[i]
     verb = "meets" if ok else "needs"
     reason = f"{at} = {_fmt(value)}, {verb} {want}" + (f" (worst of {count} values)" if count > 1 else "")
-    return CheckResult(**base, status="pass" if ok else "fail", value=value, at=at, count=count, reason=reason)
+    return CheckResult(
+        **base, status="pass" if ok else "fail", value=value, at=at, count=count, reason=reason
+    )
 
 
-def evaluate(report: Any, checks: list[Check], *, kind: str | None = None,
-             schema_version: int | None = None) -> Verdict:
+def evaluate(
+    report: Any, checks: list[Check], *, kind: str | None = None, schema_version: int | None = None
+) -> Verdict:
     """Gate a parsed report: its schema (chosen by its own kind and schema_version), then each check.
 
     `kind` / `schema_version`, when given (a preset's `report:`), are what the report must be; a
@@ -205,8 +226,10 @@ def evaluate(report: Any, checks: list[Check], *, kind: str | None = None,
     if not isinstance(report, dict):
         return Verdict(status="error", error=f"the report is {json_type(report)}, not a JSON object")
     rkind, rversion = report.get("kind"), report.get("schema_version")
-    head = {"kind": rkind if isinstance(rkind, str) else None,
-            "schema_version": rversion if isinstance(rversion, int) and not isinstance(rversion, bool) else None}
+    head = {
+        "kind": rkind if isinstance(rkind, str) else None,
+        "schema_version": rversion if isinstance(rversion, int) and not isinstance(rversion, bool) else None,
+    }
     found: list[tuple[str, str]] = []
     if kind is not None and rkind != kind:
         found.append(("/kind", f"expected {kind!r}, got {_fmt(rkind)}"))
@@ -219,16 +242,24 @@ def evaluate(report: Any, checks: list[Check], *, kind: str | None = None,
                 name = schema.ENVELOPE
             else:
                 known = ", ".join(f"{k} v{v}" for k, v in schema.known()) or "none"
-                return Verdict(status="error", **head,
-                               error=f"no schema for report kind {head['kind']!r} version {head['schema_version']} "
-                                     f"(gates/schemas/{name} does not exist; known: {known})")
+                return Verdict(
+                    status="error",
+                    **head,
+                    error=f"no schema for report kind {head['kind']!r} version {head['schema_version']} "
+                    f"(gates/schemas/{name} does not exist; known: {known})",
+                )
     else:
         name = schema.ENVELOPE  # kind or schema_version missing or mistyped: the envelope says so
     found += schema.violations(report, name)
     results = [run_check(report, c) for c in checks]
     ok = not found and all(r.status == "pass" for r in results)
-    return Verdict(status="pass" if ok else "fail", **head, schema_file=name,
-                   violations=[Violation(pointer=p, message=m) for p, m in found], checks=results)
+    return Verdict(
+        status="pass" if ok else "fail",
+        **head,
+        schema_file=name,
+        violations=[Violation(pointer=p, message=m) for p, m in found],
+        checks=results,
+    )
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -271,8 +302,13 @@ def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
     return parse_report(data, f"report {path}")
 
 
-def evaluate_file(path: str | os.PathLike[str], checks: list[Check], *, kind: str | None = None,
-                  schema_version: int | None = None) -> Verdict:
+def evaluate_file(
+    path: str | os.PathLike[str],
+    checks: list[Check],
+    *,
+    kind: str | None = None,
+    schema_version: int | None = None,
+) -> Verdict:
     """`evaluate` on a file; a file that is not a strict JSON object is an error verdict (never raises)."""
     try:
         report = load_report(path)

@@ -54,7 +54,9 @@ def resolve(doc: Any, path: str) -> list[tuple[str, Any]]:
             here = join(parts) or "the document root"
             if seg == "*":
                 if not isinstance(node, list):
-                    raise PathError(f"{here} is {json_type(node)}, not an array, so '*' cannot fan out over it")
+                    raise PathError(
+                        f"{here} is {json_type(node)}, not an array, so '*' cannot fan out over it"
+                    )
                 if not node:
                     raise PathError(f"{here} is an empty array, so '*' matched nothing")
                 found.extend(((*parts, str(i)), item) for i, item in enumerate(node))
@@ -64,7 +66,9 @@ def resolve(doc: Any, path: str) -> list[tuple[str, Any]]:
                 found.append(((*parts, seg), node[seg]))
             elif isinstance(node, list):
                 if not _INDEX.match(seg) or int(seg) >= len(node):
-                    raise PathError(f"{join((*parts, seg))} is missing ({here} is an array of {len(node)} items)")
+                    raise PathError(
+                        f"{join((*parts, seg))} is missing ({here} is an array of {len(node)} items)"
+                    )
                 found.append(((*parts, seg), node[int(seg)]))
             else:
                 raise PathError(f"{join((*parts, seg))} is missing ({here} is {json_type(node)})")

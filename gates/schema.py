@@ -56,9 +56,14 @@ def _short(message: str, limit: int = 240) -> str:
 
 def violations(report: Any, name: str) -> list[tuple[str, str]]:
     """(JSON pointer, message) for every way `report` breaks schema file `name`, plus every non-finite number."""
-    found = [(join([str(p) for p in e.absolute_path]), _short(e.message)) for e in _validator(name).iter_errors(report)]
-    found.extend((ptr, f"{value!r} is not a finite number (JSON has no NaN or Infinity)")
-                 for ptr, value in non_finite(report))
+    found = [
+        (join([str(p) for p in e.absolute_path]), _short(e.message))
+        for e in _validator(name).iter_errors(report)
+    ]
+    found.extend(
+        (ptr, f"{value!r} is not a finite number (JSON has no NaN or Infinity)")
+        for ptr, value in non_finite(report)
+    )
     return sorted(found)
 
 

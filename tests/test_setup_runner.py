@@ -26,11 +26,14 @@ def snapshot(home: Path) -> dict[str, tuple[str, int]]:
     return out
 
 
-def setup(home: Path, *args: str, path: str | None = None, env: dict[str, str] | None = None,
-          check: bool = True) -> subprocess.CompletedProcess[str]:
+def setup(
+    home: Path, *args: str, path: str | None = None, env: dict[str, str] | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     environ = {"HOME": str(home), "PATH": path or os.environ["PATH"], "LANG": "C.UTF-8"}
     environ.update(env or {})
-    proc = subprocess.run(["bash", str(SCRIPT), *args], env=environ, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), *args], env=environ, capture_output=True, text=True, timeout=120
+    )
     if check:
         assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
@@ -56,14 +59,29 @@ def no_gpu_path(tmp_path: Path) -> str:
     bindir = tmp_path / "bin"
     bindir.mkdir()
     fake = bindir / "nvidia-smi"
-    fake.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the driver.'\nexit 9\n")
+    fake.write_text(
+        "#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the driver.'\nexit 9\n"
+    )
     fake.chmod(0o755)
     return f"{bindir}:{os.environ['PATH']}"
 
 
 def linux_args(bus: Path, *extra: str) -> list[str]:
-    return ["--os", "linux", "--venv", str(VENV), "--skip-install", "--labels", "cpu,h200", "--name", "box-1",
-            "--remote", str(bus), "--dry-run-service", *extra]
+    return [
+        "--os",
+        "linux",
+        "--venv",
+        str(VENV),
+        "--skip-install",
+        "--labels",
+        "cpu,h200",
+        "--name",
+        "box-1",
+        "--remote",
+        str(bus),
+        "--dry-run-service",
+        *extra,
+    ]
 
 
 def test_linux_service_unit_runs_the_watcher_with_the_hosts_labels(home, bus, no_gpu_path):
@@ -73,8 +91,13 @@ def test_linux_service_unit_runs_the_watcher_with_the_hosts_labels(home, bus, no
     lines = text.splitlines()
     assert f"ExecStart={VENV}/bin/kakeya runner watch --labels cpu,h200" in lines
     assert f"WorkingDirectory={ROOT}" in lines
-    for env in ("KAKEYA_LABELS=cpu,h200", "KAKEYA_RUNNER_NAME=box-1", f"KAKEYA_REMOTE={bus}",
-                f"KAKEYA_MODELS={home / 'models'}", "PYTHONUNBUFFERED=1"):
+    for env in (
+        "KAKEYA_LABELS=cpu,h200",
+        "KAKEYA_RUNNER_NAME=box-1",
+        f"KAKEYA_REMOTE={bus}",
+        f"KAKEYA_MODELS={home / 'models'}",
+        "PYTHONUNBUFFERED=1",
+    ):
         assert f'Environment="{env}"' in lines, env
     assert any(line.startswith(f'Environment="PATH={VENV}/bin:') for line in lines)
     assert f"EnvironmentFile=-{home}/.config/kakeya/runner.env" in lines
@@ -85,8 +108,12 @@ def test_linux_service_unit_runs_the_watcher_with_the_hosts_labels(home, bus, no
     assert secrets.stat().st_mode & 0o777 == 0o600
     assert all(line.startswith("#") for line in secrets.read_text().splitlines())
     # Dry run: the commands are printed, none is run (no systemd here would accept them anyway).
-    for command in ("systemctl --user daemon-reload", "systemctl --user enable kakeya-runner.service",
-                    "systemctl --user restart kakeya-runner.service", "loginctl enable-linger"):
+    for command in (
+        "systemctl --user daemon-reload",
+        "systemctl --user enable kakeya-runner.service",
+        "systemctl --user restart kakeya-runner.service",
+        "loginctl enable-linger",
+    ):
         assert f"would run: {command}" in proc.stdout
     assert "+ systemctl" not in proc.stdout
     # The models directory is created and both places are named.
@@ -114,16 +141,24 @@ def test_doctor_runs_against_the_hosts_bus_and_its_failure_is_the_scripts(home, 
 def test_service_step_runs_systemctl_and_stops_with_a_hint_when_it_fails(home, bus, no_gpu_path):
     bindir = Path(no_gpu_path.split(":")[0])
     calls = bindir / "calls"
-    for tool in ("systemctl", "loginctl"):  # stand-ins that record their arguments; restart can be made to fail
-        (bindir / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> "{calls}"\n'
-                                   f'if [ "$2" = restart ] && [ -n "$FAIL_RESTART" ]; then exit 3; fi\n')
+    for tool in (
+        "systemctl",
+        "loginctl",
+    ):  # stand-ins that record their arguments; restart can be made to fail
+        (bindir / tool).write_text(
+            f'#!/bin/sh\necho "{tool} $*" >> "{calls}"\n'
+            f'if [ "$2" = restart ] && [ -n "$FAIL_RESTART" ]; then exit 3; fi\n'
+        )
         (bindir / tool).chmod(0o755)
     args = [a for a in linux_args(bus, "--no-doctor") if a != "--dry-run-service"] + ["--service"]
     proc = setup(home, *args, path=no_gpu_path)
     user = subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout.strip()
     assert calls.read_text().splitlines() == [
-        f"loginctl enable-linger {user}", "systemctl --user daemon-reload",
-        "systemctl --user enable kakeya-runner.service", "systemctl --user restart kakeya-runner.service"]
+        f"loginctl enable-linger {user}",
+        "systemctl --user daemon-reload",
+        "systemctl --user enable kakeya-runner.service",
+        "systemctl --user restart kakeya-runner.service",
+    ]
     assert "+ systemctl --user restart kakeya-runner.service" in proc.stdout
     proc = setup(home, *args, path=no_gpu_path, env={"FAIL_RESTART": "1"}, check=False)
     assert proc.returncode == 1
@@ -146,8 +181,23 @@ def test_a_changed_option_rewrites_the_unit_and_keeps_the_secrets(home, bus, no_
     setup(home, *linux_args(bus, "--no-doctor"), path=no_gpu_path)
     secrets = home / ".config" / "kakeya" / "runner.env"
     secrets.write_text("HF_TOKEN=hf_not_a_real_token\n")
-    proc = setup(home, "--os", "linux", "--venv", str(VENV), "--skip-install", "--labels", "h200", "--name",
-                 "box-1", "--remote", str(bus), "--dry-run-service", "--no-doctor", path=no_gpu_path)
+    proc = setup(
+        home,
+        "--os",
+        "linux",
+        "--venv",
+        str(VENV),
+        "--skip-install",
+        "--labels",
+        "h200",
+        "--name",
+        "box-1",
+        "--remote",
+        str(bus),
+        "--dry-run-service",
+        "--no-doctor",
+        path=no_gpu_path,
+    )
     unit = (home / ".config" / "systemd" / "user" / "kakeya-runner.service").read_text()
     assert f"ExecStart={VENV}/bin/kakeya runner watch --labels h200\n" in unit
     assert "cpu" not in unit
@@ -157,7 +207,9 @@ def test_a_changed_option_rewrites_the_unit_and_keeps_the_secrets(home, bus, no_
 
 def test_nvidia_smi_selects_the_cuda_build(home, bus, no_gpu_path, tmp_path):
     fake = Path(no_gpu_path.split(":")[0]) / "nvidia-smi"
-    fake.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-0)'\necho 'GPU 1: NVIDIA H200 (UUID: GPU-1)'\n")
+    fake.write_text(
+        "#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-0)'\necho 'GPU 1: NVIDIA H200 (UUID: GPU-1)'\n"
+    )
     fake.chmod(0o755)
     proc = setup(home, *linux_args(bus, "--no-doctor"), path=no_gpu_path)
     assert "torch==2.13.0, CUDA build (nvidia-smi lists 2 GPU(s)); kakeya[torch]" in proc.stdout
@@ -167,8 +219,23 @@ def test_nvidia_smi_selects_the_cuda_build(home, bus, no_gpu_path, tmp_path):
 
 
 def test_macos_launch_agent_sources_the_secrets_and_keeps_the_watcher_alive(home, bus, no_gpu_path):
-    proc = setup(home, "--os", "macos", "--venv", str(VENV), "--skip-install", "--labels", "mac-m4", "--name",
-                 "mini", "--remote", str(bus), "--dry-run-service", "--no-doctor", path=no_gpu_path)
+    proc = setup(
+        home,
+        "--os",
+        "macos",
+        "--venv",
+        str(VENV),
+        "--skip-install",
+        "--labels",
+        "mac-m4",
+        "--name",
+        "mini",
+        "--remote",
+        str(bus),
+        "--dry-run-service",
+        "--no-doctor",
+        path=no_gpu_path,
+    )
     plist_path = home / "Library" / "LaunchAgents" / "dev.kakeya.runner.plist"
     plist = plistlib.loads(plist_path.read_bytes())
     args = plist["ProgramArguments"]
@@ -197,13 +264,16 @@ def test_actions_runner_env_is_updated_in_place(home, bus, no_gpu_path, tmp_path
     assert (runner_dir / ".env").read_text() == f"LANG=C.UTF-8\nKAKEYA_VENV={VENV}\n"
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--labels", "H200"], "label 'H200' must be lowercase"),
-    (["--labels", "cpu,../x"], "label '../x'"),
-    (["--torch", "rocm"], "--torch must be auto, cuda, cpu or none"),
-    (["--os", "macos", "--torch", "cuda"], "there is no CUDA on macOS"),
-    (["--bogus"], "unknown option --bogus"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--labels", "H200"], "label 'H200' must be lowercase"),
+        (["--labels", "cpu,../x"], "label '../x'"),
+        (["--torch", "rocm"], "--torch must be auto, cuda, cpu or none"),
+        (["--os", "macos", "--torch", "cuda"], "there is no CUDA on macOS"),
+        (["--bogus"], "unknown option --bogus"),
+    ],
+)
 def test_bad_options_are_refused_before_anything_is_written(home, bus, args, message):
     proc = setup(home, "--venv", str(VENV), "--skip-install", "--remote", str(bus), *args, check=False)
     assert proc.returncode != 0

@@ -29,8 +29,14 @@ def load(name: str) -> dict:
 
 def actionlint(*files: Path, path: str = "", cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     # An empty PATH: no shellcheck and no pyflakes for actionlint to find; it must pass without them.
-    return subprocess.run([str(ACTIONLINT), "-no-color", *map(str, files)], cwd=cwd, capture_output=True,
-                          text=True, env={"PATH": path, "HOME": os.environ.get("HOME", "/")}, timeout=120)
+    return subprocess.run(
+        [str(ACTIONLINT), "-no-color", *map(str, files)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={"PATH": path, "HOME": os.environ.get("HOME", "/")},
+        timeout=120,
+    )
 
 
 # --- the linter -------------------------------------------------------------------------------------
@@ -61,12 +67,24 @@ def test_the_shell_scripts_pass_shellcheck():
 BREAKAGES = [
     ("runner.yml", "    needs: route\n", "    needs: rout\n", 'needs job "rout" which does not exist'),
     ("ci.yml", "runs-on: ${{ matrix.os }}", "runs-on: ${{ matrix.oss }}", 'property "oss" is not defined'),
-    ("pr-gate.yml", "persist-credentials: false", "persist-credential: false",
-     'input "persist-credential" is not defined'),
-    ("pr-gate.yml", "        run: bash harness/.github/scripts/pr-gate.sh",
-     "        run: echo ${{ github.event.pull_request.title }}", "potentially untrusted"),
-    ("runner.yml", "      cancel-in-progress: false", "    cancel-in-progress: false",
-     'unexpected key "cancel-in-progress" for "job" section'),
+    (
+        "pr-gate.yml",
+        "persist-credentials: false",
+        "persist-credential: false",
+        'input "persist-credential" is not defined',
+    ),
+    (
+        "pr-gate.yml",
+        "        run: bash harness/.github/scripts/pr-gate.sh",
+        "        run: echo ${{ github.event.pull_request.title }}",
+        "potentially untrusted",
+    ),
+    (
+        "runner.yml",
+        "      cancel-in-progress: false",
+        "    cancel-in-progress: false",
+        'unexpected key "cancel-in-progress" for "job" section',
+    ),
     ("ci.yml", "name: ci\n", "name: [ci\n", "could not parse as YAML"),
 ]
 
@@ -107,8 +125,10 @@ def test_runner_workflow_runs_the_default_branchs_harness_on_the_labelled_self_h
     assert wf["permissions"]["contents"] == "write"
     job = wf["jobs"]["run"]
     assert job["runs-on"] == ["self-hosted", "${{ needs.route.outputs.label }}"]
-    assert job["concurrency"] == {"group": "kakeya-runner-${{ needs.route.outputs.label }}",
-                                  "cancel-in-progress": False}
+    assert job["concurrency"] == {
+        "group": "kakeya-runner-${{ needs.route.outputs.label }}",
+        "cancel-in-progress": False,
+    }
     co = checkout(job)
     assert co["ref"] == "${{ github.event.repository.default_branch }}"
     assert co["persist-credentials"] is False and co["path"] == "harness"
@@ -149,8 +169,16 @@ def route(tmp_path: Path, ref: str, event: str = "push", label: str = "") -> tup
     script = load("runner.yml")["jobs"]["route"]["steps"][0]["run"]
     output = tmp_path / "output"
     output.write_text("")
-    env = {"PATH": os.environ["PATH"], "EVENT": event, "REF": ref, "INPUT_LABEL": label, "GITHUB_OUTPUT": str(output)}
-    proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    env = {
+        "PATH": os.environ["PATH"],
+        "EVENT": event,
+        "REF": ref,
+        "INPUT_LABEL": label,
+        "GITHUB_OUTPUT": str(output),
+    }
+    proc = subprocess.run(
+        ["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30, cwd=tmp_path
+    )
     values = dict(line.split("=", 1) for line in output.read_text().splitlines())
     return proc.returncode, values, proc.stdout
 
@@ -162,13 +190,16 @@ def test_route_parses_label_and_id(tmp_path):
     assert rc == 0 and out == {"label": "mac-m4", "request": ""}
 
 
-@pytest.mark.parametrize("ref, event, label", [
-    ("refs/heads/kakeya/req/H200/20260614T101502.123Z-probe-a1b2c3", "push", ""),
-    ("refs/heads/kakeya/req/cpu/x/20260614T101502.123Z-probe-a1b2c3", "push", ""),
-    ("refs/heads/kakeya/req/cpu/20260614T101502.123Z-probe-a1b2c3;touch${IFS}pwned", "push", ""),
-    ("refs/heads/kakeya/req/$(touch pwned)/20260614T101502.123Z-probe-a1b2c3", "push", ""),
-    ("refs/heads/main", "workflow_dispatch", "cpu,h200"),
-])
+@pytest.mark.parametrize(
+    "ref, event, label",
+    [
+        ("refs/heads/kakeya/req/H200/20260614T101502.123Z-probe-a1b2c3", "push", ""),
+        ("refs/heads/kakeya/req/cpu/x/20260614T101502.123Z-probe-a1b2c3", "push", ""),
+        ("refs/heads/kakeya/req/cpu/20260614T101502.123Z-probe-a1b2c3;touch${IFS}pwned", "push", ""),
+        ("refs/heads/kakeya/req/$(touch pwned)/20260614T101502.123Z-probe-a1b2c3", "push", ""),
+        ("refs/heads/main", "workflow_dispatch", "cpu,h200"),
+    ],
+)
 def test_route_refuses_anything_else(tmp_path, ref, event, label):
     rc, out, stdout = route(tmp_path, ref, event, label)
     assert rc == 1 and out == {}
@@ -180,8 +211,12 @@ def test_route_refuses_anything_else(tmp_path, ref, event, label):
 
 
 def required(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(ROOT / ".github" / "scripts" / "required.py"), *args],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, str(ROOT / ".github" / "scripts" / "required.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_the_repositorys_requirements_name_existing_presets_and_their_runners():
@@ -190,14 +225,17 @@ def test_the_repositorys_requirements_name_existing_presets_and_their_runners():
     assert out.stdout.split() and all("@" in line for line in out.stdout.split())
 
 
-@pytest.mark.parametrize("text, message", [
-    ("required: [probe]\n", "must look like PRESET@LABEL"),
-    ("required: [probe@cpu, probe@cpu]\n", "listed twice"),
-    ("required: [probe@gpu9]\n", "preset probe runs on"),
-    ("required: [nope@cpu]\n", "there is no preset nope"),
-    ("require: [probe@cpu]\n", "Extra inputs are not permitted"),
-    ("required: [probe@cpu\n", "cannot read YAML"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("required: [probe]\n", "must look like PRESET@LABEL"),
+        ("required: [probe@cpu, probe@cpu]\n", "listed twice"),
+        ("required: [probe@gpu9]\n", "preset probe runs on"),
+        ("required: [nope@cpu]\n", "there is no preset nope"),
+        ("require: [probe@cpu]\n", "Extra inputs are not permitted"),
+        ("required: [probe@cpu\n", "cannot read YAML"),
+    ],
+)
 def test_bad_requirements_are_refused(tmp_path, text, message):
     path = tmp_path / "required.yml"
     path.write_text(text)
@@ -219,42 +257,74 @@ def bus(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def request(subject: Path, remote: Path, preset: str = "probe") -> str:
-    out = subprocess.run([str(KAKEYA), "request", preset, "--runner", "cpu", "--remote", str(remote)], cwd=subject,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [str(KAKEYA), "request", preset, "--runner", "cpu", "--remote", str(remote)],
+        cwd=subject,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
 
-def job(tmp_path: Path, remote: Path, request_id: str, **env: str) -> tuple[subprocess.CompletedProcess[str], str]:
+def job(
+    tmp_path: Path, remote: Path, request_id: str, **env: str
+) -> tuple[subprocess.CompletedProcess[str], str]:
     temp, summary, home = tmp_path / "runner-temp", tmp_path / "summary.md", tmp_path / "home"
     for d in (temp, home):
         d.mkdir(exist_ok=True)
     summary.write_text("")
-    environ = {"PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
-               "LABEL": "cpu", "REQUEST": request_id, "KAKEYA_REMOTE": str(remote), "KAKEYA_VENV": sys.prefix,
-               "RUNNER_TEMP": str(temp), "GITHUB_STEP_SUMMARY": str(summary), "RUNNER_NAME": "gh runner 1", **env}
-    proc = subprocess.run(["bash", str(ROOT / ".github" / "scripts" / "runner-job.sh")], env=environ,
-                          capture_output=True, text=True, timeout=600)
+    environ = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "OMP_NUM_THREADS": "1",
+        "LABEL": "cpu",
+        "REQUEST": request_id,
+        "KAKEYA_REMOTE": str(remote),
+        "KAKEYA_VENV": sys.prefix,
+        "RUNNER_TEMP": str(temp),
+        "GITHUB_STEP_SUMMARY": str(summary),
+        "RUNNER_NAME": "gh runner 1",
+        **env,
+    }
+    proc = subprocess.run(
+        ["bash", str(ROOT / ".github" / "scripts" / "runner-job.sh")],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return proc, summary.read_text()
 
 
 def done_ids(remote: Path) -> set[str]:
-    out = subprocess.run(["git", "for-each-ref", "--format=%(refname:lstrip=4)", "refs/heads/kakeya/done/"],
-                         cwd=remote, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["git", "for-each-ref", "--format=%(refname:lstrip=4)", "refs/heads/kakeya/done/"],
+        cwd=remote,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return set(out.stdout.split())
 
 
 @pytest.mark.slow
 def test_runner_job_serves_its_request_then_a_dispatched_drain_serves_the_one_whose_trigger_was_dropped(
-        tmp_path, bus):
+    tmp_path, bus
+):
     remote, subject = bus
     # The commit under test carries its own copy of the probe preset with a gate it would fail: the job must
     # judge it by the trusted checkout's preset instead.
     preset = subject / "presets" / "probe.yaml"
     preset.write_text(preset.read_text().replace("cpu_count, value: 1}", "cpu_count, value: 100000}"))
     assert "100000" in preset.read_text()
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "tighten"], cwd=subject,
-                   check=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "tighten"],
+        cwd=subject,
+        check=True,
+    )
     first, second = request(subject, remote), request(subject, remote)
     # A fake curl records the dispatch call (no network); its URL and body are what GitHub would get.
     bindir = tmp_path / "bin"
@@ -264,15 +334,25 @@ def test_runner_job_serves_its_request_then_a_dispatched_drain_serves_the_one_wh
 
     # Job 1 (trigger of `first`; `second`'s trigger was the pending job GitHub cancelled). Its drain
     # budget is spent by `first` alone, so it dispatches a drain for the label.
-    proc, summary = job(tmp_path, remote, first, PATH=f"{bindir}:{os.environ['PATH']}", KAKEYA_DRAIN_SECONDS="1",
-                        GITHUB_TOKEN="ghs_not_a_real_token", GITHUB_REPOSITORY="org/kakeya",
-                        GITHUB_WORKFLOW_REF="org/kakeya/.github/workflows/runner.yml@refs/heads/kakeya/req/cpu/x",
-                        DEFAULT_BRANCH="main", GITHUB_API_URL="https://api.invalid")
+    proc, summary = job(
+        tmp_path,
+        remote,
+        first,
+        PATH=f"{bindir}:{os.environ['PATH']}",
+        KAKEYA_DRAIN_SECONDS="1",
+        GITHUB_TOKEN="ghs_not_a_real_token",
+        GITHUB_REPOSITORY="org/kakeya",
+        GITHUB_WORKFLOW_REF="org/kakeya/.github/workflows/runner.yml@refs/heads/kakeya/req/cpu/x",
+        DEFAULT_BRANCH="main",
+        GITHUB_API_URL="https://api.invalid",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert done_ids(remote) == {first}
     results = tmp_path / "runner-temp" / "kakeya-results" / first
     result = json.loads((results / "result.json").read_text())
-    assert result["status"] == "succeeded" and result["verdict"] == "pass"  # the trusted gate, not the subject's
+    assert (
+        result["status"] == "succeeded" and result["verdict"] == "pass"
+    )  # the trusted gate, not the subject's
     assert (results / "report.json").is_file() and (results / "logs" / "stdout.log").is_file()
     assert first in summary and "probe: succeeded" in summary and second not in summary
     args = (bindir / "curl.args").read_text().splitlines()
@@ -302,14 +382,27 @@ def test_runner_job_without_a_venv_says_how_to_make_one(tmp_path):
 
 # --- the PR gate's script on a real bus --------------------------------------------------------------------
 
+
 def pr_gate(tmp_path: Path, remote: Path, subject: str) -> tuple[subprocess.CompletedProcess[str], str]:
     summary = tmp_path / "gate-summary.md"
     summary.write_text("")
-    env = {"PATH": f"{KAKEYA.parent}:{os.environ['PATH']}", "HOME": str(tmp_path), "LANG": "C.UTF-8",
-           "SUBJECT": subject, "PR": "42", "KAKEYA_REMOTE": str(remote), "GITHUB_STEP_SUMMARY": str(summary),
-           "GITHUB_RUN_ID": "777"}
-    proc = subprocess.run(["bash", str(ROOT / ".github" / "scripts" / "pr-gate.sh")], env=env, capture_output=True,
-                          text=True, timeout=300)
+    env = {
+        "PATH": f"{KAKEYA.parent}:{os.environ['PATH']}",
+        "HOME": str(tmp_path),
+        "LANG": "C.UTF-8",
+        "SUBJECT": subject,
+        "PR": "42",
+        "KAKEYA_REMOTE": str(remote),
+        "GITHUB_STEP_SUMMARY": str(summary),
+        "GITHUB_RUN_ID": "777",
+    }
+    proc = subprocess.run(
+        ["bash", str(ROOT / ".github" / "scripts" / "pr-gate.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return proc, summary.read_text()
 
 
@@ -318,8 +411,9 @@ def test_pr_gate_passes_with_evidence_and_says_how_to_get_it_without(tmp_path, b
     remote, subject = bus
     entries = required().stdout.split()
     assert entries
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=subject, capture_output=True, text=True,
-                          check=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=subject, capture_output=True, text=True, check=True
+    ).stdout.strip()
     # No evidence yet: the check fails and the summary gives one request command per requirement.
     proc, summary = pr_gate(tmp_path, remote, head)
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -331,10 +425,19 @@ def test_pr_gate_passes_with_evidence_and_says_how_to_get_it_without(tmp_path, b
     # Evidence for every requirement, served by a runner: the check passes.
     for entry in entries:
         preset, label = entry.split("@")
-        rid = request(subject, remote, preset) if label == "cpu" else pytest.skip(f"{entry} needs a {label} runner")
-        served = subprocess.run([str(KAKEYA), "runner", "once", "--request", rid, "--labels", label, "--remote",
-                                 str(remote)], cwd=subject, capture_output=True, text=True, timeout=600,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+        rid = (
+            request(subject, remote, preset)
+            if label == "cpu"
+            else pytest.skip(f"{entry} needs a {label} runner")
+        )
+        served = subprocess.run(
+            [str(KAKEYA), "runner", "once", "--request", rid, "--labels", label, "--remote", str(remote)],
+            cwd=subject,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
         assert served.returncode == 0, served.stderr
     proc, summary = pr_gate(tmp_path, remote, head)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -352,10 +455,21 @@ exit {verdict}
 """)
     stand_in.chmod(0o755)
     summary = tmp_path / "summary.md"
-    env = {"PATH": f"{KAKEYA.parent}:{os.environ['PATH']}", "SUBJECT": SHA, "PR": "42", "KAKEYA": str(stand_in),
-           "GITHUB_STEP_SUMMARY": str(summary), "GITHUB_RUN_ID": "777"}
-    proc = subprocess.run(["bash", str(ROOT / ".github" / "scripts" / "pr-gate.sh")], env=env, capture_output=True,
-                          text=True, timeout=60)
+    env = {
+        "PATH": f"{KAKEYA.parent}:{os.environ['PATH']}",
+        "SUBJECT": SHA,
+        "PR": "42",
+        "KAKEYA": str(stand_in),
+        "GITHUB_STEP_SUMMARY": str(summary),
+        "GITHUB_RUN_ID": "777",
+    }
+    proc = subprocess.run(
+        ["bash", str(ROOT / ".github" / "scripts" / "pr-gate.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == verdict, proc.stdout + proc.stderr
     argv = (tmp_path / "argv").read_text().splitlines()
     entries = required().stdout.split()

@@ -65,7 +65,9 @@ def check_presets(entries: list[str], presets: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("file", nargs="?", type=Path, default=DEFAULT)
-    parser.add_argument("--presets", type=Path, help="check every entry against the presets in this directory")
+    parser.add_argument(
+        "--presets", type=Path, help="check every entry against the presets in this directory"
+    )
     args = parser.parse_args(argv)
     try:
         entries = load(args.file)

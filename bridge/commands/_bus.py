@@ -13,13 +13,18 @@ from bridge.run import RunResult
 
 def add_preset_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("preset")
-    parser.add_argument("-p", "--param", action="append", metavar="NAME=VALUE", help="a preset parameter (repeatable)")
+    parser.add_argument(
+        "-p", "--param", action="append", metavar="NAME=VALUE", help="a preset parameter (repeatable)"
+    )
 
 
 def add_remote(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--remote", metavar="NAME|URL",
-                        help="the bus: a git remote name, URL or path (default: config / KAKEYA_REMOTE, "
-                             "else the embedded .kakeya/bus.git)")
+    parser.add_argument(
+        "--remote",
+        metavar="NAME|URL",
+        help="the bus: a git remote name, URL or path (default: config / KAKEYA_REMOTE, "
+        "else the embedded .kakeya/bus.git)",
+    )
 
 
 def config_and_root() -> tuple[Config, Path]:

@@ -12,7 +12,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("bus", help="bus maintenance")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     gc = verbs.add_parser("gc", help="delete the req/claim/cancel refs of finished requests")
-    gc.add_argument("--older-than", type=float, required=True, metavar="DAYS", help="only requests made before this")
+    gc.add_argument(
+        "--older-than", type=float, required=True, metavar="DAYS", help="only requests made before this"
+    )
     gc.add_argument("--dry-run", action="store_true", help="list what would be deleted")
     add_remote(gc)
     gc.set_defaults(func=run_gc)

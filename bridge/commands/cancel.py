@@ -18,5 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     state = client(args).cancel(args.id, args.reason)
-    print(f"{args.id}: already cancelled" if state == "cancelled" else f"{args.id}: cancel requested (was {state})")
+    print(
+        f"{args.id}: already cancelled"
+        if state == "cancelled"
+        else f"{args.id}: cancel requested (was {state})"
+    )
     return 0

@@ -34,12 +34,18 @@ def check_git() -> str:
 
 
 def check_engine() -> str:
-    proc = subprocess.run([sys.executable, "-c", "import engine, sys; print(engine.__file__)"], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import engine, sys; print(engine.__file__)"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise KakeyaError(f"`import engine` fails ({last}); a runner needs `pip install 'kakeya[torch]'` "
-                          "and/or 'kakeya[mlx]' (clients do not)")
+        raise KakeyaError(
+            f"`import engine` fails ({last}); a runner needs `pip install 'kakeya[torch]'` "
+            "and/or 'kakeya[mlx]' (clients do not)"
+        )
     return f"importable from {proc.stdout.strip()}"
 
 
@@ -64,8 +70,10 @@ def run(args: argparse.Namespace) -> int:
         try:
             snap = B.Bus(url, store, timeout_s=30).ls_remote()
         except KakeyaError as exc:
-            raise KakeyaError(f"{exc}; check --remote / KAKEYA_REMOTE / `remote` in kakeya.toml, the network "
-                              "and your git credentials") from None
+            raise KakeyaError(
+                f"{exc}; check --remote / KAKEYA_REMOTE / `remote` in kakeya.toml, the network "
+                "and your git credentials"
+            ) from None
         where = url if remote else f"{url} (embedded)"
         bad = f"; {len(snap.ignored)} malformed refs under {B.PREFIX}" if snap.ignored else ""
         return f"{where}: {len(snap.entries)} requests readable{bad}"
@@ -76,8 +84,14 @@ def run(args: argparse.Namespace) -> int:
             raise KakeyaError("no presets found; set KAKEYA_PRESETS to the presets/ directory")
         return f"{len(registry)} valid: {', '.join(sorted(registry))}"
 
-    checks: list[tuple[str, Callable[[], str]]] = [("git", check_git), ("config", config), ("project", project),
-                                                    ("bus", bus), ("presets", presets), ("engine", check_engine)]
+    checks: list[tuple[str, Callable[[], str]]] = [
+        ("git", check_git),
+        ("config", config),
+        ("project", project),
+        ("bus", bus),
+        ("presets", presets),
+        ("engine", check_engine),
+    ]
     failed = 0
     for name, check in checks:
         try:

@@ -28,37 +28,71 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("gate", help="gate a report against a preset's checks, or against a baseline")
     gsub = parser.add_subparsers(dest="gate_command", metavar="SUBCOMMAND", required=True)
 
-    check = gsub.add_parser("check", help="validate a report's schema and run gate checks on it",
-                            description="Exit 0 pass, 1 fail, 2 error (the report could not be evaluated).")
+    check = gsub.add_parser(
+        "check",
+        help="validate a report's schema and run gate checks on it",
+        description="Exit 0 pass, 1 fail, 2 error (the report could not be evaluated).",
+    )
     check.add_argument("report", type=Path, metavar="REPORT.json")
     source = check.add_mutually_exclusive_group(required=True)
     source.add_argument("--preset", metavar="NAME", help="use this preset's gate checks and report kind")
-    source.add_argument("--checks", type=Path, metavar="FILE",
-                        help="YAML/JSON: a list of checks, or a mapping with `gate:` (and optionally `report:`)")
+    source.add_argument(
+        "--checks",
+        type=Path,
+        metavar="FILE",
+        help="YAML/JSON: a list of checks, or a mapping with `gate:` (and optionally `report:`)",
+    )
     check.add_argument("--json", action="store_true", help="print the verdict as JSON")
     check.set_defaults(func=run_check)
 
-    comp = gsub.add_parser("compare", help="fail when a numeric metric regressed against a baseline report",
-                           description="Exit 0 within tolerance, 1 regressed or missing, 2 baseline unusable.")
+    comp = gsub.add_parser(
+        "compare",
+        help="fail when a numeric metric regressed against a baseline report",
+        description="Exit 0 within tolerance, 1 regressed or missing, 2 baseline unusable.",
+    )
     comp.add_argument("new", type=Path, metavar="NEW.json")
     comp.add_argument("base", type=Path, metavar="BASE.json")
-    comp.add_argument("--metric", required=True, metavar="PATH", help="JSON pointer to one number, e.g. /summary/tok_s")
-    comp.add_argument("--max-regression", required=True, type=float, metavar="PCT",
-                      help="largest allowed regression, in percent of the baseline value")
-    comp.add_argument("--lower-is-better", action="store_true",
-                      help="the metric is a cost (latency, bytes): an increase is a regression")
+    comp.add_argument(
+        "--metric", required=True, metavar="PATH", help="JSON pointer to one number, e.g. /summary/tok_s"
+    )
+    comp.add_argument(
+        "--max-regression",
+        required=True,
+        type=float,
+        metavar="PCT",
+        help="largest allowed regression, in percent of the baseline value",
+    )
+    comp.add_argument(
+        "--lower-is-better",
+        action="store_true",
+        help="the metric is a cost (latency, bytes): an increase is a regression",
+    )
     comp.add_argument("--json", action="store_true", help="print the comparison as JSON")
     comp.set_defaults(func=run_compare)
 
-    pr = gsub.add_parser("pr", help="re-gate the evidence the bus holds for a commit (the pull-request check)",
-                         description="For each PRESET[@LABEL]: the newest done run on the bus for the subject, "
-                                     "verified to belong to it and re-gated with this registry's checks. Exit 0 all "
-                                     "pass, 1 evidence missing, for another commit or failing, 2 bad requirement.")
-    pr.add_argument("--subject", required=True, metavar="SHA", help="the commit (a full sha, or a rev of this repo)")
-    pr.add_argument("--require", action="append", required=True, metavar="PRESET[@LABEL]",
-                    help="evidence that must pass (repeatable); without @LABEL a run on any label counts")
-    pr.add_argument("--summary", type=Path, metavar="FILE",
-                    help="append a markdown table to FILE (e.g. $GITHUB_STEP_SUMMARY), keeping it under 1 MiB")
+    pr = gsub.add_parser(
+        "pr",
+        help="re-gate the evidence the bus holds for a commit (the pull-request check)",
+        description="For each PRESET[@LABEL]: the newest done run on the bus for the subject, "
+        "verified to belong to it and re-gated with this registry's checks. Exit 0 all "
+        "pass, 1 evidence missing, for another commit or failing, 2 bad requirement.",
+    )
+    pr.add_argument(
+        "--subject", required=True, metavar="SHA", help="the commit (a full sha, or a rev of this repo)"
+    )
+    pr.add_argument(
+        "--require",
+        action="append",
+        required=True,
+        metavar="PRESET[@LABEL]",
+        help="evidence that must pass (repeatable); without @LABEL a run on any label counts",
+    )
+    pr.add_argument(
+        "--summary",
+        type=Path,
+        metavar="FILE",
+        help="append a markdown table to FILE (e.g. $GITHUB_STEP_SUMMARY), keeping it under 1 MiB",
+    )
     pr.add_argument("--json", action="store_true", help="print the outcomes as JSON")
     add_remote(pr)
     pr.set_defaults(func=run_pr)
@@ -73,8 +107,10 @@ def _checks_file(path: Path) -> tuple[list[gates.Check], str | None, int | None]
     if isinstance(data, dict):
         unknown = set(data) - {"gate", "report"}
         if unknown or "gate" not in data:
-            raise InvalidRequest(f"checks file {path}: a mapping needs `gate:` and may have `report:` "
-                                 f"(unexpected: {', '.join(sorted(map(str, unknown))) or 'no gate'})")
+            raise InvalidRequest(
+                f"checks file {path}: a mapping needs `gate:` and may have `report:` "
+                f"(unexpected: {', '.join(sorted(map(str, unknown))) or 'no gate'})"
+            )
         report = data.get("report") or {}
         if not isinstance(report, dict) or set(report) - {"kind", "schema_version"}:
             raise InvalidRequest(f"checks file {path}: `report:` must be {{kind: ..., schema_version: ...}}")
@@ -104,7 +140,9 @@ def run_compare(args: argparse.Namespace) -> int:
     except gates.ReportError as exc:
         raise InvalidRequest(str(exc)) from None
     try:
-        result = gates.compare(new, base, args.metric, args.max_regression, higher_is_better=not args.lower_is_better)
+        result = gates.compare(
+            new, base, args.metric, args.max_regression, higher_is_better=not args.lower_is_better
+        )
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None
     print(result.model_dump_json(indent=2) if args.json else result.to_markdown())
@@ -128,5 +166,8 @@ def run_pr(args: argparse.Namespace) -> int:
             what = o.evidence.id if o.evidence and o.passed else "; ".join(o.reasons)
             print(f"{evidence.MARK[o.status]} {o.requirement}: {o.status} — {what}")
     if args.summary and not evidence.append_summary(args.summary, subject, outcomes):
-        print(f"kakeya: warning: {args.summary} is already at its 1 MiB limit; nothing appended", file=sys.stderr)
+        print(
+            f"kakeya: warning: {args.summary} is already at its 1 MiB limit; nothing appended",
+            file=sys.stderr,
+        )
     return 0 if all(o.passed for o in outcomes) else 1

@@ -45,16 +45,23 @@ def _default(param: dict) -> str:
 
 
 def _describe(info: dict) -> str:
-    lines = [f"{info['name']}: {info['description']}",
-             f"  runners: {', '.join(info['runners'])}   timeout: {info['timeout_s']} s   "
-             f"report: {info['report']['kind']} v{info['report']['schema_version']}",
-             f"  hash: {info['hash']}", "  parameters:"]
+    lines = [
+        f"{info['name']}: {info['description']}",
+        f"  runners: {', '.join(info['runners'])}   timeout: {info['timeout_s']} s   "
+        f"report: {info['report']['kind']} v{info['report']['schema_version']}",
+        f"  hash: {info['hash']}",
+        "  parameters:",
+    ]
     for name, p in info["params"].items() or []:
-        lines.append(f"    {name:<12} {p['type']:<9} default {_default(p):<14} {p['bounds']}"
-                     + (f"  — {p['description']}" if p["description"] else ""))
+        lines.append(
+            f"    {name:<12} {p['type']:<9} default {_default(p):<14} {p['bounds']}"
+            + (f"  — {p['description']}" if p["description"] else "")
+        )
     if not info["params"]:
         lines.append("    (none)")
     lines.append("  gate:")
-    lines += [f"    {c['check']} {c['path']}" + (f" {json.dumps(c['value'])}" if "value" in c else "")
-              for c in info["gate"]] or ["    (no checks)"]
+    lines += [
+        f"    {c['check']} {c['path']}" + (f" {json.dumps(c['value'])}" if "value" in c else "")
+        for c in info["gate"]
+    ] or ["    (no checks)"]
     return "\n".join(lines)

@@ -17,12 +17,19 @@ from bridge.presets import parse_assignments
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("request", help="ask a runner for a run through the bus")
     add_preset_args(parser)
-    parser.add_argument("--runner", required=True, metavar="LABEL", help="the runner label to run on (e.g. cpu, h200)")
+    parser.add_argument(
+        "--runner", required=True, metavar="LABEL", help="the runner label to run on (e.g. cpu, h200)"
+    )
     add_remote(parser)
     parser.add_argument("--subject", metavar="REV", help="the commit to run (default: HEAD)")
-    parser.add_argument("--expires", metavar="DURATION", help="expire unless started within this (e.g. 30m, 2h, 7d)")
-    parser.add_argument("--allow-dirty", action="store_true",
-                        help="send a snapshot of the working tree (tracked and untracked files) instead of refusing")
+    parser.add_argument(
+        "--expires", metavar="DURATION", help="expire unless started within this (e.g. 30m, 2h, 7d)"
+    )
+    parser.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="send a snapshot of the working tree (tracked and untracked files) instead of refusing",
+    )
     parser.add_argument("--wait", action="store_true", help="wait for the result and fetch it")
     parser.add_argument("--timeout", type=float, metavar="S", help="with --wait: give up after S seconds")
     parser.add_argument("--out", type=Path, help="with --wait: where to write the results (default out/<id>)")
@@ -32,8 +39,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     c = client(args)
     expires_s = parse_duration(args.expires) if args.expires else None
-    manifest = c.request(args.preset, parse_assignments(args.param), args.runner, subject=args.subject,
-                         expires_s=expires_s, allow_dirty=args.allow_dirty)
+    manifest = c.request(
+        args.preset,
+        parse_assignments(args.param),
+        args.runner,
+        subject=args.subject,
+        expires_s=expires_s,
+        allow_dirty=args.allow_dirty,
+    )
     print(manifest.id, flush=True)
     if not args.wait:
         return 0

@@ -14,8 +14,10 @@ from bridge.commands._bus import add_remote, client, out_dir, report
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    for name, help_ in (("results", "fetch and write the results of a finished request"),
-                        ("wait", "wait for a request to finish, then fetch its results")):
+    for name, help_ in (
+        ("results", "fetch and write the results of a finished request"),
+        ("wait", "wait for a request to finish, then fetch its results"),
+    ):
         parser = sub.add_parser(name, help=help_)
         parser.add_argument("id")
         parser.add_argument("--out", type=Path, help="where to write the results (default out/<id>)")

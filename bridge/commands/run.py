@@ -20,10 +20,15 @@ from bridge.runner import Runner
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("run", help="run a preset through the bus on this machine (request + runner + wait)")
+    parser = sub.add_parser(
+        "run", help="run a preset through the bus on this machine (request + runner + wait)"
+    )
     add_preset_args(parser)
-    parser.add_argument("--runner", metavar="LABEL",
-                        help="runner label (default: the first of this host's labels the preset allows)")
+    parser.add_argument(
+        "--runner",
+        metavar="LABEL",
+        help="runner label (default: the first of this host's labels the preset allows)",
+    )
     parser.add_argument("--out", type=Path, help="where to write the results (default out/<id>)")
     add_remote(parser)
     parser.set_defaults(func=run)
@@ -35,22 +40,36 @@ def run(args: argparse.Namespace) -> int:
     preset = get_preset(registry, args.preset)
     label = args.runner or next((lb for lb in config.labels if lb in preset.runners), None)
     if label is None:
-        raise InvalidRequest(f"preset {preset.name} runs on {', '.join(preset.runners)}; this host serves "
-                             f"{', '.join(config.labels)} (set --runner or KAKEYA_LABELS)")
+        raise InvalidRequest(
+            f"preset {preset.name} runs on {', '.join(preset.runners)}; this host serves "
+            f"{', '.join(config.labels)} (set --runner or KAKEYA_LABELS)"
+        )
     client = Client(config, root, remote=args.remote or "")
-    manifest = client.request(preset.name, parse_assignments(args.param), label, allow_dirty=True, registry=registry)
-    runner = Runner(client.url, config=config, name=config.runner_name, labels=[label], registry=registry,
-                    workdir=state_dir(config, root) / "runners" / config.runner_name)
-    previous = {sig: signal.signal(sig, lambda s, _f: runner.abort(f"interrupted by {signal.Signals(s).name}"))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
+    manifest = client.request(
+        preset.name, parse_assignments(args.param), label, allow_dirty=True, registry=registry
+    )
+    runner = Runner(
+        client.url,
+        config=config,
+        name=config.runner_name,
+        labels=[label],
+        registry=registry,
+        workdir=state_dir(config, root) / "runners" / config.runner_name,
+    )
+    previous = {
+        sig: signal.signal(sig, lambda s, _f: runner.abort(f"interrupted by {signal.Signals(s).name}"))
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         served = runner.once(request_id=manifest.id)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if runner.stopping.is_set() and (served is None or served.status == "released"):
-        raise KakeyaError(f"{runner.abort_reason}: request {manifest.id} was not run and stays on the bus "
-                          f"(`kakeya cancel {manifest.id}`)")
+        raise KakeyaError(
+            f"{runner.abort_reason}: request {manifest.id} was not run and stays on the bus "
+            f"(`kakeya cancel {manifest.id}`)"
+        )
     done = served.done if served and served.pushed else client.wait(manifest.id)
     out = out_dir(root, args.out, manifest.id)
     return report(manifest.id, client.results(manifest.id, out, done), out)

@@ -22,17 +22,27 @@ from bridge.runner import Runner
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("runner", help="serve requests from the bus on this host")
     modes = parser.add_subparsers(dest="mode", metavar="MODE", required=True)
-    for mode, help_ in (("once", "claim and run one pending request, then exit"),
-                        ("watch", "claim and run requests until stopped")):
+    for mode, help_ in (
+        ("once", "claim and run one pending request, then exit"),
+        ("watch", "claim and run requests until stopped"),
+    ):
         p = modes.add_parser(mode, help=help_)
-        p.add_argument("--labels", metavar="L1,L2", help="labels this runner serves (default: config / KAKEYA_LABELS)")
+        p.add_argument(
+            "--labels", metavar="L1,L2", help="labels this runner serves (default: config / KAKEYA_LABELS)"
+        )
         p.add_argument("--name", help="runner name (default: config / KAKEYA_RUNNER_NAME / hostname)")
         add_remote(p)
         p.add_argument("--workdir", type=Path, help="mirror and worktrees (default .kakeya/runners/<name>)")
-        p.add_argument("--lease", type=float, metavar="S", help="claim lease in seconds (default: config lease_s)")
-        p.add_argument("--poll", type=float, metavar="S", help="poll interval (default: config poll_interval_s)")
+        p.add_argument(
+            "--lease", type=float, metavar="S", help="claim lease in seconds (default: config lease_s)"
+        )
+        p.add_argument(
+            "--poll", type=float, metavar="S", help="poll interval (default: config poll_interval_s)"
+        )
         if mode == "once":
-            p.add_argument("--request", metavar="ID", help="serve this request (it must be for one of our labels)")
+            p.add_argument(
+                "--request", metavar="ID", help="serve this request (it must be for one of our labels)"
+            )
         p.set_defaults(func=run)
 
 
@@ -45,12 +55,14 @@ def make_runner(args: argparse.Namespace, config: Config, root: Path, url: str, 
 def handle_signals(runner: Runner) -> dict[int, Any]:
     """First SIGTERM/SIGINT: stop after the current request. Second: kill the current run too.
     Returns the handlers it replaced."""
+
     def handler(signum: int, _frame: object) -> None:
         name = signal.Signals(signum).name
         if runner.stopping.is_set():
             runner.abort(f"runner {runner.name} stopped by {name} during the run")
         else:
             runner.stop(name)
+
     return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
 
 

@@ -19,15 +19,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("status", help="the state of one request or of all of them")
     parser.add_argument("id", nargs="?")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.add_argument("--fetch", action="store_true", help="fetch done commits not yet here to show every verdict")
+    parser.add_argument(
+        "--fetch", action="store_true", help="fetch done commits not yet here to show every verdict"
+    )
     add_remote(parser)
     parser.set_defaults(func=run)
 
 
 def table(rows: list[Row]) -> str:
-    cells = [COLUMNS] + [(r.id, r.state, r.preset, r.runner or "-", age(r.age_s), r.verdict or "-") for r in rows]
+    cells = [COLUMNS] + [
+        (r.id, r.state, r.preset, r.runner or "-", age(r.age_s), r.verdict or "-") for r in rows
+    ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -177,7 +177,9 @@ class LayerCache:
 class MLXModel(Tokenized):
     """An mlx-lm causal LM (batch 1) with its tokenizer; makes policy-cached Sequences."""
 
-    def __init__(self, model: nn.Module, config: dict[str, Any], tokenizer: Any = None, path: Path | None = None):
+    def __init__(
+        self, model: nn.Module, config: dict[str, Any], tokenizer: Any = None, path: Path | None = None
+    ):
         """`config`: the config.json keys; `layer_types` and `sliding_window` as transformers reads them
         (`load_mlx` takes them from `AutoConfig`; without `layer_types` every layer slides when there
         is a `sliding_window`, as in the PyTorch backend)."""
@@ -202,7 +204,6 @@ class MLXModel(Tokenized):
 
     def sequence(self, policy: Policy, max_block: int = 1, prefill_chunk: int = 512) -> MLXSequence:
         return MLXSequence(self, policy, max_block, prefill_chunk)
-
 
     def logits(self, ids: mx.array, cache: list[Any] | None = None, keep: int | None = None) -> mx.array:
         """Logits [1, keep or m, vocab] of one forward of `ids` [1, m] (keep: only the last rows).
@@ -344,7 +345,9 @@ def load_mlx(path: Path, dtype: str = "float32") -> MLXModel:
     if dtype != "float32" or _weights_dtype(model) != mx.float32:
         model.set_dtype(DTYPES[dtype])
     config = {**load_config(path), **extra, **_transformers_view(path)}
-    has_tokenizer = any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+    has_tokenizer = any(
+        (path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+    )
     tokenizer = AutoTokenizer.from_pretrained(str(path)) if has_tokenizer else None
     return MLXModel(model, config, tokenizer, path)
 
@@ -355,7 +358,10 @@ def _transformers_view(path: Path) -> dict[str, Any]:
     from transformers import AutoConfig
 
     text = AutoConfig.from_pretrained(str(path)).get_text_config()
-    return {"layer_types": getattr(text, "layer_types", None), "sliding_window": getattr(text, "sliding_window", None)}
+    return {
+        "layer_types": getattr(text, "layer_types", None),
+        "sliding_window": getattr(text, "sliding_window", None),
+    }
 
 
 def _weights_dtype(model: nn.Module) -> mx.Dtype:

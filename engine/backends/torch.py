@@ -93,7 +93,9 @@ class PolicyCache:
         return kb[:, :, : plan.view], vb[:, :, : plan.view]
 
     @staticmethod
-    def _write(kb: torch.Tensor, vb: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: _Group, plan: Plan) -> None:
+    def _write(
+        kb: torch.Tensor, vb: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: _Group, plan: Plan
+    ) -> None:
         rng = plan.slot_range
         if rng:
             kb[:, :, rng[0] : rng[1]] = key
@@ -152,7 +154,9 @@ class TorchModel(Tokenized):
         )
         impl = config._attn_implementation
         if impl not in ("sdpa", "eager"):
-            raise ValueError(f"attention implementation {impl!r} is not supported: load the model with sdpa or eager")
+            raise ValueError(
+                f"attention implementation {impl!r} is not supported: load the model with sdpa or eager"
+            )
         self.additive_masks = impl == "eager"  # eager adds the mask to the scores; sdpa takes booleans
         layer_specs(Policy("full"), self.layer_types, self.sliding_window)  # fail early on unsupported layers
         eos = model.generation_config.eos_token_id if model.generation_config else None
@@ -166,11 +170,12 @@ class TorchModel(Tokenized):
         return TorchSequence(self, policy, max_block, prefill_chunk)
 
 
-
 class TorchSequence:
     """One policy cache on a TorchModel: the `engine.decode.Sequence` interface."""
 
-    def __init__(self, model: TorchModel, policy: Policy, max_block: int = 1, prefill_chunk: int = 512) -> None:
+    def __init__(
+        self, model: TorchModel, policy: Policy, max_block: int = 1, prefill_chunk: int = 512
+    ) -> None:
         if prefill_chunk < 1:
             raise ValueError("prefill_chunk must be >= 1")
         self.owner = model

@@ -29,13 +29,17 @@ class ModelConfig(BaseModel):
 
 
 def add_model_args(parser: argparse.ArgumentParser, *, backend: bool = True) -> None:
-    parser.add_argument("--model", default="zoo:tiny-hybrid",
-                        help="zoo:NAME, a Hugging Face model directory, or a NAME under $KAKEYA_MODELS")
+    parser.add_argument(
+        "--model",
+        default="zoo:tiny-hybrid",
+        help="zoo:NAME, a Hugging Face model directory, or a NAME under $KAKEYA_MODELS",
+    )
     if backend:
         parser.add_argument("--backend", choices=("torch", "mlx"), default="torch")
     parser.add_argument("--dtype", choices=tuple(ITEMSIZE), default="float32")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch/OpenMP threads (0: leave the library default)")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch/OpenMP threads (0: leave the library default)"
+    )
     parser.add_argument("--out", required=True, help="where to write the report (JSON)")
 
 
@@ -135,8 +139,11 @@ def oldest_visible(specs: Sequence[Any], q: int) -> int:
     of the contiguous span [j, q] a layer attends to (0 when some layer sees the whole prefix)."""
     best = q
     for s in specs:
-        lo = max(0, q - s.window + 1 if s.window is not None else 0,
-                 q - s.native_window + 1 if s.native_window is not None else 0)
+        lo = max(
+            0,
+            q - s.window + 1 if s.window is not None else 0,
+            q - s.native_window + 1 if s.native_window is not None else 0,
+        )
         if lo <= s.sink:  # the window reaches the sinks: the span runs on down through them
             lo = max(0, q - s.native_window + 1) if s.native_window is not None else 0
         assert s.visible(q, lo) and (lo == 0 or lo - 1 < s.sink or not s.visible(q, lo - 1))
@@ -149,8 +156,15 @@ def progress(total: int, desc: str, unit: str = "it") -> Any:
     from tqdm import tqdm
 
     tty = sys.stderr.isatty()
-    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, mininterval=0.2 if tty else 10.0,
-                ascii=not tty, dynamic_ncols=tty)
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        file=sys.stderr,
+        mininterval=0.2 if tty else 10.0,
+        ascii=not tty,
+        dynamic_ncols=tty,
+    )
 
 
 def plot_path(out: str, suffix: str, given: str | None) -> Path | None:
@@ -164,8 +178,14 @@ def plot_path(out: str, suffix: str, given: str | None) -> Path | None:
     return report.with_name(f"{report.stem}-{suffix}.png")
 
 
-def write_plotted(out: str, kind: str, body: dict[str, Any], draw: Callable[[dict[str, Any], Path], None],
-                  suffix: str, given: str | None) -> tuple[dict[str, Any], Path | None]:
+def write_plotted(
+    out: str,
+    kind: str,
+    body: dict[str, Any],
+    draw: Callable[[dict[str, Any], Path], None],
+    suffix: str,
+    given: str | None,
+) -> tuple[dict[str, Any], Path | None]:
     """Draw the body's plot where `plot_path` says (naming it in the body as `plot`), then write the
     report (schema version 1); returns the report and the PNG path (None: no plot)."""
     png = plot_path(out, suffix, given)

@@ -122,12 +122,27 @@ def table(config: Config, geo: common.Geometry, dgeo: common.Geometry | None, we
             for s in config.seq_lens:
                 full_bytes = b * per_sequence(geo, full, s, 1, config.dtype)
                 kv = b * per_sequence(geo, policy, s, config.k + 1, config.dtype)
-                dkv = 0 if dgeo is None else b * per_sequence(dgeo, common.drafter_policy(policy), s, config.k + 1, config.dtype)
+                dkv = (
+                    0
+                    if dgeo is None
+                    else b * per_sequence(dgeo, common.drafter_policy(policy), s, config.k + 1, config.dtype)
+                )
                 net = kv + dkv + weights
-                rows.append(Row(policy=str(policy), batch=b, seq_len=s, full_bytes=full_bytes, kv_bytes=kv,
-                                drafter_kv_bytes=dkv, drafter_weight_bytes=weights, net_bytes=net,
-                                full_bytes_per_token=full_bytes / (b * s), net_bytes_per_token=net / (b * s),
-                                compression_ratio=full_bytes / net))
+                rows.append(
+                    Row(
+                        policy=str(policy),
+                        batch=b,
+                        seq_len=s,
+                        full_bytes=full_bytes,
+                        kv_bytes=kv,
+                        drafter_kv_bytes=dkv,
+                        drafter_weight_bytes=weights,
+                        net_bytes=net,
+                        full_bytes_per_token=full_bytes / (b * s),
+                        net_bytes_per_token=net / (b * s),
+                        compression_ratio=full_bytes / net,
+                    )
+                )
     return rows
 
 
@@ -150,8 +165,12 @@ def cross_check(config: Config, geo: common.Geometry, dgeo: common.Geometry | No
         block = 1 if text == "full" else config.k + 1
         jobs.append(("verifier", model, policy, geo, block))
         dpolicy = common.drafter_policy(policy)
-        if dmodel is not None and dgeo is not None and text != "full" and not any(
-                j[0] == "drafter" and j[2] == dpolicy for j in jobs):
+        if (
+            dmodel is not None
+            and dgeo is not None
+            and text != "full"
+            and not any(j[0] == "drafter" and j[2] == dpolicy for j in jobs)
+        ):
             jobs.append(("drafter", dmodel, dpolicy, dgeo, config.k + 1))
     out = []
     with common.progress(len(jobs) * len(config.check_lens), "compression check", "prefill") as bar:
@@ -162,8 +181,17 @@ def cross_check(config: Config, geo: common.Geometry, dgeo: common.Geometry | No
                 measured = sum(seq.kv_bytes())
                 allocated = sum(seq.kv_allocated_bytes())
                 predicted = per_sequence(g, policy, n, block, config.dtype)
-                out.append(Check(model=name, policy=str(policy), seq_len=n, predicted_bytes=predicted,
-                                 measured_bytes=measured, allocated_bytes=allocated, match=measured == predicted))
+                out.append(
+                    Check(
+                        model=name,
+                        policy=str(policy),
+                        seq_len=n,
+                        predicted_bytes=predicted,
+                        measured_bytes=measured,
+                        allocated_bytes=allocated,
+                        match=measured == predicted,
+                    )
+                )
                 bar.update(1)
     return out
 
@@ -188,20 +216,32 @@ def compression(config: Config) -> dict[str, Any]:
         mine = [r for r in rows if r.policy == text]
         best = max(mine, key=lambda r: (r.compression_ratio, r.batch * r.seq_len))
         policies[engine.parse_policy(text).kind] = PolicySummary(
-            policy=text, max_compression_ratio=best.compression_ratio, at_batch=best.batch, at_seq_len=best.seq_len,
-            net_bytes_per_token=best.net_bytes_per_token)
+            policy=text,
+            max_compression_ratio=best.compression_ratio,
+            at_batch=best.batch,
+            at_seq_len=best.seq_len,
+            net_bytes_per_token=best.net_bytes_per_token,
+        )
     summary = Summary(
         full_bytes_per_token=next(r.full_bytes_per_token for r in rows if r.seq_len == longest),
-        policies=policies, checks=len(checks),
+        policies=policies,
+        checks=len(checks),
         check_passed=all(c.match for c in checks) if checks else None,
     )
     return {
         "config": config.model_dump(),
-        "geometry": {"layer_types": geo.layer_types, "sliding_window": geo.sliding_window,
-                     "kv_heads": geo.kv_heads, "head_dim": geo.head_dim,
-                     "bytes_per_slot": geo.slot_bytes(config.dtype)[0]},
-        "drafter": {"params": params, "weight_bytes": weights,
-                    "layers": None if dgeo is None else len(dgeo.layer_types)},
+        "geometry": {
+            "layer_types": geo.layer_types,
+            "sliding_window": geo.sliding_window,
+            "kv_heads": geo.kv_heads,
+            "head_dim": geo.head_dim,
+            "bytes_per_slot": geo.slot_bytes(config.dtype)[0],
+        },
+        "drafter": {
+            "params": params,
+            "weight_bytes": weights,
+            "layers": None if dgeo is None else len(dgeo.layer_types),
+        },
         "table": [r.model_dump() for r in rows],
         "checks": [c.model_dump() for c in checks],
         "summary": summary.model_dump(),
@@ -209,31 +249,54 @@ def compression(config: Config) -> dict[str, Any]:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    lines = ["| policy | batch | seq len | net bytes/token | full bytes/token | compression |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| policy | batch | seq len | net bytes/token | full bytes/token | compression |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for r in report["table"]:
-        lines.append(f"| {r['policy']} | {r['batch']} | {r['seq_len']:,} | {r['net_bytes_per_token']:,.1f} | "
-                     f"{r['full_bytes_per_token']:,.1f} | {r['compression_ratio']:,.2f}x |")
+        lines.append(
+            f"| {r['policy']} | {r['batch']} | {r['seq_len']:,} | {r['net_bytes_per_token']:,.1f} | "
+            f"{r['full_bytes_per_token']:,.1f} | {r['compression_ratio']:,.2f}x |"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="zoo:tiny-hybrid",
-                        help="zoo:NAME, a Hugging Face model directory, or a NAME under $KAKEYA_MODELS")
+    parser.add_argument(
+        "--model",
+        default="zoo:tiny-hybrid",
+        help="zoo:NAME, a Hugging Face model directory, or a NAME under $KAKEYA_MODELS",
+    )
     parser.add_argument("--policy", default="sink_window:4:64,hybrid:4:64", help="policies, comma-separated")
-    parser.add_argument("--drafter", default="zoo:tiny-drafter", help="drafter model, or none / lookup (no weights)")
-    parser.add_argument("--draft", choices=("model", "none"), default="model",
-                        help="none: no drafter, whatever --drafter says (for presets, whose --drafter is a model)")
-    parser.add_argument("--drafter-weights", type=int, help="drafter weight bytes (overrides the drafter's files)")
+    parser.add_argument(
+        "--drafter", default="zoo:tiny-drafter", help="drafter model, or none / lookup (no weights)"
+    )
+    parser.add_argument(
+        "--draft",
+        choices=("model", "none"),
+        default="model",
+        help="none: no drafter, whatever --drafter says (for presets, whose --drafter is a model)",
+    )
+    parser.add_argument(
+        "--drafter-weights", type=int, help="drafter weight bytes (overrides the drafter's files)"
+    )
     parser.add_argument("--k", type=int, default=4, help="tokens drafted per block (0: plain decoding)")
-    parser.add_argument("--dtype", choices=("auto", *common.ITEMSIZE), default="auto",
-                        help="K/V and weights dtype (auto: the model config's)")
+    parser.add_argument(
+        "--dtype",
+        choices=("auto", *common.ITEMSIZE),
+        default="auto",
+        help="K/V and weights dtype (auto: the model config's)",
+    )
     parser.add_argument("--backend", choices=("torch", "mlx"), default="torch", help="for the cross-check")
     parser.add_argument("--batches", type=common.int_list, default=BATCHES)
     parser.add_argument("--seq-lens", type=common.int_list, default=SEQ_LENS)
-    parser.add_argument("--check-lens", type=lambda t: [] if t == "none" else common.int_list(t), default=[64, 256, 1024],
-                        help="prompt lengths prefilled to cross-check the formula ('none': skip)")
+    parser.add_argument(
+        "--check-lens",
+        type=lambda t: [] if t == "none" else common.int_list(t),
+        default=[64, 256, 1024],
+        help="prompt lengths prefilled to cross-check the formula ('none': skip)",
+    )
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--out", required=True, help="where to write the report (JSON)")
     args = parser.parse_args(argv)
@@ -251,16 +314,29 @@ def main(argv: list[str] | None = None) -> int:
         args.drafter = "none"
     if args.k == 0 and args.drafter not in ("none", "lookup"):
         parser.error("--k 0 is plain decoding: use --drafter none")
-    config = Config(model=args.model, backend=args.backend, dtype=dtype, policies=[str(p) for p in policies],
-                    drafter=args.drafter, drafter_weights=args.drafter_weights, k=args.k, batches=args.batches,
-                    seq_lens=args.seq_lens, check_lens=args.check_lens)
+    config = Config(
+        model=args.model,
+        backend=args.backend,
+        dtype=dtype,
+        policies=[str(p) for p in policies],
+        drafter=args.drafter,
+        drafter_weights=args.drafter_weights,
+        k=args.k,
+        batches=args.batches,
+        seq_lens=args.seq_lens,
+        check_lens=args.check_lens,
+    )
     report = write_report(args.out, "compression", 1, compression(config))
     print(markdown(report))
     s = report["summary"]
-    print(f"compression: full {s['full_bytes_per_token']:,.1f} bytes/token; "
-          + ", ".join(f"{v['policy']} up to {v['max_compression_ratio']:,.2f}x (B={v['at_batch']}, S={v['at_seq_len']:,})"
-                      for v in s["policies"].values())
-          + f"; cross-check {s['checks']} caches: {'match' if s['check_passed'] else 'MISMATCH' if s['checks'] else 'skipped'}")
+    print(
+        f"compression: full {s['full_bytes_per_token']:,.1f} bytes/token; "
+        + ", ".join(
+            f"{v['policy']} up to {v['max_compression_ratio']:,.2f}x (B={v['at_batch']}, S={v['at_seq_len']:,})"
+            for v in s["policies"].values()
+        )
+        + f"; cross-check {s['checks']} caches: {'match' if s['check_passed'] else 'MISMATCH' if s['checks'] else 'skipped'}"
+    )
     return 0
 
 

@@ -112,6 +112,7 @@ class Summary(BaseModel):
 
 # --- prompts ------------------------------------------------------------------------------------------
 
+
 def locate(model: Any, prompt: str, key: str) -> tuple[list[int], int, int]:
     """The prompt's token ids and the needle's token span, measured with the model's tokenizer."""
     m = re.search(rf"(^| ){re.escape(key)} :", prompt)
@@ -135,8 +136,13 @@ def place(model: Any, context: int, depth: float, seed: int, sink: int, window: 
     if not evict:
         nd = corpus.haystack(n_words, depth, seed)
         ids, pos, end = locate(model, nd.prompt, nd.key)
-        return Placed(ids=ids, answer=nd.answer, needle_pos=pos, needle_end=end,
-                      evicted=pos >= sink and end <= len(ids) - window)
+        return Placed(
+            ids=ids,
+            answer=nd.answer,
+            needle_pos=pos,
+            needle_end=end,
+            evicted=pos >= sink and end <= len(ids) - window,
+        )
     for variant in range(24):
         target = sink + depth * (context - window - round(needle * scale) - sink)
         for _ in range(10):
@@ -160,6 +166,7 @@ def tokens_per_word(model: Any) -> float:
 
 
 # --- the run --------------------------------------------------------------------------------------------
+
 
 class _Tally:
     def __init__(self) -> None:
@@ -189,8 +196,10 @@ def _account(t: _Tally, seq: Any, slot_bytes: list[int], n_prompt: int) -> None:
     held = seq.kv_bytes()
     bound = expected_kv_bytes(seq.specs, seq.position, seq.max_block, slot_bytes)
     allocated = seq.kv_allocated_bytes()
-    limits = [None if s.window is None else (s.sink + s.ring_size(seq.max_block)) * b
-              for s, b in zip(seq.specs, slot_bytes, strict=True)]
+    limits = [
+        None if s.window is None else (s.sink + s.ring_size(seq.max_block)) * b
+        for s, b in zip(seq.specs, slot_bytes, strict=True)
+    ]
     t.bounded &= all(h <= b for h, b in zip(held, bound, strict=True))
     t.bounded &= all(lim is None or a <= lim for a, lim in zip(allocated, limits, strict=True))
     t.kv = max(t.kv, sum(held))
@@ -242,8 +251,14 @@ def niah(config: Config) -> dict[str, Any]:
                             full_kv = sum(seq.kv_bytes())
                         t.full = max(t.full, full_kv)
                         bar.update(1)
-                depths.append(DepthResult(depth=depth, needle_pos=positions, prompt_tokens=lengths,
-                                          recall={k: h / config.samples for k, h in hits.items()}))
+                depths.append(
+                    DepthResult(
+                        depth=depth,
+                        needle_pos=positions,
+                        prompt_tokens=lengths,
+                        recall={k: h / config.samples for k, h in hits.items()},
+                    )
+                )
                 bar.set_postfix(context=context, depth=depth)
             o = tallies["full"]
             oracle_recall = o.hits / o.n
@@ -251,34 +266,55 @@ def niah(config: Config) -> dict[str, Any]:
             for p in under_test:
                 t = tallies[p.kind]
                 results[p.kind] = PolicyResult(
-                    policy=str(p), recall=t.hits / t.n, recall_delta=oracle_recall - t.hits / t.n, kv_bytes=t.kv,
-                    kv_bytes_bound=t.bound, kv_bytes_full=t.full, kv_fraction=t.kv / t.full if t.full else 1.0,
-                    kv_allocated_bytes=t.allocated, kv_bounded=t.bounded, farthest_position=t.farthest,
+                    policy=str(p),
+                    recall=t.hits / t.n,
+                    recall_delta=oracle_recall - t.hits / t.n,
+                    kv_bytes=t.kv,
+                    kv_bytes_bound=t.bound,
+                    kv_bytes_full=t.full,
+                    kv_fraction=t.kv / t.full if t.full else 1.0,
+                    kv_allocated_bytes=t.allocated,
+                    kv_bounded=t.bounded,
+                    farthest_position=t.farthest,
                     reach=t.reach,
                 )
-            rungs.append(Rung(
-                context=context, samples=config.samples, needles=len(config.depths) * config.samples,
-                needles_evicted=evicted, depths=depths,
-                oracle=OracleResult(policy="full", recall=oracle_recall, kv_bytes=o.kv, farthest_position=o.farthest),
-                policies=results,
-            ))
+            rungs.append(
+                Rung(
+                    context=context,
+                    samples=config.samples,
+                    needles=len(config.depths) * config.samples,
+                    needles_evicted=evicted,
+                    depths=depths,
+                    oracle=OracleResult(
+                        policy="full", recall=oracle_recall, kv_bytes=o.kv, farthest_position=o.farthest
+                    ),
+                    policies=results,
+                )
+            )
     summary = Summary(
         oracle_min_recall=min(r.oracle.recall for r in rungs),
         evicted_rungs=sum(r.needles_evicted for r in rungs),
         kv_bounded=all(p.kv_bounded for r in rungs for p in r.policies.values()),
-        policies={p.kind: PolicySummary(
-            policy=str(p),
-            min_recall=min(r.policies[p.kind].recall for r in rungs),
-            max_recall_delta=max(r.policies[p.kind].recall_delta for r in rungs),
-            max_kv_fraction=max(r.policies[p.kind].kv_fraction for r in rungs),
-            kv_bounded=all(r.policies[p.kind].kv_bounded for r in rungs),
-        ) for p in under_test},
+        policies={
+            p.kind: PolicySummary(
+                policy=str(p),
+                min_recall=min(r.policies[p.kind].recall for r in rungs),
+                max_recall_delta=max(r.policies[p.kind].recall_delta for r in rungs),
+                max_kv_fraction=max(r.policies[p.kind].kv_fraction for r in rungs),
+                kv_bounded=all(r.policies[p.kind].kv_bounded for r in rungs),
+            )
+            for p in under_test
+        },
         wall_s=round(time.perf_counter() - t0, 3),
     )
     body: dict[str, Any] = {
         "config": config.model_dump(),
-        "geometry": {"layer_types": geo.layer_types, "sliding_window": geo.sliding_window,
-                     "kv_heads": geo.kv_heads, "head_dim": geo.head_dim},
+        "geometry": {
+            "layer_types": geo.layer_types,
+            "sliding_window": geo.sliding_window,
+            "kv_heads": geo.kv_heads,
+            "head_dim": geo.head_dim,
+        },
         "placement": {"sink": sink, "window": window},
         "rungs": [r.model_dump() for r in rungs],
         "summary": summary.model_dump(),
@@ -324,7 +360,9 @@ def draw(body: dict[str, Any], path: Any) -> None:
 
 def table(report: dict[str, Any]) -> str:
     kinds = list(report["summary"]["policies"])
-    head = ["context", "evicted", "oracle"] + [f"{k} (delta)" for k in kinds] + [f"{k} KV/full" for k in kinds]
+    head = (
+        ["context", "evicted", "oracle"] + [f"{k} (delta)" for k in kinds] + [f"{k} KV/full" for k in kinds]
+    )
     lines = [" | ".join(head)]
     for r in report["rungs"]:
         row = [str(r["context"]), "yes" if r["needles_evicted"] else "no", f"{r['oracle']['recall']:.2f}"]
@@ -337,13 +375,20 @@ def table(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common.add_model_args(parser)
-    parser.add_argument("--policy", default="hybrid:4:64,sink_window:4:64",
-                        help="policies under test, comma-separated (the full-cache oracle always runs)")
-    parser.add_argument("--contexts", type=common.int_list, default=[256, 512, 1024], help="the ladder, e.g. 256,1024")
+    parser.add_argument(
+        "--policy",
+        default="hybrid:4:64,sink_window:4:64",
+        help="policies under test, comma-separated (the full-cache oracle always runs)",
+    )
+    parser.add_argument(
+        "--contexts", type=common.int_list, default=[256, 512, 1024], help="the ladder, e.g. 256,1024"
+    )
     parser.add_argument("--depths", type=common.float_list, default=DEPTHS, help="needle depths in [0, 1]")
     parser.add_argument("--samples", type=int, default=4, help="haystacks per rung and depth")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--plot", help="PNG path (default: <report stem>-recall.png next to the report; 'none')")
+    parser.add_argument(
+        "--plot", help="PNG path (default: <report stem>-recall.png next to the report; 'none')"
+    )
     args = parser.parse_args(argv)
     try:
         under_test = common.policies(args.policy, allow_full=False)
@@ -354,15 +399,25 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--depths must lie in [0, 1]")
     if args.samples < 1 or any(c < 32 for c in args.contexts):
         parser.error("--samples must be >= 1 and every context >= 32")
-    config = Config(model=args.model, backend=args.backend, dtype=args.dtype, policies=[str(p) for p in under_test],
-                    contexts=args.contexts, depths=args.depths, samples=args.samples, seed=args.seed)
+    config = Config(
+        model=args.model,
+        backend=args.backend,
+        dtype=args.dtype,
+        policies=[str(p) for p in under_test],
+        contexts=args.contexts,
+        depths=args.depths,
+        samples=args.samples,
+        seed=args.seed,
+    )
     report, png = common.write_plotted(args.out, "niah", niah(config), draw, "recall", args.plot)
     print(table(report))
     s = report["summary"]
-    print(f"niah: oracle min recall {s['oracle_min_recall']:.2f}, "
-          + ", ".join(f"{k} max delta {v['max_recall_delta']:+.2f}" for k, v in s["policies"].items())
-          + f", kv_bounded {s['kv_bounded']}, {s['evicted_rungs']}/{len(report['rungs'])} rungs with evicted needles"
-          + (f"; plot {png}" if png else ""))
+    print(
+        f"niah: oracle min recall {s['oracle_min_recall']:.2f}, "
+        + ", ".join(f"{k} max delta {v['max_recall_delta']:+.2f}" for k, v in s["policies"].items())
+        + f", kv_bounded {s['kv_bounded']}, {s['evicted_rungs']}/{len(report['rungs'])} rungs with evicted needles"
+        + (f"; plot {png}" if png else "")
+    )
     return 0
 
 

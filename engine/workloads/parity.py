@@ -117,20 +117,31 @@ def run_dtype(config: Config, dtype: str, texts: list[str]) -> Run:
         seq = ids + gt.tokens[:-1]
         keep = len(gt.tokens)
         diff = np.abs(_torch_logits(tm, seq, keep) - _mlx_logits(mm, seq, keep)).max(axis=-1)
-        samples.append(Sample(
-            prompt_tokens=len(ids), torch_tokens=len(gt.tokens), mlx_tokens=len(gm.tokens),
-            first_divergence=first, prefix_agreement=common / longest,
-            max_abs_logit_diff=[float(d) for d in diff],
-            torch_decode_tok_s=gt.decode_tok_s, mlx_decode_tok_s=gm.decode_tok_s,
-        ))
+        samples.append(
+            Sample(
+                prompt_tokens=len(ids),
+                torch_tokens=len(gt.tokens),
+                mlx_tokens=len(gm.tokens),
+                first_divergence=first,
+                prefix_agreement=common / longest,
+                max_abs_logit_diff=[float(d) for d in diff],
+                torch_decode_tok_s=gt.decode_tok_s,
+                mlx_decode_tok_s=gm.decode_tok_s,
+            )
+        )
     longest = [max(s.torch_tokens, s.mlx_tokens) for s in samples]
-    agreed = sum(n if s.first_divergence is None else s.first_divergence for s, n in zip(samples, longest, strict=True))
+    agreed = sum(
+        n if s.first_divergence is None else s.first_divergence for s, n in zip(samples, longest, strict=True)
+    )
     firsts = [s.first_divergence for s in samples if s.first_divergence is not None]
     return Run(
-        dtype=dtype, agreement=agreed / sum(longest), exact_prompts=sum(s.first_divergence is None for s in samples),
+        dtype=dtype,
+        agreement=agreed / sum(longest),
+        exact_prompts=sum(s.first_divergence is None for s in samples),
         min_first_divergence=min(firsts) if firsts else None,
         mean_prefix_agreement=sum(s.prefix_agreement for s in samples) / len(samples),
-        max_abs_logit_diff=max(max(s.max_abs_logit_diff) for s in samples), samples=samples,
+        max_abs_logit_diff=max(max(s.max_abs_logit_diff) for s in samples),
+        samples=samples,
     )
 
 
@@ -155,15 +166,23 @@ def _dtypes(text: str) -> list[str]:
     out = [d.strip() for d in text.split(",") if d.strip()]
     bad = [d for d in out if d not in DTYPES]
     if bad or not out or len(set(out)) != len(out):
-        raise argparse.ArgumentTypeError(f"--dtypes takes distinct names from {', '.join(DTYPES)} (got {text!r})")
+        raise argparse.ArgumentTypeError(
+            f"--dtypes takes distinct names from {', '.join(DTYPES)} (got {text!r})"
+        )
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="zoo:tiny-hybrid", help="zoo:NAME or a Hugging Face model directory")
-    parser.add_argument("--policy", default="full", help="full | sink_window:SINK:WINDOW | hybrid:SINK:WINDOW")
-    parser.add_argument("--dtypes", type=_dtypes, default=list(DTYPES), help="comma-separated, e.g. float32,bfloat16")
+    parser.add_argument(
+        "--model", default="zoo:tiny-hybrid", help="zoo:NAME or a Hugging Face model directory"
+    )
+    parser.add_argument(
+        "--policy", default="full", help="full | sink_window:SINK:WINDOW | hybrid:SINK:WINDOW"
+    )
+    parser.add_argument(
+        "--dtypes", type=_dtypes, default=list(DTYPES), help="comma-separated, e.g. float32,bfloat16"
+    )
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=64)
@@ -176,12 +195,21 @@ def main(argv: list[str] | None = None) -> int:
         engine.parse_policy(args.policy)  # a bad policy fails before any model loads
     except ValueError as exc:
         parser.error(str(exc))
-    config = Config(model=args.model, policy=args.policy, dtypes=args.dtypes, prompts=args.prompts,
-                    prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, seed=args.seed)
+    config = Config(
+        model=args.model,
+        policy=args.policy,
+        dtypes=args.dtypes,
+        prompts=args.prompts,
+        prompt_tokens=args.prompt_tokens,
+        new_tokens=args.new_tokens,
+        seed=args.seed,
+    )
     report = write_report(args.out, "parity", 1, parity(config))
     for r in report["runs"]:
-        print(f"parity {r['dtype']}: agreement {r['agreement']:.4f}, exact {r['exact_prompts']}/{len(r['samples'])}, "
-              f"first divergence {r['min_first_divergence']}, max |logit diff| {r['max_abs_logit_diff']:.3g}")
+        print(
+            f"parity {r['dtype']}: agreement {r['agreement']:.4f}, exact {r['exact_prompts']}/{len(r['samples'])}, "
+            f"first divergence {r['min_first_divergence']}, max |logit diff| {r['max_abs_logit_diff']:.3g}"
+        )
     return 0
 
 

@@ -21,7 +21,10 @@ def _torch_accelerators() -> tuple[dict[str, Any], dict[str, Any]]:
     except ImportError:
         return cuda, mps
     if torch.cuda.is_available():
-        cuda = {"available": True, "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}
+        cuda = {
+            "available": True,
+            "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        }
     backend = getattr(torch.backends, "mps", None)
     mps = {"available": bool(backend and backend.is_available())}
     return cuda, mps
@@ -62,9 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     report = write_report(args.out, "probe", 1, {"probe": probe()})
     p = report["probe"]
-    print(f"probe: python {p['python']}, {p['os']}, {p['cpu_count']} CPUs, packages {p['packages']}, "
-          f"cuda={p['accelerators']['cuda']['available']} mps={p['accelerators']['mps']['available']} "
-          f"metal={p['accelerators']['metal']['available']} mlx device={p['mlx_default_device']}")
+    print(
+        f"probe: python {p['python']}, {p['os']}, {p['cpu_count']} CPUs, packages {p['packages']}, "
+        f"cuda={p['accelerators']['cuda']['available']} mps={p['accelerators']['mps']['available']} "
+        f"metal={p['accelerators']['metal']['available']} mlx device={p['mlx_default_device']}"
+    )
     return 0
 
 

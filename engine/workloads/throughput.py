@@ -38,9 +38,9 @@ HUMANEVAL_STYLE = [
     'def flatten(nested: list[list[int]]) -> list[int]:\n    """Concatenate the inner lists in order.\n'
     '    >>> flatten([[1, 2], [], [3]])\n    [1, 2, 3]\n    """\n',
     'def word_lengths(sentence: str) -> dict[str, int]:\n    """Map each word of sentence to its length.\n'
-    '    >>> word_lengths("to be or not")\n    {\'to\': 2, \'be\': 2, \'or\': 2, \'not\': 3}\n    """\n',
+    "    >>> word_lengths(\"to be or not\")\n    {'to': 2, 'be': 2, 'or': 2, 'not': 3}\n    \"\"\"\n",
     'def fizzbuzz(n: int) -> list[str]:\n    """FizzBuzz from 1 to n: "Fizz" for multiples of 3, "Buzz" of 5, "FizzBuzz" of both.\n'
-    '    >>> fizzbuzz(5)\n    [\'1\', \'2\', \'Fizz\', \'4\', \'Buzz\']\n    """\n',
+    "    >>> fizzbuzz(5)\n    ['1', '2', 'Fizz', '4', 'Buzz']\n    \"\"\"\n",
     'def dedupe(items: list[int]) -> list[int]:\n    """Remove repeated items, keeping the first occurrence of each.\n'
     '    >>> dedupe([3, 1, 3, 2, 1])\n    [3, 1, 2]\n    """\n',
 ]
@@ -124,14 +124,21 @@ def prompt_texts(source: str, n: int, n_tokens: int, seed: int) -> list[str]:
 
 def _run(gen: Any) -> dict[str, Any]:
     total = gen.prefill_s + gen.decode_s
-    return {"tokens": len(gen.tokens), "prefill_s": gen.prefill_s, "decode_s": gen.decode_s,
-            "decode_tok_s": gen.decode_tok_s, "e2e_tok_s": len(gen.tokens) / total if total > 0 else 0.0}
+    return {
+        "tokens": len(gen.tokens),
+        "prefill_s": gen.prefill_s,
+        "decode_s": gen.decode_s,
+        "decode_tok_s": gen.decode_tok_s,
+        "e2e_tok_s": len(gen.tokens) / total if total > 0 else 0.0,
+    }
 
 
 def _best(runs: list[Any]) -> Any:
     first = runs[0].tokens
     if any(r.tokens != first for r in runs):
-        raise RuntimeError("repeated runs of the same prompt produced different tokens: decoding is not deterministic")
+        raise RuntimeError(
+            "repeated runs of the same prompt produced different tokens: decoding is not deterministic"
+        )
     return min(runs, key=lambda g: g.decode_s)
 
 
@@ -161,7 +168,9 @@ def throughput(config: Config) -> dict[str, Any]:
     stop = engine.Stop(config.new_tokens, model.eos_ids)
     warm = model.encode(texts[0])  # first forwards pay one-off costs: keep them out of the figures
     engine.generate(model.sequence(policy), warm, engine.Stop(4))
-    engine.speculative_generate(model.sequence(policy, config.k + 1), make_drafter(), warm, config.k, engine.Stop(4))
+    engine.speculative_generate(
+        model.sequence(policy, config.k + 1), make_drafter(), warm, config.k, engine.Stop(4)
+    )
     rows: list[Prompt] = []
     with common.progress(len(texts) * config.repeats * 2, "throughput", "gen") as bar:
         for text in texts:
@@ -170,19 +179,35 @@ def throughput(config: Config) -> dict[str, Any]:
             for _ in range(config.repeats):  # interleaved, so a busy spell hits both alike
                 greedy.append(engine.generate(model.sequence(policy), ids, stop))
                 bar.update(1)
-                spec.append(engine.speculative_generate(model.sequence(policy, config.k + 1), make_drafter(), ids,
-                                                        config.k, stop))
+                spec.append(
+                    engine.speculative_generate(
+                        model.sequence(policy, config.k + 1), make_drafter(), ids, config.k, stop
+                    )
+                )
                 bar.update(1)
             g, s = _best(greedy), _best(spec)
             mismatch = common.first_divergence(g.tokens, s.tokens)
-            gr, sr = Run(**_run(g)), SpecRun(**_run(s), forwards=s.forwards, drafted=s.drafted, accepted=s.accepted,
-                                             acceptance_length=s.acceptance_length)
-            rows.append(Prompt(
-                prompt_tokens=len(ids), greedy=gr, speculative=sr,
-                speedup=sr.decode_tok_s / gr.decode_tok_s if gr.decode_tok_s else 0.0,
-                speedup_e2e=sr.e2e_tok_s / gr.e2e_tok_s if gr.e2e_tok_s else 0.0,
-                exact=mismatch is None, first_mismatch=mismatch,
-            ))
+            gr, sr = (
+                Run(**_run(g)),
+                SpecRun(
+                    **_run(s),
+                    forwards=s.forwards,
+                    drafted=s.drafted,
+                    accepted=s.accepted,
+                    acceptance_length=s.acceptance_length,
+                ),
+            )
+            rows.append(
+                Prompt(
+                    prompt_tokens=len(ids),
+                    greedy=gr,
+                    speculative=sr,
+                    speedup=sr.decode_tok_s / gr.decode_tok_s if gr.decode_tok_s else 0.0,
+                    speedup_e2e=sr.e2e_tok_s / gr.e2e_tok_s if gr.e2e_tok_s else 0.0,
+                    exact=mismatch is None,
+                    first_mismatch=mismatch,
+                )
+            )
     summary = summarize(rows, config.min_speedup)
     return {
         "config": config.model_copy(update={"prompt_source": source}).model_dump(),
@@ -200,20 +225,32 @@ def _rate(tokens: int, seconds: float) -> float:
 def summarize(rows: list[Prompt], min_speedup: float) -> Summary:
     g_dec = _rate(sum(r.greedy.tokens - 1 for r in rows), sum(r.greedy.decode_s for r in rows))
     s_dec = _rate(sum(r.speculative.tokens - 1 for r in rows), sum(r.speculative.decode_s for r in rows))
-    g_e2e = _rate(sum(r.greedy.tokens for r in rows), sum(r.greedy.prefill_s + r.greedy.decode_s for r in rows))
-    s_e2e = _rate(sum(r.speculative.tokens for r in rows),
-                  sum(r.speculative.prefill_s + r.speculative.decode_s for r in rows))
+    g_e2e = _rate(
+        sum(r.greedy.tokens for r in rows), sum(r.greedy.prefill_s + r.greedy.decode_s for r in rows)
+    )
+    s_e2e = _rate(
+        sum(r.speculative.tokens for r in rows),
+        sum(r.speculative.prefill_s + r.speculative.decode_s for r in rows),
+    )
     forwards = sum(r.speculative.forwards for r in rows)
     drafted = sum(r.speculative.drafted for r in rows)
     speedup = s_dec / g_dec if g_dec else 0.0
     exact = sum(r.exact for r in rows)
     return Summary(
-        prompts=len(rows), exact_prompts=exact, all_exact=exact == len(rows),
-        greedy_decode_tok_s=g_dec, speculative_decode_tok_s=s_dec, greedy_e2e_tok_s=g_e2e, speculative_e2e_tok_s=s_e2e,
-        speedup=speedup, speedup_e2e=s_e2e / g_e2e if g_e2e else 0.0, min_prompt_speedup=min(r.speedup for r in rows),
+        prompts=len(rows),
+        exact_prompts=exact,
+        all_exact=exact == len(rows),
+        greedy_decode_tok_s=g_dec,
+        speculative_decode_tok_s=s_dec,
+        greedy_e2e_tok_s=g_e2e,
+        speculative_e2e_tok_s=s_e2e,
+        speedup=speedup,
+        speedup_e2e=s_e2e / g_e2e if g_e2e else 0.0,
+        min_prompt_speedup=min(r.speedup for r in rows),
         mean_acceptance_length=sum(r.speculative.tokens - 1 for r in rows) / forwards if forwards else 1.0,
         acceptance_rate=sum(r.speculative.accepted for r in rows) / drafted if drafted else 0.0,
-        min_speedup=min_speedup, speedup_ok=speedup >= min_speedup,
+        min_speedup=min_speedup,
+        speedup_ok=speedup >= min_speedup,
     )
 
 
@@ -248,20 +285,34 @@ def draw(body: dict[str, Any], path: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common.add_model_args(parser)
-    parser.add_argument("--policy", default="hybrid:4:64", help="full | sink_window:SINK:WINDOW | hybrid:SINK:WINDOW")
-    parser.add_argument("--drafter", default="zoo:tiny-drafter", help="a drafter model (zoo:NAME or directory) or 'lookup'")
-    parser.add_argument("--draft", choices=("model", "lookup"), default="model",
-                        help="lookup: prompt lookup, whatever --drafter says (for presets, whose --drafter is a model)")
-    parser.add_argument("--drafter-policy", default="auto", help="the drafter's cache policy (auto: see above)")
+    parser.add_argument(
+        "--policy", default="hybrid:4:64", help="full | sink_window:SINK:WINDOW | hybrid:SINK:WINDOW"
+    )
+    parser.add_argument(
+        "--drafter", default="zoo:tiny-drafter", help="a drafter model (zoo:NAME or directory) or 'lookup'"
+    )
+    parser.add_argument(
+        "--draft",
+        choices=("model", "lookup"),
+        default="model",
+        help="lookup: prompt lookup, whatever --drafter says (for presets, whose --drafter is a model)",
+    )
+    parser.add_argument(
+        "--drafter-policy", default="auto", help="the drafter's cache policy (auto: see above)"
+    )
     parser.add_argument("--k", type=int, default=4, help="tokens drafted per block")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--prompt-source", choices=("auto", "zoo", "humaneval"), default="auto")
     parser.add_argument("--prompt-tokens", type=int, default=96, help="zoo prompts: tokens each")
     parser.add_argument("--new-tokens", type=int, default=96)
-    parser.add_argument("--repeats", type=int, default=2, help="runs per prompt and method; the fastest counts")
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="runs per prompt and method; the fastest counts"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--min-speedup", type=float, default=1.0, help="summary.speedup_ok: speedup >= this")
-    parser.add_argument("--plot", help="PNG path (default: <report stem>-tok_s.png next to the report; 'none')")
+    parser.add_argument(
+        "--plot", help="PNG path (default: <report stem>-tok_s.png next to the report; 'none')"
+    )
     args = parser.parse_args(argv)
     import engine
 
@@ -277,19 +328,36 @@ def main(argv: list[str] | None = None) -> int:
     if args.k < 1 or args.prompts < 1 or args.repeats < 1 or args.new_tokens < 2 or args.prompt_tokens < 2:
         parser.error("--k, --prompts and --repeats must be >= 1, --new-tokens and --prompt-tokens >= 2")
     drafter = "lookup" if args.draft == "lookup" else args.drafter
-    config = Config(model=args.model, backend=args.backend, dtype=args.dtype, policy=str(policy), drafter=drafter,
-                    drafter_policy=dpolicy, k=args.k, prompts=args.prompts, prompt_source=args.prompt_source,
-                    prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, repeats=args.repeats,
-                    seed=args.seed, min_speedup=args.min_speedup)
+    config = Config(
+        model=args.model,
+        backend=args.backend,
+        dtype=args.dtype,
+        policy=str(policy),
+        drafter=drafter,
+        drafter_policy=dpolicy,
+        k=args.k,
+        prompts=args.prompts,
+        prompt_source=args.prompt_source,
+        prompt_tokens=args.prompt_tokens,
+        new_tokens=args.new_tokens,
+        repeats=args.repeats,
+        seed=args.seed,
+        min_speedup=args.min_speedup,
+    )
     report, png = common.write_plotted(args.out, "throughput", throughput(config), draw, "tok_s", args.plot)
     s = report["summary"]
     for i, r in enumerate(report["prompts"]):
-        print(f"prompt {i}: greedy {r['greedy']['decode_tok_s']:.1f} tok/s, speculative "
-              f"{r['speculative']['decode_tok_s']:.1f} tok/s ({r['speedup']:.2f}x), acceptance length "
-              f"{r['speculative']['acceptance_length']:.2f}, exact {r['exact']}")
-    print(f"throughput: greedy {s['greedy_decode_tok_s']:.1f} tok/s, speculative {s['speculative_decode_tok_s']:.1f} "
-          f"tok/s, speedup {s['speedup']:.2f}x (e2e {s['speedup_e2e']:.2f}x), acceptance length "
-          f"{s['mean_acceptance_length']:.2f}, exact {s['exact_prompts']}/{s['prompts']}" + (f"; plot {png}" if png else ""))
+        print(
+            f"prompt {i}: greedy {r['greedy']['decode_tok_s']:.1f} tok/s, speculative "
+            f"{r['speculative']['decode_tok_s']:.1f} tok/s ({r['speedup']:.2f}x), acceptance length "
+            f"{r['speculative']['acceptance_length']:.2f}, exact {r['exact']}"
+        )
+    print(
+        f"throughput: greedy {s['greedy_decode_tok_s']:.1f} tok/s, speculative {s['speculative_decode_tok_s']:.1f} "
+        f"tok/s, speedup {s['speedup']:.2f}x (e2e {s['speedup_e2e']:.2f}x), acceptance length "
+        f"{s['mean_acceptance_length']:.2f}, exact {s['exact_prompts']}/{s['prompts']}"
+        + (f"; plot {png}" if png else "")
+    )
     return 0
 
 

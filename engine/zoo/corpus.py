@@ -43,27 +43,112 @@ KEYS = [f"k{i}" for i in range(N_KEYS)]
 PUNCT = [".", ",", ":", "?", ";", "(", ")", "[", "]", "=", "+", "-", "*", "<", ">", "==", "+=", "\n"]
 
 DETS = ["the", "a", "this", "that", "every", "some", "one", "each"]
-ADJS = ["old", "quiet", "green", "small", "bright", "cold", "long", "heavy", "soft", "dark", "warm",
-        "tall", "slow", "quick", "empty", "busy", "plain", "round", "wild", "calm"]
-NOUNS = ["river", "house", "garden", "bridge", "road", "window", "stone", "tree", "field", "market",
-         "boat", "train", "lamp", "door", "hill", "cloud", "wall", "village", "forest", "table",
-         "letter", "song", "farmer", "child", "teacher", "painter", "bird", "horse", "city", "lake"]
-VERBS = ["crosses", "follows", "holds", "watches", "finds", "passes", "covers", "carries", "leaves",
-         "meets", "builds", "opens", "reaches", "keeps", "turns", "shows", "fills", "joins", "waits",
-         "rests"]
+ADJS = [
+    "old",
+    "quiet",
+    "green",
+    "small",
+    "bright",
+    "cold",
+    "long",
+    "heavy",
+    "soft",
+    "dark",
+    "warm",
+    "tall",
+    "slow",
+    "quick",
+    "empty",
+    "busy",
+    "plain",
+    "round",
+    "wild",
+    "calm",
+]
+NOUNS = [
+    "river",
+    "house",
+    "garden",
+    "bridge",
+    "road",
+    "window",
+    "stone",
+    "tree",
+    "field",
+    "market",
+    "boat",
+    "train",
+    "lamp",
+    "door",
+    "hill",
+    "cloud",
+    "wall",
+    "village",
+    "forest",
+    "table",
+    "letter",
+    "song",
+    "farmer",
+    "child",
+    "teacher",
+    "painter",
+    "bird",
+    "horse",
+    "city",
+    "lake",
+]
+VERBS = [
+    "crosses",
+    "follows",
+    "holds",
+    "watches",
+    "finds",
+    "passes",
+    "covers",
+    "carries",
+    "leaves",
+    "meets",
+    "builds",
+    "opens",
+    "reaches",
+    "keeps",
+    "turns",
+    "shows",
+    "fills",
+    "joins",
+    "waits",
+    "rests",
+]
 PREPS = ["near", "under", "behind", "beside", "across", "over", "past", "beyond", "along", "inside"]
 CONJ = ["and", "but", "while", "because", "then"]
 ADVS = ["slowly", "again", "today", "often", "never", "always", "early", "late"]
 
-CODE_KEYWORDS = ["def", "return", "if", "else", "for", "in", "range", "while", "print", "len",
-                 "total", "count", "result", "items", "item", "value"]
+CODE_KEYWORDS = [
+    "def",
+    "return",
+    "if",
+    "else",
+    "for",
+    "in",
+    "range",
+    "while",
+    "print",
+    "len",
+    "total",
+    "count",
+    "result",
+    "items",
+    "item",
+    "value",
+]
 CODE_VARS = ["a", "b", "c", "x", "y", "z", "i", "j", "n", "m"]
 N_FUNCS = 32
 CODE_FUNCS = [f"f{i}" for i in range(N_FUNCS)]
 
 # Word lists may share words ("a" is a determiner and a variable); each word is one token.
-WORDS = list(dict.fromkeys(DETS + ADJS + NOUNS + VERBS + PREPS + CONJ + ADVS + CODE_KEYWORDS + CODE_VARS
-                           + CODE_FUNCS))
+WORDS = list(
+    dict.fromkeys(DETS + ADJS + NOUNS + VERBS + PREPS + CONJ + ADVS + CODE_KEYWORDS + CODE_VARS + CODE_FUNCS)
+)
 VOCAB: list[str] = SPECIALS + DIGITS + PUNCT + KEYS + WORDS
 
 NEEDLE_DIGITS = 4
@@ -71,6 +156,7 @@ QUERY_TOKENS = 3  # "? kN :"
 
 
 # --- filler ------------------------------------------------------------------------------------
+
 
 def _noun_phrase(rng: random.Random) -> list[str]:
     words = [rng.choice(DETS)]
@@ -107,6 +193,7 @@ def filler(n_words: int, rng: random.Random) -> list[list[str]]:
 
 
 # --- needles -----------------------------------------------------------------------------------
+
 
 def needle_words(key: str, value: list[str]) -> list[str]:
     return [key, ":", *value, "."]
@@ -179,11 +266,20 @@ def haystack(n_tokens: int, depth: float, seed: int, n_distractors: int = 0) -> 
         raise ValueError(f"depth must be in [0, 1], got {depth}")
     rng = random.Random(f"haystack:{n_tokens}:{depth}:{seed}:{n_distractors}")
     words, key, value, start, end = _sample_layout(rng, n_tokens, depth, n_distractors)
-    return Needle(prompt=" ".join(words), answer=" ".join(value), key=key, depth=depth,
-                  n_tokens=n_tokens, needle_pos=start, needle_end=end, seed=seed)
+    return Needle(
+        prompt=" ".join(words),
+        answer=" ".join(value),
+        key=key,
+        depth=depth,
+        n_tokens=n_tokens,
+        needle_pos=start,
+        needle_end=end,
+        seed=seed,
+    )
 
 
 # --- code-like text ----------------------------------------------------------------------------
+
 
 def _expr(rng: random.Random, names: list[str]) -> list[str]:
     op = rng.choice(["+", "-", "*"])
@@ -202,14 +298,24 @@ def code_block(rng: random.Random) -> list[str]:
         lines = [["def", fn, "(", a, ",", b, ")", ":"], [out, "=", *_expr(rng, [a, b])]]
         if rng.random() < 0.5:
             lines.append([out, "=", out, rng.choice(["+", "*"]), rng.choice(DIGITS[1:])])
-        lines += [["return", out], [rng.choice(CODE_VARS[:6]), "=", fn, "(", rng.choice(DIGITS),
-                                    ",", rng.choice(DIGITS), ")"]]
+        lines += [
+            ["return", out],
+            [rng.choice(CODE_VARS[:6]), "=", fn, "(", rng.choice(DIGITS), ",", rng.choice(DIGITS), ")"],
+        ]
     elif kind < 0.7:
         var = rng.choice(["i", "j", "n"])
         acc = rng.choice(["total", "count", "result"])
-        lines = [[acc, "=", "0"], ["for", var, "in", "range", "(", rng.choice(DIGITS[1:]), ")", ":"],
-                 [acc, "+=", var, *([rng.choice(["*", "+"]), rng.choice(DIGITS[1:])]
-                                    if rng.random() < 0.5 else [])], ["print", "(", acc, ")"]]
+        lines = [
+            [acc, "=", "0"],
+            ["for", var, "in", "range", "(", rng.choice(DIGITS[1:]), ")", ":"],
+            [
+                acc,
+                "+=",
+                var,
+                *([rng.choice(["*", "+"]), rng.choice(DIGITS[1:])] if rng.random() < 0.5 else []),
+            ],
+            ["print", "(", acc, ")"],
+        ]
     elif kind < 0.85:
         vals = [rng.choice(DIGITS) for _ in range(rng.randint(2, 5))]
         lst: list[str] = ["items", "=", "["]
@@ -220,8 +326,13 @@ def code_block(rng: random.Random) -> list[str]:
         v = rng.choice(["x", "y", "z"])
         w = rng.choice(["value", "result"])
         d = rng.choice(DIGITS[1:])
-        lines = [["if", v, rng.choice([">", "<", "=="]), d, ":"], [w, "=", v, "+", "1"], ["else", ":"],
-                 [w, "=", v, "-", "1"], ["print", "(", w, ")"]]
+        lines = [
+            ["if", v, rng.choice([">", "<", "=="]), d, ":"],
+            [w, "=", v, "+", "1"],
+            ["else", ":"],
+            [w, "=", v, "-", "1"],
+            ["print", "(", w, ")"],
+        ]
     return [w for line in lines for w in [*line, "\n"]]
 
 
@@ -243,7 +354,10 @@ def code_prompts(n: int, seed: int, n_tokens: int = 96) -> list[str]:
 
 # --- training examples -------------------------------------------------------------------------
 
-def training_haystack(n_tokens: int, rng: random.Random, max_needles: int = 4) -> tuple[list[str], list[bool]]:
+
+def training_haystack(
+    n_tokens: int, rng: random.Random, max_needles: int = 4
+) -> tuple[list[str], list[bool]]:
     """A training row of exactly `n_tokens` tokens (<bos> included) and its answer mask.
 
     Like `haystack`, with 1..max_needles needles (at most one per 30 tokens, so needles and

@@ -66,7 +66,11 @@ def load(path: Path) -> PreTrainedModel:
 
 
 def needle_recall(
-    model: PreTrainedModel, contexts: list[int], depths: list[float], samples: int, seed: int,
+    model: PreTrainedModel,
+    contexts: list[int],
+    depths: list[float],
+    samples: int,
+    seed: int,
     n_distractors: int = 0,
 ) -> list[RecallCell]:
     """Exact-match recall per (context, depth) with `samples` haystacks each (seeds seed..)."""
@@ -74,28 +78,38 @@ def needle_recall(
     for n in contexts:
         for depth in depths:
             needles = [corpus.haystack(n, depth, seed + i, n_distractors) for i in range(samples)]
-            ids = torch.tensor([tokenizer.encode_words([corpus.BOS, *nd.prompt.split(" ")]) for nd in needles])
+            ids = torch.tensor(
+                [tokenizer.encode_words([corpus.BOS, *nd.prompt.split(" ")]) for nd in needles]
+            )
             rows = max(1, 16384 // n)
             outs = torch.cat([greedy(model, chunk, corpus.NEEDLE_DIGITS + 1) for chunk in ids.split(rows)])
             correct = sum(
                 nd.matches(" ".join(corpus.VOCAB[t] for t in out.tolist()))
                 for nd, out in zip(needles, outs, strict=True)
             )
-            cells.append(RecallCell(context=n, depth=depth, distractors=n_distractors, samples=samples,
-                                    correct=correct))
+            cells.append(
+                RecallCell(
+                    context=n, depth=depth, distractors=n_distractors, samples=samples, correct=correct
+                )
+            )
     return cells
 
 
 @torch.no_grad()
 def acceptance(
-    verifier: PreTrainedModel, drafter: PreTrainedModel, prompts: int, prompt_tokens: int, new_tokens: int,
-    seed: int, blocks: tuple[int, ...] = (2, 4, 8),
+    verifier: PreTrainedModel,
+    drafter: PreTrainedModel,
+    prompts: int,
+    prompt_tokens: int,
+    new_tokens: int,
+    seed: int,
+    blocks: tuple[int, ...] = (2, 4, 8),
 ) -> tuple[float, dict[int, float], dict[int, float]]:
     texts = corpus.code_prompts(prompts, seed, prompt_tokens)
     ids = torch.tensor([tokenizer.encode_words([corpus.BOS, *t.split(" ")]) for t in texts])
     cont = greedy(verifier, ids, new_tokens, stop=False)
     full = torch.cat([ids, cont], dim=1)
-    guess = drafter(input_ids=full).logits[:, prompt_tokens - 1: -1].argmax(-1)
+    guess = drafter(input_ids=full).logits[:, prompt_tokens - 1 : -1].argmax(-1)
     agree = (guess == cont).tolist()
     per_verify: dict[int, float] = {}
     accepted: dict[int, float] = {}
@@ -120,8 +134,10 @@ def recall_table(cells: list[RecallCell]) -> str:
     """Markdown: one row per (distractors, context), one column per depth."""
     depths = sorted({c.depth for c in cells})
     by = {(c.distractors, c.context, c.depth): c for c in cells}
-    lines = ["| distractors | context | " + " | ".join(f"depth {d:.0%}" for d in depths) + " | all |",
-             "|---:|---:|" + "---:|" * (len(depths) + 1)]
+    lines = [
+        "| distractors | context | " + " | ".join(f"depth {d:.0%}" for d in depths) + " | all |",
+        "|---:|---:|" + "---:|" * (len(depths) + 1),
+    ]
     for nd, n in sorted({(c.distractors, c.context) for c in cells}):
         row = [by[(nd, n, d)] for d in depths]
         total = sum(c.correct for c in row) / sum(c.samples for c in row)
@@ -170,8 +186,11 @@ def render_card(directory: Path) -> str:
         "",
         "| phase | steps | context tokens | tokens/step | code rows | needles per haystack row |",
         "|---:|---:|---|---:|---:|---:|",
-        *[f"| {i} | {p.steps} | {p.min_len}-{p.max_len} | {p.tokens_per_step} | {p.code_frac:.0%} | "
-          f"{'' if p.max_needles == 1 else '1-'}{p.max_needles} |" for i, p in enumerate(r.phases)],
+        *[
+            f"| {i} | {p.steps} | {p.min_len}-{p.max_len} | {p.tokens_per_step} | {p.code_frac:.0%} | "
+            f"{'' if p.max_needles == 1 else '1-'}{p.max_needles} |"
+            for i, p in enumerate(r.phases)
+        ],
         "",
         "Haystack rows (`corpus.training_haystack`) hold needles `kN : d d d d .` at random sentence "
         "boundaries (at most one per 30 tokens) and queries `? kN : d d d d <eos>` for some of them at the "
@@ -181,43 +200,83 @@ def render_card(directory: Path) -> str:
     ]
     if r.distill:
         d = r.distill
-        out += ["", f"Distillation: {d.frac:.0%} of steps use rows of `{d.verifier}`'s greedy continuations "
-                f"({d.new_tokens} tokens) of {d.prompts_per_len} code prompts of each length {d.prompt_lens}."]
-    out += ["", "Last logged training window: " + ", ".join(f"{k} {v:.3f}" for k, v in tr.final.items()) + "."]
+        out += [
+            "",
+            f"Distillation: {d.frac:.0%} of steps use rows of `{d.verifier}`'s greedy continuations "
+            f"({d.new_tokens} tokens) of {d.prompts_per_len} code prompts of each length {d.prompt_lens}.",
+        ]
+    out += [
+        "",
+        "Last logged training window: " + ", ".join(f"{k} {v:.3f}" for k, v in tr.final.items()) + ".",
+    ]
     if ev and ev.recall:
         n = ev.recall[0].samples
-        out += ["", "## Needle recall", "", f"    {ev.command}", "",
-                f"Exact match of the 4 answer digits, plain transformers greedy decoding with the full cache, "
-                f"{n} haystacks per cell (`corpus.haystack(context, depth, seed, n_distractors)`, "
-                f"seeds {ev.seed}-{ev.seed + n - 1}):", "", recall_table(ev.recall)]
+        out += [
+            "",
+            "## Needle recall",
+            "",
+            f"    {ev.command}",
+            "",
+            f"Exact match of the 4 answer digits, plain transformers greedy decoding with the full cache, "
+            f"{n} haystacks per cell (`corpus.haystack(context, depth, seed, n_distractors)`, "
+            f"seeds {ev.seed}-{ev.seed + n - 1}):",
+            "",
+            recall_table(ev.recall),
+        ]
         crowded = [c for c in ev.recall if c.distractors]
         if crowded:
             rate = sum(c.correct for c in crowded) / sum(c.samples for c in crowded)
             if rate < 0.9:
-                out += ["", f"With distractor needles (other keys and values) in the haystack recall is {rate:.2f}: "
-                        "the model often answers with another needle's value, i.e. it does not reliably select "
-                        "a needle by its key. The workloads use haystacks without distractors."]
+                out += [
+                    "",
+                    f"With distractor needles (other keys and values) in the haystack recall is {rate:.2f}: "
+                    "the model often answers with another needle's value, i.e. it does not reliably select "
+                    "a needle by its key. The workloads use haystacks without distractors.",
+                ]
     if ev and ev.acceptance:
         a = ev.acceptance
-        out += ["", "## Drafter acceptance", "", f"    {ev.command}", "",
-                f"`{a.drafter}` drafting for `{a.verifier}` on {a.prompts} code prompts "
-                f"(`corpus.code_prompts({a.prompts}, seed={a.seed}, n_tokens={a.prompt_tokens})`), "
-                f"{a.new_tokens} greedy tokens each: the drafter's argmax equals the verifier's greedy token "
-                f"at {a.token_agreement:.1%} of positions.", "",
-                "| block k | accepted drafts per block | tokens per verifier forward |", "|---:|---:|---:|",
-                *[f"| {k} | {a.mean_accepted[k]:.2f} | {a.tokens_per_verify[k]:.2f} |" for k in a.tokens_per_verify]]
-    out += ["", "## Use", "", "    from transformers import AutoModelForCausalLM, AutoTokenizer",
-            "    from engine.zoo import corpus", f'    path = "engine/zoo/models/{directory.name}"',
-            "    tok, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)"]
+        out += [
+            "",
+            "## Drafter acceptance",
+            "",
+            f"    {ev.command}",
+            "",
+            f"`{a.drafter}` drafting for `{a.verifier}` on {a.prompts} code prompts "
+            f"(`corpus.code_prompts({a.prompts}, seed={a.seed}, n_tokens={a.prompt_tokens})`), "
+            f"{a.new_tokens} greedy tokens each: the drafter's argmax equals the verifier's greedy token "
+            f"at {a.token_agreement:.1%} of positions.",
+            "",
+            "| block k | accepted drafts per block | tokens per verifier forward |",
+            "|---:|---:|---:|",
+            *[
+                f"| {k} | {a.mean_accepted[k]:.2f} | {a.tokens_per_verify[k]:.2f} |"
+                for k in a.tokens_per_verify
+            ],
+        ]
+    out += [
+        "",
+        "## Use",
+        "",
+        "    from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "    from engine.zoo import corpus",
+        f'    path = "engine/zoo/models/{directory.name}"',
+        "    tok, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)",
+    ]
     if ev and ev.recall:
-        out += ["    nd = corpus.haystack(n_tokens=512, depth=0.5, seed=0)",
-                "    ids = tok(nd.prompt, return_tensors=\"pt\").input_ids",
-                "    out = model.generate(ids, max_new_tokens=5, do_sample=False)",
-                "    assert nd.matches(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True))", ""]
+        out += [
+            "    nd = corpus.haystack(n_tokens=512, depth=0.5, seed=0)",
+            '    ids = tok(nd.prompt, return_tensors="pt").input_ids',
+            "    out = model.generate(ids, max_new_tokens=5, do_sample=False)",
+            "    assert nd.matches(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True))",
+            "",
+        ]
     else:
-        out += ["    ids = tok(corpus.code_prompts(1, seed=0)[0], return_tensors=\"pt\").input_ids",
-                "    out = model.generate(ids, max_new_tokens=32, do_sample=False)",
-                "    print(tok.decode(out[0, ids.shape[1]:]))", ""]
+        out += [
+            '    ids = tok(corpus.code_prompts(1, seed=0)[0], return_tensors="pt").input_ids',
+            "    out = model.generate(ids, max_new_tokens=32, do_sample=False)",
+            "    print(tok.decode(out[0, ids.shape[1]:]))",
+            "",
+        ]
     return "\n".join(out)
 
 
@@ -244,24 +303,51 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     vdir = model_dir(args.model)
     verifier = load(vdir)
-    cells = [cell for nd in args.distractors.split(",") for cell in needle_recall(
-        verifier, [int(c) for c in args.contexts.split(",")], [float(d) for d in args.depths.split(",")],
-        args.samples, args.seed, int(nd))]
+    cells = [
+        cell
+        for nd in args.distractors.split(",")
+        for cell in needle_recall(
+            verifier,
+            [int(c) for c in args.contexts.split(",")],
+            [float(d) for d in args.depths.split(",")],
+            args.samples,
+            args.seed,
+            int(nd),
+        )
+    ]
     print(f"needle recall of {vdir.name} (exact match, greedy, full cache, {args.samples} samples per cell)")
     print(recall_table(cells))
     acc = None
     if args.drafter:
         ddir = model_dir(args.drafter)
-        rate, per_verify, accepted = acceptance(verifier, load(ddir), args.prompts, args.prompt_tokens,
-                                                args.new_tokens, args.seed)
-        acc = Acceptance(verifier=vdir.name, drafter=ddir.name, prompts=args.prompts,
-                         prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, seed=args.seed,
-                         token_agreement=rate, tokens_per_verify=per_verify, mean_accepted=accepted)
-        print(f"drafter {ddir.name} vs {vdir.name} on {args.prompts} code prompts: token agreement {rate:.3f}; "
-              + ", ".join(f"k={k}: {per_verify[k]:.2f} tokens/verify" for k in per_verify))
+        rate, per_verify, accepted = acceptance(
+            verifier, load(ddir), args.prompts, args.prompt_tokens, args.new_tokens, args.seed
+        )
+        acc = Acceptance(
+            verifier=vdir.name,
+            drafter=ddir.name,
+            prompts=args.prompts,
+            prompt_tokens=args.prompt_tokens,
+            new_tokens=args.new_tokens,
+            seed=args.seed,
+            token_agreement=rate,
+            tokens_per_verify=per_verify,
+            mean_accepted=accepted,
+        )
+        print(
+            f"drafter {ddir.name} vs {vdir.name} on {args.prompts} code prompts: token agreement {rate:.3f}; "
+            + ", ".join(f"k={k}: {per_verify[k]:.2f} tokens/verify" for k in per_verify)
+        )
     command = "python -m engine.zoo.evaluate " + " ".join(argv if argv is not None else sys.argv[1:])
-    record = EvalRecord(model=vdir.name, command=command, threads=torch.get_num_threads(),
-                        wall_s=round(time.time() - t0, 1), seed=args.seed, recall=cells, acceptance=acc)
+    record = EvalRecord(
+        model=vdir.name,
+        command=command,
+        threads=torch.get_num_threads(),
+        wall_s=round(time.time() - t0, 1),
+        seed=args.seed,
+        recall=cells,
+        acceptance=acc,
+    )
     print(f"{record.wall_s:.0f} s")
     if args.write:
         (vdir / "eval_record.json").write_text(record.model_dump_json(indent=2) + "\n")

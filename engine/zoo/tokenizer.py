@@ -22,8 +22,13 @@ def build() -> PreTrainedTokenizerFast:
         single=f"{corpus.BOS} $A", special_tokens=[(corpus.BOS, TOKEN_IDS[corpus.BOS])]
     )
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=corpus.BOS, eos_token=corpus.EOS, pad_token=corpus.PAD,
-        unk_token=corpus.UNK, clean_up_tokenization_spaces=False, model_max_length=1 << 20,
+        tokenizer_object=tok,
+        bos_token=corpus.BOS,
+        eos_token=corpus.EOS,
+        pad_token=corpus.PAD,
+        unk_token=corpus.UNK,
+        clean_up_tokenization_spaces=False,
+        model_max_length=1 << 20,
     )
 
 

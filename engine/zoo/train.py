@@ -127,13 +127,22 @@ RECIPES: dict[str, Recipe] = {
     "tiny-drafter": Recipe(
         name="tiny-drafter",
         arch=Arch(hidden=144, intermediate=288, layers=1, pattern=1),
-        phases=[Phase(steps=500, min_len=64, max_len=256, tokens_per_step=2048, code_frac=0.5, max_needles=1)],
+        phases=[
+            Phase(steps=500, min_len=64, max_len=256, tokens_per_step=2048, code_frac=0.5, max_needles=1)
+        ],
         lr=2e-3,
         distill=Distill(),
     ),
 }
 
-SMOKE_ARCH = {"hidden": 16, "intermediate": 32, "heads": 2, "kv_heads": 1, "head_dim": 8, "sliding_window": 16}
+SMOKE_ARCH = {
+    "hidden": 16,
+    "intermediate": 32,
+    "heads": 2,
+    "kv_heads": 1,
+    "head_dim": 8,
+    "sliding_window": 16,
+}
 
 
 def gemma_config(arch: Arch) -> Gemma3TextConfig:
@@ -141,16 +150,25 @@ def gemma_config(arch: Arch) -> Gemma3TextConfig:
         "full_attention" if (i + 1) % arch.pattern == 0 else "sliding_attention" for i in range(arch.layers)
     ]
     return Gemma3TextConfig(
-        vocab_size=len(corpus.VOCAB), hidden_size=arch.hidden, intermediate_size=arch.intermediate,
-        num_hidden_layers=arch.layers, num_attention_heads=arch.heads, num_key_value_heads=arch.kv_heads,
-        head_dim=arch.head_dim, query_pre_attn_scalar=arch.query_scalar, sliding_window=arch.sliding_window,
-        layer_types=layer_types, max_position_embeddings=arch.max_positions,
+        vocab_size=len(corpus.VOCAB),
+        hidden_size=arch.hidden,
+        intermediate_size=arch.intermediate,
+        num_hidden_layers=arch.layers,
+        num_attention_heads=arch.heads,
+        num_key_value_heads=arch.kv_heads,
+        head_dim=arch.head_dim,
+        query_pre_attn_scalar=arch.query_scalar,
+        sliding_window=arch.sliding_window,
+        layer_types=layer_types,
+        max_position_embeddings=arch.max_positions,
         rope_parameters={
             "full_attention": {"rope_type": "default", "rope_theta": arch.rope_global},
             "sliding_attention": {"rope_type": "default", "rope_theta": arch.rope_local},
         },
-        pad_token_id=tokenizer.TOKEN_IDS[corpus.PAD], eos_token_id=tokenizer.TOKEN_IDS[corpus.EOS],
-        bos_token_id=tokenizer.TOKEN_IDS[corpus.BOS], tie_word_embeddings=True,
+        pad_token_id=tokenizer.TOKEN_IDS[corpus.PAD],
+        eos_token_id=tokenizer.TOKEN_IDS[corpus.EOS],
+        bos_token_id=tokenizer.TOKEN_IDS[corpus.BOS],
+        tie_word_embeddings=True,
     )
 
 
@@ -211,10 +229,14 @@ def greedy(model: Gemma3ForCausalLM, ids: torch.Tensor, new_tokens: int, stop: b
     With stop=False exactly `new_tokens` tokens are produced (<eos> is not a stop)."""
     kw = {} if stop else {"min_new_tokens": new_tokens}
     out = model.generate(
-        ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
-        pad_token_id=tokenizer.TOKEN_IDS[corpus.PAD], **kw,
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=tokenizer.TOKEN_IDS[corpus.PAD],
+        **kw,
     )
-    return out[:, ids.shape[1]:]
+    return out[:, ids.shape[1] :]
 
 
 def distill_pool(spec: Distill, seed: int, log) -> dict[int, torch.Tensor]:
@@ -222,7 +244,9 @@ def distill_pool(spec: Distill, seed: int, log) -> dict[int, torch.Tensor]:
     try:
         vdir = model_dir(spec.verifier)
     except FileNotFoundError as exc:
-        raise FileNotFoundError(f"verifier: {exc} (train it first: python -m engine.zoo.train --model tiny-hybrid)") from None
+        raise FileNotFoundError(
+            f"verifier: {exc} (train it first: python -m engine.zoo.train --model tiny-hybrid)"
+        ) from None
     verifier = Gemma3ForCausalLM.from_pretrained(vdir, dtype=torch.float32).eval()
     pool: dict[int, torch.Tensor] = {}
     for plen in spec.prompt_lens:
@@ -236,6 +260,7 @@ def distill_pool(spec: Distill, seed: int, log) -> dict[int, torch.Tensor]:
 
 # --- training ----------------------------------------------------------------------------------
 
+
 def lr_at(step: int, total: int, recipe: Recipe) -> float:
     if step < recipe.warmup:
         return recipe.lr * (step + 1) / recipe.warmup
@@ -246,10 +271,13 @@ def lr_at(step: int, total: int, recipe: Recipe) -> float:
 def smoke_recipe(recipe: Recipe) -> Recipe:
     """The same code path in seconds: a tiny architecture, 2 short steps per phase."""
     arch = recipe.arch.model_copy(update={**SMOKE_ARCH, "layers": min(recipe.arch.layers, 2)})
-    phases = [p.model_copy(update={"steps": 2, "max_len": p.min_len, "tokens_per_step": 2 * p.min_len})
-              for p in recipe.phases]
+    phases = [
+        p.model_copy(update={"steps": 2, "max_len": p.min_len, "tokens_per_step": 2 * p.min_len})
+        for p in recipe.phases
+    ]
     distill = recipe.distill and recipe.distill.model_copy(
-        update={"prompts_per_len": 2, "prompt_lens": [24], "new_tokens": 8})
+        update={"prompts_per_len": 2, "prompt_lens": [24], "new_tokens": 8}
+    )
     return recipe.model_copy(update={"arch": arch, "phases": phases, "distill": distill, "warmup": 1})
 
 
@@ -262,8 +290,11 @@ def train(recipe: Recipe, out: Path, command: str = "", log=print) -> TrainRecor
     model.train()
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=recipe.lr, betas=(0.9, 0.98))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": recipe.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=recipe.lr,
+        betas=(0.9, 0.98),
+    )
     total = sum(p.steps for p in recipe.phases)
     step = 0
     window: list[tuple[float, float, float, float]] = []
@@ -276,8 +307,9 @@ def train(recipe: Recipe, out: Path, command: str = "", log=print) -> TrainRecor
                 g["lr"] = lr_at(step, total, recipe)
             logits = model(input_ids=ids).logits[:, :-1]
             ans = answers[:, 1:]
-            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
-                                 reduction="none").view_as(ans)
+            ce = F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none"
+            ).view_as(ans)
             loss = recipe.lm_weight * ce[~ans].mean()
             if ans.any():
                 loss = loss + ce[ans].mean()
@@ -292,14 +324,18 @@ def train(recipe: Recipe, out: Path, command: str = "", log=print) -> TrainRecor
             step += 1
             if step % 25 == 0 or step == total:
                 accs = [x[1] for x in window if not math.isnan(x[1])]
-                final = {"loss": sum(x[0] for x in window) / len(window),
-                         "answer_token_acc": sum(accs) / len(accs) if accs else float("nan"),
-                         "token_acc": sum(x[2] for x in window) / len(window),
-                         "mean_len": sum(x[3] for x in window) / len(window)}
-                log(f"step {step}/{total} phase {pi} loss {final['loss']:.4f} "
+                final = {
+                    "loss": sum(x[0] for x in window) / len(window),
+                    "answer_token_acc": sum(accs) / len(accs) if accs else float("nan"),
+                    "token_acc": sum(x[2] for x in window) / len(window),
+                    "mean_len": sum(x[3] for x in window) / len(window),
+                }
+                log(
+                    f"step {step}/{total} phase {pi} loss {final['loss']:.4f} "
                     f"ans_acc {final['answer_token_acc']:.3f} tok_acc {final['token_acc']:.3f} "
                     f"len {final['mean_len']:.0f} "
-                    f"lr {lr_at(step - 1, total, recipe):.2e} {time.time() - t0:.0f}s")
+                    f"lr {lr_at(step - 1, total, recipe):.2e} {time.time() - t0:.0f}s"
+                )
                 window = []
         model.eval()
         save_model(model, recipe, out)  # usable checkpoint after every phase
@@ -307,10 +343,18 @@ def train(recipe: Recipe, out: Path, command: str = "", log=print) -> TrainRecor
         log(f"phase {pi} done, saved {out}")
     model.eval()
     record = TrainRecord(
-        recipe=recipe, command=command, threads=torch.get_num_threads(), wall_s=round(time.time() - t0, 1),
-        steps=total, params=sum(p.numel() for p in model.parameters()), final=final,
-        versions={"torch": torch.__version__, "transformers": transformers.__version__,
-                  "python": sys.version.split()[0]},
+        recipe=recipe,
+        command=command,
+        threads=torch.get_num_threads(),
+        wall_s=round(time.time() - t0, 1),
+        steps=total,
+        params=sum(p.numel() for p in model.parameters()),
+        final=final,
+        versions={
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": sys.version.split()[0],
+        },
     )
     (out / "train_record.json").write_text(record.model_dump_json(indent=2) + "\n")
     return record
@@ -331,10 +375,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.seed is not None:
         recipe = recipe.model_copy(update={"seed": args.seed})
     if args.step_scale != 1.0:
-        recipe = recipe.model_copy(update={"phases": [
-            p.model_copy(update={"steps": max(1, round(p.steps * args.step_scale))}) for p in recipe.phases]})
+        recipe = recipe.model_copy(
+            update={
+                "phases": [
+                    p.model_copy(update={"steps": max(1, round(p.steps * args.step_scale))})
+                    for p in recipe.phases
+                ]
+            }
+        )
     if args.verifier and recipe.distill:
-        recipe = recipe.model_copy(update={"distill": recipe.distill.model_copy(update={"verifier": args.verifier})})
+        recipe = recipe.model_copy(
+            update={"distill": recipe.distill.model_copy(update={"verifier": args.verifier})}
+        )
     if args.smoke:
         recipe = smoke_recipe(recipe)
     out = args.out or ZOO_MODELS / recipe.name

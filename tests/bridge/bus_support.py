@@ -26,7 +26,7 @@ from bridge.config import load_config
 from bridge.runner import Runner
 
 # Included at the top of the test programs: writes a valid probe report to $KAKEYA_REPORT.
-WRITE_REPORT_PY = textwrap.dedent('''
+WRITE_REPORT_PY = textwrap.dedent("""
     import json, os
 
     def write_report(cpu_count=1, memory_bytes=None):
@@ -41,9 +41,9 @@ WRITE_REPORT_PY = textwrap.dedent('''
                             "mlx_default_device": None}}
         with open(os.environ["KAKEYA_REPORT"], "w") as fh:
             json.dump(report, fh)
-''')
+""")
 
-WORK_PY = WRITE_REPORT_PY + textwrap.dedent('''
+WORK_PY = WRITE_REPORT_PY + textwrap.dedent("""
     import sys, time
 
     mode, tag, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
@@ -64,7 +64,7 @@ WORK_PY = WRITE_REPORT_PY + textwrap.dedent('''
         fh.write(tag + "\\n")
     write_report()
     print(f"work {mode} {tag} done")
-''')
+""")
 
 _WORK = {
     "description": "test program",
@@ -79,8 +79,16 @@ _WORK = {
     "report": {"kind": "probe", "schema_version": 1},
 }
 PRESETS = {
-    "work": {**_WORK, "runners": ["cpu", "gpu"], "gate": [{"check": "min", "path": "/probe/cpu_count", "value": 1}]},
-    "strict": {**_WORK, "runners": ["cpu"], "gate": [{"check": "min", "path": "/probe/cpu_count", "value": 4096}]},
+    "work": {
+        **_WORK,
+        "runners": ["cpu", "gpu"],
+        "gate": [{"check": "min", "path": "/probe/cpu_count", "value": 1}],
+    },
+    "strict": {
+        **_WORK,
+        "runners": ["cpu"],
+        "gate": [{"check": "min", "path": "/probe/cpu_count", "value": 4096}],
+    },
     "cpuonly": {**_WORK, "runners": ["cpu"]},
 }
 
@@ -118,11 +126,19 @@ def world_fixture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Env:
     for var in list(os.environ):
         if var.startswith("KAKEYA_"):
             monkeypatch.delenv(var)
-    for key, value in {"KAKEYA_PRESETS": str(env.presets), "KAKEYA_TEST_COUNTER": str(env.counter),
-                       "KAKEYA_TEST_MARKS": str(env.marks), "KAKEYA_POLL_INTERVAL": "0.2", "KAKEYA_LEASE": "3",
-                       "KAKEYA_RUNNER_NAME": "inproc", "GIT_AUTHOR_NAME": "Test", "GIT_AUTHOR_EMAIL": "t@example.com",
-                       "GIT_COMMITTER_NAME": "Test", "GIT_COMMITTER_EMAIL": "t@example.com",
-                       "OMP_NUM_THREADS": "1"}.items():
+    for key, value in {
+        "KAKEYA_PRESETS": str(env.presets),
+        "KAKEYA_TEST_COUNTER": str(env.counter),
+        "KAKEYA_TEST_MARKS": str(env.marks),
+        "KAKEYA_POLL_INTERVAL": "0.2",
+        "KAKEYA_LEASE": "3",
+        "KAKEYA_RUNNER_NAME": "inproc",
+        "GIT_AUTHOR_NAME": "Test",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "Test",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+        "OMP_NUM_THREADS": "1",
+    }.items():
         monkeypatch.setenv(key, value)
     (env.project / "work.py").write_text(WORK_PY)
     (env.project / ".gitignore").write_text("/out/\n")
@@ -156,9 +172,23 @@ class Daemon:
     def start(self) -> Daemon:
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
-                ["git", "daemon", "--reuseaddr", "--export-all", "--enable=receive-pack", "--informative-errors",
-                 "--verbose", f"--base-path={self.base}", "--listen=127.0.0.1", f"--port={self.port}",
-                 "--max-connections=64", str(self.base)], stderr=log, stdout=log)
+                [
+                    "git",
+                    "daemon",
+                    "--reuseaddr",
+                    "--export-all",
+                    "--enable=receive-pack",
+                    "--informative-errors",
+                    "--verbose",
+                    f"--base-path={self.base}",
+                    "--listen=127.0.0.1",
+                    f"--port={self.port}",
+                    "--max-connections=64",
+                    str(self.base),
+                ],
+                stderr=log,
+                stdout=log,
+            )
         wait_for(self._accepts, 20, "git daemon to listen")
         return self
 
@@ -197,14 +227,33 @@ def wait_for(cond: Callable[[], object], timeout: float, what: str, step: float 
 
 def make_runner(url: str, env: Env, name: str = "r1", labels: tuple[str, ...] = ("cpu",)) -> Runner:
     """An in-process runner for the bus at `url`, working in <tmp>/runners/<name>."""
-    return Runner(url, config=load_config(), name=name, labels=list(labels), workdir=env.tmp / "runners" / name)
+    return Runner(
+        url, config=load_config(), name=name, labels=list(labels), workdir=env.tmp / "runners" / name
+    )
 
 
 def runner_process(env: Env, url: str, name: str, *args: str, mode: str = "watch") -> subprocess.Popen[bytes]:
     """`kakeya runner MODE` as its own process (cwd = the project; output to <tmp>/<name>.log)."""
     log = (env.tmp / f"{name}.log").open("ab")
-    return subprocess.Popen([sys.executable, "-m", "bridge.cli", "runner", mode, "--labels", "cpu", "--name", name,
-                             "--remote", url, *args], cwd=env.project, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bridge.cli",
+            "runner",
+            mode,
+            "--labels",
+            "cpu",
+            "--name",
+            name,
+            "--remote",
+            url,
+            *args,
+        ],
+        cwd=env.project,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 30) -> int:
@@ -221,7 +270,9 @@ def pid_alive(pid: int) -> bool:
         except FileNotFoundError:
             return False
     else:
-        state = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
+        state = subprocess.run(
+            ["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True
+        ).stdout.strip()
         if not state:
             return False
     return not state.startswith("Z")
@@ -245,8 +296,9 @@ def done_result(store: Path, url: str, request_id: str) -> dict:
     return json.loads(raw)
 
 
-def push_raw_request(url: str, store: Path, label: str, request_id: str, manifest: bytes | dict,
-                     parent: str | None = None) -> str:
+def push_raw_request(
+    url: str, store: Path, label: str, request_id: str, manifest: bytes | dict, parent: str | None = None
+) -> str:
     """A request commit with any manifest at all (as a misbehaving client would push it)."""
     data = manifest if isinstance(manifest, bytes) else json.dumps(manifest).encode()
     with B.open_repo(store) as repo:
@@ -256,9 +308,23 @@ def push_raw_request(url: str, store: Path, label: str, request_id: str, manifes
     return sha
 
 
-def manifest_dict(request_id: str, preset: str, subject: str, label: str = "cpu", params: dict | None = None,
-                  ttl_s: float = 3600) -> dict:
+def manifest_dict(
+    request_id: str,
+    preset: str,
+    subject: str,
+    label: str = "cpu",
+    params: dict | None = None,
+    ttl_s: float = 3600,
+) -> dict:
     now = B.utcnow()
-    return B.Manifest(id=request_id, preset=preset, params=params or {}, subject=subject, runner=label,
-                      requester="test", created_at=now, expires_at=now + dt.timedelta(seconds=ttl_s),
-                      nonce="n").model_dump(mode="json")
+    return B.Manifest(
+        id=request_id,
+        preset=preset,
+        params=params or {},
+        subject=subject,
+        runner=label,
+        requester="test",
+        created_at=now,
+        expires_at=now + dt.timedelta(seconds=ttl_s),
+        nonce="n",
+    ).model_dump(mode="json")

@@ -22,11 +22,11 @@ from tests.bridge.bus_support import WRITE_REPORT_PY, Env, git, world_fixture  #
 
 # Writes a probe report whose /probe/memory_bytes is the metric and whose /probe/cpu_count passes the gate
 # (>= 2) only when `ok` is true.
-BENCH_PY = WRITE_REPORT_PY + textwrap.dedent('''
+BENCH_PY = WRITE_REPORT_PY + textwrap.dedent("""
     with open("bench.json") as fh:  # the code under test decides the metric, as a real change would
         cfg = json.load(fh)
     write_report(cpu_count=2 if cfg["ok"] else 1, memory_bytes=cfg["value"])
-''')
+""")
 
 BENCH = {
     "name": "bench",
@@ -51,8 +51,9 @@ def bench_fixture(world: Env, monkeypatch) -> Env:
     return world
 
 
-def run(env: Env, capsys, value: int, ok: bool = True, label: str = "cpu", size: int = 1
-        ) -> tuple[int, str, dict, dict]:
+def run(
+    env: Env, capsys, value: int, ok: bool = True, label: str = "cpu", size: int = 1
+) -> tuple[int, str, dict, dict]:
     """Commit code whose metric is `value`, then `kakeya run bench` -> (exit code, request id, verdict, result)."""
     (env.project / "bench.json").write_text(json.dumps({"value": value, "ok": ok}))
     git(env.project, "add", "bench.json")
@@ -61,7 +62,12 @@ def run(env: Env, capsys, value: int, ok: bool = True, label: str = "cpu", size:
     line = capsys.readouterr().out.splitlines()[0]
     rid = line.split(":")[0]
     out = env.project / "out" / rid
-    return code, rid, json.loads((out / "verdict.json").read_text()), json.loads((out / "result.json").read_text())
+    return (
+        code,
+        rid,
+        json.loads((out / "verdict.json").read_text()),
+        json.loads((out / "result.json").read_text()),
+    )
 
 
 def test_previous_pass_baseline_over_a_series_of_runs(bench: Env, capsys):
@@ -70,9 +76,12 @@ def test_previous_pass_baseline_over_a_series_of_runs(bench: Env, capsys):
     first_subject = result["subject"]
     assert code == 0 and verdict["status"] == "pass" and result["verdict"] == "pass"
     assert verdict["comparison"] is None
-    assert verdict["baseline"] == {"source": "previous-pass", "run": None, "subject": None,
-                                   "note": "no previous pass of bench on cpu with these parameters; "
-                                           "nothing to compare with"}
+    assert verdict["baseline"] == {
+        "source": "previous-pass",
+        "run": None,
+        "subject": None,
+        "note": "no previous pass of bench on cpu with these parameters; nothing to compare with",
+    }
     summary = (bench.project / "out" / first / "summary.md").read_text()
     assert "Baseline (previous-pass): no previous pass of bench on cpu" in summary
 
@@ -82,8 +91,13 @@ def test_previous_pass_baseline_over_a_series_of_runs(bench: Env, capsys):
     assert verdict["baseline"]["run"] == first
     assert verdict["baseline"]["subject"] == first_subject != result["subject"]
     c = verdict["comparison"]
-    assert (c["status"], c["metric"], c["new"], c["base"], c["regression_pct"]) == \
-        ("pass", "/probe/memory_bytes", 95, 100, pytest.approx(5.0))
+    assert (c["status"], c["metric"], c["new"], c["base"], c["regression_pct"]) == (
+        "pass",
+        "/probe/memory_bytes",
+        95,
+        100,
+        pytest.approx(5.0),
+    )
     assert "**Compare: ✓ pass**" in (bench.project / "out" / second / "summary.md").read_text()
 
     # 3. past the tolerance against the last pass (95): the verdict fails, with the reason
@@ -94,7 +108,11 @@ def test_previous_pass_baseline_over_a_series_of_runs(bench: Env, capsys):
     why = "/probe/memory_bytes: 80 vs baseline 95, 15.79 % worse; exceeds the allowed 10 % regression"
     assert result["reason"] == f"regression: {why}"
     summary = (bench.project / "out" / third / "summary.md").read_text()
-    assert summary.startswith("# bench: succeeded — verdict fail") and why in summary and "**Compare: ✗ fail**" in summary
+    assert (
+        summary.startswith("# bench: succeeded — verdict fail")
+        and why in summary
+        and "**Compare: ✗ fail**" in summary
+    )
     # the done commit on the bus says the same
     bus = B.Bus(str(bench.project / ".kakeya" / "bus.git"), bench.project)
     with B.open_repo(bus.url) as repo:
@@ -114,7 +132,11 @@ def test_previous_pass_baseline_over_a_series_of_runs(bench: Env, capsys):
 
     # 6. the same preset on another runner label has its own history
     code, _, verdict, _ = run(bench, capsys, 1, label="gpu")
-    assert code == 0 and verdict["comparison"] is None and "no previous pass of bench on gpu" in verdict["baseline"]["note"]
+    assert (
+        code == 0
+        and verdict["comparison"] is None
+        and "no previous pass of bench on gpu" in verdict["baseline"]["note"]
+    )
 
     # 7. a run with other parameters is no baseline for this one (nor this one for them)
     code, _, verdict, _ = run(bench, capsys, 1, size=2)
@@ -139,8 +161,10 @@ def test_gate_pr_fails_a_regression_the_runner_did_not_record(bench: Env, capsys
     (bench.presets / "bench.yaml").write_text(yaml.safe_dump(BENCH))
     head = git(bench.project, "rev-parse", "HEAD")
     assert main(["gate", "pr", "--subject", head, "--require", "bench@cpu"]) == 1
-    assert capsys.readouterr().out == (f"✗ bench@cpu: fail — {rid}: baseline: /probe/memory_bytes: 50 vs baseline 100, "
-                                       "50 % worse; exceeds the allowed 10 % regression\n")
+    assert capsys.readouterr().out == (
+        f"✗ bench@cpu: fail — {rid}: baseline: /probe/memory_bytes: 50 vs baseline 100, "
+        "50 % worse; exceeds the allowed 10 % regression\n"
+    )
 
 
 def test_an_unreachable_bus_is_recorded_not_failed(bench: Env, tmp_path: Path):
@@ -148,8 +172,14 @@ def test_an_unreachable_bus_is_recorded_not_failed(bench: Env, tmp_path: Path):
     preset = load_registry()["bench"]
     out = tmp_path / "out"
     (bench.project / "bench.json").write_text(json.dumps({"value": 7, "ok": True}))
-    result = execute(preset, preset.validate_params({}), bench.project, out, config=load_config(),
-                     context=RunContext(request_id=B.new_id("bench"), runner_labels=["cpu"]))
+    result = execute(
+        preset,
+        preset.validate_params({}),
+        bench.project,
+        out,
+        config=load_config(),
+        context=RunContext(request_id=B.new_id("bench"), runner_labels=["cpu"]),
+    )
     assert result.verdict == "pass"
     before = (out / "result.json").read_text()
     bus = B.Bus(str(tmp_path / "no-such-bus"), B.init_bare(tmp_path / "store"))
@@ -169,21 +199,31 @@ def test_lower_is_better(bench: Env, capsys):
     assert run(bench, capsys, 5)[0] == 0
     code, _, verdict, result = run(bench, capsys, 7)
     assert code == 1 and verdict["comparison"]["regression_pct"] == pytest.approx(40.0)
-    assert result["reason"] == ("regression: /probe/memory_bytes: 7 vs baseline 5, 40 % worse; exceeds the allowed "
-                                "10 % regression")
+    assert result["reason"] == (
+        "regression: /probe/memory_bytes: 7 vs baseline 5, 40 % worse; exceeds the allowed 10 % regression"
+    )
     code, _, verdict, _ = run(bench, capsys, 3)  # lower than the last pass (5): better
     assert code == 0 and verdict["comparison"]["regression_pct"] == pytest.approx(-40.0)
 
 
-@pytest.mark.parametrize(("baseline", "message"), [
-    ({"from": "previous-pass", "metric": "/rungs/*/tok_s", "max_regression_pct": 5}, "no '*'"),
-    ({"from": "previous-pass", "metric": "summary/x", "max_regression_pct": 5}, "must be a JSON pointer"),
-    ({"from": "previous-pass", "metric": "/x", "max_regression_pct": -1}, "greater than or equal to 0"),
-    ({"from": "previous-pass", "metric": "/x", "max_regression_pct": float("nan")}, "finite number"),
-    ({"from": "main", "metric": "/x", "max_regression_pct": 5}, "baseline.from: Input should be 'previous-pass'"),
-    ({"from": "previous-pass", "metric": "/x"}, "baseline.max_regression_pct: Field required"),
-    ({"from": "previous-pass", "metric": "/x", "max_regression_pct": 5, "extra": 1}, "baseline.extra: Extra inputs"),
-])
+@pytest.mark.parametrize(
+    ("baseline", "message"),
+    [
+        ({"from": "previous-pass", "metric": "/rungs/*/tok_s", "max_regression_pct": 5}, "no '*'"),
+        ({"from": "previous-pass", "metric": "summary/x", "max_regression_pct": 5}, "must be a JSON pointer"),
+        ({"from": "previous-pass", "metric": "/x", "max_regression_pct": -1}, "greater than or equal to 0"),
+        ({"from": "previous-pass", "metric": "/x", "max_regression_pct": float("nan")}, "finite number"),
+        (
+            {"from": "main", "metric": "/x", "max_regression_pct": 5},
+            "baseline.from: Input should be 'previous-pass'",
+        ),
+        ({"from": "previous-pass", "metric": "/x"}, "baseline.max_regression_pct: Field required"),
+        (
+            {"from": "previous-pass", "metric": "/x", "max_regression_pct": 5, "extra": 1},
+            "baseline.extra: Extra inputs",
+        ),
+    ],
+)
 def test_baseline_is_validated_when_the_preset_is_loaded(tmp_path: Path, baseline: dict, message: str):
     path = tmp_path / "bench.yaml"
     path.write_text(yaml.safe_dump({**BENCH, "baseline": baseline}))
@@ -195,11 +235,18 @@ def test_baseline_is_validated_when_the_preset_is_loaded(tmp_path: Path, baselin
 def test_a_baseline_is_part_of_the_preset_hash_and_shown(tmp_path: Path):
     with_baseline = tmp_path / "a" / "bench.yaml"
     without = tmp_path / "b" / "bench.yaml"
-    for path, data in ((with_baseline, BENCH), (without, {k: v for k, v in BENCH.items() if k != "baseline"})):
+    for path, data in (
+        (with_baseline, BENCH),
+        (without, {k: v for k, v in BENCH.items() if k != "baseline"}),
+    ):
         path.parent.mkdir()
         path.write_text(yaml.safe_dump(data))
     a, b = load_preset_file(with_baseline), load_preset_file(without)
     assert a.content_hash != b.content_hash
-    assert a.summary()["baseline"] == {"from": "previous-pass", "metric": "/probe/memory_bytes",
-                                       "max_regression_pct": 10.0, "higher_is_better": True}
+    assert a.summary()["baseline"] == {
+        "from": "previous-pass",
+        "metric": "/probe/memory_bytes",
+        "max_regression_pct": 10.0,
+        "higher_is_better": True,
+    }
     assert "baseline" not in b.summary()

@@ -33,7 +33,9 @@ def head(path: Path) -> str:
 
 def test_ids_sort_by_time_and_carry_the_preset():
     t0 = dt.datetime(2026, 6, 14, 10, 15, 2, 123456, tzinfo=dt.UTC)
-    ids = [B.new_id("niah-ladder", t0 + dt.timedelta(milliseconds=ms)) for ms in (0, 1, 999, 1000, 86_400_000)]
+    ids = [
+        B.new_id("niah-ladder", t0 + dt.timedelta(milliseconds=ms)) for ms in (0, 1, 999, 1000, 86_400_000)
+    ]
     assert ids == sorted(ids)
     assert ids[0].startswith("20260614T101502.123Z-niah-ladder-")
     assert B.id_time(ids[0]) == t0.replace(microsecond=123000)
@@ -51,13 +53,22 @@ def test_ids_sort_by_time_and_carry_the_preset():
 def test_snapshot_parses_every_kind_and_ignores_malformed_refs():
     a, b, c, d = ("a" * 40, "b" * 40, "c" * 40, "d" * 40)
     i1, i2 = "20260101T000000.000Z-probe-000001", "20260101T000001.000Z-niah-000002"
-    text = "\n".join([
-        f"{a}\t{B.req_ref('cpu', i1)}", f"{b}\t{B.claim_ref(i1)}", f"{c}\t{B.done_ref(i1)}",
-        f"{d}\t{B.req_ref('h200', i2)}", f"{a}\t{B.cancel_ref(i2)}",
-        f"{a}\t{B.req_ref('gpu', i2)}",                       # the same id under a second label
-        f"{a}\trefs/heads/kakeya/req/cpu/not-an-id", f"{a}\trefs/heads/kakeya/what/{i1}",
-        f"{a}\trefs/heads/kakeya/req/{i1}", f"{a}\trefs/heads/main", "zzz\trefs/heads/kakeya/done/x", "",
-    ])
+    text = "\n".join(
+        [
+            f"{a}\t{B.req_ref('cpu', i1)}",
+            f"{b}\t{B.claim_ref(i1)}",
+            f"{c}\t{B.done_ref(i1)}",
+            f"{d}\t{B.req_ref('h200', i2)}",
+            f"{a}\t{B.cancel_ref(i2)}",
+            f"{a}\t{B.req_ref('gpu', i2)}",  # the same id under a second label
+            f"{a}\trefs/heads/kakeya/req/cpu/not-an-id",
+            f"{a}\trefs/heads/kakeya/what/{i1}",
+            f"{a}\trefs/heads/kakeya/req/{i1}",
+            f"{a}\trefs/heads/main",
+            "zzz\trefs/heads/kakeya/done/x",
+            "",
+        ]
+    )
     snap = B.Snapshot.parse(text)
     assert list(snap.entries) == [i1, i2]
     e1, e2 = snap.entries[i1], snap.entries[i2]
@@ -73,9 +84,12 @@ def test_snapshot_parses_every_kind_and_ignores_malformed_refs():
 def test_commits_add_files_without_touching_anything_else(repo: Path):
     before = (git(repo, "status", "--porcelain"), head(repo), (repo / ".git" / "index").read_bytes())
     with B.open_repo(repo) as r:
-        c1 = B.child_commit(r, head(repo), {".kakeya/request.json": b"{}\n", "dir/new.txt": b"n"}, "one", "K <k@x>")
-        c2 = B.child_commit(r, c1, {".kakeya/results/x/logs/out.log": b"log", ".kakeya/request.json": b"[]"},
-                            "two", "K <k@x>")
+        c1 = B.child_commit(
+            r, head(repo), {".kakeya/request.json": b"{}\n", "dir/new.txt": b"n"}, "one", "K <k@x>"
+        )
+        c2 = B.child_commit(
+            r, c1, {".kakeya/results/x/logs/out.log": b"log", ".kakeya/request.json": b"[]"}, "two", "K <k@x>"
+        )
         assert B.read_path(r, c2, ".kakeya/request.json") == b"[]"
         assert B.read_path(r, c2, "dir/b.txt") == b"b\n"
         assert B.read_path(r, c2, "dir/new.txt") == b"n"
@@ -108,10 +122,10 @@ def test_leased_pushes_create_once_update_on_the_seen_sha_and_delete(repo: Path,
         three = B.child_commit(r, one, {"x": b"3"}, "3", "K <k@x>")
     ref = B.claim_ref("20260101T000000.000Z-p-000001")
     assert bus.swap([B.Update(ref, one, None)])
-    assert not bus.swap([B.Update(ref, two, None)])          # must not exist: lost
-    assert not bus.swap([B.Update(ref, three, two)])         # leased on a sha that is not there: lost
-    assert bus.swap([B.Update(ref, three, one)])             # leased on what is there
-    assert bus.swap([B.Update(ref, three, one)])             # already there (a retry after a lost answer)
+    assert not bus.swap([B.Update(ref, two, None)])  # must not exist: lost
+    assert not bus.swap([B.Update(ref, three, two)])  # leased on a sha that is not there: lost
+    assert bus.swap([B.Update(ref, three, one)])  # leased on what is there
+    assert bus.swap([B.Update(ref, three, one)])  # already there (a retry after a lost answer)
     done = B.done_ref("20260101T000000.000Z-p-000001")
     assert not bus.swap([B.Update(ref, two, one), B.Update(done, two, None)])  # atomic: neither moves
     assert bus.ls_remote().refs == {ref: three}
@@ -145,8 +159,7 @@ def test_racing_writers_create_a_ref_exactly_once(repo: Path, daemon: Daemon):
 
 
 def test_an_unreachable_bus_is_a_clear_error(repo: Path, tmp_path: Path):
-    for url in (f"git://127.0.0.1:{free_port()}/bus.git",
-                str(tmp_path / "nothing-here.git")):
+    for url in (f"git://127.0.0.1:{free_port()}/bus.git", str(tmp_path / "nothing-here.git")):
         bus = B.Bus(url, repo, timeout_s=30)
         with pytest.raises(B.BusUnreachable, match="cannot reach the bus"):
             bus.ls_remote()

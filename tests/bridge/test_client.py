@@ -31,8 +31,12 @@ def client(remote: str | None = None) -> Client:
 
 
 def user_state(project: Path) -> tuple[str, str, str, bytes]:
-    return (git(project, "rev-parse", "HEAD"), git(project, "symbolic-ref", "HEAD"),
-            git(project, "status", "--porcelain", "--untracked-files=all"), (project / ".git" / "index").read_bytes())
+    return (
+        git(project, "rev-parse", "HEAD"),
+        git(project, "symbolic-ref", "HEAD"),
+        git(project, "status", "--porcelain", "--untracked-files=all"),
+        (project / ".git" / "index").read_bytes(),
+    )
 
 
 def test_run_on_the_embedded_bus_passes_fails_and_refuses(world: Env, capsys):
@@ -41,18 +45,34 @@ def test_run_on_the_embedded_bus_passes_fails_and_refuses(world: Env, capsys):
     line, summary = lines[0], lines[-1]
     assert lines[1].startswith("**Gate: ✓ pass**")
     rid = line.split(":")[0]
-    assert line == f"{rid}: work succeeded, verdict pass" and summary == f"summary: {world.project}/out/{rid}/summary.md"
+    assert (
+        line == f"{rid}: work succeeded, verdict pass"
+        and summary == f"summary: {world.project}/out/{rid}/summary.md"
+    )
     out = world.project / "out" / rid
-    assert {p.name for p in out.iterdir()} >= {"result.json", "report.json", "verdict.json", "summary.md", "logs"}
+    assert {p.name for p in out.iterdir()} >= {
+        "result.json",
+        "report.json",
+        "verdict.json",
+        "summary.md",
+        "logs",
+    }
     result = json.loads((out / "result.json").read_text())
-    assert (result["request_id"], result["subject"], result["runner_name"]) == (rid, git(world.project, "rev-parse",
-                                                                                             "HEAD"), "inproc")
+    assert (result["request_id"], result["subject"], result["runner_name"]) == (
+        rid,
+        git(world.project, "rev-parse", "HEAD"),
+        "inproc",
+    )
     assert (out / "logs" / "stdout.log").read_text() == "work count one done\n"
     assert world.count() == ["one"]
     # the embedded bus is a bare repository under .kakeya/, which git ignores
     bus = world.project / ".kakeya" / "bus.git"
     assert (bus / "HEAD").is_file() and git(world.project, "status", "--porcelain") == ""
-    assert {r.rsplit("/", 2)[-2] for r in B.Bus(str(bus), world.project).ls_remote().refs} == {"cpu", "claim", "done"}
+    assert {r.rsplit("/", 2)[-2] for r in B.Bus(str(bus), world.project).ls_remote().refs} == {
+        "cpu",
+        "claim",
+        "done",
+    }
 
     assert main(["run", "strict", "-p", "tag=two", "--out", "strict-out"]) == 1
     assert "strict failed" not in capsys.readouterr().out  # the program succeeded; its verdict failed
@@ -64,7 +84,9 @@ def test_run_on_the_embedded_bus_passes_fails_and_refuses(world: Env, capsys):
 
 
 def test_run_sends_a_dirty_tree_as_a_snapshot_and_leaves_the_user_tree_alone(world: Env):
-    (world.project / "work.py").write_text((world.project / "work.py").read_text().replace("done", "dirty-done"))
+    (world.project / "work.py").write_text(
+        (world.project / "work.py").read_text().replace("done", "dirty-done")
+    )
     (world.project / "extra.txt").write_text("untracked\n")
     git(world.project, "add", "extra.txt")
     (world.project / "more.txt").write_text("untracked too\n")
@@ -133,7 +155,12 @@ def test_status_wait_results_and_cancel(world: Env, capsys):
     gpu = c.request("work", {"tag": "e"}, "gpu")
     rows = {row.id: row for row in c.status()}
     assert [rows[i].state for i in (done.id, pending.id, expired.id, cancelled.id, gpu.id)] == [
-        "succeeded", "requested", "expired", "cancelled", "requested"]
+        "succeeded",
+        "requested",
+        "expired",
+        "cancelled",
+        "requested",
+    ]
     assert rows[done.id].verdict == "pass" and rows[done.id].holder == "r1"
     assert rows[gpu.id].runner == "gpu" and rows[gpu.id].subject == done.subject
 
@@ -178,8 +205,24 @@ def test_request_wait_over_git_daemon_and_gc(world: Env, daemon: Daemon, capsys)
     assert main(["wait", rid, "--remote", url, "--timeout", "30"]) == 0
     assert (other / "out" / rid / "summary.md").read_text().startswith("# work: succeeded — verdict pass")
     capsys.readouterr()
-    assert main(["request", "work", "--runner", "cpu", "--remote", url, "-p", "tag=y", "--wait", "--timeout",
-                 "0.5"]) == 1
+    assert (
+        main(
+            [
+                "request",
+                "work",
+                "--runner",
+                "cpu",
+                "--remote",
+                url,
+                "-p",
+                "tag=y",
+                "--wait",
+                "--timeout",
+                "0.5",
+            ]
+        )
+        == 1
+    )
     assert "timed out" in capsys.readouterr().err
     snap = B.Bus(url, other).ls_remote()
     assert sum(1 for e in snap.entries.values() if not e.done) == 1
@@ -227,13 +270,26 @@ def test_status_over_2000_finished_requests_is_one_round_trip(world: Env, daemon
     stream, t0 = [], B.utcnow().replace(microsecond=0)
     for i in range(2000):
         rid = B.new_id("work", t0 - dt.timedelta(seconds=i))
-        result = json.dumps({"schema_version": 1, "status": "succeeded" if i % 3 else "failed", "preset": "work",
-                             "verdict": "pass" if i % 3 else "fail", "request_id": rid}).encode()
-        for ref, frm, path, data in ((B.req_ref("cpu", rid), head, B.MANIFEST_PATH, b"{}"),
-                                     (B.done_ref(rid), f":{2 * i + 1}", f"{B.results_path(rid)}/result.json", result)):
+        result = json.dumps(
+            {
+                "schema_version": 1,
+                "status": "succeeded" if i % 3 else "failed",
+                "preset": "work",
+                "verdict": "pass" if i % 3 else "fail",
+                "request_id": rid,
+            }
+        ).encode()
+        for ref, frm, path, data in (
+            (B.req_ref("cpu", rid), head, B.MANIFEST_PATH, b"{}"),
+            (B.done_ref(rid), f":{2 * i + 1}", f"{B.results_path(rid)}/result.json", result),
+        ):
             mark = 2 * i + (1 if "req" in ref else 2)
-            stream.append(f"commit {ref}\nmark :{mark}\ncommitter T <t@e> 1700000000 +0000\ndata 1\nx\n"
-                          f"from {frm}\nM 100644 inline {path}\ndata {len(data)}\n".encode() + data + b"\n")
+            stream.append(
+                f"commit {ref}\nmark :{mark}\ncommitter T <t@e> 1700000000 +0000\ndata 1\nx\n"
+                f"from {frm}\nM 100644 inline {path}\ndata {len(data)}\n".encode()
+                + data
+                + b"\n"
+            )
         stream.append(f"reset {B.claim_ref(rid)}\nfrom :{2 * i + 2}\n\n".encode())
     B.run_git(bus, "fast-import", "--quiet", input=b"".join(stream))
     before = daemon.connections()

@@ -83,7 +83,11 @@ def outcomes(capsys) -> dict[str, dict]:
 
 def set_gate(env: Env, preset: str, value: int) -> None:
     """Change the trusted registry's threshold for `preset` (min /probe/cpu_count)."""
-    data = {"name": preset, **PRESETS[preset], "gate": [{"check": "min", "path": "/probe/cpu_count", "value": value}]}
+    data = {
+        "name": preset,
+        **PRESETS[preset],
+        "gate": [{"check": "min", "path": "/probe/cpu_count", "value": value}],
+    }
     (env.presets / f"{preset}.yaml").write_text(yaml.safe_dump(data))
 
 
@@ -92,7 +96,9 @@ def bus_fixture(world: Env) -> Bus:
     return Bus(world)
 
 
-def test_no_evidence_then_evidence_for_another_commit_then_passing_evidence(world: Env, bus: Bus, capsys, tmp_path):
+def test_no_evidence_then_evidence_for_another_commit_then_passing_evidence(
+    world: Env, bus: Bus, capsys, tmp_path
+):
     first = git(world.project, "rev-parse", "HEAD")
     summary = tmp_path / "summary.md"
     summary.write_text("## earlier step\n\nkept\n")
@@ -110,8 +116,9 @@ def test_no_evidence_then_evidence_for_another_commit_then_passing_evidence(worl
     assert gate(bus, second, "work@cpu", as_json=True) == 1
     o = outcomes(capsys)["work@cpu"]
     assert o["status"] == "missing" and o["request_id"] is None
-    assert o["reasons"] == [f"no work@cpu result on the bus names {second[:12]} (the newest, {rid}, is for "
-                            f"{first[:12]})"]
+    assert o["reasons"] == [
+        f"no work@cpu result on the bus names {second[:12]} (the newest, {rid}, is for {first[:12]})"
+    ]
 
     # the first commit has it: pass (a short rev of this repository is resolved too)
     before = summary.read_text()
@@ -120,9 +127,12 @@ def test_no_evidence_then_evidence_for_another_commit_then_passing_evidence(worl
     assert lines == [f"✓ work@cpu: pass — {rid}", f"✓ work: pass — {rid}"]
     text = summary.read_text()
     assert text.startswith(before)
-    added = text[len(before):]
+    added = text[len(before) :]
     assert f"**Evidence for `{first}`: ✓ pass** (2 of 2 requirements met)" in added
-    assert f"| ✓ | `work@cpu` | pass | `{rid}` | 1 check passed — runner r1, done {bus.done(rid)[:12]} |" in added
+    assert (
+        f"| ✓ | `work@cpu` | pass | `{rid}` | 1 check passed — runner r1, done {bus.done(rid)[:12]} |"
+        in added
+    )
     assert "<details>" not in added  # gate sections only for what did not pass
 
 
@@ -132,15 +142,19 @@ def test_the_newest_evidence_counts_and_a_label_must_match(world: Env, bus: Bus,
     assert gate(bus, head, "work@cpu", "work@gpu") == 1
     assert capsys.readouterr().out.splitlines() == [
         f"✓ work@cpu: pass — {passed}",
-        f"✗ work@gpu: missing — no work@gpu result on the bus names {head[:12]}"]
+        f"✗ work@gpu: missing — no work@gpu result on the bus names {head[:12]}",
+    ]
     failed = B.new_id("work")  # a request the runner rejects is the newest: it counts
-    push_raw_request(bus.url, world.project, "cpu", failed, manifest_dict(failed, "work", head, params={"seconds": 999}))
+    push_raw_request(
+        bus.url, world.project, "cpu", failed, manifest_dict(failed, "work", head, params={"seconds": 999})
+    )
     assert bus.runner.once(request_id=failed).status == "rejected"
     assert gate(bus, head, "work@cpu", as_json=True) == 1
     o = outcomes(capsys)["work@cpu"]
     assert (o["status"], o["request_id"]) == ("fail", failed)
-    assert o["reasons"][0].startswith(f"{failed}: the run was rejected: bad parameters: preset work: parameter "
-                                      "seconds=999 must be between")
+    assert o["reasons"][0].startswith(
+        f"{failed}: the run was rejected: bad parameters: preset work: parameter seconds=999 must be between"
+    )
     again = bus.run("work", tag="again")
     assert gate(bus, head, "work@cpu") == 0
     assert capsys.readouterr().out == f"✓ work@cpu: pass — {again}\n"
@@ -153,7 +167,9 @@ def test_a_failing_report_fails_and_the_runner_verdict_is_not_trusted(world: Env
     summary = tmp_path / "summary.md"
     assert gate(bus, head, "strict@cpu", "work@cpu", summary=summary) == 1
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == (f"✗ strict@cpu: fail — {strict}: min /probe/cpu_count: /probe/cpu_count = 1, needs ≥ 4096")
+    assert out[0] == (
+        f"✗ strict@cpu: fail — {strict}: min /probe/cpu_count: /probe/cpu_count = 1, needs ≥ 4096"
+    )
     assert out[1] == f"✓ work@cpu: pass — {work}"
     text = summary.read_text()
     assert "(1 of 2 requirements met)" in text
@@ -201,28 +217,42 @@ def test_a_report_edited_after_the_run_does_not_pass(world: Env, bus: Bus, capsy
 
     # a result.json that says the run was on another label
     result = {**json.loads(files["result.json"]), "runner_labels": ["gpu"]}
-    bus.push_done(rid, bus.done(rid), {**edited(subject=head), f"{prefix}/result.json": json.dumps(result).encode()},
-                  replace=True)
+    bus.push_done(
+        rid,
+        bus.done(rid),
+        {**edited(subject=head), f"{prefix}/result.json": json.dumps(result).encode()},
+        replace=True,
+    )
     assert gate(bus, head, "strict@cpu", as_json=True) == 1
     o = outcomes(capsys)["strict@cpu"]
     assert o["reasons"] == [f"{rid} does not belong to {head[:12]}: it ran on a runner labelled gpu, not cpu"]
     bus.push_done(rid, bus.done(rid), {f"{prefix}/result.json": files["result.json"]}, replace=True)
 
     # a report that is not strict JSON
-    bus.push_done(rid, bus.done(rid), {f"{prefix}/report.json": b'{"kind": "probe", "kind": "probe"}'}, replace=True)
+    bus.push_done(
+        rid, bus.done(rid), {f"{prefix}/report.json": b'{"kind": "probe", "kind": "probe"}'}, replace=True
+    )
     assert gate(bus, head, "strict@cpu") == 1
     assert "report.json is not valid: duplicate key 'kind'" in capsys.readouterr().out
 
     # a good report, but the done commit also changes the code under test
-    bus.push_done(rid, bus.done(rid), {**edited(subject=head), "work.py": b"print('not what ran')\n"}, replace=True)
+    bus.push_done(
+        rid, bus.done(rid), {**edited(subject=head), "work.py": b"print('not what ran')\n"}, replace=True
+    )
     assert gate(bus, head, "strict@cpu", as_json=True) == 1
     o = outcomes(capsys)["strict@cpu"]
-    assert (o["status"], o["reasons"]) == ("mismatch", [f"{rid} does not belong to {head[:12]}: its done commit "
-                                                        "changes the subject's files (work.py)"])
+    assert (o["status"], o["reasons"]) == (
+        "mismatch",
+        [f"{rid} does not belong to {head[:12]}: its done commit changes the subject's files (work.py)"],
+    )
 
     # the same good report alone: now it passes (so each case above failed for its own reason)
-    bus.push_done(rid, bus.done(rid), {**edited(subject=head), "work.py": (world.project / "work.py").read_bytes()},
-                  replace=True)
+    bus.push_done(
+        rid,
+        bus.done(rid),
+        {**edited(subject=head), "work.py": (world.project / "work.py").read_bytes()},
+        replace=True,
+    )
     assert gate(bus, head, "strict@cpu") == 0
     assert capsys.readouterr().out == f"✓ strict@cpu: pass — {rid}\n"
 
@@ -237,19 +267,31 @@ def test_a_done_commit_pushed_for_another_commit_does_not_count(world: Env, bus:
     result = {**json.loads(files["result.json"]), "subject": second, "request_id": forged}
     report = {**json.loads(files["report.json"]), "subject": second}
     prefix = B.results_path(forged)
-    bus.push_done(forged, bus.done(rid), {
-        B.MANIFEST_PATH: json.dumps(manifest_dict(forged, "work", second)).encode(),
-        f"{prefix}/result.json": json.dumps(result).encode(),
-        f"{prefix}/report.json": json.dumps(report).encode()}, replace=False)
+    bus.push_done(
+        forged,
+        bus.done(rid),
+        {
+            B.MANIFEST_PATH: json.dumps(manifest_dict(forged, "work", second)).encode(),
+            f"{prefix}/result.json": json.dumps(result).encode(),
+            f"{prefix}/report.json": json.dumps(report).encode(),
+        },
+        replace=False,
+    )
     assert gate(bus, second, "work@cpu", as_json=True) == 1
     o = outcomes(capsys)["work@cpu"]
     assert (o["status"], o["request_id"]) == ("mismatch", forged)
-    assert o["reasons"] == [f"{forged} does not belong to {second[:12]}: its done commit {bus.done(forged)[:12]} "
-                            f"does not descend from {second[:12]}"]
+    assert o["reasons"] == [
+        f"{forged} does not belong to {second[:12]}: its done commit {bus.done(forged)[:12]} "
+        f"does not descend from {second[:12]}"
+    ]
     # a result.json that names the subject while its request does not
     other = B.new_id("work")
-    bus.push_done(other, bus.done(rid), {
-        f"{B.results_path(other)}/result.json": json.dumps({**result, "request_id": other}).encode()}, replace=False)
+    bus.push_done(
+        other,
+        bus.done(rid),
+        {f"{B.results_path(other)}/result.json": json.dumps({**result, "request_id": other}).encode()},
+        replace=False,
+    )
     assert gate(bus, second, "work@cpu", as_json=True) == 1
     o = outcomes(capsys)["work@cpu"]
     assert o["request_id"] == other and o["status"] == "mismatch"
@@ -257,8 +299,15 @@ def test_a_done_commit_pushed_for_another_commit_does_not_count(world: Env, bus:
     assert any(f"its request names id {rid}, not {other}" in r for r in o["reasons"])
     # a request that names the subject and a result.json that does not (nor is readable at all)
     third = B.new_id("work")
-    bus.push_done(third, bus.done(rid), {B.MANIFEST_PATH: json.dumps(manifest_dict(third, "work", second)).encode(),
-                                         f"{B.results_path(third)}/result.json": b"{}"}, replace=False)
+    bus.push_done(
+        third,
+        bus.done(rid),
+        {
+            B.MANIFEST_PATH: json.dumps(manifest_dict(third, "work", second)).encode(),
+            f"{B.results_path(third)}/result.json": b"{}",
+        },
+        replace=False,
+    )
     assert gate(bus, second, "work@cpu", as_json=True) == 1
     o = outcomes(capsys)["work@cpu"]
     assert o["request_id"] == third and "its result.json is missing or invalid" in o["reasons"][0]
@@ -282,9 +331,10 @@ def test_over_a_url_bus_the_evidence_is_fetched_once(world: Env, capsys):
     assert bus.client.bus_dir is None  # not read in place: fetched into the project's object store
     assert not B.present(world.project, [bus.done(rid)])
     assert gate(bus, head, "work@cpu", "cpuonly@cpu") == 1
-    assert capsys.readouterr().out.splitlines() == [f"✓ work@cpu: pass — {rid}",
-                                                    f"✗ cpuonly@cpu: missing — no cpuonly@cpu result on the bus "
-                                                    f"names {head[:12]}"]
+    assert capsys.readouterr().out.splitlines() == [
+        f"✓ work@cpu: pass — {rid}",
+        f"✗ cpuonly@cpu: missing — no cpuonly@cpu result on the bus names {head[:12]}",
+    ]
     assert B.present(world.project, [bus.done(rid)])
 
 
@@ -298,11 +348,26 @@ def test_bad_requirements_are_refused_before_the_bus_is_read(world: Env, bus: Bu
     assert "must look like PRESET or PRESET@LABEL" in capsys.readouterr().err
     assert gate(bus, "not-a-commit", "work@cpu") == 2
     assert "'not-a-commit' is not a commit" in capsys.readouterr().err
-    assert main(["gate", "pr", "--subject", head, "--require", "work@cpu", "--remote",
-                 str(world.tmp / "no-such-bus")]) == 1
+    assert (
+        main(
+            [
+                "gate",
+                "pr",
+                "--subject",
+                head,
+                "--require",
+                "work@cpu",
+                "--remote",
+                str(world.tmp / "no-such-bus"),
+            ]
+        )
+        == 1
+    )
     assert "cannot reach the bus" in capsys.readouterr().err
     assert E.check_requirements(["work@cpu", "work@cpu", "work"], load_registry()) == [
-        E.Requirement("work", "cpu"), E.Requirement("work")]
+        E.Requirement("work", "cpu"),
+        E.Requirement("work"),
+    ]
 
 
 def test_the_summary_stays_under_1_mib_with_many_requirements(world: Env, bus: Bus, capsys, tmp_path):
@@ -313,8 +378,10 @@ def test_the_summary_stays_under_1_mib_with_many_requirements(world: Env, bus: B
     preset = load_registry()["strict"]
     one = E.judge(shelf, head, E.Requirement("strict", "cpu"), preset)
     assert one.status == "fail" and one.verdict is not None
-    many = [E.Outcome(E.Requirement(f"p{i}", "cpu"), "fail", ["x" * 1000], one.evidence, one.verdict)
-            for i in range(20000)]
+    many = [
+        E.Outcome(E.Requirement(f"p{i}", "cpu"), "fail", ["x" * 1000], one.evidence, one.verdict)
+        for i in range(20000)
+    ]
     text = E.summary_table(head, many)
     size = len(text.encode())
     assert E.SUMMARY_CAP - 2048 < size <= E.SUMMARY_CAP
@@ -352,9 +419,11 @@ def test_a_run_that_did_not_succeed_fails_whatever_its_report(world: Env, capsys
     head = git(world.project, "rev-parse", "HEAD")
     rid = bus.run("work")
     assert gate(bus, head, "work@cpu") == 1
-    assert capsys.readouterr().out == (f"✗ work@cpu: fail — {rid}: the run ended with status error: could not "
-                                       "start: preset work: env COUNTER needs ${ENV:KAKEYA_TEST_COUNTER} but "
-                                       "KAKEYA_TEST_COUNTER is not set on this runner\n")
+    assert capsys.readouterr().out == (
+        f"✗ work@cpu: fail — {rid}: the run ended with status error: could not "
+        "start: preset work: env COUNTER needs ${ENV:KAKEYA_TEST_COUNTER} but "
+        "KAKEYA_TEST_COUNTER is not set on this runner\n"
+    )
 
 
 def test_a_request_for_the_subject_that_never_ran_there(world: Env, bus: Bus, capsys):
@@ -366,5 +435,7 @@ def test_a_request_for_the_subject_that_never_ran_there(world: Env, bus: Bus, ca
     push_raw_request(bus.url, world.project, "cpu", rid, manifest_dict(rid, "work", head), parent=other)
     assert bus.runner.once(request_id=rid).status == "rejected"
     assert gate(bus, head, "work@cpu") == 1
-    assert capsys.readouterr().out.startswith(f"✗ work@cpu: fail — {rid}: the run was rejected: invalid manifest: "
-                                              f"subject {head} is not the request commit's parent")
+    assert capsys.readouterr().out.startswith(
+        f"✗ work@cpu: fail — {rid}: the run was rejected: invalid manifest: "
+        f"subject {head} is not the request commit's parent"
+    )

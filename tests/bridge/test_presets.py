@@ -63,25 +63,28 @@ def test_numeric_bounds(name, low, high, under, over):
             preset.validate_params({name: bad})
 
 
-@pytest.mark.parametrize(("name", "good", "bad", "rule"), [
-    ("n", "7", "7.5", "integer"),
-    ("n", 7, True, "not a boolean"),
-    ("x", "0.25", "nan", "finite"),
-    ("x", 1, "abc", "number"),
-    ("flag", "true", "maybe", "true or false"),
-    ("flag", False, "2", "true or false"),
-    ("policy", "sink_window", "full", "one of hybrid, sink_window"),
-    ("tag", "abcdefgh", "abcdefghi", "at most 8"),
-    ("tag", "abc", "ab1", "pattern"),
-    ("contexts", "64,128,256", "64,128,256,512", "at most 3"),
-    ("contexts", [64, 128], "64,x", "integer"),
-    ("contexts", "64", "", "at least one"),
-    ("data", "sub/b.txt", "../etc/passwd", r"'\.\.'"),
-    ("data", "sub/b.txt", "/etc/passwd", "absolute"),
-    ("data", "c", "a/../../b", r"'\.\.'"),
-    ("model", "gemma-3-1b", "../../secret", "model directory name"),
-    ("model", "zoo:tiny-drafter", "/abs/model", "model directory name"),
-])
+@pytest.mark.parametrize(
+    ("name", "good", "bad", "rule"),
+    [
+        ("n", "7", "7.5", "integer"),
+        ("n", 7, True, "not a boolean"),
+        ("x", "0.25", "nan", "finite"),
+        ("x", 1, "abc", "number"),
+        ("flag", "true", "maybe", "true or false"),
+        ("flag", False, "2", "true or false"),
+        ("policy", "sink_window", "full", "one of hybrid, sink_window"),
+        ("tag", "abcdefgh", "abcdefghi", "at most 8"),
+        ("tag", "abc", "ab1", "pattern"),
+        ("contexts", "64,128,256", "64,128,256,512", "at most 3"),
+        ("contexts", [64, 128], "64,x", "integer"),
+        ("contexts", "64", "", "at least one"),
+        ("data", "sub/b.txt", "../etc/passwd", r"'\.\.'"),
+        ("data", "sub/b.txt", "/etc/passwd", "absolute"),
+        ("data", "c", "a/../../b", r"'\.\.'"),
+        ("model", "gemma-3-1b", "../../secret", "model directory name"),
+        ("model", "zoo:tiny-drafter", "/abs/model", "model directory name"),
+    ],
+)
 def test_types_accept_and_reject(name, good, bad, rule):
     preset = make_preset()
     preset.validate_params({name: good})
@@ -91,8 +94,9 @@ def test_types_accept_and_reject(name, good, bad, rule):
 
 
 def test_absolute_path_under_absolute_root_is_accepted():
-    preset = make_preset(params={"data": {"type": "path", "root": "/srv/data", "default": "x"}},
-                         argv=["prog", "{data}"])
+    preset = make_preset(
+        params={"data": {"type": "path", "root": "/srv/data", "default": "x"}}, argv=["prog", "{data}"]
+    )
     assert preset.validate_params({"data": "/srv/data/a/b"})["data"] == "a/b"
     with pytest.raises(InvalidRequest, match="absolute"):
         preset.validate_params({"data": "/srv/database"})
@@ -103,8 +107,9 @@ def test_unknown_missing_and_repeated_parameters():
     preset = make_preset()
     with pytest.raises(InvalidRequest, match="unknown parameter 'bogus'"):
         preset.validate_params({"bogus": "1"})
-    required = make_preset(params={"n": {"type": "int", "min": 1, "max": 3, "required": True}},
-                           argv=["prog", "{n}"])
+    required = make_preset(
+        params={"n": {"type": "int", "min": 1, "max": 3, "required": True}}, argv=["prog", "{n}"]
+    )
     with pytest.raises(InvalidRequest, match="parameter 'n' is required"):
         required.validate_params({})
     with pytest.raises(InvalidRequest, match="'n' is given twice"):
@@ -118,27 +123,50 @@ def test_defaults_fill_and_render_one_element_each():
     preset = make_preset()
     values = preset.validate_params({"contexts": "256,1024", "flag": "yes"})
     argv = preset.render_argv(values, {"python": "/py", "report": "/r.json", "run_dir": "/d"}, {})
-    assert argv == ["/py", "prog.py", "5", "0.5", "true", "hybrid", "abc", "256,1024", "data/a.txt",
-                    "zoo:tiny-hybrid", "/r.json"]
+    assert argv == [
+        "/py",
+        "prog.py",
+        "5",
+        "0.5",
+        "true",
+        "hybrid",
+        "abc",
+        "256,1024",
+        "data/a.txt",
+        "zoo:tiny-hybrid",
+        "/r.json",
+    ]
 
 
-@pytest.mark.parametrize(("bad", "message"), [
-    ({"argv": ["prog", "--n={n}"]}, "a placeholder must be a whole element"),
-    ({"argv": ["prog", "{nope}"]}, "'{nope}' names no parameter or builtin"),
-    ({"argv": ["prog"]}, "are never used in argv"),
-    ({"params": {"n": {"type": "int", "min": 1, "max": 3}}, "argv": ["p", "{n}"]}, "needs a default"),
-    ({"params": {"n": {"type": "int", "min": 1, "max": 3, "default": 9}}, "argv": ["p", "{n}"]},
-     r"default of parameter 'n' \(9\) must be between 1 and 3"),
-    ({"params": {"python": {"type": "int", "min": 1, "max": 3, "default": 1}}, "argv": ["{python}"]},
-     "shadows the builtin"),
-    ({"params": {"n": {"type": "float", "min": 1, "max": 3, "default": 1, "choices": ["a"]}}, "argv": ["p", "{n}"]},
-     r"(?s)choices.*Extra inputs are not permitted"),
-    ({"name": "Bad Name"}, "must be lowercase letters, digits and dashes"),
-    ({"gate": [{"check": "median", "path": "/x", "value": 1}]}, "Input should be 'min'"),
-    ({"gate": [{"check": "min", "path": "x/y", "value": 1}]}, "is not a JSON pointer"),
-    ({"gate": [{"check": "between", "path": "/x", "value": [3, 1]}]}, r"needs value \[low, high\]"),
-    ({"env": {"BAD-NAME": "1"}}, "env name 'BAD-NAME' is not a valid variable name"),
-])
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"argv": ["prog", "--n={n}"]}, "a placeholder must be a whole element"),
+        ({"argv": ["prog", "{nope}"]}, "'{nope}' names no parameter or builtin"),
+        ({"argv": ["prog"]}, "are never used in argv"),
+        ({"params": {"n": {"type": "int", "min": 1, "max": 3}}, "argv": ["p", "{n}"]}, "needs a default"),
+        (
+            {"params": {"n": {"type": "int", "min": 1, "max": 3, "default": 9}}, "argv": ["p", "{n}"]},
+            r"default of parameter 'n' \(9\) must be between 1 and 3",
+        ),
+        (
+            {"params": {"python": {"type": "int", "min": 1, "max": 3, "default": 1}}, "argv": ["{python}"]},
+            "shadows the builtin",
+        ),
+        (
+            {
+                "params": {"n": {"type": "float", "min": 1, "max": 3, "default": 1, "choices": ["a"]}},
+                "argv": ["p", "{n}"],
+            },
+            r"(?s)choices.*Extra inputs are not permitted",
+        ),
+        ({"name": "Bad Name"}, "must be lowercase letters, digits and dashes"),
+        ({"gate": [{"check": "median", "path": "/x", "value": 1}]}, "Input should be 'min'"),
+        ({"gate": [{"check": "min", "path": "x/y", "value": 1}]}, "is not a JSON pointer"),
+        ({"gate": [{"check": "between", "path": "/x", "value": [3, 1]}]}, r"needs value \[low, high\]"),
+        ({"env": {"BAD-NAME": "1"}}, "env name 'BAD-NAME' is not a valid variable name"),
+    ],
+)
 def test_malformed_presets_are_rejected(bad, message):
     with pytest.raises(ValueError, match=message):
         make_preset(**bad)

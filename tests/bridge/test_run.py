@@ -21,8 +21,15 @@ REPORT = {"kind": "probe", "schema_version": 1}
 
 
 def preset(argv, params=None, **over) -> Preset:
-    data = {"name": "t", "description": "test", "runners": ["cpu"], "timeout_s": 20, "argv": argv,
-            "params": params or {}, "report": REPORT}
+    data = {
+        "name": "t",
+        "description": "test",
+        "runners": ["cpu"],
+        "timeout_s": 20,
+        "argv": argv,
+        "params": params or {},
+        "report": REPORT,
+    }
     data.update(over)
     return Preset.model_validate(data)
 
@@ -47,14 +54,27 @@ def run(p, checkout, tmp_path, values=None, **kw):
 
 def test_injection_values_arrive_as_one_literal_argument(checkout, tmp_path):
     canary = tmp_path / "canary"
-    script(checkout, "echo_args.py", """
+    script(
+        checkout,
+        "echo_args.py",
+        """
         import json, os, sys
         json.dump({"argv": sys.argv[1:]}, open(os.environ["KAKEYA_REPORT"], "w"))
-    """)
-    p = preset(["{python}", "echo_args.py", "{v}"],
-               {"v": {"type": "str", "pattern": "(?s).*", "max_length": 200, "default": "x"}})
-    values = [f"; touch {canary}", f"$(touch {canary})", f"`touch {canary}`", f"a\ntouch {canary}",
-              "--help", f"x' ; touch {canary} '", f"| touch {canary}"]
+    """,
+    )
+    p = preset(
+        ["{python}", "echo_args.py", "{v}"],
+        {"v": {"type": "str", "pattern": "(?s).*", "max_length": 200, "default": "x"}},
+    )
+    values = [
+        f"; touch {canary}",
+        f"$(touch {canary})",
+        f"`touch {canary}`",
+        f"a\ntouch {canary}",
+        "--help",
+        f"x' ; touch {canary} '",
+        f"| touch {canary}",
+    ]
     for value in values:
         result = run(p, checkout, tmp_path, {"v": value})
         report = json.loads((tmp_path / "out" / "report.json").read_text())
@@ -66,15 +86,24 @@ def test_injection_values_arrive_as_one_literal_argument(checkout, tmp_path):
 def test_environment_is_scrubbed_and_checkout_is_on_pythonpath(checkout, tmp_path):
     (checkout / "pkg").mkdir()
     (checkout / "pkg" / "__init__.py").write_text("MARK = 'from-checkout'\n")
-    script(checkout, "env.py", """
+    script(
+        checkout,
+        "env.py",
+        """
         import json, os, pkg
         json.dump({"env": dict(os.environ), "mark": pkg.MARK, "cwd": os.getcwd()},
                   open(os.environ["KAKEYA_REPORT"], "w"))
-    """)
+    """,
+    )
     p = preset(["{python}", "env.py"], env={"HF_HUB_OFFLINE": "1", "WHERE": "${ENV:MODELS_AT}"})
     environ = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "AWS_SECRET": "leak", "MODELS_AT": "/m"}
-    result = run(p, checkout, tmp_path, environ=environ,
-                 context=RunContext(request_id="r1", subject="abc123", runner_name="n", runner_labels=["cpu"]))
+    result = run(
+        p,
+        checkout,
+        tmp_path,
+        environ=environ,
+        context=RunContext(request_id="r1", subject="abc123", runner_name="n", runner_labels=["cpu"]),
+    )
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     env = report["env"]
     assert "AWS_SECRET" not in env and "MODELS_AT" not in env
@@ -99,13 +128,16 @@ def test_missing_env_placeholder_fails_before_anything_starts(checkout, tmp_path
 
 def test_timeout_kills_the_whole_tree_grandchildren_included(checkout, tmp_path):
     pids = tmp_path / "pids"
-    inner = ("import os, subprocess, sys, time\n"
-             "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
-             "d = subprocess.Popen([sys.executable, '-c', 'import os, time; os.setsid(); time.sleep(600)'])\n"
-             f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{g.pid}} {{d.pid}}')\n"
-             "time.sleep(600)\n")
+    inner = (
+        "import os, subprocess, sys, time\n"
+        "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "d = subprocess.Popen([sys.executable, '-c', 'import os, time; os.setsid(); time.sleep(600)'])\n"
+        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{g.pid}} {{d.pid}}')\n"
+        "time.sleep(600)\n"
+    )
     (checkout / "tree.py").write_text(
-        f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {inner!r}])\ntime.sleep(600)\n")
+        f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {inner!r}])\ntime.sleep(600)\n"
+    )
     p = preset(["{python}", "tree.py"], timeout_s=3)
     start = time.monotonic()
     result = run(p, checkout, tmp_path)
@@ -121,12 +153,16 @@ def test_timeout_kills_the_whole_tree_grandchildren_included(checkout, tmp_path)
 
 def test_exited_program_leaves_no_background_process(checkout, tmp_path):
     pidfile = tmp_path / "bg"
-    script(checkout, "bg.py", f"""
+    script(
+        checkout,
+        "bg.py",
+        f"""
         import subprocess, sys, json, os
         g = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         open({str(pidfile)!r}, "w").write(str(g.pid))
         json.dump({{}}, open(os.environ["KAKEYA_REPORT"], "w"))
-    """)
+    """,
+    )
     run(preset(["{python}", "bg.py"]), checkout, tmp_path)
     pid = int(pidfile.read_text())
     deadline = time.monotonic() + 5
@@ -136,7 +172,10 @@ def test_exited_program_leaves_no_background_process(checkout, tmp_path):
 
 
 def test_fifty_megabytes_of_output_stay_under_the_cap_with_head_and_tail(checkout, tmp_path):
-    script(checkout, "loud.py", """
+    script(
+        checkout,
+        "loud.py",
+        """
         import sys
         out = sys.stdout.buffer
         out.write(b"HEAD-MARKER\\n")
@@ -145,7 +184,8 @@ def test_fifty_megabytes_of_output_stay_under_the_cap_with_head_and_tail(checkou
             out.write(line)
         out.write(b"TAIL-MARKER\\n")
         sys.stderr.write("err-only\\n")
-    """)
+    """,
+    )
     cap = 1024 * 1024
     result = run(preset(["{python}", "loud.py"]), checkout, tmp_path, config=Config(log_cap_bytes=cap))
     log = (tmp_path / "out" / "logs" / "stdout.log").read_bytes()
@@ -158,7 +198,10 @@ def test_fifty_megabytes_of_output_stay_under_the_cap_with_head_and_tail(checkou
 
 def test_secrets_appear_in_no_file_written(checkout, tmp_path):
     secret = "s3cr3t-TOKEN-value-1234"
-    script(checkout, "leak.py", """
+    script(
+        checkout,
+        "leak.py",
+        """
         import json, os, sys
         s = os.environ["HF_TOKEN"]
         print("token is", s)
@@ -168,15 +211,25 @@ def test_secrets_appear_in_no_file_written(checkout, tmp_path):
         print(s, file=sys.stderr)
         json.dump({"leaked": s, "note": "x" + s}, open(os.environ["KAKEYA_REPORT"], "w"))
         open(os.path.join(os.environ["KAKEYA_RUN_DIR"], "extra.txt"), "w").write(s)
-    """)
-    p = preset(["{python}", "leak.py", "{v}"], {"v": {"type": "str", "pattern": ".*", "max_length": 64,
-                                                      "default": "x"}},
-               env={"HF_TOKEN": "${ENV:HF_TOKEN}"}, secrets=["HF_TOKEN"])
+    """,
+    )
+    p = preset(
+        ["{python}", "leak.py", "{v}"],
+        {"v": {"type": "str", "pattern": ".*", "max_length": 64, "default": "x"}},
+        env={"HF_TOKEN": "${ENV:HF_TOKEN}"},
+        secrets=["HF_TOKEN"],
+    )
     environ = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "HF_TOKEN": secret}
     run(p, checkout, tmp_path, {"v": secret}, environ=environ)
     files = [f for f in (tmp_path / "out").rglob("*") if f.is_file()]
-    assert {f.name for f in files} >= {"stdout.log", "stderr.log", "report.json", "result.json", "summary.md",
-                                       "extra.txt"}
+    assert {f.name for f in files} >= {
+        "stdout.log",
+        "stderr.log",
+        "report.json",
+        "result.json",
+        "summary.md",
+        "extra.txt",
+    }
     for f in files:
         assert secret.encode() not in f.read_bytes(), f
     assert b"[REDACTED]" in (tmp_path / "out" / "logs" / "stdout.log").read_bytes()
@@ -191,12 +244,15 @@ def test_capped_log_catches_a_secret_split_across_chunks(tmp_path):
     assert (tmp_path / "x.log").read_bytes() == b"..[REDACTED]..[REDACTED][REDACTED]"
 
 
-@pytest.mark.parametrize(("body", "reason"), [
-    ("pass", "wrote no report"),
-    ("open(os.environ['KAKEYA_REPORT'], 'w').write('{not json')", "not valid JSON"),
-    ("open(os.environ['KAKEYA_REPORT'], 'w').write('[1, 2]')", "not a JSON object"),
-    ("open(os.environ['KAKEYA_REPORT'], 'w').write('{\"a\": NaN}')", "non-finite"),
-])
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ("pass", "wrote no report"),
+        ("open(os.environ['KAKEYA_REPORT'], 'w').write('{not json')", "not valid JSON"),
+        ("open(os.environ['KAKEYA_REPORT'], 'w').write('[1, 2]')", "not a JSON object"),
+        ("open(os.environ['KAKEYA_REPORT'], 'w').write('{\"a\": NaN}')", "non-finite"),
+    ],
+)
 def test_bad_reports_end_in_error_with_the_reason(checkout, tmp_path, body, reason):
     p = preset(["{python}", "-c", f"import os\n{body}"])
     result = run(p, checkout, tmp_path)
@@ -227,8 +283,14 @@ def test_should_stop_cancels_or_errors(checkout, tmp_path):
 
 
 def test_write_outcome_records_why_nothing_ran(tmp_path):
-    result = write_outcome(tmp_path / "o", "rejected", "unknown preset 'x'", preset_name="x", params={"a": "1"},
-                           context=RunContext(request_id="r9"))
+    result = write_outcome(
+        tmp_path / "o",
+        "rejected",
+        "unknown preset 'x'",
+        preset_name="x",
+        params={"a": "1"},
+        context=RunContext(request_id="r9"),
+    )
     saved = json.loads((tmp_path / "o" / "result.json").read_text())
     assert saved["status"] == "rejected" and saved["request_id"] == "r9" and result.exit_code is None
     assert "unknown preset 'x'" in (tmp_path / "o" / "summary.md").read_text()

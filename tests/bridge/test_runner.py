@@ -51,7 +51,11 @@ def test_request_runner_results_end_to_end_over_git_daemon(world: Env, daemon: D
     assert capsys.readouterr().out.strip() == f"{rid}: succeeded, verdict pass"
     assert main(["results", rid, "--remote", url, "--out", "res"]) == 0
     result = json.loads((world.project / "res" / "result.json").read_text())
-    assert (result["status"], result["runner_name"], result["runner_labels"]) == ("succeeded", "gpu-box", ["cpu"])
+    assert (result["status"], result["runner_name"], result["runner_labels"]) == (
+        "succeeded",
+        "gpu-box",
+        ["cpu"],
+    )
     assert result["subject"] == git(world.project, "rev-parse", "HEAD") and result["preset"] == "work"
     assert json.loads((world.project / "res" / "report.json").read_text())["subject"] == result["subject"]
     assert world.count() == ["e2e"]
@@ -76,13 +80,20 @@ def test_four_runner_processes_execute_40_requests_exactly_once(world: Env, daem
     url = daemon.repo()
     staging = B.init_bare(world.tmp / "staging.git")  # queue the 40 requests with one push
     client = Client(load_config(), remote=str(staging))
-    ids = [client.request("work", {"tag": f"t{i}", "seconds": "0.1", "mode": "sleep"}, "cpu").id for i in range(40)]
+    ids = [
+        client.request("work", {"tag": f"t{i}", "seconds": "0.1", "mode": "sleep"}, "cpu").id
+        for i in range(40)
+    ]
     git(staging, "push", "-q", url, "refs/heads/kakeya/*:refs/heads/kakeya/*")
     procs = [runner_process(world, url, f"w{i}", "--poll", "0.5", "--lease", "5") for i in range(4)]
     try:
         bus = B.Bus(url, world.project)
-        wait_for(lambda: sum(1 for e in bus.ls_remote().entries.values() if e.done) == 40, 150, "40 done refs",
-                 step=0.5)
+        wait_for(
+            lambda: sum(1 for e in bus.ls_remote().entries.values() if e.done) == 40,
+            150,
+            "40 done refs",
+            step=0.5,
+        )
     finally:
         codes = [stop(p) for p in procs]
     assert codes == [0, 0, 0, 0]
@@ -91,7 +102,9 @@ def test_four_runner_processes_execute_40_requests_exactly_once(world: Env, daem
     names = []
     with B.open_repo(world.project) as repo:
         for rid, entry in bus.ls_remote().entries.items():
-            result = json.loads(B.read_path(repo, entry.done or "", f"{B.results_path(rid)}/result.json") or b"")
+            result = json.loads(
+                B.read_path(repo, entry.done or "", f"{B.results_path(rid)}/result.json") or b""
+            )
             assert result["status"] == "succeeded" and result["request_id"] == rid
             names.append(result["runner_name"])
     assert len(set(names)) >= 2, names
@@ -102,8 +115,13 @@ def test_a_sigkilled_runner_loses_its_claim_to_another_after_the_lease(world: En
     client = Client(load_config(), remote=url)
     rid = client.request("work", {"tag": "k", "mode": "once", "seconds": "60"}, "cpu").id
     first = runner_process(world, url, "a", "--poll", "0.2", "--lease", "2")
-    program = int(wait_for(lambda: world.mark("k", "first").exists() and world.mark("k", "first").read_text(), 60,
-                           "the first attempt to start"))
+    program = int(
+        wait_for(
+            lambda: world.mark("k", "first").exists() and world.mark("k", "first").read_text(),
+            60,
+            "the first attempt to start",
+        )
+    )
     bus = B.Bus(url, world.project)
     wait_for(lambda: world.mark("k", "started").exists(), 10, "the program")
     time.sleep(1.0)  # let a heartbeat or two land
@@ -129,15 +147,24 @@ def test_a_stalled_runner_that_lost_its_lease_kills_its_run_and_pushes_nothing(w
     rid = client.request("work", {"tag": "s", "mode": "once", "seconds": "60"}, "cpu").id
     stalled = runner_process(world, url, "a", "--poll", "0.2", "--lease", "2")
     try:
-        program = int(wait_for(lambda: world.mark("s", "first").exists() and world.mark("s", "first").read_text(), 60,
-                               "the first attempt"))
+        program = int(
+            wait_for(
+                lambda: world.mark("s", "first").exists() and world.mark("s", "first").read_text(),
+                60,
+                "the first attempt",
+            )
+        )
         stalled.send_signal(signal.SIGSTOP)
         served = wait_for(make_runner(url, world, "b").once, 20, "the takeover")
         assert served.status == "succeeded" and served.pushed
         assert pid_alive(program)
         stalled.send_signal(signal.SIGCONT)
         wait_for(lambda: not pid_alive(program), 20, "the stalled runner to kill its run")
-        wait_for(lambda: "result is not pushed" in (world.tmp / "a.log").read_text(), 20, "the stalled runner's log")
+        wait_for(
+            lambda: "result is not pushed" in (world.tmp / "a.log").read_text(),
+            20,
+            "the stalled runner's log",
+        )
     finally:
         stalled.send_signal(signal.SIGCONT)
         assert stop(stalled) == 0
@@ -159,13 +186,17 @@ def test_rejections_end_in_done_commits_and_run_nothing(world: Env):
         return rid
 
     cases[raw("ghost", lambda r: manifest_dict(r, "ghost", head))] = "unknown preset 'ghost'"
-    cases[raw("work", lambda r: manifest_dict(r, "work", head, params={"seconds": "999"}))] = \
+    cases[raw("work", lambda r: manifest_dict(r, "work", head, params={"seconds": "999"}))] = (
         "bad parameters: preset work: parameter seconds='999' must be between"
-    cases[raw("work", lambda r: manifest_dict(r, "work", head, params={"shell": "rm -rf /"}))] = \
+    )
+    cases[raw("work", lambda r: manifest_dict(r, "work", head, params={"shell": "rm -rf /"}))] = (
         "unknown parameter 'shell'"
+    )
     cases[raw("work", b"{not json")] = "invalid manifest: manifest: Invalid JSON"
     cases[raw("work", lambda r: manifest_dict(B.new_id("work"), "work", head))] = "invalid manifest: id is"
-    cases[raw("work", lambda r: manifest_dict(r, "work", head, label="gpu"))] = "invalid manifest: runner is 'gpu'"
+    cases[raw("work", lambda r: manifest_dict(r, "work", head, label="gpu"))] = (
+        "invalid manifest: runner is 'gpu'"
+    )
     cases[raw("work", lambda r: {**manifest_dict(r, "work", head), "schema_version": 2})] = "schema_version"
     other = git(world.project, "commit-tree", f"{head}^{{tree}}", "-m", "other")
     cases[raw("work", lambda r: manifest_dict(r, "work", other))] = "is not the request commit's parent"
@@ -192,8 +223,9 @@ def test_cancel_during_a_run_kills_it(world: Env):
     served: list = []
     thread = threading.Thread(target=lambda: served.append(runner.once()))
     thread.start()
-    started = wait_for(lambda: world.mark("c", "started").exists() and world.mark("c", "started").read_text(), 30,
-                       "the run")
+    started = wait_for(
+        lambda: world.mark("c", "started").exists() and world.mark("c", "started").read_text(), 30, "the run"
+    )
     assert client.cancel(rid) == "claimed"
     thread.join(30)
     assert not thread.is_alive() and served[0].status == "cancelled" and served[0].pushed
@@ -204,8 +236,9 @@ def test_cancel_during_a_run_kills_it(world: Env):
 
 
 def test_lfs_pointer_files_are_refused(world: Env):
-    (world.project / "model.bin").write_text("version https://git-lfs.github.com/spec/v1\n"
-                                             "oid sha256:" + "0" * 64 + "\nsize 123\n")
+    (world.project / "model.bin").write_text(
+        "version https://git-lfs.github.com/spec/v1\noid sha256:" + "0" * 64 + "\nsize 123\n"
+    )
     git(world.project, "add", "model.bin")
     git(world.project, "commit", "-qm", "lfs")
     client = Client(load_config())
@@ -213,7 +246,10 @@ def test_lfs_pointer_files_are_refused(world: Env):
     served = make_runner(client.url, world).once()
     assert served is not None and served.status == "error"
     reason = done_result(world.project, client.url, rid)["reason"]
-    assert "1 Git LFS pointer file(s) that were not fetched (model.bin)" in reason and "git lfs install" in reason
+    assert (
+        "1 Git LFS pointer file(s) that were not fetched (model.bin)" in reason
+        and "git lfs install" in reason
+    )
     assert world.count() == []
 
 
@@ -251,8 +287,11 @@ def test_sigterm_finishes_the_current_run_and_a_second_one_ends_it(world: Env, d
 
     killed = client.request("work", {"tag": "k", "mode": "sleep", "seconds": "60"}, "cpu").id
     proc = runner_process(world, url, "b", "--request", killed, mode="once")
-    started = wait_for(lambda: world.mark("k", "started").exists() and world.mark("k", "started").read_text(), 60,
-                       "the second run")
+    started = wait_for(
+        lambda: world.mark("k", "started").exists() and world.mark("k", "started").read_text(),
+        60,
+        "the second run",
+    )
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.5)
     assert proc.poll() is None  # the first signal lets the run go on
@@ -290,8 +329,11 @@ def test_a_takeover_during_the_run_stops_the_holder_in_process(world: Env):
     served: list = []
     thread = threading.Thread(target=lambda: served.append(holder.once()))
     thread.start()
-    program = int(wait_for(lambda: world.mark("t", "first").exists() and world.mark("t", "first").read_text(), 30,
-                           "the run"))
+    program = int(
+        wait_for(
+            lambda: world.mark("t", "first").exists() and world.mark("t", "first").read_text(), 30, "the run"
+        )
+    )
     # another runner takes the claim over with a lease on the sha it saw (as after an expired lease)
     thief = make_runner(client.url, world, "b")
     entry = thief.bus.ls_remote().entries[rid]
@@ -326,8 +368,9 @@ def test_watch_serves_until_stopped_and_backs_off_while_the_bus_is_away(world: E
     client = Client(load_config())
     ids = [client.request("work", {"tag": f"w{i}"}, "cpu").id for i in range(2)]
     lines: list[str] = []
-    runner = Runner(client.url, config=load_config(), name="w", labels=["cpu"], workdir=world.tmp / "w",
-                    log=lines.append)
+    runner = Runner(
+        client.url, config=load_config(), name="w", labels=["cpu"], workdir=world.tmp / "w", log=lines.append
+    )
     thread = threading.Thread(target=runner.watch, kwargs={"poll_s": 0.2, "max_backoff_s": 0.4})
     thread.start()
     bus = B.Bus(client.url, world.project)

@@ -18,7 +18,10 @@ from typing import Any
 import pytest
 
 HAVE_MLX = importlib.util.find_spec("mlx") is not None and importlib.util.find_spec("mlx_lm") is not None
-BACKENDS = ["torch", pytest.param("mlx", marks=pytest.mark.skipif(not HAVE_MLX, reason="mlx / mlx-lm not installed"))]
+BACKENDS = [
+    "torch",
+    pytest.param("mlx", marks=pytest.mark.skipif(not HAVE_MLX, reason="mlx / mlx-lm not installed")),
+]
 
 _TMP = Path(tempfile.mkdtemp(prefix="kakeya-mlx-twins-"))
 atexit.register(shutil.rmtree, _TMP, ignore_errors=True)

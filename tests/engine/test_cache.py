@@ -46,7 +46,9 @@ def _policy_rule(policy: Policy, layer_type: str, native: int | None, q: int, j:
     return layer_type != "sliding_attention" or native is None or j > q - native
 
 
-@pytest.mark.parametrize("policy", [full(), sink_window(4, 8), sink_window(0, 5), sink_window(3, 40), hybrid(2, 6), hybrid(4, 30)])
+@pytest.mark.parametrize(
+    "policy", [full(), sink_window(4, 8), sink_window(0, 5), sink_window(3, 40), hybrid(2, 6), hybrid(4, 30)]
+)
 @pytest.mark.parametrize("layer_type", ["full_attention", "sliding_attention"])
 def test_layer_spec_is_the_documented_rule(policy: Policy, layer_type: str) -> None:
     native = 16
@@ -81,8 +83,13 @@ def _simulate(spec: LayerSpec, max_block: int, steps: int, seed: int) -> int:
         if not plan.concat:
             keys = table[: plan.view]
         for q in new:
-            seen = sorted(k for k in keys if k <= q and (spec.window is None or k < spec.sink or k > q - spec.window)
-                          and (spec.native_window is None or k > q - spec.native_window))
+            seen = sorted(
+                k
+                for k in keys
+                if k <= q
+                and (spec.window is None or k < spec.sink or k > q - spec.window)
+                and (spec.native_window is None or k > q - spec.native_window)
+            )
             assert seen == [j for j in range(q + 1) if spec.visible(q, j)], (spec, step, q)
             if not plan.mask:
                 assert m == 1 and len(seen) == len(keys), "a mask-free forward attends to a hidden slot"
@@ -150,7 +157,9 @@ from tests.engine.backends import BACKENDS, on  # noqa: E402
 @pytest.mark.parametrize("max_block", [1, 5])
 def test_kv_bytes_sink_window_constant_hybrid_grows_only_in_full_layers(max_block: int, backend: str) -> None:
     cfg = tiny_models.gemma().model.config
-    slot_bytes = [kv_bytes_per_slot(cfg.num_key_value_heads, cfg.head_dim, 4)] * cfg.num_hidden_layers  # float32
+    slot_bytes = [
+        kv_bytes_per_slot(cfg.num_key_value_heads, cfg.head_dim, 4)
+    ] * cfg.num_hidden_layers  # float32
     tm = on(backend, tiny_models.gemma())
     ids = tiny_models.prompt(300, seed=3)
     full_layers = [i for i, t in enumerate(tm.layer_types) if t == "full_attention"]

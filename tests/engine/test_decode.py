@@ -24,11 +24,18 @@ MLX_MARKS = BACKENDS[1].marks
 
 
 @pytest.mark.parametrize("policy", COVERING, ids=str)
-@pytest.mark.parametrize(("model", "prompt_len", "chunk", "backend"), [
-    ("gemma", 5, 512, "torch"), ("gemma", 70, 16, "torch"), ("gemma-eager", 40, 16, "torch"),
-    ("qwen", 33, 7, "torch"), ("mistral", 30, 8, "torch"),
-    pytest.param("gemma", 70, 16, "mlx", marks=MLX_MARKS), pytest.param("qwen", 33, 7, "mlx", marks=MLX_MARKS),
-])
+@pytest.mark.parametrize(
+    ("model", "prompt_len", "chunk", "backend"),
+    [
+        ("gemma", 5, 512, "torch"),
+        ("gemma", 70, 16, "torch"),
+        ("gemma-eager", 40, 16, "torch"),
+        ("qwen", 33, 7, "torch"),
+        ("mistral", 30, 8, "torch"),
+        pytest.param("gemma", 70, 16, "mlx", marks=MLX_MARKS),
+        pytest.param("qwen", 33, 7, "mlx", marks=MLX_MARKS),
+    ],
+)
 def test_covering_window_equals_transformers_generate(
     policy: Policy, model: str, prompt_len: int, chunk: int, backend: str
 ) -> None:
@@ -53,12 +60,19 @@ def _policy_masks(tm, policy: Policy, n: int) -> dict[str, torch.Tensor]:
 ORACLE_POLICIES = [sink_window(4, 8), sink_window(0, 6), hybrid(2, 5), full()]
 
 
-@pytest.mark.parametrize(("policy", "model", "backend"), [
-    *((p, m, "torch") for p in ORACLE_POLICIES for m in ("gemma", "qwen", "mistral")),
-    *(pytest.param(p, m, "mlx", marks=MLX_MARKS)
-      for p, m in [(sink_window(4, 8), "gemma"), (hybrid(2, 5), "gemma"), (sink_window(0, 6), "qwen")]),
-])
-def test_bounded_greedy_equals_a_teacher_forced_masked_forward(policy: Policy, model: str, backend: str) -> None:
+@pytest.mark.parametrize(
+    ("policy", "model", "backend"),
+    [
+        *((p, m, "torch") for p in ORACLE_POLICIES for m in ("gemma", "qwen", "mistral")),
+        *(
+            pytest.param(p, m, "mlx", marks=MLX_MARKS)
+            for p, m in [(sink_window(4, 8), "gemma"), (hybrid(2, 5), "gemma"), (sink_window(0, 6), "qwen")]
+        ),
+    ],
+)
+def test_bounded_greedy_equals_a_teacher_forced_masked_forward(
+    policy: Policy, model: str, backend: str
+) -> None:
     """An oracle that shares nothing with the cache: one cache-free transformers forward over prompt +
     output with the rule's dense masks must predict every generated token (windows of 5-8 wrap ~15
     times)."""
@@ -70,8 +84,10 @@ def test_bounded_greedy_equals_a_teacher_forced_masked_forward(policy: Policy, m
     mask = masks if len(masks) > 1 else next(iter(masks.values()))
     with torch.inference_mode():
         logits = tm.model(
-            input_ids=torch.tensor([seq[:-1]]), position_ids=torch.arange(len(seq) - 1)[None],
-            attention_mask=mask, use_cache=False,
+            input_ids=torch.tensor([seq[:-1]]),
+            position_ids=torch.arange(len(seq) - 1)[None],
+            attention_mask=mask,
+            use_cache=False,
         ).logits[0]
     assert logits[len(ids) - 1 :].argmax(-1).tolist() == gen.tokens
     if policy.kind == "sink_window" or (policy.kind == "hybrid" and "sliding_attention" in tm.layer_types):
@@ -127,7 +143,9 @@ def test_load_resolves_zoo_paths_and_reports_bad_names(tmp_path, monkeypatch) ->
     with pytest.raises(ValueError, match="backend"):
         engine.load(str(tmp_path / "m"), backend="tpu")  # type: ignore[arg-type]
     ids = loaded.encode("helloworld")
-    assert ids == [10, 7, 14, 14, 17, 25, 17, 20, 14, 6] and loaded.decode(ids).replace(" ", "") == "helloworld"
+    assert (
+        ids == [10, 7, 14, 14, 17, 25, 17, 20, 14, 6] and loaded.decode(ids).replace(" ", "") == "helloworld"
+    )
     monkeypatch.setenv("KAKEYA_MODELS", str(tmp_path))
     assert engine.resolve("m") == tmp_path / "m"
     home = tmp_path / "home"

@@ -71,7 +71,9 @@ def _save_gemma(tmp_path: Path, **overrides) -> Path:
 def test_config_supplies_what_mlx_lm_gemma3_needs(tmp_path: Path) -> None:
     path = _save_gemma(tmp_path)
     saved = json.loads((path / "config.json").read_text())
-    assert "sliding_window_pattern" not in saved  # transformers writes only a private `_sliding_window_pattern`
+    assert (
+        "sliding_window_pattern" not in saved
+    )  # transformers writes only a private `_sliding_window_pattern`
     extra = mlx_config(path)
     assert extra == {"sliding_window_pattern": 2, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0}
     mm = load_mlx(path)
@@ -86,7 +88,10 @@ def test_config_supplies_what_mlx_lm_gemma3_needs(tmp_path: Path) -> None:
     ("overrides", "message"),
     [
         ({"sliding_window_pattern": 3}, "contradicts layer_types"),
-        ({"layer_types": ["sliding_attention", "full_attention", "full_attention", "sliding_attention"]}, "repeat"),
+        (
+            {"layer_types": ["sliding_attention", "full_attention", "full_attention", "sliding_attention"]},
+            "repeat",
+        ),
         ({"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
     ],
 )
@@ -127,25 +132,33 @@ def _run_without(blocked: list[str], code: str) -> subprocess.CompletedProcess[s
     """Run `code` in a fresh interpreter where `blocked` packages are absent (None in sys.modules makes
     `import` fail and `importlib.util.find_spec` return None, as on a host without them)."""
     prelude = f"import sys\nfor name in {blocked!r}:\n    sys.modules[name] = None\n"
-    return subprocess.run([sys.executable, "-c", prelude + code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", prelude + code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_each_backend_runs_without_the_other_installed() -> None:
     twin = mlx_twin(tiny_models.qwen())
-    mlx_only = _run_without(["torch"], (
-        "import engine\n"
-        f"m = engine.load({str(twin.path)!r}, backend='mlx')\n"
-        "g = engine.generate(m.sequence(engine.sink_window(2, 6)), [5, 6, 7, 8], engine.Stop(12))\n"
-        "assert len(g.tokens) == 12 and sys.modules['torch'] is None\n"
-        "try:\n    engine.load('x', backend='torch')\nexcept Exception as e:\n    print('no torch:', type(e).__name__)\n"
-    ))
+    mlx_only = _run_without(
+        ["torch"],
+        (
+            "import engine\n"
+            f"m = engine.load({str(twin.path)!r}, backend='mlx')\n"
+            "g = engine.generate(m.sequence(engine.sink_window(2, 6)), [5, 6, 7, 8], engine.Stop(12))\n"
+            "assert len(g.tokens) == 12 and sys.modules['torch'] is None\n"
+            "try:\n    engine.load('x', backend='torch')\nexcept Exception as e:\n    print('no torch:', type(e).__name__)\n"
+        ),
+    )
     assert mlx_only.returncode == 0, mlx_only.stderr
-    torch_only = _run_without(["mlx", "mlx_lm"], (
-        "import engine, engine.backends.torch\n"
-        f"m = engine.load({str(twin.path)!r}, backend='torch')\n"
-        "assert len(engine.generate(m.sequence(engine.full()), [5, 6, 7], engine.Stop(5)).tokens) == 5\n"
-        f"engine.load({str(twin.path)!r}, backend='mlx')\n"
-    ))
+    torch_only = _run_without(
+        ["mlx", "mlx_lm"],
+        (
+            "import engine, engine.backends.torch\n"
+            f"m = engine.load({str(twin.path)!r}, backend='torch')\n"
+            "assert len(engine.generate(m.sequence(engine.full()), [5, 6, 7], engine.Stop(5)).tokens) == 5\n"
+            f"engine.load({str(twin.path)!r}, backend='mlx')\n"
+        ),
+    )
     assert torch_only.returncode == 1 and "the mlx backend is not available here" in torch_only.stderr
 
 

@@ -28,21 +28,36 @@ def _drafter(backend: str, kind: str, model: str, policy: Policy, k: int) -> eng
     if kind == "lookup":
         return engine.PromptLookupDrafter()
     if kind == "self":  # the verifier drafting for itself: everything is accepted
-        return engine.ModelDrafter(on(backend, getattr(tiny_models, model)()).sequence(policy, max_block=k + 1))
+        return engine.ModelDrafter(
+            on(backend, getattr(tiny_models, model)()).sequence(policy, max_block=k + 1)
+        )
     if kind == "narrow":  # same weights, a narrower window: agrees often, not always
-        return engine.ModelDrafter(on(backend, getattr(tiny_models, model)()).sequence(sink_window(1, 3), max_block=k + 1))
+        return engine.ModelDrafter(
+            on(backend, getattr(tiny_models, model)()).sequence(sink_window(1, 3), max_block=k + 1)
+        )
     # a random-weight drafter of another architecture (same vocabulary): mostly rejected; with the
     # smallest slack a drafter may have (it rolls back at most k - 1 fed drafts)
-    return engine.ModelDrafter(on(backend, tiny_models.qwen(seed=7, layers=1)).sequence(policy, max_block=max(1, k - 1)))
+    return engine.ModelDrafter(
+        on(backend, tiny_models.qwen(seed=7, layers=1)).sequence(policy, max_block=max(1, k - 1))
+    )
 
 
 # torch: the drafters the issue names (self, a random-weight model) at every k and every policy, the
 # others at fewer k. mlx: the same algorithm on its own cache, over a representative subset.
-CASES = [(d, k) for d in ("self", "random") for k in (1, 4, 8)] + [("narrow", 4), ("lookup", 1), ("lookup", 8)]
+CASES = [(d, k) for d in ("self", "random") for k in (1, 4, 8)] + [
+    ("narrow", 4),
+    ("lookup", 1),
+    ("lookup", 8),
+]
 GEMMA = [pytest.param(p, d, k, "torch", id=f"torch-{p}-{d}-{k}") for p in POLICIES for d, k in CASES] + [
     pytest.param(p, d, k, "mlx", marks=MLX_MARKS, id=f"mlx-{p}-{d}-{k}")
-    for p, d, k in [(sink_window(4, 8), "self", 8), (sink_window(4, 8), "random", 4), (hybrid(2, 6), "narrow", 4),
-                    (full(), "random", 1), (sink_window(0, 5), "lookup", 8)]
+    for p, d, k in [
+        (sink_window(4, 8), "self", 8),
+        (sink_window(4, 8), "random", 4),
+        (hybrid(2, 6), "narrow", 4),
+        (full(), "random", 1),
+        (sink_window(0, 5), "lookup", 8),
+    ]
 ]
 
 
@@ -51,7 +66,9 @@ def test_speculative_equals_greedy_gemma(policy: Policy, drafter: str, k: int, b
     prompt_len = [3, 40, 17][k % 3]
     ids = tiny_models.prompt(prompt_len, seed=prompt_len)
     verifier = on(backend, tiny_models.gemma()).sequence(policy, max_block=k + 1, prefill_chunk=16)
-    gen = engine.speculative_generate(verifier, _drafter(backend, drafter, "gemma", policy, k), ids, k, engine.Stop(NEW))
+    gen = engine.speculative_generate(
+        verifier, _drafter(backend, drafter, "gemma", policy, k), ids, k, engine.Stop(NEW)
+    )
     assert tuple(gen.tokens) == _greedy(backend, "gemma", policy, prompt_len)
     assert gen.accepted <= gen.drafted and gen.forwards * (k + 1) >= NEW - 1
     assert gen.acceptance_length == pytest.approx((NEW - 1) / gen.forwards)
@@ -61,15 +78,22 @@ def test_speculative_equals_greedy_gemma(policy: Policy, drafter: str, k: int, b
         assert 0 < gen.accepted < gen.drafted
 
 
-@pytest.mark.parametrize(("policy", "drafter", "k", "backend"), [
-    (sink_window(4, 8), "narrow", 1, "torch"), (sink_window(4, 8), "narrow", 4, "torch"),
-    (sink_window(0, 5), "self", 8, "torch"), (full(), "lookup", 4, "torch"),
-    pytest.param(sink_window(4, 8), "narrow", 4, "mlx", marks=MLX_MARKS),
-])
+@pytest.mark.parametrize(
+    ("policy", "drafter", "k", "backend"),
+    [
+        (sink_window(4, 8), "narrow", 1, "torch"),
+        (sink_window(4, 8), "narrow", 4, "torch"),
+        (sink_window(0, 5), "self", 8, "torch"),
+        (full(), "lookup", 4, "torch"),
+        pytest.param(sink_window(4, 8), "narrow", 4, "mlx", marks=MLX_MARKS),
+    ],
+)
 def test_speculative_equals_greedy_qwen(policy: Policy, drafter: str, k: int, backend: str) -> None:
     ids = tiny_models.prompt(40, seed=40)
     verifier = on(backend, tiny_models.qwen()).sequence(policy, max_block=k + 1, prefill_chunk=16)
-    gen = engine.speculative_generate(verifier, _drafter(backend, drafter, "qwen", policy, k), ids, k, engine.Stop(NEW))
+    gen = engine.speculative_generate(
+        verifier, _drafter(backend, drafter, "qwen", policy, k), ids, k, engine.Stop(NEW)
+    )
     assert tuple(gen.tokens) == _greedy(backend, "qwen", policy, 40)
 
 
@@ -83,8 +107,11 @@ def test_speculative_stops_like_greedy_and_leaves_a_consistent_cache(backend: st
         return "".join(chr(0x100 + t) for t in toks)
 
     stop_string = detok(ref[70:72])
-    for stop in (engine.Stop(NEW, eos_ids=frozenset({eos})), engine.Stop(33),
-                 engine.Stop(NEW, stop_strings=(stop_string,), detokenize=detok)):
+    for stop in (
+        engine.Stop(NEW, eos_ids=frozenset({eos})),
+        engine.Stop(33),
+        engine.Stop(NEW, stop_strings=(stop_string,), detokenize=detok),
+    ):
         want = engine.generate(tm.sequence(sink_window(4, 8)), ids, stop)
         seq = tm.sequence(sink_window(4, 8), max_block=5)
         drafter = engine.ModelDrafter(tm.sequence(sink_window(4, 8), max_block=5))
@@ -111,7 +138,9 @@ def test_prompt_lookup_proposes_the_latest_continuation() -> None:
         engine.PromptLookupDrafter(max_ngram=1, min_ngram=2)
 
 
-@pytest.mark.parametrize(("k", "backend"), [(1, "torch"), (4, "torch"), (8, "torch"), pytest.param(4, "mlx", marks=MLX_MARKS)])
+@pytest.mark.parametrize(
+    ("k", "backend"), [(1, "torch"), (4, "torch"), (8, "torch"), pytest.param(4, "mlx", marks=MLX_MARKS)]
+)
 def test_speculative_equals_greedy_zoo_pair(k: int, backend: str) -> None:
     verifier_model = engine.load("zoo:tiny-hybrid", backend=backend)  # type: ignore[arg-type]
     drafter_model = engine.load("zoo:tiny-drafter", backend=backend)  # type: ignore[arg-type]
@@ -119,7 +148,9 @@ def test_speculative_equals_greedy_zoo_pair(k: int, backend: str) -> None:
     for policy in (hybrid(4, 16), sink_window(4, 16)):
         want = engine.generate(verifier_model.sequence(policy), ids, engine.Stop(150))
         drafter = engine.ModelDrafter(drafter_model.sequence(policy, max_block=k + 1))
-        got = engine.speculative_generate(verifier_model.sequence(policy, max_block=k + 1), drafter, ids, k, engine.Stop(150))
+        got = engine.speculative_generate(
+            verifier_model.sequence(policy, max_block=k + 1), drafter, ids, k, engine.Stop(150)
+        )
         assert got.tokens == want.tokens
         assert got.accepted > 0
 

@@ -28,9 +28,20 @@ def _save_gemma(path: Path, layers: list[str], seed: int, window: int = 16) -> P
 
     torch.manual_seed(seed)
     config = Gemma3TextConfig(
-        vocab_size=len(corpus.VOCAB), hidden_size=64, intermediate_size=128, num_hidden_layers=len(layers),
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=window, layer_types=layers,
-        initializer_range=0.2, tie_word_embeddings=False, eos_token_id=1, bos_token_id=2, pad_token_id=0,
+        vocab_size=len(corpus.VOCAB),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=len(layers),
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=window,
+        layer_types=layers,
+        initializer_range=0.2,
+        tie_word_embeddings=False,
+        eos_token_id=1,
+        bos_token_id=2,
+        pad_token_id=0,
     )
     Gemma3ForCausalLM(config).save_pretrained(path)
     tokenizer.save(path)
@@ -40,7 +51,9 @@ def _save_gemma(path: Path, layers: list[str], seed: int, window: int = 16) -> P
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random Gemma-3 over the zoo vocabulary: sliding (window 16) / full layers."""
-    return _save_gemma(tmp_path_factory.mktemp("wl") / "gemma", ["sliding_attention", "full_attention"] * 2, 0)
+    return _save_gemma(
+        tmp_path_factory.mktemp("wl") / "gemma", ["sliding_attention", "full_attention"] * 2, 0
+    )
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +71,7 @@ def _gate(report: dict[str, Any], preset: str | None = None) -> gates.Verdict:
 
 
 # --- niah -------------------------------------------------------------------------------------------------
+
 
 def test_place_puts_needles_in_the_evictable_span(model_dir: Path) -> None:
     model = engine.load(str(model_dir))
@@ -81,8 +95,23 @@ def test_place_puts_needles_in_the_evictable_span(model_dir: Path) -> None:
 
 def test_niah_tiny_report(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "niah.json"
-    assert niah.main(["--model", str(model_dir), "--policy", "hybrid:2:8,sink_window:2:8", "--contexts", "32,96",
-                      "--samples", "1", "--out", str(out)]) == 0
+    assert (
+        niah.main(
+            [
+                "--model",
+                str(model_dir),
+                "--policy",
+                "hybrid:2:8,sink_window:2:8",
+                "--contexts",
+                "32,96",
+                "--samples",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "kv_bounded True" in capsys.readouterr().out
     report = json.loads(out.read_text())
     assert _gate(report).status == "pass", _gate(report).reasons()
@@ -94,7 +123,9 @@ def test_niah_tiny_report(model_dir: Path, tmp_path: Path, capsys: pytest.Captur
         assert set(d["recall"]) == {"full", "hybrid", "sink_window"}
     sw, hy = long["policies"]["sink_window"], long["policies"]["hybrid"]
     # sink_window holds sink + window - 1 + 1 slots in each of 4 layers x 2 K/V heads x 16 x 4 bytes x 2 (K, V)
-    assert sw["kv_bytes"] == sw["kv_bytes_bound"] == short["policies"]["sink_window"]["kv_bytes"] == 4 * 10 * 256
+    assert (
+        sw["kv_bytes"] == sw["kv_bytes_bound"] == short["policies"]["sink_window"]["kv_bytes"] == 4 * 10 * 256
+    )
     assert sw["kv_bytes"] < hy["kv_bytes"] < hy["kv_bytes_full"] == long["oracle"]["kv_bytes"]
     assert sw["kv_fraction"] == pytest.approx(sw["kv_bytes"] / sw["kv_bytes_full"])
     assert sw["farthest_position"] == 95 - 8 + 1 and sw["reach"] == 8
@@ -117,8 +148,26 @@ def test_niah_mlx_backend_matches_torch(model_dir: Path, tmp_path: Path) -> None
     reports = {}
     for backend in ("torch", "mlx"):
         out = tmp_path / f"{backend}.json"
-        niah.main(["--model", str(model_dir), "--backend", backend, "--policy", "hybrid:2:8", "--contexts", "64",
-                   "--depths", "0,1", "--samples", "1", "--plot", "none", "--out", str(out)])
+        niah.main(
+            [
+                "--model",
+                str(model_dir),
+                "--backend",
+                backend,
+                "--policy",
+                "hybrid:2:8",
+                "--contexts",
+                "64",
+                "--depths",
+                "0,1",
+                "--samples",
+                "1",
+                "--plot",
+                "none",
+                "--out",
+                str(out),
+            ]
+        )
         reports[backend] = json.loads(out.read_text())
         assert _gate(reports[backend]).status == "pass" and reports[backend]["plot"] is None
     t, m = (reports[b]["rungs"][0] for b in ("torch", "mlx"))
@@ -134,10 +183,29 @@ def test_niah_refuses_bad_arguments(tmp_path: Path) -> None:
 
 # --- throughput ---------------------------------------------------------------------------------------------
 
+
 def test_throughput_tiny_report(model_dir: Path, drafter_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "tp.json"
-    args = ["--model", str(model_dir), "--policy", "sink_window:2:8", "--k", "3", "--prompts", "2",
-            "--prompt-tokens", "24", "--new-tokens", "20", "--repeats", "1", "--min-speedup", "1.0", "--out", str(out)]
+    args = [
+        "--model",
+        str(model_dir),
+        "--policy",
+        "sink_window:2:8",
+        "--k",
+        "3",
+        "--prompts",
+        "2",
+        "--prompt-tokens",
+        "24",
+        "--new-tokens",
+        "20",
+        "--repeats",
+        "1",
+        "--min-speedup",
+        "1.0",
+        "--out",
+        str(out),
+    ]
     assert throughput.main([*args, "--drafter", str(drafter_dir)]) == 0
     report = json.loads(out.read_text())
     assert _gate(report).status == "pass", _gate(report).reasons()
@@ -146,7 +214,10 @@ def test_throughput_tiny_report(model_dir: Path, drafter_dir: Path, tmp_path: Pa
     for p in report["prompts"]:
         assert p["exact"] and p["first_mismatch"] is None and p["prompt_tokens"] == 24
         sp = p["speculative"]
-        assert p["greedy"]["tokens"] == sp["tokens"] == 20 and sp["accepted"] <= sp["drafted"] <= 3 * sp["forwards"]
+        assert (
+            p["greedy"]["tokens"] == sp["tokens"] == 20
+            and sp["accepted"] <= sp["drafted"] <= 3 * sp["forwards"]
+        )
         assert sp["acceptance_length"] == pytest.approx((sp["tokens"] - 1) / sp["forwards"])
         assert p["speedup"] == pytest.approx(sp["decode_tok_s"] / p["greedy"]["decode_tok_s"])
     assert s["all_exact"] and s["exact_prompts"] == 2
@@ -162,16 +233,40 @@ def test_throughput_tiny_report(model_dir: Path, drafter_dir: Path, tmp_path: Pa
 @pytest.mark.skipif(not HAVE_MLX, reason="mlx / mlx-lm not installed")
 def test_throughput_mlx_backend(model_dir: Path, drafter_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "tp.json"
-    throughput.main(["--model", str(model_dir), "--backend", "mlx", "--drafter", str(drafter_dir), "--policy",
-                     "hybrid:2:8", "--k", "3", "--prompts", "2", "--prompt-tokens", "24", "--new-tokens", "20",
-                     "--repeats", "1", "--plot", "none", "--out", str(out)])
+    throughput.main(
+        [
+            "--model",
+            str(model_dir),
+            "--backend",
+            "mlx",
+            "--drafter",
+            str(drafter_dir),
+            "--policy",
+            "hybrid:2:8",
+            "--k",
+            "3",
+            "--prompts",
+            "2",
+            "--prompt-tokens",
+            "24",
+            "--new-tokens",
+            "20",
+            "--repeats",
+            "1",
+            "--plot",
+            "none",
+            "--out",
+            str(out),
+        ]
+    )
     report = json.loads(out.read_text())
     assert _gate(report).status == "pass" and report["config"]["backend"] == "mlx"
     assert report["summary"]["all_exact"] and all(p["speculative"]["tokens"] == 20 for p in report["prompts"])
 
 
-def test_throughput_exactness_is_computed_from_tokens(model_dir: Path, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_throughput_exactness_is_computed_from_tokens(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     real = engine.speculative_generate
 
     def corrupt(*args: Any, **kwargs: Any) -> engine.Generation:
@@ -182,8 +277,26 @@ def test_throughput_exactness_is_computed_from_tokens(model_dir: Path, tmp_path:
 
     monkeypatch.setattr(engine, "speculative_generate", corrupt)
     out = tmp_path / "tp.json"
-    throughput.main(["--model", str(model_dir), "--drafter", "lookup", "--prompts", "2", "--prompt-tokens", "24",
-                     "--new-tokens", "12", "--repeats", "1", "--plot", "none", "--out", str(out)])
+    throughput.main(
+        [
+            "--model",
+            str(model_dir),
+            "--drafter",
+            "lookup",
+            "--prompts",
+            "2",
+            "--prompt-tokens",
+            "24",
+            "--new-tokens",
+            "12",
+            "--repeats",
+            "1",
+            "--plot",
+            "none",
+            "--out",
+            str(out),
+        ]
+    )
     report = json.loads(out.read_text())
     assert [(p["exact"], p["first_mismatch"]) for p in report["prompts"]] == [(False, 5), (False, 5)]
     assert not report["summary"]["all_exact"] and report["summary"]["exact_prompts"] == 0
@@ -195,8 +308,11 @@ def test_throughput_exactness_is_computed_from_tokens(model_dir: Path, tmp_path:
 # --- compression --------------------------------------------------------------------------------------------
 
 SEEDS = {  # the earlier system's table (shared/seeds/000): (B, S) -> (net bytes per token, compression ratio)
-    (8, 8192): (18582, 6.17), (8, 32768): (4645.5, 24.69), (8, 131072): (1161.4, 98.75),
-    (64, 131072): (166.6, 688.36), (64, 1048576): (20.8, 5506.92),
+    (8, 8192): (18582, 6.17),
+    (8, 32768): (4645.5, 24.69),
+    (8, 131072): (1161.4, 98.75),
+    (64, 131072): (166.6, 688.36),
+    (64, 1048576): (20.8, 5506.92),
 }
 
 
@@ -205,15 +321,46 @@ def test_compression_reproduces_the_seed_table(tmp_path: Path) -> None:
     K/V and weighs Qwen3-0.6B in bfloat16 (596,049,920 parameters): the seeds' numbers, from the config alone."""
     model = tmp_path / "qwen3-1.7b"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps({
-        "model_type": "qwen3", "num_hidden_layers": 28, "hidden_size": 2048, "intermediate_size": 6144,
-        "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
-        "use_sliding_window": False, "sliding_window": None, "torch_dtype": "bfloat16",
-    }))
+    (model / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "qwen3",
+                "num_hidden_layers": 28,
+                "hidden_size": 2048,
+                "intermediate_size": 6144,
+                "num_attention_heads": 16,
+                "num_key_value_heads": 8,
+                "head_dim": 128,
+                "vocab_size": 151936,
+                "use_sliding_window": False,
+                "sliding_window": None,
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )
     out = tmp_path / "c.json"
-    compression.main(["--model", str(model), "--policy", "sink_window:4:24", "--drafter", "none", "--k", "0",
-                      "--drafter-weights", str(596_049_920 * 2), "--batches", "8,64",
-                      "--seq-lens", "8192,32768,131072,1048576", "--check-lens", "none", "--out", str(out)])
+    compression.main(
+        [
+            "--model",
+            str(model),
+            "--policy",
+            "sink_window:4:24",
+            "--drafter",
+            "none",
+            "--k",
+            "0",
+            "--drafter-weights",
+            str(596_049_920 * 2),
+            "--batches",
+            "8,64",
+            "--seq-lens",
+            "8192,32768,131072,1048576",
+            "--check-lens",
+            "none",
+            "--out",
+            str(out),
+        ]
+    )
     report = json.loads(out.read_text())
     assert _gate(report).status == "pass" and report["config"]["dtype"] == "bfloat16"
     rows = {(r["batch"], r["seq_len"]): r for r in report["table"]}
@@ -225,23 +372,45 @@ def test_compression_reproduces_the_seed_table(tmp_path: Path) -> None:
     assert _gate(report, "compression-table").status == "fail"  # no cross-check, no pass
 
 
-def test_compression_cross_check(model_dir: Path, drafter_dir: Path, tmp_path: Path,
-                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compression_cross_check(
+    model_dir: Path, drafter_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "c.json"
-    args = ["--model", str(model_dir), "--drafter", str(drafter_dir), "--policy", "sink_window:2:8,hybrid:2:8",
-            "--k", "3", "--batches", "1,64", "--seq-lens", "8192,1048576", "--check-lens", "12,40", "--out", str(out)]
+    args = [
+        "--model",
+        str(model_dir),
+        "--drafter",
+        str(drafter_dir),
+        "--policy",
+        "sink_window:2:8,hybrid:2:8",
+        "--k",
+        "3",
+        "--batches",
+        "1,64",
+        "--seq-lens",
+        "8192,1048576",
+        "--check-lens",
+        "12,40",
+        "--out",
+        str(out),
+    ]
     compression.main(args)
     report = json.loads(out.read_text())
     assert _gate(report, "compression-table").status == "pass", _gate(report, "compression-table").reasons()
     assert report["summary"]["checks"] == 2 * 4  # (full, 2 policies, the drafter's sink_window) x 2 lengths
     assert {(c["model"], c["policy"]) for c in report["checks"]} == {
-        ("verifier", "full"), ("verifier", "sink_window:2:8"), ("verifier", "hybrid:2:8"),
-        ("drafter", "sink_window:2:8")}
+        ("verifier", "full"),
+        ("verifier", "sink_window:2:8"),
+        ("verifier", "hybrid:2:8"),
+        ("drafter", "sink_window:2:8"),
+    }
     params = sum(p.numel() for p in engine.load(str(drafter_dir)).model.parameters())
     assert report["drafter"] == {"params": params, "weight_bytes": params * 4, "layers": 1}
     sw = [r for r in report["table"] if r["policy"] == "sink_window:2:8"]
     slot = 2 * 2 * 16 * 4
-    assert all(r["kv_bytes"] == r["batch"] * 4 * (2 + 8 - 1 + 4) * slot for r in sw)  # bounded: k slack, any S
+    assert all(
+        r["kv_bytes"] == r["batch"] * 4 * (2 + 8 - 1 + 4) * slot for r in sw
+    )  # bounded: k slack, any S
     for r in report["table"]:
         assert r["net_bytes"] == r["kv_bytes"] + r["drafter_kv_bytes"] + params * 4
         assert r["compression_ratio"] == pytest.approx(r["full_bytes"] / r["net_bytes"])
@@ -262,6 +431,8 @@ def test_oldest_visible_matches_the_reference_rule() -> None:
     for policy in (engine.full(), engine.hybrid(4, 8), engine.sink_window(4, 8), engine.sink_window(0, 40)):
         specs = layer_specs(policy, types, 16)
         for q in (0, 5, 11, 12, 30, 100):
-            want = min(min((j for j in range(q + 1) if all(s.visible(q, i) for i in range(j, q + 1))), default=q)
-                       for s in specs)
+            want = min(
+                min((j for j in range(q + 1) if all(s.visible(q, i) for i in range(j, q + 1))), default=q)
+                for s in specs
+            )
             assert common.oldest_visible(specs, q) == want, (policy, q)

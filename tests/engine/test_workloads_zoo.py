@@ -25,8 +25,11 @@ torch.set_num_threads(1)
 def _argv(preset: str, params: dict[str, Any], out: Path) -> list[str]:
     """The preset's command line, rendered by the bridge as a runner would (python -m engine.workloads.X ...)."""
     p = load_registry()[preset]
-    return p.render_argv(p.validate_params(params), {"python": sys.executable, "report": str(out),
-                                                      "run_dir": str(out.parent)}, os.environ)
+    return p.render_argv(
+        p.validate_params(params),
+        {"python": sys.executable, "report": str(out), "run_dir": str(out.parent)},
+        os.environ,
+    )
 
 
 def _gate(report: dict[str, Any], preset: str) -> gates.Verdict:
@@ -39,15 +42,25 @@ def test_niah_gate_passes_for_hybrid_and_fails_for_sink_window(tmp_path: Path) -
 
     out = tmp_path / "smoke.json"
     argv = _argv("niah-smoke", {"contexts": "256", "samples": 1}, out)
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HF_HUB_OFFLINE": "1"})
+    done = subprocess.run(
+        argv,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HF_HUB_OFFLINE": "1"},
+    )
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
     verdict = _gate(report, "niah-smoke")
     assert verdict.status == "pass", verdict.reasons()
     rung = report["rungs"][0]
     assert rung["needles_evicted"] and rung["oracle"]["recall"] >= 0.8
-    assert rung["policies"]["sink_window"]["kv_bytes"] < rung["policies"]["hybrid"]["kv_bytes"] < rung["oracle"]["kv_bytes"]
+    assert (
+        rung["policies"]["sink_window"]["kv_bytes"]
+        < rung["policies"]["hybrid"]["kv_bytes"]
+        < rung["oracle"]["kv_bytes"]
+    )
     assert (tmp_path / "smoke-recall.png").is_file()
 
     # The sink_window preset, run as itself: needles outside the window are lost, and its gate says so.
@@ -74,7 +87,9 @@ def test_throughput_with_the_zoo_drafter_is_exact_and_accepts_drafts(tmp_path: P
     assert s["all_exact"] and all(p["exact"] for p in report["prompts"])
     assert s["mean_acceptance_length"] > 1.5 and s["acceptance_rate"] > 0.3
     verdict = _gate(report, "throughput-code")
-    assert not verdict.violations and [c.status for c in verdict.checks][0] == "pass"  # exactness; speed varies
+    assert (
+        not verdict.violations and [c.status for c in verdict.checks][0] == "pass"
+    )  # exactness; speed varies
 
 
 def test_compression_table_on_the_zoo_models(tmp_path: Path) -> None:
@@ -84,6 +99,12 @@ def test_compression_table_on_the_zoo_models(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     assert _gate(report, "compression-table").status == "pass"
     s = report["summary"]
-    assert s["checks"] == 2 * 4 and s["check_passed"]  # (full, 2 policies, the drafter's sink_window) x 2 lengths
-    assert s["policies"]["sink_window"]["max_compression_ratio"] > 100 > s["policies"]["hybrid"]["max_compression_ratio"]
+    assert (
+        s["checks"] == 2 * 4 and s["check_passed"]
+    )  # (full, 2 policies, the drafter's sink_window) x 2 lengths
+    assert (
+        s["policies"]["sink_window"]["max_compression_ratio"]
+        > 100
+        > s["policies"]["hybrid"]["max_compression_ratio"]
+    )
     assert len(report["table"]) == 2 * 3 * 5

@@ -38,6 +38,7 @@ def tok():
 
 # --- corpus ------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("n_tokens", [40, 300, 1024])
 @pytest.mark.parametrize("depth", [0.0, 0.25, 0.5, 0.75, 1.0])
 def test_haystack_has_exact_length_and_needle_where_it_says(tok, n_tokens, depth):
@@ -46,8 +47,8 @@ def test_haystack_has_exact_length_and_needle_where_it_says(tok, n_tokens, depth
     assert len(ids) == nd.n_tokens == n_tokens
     assert tokenizer.TOKEN_IDS[corpus.UNK] not in ids
     words = tok.convert_ids_to_tokens(ids)
-    assert words[nd.needle_pos:nd.needle_end] == [nd.key, ":", *nd.answer.split(), "."]
-    assert words[-corpus.QUERY_TOKENS:] == ["?", nd.key, ":"]
+    assert words[nd.needle_pos : nd.needle_end] == [nd.key, ":", *nd.answer.split(), "."]
+    assert words[-corpus.QUERY_TOKENS :] == ["?", nd.key, ":"]
     assert words.count(nd.key) == 2  # the needle and the query, nowhere else
     n_filler = n_tokens - 1 - (nd.needle_end - nd.needle_pos) - corpus.QUERY_TOKENS
     # the needle sits on the sentence boundary nearest to the requested depth
@@ -72,7 +73,7 @@ def test_haystack_distractors_and_bad_arguments(tok):
     words = tok.convert_ids_to_tokens(tok(nd.prompt).input_ids)
     assert len(words) == 400
     assert sum(w in corpus.KEYS for w in words) == 4 + 1  # four needles and the query
-    assert words[nd.needle_pos:nd.needle_end] == [nd.key, ":", *nd.answer.split(), "."]
+    assert words[nd.needle_pos : nd.needle_end] == [nd.key, ":", *nd.answer.split(), "."]
     with pytest.raises(ValueError, match="too short"):
         corpus.haystack(10, 0.5, seed=0)
     with pytest.raises(ValueError, match="depth"):
@@ -101,15 +102,17 @@ def test_training_haystack_masks_answers_after_the_haystack_query():
         assert len(answers) % (corpus.NEEDLE_DIGITS + 1) == 0 and answers[-1] == corpus.EOS
         key = words[first_q + 1]
         at = words.index(key)  # the needle comes before its query, with the same digits
-        assert words[at + 2: at + 6] == words[first_q + 3: first_q + 7]
+        assert words[at + 2 : at + 6] == words[first_q + 3 : first_q + 7]
 
 
 # --- trainer -----------------------------------------------------------------------------------
 
+
 def _run(*args: str) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -121,8 +124,18 @@ def test_trainer_smoke_writes_loadable_verifier_and_drafter(tmp_path):
     assert (v / "model.safetensors").read_bytes() == (v2 / "model.safetensors").read_bytes()
     train_main(["--model", "tiny-hybrid", "--smoke", "--threads", "1", "--out", str(v2), "--seed", "1"])
     assert (v / "model.safetensors").read_bytes() != (v2 / "model.safetensors").read_bytes()
-    _run("engine.zoo.train", "--model", "tiny-drafter", "--smoke", "--threads", "1", "--out", str(d),
-         "--verifier", str(v))
+    _run(
+        "engine.zoo.train",
+        "--model",
+        "tiny-drafter",
+        "--smoke",
+        "--threads",
+        "1",
+        "--out",
+        str(d),
+        "--verifier",
+        str(v),
+    )
     for path, layers in ((v, 2), (d, 1)):
         cfg = json.loads((path / "config.json").read_text())
         assert cfg["num_hidden_layers"] == layers and "sliding_window_pattern" in cfg
@@ -132,16 +145,36 @@ def test_trainer_smoke_writes_loadable_verifier_and_drafter(tmp_path):
         tk = AutoTokenizer.from_pretrained(path)
         ids = tk("the river crosses the old bridge .", return_tensors="pt").input_ids
         assert model(ids).logits.shape == (1, 8, len(corpus.VOCAB))
-    assert json.loads((v / "config.json").read_text())["layer_types"] == ["sliding_attention", "full_attention"]
+    assert json.loads((v / "config.json").read_text())["layer_types"] == [
+        "sliding_attention",
+        "full_attention",
+    ]
     # evaluate --write renders cards from the records
-    _run("engine.zoo.evaluate", "--model", str(v), "--drafter", str(d), "--contexts", "64", "--samples", "1",
-         "--prompts", "2", "--new-tokens", "8", "--threads", "1", "--write")
+    _run(
+        "engine.zoo.evaluate",
+        "--model",
+        str(v),
+        "--drafter",
+        str(d),
+        "--contexts",
+        "64",
+        "--samples",
+        "1",
+        "--prompts",
+        "2",
+        "--new-tokens",
+        "8",
+        "--threads",
+        "1",
+        "--write",
+    )
     card = (v / "README.md").read_text()
     assert "| 64 |" in card and "--smoke" in card
     assert "tokens per verifier forward" in (d / "README.md").read_text()
 
 
 # --- committed models --------------------------------------------------------------------------
+
 
 def test_committed_models_are_hf_dirs_with_the_zoo_tokenizer(tok):
     text = corpus.haystack(200, 0.5, seed=0).prompt + " " + corpus.code_prompts(1, seed=0)[0]

@@ -28,10 +28,21 @@ def gemma(seed: int = 0, sliding_window: int = 16, layers: int = 4, attn: str = 
 
     torch.manual_seed(seed)
     config = Gemma3TextConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=sliding_window,
-        layer_types=["sliding_attention", "full_attention"] * (layers // 2), initializer_range=0.2,
-        max_position_embeddings=4096, tie_word_embeddings=False, eos_token_id=None, bos_token_id=None, pad_token_id=0,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=sliding_window,
+        layer_types=["sliding_attention", "full_attention"] * (layers // 2),
+        initializer_range=0.2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=0,
     )
     config._attn_implementation = attn
     model = Gemma3ForCausalLM(config)
@@ -46,9 +57,18 @@ def qwen(seed: int = 0, layers: int = 2) -> TorchModel:
 
     torch.manual_seed(seed)
     config = Qwen3Config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, initializer_range=0.2,
-        max_position_embeddings=4096, eos_token_id=None, bos_token_id=None, pad_token_id=0,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        initializer_range=0.2,
+        max_position_embeddings=4096,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=0,
     )
     return _wrap(Qwen3ForCausalLM(config))
 
@@ -60,9 +80,19 @@ def mistral(seed: int = 0) -> TorchModel:
 
     torch.manual_seed(seed)
     config = MistralConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, initializer_range=0.2, sliding_window=12,
-        max_position_embeddings=4096, eos_token_id=None, bos_token_id=None, pad_token_id=0,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        initializer_range=0.2,
+        sliding_window=12,
+        max_position_embeddings=4096,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=0,
     )
     return _wrap(MistralForCausalLM(config))
 
@@ -80,8 +110,5 @@ def prompt(n: int, seed: int = 0) -> list[int]:
 def hf_greedy(tm: TorchModel, ids: list[int], new: int) -> list[int]:
     """transformers `generate`, greedy, full cache: the oracle of invariant (a)."""
     with torch.inference_mode():
-        out = tm.model.generate(
-            torch.tensor([ids]), max_new_tokens=new, do_sample=False, pad_token_id=0
-        )
+        out = tm.model.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False, pad_token_id=0)
     return out[0, len(ids) :].tolist()
-

@@ -9,36 +9,54 @@ from gates import Check, Verdict, evaluate, evaluate_file, load_report
 
 # A minimal valid report whose body the checks look at (probe v1), with a ladder added under
 # `accelerators.cuda.devices` for string checks; numeric fan-out checks use run_check on plain dicts.
-LADDER = {"rungs": [{"ctx": 256, "delta": 0.01, "exact": True}, {"ctx": 1024, "delta": 0.04, "exact": True},
-                    {"ctx": 4096, "delta": 0.02, "exact": True}], "empty": [], "name": "x", "flag": True}
+LADDER = {
+    "rungs": [
+        {"ctx": 256, "delta": 0.01, "exact": True},
+        {"ctx": 1024, "delta": 0.04, "exact": True},
+        {"ctx": 4096, "delta": 0.02, "exact": True},
+    ],
+    "empty": [],
+    "name": "x",
+    "flag": True,
+}
 
 
 def one(check, path, value=None, doc=LADDER):
     return gates.run_check(doc, Check(check=check, path=path, value=value))
 
 
-@pytest.mark.parametrize(("check", "path", "value", "status", "seen", "at"), [
-    ("min", "/rungs/0/ctx", 256, "pass", 256, "/rungs/0/ctx"),
-    ("min", "/rungs/0/ctx", 257, "fail", 256, "/rungs/0/ctx"),
-    ("max", "/rungs/*/delta", 0.04, "pass", 0.04, "/rungs/1/delta"),
-    ("max", "/rungs/*/delta", 0.0399, "fail", 0.04, "/rungs/1/delta"),
-    ("min", "/rungs/*/ctx", 256, "pass", 256, "/rungs/0/ctx"),
-    ("min", "/rungs/*/ctx", 256.5, "fail", 256, "/rungs/0/ctx"),
-    ("between", "/rungs/*/delta", [0.01, 0.04], "pass", 0.01, "/rungs/0/delta"),
-    ("between", "/rungs/*/delta", [0.0101, 0.05], "fail", 0.01, "/rungs/0/delta"),
-    ("between", "/rungs/*/delta", [0.0, 0.039], "fail", 0.04, "/rungs/1/delta"),
-    ("eq", "/rungs/2/ctx", 4096, "pass", 4096, "/rungs/2/ctx"),
-    ("eq", "/rungs/2/ctx", 4096.0, "pass", 4096, "/rungs/2/ctx"),
-    ("eq", "/rungs/*/ctx", 256, "fail", 1024, "/rungs/1/ctx"),
-    ("eq", "/flag", 1, "fail", True, "/flag"),
-    ("eq", "/name", "x", "pass", "x", "/name"),
-    ("eq", "/rungs/0", {"ctx": 256, "delta": 0.01, "exact": True}, "pass", LADDER["rungs"][0], "/rungs/0"),
-    ("eq", "/rungs/1", {"ctx": 1024, "delta": 0.04, "exact": 1}, "fail", LADDER["rungs"][1], "/rungs/1"),
-    ("eq", "/empty", [], "pass", [], "/empty"),
-    ("eq", "/empty", [0], "fail", [], "/empty"),
-    ("all_true", "/rungs/*/exact", None, "pass", True, "/rungs/0/exact"),
-    ("all_true", "/flag", None, "pass", True, "/flag"),
-])
+@pytest.mark.parametrize(
+    ("check", "path", "value", "status", "seen", "at"),
+    [
+        ("min", "/rungs/0/ctx", 256, "pass", 256, "/rungs/0/ctx"),
+        ("min", "/rungs/0/ctx", 257, "fail", 256, "/rungs/0/ctx"),
+        ("max", "/rungs/*/delta", 0.04, "pass", 0.04, "/rungs/1/delta"),
+        ("max", "/rungs/*/delta", 0.0399, "fail", 0.04, "/rungs/1/delta"),
+        ("min", "/rungs/*/ctx", 256, "pass", 256, "/rungs/0/ctx"),
+        ("min", "/rungs/*/ctx", 256.5, "fail", 256, "/rungs/0/ctx"),
+        ("between", "/rungs/*/delta", [0.01, 0.04], "pass", 0.01, "/rungs/0/delta"),
+        ("between", "/rungs/*/delta", [0.0101, 0.05], "fail", 0.01, "/rungs/0/delta"),
+        ("between", "/rungs/*/delta", [0.0, 0.039], "fail", 0.04, "/rungs/1/delta"),
+        ("eq", "/rungs/2/ctx", 4096, "pass", 4096, "/rungs/2/ctx"),
+        ("eq", "/rungs/2/ctx", 4096.0, "pass", 4096, "/rungs/2/ctx"),
+        ("eq", "/rungs/*/ctx", 256, "fail", 1024, "/rungs/1/ctx"),
+        ("eq", "/flag", 1, "fail", True, "/flag"),
+        ("eq", "/name", "x", "pass", "x", "/name"),
+        (
+            "eq",
+            "/rungs/0",
+            {"ctx": 256, "delta": 0.01, "exact": True},
+            "pass",
+            LADDER["rungs"][0],
+            "/rungs/0",
+        ),
+        ("eq", "/rungs/1", {"ctx": 1024, "delta": 0.04, "exact": 1}, "fail", LADDER["rungs"][1], "/rungs/1"),
+        ("eq", "/empty", [], "pass", [], "/empty"),
+        ("eq", "/empty", [0], "fail", [], "/empty"),
+        ("all_true", "/rungs/*/exact", None, "pass", True, "/rungs/0/exact"),
+        ("all_true", "/flag", None, "pass", True, "/flag"),
+    ],
+)
 def test_threshold_at_and_just_past_its_limit(check, path, value, status, seen, at):
     result = one(check, path, value)
     assert (result.status, result.value, result.at) == (status, seen, at), result.reason
@@ -59,15 +77,18 @@ def test_all_true_names_the_first_false_item():
     assert one("all_true", "/rungs/2/exact", doc=doc).status == "fail"  # 1 is not true
 
 
-@pytest.mark.parametrize(("check", "path", "value", "reason"), [
-    ("min", "/missing", 1, "/missing is missing (no key 'missing' in the document root)"),
-    ("max", "/rungs/*/recall", 1, "/rungs/0/recall is missing"),
-    ("all_true", "/empty/*", None, "/empty is an empty array, so '*' matched nothing"),
-    ("eq", "/empty/0", 1, "/empty/0 is missing"),
-    ("min", "/name", 1, '/name = "x" is a string, not a number'),
-    ("max", "/flag", 1, "/flag = true is a boolean, not a number"),
-    ("max", "/rungs", 1, "is an array, not a number"),
-])
+@pytest.mark.parametrize(
+    ("check", "path", "value", "reason"),
+    [
+        ("min", "/missing", 1, "/missing is missing (no key 'missing' in the document root)"),
+        ("max", "/rungs/*/recall", 1, "/rungs/0/recall is missing"),
+        ("all_true", "/empty/*", None, "/empty is an empty array, so '*' matched nothing"),
+        ("eq", "/empty/0", 1, "/empty/0 is missing"),
+        ("min", "/name", 1, '/name = "x" is a string, not a number'),
+        ("max", "/flag", 1, "/flag = true is a boolean, not a number"),
+        ("max", "/rungs", 1, "is an array, not a number"),
+    ],
+)
 def test_missing_or_non_numeric_values_fail(check, path, value, reason):
     result = one(check, path, value)
     assert result.status == "fail"
@@ -92,19 +113,23 @@ def test_schema_failure_fails_even_when_every_check_passes(probe_report):
 
 
 def test_verdict_passes_and_renders_a_table(probe_report):
-    checks = gates.parse_checks([
-        {"check": "min", "path": "/probe/cpu_count", "value": 2},
-        {"check": "eq", "path": "/probe/accelerators/cuda/devices/*", "value": "NVIDIA H200"},
-        {"check": "all_true", "path": "/probe/accelerators/cuda/available"},
-    ])
+    checks = gates.parse_checks(
+        [
+            {"check": "min", "path": "/probe/cpu_count", "value": 2},
+            {"check": "eq", "path": "/probe/accelerators/cuda/devices/*", "value": "NVIDIA H200"},
+            {"check": "all_true", "path": "/probe/accelerators/cuda/available"},
+        ]
+    )
     verdict = evaluate(probe_report, checks, kind="probe", schema_version=1)
     assert verdict.status == "pass" and verdict.passed and verdict.exit_code() == 0
     assert verdict.reasons() == []
     md = verdict.to_markdown()
     assert md.startswith("**Gate: ✓ pass** (probe v1, 3 checks)")
     assert "| ✓ | min | 2 | ≥ 2 | `/probe/cpu_count` |" in md
-    assert ('| ✓ | eq | "NVIDIA H200" at `/probe/accelerators/cuda/devices/0` (worst of 2) | = "NVIDIA H200" '
-            "| `/probe/accelerators/cuda/devices/*` |") in md
+    assert (
+        '| ✓ | eq | "NVIDIA H200" at `/probe/accelerators/cuda/devices/0` (worst of 2) | = "NVIDIA H200" '
+        "| `/probe/accelerators/cuda/devices/*` |"
+    ) in md
     assert "| ✓ | all_true | true | all true | `/probe/accelerators/cuda/available` |" in md
     assert Verdict.model_validate_json(verdict.model_dump_json()) == verdict
 
@@ -112,10 +137,12 @@ def test_verdict_passes_and_renders_a_table(probe_report):
 def test_failing_verdict_lists_every_reason_in_markdown(probe_report):
     probe_report["probe"]["cpu_count"] = 1
     probe_report["probe"]["os"] = 5
-    checks = gates.parse_checks([
-        {"check": "min", "path": "/probe/cpu_count", "value": 2},
-        {"check": "between", "path": "/probe/nothing/*", "value": [0, 1]},
-    ])
+    checks = gates.parse_checks(
+        [
+            {"check": "min", "path": "/probe/cpu_count", "value": 2},
+            {"check": "between", "path": "/probe/nothing/*", "value": [0, 1]},
+        ]
+    )
     verdict = evaluate(probe_report, checks)
     assert verdict.status == "fail" and verdict.exit_code() == 1
     assert verdict.reasons() == [
@@ -126,13 +153,16 @@ def test_failing_verdict_lists_every_reason_in_markdown(probe_report):
     md = verdict.to_markdown()
     assert md.startswith("**Gate: ✗ fail** (probe v1, 2 checks)")
     assert "| ✗ | min | 1 | ≥ 2 | `/probe/cpu_count` |" in md
-    assert "| ✗ | between | /probe/nothing is missing (no key 'nothing' in /probe) | in [0, 1] | `/probe/nothing/*` |" in md
+    assert (
+        "| ✗ | between | /probe/nothing is missing (no key 'nothing' in /probe) | in [0, 1] | `/probe/nothing/*` |"
+        in md
+    )
     assert "- `/probe/os`: 5 is not of type 'string'" in md
 
 
 def test_markdown_escapes_pipes_and_says_no_checks():
     verdict = evaluate({"kind": "probe"}, [Check(check="eq", path="/kind", value="a|b")])
-    assert "= \"a\\|b\"" in verdict.to_markdown()
+    assert '= "a\\|b"' in verdict.to_markdown()
     assert "(report, 1 check)" in verdict.to_markdown()
     assert "No checks." in Verdict(status="pass").to_markdown()
     error = Verdict(status="error", error="no schema")
@@ -140,16 +170,19 @@ def test_markdown_escapes_pipes_and_says_no_checks():
     assert error.exit_code() == 2 and error.reasons() == ["no schema"]
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ('{"kind": "probe", "x": NaN}', "/x = nan"),
-    ('{"kind": "probe", "x": [Infinity]}', "/x/0 = inf"),
-    ('{"kind": "probe", "x": -Infinity}', "/x = -inf"),
-    ('{"kind": "probe", "x": 1e999}', "/x = inf"),
-    ('{"kind": "probe", "kind": "niah"}', "duplicate key 'kind'"),
-    ('{"kind": "probe",}', "is not valid JSON"),
-    ("[1, 2]", "is an array, not a JSON object"),
-    ("", "is not valid JSON"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"kind": "probe", "x": NaN}', "/x = nan"),
+        ('{"kind": "probe", "x": [Infinity]}', "/x/0 = inf"),
+        ('{"kind": "probe", "x": -Infinity}', "/x = -inf"),
+        ('{"kind": "probe", "x": 1e999}', "/x = inf"),
+        ('{"kind": "probe", "kind": "niah"}', "duplicate key 'kind'"),
+        ('{"kind": "probe",}', "is not valid JSON"),
+        ("[1, 2]", "is an array, not a JSON object"),
+        ("", "is not valid JSON"),
+    ],
+)
 def test_report_loader_rejects_what_strict_json_rejects(tmp_path, text, message):
     path = tmp_path / "report.json"
     path.write_text(text)

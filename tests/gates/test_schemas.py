@@ -67,8 +67,18 @@ TAMPERINGS = [
     ("/probe/cpu_count", "2", "/probe/cpu_count", "'2' is not of type 'integer'"),
     ("/probe/cpu_count", 2.5, "/probe/cpu_count", "2.5 is not of type 'integer'"),
     ("/probe/cpu_count", 0, "/probe/cpu_count", "0 is less than the minimum of 1"),
-    ("/probe/accelerators/cuda/available", "yes", "/probe/accelerators/cuda/available", "is not of type 'boolean'"),
-    ("/probe/accelerators/cuda/devices/1", 7, "/probe/accelerators/cuda/devices/1", "7 is not of type 'string'"),
+    (
+        "/probe/accelerators/cuda/available",
+        "yes",
+        "/probe/accelerators/cuda/available",
+        "is not of type 'boolean'",
+    ),
+    (
+        "/probe/accelerators/cuda/devices/1",
+        7,
+        "/probe/accelerators/cuda/devices/1",
+        "7 is not of type 'string'",
+    ),
     ("/environment/memory_bytes", -1, "/environment/memory_bytes", "-1 is less than the minimum of 0"),
     ("/environment/versions/torch", 2, "/environment/versions/torch", "2 is not of type 'string'"),
     ("/environment/gpu", "h200", "/environment", "('gpu' was unexpected)"),
@@ -79,14 +89,22 @@ TAMPERINGS = [
     ("/probe/memory_bytes", float("nan"), "/probe/memory_bytes", "nan is not a finite number"),
     ("/probe/cpu_count", float("inf"), "/probe/cpu_count", "inf is not a finite number"),
     ("/environment/cpu_count", float("-inf"), "/environment/cpu_count", "-inf is not a finite number"),
-    ("/probe/accelerators/cuda/devices", [float("nan")], "/probe/accelerators/cuda/devices/0", "nan is not a finite"),
+    (
+        "/probe/accelerators/cuda/devices",
+        [float("nan")],
+        "/probe/accelerators/cuda/devices/0",
+        "nan is not a finite",
+    ),
     ("/schema_version", "1", "/schema_version", "'1' is not of type 'integer'"),
     ("/kind", _DELETE, "", "'kind' is a required property"),
 ]
 
 
-@pytest.mark.parametrize(("field", "value", "pointer", "message"), TAMPERINGS,
-                         ids=[f"{t[0]}={'deleted' if t[1] is _DELETE else t[1]!r}" for t in TAMPERINGS])
+@pytest.mark.parametrize(
+    ("field", "value", "pointer", "message"),
+    TAMPERINGS,
+    ids=[f"{t[0]}={'deleted' if t[1] is _DELETE else t[1]!r}" for t in TAMPERINGS],
+)
 def test_tampered_probe_report_fails_with_pointer(probe_report, field, value, pointer, message):
     _set(probe_report, field, value)
     verdict = gates.evaluate(probe_report, [])
@@ -141,10 +159,20 @@ def test_engine_write_report_matches_the_envelope(tmp_path, monkeypatch):
 def test_probe_workload_run_by_hand_passes_its_preset_gate(tmp_path):
     out = tmp_path / "probe.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    subprocess.run([sys.executable, "-m", "engine.workloads.probe", "--out", str(out)], check=True, cwd=tmp_path,
-                   env=env, capture_output=True, timeout=120)
-    checks = gates.parse_checks([{"check": "min", "path": "/probe/cpu_count", "value": 1},
-                                 {"check": "eq", "path": "/kind", "value": "probe"}])
+    subprocess.run(
+        [sys.executable, "-m", "engine.workloads.probe", "--out", str(out)],
+        check=True,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        timeout=120,
+    )
+    checks = gates.parse_checks(
+        [
+            {"check": "min", "path": "/probe/cpu_count", "value": 1},
+            {"check": "eq", "path": "/kind", "value": "probe"},
+        ]
+    )
     verdict = gates.evaluate_file(out, checks, kind="probe", schema_version=1)
     assert verdict.status == "pass", verdict.reasons()
     assert verdict.checks[0].value == os.cpu_count()
