@@ -1,19 +1,18 @@
-"""Gate checks as declared under `gate:` in a preset."""
+"""Gate checks: as declared under `gate:` in a preset (`Check`, `parse_checks`), and run over a report
+(`run_check` -> `CheckResult`: the decisive value seen, where, and one reason)."""
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from gates.pointer import PathError, json_type, resolve
+from gates.report import fmt, is_number, json_equal
+
 # A JSON pointer (RFC 6901) whose segments may be `*` (every array item).
 _POINTER = re.compile(r"^(/([^/~]|~[01])*)+$")
-
-
-def _finite_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class Check(BaseModel):
@@ -32,7 +31,7 @@ class Check(BaseModel):
                 f"path {self.path!r} is not a JSON pointer such as /summary/recall or /rungs/*/delta"
             )
         if self.check in ("min", "max"):
-            if not _finite_number(self.value):
+            if not is_number(self.value):
                 raise ValueError(
                     f"check {self.check!r} at {self.path} needs a finite number, got {self.value!r}"
                 )
@@ -40,7 +39,7 @@ class Check(BaseModel):
             ok = (
                 isinstance(self.value, list)
                 and len(self.value) == 2
-                and all(_finite_number(v) for v in self.value)
+                and all(is_number(v) for v in self.value)
                 and self.value[0] <= self.value[1]
             )
             if not ok:
@@ -50,7 +49,7 @@ class Check(BaseModel):
         elif self.check == "eq":
             if self.value is None:
                 raise ValueError(f"check 'eq' at {self.path} needs a value")
-            if isinstance(self.value, float) and not math.isfinite(self.value):
+            if isinstance(self.value, float) and not is_number(self.value):
                 raise ValueError(f"check 'eq' at {self.path} needs a finite value, got {self.value!r}")
         elif self.value is not None:
             raise ValueError(f"check 'all_true' at {self.path} takes no value")
@@ -71,3 +70,74 @@ def parse_checks(raw: Any) -> list[Check]:
             msg = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
             raise ValueError(f"gate check #{i + 1} ({item!r}): {msg}") from None
     return out
+
+
+class CheckResult(BaseModel):
+    """One check's outcome: the decisive value seen (the worst one over a `*` fan-out), its pointer, the threshold."""
+
+    check: str
+    path: str
+    threshold: Any = None
+    status: Literal["pass", "fail"]
+    value: Any = None
+    at: str | None = None  # None: no value was found (the reason says why)
+    count: int = 0  # how many values the path matched
+    reason: str
+
+
+def threshold_text(check: str, threshold: Any) -> str:
+    if check == "min":
+        return f"≥ {fmt(threshold)}"
+    if check == "max":
+        return f"≤ {fmt(threshold)}"
+    if check == "between":
+        return f"in [{fmt(threshold[0])}, {fmt(threshold[1])}]"
+    if check == "eq":
+        return f"= {fmt(threshold)}"
+    return "all true"
+
+
+def _margin(check: str, threshold: Any, value: float) -> float:
+    """How far inside the threshold a value is: >= 0 passes; the smallest margin is the worst value."""
+    if check == "min":
+        return value - threshold
+    if check == "max":
+        return threshold - value
+    return min(value - threshold[0], threshold[1] - value)
+
+
+def run_check(report: Any, check: Check) -> CheckResult:
+    """One check over every value its path names. A missing path or an empty `*` fails."""
+    base = {"check": check.check, "path": check.path, "threshold": check.value}
+    want = threshold_text(check.check, check.value)
+    try:
+        matches = resolve(report, check.path)
+    except PathError as exc:
+        return CheckResult(**base, status="fail", reason=str(exc))
+    count = len(matches)
+    if check.check in ("min", "max", "between"):
+        for at, value in matches:
+            if not is_number(value):
+                what = "not finite" if isinstance(value, float) else f"{json_type(value)}, not a number"
+                return CheckResult(
+                    **base,
+                    status="fail",
+                    value=value,
+                    at=at,
+                    count=count,
+                    reason=f"{at} = {fmt(value)} is {what}",
+                )
+        i = min(range(count), key=lambda k: _margin(check.check, check.value, matches[k][1]))
+        ok = _margin(check.check, check.value, matches[i][1]) >= 0
+    elif check.check == "eq":
+        i = next((k for k, (_, v) in enumerate(matches) if not json_equal(v, check.value)), 0)
+        ok = json_equal(matches[i][1], check.value)
+    else:
+        i = next((k for k, (_, v) in enumerate(matches) if v is not True), 0)
+        ok = matches[i][1] is True
+    at, value = matches[i]
+    verb = "meets" if ok else "needs"
+    reason = f"{at} = {fmt(value)}, {verb} {want}" + (f" (worst of {count} values)" if count > 1 else "")
+    return CheckResult(
+        **base, status="pass" if ok else "fail", value=value, at=at, count=count, reason=reason
+    )

@@ -7,55 +7,14 @@ fails; a baseline that cannot be compared against (no such metric, zero) is an e
 
 from __future__ import annotations
 
-import math
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel
-
-from gates.evaluate import MARK, _cell, _fmt, _number
 from gates.pointer import PathError, json_type, resolve, split
+from gates.report import fmt, fmt_number, is_number
+from gates.verdict import Comparison
 
 # Rounding slack so that exactly `max_regression_pct` passes despite binary floats (0.3 -> 0.285 is 5%).
 _EPS = 1e-9
-
-
-def _num(x: float | None) -> str:
-    """A number as written: 95 not 95.0, 25276510208 not 2.52765e+10."""
-    if x is None:
-        return "null"
-    return str(int(x)) if x.is_integer() and abs(x) < 1e15 else repr(x)
-
-
-class Comparison(BaseModel):
-    status: Literal["pass", "fail", "error"]
-    metric: str
-    new: float | None = None
-    base: float | None = None
-    change_pct: float | None = None  # signed (new - base) / |base|, in percent
-    regression_pct: float | None = None  # how much worse than base, in percent of |base|; negative = better
-    max_regression_pct: float
-    higher_is_better: bool
-    reason: str
-
-    def exit_code(self) -> int:
-        return {"pass": 0, "fail": 1, "error": 2}[self.status]
-
-    def to_markdown(self) -> str:
-        better = "higher is better" if self.higher_is_better else "lower is better"
-        change = "—" if self.change_pct is None else f"{self.change_pct:+.2f} %"
-        return "\n".join(
-            [
-                f"**Compare: {MARK[self.status]} {self.status}** ({better})",
-                "",
-                "| | metric | new | base | change | max regression |",
-                "|---|---|---|---|---|---|",
-                f"| {MARK[self.status]} | `{_cell(self.metric)}` | {_num(self.new)} | {_num(self.base)} | {change} "
-                f"| {self.max_regression_pct:g} % |",
-                "",
-                _cell(self.reason),
-                "",
-            ]
-        )
 
 
 def _one_number(report: Any, metric: str, which: str) -> tuple[float | None, str | None]:
@@ -66,9 +25,9 @@ def _one_number(report: Any, metric: str, which: str) -> tuple[float | None, str
         [(_, value)] = resolve(report, metric)
     except PathError as exc:
         return None, f"the {which} report has no {metric}: {exc}"
-    if not _number(value):
+    if not is_number(value):
         what = "not finite" if isinstance(value, float) else f"{json_type(value)}, not a number"
-        return None, f"{metric} in the {which} report is {_fmt(value)}: {what}"
+        return None, f"{metric} in the {which} report is {fmt(value)}: {what}"
     return float(value), None
 
 
@@ -81,19 +40,14 @@ def compare(
     """
     if "*" in split(metric) or not metric:
         raise ValueError(f"metric {metric!r} must be a JSON pointer to one number, without '*'")
-    if (
-        isinstance(max_regression_pct, bool)
-        or not math.isfinite(max_regression_pct)
-        or max_regression_pct < 0
-    ):
+    if not is_number(max_regression_pct) or max_regression_pct < 0:
         raise ValueError(f"max regression must be a finite percentage >= 0, got {max_regression_pct!r}")
     head = {"metric": metric, "max_regression_pct": max_regression_pct, "higher_is_better": higher_is_better}
     if isinstance(new, dict) and isinstance(base, dict) and new.get("kind") != base.get("kind"):
         return Comparison(
             status="error",
             **head,
-            reason=f"cannot compare a {_fmt(new.get('kind'))} report "
-            f"with a {_fmt(base.get('kind'))} baseline",
+            reason=f"cannot compare a {fmt(new.get('kind'))} report with a {fmt(base.get('kind'))} baseline",
         )
     b, why = _one_number(base, metric, "baseline")
     if b is None:
@@ -125,7 +79,7 @@ def compare(
     word = "worse" if regression > 0 else "better" if regression < 0 else "unchanged"
     amount = f"{abs(regression):.4g} % {word}" if regression else "unchanged"
     reason = (
-        f"{metric}: {_num(n)} vs baseline {_num(b)}, {amount}; "
+        f"{metric}: {fmt_number(n)} vs baseline {fmt_number(b)}, {amount}; "
         f"{'within' if ok else 'exceeds'} the allowed {max_regression_pct:g} % regression"
     )
     return Comparison(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import re
 from functools import cache
 from pathlib import Path
@@ -13,6 +12,7 @@ from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
 from gates.pointer import join
+from gates.report import non_finite
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 ENVELOPE = "envelope.schema.json"
@@ -65,14 +65,3 @@ def violations(report: Any, name: str) -> list[tuple[str, str]]:
         for ptr, value in non_finite(report)
     )
     return sorted(found)
-
-
-def non_finite(value: Any, parts: tuple[str, ...] = ()) -> list[tuple[str, float]]:
-    """Pointers of every NaN / +-Infinity in a parsed document."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return [(join(parts), value)]
-    if isinstance(value, dict):
-        return [hit for k, v in value.items() for hit in non_finite(v, (*parts, str(k)))]
-    if isinstance(value, list):
-        return [hit for i, v in enumerate(value) for hit in non_finite(v, (*parts, str(i)))]
-    return []

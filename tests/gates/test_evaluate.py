@@ -200,3 +200,44 @@ def test_report_loader_reads_a_file(tmp_path, probe_report):
     assert evaluate_file(path, []).status == "pass"
     verdict = evaluate_file(tmp_path / "absent.json", [])
     assert verdict.status == "error" and "cannot read report" in verdict.error
+
+
+def test_one_exit_code_rule_for_verdicts_and_comparisons():
+    assert [gates.exit_code(s) for s in ("pass", "fail", "error")] == [0, 1, 2]
+    for status in ("pass", "fail", "error"):
+        assert Verdict(status=status).exit_code() == gates.exit_code(status)
+        comparison = gates.Comparison(
+            status=status, metric="/m", max_regression_pct=5, higher_is_better=True, reason="r"
+        )
+        assert comparison.exit_code() == gates.exit_code(status)
+
+
+@pytest.mark.parametrize(
+    ("value", "finite"),
+    [
+        (0, True),
+        (-2.5, True),
+        (1e308, True),
+        (True, False),
+        (float("nan"), False),
+        (float("inf"), False),
+        (float("-inf"), False),
+        ("1", False),
+        (None, False),
+    ],
+)
+def test_the_one_finite_number_test(value, finite):
+    from gates.report import is_number
+
+    assert is_number(value) is finite
+    # The same test decides a numeric check: a value it refuses fails min/max/between.
+    result = gates.run_check({"x": value}, Check(check="max", path="/x", value=1e300))
+    assert (result.reason.endswith("not a number") or "not finite" in result.reason) is not finite
+
+
+def test_a_verdict_with_its_comparison_round_trips_through_json(probe_report):
+    comparison = gates.compare({"m": 90}, {"m": 100}, "/m", 5)
+    verdict = evaluate(probe_report, []).with_comparison(gates.Baseline(source="previous-pass"), comparison)
+    assert verdict.status == "fail" and "baseline: " in verdict.reasons()[-1]
+    again = Verdict.model_validate_json(verdict.model_dump_json())
+    assert again == verdict and isinstance(again.comparison, gates.Comparison)
