@@ -34,7 +34,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper  # noqa: E402
 
 import engine  # noqa: E402
 from engine.report import environment  # noqa: E402
-from engine.workloads.common import first_divergence  # noqa: E402
+from engine.workloads.cli import first_divergence  # noqa: E402
 from engine.zoo import corpus  # noqa: E402
 
 Run = tuple[list[int], float, float, dict[str, float]]  # tokens, total seconds, decode seconds, extra
@@ -92,16 +92,16 @@ def main(argv: list[str] | None = None) -> int:
     texts = corpus.code_prompts(n=args.prompts, seed=args.seed, n_tokens=args.prompt_tokens)
 
     methods: dict[str, Callable[[list[int]], Run]] = {
-        "ours_greedy": lambda ids: ours(lambda: mm.sequence(policy), None, ids, n, k),
+        "ours_greedy": lambda ids: ours(lambda: mm.session(policy), None, ids, n, k),
         "ours_spec_model": lambda ids: ours(
-            lambda: mm.sequence(policy, k + 1),
-            lambda: engine.ModelDrafter(dm.sequence(policy, k + 1)),
+            lambda: mm.session(policy, k + 1),
+            lambda: engine.ModelDrafter(dm.session(policy, k + 1)),
             ids,
             n,
             k,
         ),
         "ours_spec_lookup": lambda ids: ours(
-            lambda: mm.sequence(policy, k + 1), engine.PromptLookupDrafter, ids, n, k
+            lambda: mm.session(policy, k + 1), engine.PromptLookupDrafter, ids, n, k
         ),
         "mlxlm_greedy": lambda ids: mlxlm(mm.model, tok, None, ids, n, k),
         "mlxlm_spec": lambda ids: mlxlm(mm.model, tok, dm.model, ids, n, k),

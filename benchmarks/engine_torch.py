@@ -183,21 +183,21 @@ def main(argv: list[str] | None = None) -> int:
     for policy in policies:
 
         def seq_of(policy: Policy = policy) -> Any:
-            return verifier.sequence(policy)
+            return verifier.session(policy)
 
         add("greedy", str(policy), ours(seq_of, None, 0), "generate" if policy.kind == "full" else None)
         for k in ks:
             for name, make in (
                 (
                     args.drafter,
-                    lambda p=policy, k=k: engine.ModelDrafter(drafter.sequence(p, max_block=k + 1)),
+                    lambda p=policy, k=k: engine.ModelDrafter(drafter.session(p, max_block=k + 1)),
                 ),
                 ("prompt-lookup", engine.PromptLookupDrafter),
             ):
                 add(
                     "speculative",
                     str(policy),
-                    ours(lambda p=policy, k=k: verifier.sequence(p, max_block=k + 1), make, k),
+                    ours(lambda p=policy, k=k: verifier.session(p, max_block=k + 1), make, k),
                     f"greedy {policy}",
                     name,
                     k,
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     kv_rows = []
     filler = [t for ids in prompts for t in ids]
     for policy in policies:
-        seq = verifier.sequence(policy)
+        seq = verifier.session(policy)
         for length in sorted(int(x) for x in args.kv_lengths.split(",")):
             ids = (filler * (length // len(filler) + 1))[: length - seq.position]
             seq.prefill(ids)
