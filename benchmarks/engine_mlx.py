@@ -33,6 +33,7 @@ from mlx_lm.generate import stream_generate  # noqa: E402
 from mlx_lm.tokenizer_utils import TokenizerWrapper  # noqa: E402
 
 import engine  # noqa: E402
+from engine.backends.mlx import load_mlx  # noqa: E402
 from engine.report import environment  # noqa: E402
 from engine.workloads.cli import first_divergence  # noqa: E402
 from engine.zoo import corpus  # noqa: E402
@@ -84,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     policy = engine.parse_policy(args.policy)
-    mm = engine.load(args.model, "mlx", args.dtype)
-    dm = engine.load(args.drafter, "mlx", args.dtype)
+    mm = load_mlx(engine.resolve(args.model), args.dtype)
+    dm = load_mlx(engine.resolve(args.drafter), args.dtype)
     tok = TokenizerWrapper(mm.tokenizer)
     tok.eos_token_ids = set()  # decode exactly --new-tokens tokens, as ours does with Stop(n)
     n, k = args.new_tokens, args.k

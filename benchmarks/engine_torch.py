@@ -35,9 +35,10 @@ from pydantic import BaseModel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engine  # noqa: E402
-from engine.backends.torch import TorchModel  # noqa: E402
+from engine.backends.torch import TorchModel, load_torch  # noqa: E402
 from engine.policy import Policy, parse_policy  # noqa: E402
 from engine.report import write_report  # noqa: E402
+from engine.zoo import corpus  # noqa: E402
 
 
 class Config(BaseModel):
@@ -121,16 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     policies = [engine.full(), *(parse_policy(p) for p in args.policies.split(",") if p)]
     ks = [int(k) for k in args.ks.split(",")]
-    verifier = engine.load(args.model)
-    drafter = engine.load(args.drafter)
+    verifier = load_torch(engine.resolve(args.model))
+    drafter = load_torch(engine.resolve(args.drafter))
     for tm in (verifier, drafter):
         tm.model.generation_config.eos_token_id = None  # decode exactly new_tokens everywhere
         tm.model.generation_config.pad_token_id = 0
     if args.prompts_file:
         texts = json.loads(args.prompts_file.read_text())[: args.prompts]
     else:
-        from engine.zoo import corpus
-
         texts = corpus.code_prompts(args.prompts, seed=0, n_tokens=args.prompt_tokens)
     prompts = [verifier.encode(t) for t in texts]
     new, reps = args.new_tokens, args.repeats

@@ -107,7 +107,7 @@ def safetensors_params(path: Path) -> int:
     return total
 
 
-def per_sequence(geo: Geometry, policy: Any, n: int, max_block: int, dtype: str) -> int:
+def per_sequence(geo: Geometry, policy: engine.Policy, n: int, max_block: int, dtype: str) -> int:
     """K/V bytes one sequence holds after n tokens (engine.policy.expected_kv_bytes, summed over layers)."""
 
     specs = layer_specs(policy, geo.layer_types, geo.sliding_window)
@@ -148,7 +148,7 @@ def table(config: Config, geo: Geometry, dgeo: Geometry | None, weights: int) ->
     return rows
 
 
-def _prompt(model: Any, n: int) -> list[int]:
+def _prompt(model: engine.Model, n: int) -> list[int]:
 
     ids = model.encode(corpus.haystack(max(n, 32), 0.5, 0).prompt)
     return (ids * (n // len(ids) + 1))[:n]
@@ -159,7 +159,7 @@ def cross_check(config: Config, geo: Geometry, dgeo: Geometry | None) -> list[Ch
 
     model = engine.load(config.model, config.backend, config.dtype)
     dmodel = None if dgeo is None else engine.load(config.drafter, config.backend, config.dtype)
-    jobs: list[tuple[str, Any, Any, Geometry, int]] = []
+    jobs: list[tuple[str, engine.Model, engine.Policy, Geometry, int]] = []
     for text in ["full", *config.policies]:
         policy = engine.parse_policy(text)
         block = 1 if text == "full" else config.k + 1

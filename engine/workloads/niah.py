@@ -117,7 +117,7 @@ class Summary(BaseModel):
 # --- prompts ------------------------------------------------------------------------------------------
 
 
-def locate(model: Any, prompt: str, key: str) -> tuple[list[int], int, int]:
+def locate(model: engine.Model, prompt: str, key: str) -> tuple[list[int], int, int]:
     """The prompt's token ids and the needle's token span, measured with the model's tokenizer."""
     m = re.search(rf"(^| ){re.escape(key)} :", prompt)
     if m is None:
@@ -128,7 +128,7 @@ def locate(model: Any, prompt: str, key: str) -> tuple[list[int], int, int]:
     return ids, len(model.encode(prompt[:start].rstrip())), len(model.encode(prompt[:end]))
 
 
-def place(model: Any, context: int, depth: float, seed: int, sink: int, window: int, scale: float) -> Placed:
+def place(model: engine.Model, context: int, depth: float, seed: int, sink: int, window: int, scale: float) -> Placed:
     """A haystack of about `context` tokens with its needle at `depth` of the evictable span (or of the
     whole prompt when the rung is too short to evict anything); `scale`: model tokens per corpus word."""
 
@@ -160,7 +160,7 @@ def place(model: Any, context: int, depth: float, seed: int, sink: int, window: 
     raise ValueError(f"could not place a needle outside the window at context {context}, depth {depth}")
 
 
-def tokens_per_word(model: Any) -> float:
+def tokens_per_word(model: engine.Model) -> float:
     """Model tokens per corpus word (1.0 for the zoo tokenizer, about 1-2 for real tokenizers)."""
 
     nd = corpus.haystack(512, 0.5, 0)
@@ -183,14 +183,14 @@ class _Tally:
         self.reach = 0
 
 
-def _decode(model: Any, seq: Any, placed: Placed, max_new: int) -> bool:
+def _decode(model: engine.Model, seq: engine.Session, placed: Placed, max_new: int) -> bool:
 
     gen = engine.generate(seq, placed.ids, engine.Stop(max_new, model.eos_ids))
     want = placed.answer.split()
     return bool(model.decode(gen.tokens).replace(corpus.EOS, " ").split()[: len(want)] == want)
 
 
-def _account(t: _Tally, seq: Any, slot_bytes: list[int], n_prompt: int) -> None:
+def _account(t: _Tally, seq: engine.Session, slot_bytes: list[int], n_prompt: int) -> None:
 
     held = seq.kv_bytes()
     bound = expected_kv_bytes(seq.specs, seq.position, seq.max_block, slot_bytes)

@@ -108,7 +108,7 @@ class Summary(BaseModel):
     speedup_ok: bool
 
 
-def is_zoo_tokenizer(model: Any) -> bool:
+def is_zoo_tokenizer(model: engine.Model) -> bool:
     """One token per word of a zoo code prompt (plus <bos>): the model reads the zoo vocabulary."""
 
     text = corpus.code_prompts(1, 0, 32)[0]
@@ -142,7 +142,7 @@ def _best(runs: list[Any]) -> Any:
     return min(runs, key=lambda g: g.decode_s)
 
 
-def drafter_factory(config: Config, model: Any, probe: str) -> Callable[[], Any]:
+def drafter_factory(config: Config, model: engine.Model, probe: str) -> Callable[[], engine.Drafter]:
 
     if config.drafter == "lookup":
         return engine.PromptLookupDrafter

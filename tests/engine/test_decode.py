@@ -3,6 +3,7 @@ teacher-forced oracle for windows that wrap, stop conditions, and model loading.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -177,3 +178,39 @@ def test_zoo_model_loads_and_equals_generate() -> None:
     ref = tiny_models.hf_greedy(tm, ids, 40)
     for policy in COVERING:
         assert engine.generate(tm.session(policy), ids, engine.Stop(40)).tokens == ref
+
+
+@pytest.mark.parametrize("policy", [full(), hybrid(4, 64), sink_window(4, 64)], ids=str)
+def test_step_logits_and_hidden_states_equal_a_full_cache_reference_forward(
+    backend: str, policy: Policy
+) -> None:
+    """With a window covering the sequence, a session's logits and hidden states (prefill: the last
+    position; forward: every fed position) equal one cache-free transformers forward of the whole
+    sequence at the same positions, on both backends; the tokens are the argmax of those logits."""
+    tm = tiny_models.gemma(sliding_window=64)
+    ids = tiny_models.prompt(40, seed=9)
+    with torch.inference_mode():
+        ref = tm.model(input_ids=torch.tensor([ids]), output_hidden_states=True, use_cache=False)
+    layers = tuple(range(len(tm.layer_types) + 1))  # 0: embeddings ... n: after the final norm
+    seq = on(backend, tm).session(policy, max_block=4, prefill_chunk=16)
+
+    def close(got: object, want: torch.Tensor) -> None:
+        got_t = torch.from_numpy(np.array(got)) if backend == "mlx" else got
+        assert isinstance(got_t, torch.Tensor) and got_t.shape == want.shape
+        assert torch.allclose(got_t, want, atol=1e-4, rtol=1e-4), (got_t - want).abs().max()
+
+    first = seq.prefill(ids[:30], logits=True, hidden=layers)
+    close(first.logits, ref.logits[0, 29:30])
+    for i in layers:
+        close(first.hidden[i], ref.hidden_states[i][0, 29:30])
+    assert first.tokens == ref.logits[0, 29:30].argmax(-1).tolist()
+    step = seq.forward(ids[30:34], logits=True, hidden=(0, 2))
+    close(step.logits, ref.logits[0, 30:34])
+    assert sorted(step.hidden) == [0, 2]
+    for i in (0, 2):
+        close(step.hidden[i], ref.hidden_states[i][0, 30:34])
+    assert step.tokens == ref.logits[0, 30:34].argmax(-1).tolist()
+    plain = seq.forward(ids[34:36])
+    assert plain.logits is None and plain.hidden == {} and len(plain.tokens) == 2
+    with pytest.raises(ValueError, match="no hidden state"):
+        seq.forward(ids[36:37], hidden=(len(layers),))
