@@ -128,7 +128,9 @@ def locate(model: engine.Model, prompt: str, key: str) -> tuple[list[int], int, 
     return ids, len(model.encode(prompt[:start].rstrip())), len(model.encode(prompt[:end]))
 
 
-def place(model: engine.Model, context: int, depth: float, seed: int, sink: int, window: int, scale: float) -> Placed:
+def place(
+    model: engine.Model, context: int, depth: float, seed: int, sink: int, window: int, scale: float
+) -> Placed:
     """A haystack of about `context` tokens with its needle at `depth` of the evictable span (or of the
     whole prompt when the rung is too short to evict anything); `scale`: model tokens per corpus word."""
 
