@@ -33,8 +33,9 @@ from mlx_lm.generate import stream_generate  # noqa: E402
 from mlx_lm.tokenizer_utils import TokenizerWrapper  # noqa: E402
 
 import engine  # noqa: E402
+from engine.backends.mlx import load_mlx  # noqa: E402
 from engine.report import environment  # noqa: E402
-from engine.workloads.common import first_divergence  # noqa: E402
+from engine.workloads.cli import first_divergence  # noqa: E402
 from engine.zoo import corpus  # noqa: E402
 
 Run = tuple[list[int], float, float, dict[str, float]]  # tokens, total seconds, decode seconds, extra
@@ -84,24 +85,24 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     policy = engine.parse_policy(args.policy)
-    mm = engine.load(args.model, "mlx", args.dtype)
-    dm = engine.load(args.drafter, "mlx", args.dtype)
+    mm = load_mlx(engine.resolve(args.model), args.dtype)
+    dm = load_mlx(engine.resolve(args.drafter), args.dtype)
     tok = TokenizerWrapper(mm.tokenizer)
     tok.eos_token_ids = set()  # decode exactly --new-tokens tokens, as ours does with Stop(n)
     n, k = args.new_tokens, args.k
     texts = corpus.code_prompts(n=args.prompts, seed=args.seed, n_tokens=args.prompt_tokens)
 
     methods: dict[str, Callable[[list[int]], Run]] = {
-        "ours_greedy": lambda ids: ours(lambda: mm.sequence(policy), None, ids, n, k),
+        "ours_greedy": lambda ids: ours(lambda: mm.session(policy), None, ids, n, k),
         "ours_spec_model": lambda ids: ours(
-            lambda: mm.sequence(policy, k + 1),
-            lambda: engine.ModelDrafter(dm.sequence(policy, k + 1)),
+            lambda: mm.session(policy, k + 1),
+            lambda: engine.ModelDrafter(dm.session(policy, k + 1)),
             ids,
             n,
             k,
         ),
         "ours_spec_lookup": lambda ids: ours(
-            lambda: mm.sequence(policy, k + 1), engine.PromptLookupDrafter, ids, n, k
+            lambda: mm.session(policy, k + 1), engine.PromptLookupDrafter, ids, n, k
         ),
         "mlxlm_greedy": lambda ids: mlxlm(mm.model, tok, None, ids, n, k),
         "mlxlm_spec": lambda ids: mlxlm(mm.model, tok, dm.model, ids, n, k),

@@ -35,9 +35,10 @@ from pydantic import BaseModel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engine  # noqa: E402
-from engine.backends.torch import TorchModel  # noqa: E402
+from engine.backends.torch import TorchModel, load_torch  # noqa: E402
 from engine.policy import Policy, parse_policy  # noqa: E402
 from engine.report import write_report  # noqa: E402
+from engine.zoo import corpus  # noqa: E402
 
 
 class Config(BaseModel):
@@ -121,16 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     policies = [engine.full(), *(parse_policy(p) for p in args.policies.split(",") if p)]
     ks = [int(k) for k in args.ks.split(",")]
-    verifier = engine.load(args.model)
-    drafter = engine.load(args.drafter)
+    verifier = load_torch(engine.resolve(args.model))
+    drafter = load_torch(engine.resolve(args.drafter))
     for tm in (verifier, drafter):
         tm.model.generation_config.eos_token_id = None  # decode exactly new_tokens everywhere
         tm.model.generation_config.pad_token_id = 0
     if args.prompts_file:
         texts = json.loads(args.prompts_file.read_text())[: args.prompts]
     else:
-        from engine.zoo import corpus
-
         texts = corpus.code_prompts(args.prompts, seed=0, n_tokens=args.prompt_tokens)
     prompts = [verifier.encode(t) for t in texts]
     new, reps = args.new_tokens, args.repeats
@@ -183,21 +182,21 @@ def main(argv: list[str] | None = None) -> int:
     for policy in policies:
 
         def seq_of(policy: Policy = policy) -> Any:
-            return verifier.sequence(policy)
+            return verifier.session(policy)
 
         add("greedy", str(policy), ours(seq_of, None, 0), "generate" if policy.kind == "full" else None)
         for k in ks:
             for name, make in (
                 (
                     args.drafter,
-                    lambda p=policy, k=k: engine.ModelDrafter(drafter.sequence(p, max_block=k + 1)),
+                    lambda p=policy, k=k: engine.ModelDrafter(drafter.session(p, max_block=k + 1)),
                 ),
                 ("prompt-lookup", engine.PromptLookupDrafter),
             ):
                 add(
                     "speculative",
                     str(policy),
-                    ours(lambda p=policy, k=k: verifier.sequence(p, max_block=k + 1), make, k),
+                    ours(lambda p=policy, k=k: verifier.session(p, max_block=k + 1), make, k),
                     f"greedy {policy}",
                     name,
                     k,
@@ -268,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     kv_rows = []
     filler = [t for ids in prompts for t in ids]
     for policy in policies:
-        seq = verifier.sequence(policy)
+        seq = verifier.session(policy)
         for length in sorted(int(x) for x in args.kv_lengths.split(",")):
             ids = (filler * (length // len(filler) + 1))[: length - seq.position]
             seq.prefill(ids)

@@ -2,28 +2,34 @@
 
     import engine
     model = engine.load("zoo:tiny-hybrid")                 # or a Hugging Face model directory
-    seq = model.sequence(engine.sink_window(4, 64), max_block=k + 1)
-    gen = engine.speculative_generate(seq, engine.PromptLookupDrafter(), model.encode(text), k,
+    session = model.session(engine.sink_window(4, 64), max_block=k + 1)
+    gen = engine.speculative_generate(session, engine.PromptLookupDrafter(), model.encode(text), k,
                                       engine.Stop(64, model.eos_ids))
 
-Backend-agnostic modules (no torch or mlx): policy, cache (slot layout), decode, speculative, models.
-Backends (engine/backends/) provide a model object with `sequence(policy, max_block)`.
+Backend-agnostic modules (no torch or mlx): geometry, policy, cache (slot bookkeeping), decode (Session,
+Step, generate), speculative (Drafter, the verify loop), drafters/, models (resolve, load, Model).
+Backends (engine/backends/: base, torch, mlx) provide a `Model` with `session(policy, max_block)`.
 """
 
-from engine.decode import Generation, Sequence, Stop, generate
-from engine.models import ModelNotFoundError, load, resolve, zoo_models
+from engine.decode import Generation, Session, Step, Stop, generate
+from engine.drafters import ModelDrafter, PromptLookupDrafter
+from engine.geometry import Geometry
+from engine.models import Model, ModelNotFoundError, load, resolve, zoo_models
 from engine.policy import LayerSpec, Policy, full, hybrid, parse_policy, sink_window
-from engine.speculative import Drafter, ModelDrafter, PromptLookupDrafter, speculative_generate
+from engine.speculative import Drafter, speculative_generate
 
 __all__ = [
     "Drafter",
     "Generation",
+    "Geometry",
     "LayerSpec",
+    "Model",
     "ModelDrafter",
     "ModelNotFoundError",
     "Policy",
     "PromptLookupDrafter",
-    "Sequence",
+    "Session",
+    "Step",
     "Stop",
     "full",
     "generate",

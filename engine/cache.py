@@ -1,8 +1,9 @@
 """Where each position's K/V lives in a layer's buffer: the backend-agnostic half of the cache.
 
-All layers that share a `LayerSpec` share one `Layout`; a backend keeps the tensors (K, V and the
-absolute position held by each slot) and applies the `Plan` that `Layout.plan(m)` returns for each
-forward. No torch or mlx here.
+This module owns the cache bookkeeping: `Layout` plans each forward of one layer spec; `Group` (one
+per spec and layer type) owns the layout and the absolute position each slot holds, and hands the
+backends a `Forward` (slots to write, rows to keep, query and key positions, mask) to apply to their
+per-layer K/V state. No torch or mlx here.
 
 Buffer: slots [0, sink) hold positions [0, sink); after them a ring of R = window - 1 + max_block
 slots holds position p at slot sink + (p - sink) % R. An unbounded spec (window=None) is a plain
@@ -15,8 +16,8 @@ prefill chunk, is attended as old buffer + new block and only its last R positio
 a rollback drops at most max_block tokens. Trimmed slots are marked EMPTY so the mask hides them until
 they are rewritten; evicted positions are never needed again, so rollback is a cheap truncation.
 
-`Positions` keeps, next to a layout, the absolute position each slot holds (a numpy table that both
-backends share); `visible_mask` builds a forward's mask from it: query positions qp, key positions kp
+`Group` keeps, next to a layout, the absolute position each slot holds (a numpy table);
+`visible_mask` builds a forward's mask from it: query positions qp, key positions kp
 (EMPTY hides a slot):
     kp <= qp  and  (kp < sink or kp > qp - window)  and  kp > qp - native_window
 with the window terms only for bounded specs and the native term only when the spec has one.
@@ -133,41 +134,86 @@ class Layout:
         return self.view_len(self.n, self.hw)
 
 
-class Positions:
-    """The absolute position held by each buffer slot of one layout (EMPTY: nothing), as the backends'
-    K/V buffers hold them: grown like them (`buffer_size`), written per `Plan`, cleared by `trim`."""
+@dataclass(frozen=True)
+class Forward:
+    """One forward of `plan.m` tokens as one group's buffers see it: what to write where, and what each
+    query may see. Slot/row indices are None when the written slots are a contiguous range / all rows."""
 
-    def __init__(self, layout: Layout) -> None:
-        self.layout = layout
+    spec: LayerSpec
+    plan: Plan
+    queries: np.ndarray  # absolute positions of the fed tokens [m]
+    keys: np.ndarray  # absolute position held by each attended slot (EMPTY: nothing)
+    slots: np.ndarray | None  # slot of each written row, when not `plan.slot_range`
+    keep: np.ndarray | None  # concat: rows of the block that are written (None: all)
+
+    @property
+    def start(self) -> int:
+        return self.plan.start
+
+    @property
+    def causal(self) -> bool:
+        """The mask is plain causal over slots = positions [0, end) (an unbounded layer, no concat)."""
+        return self.plan.mask and not self.plan.concat and self.spec.window is None
+
+    def mask(self) -> np.ndarray | None:
+        """Boolean [m, keys] mask (`visible_mask`), or None when every attended slot is visible."""
+        return visible_mask(self.spec, self.queries, self.keys) if self.plan.mask else None
+
+
+class Group:
+    """The one owner of "which slot holds which position" for the layers sharing a spec and layer type:
+    their `Layout` and the absolute position each slot holds. `advance(m)` plans a forward (the layer
+    states of the group read `forward` while the model runs), `trim(n)` rolls back."""
+
+    def __init__(self, spec: LayerSpec, layer_type: str, max_block: int, layers: list[int]) -> None:
+        self.spec = spec
+        self.layer_type = layer_type
+        self.layers = layers
+        self.layout = Layout(spec, max_block)
         self.table = np.full((0,), EMPTY, dtype=np.int64)
+        self.forward: Forward | None = None  # the forward being run
 
-    def apply(self, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
-        """Record the positions `plan` writes; returns (query positions, key positions attended).
+    @property
+    def position(self) -> int:
+        return self.layout.n
 
-        The key positions of a direct plan are a view of the table (valid until the next apply/trim)."""
+    @property
+    def limit(self) -> int | None:
+        return self.layout.limit
+
+    def advance(self, m: int) -> Forward:
+        """Plan feeding m tokens at the next positions, record the positions written, advance."""
+        plan = self.layout.plan(m)
         table = self.table
         if table.size < plan.capacity:
-            grown = np.full(
-                (buffer_size(table.size, plan.capacity, self.layout.limit),), EMPTY, dtype=np.int64
-            )
+            grown = np.full((buffer_size(table.size, plan.capacity, self.layout.limit),), EMPTY, np.int64)
             grown[: table.size] = table
             self.table = table = grown
         new_pos = np.arange(plan.start, plan.start + plan.m, dtype=np.int64)
-        written = new_pos if plan.keep is None else new_pos[list(plan.keep)]
+        keep = None if plan.keep is None else np.array(plan.keep, dtype=np.int64)
+        written = new_pos if keep is None else new_pos[keep]
         # Concat: the keys are the old buffer (read before the write) followed by the new block.
-        kp = np.concatenate((table[: plan.old_view], new_pos)) if plan.concat else None
+        keys = np.concatenate((table[: plan.old_view], new_pos)) if plan.concat else None
         rng = plan.slot_range
+        slots = None if rng else np.array(plan.slots, dtype=np.int64)
         if rng:
             table[rng[0] : rng[1]] = written
         else:
-            table[list(plan.slots)] = written
-        return new_pos, table[: plan.view] if kp is None else kp
+            table[slots] = written
+        # A direct forward's keys are a copy: the table changes on the next advance/trim.
+        keys = table[: plan.view].copy() if keys is None else keys
+        self.forward = Forward(self.spec, plan, new_pos, keys, slots, keep)
+        return self.forward
 
-    def trim(self, r: int) -> None:
-        """Drop the last r positions fed (`Layout.trim`) and mark the slots they held EMPTY."""
-        dropped = self.layout.trim(r)
+    def trim(self, n: int) -> None:
+        """Drop the last n positions fed and mark the slots they held EMPTY (hidden until rewritten)."""
+        dropped = self.layout.trim(n)
         if dropped and self.layout.limit is not None:
             self.table[list(dropped)] = EMPTY
+
+    def held(self) -> int:
+        """Slots in use (positions held, with EMPTY slots of a pending rollback counted)."""
+        return self.layout.held()
 
 
 def buffer_size(have: int, need: int, limit: int | None) -> int:

@@ -1,37 +1,52 @@
 """Greedy decoding and stop conditions over any backend (no torch or mlx here).
 
-A backend provides `Sequence`s: one model plus one bounded cache, fed token ids and answering with
-the greedy (argmax) next token after each fed position. The loops here and in engine/speculative.py
-only ever talk to that interface, so PyTorch and MLX run the same algorithm.
+Owns the `Session` protocol (one model plus one bounded cache, fed token ids) and its `Step` result
+(the greedy token after each fed position, and on request the logits and chosen hidden states), the
+stop conditions and the greedy loop. The loops here, in engine/speculative.py and in engine/drafters/
+only ever talk to `Session`, so PyTorch and MLX run the same algorithm.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
-from collections.abc import Sequence as Seq
-from dataclasses import dataclass
-from typing import Literal, Protocol
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from engine.policy import LayerSpec
 
 StopReason = Literal["max_new_tokens", "eos", "stop_string"]
 
 
-class Sequence(Protocol):
-    """One model + one cache. Positions are fed in order from 0; `position` = positions fed.
+@dataclass(frozen=True)
+class Step:
+    """What one forward answers. `tokens`: the greedy token after each fed position (prefill: after the
+    last) as a host list, the one host copy of a forward. Only when asked: `logits` [rows, vocab] and
+    `hidden` {layer index: [rows, hidden size]} (0 = the embeddings, i = after layer i, the last after
+    the final norm, as transformers' output_hidden_states), backend arrays on the model's device."""
+
+    tokens: list[int]
+    logits: Any = None
+    hidden: dict[int, Any] = field(default_factory=dict)
+
+
+class Session(Protocol):
+    """One model + one bounded cache. Positions are fed in order from 0; `position` = positions fed.
     `max_block` is the cache's slack: the largest block fed in ring layers at once and the largest
     rollback (a bigger block still works, attended as old buffer + block, but cannot be rolled back)."""
 
     max_block: int
+    specs: list[LayerSpec]  # what each layer keeps under the session's policy
 
     @property
     def position(self) -> int: ...
 
-    def prefill(self, ids: Seq[int]) -> int:
-        """Feed a prompt (chunked for long prompts); return the greedy token after its last position."""
+    def prefill(self, ids: Sequence[int], *, logits: bool = False, hidden: Iterable[int] = ()) -> Step:
+        """Feed a prompt (chunked for long prompts); the step of its last position."""
         ...
 
-    def forward(self, ids: Seq[int]) -> list[int]:
-        """Feed len(ids) <= max_block tokens in one forward; return the greedy token after each."""
+    def forward(self, ids: Sequence[int], *, logits: bool = False, hidden: Iterable[int] = ()) -> Step:
+        """Feed len(ids) <= max_block tokens in one forward; the step of each fed position."""
         ...
 
     def trim(self, n: int) -> None:
@@ -42,17 +57,9 @@ class Sequence(Protocol):
         """K/V bytes held now, per layer."""
         ...
 
-
-def chunked_prefill(run: Callable[[list[int]], list[int]], ids: Seq[int], chunk: int) -> int:
-    """`Sequence.prefill` for backends: feed `ids` in chunks through `run` (one forward each, returning the
-    greedy token after the chunk's last position) and return the greedy token after the prompt."""
-    ids = list(ids)
-    if not ids:
-        raise ValueError("nothing to prefill")
-    last = 0
-    for i in range(0, len(ids), chunk):
-        last = run(ids[i : i + chunk])[-1]
-    return last
+    def kv_allocated_bytes(self) -> list[int]:
+        """K/V bytes allocated now, per layer (>= kv_bytes: buffers grow in steps)."""
+        ...
 
 
 @dataclass
@@ -110,16 +117,16 @@ class Generation:
         return (len(self.tokens) - 1) / self.decode_s if self.decode_s > 0 else 0.0
 
 
-def generate(seq: Sequence, prompt: Seq[int], stop: Stop) -> Generation:
+def generate(session: Session, prompt: Sequence[int], stop: Stop) -> Generation:
     """Greedy autoregressive decoding: prefill once, then one forward per new token."""
     if not prompt:
         raise ValueError("the prompt is empty")
     t0 = time.perf_counter()
-    out = [seq.prefill(prompt)]
+    out = session.prefill(prompt).tokens
     t1 = time.perf_counter()
     forwards = 0
     while (reason := stop.check(out)) is None:
-        out.append(seq.forward(out[-1:])[0])
+        out += session.forward(out[-1:]).tokens
         forwards += 1
     return Generation(out, reason, len(prompt), t1 - t0, time.perf_counter() - t1, forwards)
 

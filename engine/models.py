@@ -1,12 +1,17 @@
-"""Model references and loading: `zoo:<name>`, a Hugging Face model directory, or a name under
-$KAKEYA_MODELS. Backends are imported lazily, so resolving a name needs neither torch nor mlx."""
+"""Model references and loading: the one resolver of `zoo:<name>`, a Hugging Face model directory, or
+a name under $KAKEYA_MODELS, and the `Model` protocol that `load` returns on every backend. Backends
+are imported lazily, so resolving a name needs neither torch nor mlx."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, Protocol
+
+from engine.decode import Session
+from engine.geometry import Geometry
+from engine.policy import Policy
 
 ZOO_DIR = Path(__file__).resolve().parent / "zoo" / "models"
 Backend = Literal["torch", "mlx"]
@@ -16,20 +21,26 @@ class ModelNotFoundError(FileNotFoundError):
     pass
 
 
-class Tokenized:
-    """`encode` / `decode` through the model's Hugging Face tokenizer (a base of each backend's model)."""
+class Model(Protocol):
+    """What `load` returns on every backend: a tokenizer, the model's geometry, and sessions."""
 
-    tokenizer: Any
+    geometry: Geometry
+    eos_ids: frozenset[int]
 
-    def encode(self, text: str) -> list[int]:
-        if self.tokenizer is None:
-            raise ValueError("this model was loaded without a tokenizer")
-        return list(self.tokenizer.encode(text, add_special_tokens=True))
+    @property
+    def layer_types(self) -> list[str]: ...
 
-    def decode(self, ids: Sequence[int]) -> str:
-        if self.tokenizer is None:
-            raise ValueError("this model was loaded without a tokenizer")
-        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
+    @property
+    def sliding_window(self) -> int | None: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def session(self, policy: Policy, max_block: int = 1, prefill_chunk: int = 512) -> Session:
+        """A fresh session (engine.decode.Session) holding K/V under `policy`; `max_block` is the largest
+        block fed at once and the largest rollback, `prefill_chunk` the prefill's forward size."""
+        ...
 
 
 def models_dirs() -> list[Path]:
@@ -66,11 +77,14 @@ def resolve(name: str) -> Path:
     )
 
 
-def load(name: str, backend: Backend = "torch", dtype: str = "float32") -> Any:
-    """Load a model and its tokenizer; returns the backend's model object (TorchModel for torch)."""
+def load(name: str, backend: Backend = "torch", dtype: str = "float32") -> Model:
+    """Load a model and its tokenizer on `backend` (imported here: neither backend is required)."""
     path = resolve(name)
     if backend == "torch":
-        from engine.backends.torch import load_torch
+        try:
+            from engine.backends.torch import load_torch
+        except ImportError as exc:
+            raise ValueError(f"the torch backend is not available here: {exc}") from exc
 
         return load_torch(path, dtype)
     if backend == "mlx":

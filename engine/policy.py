@@ -34,9 +34,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from engine.geometry import FULL_ATTENTION, SLIDING_ATTENTION
+
 PolicyKind = Literal["full", "sink_window", "hybrid"]
-FULL_ATTENTION = "full_attention"
-SLIDING_ATTENTION = "sliding_attention"
 
 
 @dataclass(frozen=True)
@@ -117,14 +117,6 @@ class LayerSpec:
         return n if ring is None else min(n, self.sink + ring)
 
 
-def config_layer_types(
-    declared: Sequence[str] | None, sliding_window: int | None, n_layers: int
-) -> list[str]:
-    """A config's layer types: its `layer_types`, or without them (Llama, Mistral) every layer sliding when
-    it has a `sliding_window`, else full attention (as transformers reads such configs)."""
-    return list(declared or [SLIDING_ATTENTION if sliding_window else FULL_ATTENTION] * n_layers)
-
-
 def layer_spec(policy: Policy, layer_type: str, native_window: int | None) -> LayerSpec:
     if layer_type == FULL_ATTENTION:
         native = None
@@ -147,6 +139,30 @@ def layer_spec(policy: Policy, layer_type: str, native_window: int | None) -> La
 
 def layer_specs(policy: Policy, layer_types: Sequence[str], native_window: int | None) -> list[LayerSpec]:
     return [layer_spec(policy, t, native_window) for t in layer_types]
+
+
+def drafter_policy(policy: Policy) -> Policy:
+    """A model drafter's cache under `policy`: sink_window with its sink and window (full for full);
+    a drafter only needs recent context."""
+    return full() if policy.kind == "full" else sink_window(policy.sink, policy.window or 1)
+
+
+def oldest_visible(specs: Sequence[LayerSpec], q: int) -> int:
+    """The attention reach: the farthest-back key position a query at q still attends to in some layer,
+    sinks aside (the start of the contiguous span [j, q] a layer attends to; 0 when some layer sees the
+    whole prefix)."""
+    best = q
+    for s in specs:
+        lo = max(
+            0,
+            q - s.window + 1 if s.window is not None else 0,
+            q - s.native_window + 1 if s.native_window is not None else 0,
+        )
+        if lo <= s.sink:  # the window reaches the sinks: the span runs on down through them
+            lo = max(0, q - s.native_window + 1) if s.native_window is not None else 0
+        assert s.visible(q, lo) and (lo == 0 or lo - 1 < s.sink or not s.visible(q, lo - 1))
+        best = min(best, lo)
+    return best
 
 
 def kv_bytes_per_slot(kv_heads: int, head_dim: int, itemsize: int) -> int:

@@ -6,7 +6,7 @@ own in without forking any model code:
 - `offset`: the absolute position of the forward's first token; every attention layer passes it to
   RoPE, so each position keeps its original rotary position whatever slot it lands in.
 - `update_and_fetch(k, v)`: writes the new K/V (after RoPE) into the layer's buffer following the
-  `engine.cache.Plan` of this forward (sinks + ring, or a growing buffer) and returns the slots to
+  `engine.cache.Forward` of this forward (sinks + ring, or a growing buffer) and returns the slots to
   attend (or old slots + the new block for a prefill chunk larger than the ring's slack).
 - `make_mask(N, window_size=...)`: mlx-lm's `create_attention_mask` asks the cache for the mask; ours
   returns a boolean [N, slots] mask built from the absolute position each slot holds: causal, the
@@ -19,32 +19,34 @@ own in without forking any model code:
   differently fail loudly instead of attending to the wrong positions: a window the model asks for
   must be that layer's native window, and every layer type must have been asked for its own mask.
 
-The plan for all layers is made once per forward before the model runs (`_Group.begin`), as in the
-PyTorch backend. Nothing here imports torch.
+Owns the mlx side of a session: `KV` (one attention layer's K/V buffers and mlx-lm cache object),
+`GroupArrays` (a group's `engine.cache.Forward` as mlx arrays and mask), `hidden_states` (recording the
+layers' hidden states, which mlx-lm models do not return) and `MLXSession._run`. Each group plans its
+forward once before the model runs (engine/backends/base.py), as in the PyTorch backend. Nothing here
+imports torch.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Sequence as Seq
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+from mlx.utils import tree_flatten
+from mlx_lm.utils import load_config, load_model
+from transformers import AutoConfig, AutoTokenizer
 
-from engine.cache import Layout, Plan, Positions, buffer_size, visible_mask
-from engine.decode import chunked_prefill
-from engine.models import Tokenized
-from engine.policy import (
-    FULL_ATTENTION,
-    SLIDING_ATTENTION,
-    LayerSpec,
-    Policy,
-    config_layer_types,
-    layer_specs,
-)
+from engine.backends.base import BaseSession, Tokenized
+from engine.cache import Forward, Group, buffer_size, visible_mask
+from engine.decode import Step
+from engine.geometry import FULL_ATTENTION, SLIDING_ATTENTION, Geometry
+from engine.policy import Policy
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 # Model types whose mlx-lm `Model.__call__` is `head(model.model(...))`: prefill computes the head for
@@ -52,98 +54,90 @@ DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 PLAIN_HEAD = frozenset({"gemma3_text", "qwen3", "qwen2", "llama", "mistral"})
 
 
-class _Group:
-    """Layers sharing one LayerSpec and layer type: one layout, one position table, one mask."""
+class GroupArrays:
+    """One group's current `Forward` as mlx arrays and the mask mlx-lm asks for, shared by its layers."""
 
-    def __init__(self, spec: LayerSpec, layer_type: str, native_window: int | None, max_block: int) -> None:
-        self.spec = spec
-        self.layer_type = layer_type
-        self.native_window = native_window if layer_type == SLIDING_ATTENTION else None
-        self.layout = Layout(spec, max_block)
-        self.positions = Positions(self.layout)
-        self.plan: Plan | None = None
+    def __init__(self, group: Group, native_window: int | None) -> None:
+        self.group = group
+        self.native_window = native_window if group.layer_type == SLIDING_ATTENTION else None
         self.mask: mx.array | str | None = None
         self.asked = False  # make_mask was called for this forward
         self.slots: mx.array | None = None  # written slots, when not a contiguous range
         self.keep: mx.array | None = None  # concat: rows of the block that are written
 
-    def begin(self, m: int) -> None:
-        plan = self.plan = self.layout.plan(m)
+    def load(self, fwd: Forward) -> None:
         self.asked = False
-        qp, kp = self.positions.apply(plan)
-        self.slots = None if plan.slot_range else mx.array(plan.slots, dtype=mx.int32)
-        self.keep = None if plan.keep is None else mx.array(plan.keep, dtype=mx.int32)
-        if not plan.mask:
-            self.mask = None
-        elif not plan.concat and self.layout.limit is None:
+        self.slots = None if fwd.slots is None else mx.array(fwd.slots, dtype=mx.int32)
+        self.keep = None if fwd.keep is None else mx.array(fwd.keep, dtype=mx.int32)
+        if fwd.causal:
             self.mask = "causal"  # slots are positions 0..end-1: mlx's bottom-right aligned causal mask
         else:
-            self.mask = mx.array(visible_mask(self.spec, qp, kp))
-
-    def trim(self, r: int) -> None:
-        self.positions.trim(r)
+            mask = fwd.mask()
+            self.mask = None if mask is None else mx.array(mask)
 
 
-class LayerCache:
-    """The per-layer cache object an mlx-lm model is called with (see the module docstring)."""
+class KV:
+    """One attention layer's K/V buffers, and the per-layer cache object an mlx-lm model is called with
+    (see the module docstring): written where its group's `Forward` says."""
 
-    def __init__(self, group: _Group, layer: int) -> None:
-        self.group = group
+    def __init__(self, arrays: GroupArrays, layer: int) -> None:
+        self.group = arrays.group
+        self.arrays = arrays
         self.layer = layer
         self.keys: mx.array | None = None
         self.values: mx.array | None = None
 
     @property
     def offset(self) -> int:
-        plan = self.group.plan
-        return 0 if plan is None else plan.start
+        fwd = self.group.forward
+        return 0 if fwd is None else fwd.start
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> Any:
-        g = self.group
-        if window_size is not None and window_size != g.native_window:
+        a, g = self.arrays, self.group
+        if window_size is not None and window_size != a.native_window:
             raise ValueError(
-                f"mlx-lm asked layer {self.layer} ({g.layer_type}, sliding_window={g.native_window}) for a "
+                f"mlx-lm asked layer {self.layer} ({g.layer_type}, sliding_window={a.native_window}) for a "
                 f"mask with window_size={window_size}: the model's mlx-lm code and its config's layer_types "
                 "disagree; this model is not supported by the mlx backend"
             )
-        assert g.plan is not None and g.plan.m == n, "make_mask outside a planned forward"
-        g.asked = True
-        if return_array and isinstance(g.mask, str):
-            start = g.plan.start
-            return mx.array(visible_mask(g.spec, np.arange(start, start + n), np.arange(start + n)))
-        return g.mask
+        fwd = g.forward
+        assert fwd is not None and fwd.plan.m == n, "make_mask outside a planned forward"
+        a.asked = True
+        if return_array and isinstance(a.mask, str):
+            return mx.array(visible_mask(g.spec, fwd.queries, np.arange(fwd.start + n)))
+        return a.mask
 
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        g = self.group
-        plan = g.plan
-        assert plan is not None, "the cache was used outside a planned forward"
+    def update(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        fwd = self.group.forward
+        assert fwd is not None, "the cache was used outside a planned forward"
+        plan = fwd.plan
         if self.keys is None or self.values is None or self.keys.shape[2] < plan.capacity:
-            self._grow(keys, values, plan.capacity, g.layout.limit)
+            self._grow(keys, values, plan.capacity)
         assert self.keys is not None and self.values is not None
         if plan.concat:
             ko = mx.concatenate((self.keys[:, :, : plan.old_view], keys), axis=2)
             vo = mx.concatenate((self.values[:, :, : plan.old_view], values), axis=2)
-            if g.keep is not None:
-                keys, values = keys[:, :, g.keep], values[:, :, g.keep]
-            self._write(keys, values)
+            if (keep := self.arrays.keep) is not None:
+                keys, values = keys[:, :, keep], values[:, :, keep]
+            self._write(keys, values, fwd)
             return ko, vo
-        self._write(keys, values)
+        self._write(keys, values, fwd)
         return self.keys[:, :, : plan.view], self.values[:, :, : plan.view]
 
-    def _write(self, keys: mx.array, values: mx.array) -> None:
-        g = self.group
-        assert g.plan is not None and self.keys is not None and self.values is not None
-        rng = g.plan.slot_range
-        if rng:
+    update_and_fetch = update  # the name mlx-lm models call
+
+    def _write(self, keys: mx.array, values: mx.array, fwd: Forward) -> None:
+        assert self.keys is not None and self.values is not None
+        if rng := fwd.plan.slot_range:
             self.keys[:, :, rng[0] : rng[1]] = keys
             self.values[:, :, rng[0] : rng[1]] = values
         else:
-            self.keys[:, :, g.slots] = keys
-            self.values[:, :, g.slots] = values
+            self.keys[:, :, self.arrays.slots] = keys
+            self.values[:, :, self.arrays.slots] = values
 
-    def _grow(self, keys: mx.array, values: mx.array, need: int, limit: int | None) -> None:
+    def _grow(self, keys: mx.array, values: mx.array, need: int) -> None:
         have = 0 if self.keys is None else self.keys.shape[2]
-        size = buffer_size(have, need, limit)
+        size = buffer_size(have, need, self.group.limit)
         b, h, _, d = keys.shape
         kb = mx.zeros((b, h, size, d), keys.dtype)
         vb = mx.zeros((b, h, size, values.shape[3]), values.dtype)
@@ -152,30 +146,34 @@ class LayerCache:
             vb[:, :, :have] = self.values
         self.keys, self.values = kb, vb
 
+    def trim(self, n: int) -> None:
+        """Nothing to drop: the group marks the trimmed slots EMPTY and the next writes reuse them."""
+
     @property
     def state(self) -> list[mx.array]:
         return [] if self.keys is None or self.values is None else [self.keys, self.values]
 
     def is_trimmable(self) -> bool:
-        return False  # rollback goes through MLXSequence.trim, which keeps every layer in step
+        return False  # rollback goes through MLXSession.trim, which keeps every layer in step
 
     def empty(self) -> bool:
         return self.keys is None
 
-    def slot_bytes(self) -> int:
+    @property
+    def nbytes(self) -> int:
+        """K/V bytes of the positions held."""
         if self.keys is None or self.values is None:
             return 0
         b, h, _, d = self.keys.shape
-        return b * h * (d + self.values.shape[3]) * self.keys.itemsize
+        return self.group.held() * b * h * (d + self.values.shape[3]) * self.keys.itemsize
 
     @property
-    def nbytes(self) -> int:
-        """Bytes allocated (the buffers may be longer than the positions held)."""
+    def allocated_bytes(self) -> int:
         return 0 if self.keys is None or self.values is None else self.keys.nbytes + self.values.nbytes
 
 
 class MLXModel(Tokenized):
-    """An mlx-lm causal LM (batch 1) with its tokenizer; makes policy-cached Sequences."""
+    """An mlx-lm causal LM (batch 1) with its tokenizer; makes policy-cached sessions."""
 
     def __init__(
         self, model: nn.Module, config: dict[str, Any], tokenizer: Any = None, path: Path | None = None
@@ -189,21 +187,16 @@ class MLXModel(Tokenized):
         self.path = path
         self.model_type = str(config.get("model_type", ""))
         n_layers = len(model.layers)
-        self.sliding_window: int | None = config.get("sliding_window")
-        self.layer_types = config_layer_types(config.get("layer_types"), self.sliding_window, n_layers)
-        if len(self.layer_types) != n_layers:
-            raise ValueError(f"the config lists {len(self.layer_types)} layer_types for {n_layers} layers")
-        layer_specs(Policy("full"), self.layer_types, self.sliding_window)  # fail early on unsupported layers
+        self.geometry = Geometry.from_config({**config, "num_hidden_layers": n_layers})
+        self.eos_ids = self.geometry.eos_ids
         _check_layer_types(model, self.layer_types)
-        eos = config.get("eos_token_id")
-        self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
 
     @property
     def dtype(self) -> mx.Dtype:
         return self.model.model.embed_tokens.weight.dtype if hasattr(self.model, "model") else mx.float32
 
-    def sequence(self, policy: Policy, max_block: int = 1, prefill_chunk: int = 512) -> MLXSequence:
-        return MLXSequence(self, policy, max_block, prefill_chunk)
+    def session(self, policy: Policy, max_block: int = 1, prefill_chunk: int = 512) -> MLXSession:
+        return MLXSession(self, policy, max_block, prefill_chunk)
 
     def logits(self, ids: mx.array, cache: list[Any] | None = None, keep: int | None = None) -> mx.array:
         """Logits [1, keep or m, vocab] of one forward of `ids` [1, m] (keep: only the last rows).
@@ -218,6 +211,52 @@ class MLXModel(Tokenized):
         return out if keep is None else out[:, -keep:]
 
 
+_RECORDING: dict[int, tuple[dict[int, mx.array], int, bool]] = {}  # id(module) -> (into, index, input?)
+
+
+@functools.cache
+def _recording(cls: type) -> type:
+    """A subclass of an mlx-lm layer (or norm) class that records its input (or output) while it runs."""
+
+    def __call__(self: Any, x: mx.array, *args: Any, **kwargs: Any) -> Any:
+        into, index, on_input = _RECORDING[id(self)]
+        if on_input:
+            into[index] = x
+        y = cls.__call__(self, x, *args, **kwargs)
+        if not on_input:
+            into[index] = y
+        return y
+
+    return type(f"Recording{cls.__name__}", (cls,), {"__call__": __call__})
+
+
+@contextmanager
+def hidden_states(model: nn.Module, wanted: tuple[int, ...]) -> Iterator[dict[int, mx.array]]:
+    """Hidden states of the forwards run inside, as transformers' output_hidden_states numbers them:
+    i < n_layers is the input of layer i (0: the embeddings as the layers see them), n_layers the final
+    norm's output. mlx-lm models expose none, so the layers' classes are swapped for recording ones."""
+    into: dict[int, mx.array] = {}
+    inner = getattr(model, "model", None)
+    layers, norm = getattr(inner, "layers", None), getattr(inner, "norm", None)
+    if wanted and (layers is None or norm is None):
+        raise NotImplementedError(
+            f"the mlx backend cannot return hidden states of {type(model).__module__}: its mlx-lm code has "
+            "no model.layers and model.norm to record"
+        )
+    mods = [(m, i, True) for i, m in enumerate(layers or []) if i in wanted]
+    if norm is not None and len(layers or []) in wanted:
+        mods.append((norm, len(layers), False))
+    try:
+        for mod, index, on_input in mods:
+            _RECORDING[id(mod)] = (into, index, on_input)
+            mod.__class__ = _recording(type(mod))
+        yield into
+    finally:
+        for mod, _, _ in mods:
+            mod.__class__ = mod.__class__.__bases__[0]
+            _RECORDING.pop(id(mod), None)
+
+
 def _check_layer_types(model: nn.Module, layer_types: list[str]) -> None:
     """Where the mlx-lm model says which layers slide (Gemma-3: `is_sliding`), it must match the config."""
     for i, layer in enumerate(model.layers):
@@ -230,59 +269,32 @@ def _check_layer_types(model: nn.Module, layer_types: list[str]) -> None:
             )
 
 
-class MLXSequence:
-    """One policy cache on an MLXModel: the `engine.decode.Sequence` interface."""
+class MLXSession(BaseSession):
+    """One policy cache on an MLXModel: the `engine.decode.Session` interface."""
 
     def __init__(self, model: MLXModel, policy: Policy, max_block: int = 1, prefill_chunk: int = 512) -> None:
-        if prefill_chunk < 1:
-            raise ValueError("prefill_chunk must be >= 1")
+        super().__init__(model.geometry, policy, max_block, prefill_chunk)
         self.owner = model
-        self.policy = policy
-        self.specs = layer_specs(policy, model.layer_types, model.sliding_window)
-        self.max_block = max_block
-        self.prefill_chunk = prefill_chunk
-        groups: dict[tuple[LayerSpec, str], _Group] = {}
-        self.cache: list[LayerCache] = []
-        for i, (spec, t) in enumerate(zip(self.specs, model.layer_types, strict=True)):
-            g = groups.get((spec, t))
-            if g is None:
-                g = groups[(spec, t)] = _Group(spec, t, model.sliding_window, max_block)
-            self.cache.append(LayerCache(g, i))
-        self.groups = list(groups.values())
+        self.arrays = [GroupArrays(g, model.sliding_window) for g in self.groups]
+        arrays_of = {id(a.group): a for a in self.arrays}
+        self.states = self.cache = [KV(arrays_of[id(g)], i) for i, g in enumerate(self.group_of)]
 
-    @property
-    def position(self) -> int:
-        return self.groups[0].layout.n
-
-    def prefill(self, ids: Seq[int]) -> int:
-        return chunked_prefill(lambda chunk: self._run(chunk, last_only=True), ids, self.prefill_chunk)
-
-    def forward(self, ids: Seq[int]) -> list[int]:
-        return self._run(list(ids), last_only=False)
-
-    def trim(self, n: int) -> None:
-        for g in self.groups:
-            g.trim(n)
-
-    def kv_bytes(self) -> list[int]:
-        """K/V bytes of the positions held, per layer."""
-        return [c.group.layout.held() * c.slot_bytes() for c in self.cache]
-
-    def kv_allocated_bytes(self) -> list[int]:
-        return [c.nbytes for c in self.cache]
-
-    def _run(self, ids: list[int], last_only: bool) -> list[int]:
-        for g in self.groups:
-            g.begin(len(ids))
-        logits = self.owner.logits(mx.array([ids]), self.cache, 1 if last_only else None)
-        if missed := [g.layer_type for g in self.groups if not g.asked]:
+    def _run(
+        self, ids: list[int], forwards: list[Forward], last_only: bool, logits: bool, hidden: tuple[int, ...]
+    ) -> Step:
+        for a, fwd in zip(self.arrays, forwards, strict=True):
+            a.load(fwd)
+        with hidden_states(self.owner.model, hidden) as states:
+            rows = self.owner.logits(mx.array([ids]), self.cache, 1 if last_only else None)[0]
+        if missed := [a.group.layer_type for a in self.arrays if not a.asked]:
             raise ValueError(
                 f"the mlx-lm code of this model applies another layer's mask to its {missed[0]} layers: "
                 "it groups its layers differently from the config's layer_types; not supported by the mlx backend"
             )
-        tokens = mx.argmax(logits[0], axis=-1)
-        mx.eval(tokens, [c.state for c in self.cache])
-        return [int(t) for t in tokens.tolist()]  # type: ignore[union-attr]
+        tokens = mx.argmax(rows, axis=-1)
+        kept = {i: states[i][0, -rows.shape[0] :] for i in hidden}
+        mx.eval(tokens, [c.state for c in self.cache], list(kept.values()), rows if logits else [])
+        return Step([int(t) for t in tokens.tolist()], rows if logits else None, kept)  # type: ignore[union-attr]
 
 
 def mlx_config(path: Path) -> dict[str, Any]:
@@ -335,9 +347,6 @@ def _pattern(types: list[str]) -> int:
 
 
 def load_mlx(path: Path, dtype: str = "float32") -> MLXModel:
-    from mlx_lm.utils import load_config, load_model
-    from transformers import AutoTokenizer
-
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
     extra = mlx_config(path)
@@ -355,8 +364,6 @@ def load_mlx(path: Path, dtype: str = "float32") -> MLXModel:
 def _transformers_view(path: Path) -> dict[str, Any]:
     """`layer_types` and `sliding_window` as transformers (and so the PyTorch backend) reads them: a
     config class may derive them (e.g. from `use_sliding_window`) rather than store them."""
-    from transformers import AutoConfig
-
     text = AutoConfig.from_pretrained(str(path)).get_text_config()
     return {
         "layer_types": getattr(text, "layer_types", None),
@@ -365,8 +372,6 @@ def _transformers_view(path: Path) -> dict[str, Any]:
 
 
 def _weights_dtype(model: nn.Module) -> mx.Dtype:
-    from mlx.utils import tree_flatten
-
     for _, p in tree_flatten(model.parameters()):
         if mx.issubdtype(p.dtype, mx.floating):
             return p.dtype

@@ -29,14 +29,18 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+import engine
+from engine.geometry import ITEMSIZE, Geometry, read_geometry
+from engine.policy import drafter_policy, expected_kv_bytes, layer_specs
 from engine.report import write_report
-from engine.workloads import common
+from engine.workloads import cli
+from engine.zoo import corpus
 
 BATCHES = [1, 8, 64]
 SEQ_LENS = [8192, 32768, 131072, 262144, 1048576]
 
 
-class Config(common.ModelConfig):
+class Config(cli.ModelConfig):
     policies: list[str] = Field(min_length=1)
     drafter: str
     drafter_weights: int | None = Field(ge=0)
@@ -103,16 +107,14 @@ def safetensors_params(path: Path) -> int:
     return total
 
 
-def per_sequence(geo: common.Geometry, policy: Any, n: int, max_block: int, dtype: str) -> int:
+def per_sequence(geo: Geometry, policy: engine.Policy, n: int, max_block: int, dtype: str) -> int:
     """K/V bytes one sequence holds after n tokens (engine.policy.expected_kv_bytes, summed over layers)."""
-    from engine.policy import expected_kv_bytes, layer_specs
 
     specs = layer_specs(policy, geo.layer_types, geo.sliding_window)
     return sum(expected_kv_bytes(specs, n, max_block, geo.slot_bytes(dtype)))
 
 
-def table(config: Config, geo: common.Geometry, dgeo: common.Geometry | None, weights: int) -> list[Row]:
-    import engine
+def table(config: Config, geo: Geometry, dgeo: Geometry | None, weights: int) -> list[Row]:
 
     rows = []
     full = engine.full()
@@ -125,7 +127,7 @@ def table(config: Config, geo: common.Geometry, dgeo: common.Geometry | None, we
                 dkv = (
                     0
                     if dgeo is None
-                    else b * per_sequence(dgeo, common.drafter_policy(policy), s, config.k + 1, config.dtype)
+                    else b * per_sequence(dgeo, drafter_policy(policy), s, config.k + 1, config.dtype)
                 )
                 net = kv + dkv + weights
                 rows.append(
@@ -146,25 +148,23 @@ def table(config: Config, geo: common.Geometry, dgeo: common.Geometry | None, we
     return rows
 
 
-def _prompt(model: Any, n: int) -> list[int]:
-    from engine.zoo import corpus
+def _prompt(model: engine.Model, n: int) -> list[int]:
 
     ids = model.encode(corpus.haystack(max(n, 32), 0.5, 0).prompt)
     return (ids * (n // len(ids) + 1))[:n]
 
 
-def cross_check(config: Config, geo: common.Geometry, dgeo: common.Geometry | None) -> list[Check]:
+def cross_check(config: Config, geo: Geometry, dgeo: Geometry | None) -> list[Check]:
     """Prefill each check length under each policy (batch 1); measured K/V bytes vs the formula."""
-    import engine
 
     model = engine.load(config.model, config.backend, config.dtype)
     dmodel = None if dgeo is None else engine.load(config.drafter, config.backend, config.dtype)
-    jobs: list[tuple[str, Any, Any, common.Geometry, int]] = []
+    jobs: list[tuple[str, engine.Model, engine.Policy, Geometry, int]] = []
     for text in ["full", *config.policies]:
         policy = engine.parse_policy(text)
         block = 1 if text == "full" else config.k + 1
         jobs.append(("verifier", model, policy, geo, block))
-        dpolicy = common.drafter_policy(policy)
+        dpolicy = drafter_policy(policy)
         if (
             dmodel is not None
             and dgeo is not None
@@ -173,10 +173,10 @@ def cross_check(config: Config, geo: common.Geometry, dgeo: common.Geometry | No
         ):
             jobs.append(("drafter", dmodel, dpolicy, dgeo, config.k + 1))
     out = []
-    with common.progress(len(jobs) * len(config.check_lens), "compression check", "prefill") as bar:
+    with cli.progress(len(jobs) * len(config.check_lens), "compression check", "prefill") as bar:
         for n in config.check_lens:
             for name, m, policy, g, block in jobs:
-                seq = m.sequence(policy, max_block=block)
+                seq = m.session(policy, max_block=block)
                 seq.prefill(_prompt(m, n))
                 measured = sum(seq.kv_bytes())
                 allocated = sum(seq.kv_allocated_bytes())
@@ -197,15 +197,14 @@ def cross_check(config: Config, geo: common.Geometry, dgeo: common.Geometry | No
 
 
 def compression(config: Config) -> dict[str, Any]:
-    import engine
 
-    geo = common.geometry(engine.resolve(config.model))
+    geo = read_geometry(engine.resolve(config.model))
     dgeo, weights, params = None, 0, None
     if config.drafter not in ("none", "lookup"):
         dpath = engine.resolve(config.drafter)
-        dgeo = common.geometry(dpath)
+        dgeo = read_geometry(dpath)
         params = safetensors_params(dpath)
-        weights = params * common.ITEMSIZE[config.dtype]
+        weights = params * ITEMSIZE[config.dtype]
     if config.drafter_weights is not None:
         weights = config.drafter_weights
     rows = table(config, geo, dgeo, weights)
@@ -284,28 +283,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k", type=int, default=4, help="tokens drafted per block (0: plain decoding)")
     parser.add_argument(
         "--dtype",
-        choices=("auto", *common.ITEMSIZE),
+        choices=("auto", *ITEMSIZE),
         default="auto",
         help="K/V and weights dtype (auto: the model config's)",
     )
     parser.add_argument("--backend", choices=("torch", "mlx"), default="torch", help="for the cross-check")
-    parser.add_argument("--batches", type=common.int_list, default=BATCHES)
-    parser.add_argument("--seq-lens", type=common.int_list, default=SEQ_LENS)
+    parser.add_argument("--batches", type=cli.int_list, default=BATCHES)
+    parser.add_argument("--seq-lens", type=cli.int_list, default=SEQ_LENS)
     parser.add_argument(
         "--check-lens",
-        type=lambda t: [] if t == "none" else common.int_list(t),
+        type=lambda t: [] if t == "none" else cli.int_list(t),
         default=[64, 256, 1024],
         help="prompt lengths prefilled to cross-check the formula ('none': skip)",
     )
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--out", required=True, help="where to write the report (JSON)")
     args = parser.parse_args(argv)
-    import engine
 
     try:
-        policies = common.policies(args.policy)
-        common.set_threads(args.threads)
-        dtype = args.dtype if args.dtype != "auto" else common.geometry(engine.resolve(args.model)).dtype
+        policies = cli.policies(args.policy)
+        cli.set_threads(args.threads)
+        dtype = args.dtype if args.dtype != "auto" else read_geometry(engine.resolve(args.model)).dtype
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
     if args.k < 0 or min(args.batches) < 1 or min(args.seq_lens) < 1 or min(args.check_lens, default=1) < 1:

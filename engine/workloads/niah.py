@@ -26,13 +26,17 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.workloads import common
+import engine
+from engine.geometry import read_geometry
+from engine.policy import expected_kv_bytes, oldest_visible
+from engine.workloads import cli, plots
+from engine.zoo import corpus
 
 DEPTHS = [0.0, 0.25, 0.5, 0.75, 1.0]
 MIN_SPAN = 24  # evictable tokens a rung needs to place needles outside the window
 
 
-class Config(common.ModelConfig):
+class Config(cli.ModelConfig):
     policies: list[str] = Field(min_length=1)
     contexts: list[int] = Field(min_length=1)
     depths: list[float] = Field(min_length=1)
@@ -113,7 +117,7 @@ class Summary(BaseModel):
 # --- prompts ------------------------------------------------------------------------------------------
 
 
-def locate(model: Any, prompt: str, key: str) -> tuple[list[int], int, int]:
+def locate(model: engine.Model, prompt: str, key: str) -> tuple[list[int], int, int]:
     """The prompt's token ids and the needle's token span, measured with the model's tokenizer."""
     m = re.search(rf"(^| ){re.escape(key)} :", prompt)
     if m is None:
@@ -124,10 +128,11 @@ def locate(model: Any, prompt: str, key: str) -> tuple[list[int], int, int]:
     return ids, len(model.encode(prompt[:start].rstrip())), len(model.encode(prompt[:end]))
 
 
-def place(model: Any, context: int, depth: float, seed: int, sink: int, window: int, scale: float) -> Placed:
+def place(
+    model: engine.Model, context: int, depth: float, seed: int, sink: int, window: int, scale: float
+) -> Placed:
     """A haystack of about `context` tokens with its needle at `depth` of the evictable span (or of the
     whole prompt when the rung is too short to evict anything); `scale`: model tokens per corpus word."""
-    from engine.zoo import corpus
 
     n_words = max(32, round(context / scale))
     filler = n_words - 1 - (corpus.NEEDLE_DIGITS + 3) - corpus.QUERY_TOKENS
@@ -157,9 +162,8 @@ def place(model: Any, context: int, depth: float, seed: int, sink: int, window: 
     raise ValueError(f"could not place a needle outside the window at context {context}, depth {depth}")
 
 
-def tokens_per_word(model: Any) -> float:
+def tokens_per_word(model: engine.Model) -> float:
     """Model tokens per corpus word (1.0 for the zoo tokenizer, about 1-2 for real tokenizers)."""
-    from engine.zoo import corpus
 
     nd = corpus.haystack(512, 0.5, 0)
     return len(model.encode(nd.prompt)) / nd.n_tokens
@@ -181,17 +185,14 @@ class _Tally:
         self.reach = 0
 
 
-def _decode(model: Any, seq: Any, placed: Placed, max_new: int) -> bool:
-    import engine
-    from engine.zoo import corpus
+def _decode(model: engine.Model, seq: engine.Session, placed: Placed, max_new: int) -> bool:
 
     gen = engine.generate(seq, placed.ids, engine.Stop(max_new, model.eos_ids))
     want = placed.answer.split()
     return bool(model.decode(gen.tokens).replace(corpus.EOS, " ").split()[: len(want)] == want)
 
 
-def _account(t: _Tally, seq: Any, slot_bytes: list[int], n_prompt: int) -> None:
-    from engine.policy import expected_kv_bytes
+def _account(t: _Tally, seq: engine.Session, slot_bytes: list[int], n_prompt: int) -> None:
 
     held = seq.kv_bytes()
     bound = expected_kv_bytes(seq.specs, seq.position, seq.max_block, slot_bytes)
@@ -205,27 +206,26 @@ def _account(t: _Tally, seq: Any, slot_bytes: list[int], n_prompt: int) -> None:
     t.kv = max(t.kv, sum(held))
     t.bound = max(t.bound, sum(bound))
     t.allocated = max(t.allocated, sum(allocated))
-    oldest = common.oldest_visible(seq.specs, n_prompt - 1)
+    oldest = oldest_visible(seq.specs, n_prompt - 1)
     t.farthest = min(t.farthest, oldest)
     t.reach = max(t.reach, n_prompt - oldest)
 
 
 def niah(config: Config) -> dict[str, Any]:
-    import engine
 
     t0 = time.perf_counter()
-    under_test = common.policies(",".join(config.policies), allow_full=False)
+    under_test = cli.policies(",".join(config.policies), allow_full=False)
     oracle = engine.full()
     run = [oracle, *under_test]
     sink = max(p.sink for p in under_test)
     window = max(p.window or 0 for p in under_test)
     model = engine.load(config.model, config.backend, config.dtype)
-    geo = common.geometry(engine.resolve(config.model))
+    geo = read_geometry(engine.resolve(config.model))
     slot_bytes = geo.slot_bytes(config.dtype)
     scale = tokens_per_word(model)
     total = len(config.contexts) * len(config.depths) * config.samples * len(run)
     rungs: list[Rung] = []
-    with common.progress(total, "niah", "gen") as bar:
+    with cli.progress(total, "niah", "gen") as bar:
         for context in config.contexts:
             tallies = {p.kind: _Tally() for p in run}
             depths, evicted = [], True
@@ -240,7 +240,7 @@ def niah(config: Config) -> dict[str, Any]:
                     max_new = len(model.encode("? " + placed.answer)) - len(model.encode("?")) + 1
                     full_kv = 0
                     for p in run:
-                        seq = model.sequence(p)
+                        seq = model.session(p)
                         hit = _decode(model, seq, placed, max(2, max_new))
                         t = tallies[p.kind]
                         hits[p.kind] += hit
@@ -325,7 +325,7 @@ def niah(config: Config) -> dict[str, Any]:
 
 def draw(body: dict[str, Any], path: Any) -> None:
     """Recall vs context (oracle and each policy) and K/V bytes held vs context."""
-    plt = common.pyplot()
+    plt = plots.pyplot()
     rungs = body["rungs"]
     xs = [r["context"] for r in rungs]
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4))
@@ -374,16 +374,16 @@ def table(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    common.add_model_args(parser)
+    cli.add_model_args(parser)
     parser.add_argument(
         "--policy",
         default="hybrid:4:64,sink_window:4:64",
         help="policies under test, comma-separated (the full-cache oracle always runs)",
     )
     parser.add_argument(
-        "--contexts", type=common.int_list, default=[256, 512, 1024], help="the ladder, e.g. 256,1024"
+        "--contexts", type=cli.int_list, default=[256, 512, 1024], help="the ladder, e.g. 256,1024"
     )
-    parser.add_argument("--depths", type=common.float_list, default=DEPTHS, help="needle depths in [0, 1]")
+    parser.add_argument("--depths", type=cli.float_list, default=DEPTHS, help="needle depths in [0, 1]")
     parser.add_argument("--samples", type=int, default=4, help="haystacks per rung and depth")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -391,8 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        under_test = common.policies(args.policy, allow_full=False)
-        common.set_threads(args.threads)
+        under_test = cli.policies(args.policy, allow_full=False)
+        cli.set_threads(args.threads)
     except ValueError as exc:
         parser.error(str(exc))
     if any(not 0.0 <= d <= 1.0 for d in args.depths):
@@ -409,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         samples=args.samples,
         seed=args.seed,
     )
-    report, png = common.write_plotted(args.out, "niah", niah(config), draw, "recall", args.plot)
+    report, png = plots.write_plotted(args.out, "niah", niah(config), draw, "recall", args.plot)
     print(table(report))
     s = report["summary"]
     print(

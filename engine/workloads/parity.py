@@ -17,10 +17,13 @@ import argparse
 import sys
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+import engine
 from engine.report import write_report
-from engine.workloads.common import first_divergence
+from engine.workloads.cli import first_divergence
+from engine.zoo import corpus
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -69,7 +72,6 @@ class Summary(BaseModel):
 
 def prompts(n: int, n_tokens: int, seed: int) -> list[str]:
     """Alternating code-like prompts and needle haystacks from the zoo corpus."""
-    from engine.zoo import corpus
 
     code = corpus.code_prompts(n=(n + 1) // 2, seed=seed, n_tokens=n_tokens)
     hay = [corpus.haystack(n_tokens, depth=(i + 1) / (n + 1), seed=seed + i).prompt for i in range(n // 2)]
@@ -89,16 +91,12 @@ def _torch_logits(tm: Any, seq: list[int], keep: int) -> Any:
 
 def _mlx_logits(mm: Any, seq: list[int], keep: int) -> Any:
     import mlx.core as mx
-    import numpy as np
 
     out = mm.logits(mx.array([seq]), None, keep)[0].astype(mx.float32)
     return np.array(out)
 
 
 def run_dtype(config: Config, dtype: str, texts: list[str]) -> Run:
-    import numpy as np
-
-    import engine
 
     policy = engine.parse_policy(config.policy)
     tm = engine.load(config.model, "torch", dtype)
@@ -109,8 +107,8 @@ def run_dtype(config: Config, dtype: str, texts: list[str]) -> Run:
         if ids != mm.encode(text):
             raise ValueError("the two backends tokenize the prompt differently")
         stop = engine.Stop(config.new_tokens, tm.eos_ids)
-        gt = engine.generate(tm.sequence(policy), ids, stop)
-        gm = engine.generate(mm.sequence(policy), ids, stop)
+        gt = engine.generate(tm.session(policy), ids, stop)
+        gm = engine.generate(mm.session(policy), ids, stop)
         first = first_divergence(gt.tokens, gm.tokens)
         longest = max(len(gt.tokens), len(gm.tokens))
         common = longest if first is None else first
@@ -189,7 +187,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="where to write the report (JSON)")
     args = parser.parse_args(argv)
-    import engine
 
     try:
         engine.parse_policy(args.policy)  # a bad policy fails before any model loads

@@ -24,7 +24,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.workloads import common
+import engine
+from engine.policy import drafter_policy
+from engine.workloads import cli, plots
+from engine.zoo import corpus
 
 HUMANEVAL_STYLE = [
     'def running_max(numbers: list[int]) -> list[int]:\n    """Return the running maximum of numbers.\n'
@@ -46,7 +49,7 @@ HUMANEVAL_STYLE = [
 ]
 
 
-class Config(common.ModelConfig):
+class Config(cli.ModelConfig):
     policy: str
     drafter: str
     drafter_policy: str
@@ -105,9 +108,8 @@ class Summary(BaseModel):
     speedup_ok: bool
 
 
-def is_zoo_tokenizer(model: Any) -> bool:
+def is_zoo_tokenizer(model: engine.Model) -> bool:
     """One token per word of a zoo code prompt (plus <bos>): the model reads the zoo vocabulary."""
-    from engine.zoo import corpus
 
     text = corpus.code_prompts(1, 0, 32)[0]
     ids = model.encode(text)
@@ -116,8 +118,6 @@ def is_zoo_tokenizer(model: Any) -> bool:
 
 def prompt_texts(source: str, n: int, n_tokens: int, seed: int) -> list[str]:
     if source == "zoo":
-        from engine.zoo import corpus
-
         return corpus.code_prompts(n, seed, n_tokens)
     return [HUMANEVAL_STYLE[(seed + i) % len(HUMANEVAL_STYLE)] for i in range(n)]
 
@@ -142,8 +142,7 @@ def _best(runs: list[Any]) -> Any:
     return min(runs, key=lambda g: g.decode_s)
 
 
-def drafter_factory(config: Config, model: Any, probe: str) -> Callable[[], Any]:
-    import engine
+def drafter_factory(config: Config, model: engine.Model, probe: str) -> Callable[[], engine.Drafter]:
 
     if config.drafter == "lookup":
         return engine.PromptLookupDrafter
@@ -151,11 +150,10 @@ def drafter_factory(config: Config, model: Any, probe: str) -> Callable[[], Any]
     if dm.encode(probe) != model.encode(probe):
         raise ValueError(f"the drafter {config.drafter} does not share the verifier's tokenizer")
     policy = engine.parse_policy(config.drafter_policy)
-    return lambda: engine.ModelDrafter(dm.sequence(policy, max_block=config.k + 1))
+    return lambda: engine.ModelDrafter(dm.session(policy, max_block=config.k + 1))
 
 
 def throughput(config: Config) -> dict[str, Any]:
-    import engine
 
     t0 = time.perf_counter()
     policy = engine.parse_policy(config.policy)
@@ -167,26 +165,26 @@ def throughput(config: Config) -> dict[str, Any]:
     make_drafter = drafter_factory(config, model, texts[0])
     stop = engine.Stop(config.new_tokens, model.eos_ids)
     warm = model.encode(texts[0])  # first forwards pay one-off costs: keep them out of the figures
-    engine.generate(model.sequence(policy), warm, engine.Stop(4))
+    engine.generate(model.session(policy), warm, engine.Stop(4))
     engine.speculative_generate(
-        model.sequence(policy, config.k + 1), make_drafter(), warm, config.k, engine.Stop(4)
+        model.session(policy, config.k + 1), make_drafter(), warm, config.k, engine.Stop(4)
     )
     rows: list[Prompt] = []
-    with common.progress(len(texts) * config.repeats * 2, "throughput", "gen") as bar:
+    with cli.progress(len(texts) * config.repeats * 2, "throughput", "gen") as bar:
         for text in texts:
             ids = model.encode(text)
             greedy, spec = [], []
             for _ in range(config.repeats):  # interleaved, so a busy spell hits both alike
-                greedy.append(engine.generate(model.sequence(policy), ids, stop))
+                greedy.append(engine.generate(model.session(policy), ids, stop))
                 bar.update(1)
                 spec.append(
                     engine.speculative_generate(
-                        model.sequence(policy, config.k + 1), make_drafter(), ids, config.k, stop
+                        model.session(policy, config.k + 1), make_drafter(), ids, config.k, stop
                     )
                 )
                 bar.update(1)
             g, s = _best(greedy), _best(spec)
-            mismatch = common.first_divergence(g.tokens, s.tokens)
+            mismatch = cli.first_divergence(g.tokens, s.tokens)
             gr, sr = (
                 Run(**_run(g)),
                 SpecRun(
@@ -256,7 +254,7 @@ def summarize(rows: list[Prompt], min_speedup: float) -> Summary:
 
 def draw(body: dict[str, Any], path: Any) -> None:
     """Decode tok/s per prompt and overall, greedy vs speculative, with the speedup over each pair."""
-    plt = common.pyplot()
+    plt = plots.pyplot()
     rows, s = body["prompts"], body["summary"]
     labels = [str(i) for i in range(len(rows))] + ["all"]
     greedy = [r["greedy"]["decode_tok_s"] for r in rows] + [s["greedy_decode_tok_s"]]
@@ -284,7 +282,7 @@ def draw(body: dict[str, Any], path: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    common.add_model_args(parser)
+    cli.add_model_args(parser)
     parser.add_argument(
         "--policy", default="hybrid:4:64", help="full | sink_window:SINK:WINDOW | hybrid:SINK:WINDOW"
     )
@@ -314,15 +312,14 @@ def main(argv: list[str] | None = None) -> int:
         "--plot", help="PNG path (default: <report stem>-tok_s.png next to the report; 'none')"
     )
     args = parser.parse_args(argv)
-    import engine
 
     try:
         policy = engine.parse_policy(args.policy)
         dpolicy = args.drafter_policy
         if dpolicy == "auto":
-            dpolicy = str(common.drafter_policy(policy))
+            dpolicy = str(drafter_policy(policy))
         engine.parse_policy(dpolicy)
-        common.set_threads(args.threads)
+        cli.set_threads(args.threads)
     except ValueError as exc:
         parser.error(str(exc))
     if args.k < 1 or args.prompts < 1 or args.repeats < 1 or args.new_tokens < 2 or args.prompt_tokens < 2:
@@ -344,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         min_speedup=args.min_speedup,
     )
-    report, png = common.write_plotted(args.out, "throughput", throughput(config), draw, "tok_s", args.plot)
+    report, png = plots.write_plotted(args.out, "throughput", throughput(config), draw, "tok_s", args.plot)
     s = report["summary"]
     for i, r in enumerate(report["prompts"]):
         print(

@@ -13,6 +13,7 @@ one of its own. `--write` stores eval_record.json in each model directory and re
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -147,8 +148,6 @@ def recall_table(cells: list[RecallCell]) -> str:
 
 def render_card(directory: Path) -> str:
     """README.md of a zoo model from its config, train_record.json and eval_record.json."""
-    import json
-
     cfg = json.loads((directory / "config.json").read_text())
     tr = TrainRecord.model_validate_json((directory / "train_record.json").read_text())
     ev_path = directory / "eval_record.json"

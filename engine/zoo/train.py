@@ -27,18 +27,13 @@ import transformers
 from pydantic import BaseModel, ConfigDict
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-from engine.models import ZOO_DIR as ZOO_MODELS
+from engine.models import ZOO_DIR, resolve
 from engine.zoo import corpus, tokenizer
 
 
 def model_dir(name: str) -> Path:
-    """A model directory: a path with a config.json, or the name of a zoo model."""
-    path = Path(name)
-    if (path / "config.json").is_file():
-        return path
-    if (ZOO_MODELS / name / "config.json").is_file():
-        return ZOO_MODELS / name
-    raise FileNotFoundError(f"no model directory {name!r} (a path or a name under {ZOO_MODELS})")
+    """A model directory: a path with a config.json, or the name of a zoo model (`engine.resolve`)."""
+    return resolve(name if (Path(name) / "config.json").is_file() else f"zoo:{name}")
 
 
 class Arch(BaseModel):
@@ -389,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.smoke:
         recipe = smoke_recipe(recipe)
-    out = args.out or ZOO_MODELS / recipe.name
+    out = args.out or ZOO_DIR / recipe.name
     command = "python -m engine.zoo.train " + " ".join(argv if argv is not None else sys.argv[1:])
     record = train(recipe, out, command=command, log=lambda s: print(s, flush=True))
     print(f"wrote {out} ({record.params} parameters, {record.wall_s:.0f} s)")

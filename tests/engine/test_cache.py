@@ -166,7 +166,7 @@ def test_kv_bytes_sink_window_constant_hybrid_grows_only_in_full_layers(max_bloc
     sliding = [i for i, t in enumerate(tm.layer_types) if t == "sliding_attention"]
     history: dict[str, list[list[int]]] = {}
     for policy in (full(), sink_window(4, 8), hybrid(4, 8)):
-        seq = tm.sequence(policy, max_block=max_block, prefill_chunk=64)
+        seq = tm.session(policy, max_block=max_block, prefill_chunk=64)
         rows = []
         for n in (40, 100, 200, 300):
             seq.prefill(ids[seq.position : n])

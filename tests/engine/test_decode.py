@@ -3,6 +3,7 @@ teacher-forced oracle for windows that wrap, stop conditions, and model loading.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -43,7 +44,7 @@ def test_covering_window_equals_transformers_generate(
     ids = tiny_models.prompt(prompt_len, seed=prompt_len)
     ref = tiny_models.hf_greedy(tm, ids, 60)
     assert len(set(ref)) > 10, "the test model must give varied output"
-    got = engine.generate(on(backend, tm).sequence(policy, prefill_chunk=chunk), ids, engine.Stop(60))
+    got = engine.generate(on(backend, tm).session(policy, prefill_chunk=chunk), ids, engine.Stop(60))
     assert got.tokens == ref
     assert got.stop_reason == "max_new_tokens" and got.forwards == 59
 
@@ -78,7 +79,7 @@ def test_bounded_greedy_equals_a_teacher_forced_masked_forward(
     times)."""
     tm = MODELS[model]()
     ids = tiny_models.prompt(30, seed=1)
-    gen = engine.generate(on(backend, tm).sequence(policy, prefill_chunk=11), ids, engine.Stop(90))
+    gen = engine.generate(on(backend, tm).session(policy, prefill_chunk=11), ids, engine.Stop(90))
     seq = ids + gen.tokens
     masks = _policy_masks(tm, policy, len(seq) - 1)
     mask = masks if len(masks) > 1 else next(iter(masks.values()))
@@ -97,20 +98,20 @@ def test_bounded_greedy_equals_a_teacher_forced_masked_forward(
 def test_stop_conditions() -> None:
     tm = tiny_models.qwen()
     ids = tiny_models.prompt(20, seed=2)
-    ref = engine.generate(tm.sequence(full()), ids, engine.Stop(40)).tokens
+    ref = engine.generate(tm.session(full()), ids, engine.Stop(40)).tokens
     eos = ref[17]
     first = ref.index(eos)
-    got = engine.generate(tm.sequence(full()), ids, engine.Stop(40, eos_ids=frozenset({eos})))
+    got = engine.generate(tm.session(full()), ids, engine.Stop(40, eos_ids=frozenset({eos})))
     assert got.tokens == ref[: first + 1] and got.stop_reason == "eos"
 
     def detok(toks: list[int]) -> str:
         return "".join(chr(0x100 + t) for t in toks)
 
     stop = detok(ref[25:27])
-    got = engine.generate(tm.sequence(full()), ids, engine.Stop(40, stop_strings=(stop,), detokenize=detok))
+    got = engine.generate(tm.session(full()), ids, engine.Stop(40, stop_strings=(stop,), detokenize=detok))
     assert got.stop_reason == "stop_string" and detok(got.tokens).endswith(stop)
     assert stop not in detok(got.tokens[:-1]) and got.tokens == ref[: len(got.tokens)]
-    got = engine.generate(tm.sequence(full()), ids, engine.Stop(7, stop_strings=("never",), detokenize=detok))
+    got = engine.generate(tm.session(full()), ids, engine.Stop(7, stop_strings=("never",), detokenize=detok))
     assert got.tokens == ref[:7] and got.stop_reason == "max_new_tokens"
     with pytest.raises(ValueError, match="detokenize"):
         engine.Stop(5, stop_strings=("x",))
@@ -121,14 +122,14 @@ def test_stop_conditions() -> None:
 def test_forward_larger_than_the_slack_or_rollback_beyond_it_is_refused_or_exact(backend: str) -> None:
     tm = on(backend, tiny_models.gemma())
     ids = tiny_models.prompt(60, seed=4)
-    seq = tm.sequence(sink_window(4, 8), max_block=3)
+    seq = tm.session(sink_window(4, 8), max_block=3)
     seq.prefill(ids[:40])
     with pytest.raises(ValueError, match="slack of 3"):
         seq.trim(4)
     # A block larger than max_block is attended as old buffer + block: still exact.
-    step = tm.sequence(sink_window(4, 8), max_block=3)
+    step = tm.session(sink_window(4, 8), max_block=3)
     step.prefill(ids[:40])
-    assert seq.forward(ids[40:50]) == [step.forward([t])[0] for t in ids[40:50]]
+    assert seq.forward(ids[40:50]).tokens == [step.forward([t]).tokens[0] for t in ids[40:50]]
 
 
 def test_load_resolves_zoo_paths_and_reports_bad_names(tmp_path, monkeypatch) -> None:
@@ -156,8 +157,8 @@ def test_load_resolves_zoo_paths_and_reports_bad_names(tmp_path, monkeypatch) ->
     with pytest.raises(engine.ModelNotFoundError) as err:
         engine.resolve("gone")
     assert f"looked in {tmp_path / 'gone'} or {home / 'kakeya-models' / 'gone'}" in str(err.value)
-    same = engine.generate(loaded.sequence(full()), ids, engine.Stop(10)).tokens
-    assert same == engine.generate(tm.sequence(full()), ids, engine.Stop(10)).tokens
+    same = engine.generate(loaded.session(full()), ids, engine.Stop(10)).tokens
+    assert same == engine.generate(tm.session(full()), ids, engine.Stop(10)).tokens
 
 
 def _tokenizer():
@@ -176,4 +177,40 @@ def test_zoo_model_loads_and_equals_generate() -> None:
     ids = tm.encode("def add(a, b):\n    return")
     ref = tiny_models.hf_greedy(tm, ids, 40)
     for policy in COVERING:
-        assert engine.generate(tm.sequence(policy), ids, engine.Stop(40)).tokens == ref
+        assert engine.generate(tm.session(policy), ids, engine.Stop(40)).tokens == ref
+
+
+@pytest.mark.parametrize("policy", [full(), hybrid(4, 64), sink_window(4, 64)], ids=str)
+def test_step_logits_and_hidden_states_equal_a_full_cache_reference_forward(
+    backend: str, policy: Policy
+) -> None:
+    """With a window covering the sequence, a session's logits and hidden states (prefill: the last
+    position; forward: every fed position) equal one cache-free transformers forward of the whole
+    sequence at the same positions, on both backends; the tokens are the argmax of those logits."""
+    tm = tiny_models.gemma(sliding_window=64)
+    ids = tiny_models.prompt(40, seed=9)
+    with torch.inference_mode():
+        ref = tm.model(input_ids=torch.tensor([ids]), output_hidden_states=True, use_cache=False)
+    layers = tuple(range(len(tm.layer_types) + 1))  # 0: embeddings ... n: after the final norm
+    seq = on(backend, tm).session(policy, max_block=4, prefill_chunk=16)
+
+    def close(got: object, want: torch.Tensor) -> None:
+        got_t = torch.from_numpy(np.array(got)) if backend == "mlx" else got
+        assert isinstance(got_t, torch.Tensor) and got_t.shape == want.shape
+        assert torch.allclose(got_t, want, atol=1e-4, rtol=1e-4), (got_t - want).abs().max()
+
+    first = seq.prefill(ids[:30], logits=True, hidden=layers)
+    close(first.logits, ref.logits[0, 29:30])
+    for i in layers:
+        close(first.hidden[i], ref.hidden_states[i][0, 29:30])
+    assert first.tokens == ref.logits[0, 29:30].argmax(-1).tolist()
+    step = seq.forward(ids[30:34], logits=True, hidden=(0, 2))
+    close(step.logits, ref.logits[0, 30:34])
+    assert sorted(step.hidden) == [0, 2]
+    for i in (0, 2):
+        close(step.hidden[i], ref.hidden_states[i][0, 30:34])
+    assert step.tokens == ref.logits[0, 30:34].argmax(-1).tolist()
+    plain = seq.forward(ids[34:36])
+    assert plain.logits is None and plain.hidden == {} and len(plain.tokens) == 2
+    with pytest.raises(ValueError, match="no hidden state"):
+        seq.forward(ids[36:37], hidden=(len(layers),))

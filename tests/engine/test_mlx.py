@@ -44,7 +44,7 @@ def test_greedy_equals_transformers_and_mlx_lm_own_caches(model: str, prompt_len
     assert len(set(ref)) > 10
     assert _mlx_lm_greedy(mm.model, ids, 60) == ref
     for policy in (full(), hybrid(4, 4096)):
-        assert engine.generate(mm.sequence(policy, prefill_chunk=16), ids, engine.Stop(60)).tokens == ref
+        assert engine.generate(mm.session(policy, prefill_chunk=16), ids, engine.Stop(60)).tokens == ref
 
 
 def test_a_config_without_layer_types_slides_like_transformers() -> None:
@@ -55,7 +55,7 @@ def test_a_config_without_layer_types_slides_like_transformers() -> None:
     ids = tiny_models.prompt(30, seed=3)
     ref = tiny_models.hf_greedy(tm, ids, 40)
     assert len(ids) + 40 > 3 * 12 and len(set(ref)) > 10
-    assert engine.generate(mm.sequence(full(), prefill_chunk=8), ids, engine.Stop(40)).tokens == ref
+    assert engine.generate(mm.session(full(), prefill_chunk=8), ids, engine.Stop(40)).tokens == ref
 
 
 def _save_gemma(tmp_path: Path, **overrides) -> Path:
@@ -106,11 +106,11 @@ def test_a_model_whose_mlx_code_ignores_the_sliding_window_fails_loudly() -> Non
     config = {**twin.config, "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 8}
     lying = MLXModel(twin.model, config)
     with pytest.raises(ValueError, match="groups its layers differently"):
-        lying.sequence(full()).prefill([5, 6, 7])
+        lying.session(full()).prefill([5, 6, 7])
     gemma = mlx_twin(tiny_models.gemma())
     wrong_window = MLXModel(gemma.model, {**gemma.config, "sliding_window": 12})
     with pytest.raises(ValueError, match="window_size=16"):
-        wrong_window.sequence(full()).prefill([5, 6, 7])
+        wrong_window.session(full()).prefill([5, 6, 7])
 
 
 @pytest.mark.parametrize(("dtype", "itemsize"), [("bfloat16", 2), ("float16", 2), ("float32", 4)])
@@ -119,7 +119,7 @@ def test_dtypes_load_decode_and_count_their_bytes(dtype: str, itemsize: int) -> 
     mm = load_mlx(twin.path, dtype)
     assert mm.dtype == getattr(mx, dtype)
     ids = tiny_models.prompt(50, seed=5)
-    seq = mm.sequence(sink_window(4, 8), max_block=3, prefill_chunk=16)
+    seq = mm.session(sink_window(4, 8), max_block=3, prefill_chunk=16)
     gen = engine.generate(seq, ids, engine.Stop(20))
     assert len(gen.tokens) == 20
     slot = [2 * 2 * 16 * itemsize] * 4  # K + V, 2 kv heads x head_dim 16
@@ -144,7 +144,7 @@ def test_each_backend_runs_without_the_other_installed() -> None:
         (
             "import engine\n"
             f"m = engine.load({str(twin.path)!r}, backend='mlx')\n"
-            "g = engine.generate(m.sequence(engine.sink_window(2, 6)), [5, 6, 7, 8], engine.Stop(12))\n"
+            "g = engine.generate(m.session(engine.sink_window(2, 6)), [5, 6, 7, 8], engine.Stop(12))\n"
             "assert len(g.tokens) == 12 and sys.modules['torch'] is None\n"
             "try:\n    engine.load('x', backend='torch')\nexcept Exception as e:\n    print('no torch:', type(e).__name__)\n"
         ),
@@ -155,7 +155,7 @@ def test_each_backend_runs_without_the_other_installed() -> None:
         (
             "import engine, engine.backends.torch\n"
             f"m = engine.load({str(twin.path)!r}, backend='torch')\n"
-            "assert len(engine.generate(m.sequence(engine.full()), [5, 6, 7], engine.Stop(5)).tokens) == 5\n"
+            "assert len(engine.generate(m.session(engine.full()), [5, 6, 7], engine.Stop(5)).tokens) == 5\n"
             f"engine.load({str(twin.path)!r}, backend='mlx')\n"
         ),
     )
@@ -170,5 +170,5 @@ def test_zoo_models_load_on_mlx_and_match_torch() -> None:
     ids = mm.encode("def add(a, b):\n    return")
     assert ids == tm.encode("def add(a, b):\n    return")
     for policy in (full(), hybrid(4, 16)):
-        want = engine.generate(tm.sequence(policy), ids, engine.Stop(40, tm.eos_ids))
-        assert engine.generate(mm.sequence(policy), ids, engine.Stop(40, mm.eos_ids)).tokens == want.tokens
+        want = engine.generate(tm.session(policy), ids, engine.Stop(40, tm.eos_ids))
+        assert engine.generate(mm.session(policy), ids, engine.Stop(40, mm.eos_ids)).tokens == want.tokens

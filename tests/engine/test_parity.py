@@ -14,7 +14,7 @@ pytest.importorskip("mlx_lm")
 torch = pytest.importorskip("torch")
 
 import gates  # noqa: E402
-from engine.workloads.common import first_divergence  # noqa: E402
+from engine.workloads.cli import first_divergence  # noqa: E402
 from engine.workloads.parity import prompts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

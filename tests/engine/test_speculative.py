@@ -21,7 +21,7 @@ MLX_MARKS = BACKENDS[1].marks
 def _greedy(backend: str, model: str, policy: Policy, prompt_len: int) -> tuple[int, ...]:
     tm = on(backend, getattr(tiny_models, model)())
     ids = tiny_models.prompt(prompt_len, seed=prompt_len)
-    return tuple(engine.generate(tm.sequence(policy, prefill_chunk=16), ids, engine.Stop(NEW)).tokens)
+    return tuple(engine.generate(tm.session(policy, prefill_chunk=16), ids, engine.Stop(NEW)).tokens)
 
 
 def _drafter(backend: str, kind: str, model: str, policy: Policy, k: int) -> engine.Drafter:
@@ -29,16 +29,16 @@ def _drafter(backend: str, kind: str, model: str, policy: Policy, k: int) -> eng
         return engine.PromptLookupDrafter()
     if kind == "self":  # the verifier drafting for itself: everything is accepted
         return engine.ModelDrafter(
-            on(backend, getattr(tiny_models, model)()).sequence(policy, max_block=k + 1)
+            on(backend, getattr(tiny_models, model)()).session(policy, max_block=k + 1)
         )
     if kind == "narrow":  # same weights, a narrower window: agrees often, not always
         return engine.ModelDrafter(
-            on(backend, getattr(tiny_models, model)()).sequence(sink_window(1, 3), max_block=k + 1)
+            on(backend, getattr(tiny_models, model)()).session(sink_window(1, 3), max_block=k + 1)
         )
     # a random-weight drafter of another architecture (same vocabulary): mostly rejected; with the
     # smallest slack a drafter may have (it rolls back at most k - 1 fed drafts)
     return engine.ModelDrafter(
-        on(backend, tiny_models.qwen(seed=7, layers=1)).sequence(policy, max_block=max(1, k - 1))
+        on(backend, tiny_models.qwen(seed=7, layers=1)).session(policy, max_block=max(1, k - 1))
     )
 
 
@@ -65,7 +65,7 @@ GEMMA = [pytest.param(p, d, k, "torch", id=f"torch-{p}-{d}-{k}") for p in POLICI
 def test_speculative_equals_greedy_gemma(policy: Policy, drafter: str, k: int, backend: str) -> None:
     prompt_len = [3, 40, 17][k % 3]
     ids = tiny_models.prompt(prompt_len, seed=prompt_len)
-    verifier = on(backend, tiny_models.gemma()).sequence(policy, max_block=k + 1, prefill_chunk=16)
+    verifier = on(backend, tiny_models.gemma()).session(policy, max_block=k + 1, prefill_chunk=16)
     gen = engine.speculative_generate(
         verifier, _drafter(backend, drafter, "gemma", policy, k), ids, k, engine.Stop(NEW)
     )
@@ -90,7 +90,7 @@ def test_speculative_equals_greedy_gemma(policy: Policy, drafter: str, k: int, b
 )
 def test_speculative_equals_greedy_qwen(policy: Policy, drafter: str, k: int, backend: str) -> None:
     ids = tiny_models.prompt(40, seed=40)
-    verifier = on(backend, tiny_models.qwen()).sequence(policy, max_block=k + 1, prefill_chunk=16)
+    verifier = on(backend, tiny_models.qwen()).session(policy, max_block=k + 1, prefill_chunk=16)
     gen = engine.speculative_generate(
         verifier, _drafter(backend, drafter, "qwen", policy, k), ids, k, engine.Stop(NEW)
     )
@@ -112,9 +112,9 @@ def test_speculative_stops_like_greedy_and_leaves_a_consistent_cache(backend: st
         engine.Stop(33),
         engine.Stop(NEW, stop_strings=(stop_string,), detokenize=detok),
     ):
-        want = engine.generate(tm.sequence(sink_window(4, 8)), ids, stop)
-        seq = tm.sequence(sink_window(4, 8), max_block=5)
-        drafter = engine.ModelDrafter(tm.sequence(sink_window(4, 8), max_block=5))
+        want = engine.generate(tm.session(sink_window(4, 8)), ids, stop)
+        seq = tm.session(sink_window(4, 8), max_block=5)
+        drafter = engine.ModelDrafter(tm.session(sink_window(4, 8), max_block=5))
         got = engine.speculative_generate(seq, drafter, ids, 4, stop)
         assert got.tokens == want.tokens and got.stop_reason == want.stop_reason
         # Fed: the prompt and every output token but the last, as after greedy decoding.
@@ -122,7 +122,7 @@ def test_speculative_stops_like_greedy_and_leaves_a_consistent_cache(backend: st
 
 
 def test_verifier_without_the_slack_is_refused() -> None:
-    seq = tiny_models.gemma().sequence(sink_window(4, 8), max_block=4)
+    seq = tiny_models.gemma().session(sink_window(4, 8), max_block=4)
     with pytest.raises(ValueError, match="max_block >= k \\+ 1 = 5"):
         engine.speculative_generate(seq, engine.PromptLookupDrafter(), [5, 6, 7], 4, engine.Stop(10))
 
@@ -146,10 +146,10 @@ def test_speculative_equals_greedy_zoo_pair(k: int, backend: str) -> None:
     drafter_model = engine.load("zoo:tiny-drafter", backend=backend)  # type: ignore[arg-type]
     ids = verifier_model.encode(_zoo_code_prompt())
     for policy in (hybrid(4, 16), sink_window(4, 16)):
-        want = engine.generate(verifier_model.sequence(policy), ids, engine.Stop(150))
-        drafter = engine.ModelDrafter(drafter_model.sequence(policy, max_block=k + 1))
+        want = engine.generate(verifier_model.session(policy), ids, engine.Stop(150))
+        drafter = engine.ModelDrafter(drafter_model.session(policy, max_block=k + 1))
         got = engine.speculative_generate(
-            verifier_model.sequence(policy, max_block=k + 1), drafter, ids, k, engine.Stop(150)
+            verifier_model.session(policy, max_block=k + 1), drafter, ids, k, engine.Stop(150)
         )
         assert got.tokens == want.tokens
         assert got.accepted > 0

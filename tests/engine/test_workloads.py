@@ -14,7 +14,8 @@ torch = pytest.importorskip("torch")
 
 import engine  # noqa: E402
 import gates  # noqa: E402
-from engine.workloads import common, compression, niah, throughput  # noqa: E402
+from engine.policy import oldest_visible  # noqa: E402
+from engine.workloads import cli, compression, niah, throughput  # noqa: E402
 from tests.engine.backends import HAVE_MLX  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -302,7 +303,7 @@ def test_throughput_exactness_is_computed_from_tokens(
     assert not report["summary"]["all_exact"] and report["summary"]["exact_prompts"] == 0
     verdict = _gate(report, "throughput-code")
     assert verdict.status == "fail" and any("/exact" in r for r in verdict.reasons())
-    assert common.first_divergence([1, 2, 3], [1, 2]) == 2 and common.first_divergence([4], [4]) is None
+    assert cli.first_divergence([1, 2, 3], [1, 2]) == 2 and cli.first_divergence([4], [4]) is None
 
 
 # --- compression --------------------------------------------------------------------------------------------
@@ -435,4 +436,4 @@ def test_oldest_visible_matches_the_reference_rule() -> None:
                 min((j for j in range(q + 1) if all(s.visible(q, i) for i in range(j, q + 1))), default=q)
                 for s in specs
             )
-            assert common.oldest_visible(specs, q) == want, (policy, q)
+            assert oldest_visible(specs, q) == want, (policy, q)

@@ -13,9 +13,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from engine.models import ZOO_DIR as ZOO_MODELS
 from engine.zoo import corpus, tokenizer
 from engine.zoo.evaluate import acceptance, needle_recall
-from engine.zoo.train import ZOO_MODELS
 from engine.zoo.train import main as train_main
 
 ROOT = Path(__file__).resolve().parents[2]

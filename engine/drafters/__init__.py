@@ -1,0 +1,6 @@
+"""Drafters for engine.speculative (each behind its `Drafter` protocol): prompt lookup, a model."""
+
+from engine.drafters.model import ModelDrafter
+from engine.drafters.prompt_lookup import PromptLookupDrafter
+
+__all__ = ["ModelDrafter", "PromptLookupDrafter"]

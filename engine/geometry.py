@@ -1,0 +1,86 @@
+"""Model geometry, read once from a Hugging Face config: layer kinds, native sliding window, layer count,
+K/V heads, head size, hidden size, vocabulary, eos ids and the weights' dtype.
+
+Both backends and the workloads read a model's shape through `Geometry.from_config` (a config.json
+dict, or `PretrainedConfig.to_dict()` of the text config, which also holds keys transformers derives
+such as `layer_types` from `use_sliding_window`). An unknown layer kind fails here, at load.
+No torch or mlx here; `read_geometry` imports transformers only to read a config directory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FULL_ATTENTION = "full_attention"
+SLIDING_ATTENTION = "sliding_attention"
+LAYER_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION)
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class Geometry:
+    layer_types: tuple[str, ...]
+    sliding_window: int | None
+    kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    eos_ids: frozenset[int]
+    dtype: str  # the config's weights dtype (float32 when it names none or an unknown one)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layer_types)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], eos: int | list[int] | None = None) -> Geometry:
+        """From a text config's keys; `eos` (a generation config's eos_token_id) overrides the config's.
+
+        Without `layer_types` (Llama, Mistral) every layer slides when there is a `sliding_window`, else
+        every layer is full attention, as transformers reads such configs."""
+        window = config.get("sliding_window")
+        n_layers = int(config["num_hidden_layers"])
+        default = SLIDING_ATTENTION if window else FULL_ATTENTION
+        types = tuple(config.get("layer_types") or [default] * n_layers)
+        if len(types) != n_layers:
+            raise ValueError(f"the config lists {len(types)} layer_types for {n_layers} layers")
+        for t in types:
+            if t not in LAYER_KINDS:
+                raise ValueError(f"layer kind {t!r} is not supported (supported: {', '.join(LAYER_KINDS)})")
+        if SLIDING_ATTENTION in types and not window:
+            raise ValueError("a sliding_attention layer needs the model's sliding_window in its config")
+        heads = int(config["num_attention_heads"])
+        hidden = int(config["hidden_size"])
+        eos = config.get("eos_token_id") if eos is None else eos
+        dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32").removeprefix("torch.")
+        return cls(
+            layer_types=types,
+            sliding_window=int(window) if window else None,
+            kv_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or hidden // heads),
+            hidden_size=hidden,
+            vocab_size=int(config["vocab_size"]),
+            eos_ids=frozenset([eos] if isinstance(eos, int) else (eos or [])),
+            dtype=dtype if dtype in ITEMSIZE else "float32",
+        )
+
+    def slot_bytes(self, dtype: str) -> list[int]:
+        """K and V bytes of one position (batch 1), per layer."""
+        return [2 * self.kv_heads * self.head_dim * ITEMSIZE[dtype]] * self.n_layers
+
+
+def read_geometry(path: Path) -> Geometry:
+    """A model directory's geometry as transformers reads its config (no weights loaded)."""
+    from transformers import AutoConfig, GenerationConfig  # needed only to read a directory
+
+    config = AutoConfig.from_pretrained(str(path))
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    try:
+        eos = GenerationConfig.from_pretrained(str(path)).eos_token_id
+    except OSError:
+        eos = None
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    return Geometry.from_config({**text.to_dict(), "dtype": dtype}, eos)

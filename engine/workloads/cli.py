@@ -1,0 +1,108 @@
+"""Command-line pieces the workloads share: the model flags and their report `config` model, threads,
+policy and number lists, token-list comparison and progress bars. No torch or mlx at import time."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+from tqdm import tqdm
+
+from engine.geometry import ITEMSIZE
+from engine.policy import Policy, parse_policy
+
+
+class ModelConfig(BaseModel):
+    """The report's `config` fields for the flags `add_model_args` adds; each workload extends it."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    backend: str
+    dtype: str
+
+
+def add_model_args(parser: argparse.ArgumentParser, *, backend: bool = True) -> None:
+    parser.add_argument(
+        "--model",
+        default="zoo:tiny-hybrid",
+        help="zoo:NAME, a Hugging Face model directory, or a NAME under $KAKEYA_MODELS",
+    )
+    if backend:
+        parser.add_argument("--backend", choices=("torch", "mlx"), default="torch")
+    parser.add_argument("--dtype", choices=tuple(ITEMSIZE), default="float32")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch/OpenMP threads (0: leave the library default)"
+    )
+    parser.add_argument("--out", required=True, help="where to write the report (JSON)")
+
+
+def set_threads(threads: int) -> None:
+    if threads < 0:
+        raise ValueError("--threads must be >= 0")
+    if threads:
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        try:
+            import torch  # optional: an mlx-only host has none
+        except ImportError:
+            return
+        torch.set_num_threads(threads)
+
+
+def policies(text: str, *, allow_full: bool = True) -> list[Policy]:
+    """A comma-separated list of policies (`hybrid:4:64,sink_window:4:64`); one per kind at most."""
+    out = [parse_policy(p) for p in text.split(",") if p.strip()]
+    if not out:
+        raise ValueError("give at least one cache policy")
+    kinds = [p.kind for p in out]
+    if len(set(kinds)) != len(kinds):
+        raise ValueError(f"one policy per kind (got {text!r}): the report keys policies by kind")
+    if not allow_full and "full" in kinds:
+        raise ValueError("the full policy is the oracle here; list only the policies under test")
+    return out
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first differing token (the shorter length when one is a prefix); None if equal."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def int_list(text: str) -> list[int]:
+    return _numbers(text, int, "integer")
+
+
+def float_list(text: str) -> list[float]:
+    return _numbers(text, float, "number")
+
+
+_N = TypeVar("_N", int, float)
+
+
+def _numbers(text: str, convert: Callable[[str], _N], noun: str) -> list[_N]:
+    try:
+        out = [convert(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated {noun}s, got {text!r}") from None
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected at least one {noun}")
+    return out
+
+
+def progress(total: int, desc: str, unit: str = "it") -> Any:
+    """A tqdm bar on stderr (refreshed rarely when stderr is a log file, not a terminal)."""
+    tty = sys.stderr.isatty()
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        file=sys.stderr,
+        mininterval=0.2 if tty else 10.0,
+        ascii=not tty,
+        dynamic_ncols=tty,
+    )
