@@ -33,7 +33,7 @@ from bridge.bus import Bus, CancelMarker, Claim, Entry, Manifest, Update
 from bridge.config import Config, project_root
 from bridge.errors import InvalidRequest, KakeyaError
 from bridge.presets import Preset, get_preset, load_registry
-from bridge.run import RunResult
+from bridge.result import RunResult
 
 GC_CHUNK = 500
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,7 +27,7 @@ from bridge import bus as B
 from bridge.bus import Bus, Manifest, Snapshot
 from bridge.errors import InvalidRequest, KakeyaError
 from bridge.presets import Preset, get_preset
-from bridge.run import RunResult, atomic_write, summary_markdown
+from bridge.result import RunOutcome, RunResult
 
 SUMMARY_CAP = 1024 * 1024  # GitHub refuses a job summary (the whole $GITHUB_STEP_SUMMARY file) over 1 MiB
 REQUIREMENT_RE = re.compile(r"^([a-z][a-z0-9-]{0,62})(?:@([a-z0-9][a-z0-9_-]{0,62}))?$")
@@ -189,39 +189,31 @@ def compare_to_previous(
     )
 
 
-def apply_baseline(bus: Bus, preset: Preset, label: str | None, out: Path, result: RunResult) -> RunResult:
-    """After the runner gated a run in `out`: compare its report with the previous pass on the bus, record the
-    comparison in verdict.json, and fail the verdict on a regression (result.json and summary.md follow).
-    A preset without `baseline:` or a run without a verdict is returned as it is. The bus being unreachable
-    is recorded, never raised: a run is not lost for want of its baseline."""
-    verdict_path = out / "verdict.json"
-    if preset.baseline is None or result.verdict is None or not verdict_path.is_file():
-        return result
-    verdict = gates.Verdict.model_validate_json(verdict_path.read_text())
+def apply_baseline(bus: Bus, preset: Preset, label: str | None, outcome: RunOutcome) -> RunOutcome:
+    """After the runner gated a run: compare its report with the previous pass on the bus, record the
+    comparison in the verdict, and fail the verdict on a regression (in memory; the outcome is written
+    once, afterwards). A preset without `baseline:` or a run without a verdict is returned as it is. The
+    bus being unreachable is recorded, never raised: a run is not lost for want of its baseline."""
+    result = outcome.result
+    if preset.baseline is None or outcome.verdict is None or outcome.report is None:
+        return outcome
     try:
-        report = gates.load_report(out / "report.json")
         shelf = Shelf(bus).load([preset.name])
         baseline, comparison = compare_to_previous(
-            shelf, preset, label, result.request_id, report, result.params
+            shelf, preset, label, result.request_id, outcome.report, result.params
         )
-    except (KakeyaError, gates.ReportError) as exc:
+    except KakeyaError as exc:
         baseline, comparison = gates.Baseline(source=preset.baseline.from_, note=f"not compared: {exc}"), None
-    verdict = verdict.with_comparison(baseline, comparison)
-    atomic_write(verdict_path, verdict.model_dump_json(indent=2) + "\n")
-    # result.json as written (already redacted), not the in-memory result
-    on_disk = RunResult.model_validate_json((out / "result.json").read_text())
+    verdict = outcome.verdict.with_comparison(baseline, comparison)
     update: dict[str, Any] = {"verdict": verdict.status}
     if (
         verdict.status == "fail"
         and comparison is not None
         and comparison.status == "fail"
-        and not on_disk.reason
+        and not result.reason
     ):
         update["reason"] = f"regression: {comparison.reason}"
-    on_disk = on_disk.model_copy(update=update)
-    atomic_write(out / "result.json", on_disk.model_dump_json(indent=2) + "\n")
-    atomic_write(out / "summary.md", summary_markdown(on_disk, out))
-    return result.model_copy(update=update)
+    return replace(outcome, result=result.model_copy(update=update), verdict=verdict)
 
 
 # --- evidence for a commit ---------------------------------------------------------------------------

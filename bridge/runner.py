@@ -34,8 +34,9 @@ from bridge.bus import Bus, Claim, Entry, Manifest, Update
 from bridge.config import Config
 from bridge.errors import KakeyaError
 from bridge.evidence import apply_baseline
+from bridge.execute import run_preset
 from bridge.presets import Preset, load_registry
-from bridge.run import RunContext, RunResult, execute, write_outcome
+from bridge.result import RunContext, RunOutcome, RunResult, not_run
 
 LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
 CLAIM_WINDOW = 8  # runners pick at random among the oldest few pending requests, so they rarely collide
@@ -326,7 +327,7 @@ class Runner:
             if self.stopping.is_set():  # nothing has run yet: give the request back
                 lease.stop()
                 return self.release(entry, lease.sha)
-            result = self.run_request(entry, lease, out)
+            result = self.run_request(entry, lease, out).write()
             lease.stop()
             served = Served(entry.id, result.status, result.verdict, result.reason)
             if lease.lost:
@@ -350,7 +351,7 @@ class Runner:
         )
         return Served(entry.id, "released", reason="runner stopping before the run started")
 
-    def run_request(self, entry: Entry, lease: Lease, out: Path) -> RunResult:
+    def run_request(self, entry: Entry, lease: Lease, out: Path) -> RunOutcome:
         """Validate, then run; every failure becomes a result (nothing raises past here)."""
         context = RunContext(request_id=entry.id, runner_name=self.name, runner_labels=self.labels)
         preset_name, params, preset_hash = entry.preset, {}, None
@@ -359,7 +360,7 @@ class Runner:
             context.subject, preset_name, params = manifest.subject, preset.name, values
             preset_hash = preset.content_hash
             if lease.cancelled or entry.cancel:
-                return write_outcome(
+                return not_run(
                     out,
                     "cancelled",
                     "cancelled before it started",
@@ -369,7 +370,7 @@ class Runner:
                     preset_hash=preset_hash,
                 )
             if manifest.expires_at < B.utcnow():
-                return write_outcome(
+                return not_run(
                     out,
                     "expired",
                     f"expired at {manifest.expires_at.isoformat()} before a runner started it",
@@ -382,7 +383,7 @@ class Runner:
             try:
                 check_lfs(checkout)
                 self.log(f"{entry.id}: running {preset.name}")
-                result = execute(
+                outcome = run_preset(
                     preset,
                     values,
                     checkout,
@@ -394,15 +395,11 @@ class Runner:
                 )
             finally:
                 self.remove_worktree(checkout)
-            return apply_baseline(
-                self.bus, preset, entry.label, out, result
-            )  # a preset's `baseline:`, if any
+            return apply_baseline(self.bus, preset, entry.label, outcome)  # a preset's `baseline:`, if any
         except Rejected as exc:
-            return write_outcome(
-                out, "rejected", str(exc), preset_name=preset_name, params=params, context=context
-            )
+            return not_run(out, "rejected", str(exc), preset_name=preset_name, params=params, context=context)
         except Exception as exc:  # noqa: BLE001 — any failure at any step still ends in a done commit
-            return write_outcome(
+            return not_run(
                 out,
                 "error",
                 f"runner {self.name}: {exc}",
