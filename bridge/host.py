@@ -11,6 +11,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from bridge import git
+from bridge.errors import BusError
+
 
 def command_output(argv: list[str]) -> str | None:
     try:
@@ -59,9 +62,10 @@ def host_fingerprint() -> dict[str, Any]:
 
 def tool_versions() -> dict[str, str]:
     versions = {"python": platform.python_version()}
-    git = command_output(["git", "--version"])
-    if git:
-        versions["git"] = git.removeprefix("git version ")
+    try:
+        versions["git"] = git.version().removeprefix("git version ")
+    except BusError:
+        pass
     for dist in ("kakeya", "torch", "transformers", "mlx", "mlx-lm"):
         try:
             versions[dist] = metadata.version(dist)
