@@ -62,9 +62,9 @@ def run(
     return proc
 
 
-def out(cwd: Path | str, *args: str, **kw: object) -> str:
+def out(cwd: Path | str, *args: str, input: bytes | None = None, env: Mapping[str, str] | None = None) -> str:
     """The stripped stdout of `git <args>` (raises like `run`)."""
-    return run(cwd, *args, **kw).stdout.decode(errors="replace").strip()  # type: ignore[arg-type]
+    return run(cwd, *args, input=input, env=env).stdout.decode(errors="replace").strip()
 
 
 def message(stderr: bytes) -> str:
@@ -297,7 +297,7 @@ def update_ref(repo: Path, ref: str, sha: str | None) -> None:
 def refs_under(repo: Path, prefix: str) -> dict[str, str]:
     """ref -> sha for every ref under `prefix`."""
     text = out(repo, "for-each-ref", "--format=%(refname) %(objectname)", prefix)
-    return dict(line.split() for line in text.splitlines())  # type: ignore[misc]
+    return dict(line.split(" ", 1) for line in text.splitlines())
 
 
 def worktree_add(repo: Path, path: Path, sha: str) -> None:
