@@ -1,4 +1,4 @@
-"""One sandboxed run: real subprocesses, process trees, capped logs, redaction, report checks."""
+"""Executing one preset (bridge/execute.py): real subprocesses, process trees, capped logs, redaction, report checks."""
 
 from __future__ import annotations
 
