@@ -33,7 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bridge import bus as B  # noqa: E402
+from bridge import git as G  # noqa: E402
 from bridge.client import Client  # noqa: E402
 from bridge.config import load_config  # noqa: E402
 
@@ -169,7 +169,7 @@ class Bench:
 
     def bus(self) -> str:
         self.n += 1
-        B.init_bare(self.buses / f"bus{self.n}.git")
+        G.init_bare(self.buses / f"bus{self.n}.git")
         return f"git://127.0.0.1:{self.port}/bus{self.n}.git"
 
     def client(self, url: str) -> Client:
@@ -260,7 +260,7 @@ def pickup(bench: Bench, count: int) -> dict[str, Any]:
 def throughput(bench: Bench, runners: int, requests: int, sleep_s: float) -> float:
     """Runners up and polling an empty bus; the requests land in one push; time until all are done."""
     url = bench.bus()
-    staging = B.init_bare(bench.work / f"staging{runners}.git")
+    staging = G.init_bare(bench.work / f"staging{runners}.git")
     local = bench.client(str(staging))
     for i in range(requests):
         local.request("bench", {"tag": f"t{runners}-{i}", "seconds": str(sleep_s)}, "cpu")

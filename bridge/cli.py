@@ -20,6 +20,7 @@ COMMANDS = [
     "request",
     "status",
     "results",
+    "wait",
     "cancel",
     "run",
     "runner",

@@ -18,8 +18,6 @@ import getpass
 import platform
 import re
 import secrets
-import shutil
-import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -29,11 +27,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from bridge import bus as B
+from bridge import git
 from bridge.bus import Bus, CancelMarker, Claim, Entry, Manifest, Update
 from bridge.config import Config, project_root
-from bridge.errors import InvalidRequest, KakeyaError
+from bridge.errors import BusError, InvalidRequest, KakeyaError, problems
+from bridge.names import check_label
 from bridge.presets import Preset, get_preset, load_registry
-from bridge.run import RunResult
+from bridge.result import RunResult
 
 GC_CHUNK = 500
 
@@ -51,23 +51,15 @@ def state_dir(config: Config, root: Path) -> Path:
     return path
 
 
-def is_repo(path: Path) -> bool:
-    return B.run_git(path, "rev-parse", "--git-dir", check=False).returncode == 0
-
-
-def is_local_path(url: str) -> bool:
-    return "://" not in url and not re.match(r"^[^/]+:", url)
-
-
 def resolve_remote(remote: str, root: Path, config: Config) -> str:
     """A git remote name of the project, a URL, a path, or '' for the embedded bus (.kakeya/bus.git)."""
     if not remote:
-        return str(B.init_bare(state_dir(config, root) / "bus.git"))
-    if re.fullmatch(r"[A-Za-z0-9._-]+", remote) and is_repo(root):
-        named = B.run_git(root, "remote", "get-url", remote, check=False)
-        if named.returncode == 0:
-            return named.stdout.decode().strip()
-    if is_local_path(remote):
+        return str(git.init_bare(state_dir(config, root) / "bus.git"))
+    if re.fullmatch(r"[A-Za-z0-9._-]+", remote) and git.is_repo(root):
+        named = git.remote_url(root, remote)
+        if named is not None:
+            return named
+    if B.is_local_path(remote):
         return str(Path(remote).expanduser().resolve())
     return remote
 
@@ -122,10 +114,14 @@ class Client:
         self.config = config
         self.root = (root or project_root()).resolve()
         self.url = resolve_remote(config.remote if remote is None else remote, self.root, config)
-        self.in_repo = is_repo(self.root)
-        store = self.root if self.in_repo else B.init_bare(state_dir(config, self.root) / "client.git")
+        self.in_repo = git.is_repo(self.root)
+        store = self.root if self.in_repo else git.init_bare(state_dir(config, self.root) / "client.git")
         self.bus = Bus(self.url, store)
-        self.bus_dir = Path(self.url) if is_local_path(self.url) and Path(self.url).is_dir() else None
+
+    @property
+    def bus_dir(self) -> Path | None:
+        """The bus repository, when it is on a local path."""
+        return self.bus.local_dir()
 
     # --- request ------------------------------------------------------------------------------------
 
@@ -142,13 +138,7 @@ class Client:
     ) -> Manifest:
         """Validate against the local registry, build the request commit on the subject, push it."""
         preset = get_preset(registry if registry is not None else load_registry(), preset_name)
-        if not B.LABEL_RE.match(label):
-            raise InvalidRequest(f"runner label {label!r} must be lowercase letters, digits, '-' or '_'")
-        if label not in preset.runners:
-            raise InvalidRequest(
-                f"preset {preset.name} may not run on runner label {label!r} "
-                f"(allowed: {', '.join(preset.runners)})"
-            )
+        preset.check_runs_on(check_label(label))
         preset.validate_params(raw)
         subject_sha, snapshot_of = self.subject(subject, allow_dirty)
         now = B.utcnow()
@@ -165,16 +155,15 @@ class Client:
             nonce=secrets.token_hex(8),
             snapshot_of=snapshot_of,
         )
-        with B.open_repo(self.bus.store) as repo:
-            sha = B.child_commit(
-                repo,
-                subject_sha,
-                {B.MANIFEST_PATH: manifest.dump()},
-                f"kakeya request {rid}: {preset.name} on {label}",
-                self.who(),
-            )
+        sha = git.child_commit(
+            self.bus.store,
+            subject_sha,
+            {B.MANIFEST_PATH: manifest.dump()},
+            f"kakeya request {rid}: {preset.name} on {label}",
+            self.who(),
+        )
         if not self.bus.swap([Update(B.req_ref(label, rid), sha, None)], atomic=False):
-            raise B.BusError(f"request id {rid} is already taken on the bus; try again")
+            raise BusError(f"request id {rid} is already taken on the bus; try again")
         return manifest
 
     def subject(self, rev: str | None, allow_dirty: bool) -> tuple[str, str | None]:
@@ -200,38 +189,25 @@ class Client:
         return self.snapshot(head), head
 
     def rev_parse(self, rev: str) -> str:
-        proc = B.run_git(self.root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", check=False)
-        if proc.returncode != 0:
+        sha = git.rev_parse(self.root, rev)
+        if sha is None:
             raise InvalidRequest(f"{rev!r} is not a commit in {self.root}")
-        return proc.stdout.decode().strip()
+        return sha
 
     def dirty_paths(self) -> list[str]:
-        out = B.run_git(
-            self.root, "status", "--porcelain=v1", "-z", "--untracked-files=normal"
-        ).stdout.decode()
-        paths = [e[3:] for e in out.split("\0") if len(e) > 3 and e[2] == " "]
-        return [p for p in paths if not p.startswith(".kakeya/")]
+        return [p for p in git.dirty_paths(self.root) if not p.startswith(".kakeya/")]
 
     def snapshot(self, head: str) -> str:
-        """A commit of the working tree (tracked and untracked, minus ignored) on HEAD, made with a temporary
-        index: the user's branch, index and files stay as they are."""
-        index = Path(B.run_git(self.root, "rev-parse", "--git-path", "index").stdout.decode().strip())
-        index = index if index.is_absolute() else self.root / index
-        with tempfile.TemporaryDirectory(prefix="kakeya-index-") as tmp:
-            env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
-            if index.is_file():
-                shutil.copyfile(index, env["GIT_INDEX_FILE"])
-            B.run_git(self.root, "add", "-A", "--", ".", env=env)
-            tree = B.run_git(self.root, "write-tree", env=env).stdout.decode().strip()
-        with B.open_repo(self.root) as repo:
-            return B.commit(
-                repo, tree, [head], f"kakeya: snapshot of the working tree on {head[:12]}", self.who()
-            )
+        """A commit of the working tree (tracked and untracked, minus ignored) on HEAD: the user's branch,
+        index and files stay as they are."""
+        tree = git.working_tree(self.root)
+        return git.commit(
+            self.root, tree, [head], f"kakeya: snapshot of the working tree on {head[:12]}", self.who()
+        )
 
     def who(self) -> str:
         """'Name <email>' as git would sign a commit here (env and config), else user@host."""
-        ident = B.run_git(self.bus.store, "var", "GIT_AUTHOR_IDENT", check=False).stdout.decode()
-        m = re.match(r"^(.*?) <(.*)> \d+ [+-]\d{4}$", ident.strip())
+        m = re.match(r"^(.*?) <(.*)> \d+ [+-]\d{4}$", git.ident(self.bus.store))
         if m and m.group(2):
             return f"{m.group(1)} <{m.group(2)}>"
         return f"{getpass.getuser()} <{getpass.getuser()}@{platform.node()}>"
@@ -255,13 +231,9 @@ class Client:
             raise KakeyaError(f"no request {request_id} on the bus at {self.url}")
         return entry
 
-    def repos(self) -> list[Path]:
-        """Where this machine has bus objects: the store, then a local bus."""
-        return [Path(self.bus.store)] + ([self.bus_dir] if self.bus_dir is not None else [])
-
     def local_files(self, specs: Sequence[str]) -> dict[str, bytes]:
         """`<sha>:<path>` -> content for the objects this machine already has (and a local bus has)."""
-        return B.read_blobs_in(self.repos(), specs)
+        return git.read_blobs_in(self.bus.repos(), specs)
 
     def ensure(
         self, entries: Iterable[Entry], kinds: Sequence[str] = ("done",), in_store: bool = False
@@ -269,9 +241,10 @@ class Client:
         """Fetch (one round trip) the given refs of `entries` whose commits are not here yet (in the store or,
         unless `in_store`, in a local bus)."""
         wanted = {getattr(e, k): (e, k) for e in entries for k in kinds if getattr(e, k)}
-        missing = set(wanted) - B.present(self.bus.store, list(wanted))
-        if missing and self.bus_dir is not None and not in_store:
-            missing -= B.present(self.bus_dir, list(missing))
+        missing = set(wanted) - git.present(self.bus.store, list(wanted))
+        local = self.bus.local_dir()
+        if missing and local is not None and not in_store:
+            missing -= git.present(local, list(missing))
         self.bus.fetch(
             [
                 B.req_ref(e.label or "", e.id) if k == "req" else f"{B.PREFIX}{k}/{e.id}"
@@ -281,7 +254,7 @@ class Client:
 
     def repo_with(self, sha: str) -> Path:
         """The local repository that has `sha`: the store, or a local bus."""
-        return B.repo_having(self.repos(), sha)
+        return git.repo_having(self.bus.repos(), sha)
 
     def status(self, fetch: bool = False) -> list[Row]:
         """Every request on the bus from one ls-remote; verdicts and leases for commits already here
@@ -312,28 +285,25 @@ class Client:
         rows = []
         for e in entries:
             created = e.created_at
+            data = found.get(specs.get(e.id, ""))
+            manifest = B.parse_or_none(Manifest, found.get(manifests.get(e.id, "")))
+            result = B.parse_or_none(RunResult, data) if e.done else None
+            claim = B.parse_or_none(Claim, data) if e.claim and not e.done else None
+            status = result.status if result else None
             row = Row(
                 e.id,
-                e.state,
+                B.request_state(e, now, manifest=manifest, claim=claim, result_status=status),
                 e.preset,
                 e.label,
                 created.isoformat(timespec="milliseconds"),
                 round((now - created).total_seconds(), 3),
+                subject=manifest.subject if manifest else None,
                 refs={k: v for k in ("req", "claim", "done", "cancel") if (v := getattr(e, k))},
             )
-            data = found.get(specs.get(e.id, ""))
-            manifest = B.parse_or_none(Manifest, found.get(manifests.get(e.id, "")))
-            if manifest:
-                row.subject = manifest.subject
-            if e.done and (result := B.parse_or_none(RunResult, data)):
-                row.state, row.verdict, row.reason = result.status, result.verdict, result.reason
-                row.holder = result.runner_name
-            elif e.claim and not e.done and (claim := B.parse_or_none(Claim, data)):
+            if result:
+                row.verdict, row.reason, row.holder = result.verdict, result.reason, result.runner_name
+            elif claim:
                 row.holder = claim.runner
-                if e.state == "claimed" and claim.lease_until < now:
-                    row.state = "stale"
-            elif e.state == "requested" and manifest and manifest.expires_at < now:
-                row.state = "expired"
             rows.append(row)
         return rows
 
@@ -359,8 +329,7 @@ class Client:
                 f"{request_id} has no results yet (state: {entry.state}); `kakeya wait {request_id}`"
             )
         self.ensure([entry])
-        with B.open_repo(self.repo_with(entry.done)) as repo:
-            files = B.read_dir(repo, entry.done, B.results_path(request_id))
+        files = git.read_dir(self.repo_with(entry.done), entry.done, B.results_path(request_id))
         if "result.json" not in files:
             raise KakeyaError(f"done commit {entry.done[:12]} of {request_id} has no result.json")
         out.mkdir(parents=True, exist_ok=True)
@@ -375,7 +344,7 @@ class Client:
             return RunResult.model_validate_json(files["result.json"])
         except ValidationError as exc:
             raise KakeyaError(
-                f"result.json of {request_id} is not a valid result: {exc.errors()[0]['msg']}"
+                f"result.json of {request_id} is not a valid result: {problems(exc, 'result', limit=1)}"
             ) from None
 
     # --- writing ------------------------------------------------------------------------------------
@@ -391,10 +360,13 @@ class Client:
             raise KakeyaError(f"{request_id} has no request ref on the bus; nothing to cancel")
         self.ensure([entry], ("req",), in_store=True)
         marker = CancelMarker(id=request_id, by=self.requester(), at=B.utcnow(), reason=reason)
-        with B.open_repo(self.bus.store) as repo:
-            sha = B.child_commit(
-                repo, entry.req, {B.CANCEL_PATH: marker.dump()}, f"kakeya cancel {request_id}", self.who()
-            )
+        sha = git.child_commit(
+            self.bus.store,
+            entry.req,
+            {B.CANCEL_PATH: marker.dump()},
+            f"kakeya cancel {request_id}",
+            self.who(),
+        )
         self.bus.swap([Update(B.cancel_ref(request_id), sha, None)], atomic=False)
         return entry.state
 

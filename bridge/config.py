@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import os
 import platform
-import subprocess
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from bridge.errors import InvalidRequest
+from bridge import git
+from bridge.errors import InvalidRequest, problems
 
 ENV_PREFIX = "KAKEYA_"
 
@@ -59,13 +59,7 @@ _ENV_FIELDS = {
 def project_root(start: Path | None = None) -> Path:
     """The git top level of `start` (default: cwd), or `start` itself outside a repository."""
     start = (start or Path.cwd()).resolve()
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--show-toplevel"], cwd=start, capture_output=True, text=True, timeout=30
-        )
-    except (OSError, subprocess.SubprocessError):
-        return start
-    return Path(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else start
+    return git.toplevel(start) or start
 
 
 def _file_values(root: Path) -> tuple[dict, Path | None]:
@@ -98,5 +92,4 @@ def load_config(root: Path | None = None, environ: Mapping[str, str] | None = No
         return Config.model_validate(values)
     except ValidationError as exc:
         where = source or "environment"
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise InvalidRequest(f"config ({where}): {problems}") from None
+        raise InvalidRequest(f"config ({where}): {problems(exc, 'config')}") from None

@@ -1,4 +1,16 @@
-"""Errors a user can act on. The CLI prints the message on one line and exits non-zero."""
+"""Errors a user can act on, and their exit codes. The CLI prints the message on one line and exits with
+the error's `exit_code`.
+
+    KakeyaError      1  base class: the message says what is wrong and what to do
+    InvalidRequest   2  a preset, parameter, manifest or config value is invalid; nothing was run
+    Rejected         1  a request this runner may not run (it ends in a `rejected` done commit)
+    BusError         1  a git operation against the bus or a local repository failed (git's own words)
+    BusUnreachable   1  the bus remote could not be reached; nothing was written
+"""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
 
 
 class KakeyaError(Exception):
@@ -11,3 +23,24 @@ class InvalidRequest(KakeyaError):
     """A preset, parameter, manifest or config value is invalid; nothing was run."""
 
     exit_code = 2
+
+
+class Rejected(KakeyaError):
+    """The request is not one this runner may run; it ends in a `rejected` done commit."""
+
+
+class BusError(KakeyaError):
+    """A git operation against the bus failed (the message carries git's own words)."""
+
+
+class BusUnreachable(BusError):
+    """The bus remote could not be reached; nothing was written."""
+
+
+def problems(exc: ValidationError, what: str, limit: int | None = None) -> str:
+    """A pydantic ValidationError as one line: `field.path: message; ...` (`what` names the whole object),
+    at most `limit` problems."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or what}: {e['msg'].removeprefix('Value error, ')}"
+        for e in exc.errors()[:limit]
+    )

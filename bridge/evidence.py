@@ -1,7 +1,7 @@
 """Evidence on the bus: the run that proves a commit (for `kakeya gate pr`) and the previous pass (for a
 preset's `baseline: {from: previous-pass, ...}`).
 
-    shelf = Shelf(bus)                       # or Shelf(client.bus, client.bus_dir)
+    shelf = Shelf(bus)                       # e.g. Shelf(client.bus)
     shelf.load(["probe"])                    # one ls-remote, at most one fetch, one `git cat-file --batch`
     outcome = judge(shelf, subject, Requirement("probe", "cpu"), registry["probe"])
     outcome.status                           # pass | fail | missing | mismatch
@@ -16,21 +16,21 @@ gated again with the checks of this machine's preset registry; the runner's verd
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import gates
 from bridge import bus as B
+from bridge import git
 from bridge.bus import Bus, Manifest, Snapshot
 from bridge.errors import InvalidRequest, KakeyaError
+from bridge.names import REQUIREMENT_RE
 from bridge.presets import Preset, get_preset
-from bridge.run import RunResult, atomic_write, summary_markdown
+from bridge.result import RunOutcome, RunResult
 
 SUMMARY_CAP = 1024 * 1024  # GitHub refuses a job summary (the whole $GITHUB_STEP_SUMMARY file) over 1 MiB
-REQUIREMENT_RE = re.compile(r"^([a-z][a-z0-9-]{0,62})(?:@([a-z0-9][a-z0-9_-]{0,62}))?$")
 Status = Literal["pass", "fail", "missing", "mismatch"]
 MARK = {"pass": "✓", "fail": "✗", "missing": "✗", "mismatch": "✗"}
 
@@ -63,15 +63,13 @@ class Done:
 
 
 class Shelf:
-    """The done results of some presets, read from local object stores: the bus's `store` (fetched into,
-    objects only, no ref) and, for a bus on a local path, the bus repository itself (read in place)."""
+    """The done results of some presets, read from local object stores (`Bus.repos`): the bus's `store`
+    (fetched into, objects only, no ref) and, for a bus on a local path, the bus repository itself (read in
+    place)."""
 
-    def __init__(self, bus: Bus, local_bus: Path | None = None):
-        self.bus, self.local_bus = bus, local_bus
+    def __init__(self, bus: Bus):
+        self.bus = bus
         self.dones: dict[str, list[Done]] = {}  # preset -> its done results, oldest first
-
-    def repos(self) -> list[Path]:
-        return [Path(self.bus.store)] + ([self.local_bus] if self.local_bus is not None else [])
 
     def load(self, presets: Iterable[str], snap: Snapshot | None = None) -> Shelf:
         """Read every done result of `presets` on the bus (one ls-remote unless `snap`, one fetch of what is
@@ -80,8 +78,8 @@ class Shelf:
         snap = snap if snap is not None else self.bus.ls_remote()
         entries = [e for e in snap.entries.values() if e.done and e.preset in wanted]
         missing = {e.done for e in entries}
-        for repo in self.repos():
-            missing -= B.present(repo, sorted(missing))
+        for repo in self.bus.repos():
+            missing -= git.present(repo, sorted(missing))
         self.bus.fetch([B.done_ref(e.id) for e in entries if e.done in missing])
         specs = [
             f"{e.done}:{path}"
@@ -100,10 +98,10 @@ class Shelf:
 
     def read(self, specs: Sequence[str]) -> dict[str, bytes]:
         """`<sha>:<path>` -> content, for the ones found in any of the local repositories."""
-        return B.read_blobs_in(self.repos(), specs)
+        return git.read_blobs_in(self.bus.repos(), specs)
 
     def repo_with(self, sha: str) -> Path:
-        return B.repo_having(self.repos(), sha)
+        return git.repo_having(self.bus.repos(), sha)
 
     def report(self, done: Done) -> bytes | None:
         return self.read([f"{done.sha}:{B.results_path(done.id)}/report.json"]).get(
@@ -189,39 +187,31 @@ def compare_to_previous(
     )
 
 
-def apply_baseline(bus: Bus, preset: Preset, label: str | None, out: Path, result: RunResult) -> RunResult:
-    """After the runner gated a run in `out`: compare its report with the previous pass on the bus, record the
-    comparison in verdict.json, and fail the verdict on a regression (result.json and summary.md follow).
-    A preset without `baseline:` or a run without a verdict is returned as it is. The bus being unreachable
-    is recorded, never raised: a run is not lost for want of its baseline."""
-    verdict_path = out / "verdict.json"
-    if preset.baseline is None or result.verdict is None or not verdict_path.is_file():
-        return result
-    verdict = gates.Verdict.model_validate_json(verdict_path.read_text())
+def apply_baseline(bus: Bus, preset: Preset, label: str | None, outcome: RunOutcome) -> RunOutcome:
+    """After the runner gated a run: compare its report with the previous pass on the bus, record the
+    comparison in the verdict, and fail the verdict on a regression (in memory; the outcome is written
+    once, afterwards). A preset without `baseline:` or a run without a verdict is returned as it is. The
+    bus being unreachable is recorded, never raised: a run is not lost for want of its baseline."""
+    result = outcome.result
+    if preset.baseline is None or outcome.verdict is None or outcome.report is None:
+        return outcome
     try:
-        report = gates.load_report(out / "report.json")
         shelf = Shelf(bus).load([preset.name])
         baseline, comparison = compare_to_previous(
-            shelf, preset, label, result.request_id, report, result.params
+            shelf, preset, label, result.request_id, outcome.report, result.params
         )
-    except (KakeyaError, gates.ReportError) as exc:
+    except KakeyaError as exc:
         baseline, comparison = gates.Baseline(source=preset.baseline.from_, note=f"not compared: {exc}"), None
-    verdict = verdict.with_comparison(baseline, comparison)
-    atomic_write(verdict_path, verdict.model_dump_json(indent=2) + "\n")
-    # result.json as written (already redacted), not the in-memory result
-    on_disk = RunResult.model_validate_json((out / "result.json").read_text())
+    verdict = outcome.verdict.with_comparison(baseline, comparison)
     update: dict[str, Any] = {"verdict": verdict.status}
     if (
         verdict.status == "fail"
         and comparison is not None
         and comparison.status == "fail"
-        and not on_disk.reason
+        and not result.reason
     ):
         update["reason"] = f"regression: {comparison.reason}"
-    on_disk = on_disk.model_copy(update=update)
-    atomic_write(out / "result.json", on_disk.model_dump_json(indent=2) + "\n")
-    atomic_write(out / "summary.md", summary_markdown(on_disk, out))
-    return result.model_copy(update=update)
+    return replace(outcome, result=result.model_copy(update=update), verdict=verdict)
 
 
 # --- evidence for a commit ---------------------------------------------------------------------------
@@ -279,11 +269,11 @@ def check_requirements(texts: Sequence[str], registry: Mapping[str, Preset]) -> 
     for text in texts:
         req = Requirement.parse(text)
         preset = get_preset(registry, req.preset)
-        if req.label is not None and req.label not in preset.runners:
-            raise InvalidRequest(
-                f"requirement {req}: preset {preset.name} runs on {', '.join(preset.runners)}, "
-                f"not {req.label}"
-            )
+        if req.label is not None:
+            try:
+                preset.check_runs_on(req.label)
+            except InvalidRequest as exc:
+                raise InvalidRequest(f"requirement {req}: {exc}") from None
         if req not in out:
             out.append(req)
     return out
@@ -353,7 +343,7 @@ def provenance(shelf: Shelf, done: Done, subject: str, req: Requirement, preset:
                 f"it ran on a runner labelled {', '.join(r.runner_labels) or 'nothing'}, not {done.label}"
             )
     repo = shelf.repo_with(done.sha)
-    if not B.is_ancestor(repo, subject, done.sha):
+    if not git.is_ancestor(repo, subject, done.sha):
         problems.append(f"its done commit {done.sha[:12]} does not descend from {subject[:12]}")
     elif changed := changed_outside_kakeya(repo, subject, done.sha):
         problems.append(f"its done commit changes the subject's files ({', '.join(changed[:5])})")
@@ -362,16 +352,14 @@ def provenance(shelf: Shelf, done: Done, subject: str, req: Requirement, preset:
 
 def changed_outside_kakeya(repo_dir: Path, subject: str, done: str) -> list[str]:
     """Top-level entries whose content differs between the two commits, other than .kakeya."""
-    with B.open_repo(repo_dir) as repo:
-
-        def top(sha: str) -> dict[str, tuple[bytes, int]]:
-            return {
-                item.name: (item.binsha, item.mode)
-                for item in repo.commit(sha).tree
-                if item.name != ".kakeya"
-            }
-
-        a, b = top(subject), top(done)
+    a, b = (
+        {
+            name: (mode, obj)
+            for name, (mode, _, obj) in git.ls_tree(repo_dir, commit).items()
+            if name != ".kakeya"
+        }
+        for commit in (subject, done)
+    )
     return sorted(n for n in a.keys() | b.keys() if a.get(n) != b.get(n))
 
 

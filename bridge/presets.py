@@ -20,11 +20,11 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from bridge.errors import InvalidRequest, KakeyaError
+from bridge.errors import InvalidRequest, KakeyaError, problems
+from bridge.names import NAME_RE
 from gates import Check, parse_checks
 
 BUILTINS = ("python", "report", "run_dir")
-_NAME = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 _PARAM = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 _PLACEHOLDER = re.compile(r"^\{([a-z_][a-z0-9_]*)\}$")
 _EMBEDDED = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
@@ -326,7 +326,7 @@ class Preset(BaseModel):
     @field_validator("name")
     @classmethod
     def _name(cls, name: str) -> str:
-        if not _NAME.match(name):
+        if not NAME_RE.match(name):
             raise ValueError(f"name {name!r} must be lowercase letters, digits and dashes")
         return name
 
@@ -369,6 +369,19 @@ class Preset(BaseModel):
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
                 raise ValueError(f"env name {key!r} is not a valid variable name")
         return self
+
+    def allows(self, label: str) -> bool:
+        """Whether this preset may run on runner label `label`."""
+        return label in self.runners
+
+    def check_runs_on(self, label: str) -> None:
+        """InvalidRequest unless this preset may run on runner label `label` (the one rule, for requests,
+        runners and evidence requirements)."""
+        if not self.allows(label):
+            raise InvalidRequest(
+                f"preset {self.name} may not run on runner label {label!r}: "
+                f"preset {self.name} runs on {', '.join(self.runners)}, not {label}"
+            )
 
     @property
     def content_hash(self) -> str:
@@ -490,11 +503,7 @@ def load_preset_file(path: Path) -> Preset:
     try:
         preset = Preset.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'preset'}: {e['msg'].removeprefix('Value error, ')}"
-            for e in exc.errors()
-        )
-        raise InvalidRequest(f"preset file {path}: {problems}") from None
+        raise InvalidRequest(f"preset file {path}: {problems(exc, 'preset')}") from None
     if preset.name != path.stem:
         raise InvalidRequest(
             f"preset file {path}: name {preset.name!r} must match the file name {path.stem!r}"

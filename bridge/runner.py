@@ -26,25 +26,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import git
 from pydantic import ValidationError
 
 from bridge import bus as B
+from bridge import git
 from bridge.bus import Bus, Claim, Entry, Manifest, Update
 from bridge.config import Config
-from bridge.errors import KakeyaError
+from bridge.errors import BusError, InvalidRequest, KakeyaError, Rejected, problems
 from bridge.evidence import apply_baseline
+from bridge.execute import run_preset
+from bridge.names import check_label
 from bridge.presets import Preset, load_registry
-from bridge.run import RunContext, RunResult, execute, write_outcome
+from bridge.result import RunContext, RunOutcome, RunResult, not_run
 
 LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
 CLAIM_WINDOW = 8  # runners pick at random among the oldest few pending requests, so they rarely collide
 PREFETCH = 16  # requests fetched ahead in one fetch
 MAX_TRIES = 4  # claims tried per poll before looking at the bus again
-
-
-class Rejected(KakeyaError):
-    """The request is not one this runner may run; it ends in a `rejected` done commit."""
 
 
 @dataclass
@@ -101,14 +99,13 @@ class Lease(threading.Thread):
                 "lease_until": now + dt.timedelta(seconds=self.runner.config.lease_s),
             }
         )
-        with B.open_repo(self.runner.mirror) as repo:
-            sha = B.child_commit(
-                repo,
-                self.sha,
-                {B.CLAIM_PATH: claim.dump()},
-                f"kakeya heartbeat {self.id} #{claim.heartbeat} by {self.runner.name}",
-                self.runner.who,
-            )
+        sha = git.child_commit(
+            self.runner.mirror,
+            self.sha,
+            {B.CLAIM_PATH: claim.dump()},
+            f"kakeya heartbeat {self.id} #{claim.heartbeat} by {self.runner.name}",
+            self.runner.who,
+        )
         if self.runner.bus.swap([Update(B.claim_ref(self.id), sha, self.sha)]):
             self.sha, self.claim = sha, claim
         else:
@@ -139,14 +136,13 @@ class Runner:
         environ: Mapping[str, str] | None = None,
         log: Callable[[str], None] | None = None,
     ):
-        self.config, self.name, self.labels = config, name, [B.check_label(lb) for lb in labels]
+        self.config, self.name, self.labels = config, name, [check_label(lb) for lb in labels]
         if not labels:
             raise KakeyaError("a runner needs at least one label (--labels cpu,h200 or KAKEYA_LABELS)")
         self.registry = dict(registry) if registry is not None else load_registry()
         self.environ = os.environ if environ is None else environ
         self.workdir = workdir.resolve()
-        self.mirror = B.init_bare(self.workdir / "mirror.git")
-        self.repo = git.Repo(self.mirror)  # the main thread's; the lease thread opens its own
+        self.mirror = git.init_bare(self.workdir / "mirror.git")
         self.bus = Bus(url, self.mirror)
         self.who = f"kakeya runner {name} <{name}@kakeya.invalid>"
         self.leases: dict[str, Claim | None] = {}  # claim sha -> its claim.json (immutable, so cached)
@@ -156,7 +152,7 @@ class Runner:
         self.served = 0
         self.contended = False
         self.outbox_pending = True  # look once at start; then only after a push failed
-        B.run_git(self.mirror, "worktree", "prune", check=False)
+        git.worktree_prune(self.mirror)
 
     def log(self, msg: str) -> None:
         self._log(f"{dt.datetime.now().astimezone():%H:%M:%S} kakeya runner {self.name}: {msg}")
@@ -194,7 +190,7 @@ class Runner:
 
     def prefetch(self, entries: list[Entry]) -> None:
         """Fetch the requests we may claim (and their subjects) in one go; a backlog costs one fetch, not one each."""
-        missing = [e for e in entries if e.req and not B.has_object(self.repo, e.req)]
+        missing = [e for e in entries if e.req and not git.has_object(self.mirror, e.req)]
         if missing:
             # One local ref, moved to a fetched request, keeps the subjects' history as `have`s for the next fetch.
             self.bus.fetch(
@@ -262,13 +258,13 @@ class Runner:
             return
         try:
             self.bus.fetch([B.claim_ref(e.id) for e in unknown])
-        except B.BusError as exc:  # a claim moved or went away meanwhile: look again next time
+        except BusError as exc:  # a claim moved or went away meanwhile: look again next time
             self.log(f"could not read claims: {exc}")
             return
         for e in unknown:
             assert e.claim is not None
-            if B.has_object(self.repo, e.claim):
-                raw = B.read_path(self.repo, e.claim, B.CLAIM_PATH)
+            if git.has_object(self.mirror, e.claim):
+                raw = git.read_path(self.mirror, e.claim, B.CLAIM_PATH)
                 try:
                     self.leases[e.claim] = Claim.model_validate_json(raw or b"")
                 except ValidationError:
@@ -282,10 +278,9 @@ class Runner:
             if sha is None:
                 return "the claim was deleted"
             self.bus.fetch([B.claim_ref(request_id)])
-            with B.open_repo(self.mirror) as repo:
-                raw = B.read_path(repo, sha, B.CLAIM_PATH)
-                if B.read_path(repo, sha, f"{B.results_path(request_id)}/result.json") is not None:
-                    return "the request was finished by another runner"
+            raw = git.read_path(self.mirror, sha, B.CLAIM_PATH)
+            if git.read_path(self.mirror, sha, f"{B.results_path(request_id)}/result.json") is not None:
+                return "the request was finished by another runner"
             return f"taken over by runner {Claim.model_validate_json(raw or b'').runner}"
         except (KakeyaError, ValidationError):
             return f"the claim is now {sha or 'gone'}"
@@ -293,7 +288,7 @@ class Runner:
     def claim(self, entry: Entry, old: tuple[str, Claim] | None) -> tuple[str, Claim] | None:
         """Create (or take over) the claim; None if another runner got there first."""
         assert entry.req is not None and entry.label is not None
-        if not B.has_object(self.repo, entry.req):
+        if not git.has_object(self.mirror, entry.req):
             self.prefetch([entry])
         now = B.utcnow()
         claim = Claim(
@@ -308,8 +303,8 @@ class Runner:
         )
         base = old[0] if old else entry.req
         verb = f"takes over {entry.id} from {old[1].runner}" if old else f"claims {entry.id}"
-        sha = B.child_commit(
-            self.repo, base, {B.CLAIM_PATH: claim.dump()}, f"kakeya: {self.name} {verb}", self.who
+        sha = git.child_commit(
+            self.mirror, base, {B.CLAIM_PATH: claim.dump()}, f"kakeya: {self.name} {verb}", self.who
         )
         if not self.bus.swap([Update(B.claim_ref(entry.id), sha, old[0] if old else None)]):
             self.log(f"{entry.id}: another runner claimed it first")
@@ -326,7 +321,7 @@ class Runner:
             if self.stopping.is_set():  # nothing has run yet: give the request back
                 lease.stop()
                 return self.release(entry, lease.sha)
-            result = self.run_request(entry, lease, out)
+            result = self.run_request(entry, lease, out).write()
             lease.stop()
             served = Served(entry.id, result.status, result.verdict, result.reason)
             if lease.lost:
@@ -350,7 +345,7 @@ class Runner:
         )
         return Served(entry.id, "released", reason="runner stopping before the run started")
 
-    def run_request(self, entry: Entry, lease: Lease, out: Path) -> RunResult:
+    def run_request(self, entry: Entry, lease: Lease, out: Path) -> RunOutcome:
         """Validate, then run; every failure becomes a result (nothing raises past here)."""
         context = RunContext(request_id=entry.id, runner_name=self.name, runner_labels=self.labels)
         preset_name, params, preset_hash = entry.preset, {}, None
@@ -359,7 +354,7 @@ class Runner:
             context.subject, preset_name, params = manifest.subject, preset.name, values
             preset_hash = preset.content_hash
             if lease.cancelled or entry.cancel:
-                return write_outcome(
+                return not_run(
                     out,
                     "cancelled",
                     "cancelled before it started",
@@ -369,7 +364,7 @@ class Runner:
                     preset_hash=preset_hash,
                 )
             if manifest.expires_at < B.utcnow():
-                return write_outcome(
+                return not_run(
                     out,
                     "expired",
                     f"expired at {manifest.expires_at.isoformat()} before a runner started it",
@@ -382,7 +377,7 @@ class Runner:
             try:
                 check_lfs(checkout)
                 self.log(f"{entry.id}: running {preset.name}")
-                result = execute(
+                outcome = run_preset(
                     preset,
                     values,
                     checkout,
@@ -394,15 +389,11 @@ class Runner:
                 )
             finally:
                 self.remove_worktree(checkout)
-            return apply_baseline(
-                self.bus, preset, entry.label, out, result
-            )  # a preset's `baseline:`, if any
+            return apply_baseline(self.bus, preset, entry.label, outcome)  # a preset's `baseline:`, if any
         except Rejected as exc:
-            return write_outcome(
-                out, "rejected", str(exc), preset_name=preset_name, params=params, context=context
-            )
+            return not_run(out, "rejected", str(exc), preset_name=preset_name, params=params, context=context)
         except Exception as exc:  # noqa: BLE001 — any failure at any step still ends in a done commit
-            return write_outcome(
+            return not_run(
                 out,
                 "error",
                 f"runner {self.name}: {exc}",
@@ -415,17 +406,14 @@ class Runner:
     def validate(self, entry: Entry) -> tuple[Manifest, Preset, dict[str, Any]]:
         """The request, re-validated against this runner's own registry; Rejected says why not."""
         assert entry.req is not None
-        raw = B.read_path(self.repo, entry.req, B.MANIFEST_PATH)
-        parents = [p.hexsha for p in self.repo.commit(entry.req).parents]
+        raw = git.read_path(self.mirror, entry.req, B.MANIFEST_PATH)
+        parents = git.parents(self.mirror, entry.req)
         if raw is None:
             raise Rejected(f"invalid manifest: the request commit has no {B.MANIFEST_PATH}")
         try:
             manifest = Manifest.model_validate_json(raw)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'manifest'}: {e['msg']}" for e in exc.errors()[:5]
-            )
-            raise Rejected(f"invalid manifest: {problems}") from None
+            raise Rejected(f"invalid manifest: {problems(exc, 'manifest', limit=5)}") from None
         for field, want in (("id", entry.id), ("runner", entry.label), ("preset", entry.preset)):
             if getattr(manifest, field) != want:
                 raise Rejected(
@@ -439,11 +427,10 @@ class Runner:
                 f"unknown preset {manifest.preset!r}: this runner's registry has "
                 f"{', '.join(sorted(self.registry)) or 'no presets'}"
             )
-        if manifest.runner not in preset.runners:
-            raise Rejected(
-                f"preset {preset.name} may not run on runner label {manifest.runner!r} "
-                f"(allowed: {', '.join(preset.runners)})"
-            )
+        try:
+            preset.check_runs_on(manifest.runner)
+        except InvalidRequest as exc:
+            raise Rejected(str(exc)) from None
         try:
             values = preset.validate_params(manifest.params)
         except KakeyaError as exc:
@@ -457,15 +444,11 @@ class Runner:
         if path.exists():
             self.remove_worktree(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        B.run_git(self.mirror, "worktree", "add", "--detach", "--force", str(path), subject)
+        git.worktree_add(self.mirror, path, subject)
         return path
 
     def remove_worktree(self, path: Path) -> None:
-        if B.run_git(
-            self.mirror, "worktree", "remove", "--force", "--force", str(path), check=False
-        ).returncode:
-            shutil.rmtree(path, ignore_errors=True)
-            B.run_git(self.mirror, "worktree", "prune", check=False)
+        git.worktree_remove(self.mirror, path)
 
     # --- results ------------------------------------------------------------------------------------
 
@@ -478,7 +461,7 @@ class Runner:
         }  # git refuses a tree entry named .git
         verdict = f", verdict {result.verdict}" if result.verdict else ""
         message = f"kakeya done {entry.id}: {result.status}{verdict}\n\n{result.reason or ''}".rstrip() + "\n"
-        return B.child_commit(self.repo, claim_sha, files, message, self.who)
+        return git.child_commit(self.mirror, claim_sha, files, message, self.who)
 
     def push_done(self, request_id: str, claim_sha: str, done_sha: str) -> bool:
         """Atomically: claim (leased on our last sha) -> done commit, done ref created. Kept locally if the bus
@@ -486,7 +469,7 @@ class Runner:
         try:
             pushed = self.bus.swap(done_updates(request_id, claim_sha, done_sha), atomic=True)
         except KakeyaError as exc:
-            B.run_git(self.mirror, "update-ref", f"refs/kakeya/outbox/{request_id}", done_sha)
+            git.update_ref(self.mirror, f"refs/kakeya/outbox/{request_id}", done_sha)
             self.outbox_pending = True
             self.log(f"{request_id}: result {done_sha[:12]} not pushed yet ({exc}); will retry")
             return False
@@ -497,20 +480,16 @@ class Runner:
         )
         self.served += 1
         if self.served % 50 == 0:
-            B.run_git(self.mirror, "gc", "--auto", "--quiet", check=False)
+            git.gc_auto(self.mirror)
         return pushed
 
     def flush_outbox(self) -> None:
         """Push results that an earlier attempt could not deliver."""
         if not self.outbox_pending:
             return
-        listed = B.run_git(
-            self.mirror, "for-each-ref", "--format=%(refname) %(objectname)", "refs/kakeya/outbox/"
-        )
-        for line in listed.stdout.decode().splitlines():
-            ref, done_sha = line.split()
+        for ref, done_sha in git.refs_under(self.mirror, "refs/kakeya/outbox/").items():
             request_id = ref.rsplit("/", 1)[1]
-            claim_sha = B.run_git(self.mirror, "rev-parse", f"{done_sha}^").stdout.decode().strip()
+            claim_sha = git.parents(self.mirror, done_sha)[0]
             # raises while the bus is still unreachable
             pushed = self.bus.swap(done_updates(request_id, claim_sha, done_sha), atomic=True)
             self.log(
@@ -518,7 +497,7 @@ class Runner:
                 if pushed
                 else f"{request_id}: lease lost while the result waited; dropped"
             )
-            B.run_git(self.mirror, "update-ref", "-d", ref)
+            git.update_ref(self.mirror, ref, None)
         self.outbox_pending = False
 
     # --- the loop -----------------------------------------------------------------------------------

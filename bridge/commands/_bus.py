@@ -8,7 +8,7 @@ from pathlib import Path
 import gates
 from bridge.client import Client, exit_code, verdict_line
 from bridge.config import Config, load_config, project_root
-from bridge.run import RunResult
+from bridge.result import RunResult
 
 
 def add_preset_args(parser: argparse.ArgumentParser) -> None:

@@ -9,7 +9,8 @@ import sys
 from collections.abc import Callable
 
 from bridge import bus as B
-from bridge.client import is_repo, resolve_remote, state_dir
+from bridge import git
+from bridge.client import resolve_remote, state_dir
 from bridge.commands._bus import add_remote
 from bridge.config import load_config, project_root
 from bridge.errors import KakeyaError
@@ -25,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def check_git() -> str:
-    out = B.run_git(".", "--version").stdout.decode()
+    out = git.version()
     m = re.search(r"(\d+)\.(\d+)", out)
     version = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
     if version < MIN_GIT:
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         return f"runner {cfg.runner_name}, labels {', '.join(cfg.labels)}, lease {cfg.lease_s:g} s"
 
     def project() -> str:
-        if not is_repo(root):
+        if not git.is_repo(root):
             raise KakeyaError(f"{root} is not a git repository; `kakeya request` needs one (git init)")
         return str(root)
 
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = state.get("config") or load_config(root)
         remote = cfg.remote if args.remote is None else args.remote
         url = resolve_remote(remote, root, cfg)
-        store = root if is_repo(root) else state_dir(cfg, root)
+        store = root if git.is_repo(root) else state_dir(cfg, root)
         try:
             snap = B.Bus(url, store, timeout_s=30).ls_remote()
         except KakeyaError as exc:

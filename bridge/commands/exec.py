@@ -10,8 +10,8 @@ import datetime as dt
 from pathlib import Path
 
 from bridge.commands._bus import add_preset_args, config_and_root
+from bridge.execute import execute
 from bridge.presets import get_preset, load_registry, parse_assignments
-from bridge.run import execute
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -18,10 +18,10 @@ from typing import Any
 import yaml
 
 import gates
-from bridge import bus as B
 from bridge import evidence
 from bridge.commands._bus import add_remote, client
 from bridge.errors import InvalidRequest
+from bridge.names import SHA_PATTERN
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -156,9 +156,9 @@ def run_pr(args: argparse.Namespace) -> int:
     requirements = evidence.check_requirements(args.require, registry)
     c = client(args)
     subject = args.subject.strip().lower()
-    if not re.fullmatch(B.SHA_PATTERN, subject):
+    if not re.fullmatch(SHA_PATTERN, subject):
         subject = c.rev_parse(args.subject)
-    outcomes = evidence.gate_subject(evidence.Shelf(c.bus, c.bus_dir), subject, requirements, registry)
+    outcomes = evidence.gate_subject(evidence.Shelf(c.bus), subject, requirements, registry)
     if args.json:
         print(evidence.evidence_json(outcomes))
     else:

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     config, root = config_and_root()
     registry = load_registry()
     preset = get_preset(registry, args.preset)
-    label = args.runner or next((lb for lb in config.labels if lb in preset.runners), None)
+    label = args.runner or next((lb for lb in config.labels if preset.allows(lb)), None)
     if label is None:
         raise InvalidRequest(
             f"preset {preset.name} runs on {', '.join(preset.runners)}; this host serves "

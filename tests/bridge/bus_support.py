@@ -1,4 +1,4 @@
-"""Shared set-up for the bus tests: a project repository with a test program, test presets, `git daemon`.
+"""Helpers for the bus tests: a project with a test program, test presets, `git daemon` (fixtures: conftest.py).
 
 The test program (work.py, committed in the project, so it is what the subject runs) appends its tag
 to $COUNTER — the side effect that counts executions — and writes a valid probe report.
@@ -15,13 +15,11 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-import yaml
-
 from bridge import bus as B
+from bridge import git as G
 from bridge.config import load_config
 from bridge.runner import Runner
 
@@ -114,41 +112,6 @@ class Env:
         return self.marks / f"{tag}.{name}"
 
 
-@pytest.fixture(name="world")
-def world_fixture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Env:
-    """A committed project with work.py, test presets, fast leases and polls; cwd = the project."""
-    env = Env(tmp_path)
-    env.presets.mkdir()
-    for name, data in PRESETS.items():
-        (env.presets / f"{name}.yaml").write_text(yaml.safe_dump({"name": name, **data}))
-    env.marks.mkdir()
-    env.project.mkdir()
-    for var in list(os.environ):
-        if var.startswith("KAKEYA_"):
-            monkeypatch.delenv(var)
-    for key, value in {
-        "KAKEYA_PRESETS": str(env.presets),
-        "KAKEYA_TEST_COUNTER": str(env.counter),
-        "KAKEYA_TEST_MARKS": str(env.marks),
-        "KAKEYA_POLL_INTERVAL": "0.2",
-        "KAKEYA_LEASE": "3",
-        "KAKEYA_RUNNER_NAME": "inproc",
-        "GIT_AUTHOR_NAME": "Test",
-        "GIT_AUTHOR_EMAIL": "t@example.com",
-        "GIT_COMMITTER_NAME": "Test",
-        "GIT_COMMITTER_EMAIL": "t@example.com",
-        "OMP_NUM_THREADS": "1",
-    }.items():
-        monkeypatch.setenv(key, value)
-    (env.project / "work.py").write_text(WORK_PY)
-    (env.project / ".gitignore").write_text("/out/\n")
-    git(env.project, "init", "-q", "-b", "main")
-    git(env.project, "add", "-A")
-    git(env.project, "commit", "-q", "-m", "project")
-    monkeypatch.chdir(env.project)
-    return env
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -166,7 +129,7 @@ class Daemon:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def repo(self, name: str = "bus.git") -> str:
-        B.init_bare(self.base / name)
+        G.init_bare(self.base / name)
         return f"git://127.0.0.1:{self.port}/{name}"
 
     def start(self) -> Daemon:
@@ -206,13 +169,6 @@ class Daemon:
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(10)
-
-
-@pytest.fixture(name="daemon")
-def daemon_fixture(tmp_path: Path) -> Iterator[Daemon]:
-    d = Daemon(tmp_path / "served").start()
-    yield d
-    d.stop()
 
 
 def wait_for(cond: Callable[[], object], timeout: float, what: str, step: float = 0.05) -> object:
@@ -290,8 +246,7 @@ def done_result(store: Path, url: str, request_id: str) -> dict:
     bus = B.Bus(url, store)
     sha = bus.ls_remote(B.done_ref(request_id)).refs[B.done_ref(request_id)]
     bus.fetch([B.done_ref(request_id)])
-    with B.open_repo(store) as repo:
-        raw = B.read_path(repo, sha, f"{B.results_path(request_id)}/result.json")
+    raw = G.read_path(store, sha, f"{B.results_path(request_id)}/result.json")
     assert raw is not None
     return json.loads(raw)
 
@@ -301,9 +256,8 @@ def push_raw_request(
 ) -> str:
     """A request commit with any manifest at all (as a misbehaving client would push it)."""
     data = manifest if isinstance(manifest, bytes) else json.dumps(manifest).encode()
-    with B.open_repo(store) as repo:
-        parent = parent or repo.head.commit.hexsha
-        sha = B.child_commit(repo, parent, {B.MANIFEST_PATH: data}, "raw request", "Test <t@example.com>")
+    parent = parent or G.rev_parse(store, "HEAD") or ""
+    sha = G.child_commit(store, parent, {B.MANIFEST_PATH: data}, "raw request", "Test <t@example.com>")
     assert B.Bus(url, store).swap([B.Update(B.req_ref(label, request_id), sha, None)], atomic=False)
     return sha
 

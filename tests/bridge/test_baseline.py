@@ -13,12 +13,14 @@ import yaml
 
 from bridge import bus as B
 from bridge import evidence as E
+from bridge import git as G
 from bridge.cli import main
 from bridge.config import load_config
 from bridge.errors import InvalidRequest
+from bridge.execute import run_preset
 from bridge.presets import load_preset_file, load_registry
-from bridge.run import RunContext, execute
-from tests.bridge.bus_support import WRITE_REPORT_PY, Env, git, world_fixture  # noqa: F401 — fixtures
+from bridge.result import RunContext
+from tests.bridge.bus_support import WRITE_REPORT_PY, Env, git
 
 # Writes a probe report whose /probe/memory_bytes is the metric and whose /probe/cpu_count passes the gate
 # (>= 2) only when `ok` is true.
@@ -115,9 +117,9 @@ def test_previous_pass_baseline_over_a_series_of_runs(bench: Env, capsys):
     )
     # the done commit on the bus says the same
     bus = B.Bus(str(bench.project / ".kakeya" / "bus.git"), bench.project)
-    with B.open_repo(bus.url) as repo:
-        done = bus.ls_remote(B.done_ref(third)).refs[B.done_ref(third)]
-        on_bus = json.loads(B.read_path(repo, done, f"{B.results_path(third)}/verdict.json") or b"")
+    repo = bus.url
+    done = bus.ls_remote(B.done_ref(third)).refs[B.done_ref(third)]
+    on_bus = json.loads(G.read_path(repo, done, f"{B.results_path(third)}/verdict.json") or b"")
     assert on_bus["comparison"]["status"] == "fail" and on_bus["status"] == "fail"
 
     # 4. a run that fails its gate (with a value that would be a fine baseline for nothing below)
@@ -172,7 +174,7 @@ def test_an_unreachable_bus_is_recorded_not_failed(bench: Env, tmp_path: Path):
     preset = load_registry()["bench"]
     out = tmp_path / "out"
     (bench.project / "bench.json").write_text(json.dumps({"value": 7, "ok": True}))
-    result = execute(
+    outcome = run_preset(
         preset,
         preset.validate_params({}),
         bench.project,
@@ -180,17 +182,19 @@ def test_an_unreachable_bus_is_recorded_not_failed(bench: Env, tmp_path: Path):
         config=load_config(),
         context=RunContext(request_id=B.new_id("bench"), runner_labels=["cpu"]),
     )
-    assert result.verdict == "pass"
-    before = (out / "result.json").read_text()
-    bus = B.Bus(str(tmp_path / "no-such-bus"), B.init_bare(tmp_path / "store"))
-    after = E.apply_baseline(bus, preset, "cpu", out, result)
-    assert after.verdict == "pass" and (out / "result.json").read_text() == before
+    assert outcome.result.verdict == "pass"
+    bus = B.Bus(str(tmp_path / "no-such-bus"), G.init_bare(tmp_path / "store"))
+    after = E.apply_baseline(bus, preset, "cpu", outcome)
+    assert after.result == outcome.result  # the run's own result stands: verdict pass, no reason added
+    after.write()
+    saved = json.loads((out / "result.json").read_text())
+    assert saved["verdict"] == "pass" and saved["reason"] is None
     verdict = json.loads((out / "verdict.json").read_text())
     assert verdict["status"] == "pass" and verdict["comparison"] is None
     assert verdict["baseline"]["note"].startswith("not compared: cannot reach the bus at")
     assert "Baseline (previous-pass): not compared: cannot reach the bus" in (out / "summary.md").read_text()
     # a preset without a baseline is left as it is
-    assert E.apply_baseline(bus, load_registry()["work"], "cpu", out, result) is result
+    assert E.apply_baseline(bus, load_registry()["work"], "cpu", outcome) is outcome
 
 
 def test_lower_is_better(bench: Env, capsys):

@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from bridge import bus as B
+from bridge import git as G
+from bridge import names as N
 from bridge.errors import KakeyaError
-from tests.bridge.bus_support import Daemon, daemon_fixture, free_port, git  # noqa: F401 — fixture
+from tests.bridge.bus_support import Daemon, free_port, git
 
 
 @pytest.fixture
@@ -44,10 +46,10 @@ def test_ids_sort_by_time_and_carry_the_preset():
     with pytest.raises(KakeyaError, match="not a request id"):
         B.id_time("20260614-probe")
     assert len({B.new_id("p", t0) for _ in range(200)}) == 200  # the random suffix separates same-ms ids
-    assert B.check_label("mac-m4") == "mac-m4"
+    assert N.check_label("mac-m4") == "mac-m4"
     for bad in ("", "H200", "a/b", "a..b", "-x"):
         with pytest.raises(KakeyaError, match="runner label"):
-            B.check_label(bad)
+            N.check_label(bad)
 
 
 def test_snapshot_parses_every_kind_and_ignores_malformed_refs():
@@ -83,43 +85,43 @@ def test_snapshot_parses_every_kind_and_ignores_malformed_refs():
 
 def test_commits_add_files_without_touching_anything_else(repo: Path):
     before = (git(repo, "status", "--porcelain"), head(repo), (repo / ".git" / "index").read_bytes())
-    with B.open_repo(repo) as r:
-        c1 = B.child_commit(
-            r, head(repo), {".kakeya/request.json": b"{}\n", "dir/new.txt": b"n"}, "one", "K <k@x>"
-        )
-        c2 = B.child_commit(
-            r, c1, {".kakeya/results/x/logs/out.log": b"log", ".kakeya/request.json": b"[]"}, "two", "K <k@x>"
-        )
-        assert B.read_path(r, c2, ".kakeya/request.json") == b"[]"
-        assert B.read_path(r, c2, "dir/b.txt") == b"b\n"
-        assert B.read_path(r, c2, "dir/new.txt") == b"n"
-        assert B.read_path(r, c2, "caf\u00e9 \u2603.txt") == b"unicode name\n"
-        assert B.read_path(r, c2, "missing") is None and B.read_path(r, c2, "dir") is None
-        assert B.read_path(r, "0" * 40, "a.txt") is None
-        assert B.read_dir(r, c2, ".kakeya") == {"request.json": b"[]", "results/x/logs/out.log": b"log"}
-        assert B.read_dir(r, c2, "nope") == {} and B.read_dir(r, c2, "a.txt") == {}
-        assert B.has_object(r, c2) and not B.has_object(r, "1" * 40) and not B.has_object(r, "zz")
-        assert [p.hexsha for p in r.commit(c2).parents] == [c1]
-        with pytest.raises(KakeyaError, match="refusing"):
-            B.tree_with(r, None, {"../x": b""})
+    r = repo
+    c1 = G.child_commit(
+        r, head(repo), {".kakeya/request.json": b"{}\n", "dir/new.txt": b"n"}, "one", "K <k@x>"
+    )
+    c2 = G.child_commit(
+        r, c1, {".kakeya/results/x/logs/out.log": b"log", ".kakeya/request.json": b"[]"}, "two", "K <k@x>"
+    )
+    assert G.read_path(r, c2, ".kakeya/request.json") == b"[]"
+    assert G.read_path(r, c2, "dir/b.txt") == b"b\n"
+    assert G.read_path(r, c2, "dir/new.txt") == b"n"
+    assert G.read_path(r, c2, "caf\u00e9 \u2603.txt") == b"unicode name\n"
+    assert G.read_path(r, c2, "missing") is None and G.read_path(r, c2, "dir") is None
+    assert G.read_path(r, "0" * 40, "a.txt") is None
+    assert G.read_dir(r, c2, ".kakeya") == {"request.json": b"[]", "results/x/logs/out.log": b"log"}
+    assert G.read_dir(r, c2, "nope") == {} and G.read_dir(r, c2, "a.txt") == {}
+    assert G.has_object(r, c2) and not G.has_object(r, "1" * 40) and not G.has_object(r, "zz")
+    assert G.parents(r, c2) == [c1]
+    with pytest.raises(KakeyaError, match="refusing"):
+        G.tree_with(r, None, {"../x": b""})
     assert git(repo, "fsck", "--strict", "--no-dangling") == ""
     assert (git(repo, "status", "--porcelain"), head(repo), (repo / ".git" / "index").read_bytes()) == before
     # the commit's tree is the parent's tree plus exactly the added files
     changed = git(repo, "diff-tree", "-r", "--name-only", "--no-commit-id", head(repo), c1).splitlines()
     assert sorted(changed) == [".kakeya/request.json", "dir/new.txt"]
-    found = B.read_blobs(repo, [f"{c2}:.kakeya/request.json", f"{'1' * 40}:x", f"{c2}:dir", f"{c2}:a.txt"])
+    found = G.read_blobs(repo, [f"{c2}:.kakeya/request.json", f"{'1' * 40}:x", f"{c2}:dir", f"{c2}:a.txt"])
     assert found == {f"{c2}:.kakeya/request.json": b"[]", f"{c2}:a.txt": b"a\n"}
-    assert B.read_blobs(repo, []) == {}
-    assert B.present(repo, [c1, "1" * 40]) == {c1} and B.present(repo, []) == set()
-    assert B.is_ancestor(repo, head(repo), c2) and not B.is_ancestor(repo, c2, head(repo))
+    assert G.read_blobs(repo, []) == {}
+    assert G.present(repo, [c1, "1" * 40]) == {c1} and G.present(repo, []) == set()
+    assert G.is_ancestor(repo, head(repo), c2) and not G.is_ancestor(repo, c2, head(repo))
 
 
 def test_leased_pushes_create_once_update_on_the_seen_sha_and_delete(repo: Path, tmp_path: Path):
-    bus = B.Bus(str(B.init_bare(tmp_path / "bus.git")), repo)
-    with B.open_repo(repo) as r:
-        one = B.child_commit(r, head(repo), {"x": b"1"}, "1", "K <k@x>")
-        two = B.child_commit(r, head(repo), {"x": b"2"}, "2", "K <k@x>")
-        three = B.child_commit(r, one, {"x": b"3"}, "3", "K <k@x>")
+    bus = B.Bus(str(G.init_bare(tmp_path / "bus.git")), repo)
+    r = repo
+    one = G.child_commit(r, head(repo), {"x": b"1"}, "1", "K <k@x>")
+    two = G.child_commit(r, head(repo), {"x": b"2"}, "2", "K <k@x>")
+    three = G.child_commit(r, one, {"x": b"3"}, "3", "K <k@x>")
     ref = B.claim_ref("20260101T000000.000Z-p-000001")
     assert bus.swap([B.Update(ref, one, None)])
     assert not bus.swap([B.Update(ref, two, None)])  # must not exist: lost
@@ -137,9 +139,9 @@ def test_leased_pushes_create_once_update_on_the_seen_sha_and_delete(repo: Path,
 def test_racing_writers_create_a_ref_exactly_once(repo: Path, daemon: Daemon):
     bus = B.Bus(daemon.repo(), repo)
     shas = []
-    with B.open_repo(repo) as r:
-        for i in range(6):
-            shas.append(B.child_commit(r, head(repo), {"claim": str(i).encode()}, f"c{i}", "K <k@x>"))
+    r = repo
+    for i in range(6):
+        shas.append(G.child_commit(r, head(repo), {"claim": str(i).encode()}, f"c{i}", "K <k@x>"))
     ref = B.claim_ref("20260101T000000.000Z-p-000002")
     wins: list[str] = []
     barrier = threading.Barrier(len(shas))
@@ -167,10 +169,10 @@ def test_an_unreachable_bus_is_a_clear_error(repo: Path, tmp_path: Path):
             bus.swap([B.Update(B.claim_ref("20260101T000000.000Z-p-000003"), head(repo), None)])
         with pytest.raises(B.BusUnreachable, match="cannot fetch"):
             bus.fetch([B.done_ref("20260101T000000.000Z-p-000003")])
-    bus = B.Bus(str(B.init_bare(tmp_path / "empty.git")), repo)
+    bus = B.Bus(str(G.init_bare(tmp_path / "empty.git")), repo)
     with pytest.raises(B.BusError, match="couldn't find remote ref"):
         bus.fetch([B.done_ref("20260101T000000.000Z-p-000003")])
     bus.fetch([])
     with pytest.raises(B.BusError, match="git rev-parse"):
-        B.run_git(repo, "rev-parse", "--verify", "nope")
-    assert B.git_message(b"") == "no message"
+        G.run(repo, "rev-parse", "--verify", "nope")
+    assert G.message(b"") == "no message"

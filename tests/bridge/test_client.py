@@ -10,19 +10,18 @@ from pathlib import Path
 import pytest
 
 from bridge import bus as B
+from bridge import git as G
 from bridge.cli import main
 from bridge.client import Client, age, parse_duration, resolve_remote
 from bridge.config import load_config
 from bridge.errors import InvalidRequest, KakeyaError
 from bridge.presets import load_registry
-from tests.bridge.bus_support import (  # noqa: F401 — fixtures
+from tests.bridge.bus_support import (
     Daemon,
     Env,
-    daemon_fixture,
     free_port,
     git,
     make_runner,
-    world_fixture,
 )
 
 
@@ -291,7 +290,7 @@ def test_status_over_2000_finished_requests_is_one_round_trip(world: Env, daemon
                 + b"\n"
             )
         stream.append(f"reset {B.claim_ref(rid)}\nfrom :{2 * i + 2}\n\n".encode())
-    B.run_git(bus, "fast-import", "--quiet", input=b"".join(stream))
+    G.run(bus, "fast-import", "--quiet", input=b"".join(stream))
     before = daemon.connections()
     assert main(["status", "--remote", url, "--json"]) == 0
     assert daemon.connections() - before == 1

@@ -12,18 +12,18 @@ import yaml
 
 from bridge import bus as B
 from bridge import evidence as E
+from bridge import git as G
 from bridge.cli import main
 from bridge.client import Client
 from bridge.config import load_config
 from bridge.presets import load_registry
-from tests.bridge.bus_support import (  # noqa: F401 — fixtures
+from tests.bridge.bus_support import (
     PRESETS,
     Env,
     git,
     make_runner,
     manifest_dict,
     push_raw_request,
-    world_fixture,
 )
 
 
@@ -32,7 +32,7 @@ class Bus:
 
     def __init__(self, env: Env, url: str | None = None):
         self.env = env
-        self.url = url or str(B.init_bare(env.tmp / "bus.git"))
+        self.url = url or str(G.init_bare(env.tmp / "bus.git"))
         self.client = Client(load_config(), remote=self.url)
         self.runner = make_runner(self.url, env, labels=("cpu", "gpu"))
 
@@ -48,14 +48,14 @@ class Bus:
     def files(self, rid: str) -> dict[str, bytes]:
         """The done commit's .kakeya/results/<id>/ files, fetched into the project."""
         B.Bus(self.url, self.env.project).fetch([B.done_ref(rid)])
-        with B.open_repo(self.env.project) as repo:
-            return B.read_dir(repo, self.done(rid), B.results_path(rid))
+        repo = self.env.project
+        return G.read_dir(repo, self.done(rid), B.results_path(rid))
 
     def push_done(self, rid: str, parent: str, files: dict[str, bytes], replace: bool) -> str:
         """A done commit on `parent` with `files` (paths relative to the repository), pushed as kakeya/done/<rid>
         (force-moving it when `replace`), as someone with push access to the bus could."""
-        with B.open_repo(self.env.project) as repo:
-            sha = B.child_commit(repo, parent, files, "edited after the run", "Mallory <m@example.com>")
+        repo = self.env.project
+        sha = G.child_commit(repo, parent, files, "edited after the run", "Mallory <m@example.com>")
         expect = self.done(rid) if replace else None
         assert B.Bus(self.url, self.env.project).swap([B.Update(B.done_ref(rid), sha, expect)], atomic=False)
         return sha
@@ -324,18 +324,18 @@ def test_a_done_commit_pushed_for_another_commit_does_not_count(world: Env, bus:
 
 
 def test_over_a_url_bus_the_evidence_is_fetched_once(world: Env, capsys):
-    bare = B.init_bare(world.tmp / "remote.git")
+    bare = G.init_bare(world.tmp / "remote.git")
     bus = Bus(world, url=f"file://{bare}")
     head = git(world.project, "rev-parse", "HEAD")
     rid = bus.run("work")
     assert bus.client.bus_dir is None  # not read in place: fetched into the project's object store
-    assert not B.present(world.project, [bus.done(rid)])
+    assert not G.present(world.project, [bus.done(rid)])
     assert gate(bus, head, "work@cpu", "cpuonly@cpu") == 1
     assert capsys.readouterr().out.splitlines() == [
         f"✓ work@cpu: pass — {rid}",
         f"✗ cpuonly@cpu: missing — no cpuonly@cpu result on the bus names {head[:12]}",
     ]
-    assert B.present(world.project, [bus.done(rid)])
+    assert G.present(world.project, [bus.done(rid)])
 
 
 def test_bad_requirements_are_refused_before_the_bus_is_read(world: Env, bus: Bus, capsys):
@@ -374,7 +374,7 @@ def test_the_summary_stays_under_1_mib_with_many_requirements(world: Env, bus: B
     head = git(world.project, "rev-parse", "HEAD")
     bus.run("strict")
     # 20000 requirements, each with a long reason and a failing gate: far more than 1 MiB of markdown
-    shelf = E.Shelf(bus.client.bus, bus.client.bus_dir).load(["strict"])
+    shelf = E.Shelf(bus.client.bus).load(["strict"])
     preset = load_registry()["strict"]
     one = E.judge(shelf, head, E.Requirement("strict", "cpu"), preset)
     assert one.status == "fail" and one.verdict is not None

@@ -11,15 +11,15 @@ import time
 from pathlib import Path
 
 from bridge import bus as B
+from bridge import git as G
 from bridge.cli import main
 from bridge.client import Client
 from bridge.config import load_config
 from bridge.presets import load_registry
 from bridge.runner import Runner
-from tests.bridge.bus_support import (  # noqa: F401 — fixtures
+from tests.bridge.bus_support import (
     Daemon,
     Env,
-    daemon_fixture,
     done_result,
     git,
     kill_pid,
@@ -30,7 +30,6 @@ from tests.bridge.bus_support import (  # noqa: F401 — fixtures
     runner_process,
     stop,
     wait_for,
-    world_fixture,
 )
 
 
@@ -38,8 +37,8 @@ def done_claim(store: Path, url: str, request_id: str) -> B.Claim:
     bus = B.Bus(url, store)
     sha = bus.ls_remote(B.done_ref(request_id)).refs[B.done_ref(request_id)]
     bus.fetch([B.done_ref(request_id)])
-    with B.open_repo(store) as repo:
-        return B.Claim.model_validate_json(B.read_path(repo, sha, B.CLAIM_PATH) or b"")
+    repo = store
+    return B.Claim.model_validate_json(G.read_path(repo, sha, B.CLAIM_PATH) or b"")
 
 
 def test_request_runner_results_end_to_end_over_git_daemon(world: Env, daemon: Daemon, capsys):
@@ -63,7 +62,7 @@ def test_request_runner_results_end_to_end_over_git_daemon(world: Env, daemon: D
     snap = B.Bus(url, world.project).ls_remote()
     entry = snap.entries[rid]
     assert entry.claim == entry.done
-    assert B.is_ancestor(world.project, entry.req, entry.done)
+    assert G.is_ancestor(world.project, entry.req, entry.done)
     assert main(["runner", "once", "--labels", "cpu", "--remote", url, "--request", rid]) == 0
     assert "nothing to do" in capsys.readouterr().out
     assert main(["runner", "once", "--labels", "gpu", "--remote", url, "--request", rid]) == 1
@@ -78,7 +77,7 @@ def test_request_runner_results_end_to_end_over_git_daemon(world: Env, daemon: D
 
 def test_four_runner_processes_execute_40_requests_exactly_once(world: Env, daemon: Daemon):
     url = daemon.repo()
-    staging = B.init_bare(world.tmp / "staging.git")  # queue the 40 requests with one push
+    staging = G.init_bare(world.tmp / "staging.git")  # queue the 40 requests with one push
     client = Client(load_config(), remote=str(staging))
     ids = [
         client.request("work", {"tag": f"t{i}", "seconds": "0.1", "mode": "sleep"}, "cpu").id
@@ -100,13 +99,11 @@ def test_four_runner_processes_execute_40_requests_exactly_once(world: Env, daem
     assert sorted(world.count()) == sorted(f"t{i}" for i in range(40))  # each executed exactly once
     bus.fetch([B.done_ref(i) for i in ids])
     names = []
-    with B.open_repo(world.project) as repo:
-        for rid, entry in bus.ls_remote().entries.items():
-            result = json.loads(
-                B.read_path(repo, entry.done or "", f"{B.results_path(rid)}/result.json") or b""
-            )
-            assert result["status"] == "succeeded" and result["request_id"] == rid
-            names.append(result["runner_name"])
+    repo = world.project
+    for rid, entry in bus.ls_remote().entries.items():
+        result = json.loads(G.read_path(repo, entry.done or "", f"{B.results_path(rid)}/result.json") or b"")
+        assert result["status"] == "succeeded" and result["request_id"] == rid
+        names.append(result["runner_name"])
     assert len(set(names)) >= 2, names
 
 
@@ -136,7 +133,7 @@ def test_a_sigkilled_runner_loses_its_claim_to_another_after_the_lease(world: En
     claim = done_claim(world.project, url, rid)
     assert (claim.runner, claim.takeover_of) == ("b", "a")
     done = bus.ls_remote().entries[rid].done
-    assert done is not None and B.is_ancestor(world.project, held, done)  # what runner a wrote is kept
+    assert done is not None and G.is_ancestor(world.project, held, done)  # what runner a wrote is kept
     assert world.count() == ["k"]
     assert done_result(world.project, url, rid)["runner_name"] == "b"
 
@@ -338,7 +335,7 @@ def test_a_takeover_during_the_run_stops_the_holder_in_process(world: Env):
     thief = make_runner(client.url, world, "b")
     entry = thief.bus.ls_remote().entries[rid]
     thief.bus.fetch([B.claim_ref(rid)])
-    seen = B.Claim.model_validate_json(B.read_path(thief.repo, entry.claim, B.CLAIM_PATH) or b"")
+    seen = B.Claim.model_validate_json(G.read_path(thief.mirror, entry.claim, B.CLAIM_PATH) or b"")
     took = thief.claim(entry, (entry.claim, seen))
     assert took is not None
     thread.join(30)
@@ -355,8 +352,8 @@ def test_an_unreadable_claim_is_treated_as_expired(world: Env):
     client = Client(load_config())
     rid = client.request("work", {"tag": "u"}, "cpu").id
     entry = client.entry(rid)
-    with B.open_repo(world.project) as repo:
-        bogus = B.child_commit(repo, entry.req or "", {B.CLAIM_PATH: b"not json"}, "bogus claim", "X <x@e>")
+    repo = world.project
+    bogus = G.child_commit(repo, entry.req or "", {B.CLAIM_PATH: b"not json"}, "bogus claim", "X <x@e>")
     assert client.bus.swap([B.Update(B.claim_ref(rid), bogus, None)])
     served = make_runner(client.url, world).once()
     assert served is not None and served.status == "succeeded" and served.pushed

@@ -1,4 +1,4 @@
-"""One sandboxed run: real subprocesses, process trees, capped logs, redaction, report checks."""
+"""Executing one preset (bridge/execute.py): real subprocesses, process trees, capped logs, redaction, report checks."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ import pytest
 
 from bridge.cli import main
 from bridge.config import Config
+from bridge.execute import execute
+from bridge.logs import CappedLog, Redactor
 from bridge.presets import Preset
-from bridge.run import CappedLog, Redactor, RunContext, execute, write_outcome
+from bridge.result import RunContext, write_outcome
 from tests.bridge.bus_support import pid_alive
 
 REPORT = {"kind": "probe", "schema_version": 1}

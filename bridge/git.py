@@ -1,0 +1,363 @@
+"""Every git operation the bridge performs, by name, as plain `git` subprocesses (argv, never a shell).
+
+One way to run git (`run`: a clean environment that no GIT_DIR of a calling hook can redirect, no
+prompt, C locale, a time limit, BusError with git's own words), one way to read objects (`read_blobs`:
+one `git cat-file --batch`), one way to write them (`tree_with` + `commit`: blobs, a temporary index
+and `commit-tree` straight into an object store; no working tree, index or branch is touched).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from bridge.errors import BusError, KakeyaError
+
+GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", "LANGUAGE": "C"}
+# Variables that would point our git commands at some other repository (e.g. when run from a git hook).
+_REPO_VARS = (
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_COMMON_DIR",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_NAMESPACE",
+    "GIT_PREFIX",
+)
+FILE_MODE = "100644"
+FILE_MODES = ("100644", "100755")
+
+
+# --- running git ------------------------------------------------------------------------------------
+
+
+def run(
+    cwd: Path | str,
+    *args: str,
+    input: bytes | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = 300,
+    check: bool = True,
+) -> subprocess.CompletedProcess[bytes]:
+    """`git <args>` in `cwd`; BusError with git's message when it fails (and `check`)."""
+    full_env = {k: v for k, v in os.environ.items() if k not in _REPO_VARS}
+    full_env.update({**GIT_ENV, **(env or {})})
+    try:
+        proc = subprocess.run(
+            ["git", *args], cwd=cwd, input=input, capture_output=True, env=full_env, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        raise BusError(f"git {args[0]} timed out after {timeout:.0f} s") from None
+    except OSError as exc:
+        raise BusError(f"cannot run git: {exc}") from None
+    if check and proc.returncode != 0:
+        raise BusError(f"git {' '.join(args[:2])} failed: {message(proc.stderr)}")
+    return proc
+
+
+def out(cwd: Path | str, *args: str, input: bytes | None = None, env: Mapping[str, str] | None = None) -> str:
+    """The stripped stdout of `git <args>` (raises like `run`)."""
+    return run(cwd, *args, input=input, env=env).stdout.decode(errors="replace").strip()
+
+
+def message(stderr: bytes) -> str:
+    """The lines of git's stderr that say what went wrong, on one line."""
+    lines = [ln.strip() for ln in stderr.decode(errors="replace").splitlines() if ln.strip()]
+    useful = [ln for ln in lines if ln.startswith(("fatal:", "error:"))] or lines
+    return " ".join(ln.removeprefix("fatal: ").removeprefix("error: ") for ln in useful[:3]) or "no message"
+
+
+def version() -> str:
+    """`git --version` (raises BusError when git cannot run)."""
+    return out(".", "--version")
+
+
+# --- repositories -----------------------------------------------------------------------------------
+
+
+def init_bare(path: Path) -> Path:
+    """A bare repository at `path` (created if missing)."""
+    if not (path / "HEAD").is_file():
+        path.mkdir(parents=True, exist_ok=True)
+        run(path, "init", "--bare", "-q")
+    return path
+
+
+def is_repo(path: Path) -> bool:
+    return run(path, "rev-parse", "--git-dir", check=False).returncode == 0
+
+
+def toplevel(path: Path) -> Path | None:
+    """The working tree's top level of `path`, or None outside one (or when git cannot run)."""
+    try:
+        proc = run(path, "rev-parse", "--show-toplevel", check=False, timeout=30)
+    except BusError:
+        return None
+    top = proc.stdout.decode().strip()
+    return Path(top) if proc.returncode == 0 and top else None
+
+
+def remote_url(repo: Path, name: str) -> str | None:
+    """The URL of remote `name` of `repo`, or None when it has no such remote."""
+    proc = run(repo, "remote", "get-url", name, check=False)
+    return proc.stdout.decode().strip() if proc.returncode == 0 else None
+
+
+def rev_parse(repo: Path | str, rev: str) -> str | None:
+    """The commit `rev` names in `repo`, or None."""
+    proc = run(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", check=False)
+    return proc.stdout.decode().strip() if proc.returncode == 0 else None
+
+
+def ident(repo: Path | str) -> str:
+    """`GIT_AUTHOR_IDENT` as git would sign a commit in `repo` ('' when it has none)."""
+    return run(repo, "var", "GIT_AUTHOR_IDENT", check=False).stdout.decode().strip()
+
+
+def dirty_paths(root: Path) -> list[str]:
+    """Changed or untracked (not ignored) paths of the working tree at `root`."""
+    text = run(root, "status", "--porcelain=v1", "-z", "--untracked-files=normal").stdout.decode()
+    return [e[3:] for e in text.split("\0") if len(e) > 3 and e[2] == " "]
+
+
+def working_tree(root: Path) -> str:
+    """The tree of the working tree at `root` (tracked and untracked, minus ignored), made with a temporary
+    index: the user's index and files stay as they are."""
+    index = Path(out(root, "rev-parse", "--git-path", "index"))
+    index = index if index.is_absolute() else root / index
+    with tempfile.TemporaryDirectory(prefix="kakeya-index-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        if index.is_file():
+            shutil.copyfile(index, env["GIT_INDEX_FILE"])
+        run(root, "add", "-A", "--", ".", env=env)
+        return out(root, "write-tree", env=env)
+
+
+# --- reading objects --------------------------------------------------------------------------------
+
+
+def read_blobs(repo: Path | str, specs: Sequence[str]) -> dict[str, bytes]:
+    """`<object>` or `<commit>:<path>` -> content for every spec that names a blob, with one
+    `git cat-file --batch` (local, no network)."""
+    if not specs:
+        return {}
+    data = run(repo, "cat-file", "--batch", input="".join(s + "\n" for s in specs).encode()).stdout
+    found, i = {}, 0
+    for spec in specs:
+        nl = data.index(b"\n", i)
+        header = data[i:nl].split()
+        i = nl + 1
+        if len(header) == 3 and header[1] == b"blob":
+            size = int(header[2])
+            found[spec] = data[i : i + size]
+            i += size + 1
+        elif len(header) == 3:  # a tree or commit where a blob was expected: skip its body
+            i += int(header[2]) + 1
+    return found
+
+
+def read_path(repo: Path | str, sha: str, path: str) -> bytes | None:
+    """The content of file `path` in commit `sha`, or None if there is no such file."""
+    return read_blobs(repo, [f"{sha}:{path}"]).get(f"{sha}:{path}")
+
+
+def read_blobs_in(repos: Sequence[Path], specs: Sequence[str]) -> dict[str, bytes]:
+    """`read_blobs` over several local repositories (a bus's store, then a local bus), first found wins."""
+    found: dict[str, bytes] = {}
+    for repo in repos:
+        rest = [s for s in specs if s not in found]
+        if rest:
+            found.update(read_blobs(repo, rest))
+    return found
+
+
+def ls_tree(repo: Path | str, treeish: str, recursive: bool = False) -> dict[str, tuple[str, str, str]]:
+    """path -> (mode, type, sha) of the entries of `treeish` ({} when it is not a tree)."""
+    proc = run(repo, "ls-tree", "-z", *(["-r"] if recursive else []), treeish, check=False)
+    if proc.returncode != 0:
+        return {}
+    entries = {}
+    for item in proc.stdout.decode(errors="surrogateescape").split("\0"):
+        if item:
+            meta, _, name = item.partition("\t")
+            mode, kind, sha = meta.split()
+            entries[name] = (mode, kind, sha)
+    return entries
+
+
+def read_dir(repo: Path | str, sha: str, path: str) -> dict[str, bytes]:
+    """Every regular file under directory `path` of commit `sha` (relative posix path -> bytes)."""
+    files = {
+        name: blob
+        for name, (mode, kind, blob) in ls_tree(repo, f"{sha}:{path}", recursive=True).items()
+        if kind == "blob" and mode in FILE_MODES
+    }
+    blobs = read_blobs(repo, sorted(set(files.values())))
+    return {name: blobs[blob] for name, blob in files.items() if blob in blobs}
+
+
+def present(repo: Path | str, shas: Sequence[str]) -> set[str]:
+    """Which of `shas` the repository at `repo` has (one `git cat-file --batch-check`)."""
+    if not shas:
+        return set()
+    text = run(repo, "cat-file", "--batch-check", input="".join(s + "\n" for s in shas).encode()).stdout
+    return {line.split()[0] for line in text.decode().splitlines() if not line.endswith(" missing")}
+
+
+def has_object(repo: Path | str, sha: str) -> bool:
+    return bool(re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", sha)) and sha in present(repo, [sha])
+
+
+def repo_having(repos: Sequence[Path], sha: str) -> Path:
+    """The first of `repos` that has `sha` (the first one when none has it)."""
+    return next((r for r in repos if present(r, [sha])), repos[0])
+
+
+def parents(repo: Path | str, sha: str) -> list[str]:
+    return out(repo, "rev-list", "--parents", "-n", "1", sha, "--").split()[1:]
+
+
+def is_ancestor(repo: Path | str, ancestor: str, sha: str) -> bool:
+    return run(repo, "merge-base", "--is-ancestor", ancestor, sha, check=False).returncode == 0
+
+
+# --- writing objects --------------------------------------------------------------------------------
+
+
+def write_blobs(repo: Path | str, contents: Sequence[bytes]) -> list[str]:
+    """Store `contents` as blobs (one `git hash-object`); their shas, in order."""
+    if not contents:
+        return []
+    with tempfile.TemporaryDirectory(prefix="kakeya-blobs-") as tmp:
+        paths = []
+        for i, data in enumerate(contents):
+            path = Path(tmp) / str(i)
+            path.write_bytes(data)
+            paths.append(str(path))
+        text = out(
+            repo, "hash-object", "-w", "--no-filters", "--stdin-paths", input="\n".join(paths).encode()
+        )
+    return text.split()
+
+
+def tree_with(repo: Path | str, base: str | None, files: Mapping[str, bytes]) -> str:
+    """The tree of `base` (a tree or commit, None for empty) with `files` (posix path -> content) added or
+    replaced."""
+    for path in files:
+        if any(part in ("", ".", "..", ".git") for part in path.split("/")):
+            raise KakeyaError(f"refusing to write {path!r} into a commit")
+    shas = write_blobs(repo, list(files.values()))
+    with tempfile.TemporaryDirectory(prefix="kakeya-index-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        run(repo, "read-tree", *([base] if base else ["--empty"]), env=env)
+        info = b"".join(
+            f"{FILE_MODE} {sha}\t".encode() + path.encode() + b"\0"
+            for path, sha in zip(files, shas, strict=True)
+        )
+        run(repo, "update-index", "--add", "--replace", "-z", "--index-info", input=info, env=env)
+        return out(repo, "write-tree", env=env)
+
+
+def commit(repo: Path | str, tree: str, parents: Sequence[str], message: str, who: str) -> str:
+    """A commit object (no ref moves); `who` is 'Name <email>', used as author and committer."""
+    name, _, email = who.partition(" <")
+    name, email = _clean(name) or "kakeya", _clean(email.rstrip(">")) or "kakeya@kakeya.invalid"
+    date = f"{int(time.time())} +0000"
+    env = {}
+    for role in ("AUTHOR", "COMMITTER"):
+        env.update({f"GIT_{role}_NAME": name, f"GIT_{role}_EMAIL": email, f"GIT_{role}_DATE": date})
+    argv = ["commit-tree", "--no-gpg-sign", tree, *(a for p in parents for a in ("-p", p))]
+    return out(repo, *argv, input=(message.rstrip("\n") + "\n").encode(), env=env)
+
+
+def _clean(text: str) -> str:
+    return re.sub(r"[<>\n\r\0]", "", text).strip()
+
+
+def child_commit(repo: Path | str, parent: str, files: Mapping[str, bytes], message: str, who: str) -> str:
+    """A commit on top of `parent` whose tree is the parent's plus `files`."""
+    return commit(repo, tree_with(repo, parent, files), [parent], message, who)
+
+
+# --- refs, worktrees and housekeeping in a local repository -----------------------------------------
+
+
+def update_ref(repo: Path, ref: str, sha: str | None) -> None:
+    """Point `ref` at `sha` (None deletes it)."""
+    run(repo, "update-ref", *([ref, sha] if sha else ["-d", ref]))
+
+
+def refs_under(repo: Path, prefix: str) -> dict[str, str]:
+    """ref -> sha for every ref under `prefix`."""
+    text = out(repo, "for-each-ref", "--format=%(refname) %(objectname)", prefix)
+    return dict(line.split(" ", 1) for line in text.splitlines())
+
+
+def worktree_add(repo: Path, path: Path, sha: str) -> None:
+    run(repo, "worktree", "add", "--detach", "--force", str(path), sha)
+
+
+def worktree_remove(repo: Path, path: Path) -> None:
+    """Remove the worktree at `path` (its files too, even when git refuses)."""
+    if run(repo, "worktree", "remove", "--force", "--force", str(path), check=False).returncode:
+        shutil.rmtree(path, ignore_errors=True)
+        worktree_prune(repo)
+
+
+def worktree_prune(repo: Path) -> None:
+    run(repo, "worktree", "prune", check=False)
+
+
+def gc_auto(repo: Path) -> None:
+    run(repo, "gc", "--auto", "--quiet", check=False)
+
+
+# --- the network ------------------------------------------------------------------------------------
+
+
+def ls_remote(store: Path, url: str, patterns: Sequence[str], timeout: float) -> str:
+    """`git ls-remote URL PATTERNS...` output; BusError (BusUnreachable in bus.py) says why not."""
+    proc = run(store, "ls-remote", url, *patterns, timeout=timeout, check=False)
+    if proc.returncode != 0:
+        raise BusError(message(proc.stderr))
+    return proc.stdout.decode(errors="replace")
+
+
+def fetch(store: Path, url: str, refspecs: Sequence[str], timeout: float) -> str | None:
+    """Fetch `refspecs` into `store` in one go, writing no FETCH_HEAD; git's message when it failed."""
+    proc = run(
+        store,
+        "fetch",
+        "--no-write-fetch-head",
+        "--no-auto-gc",
+        "--no-tags",
+        "--no-recurse-submodules",
+        "-q",
+        "--stdin",
+        url,
+        input="".join(r + "\n" for r in refspecs).encode(),
+        timeout=timeout,
+        check=False,
+    )
+    return message(proc.stderr) if proc.returncode != 0 else None
+
+
+def push(
+    store: Path, url: str, updates: Sequence[tuple[str, str | None, str | None]], atomic: bool, timeout: float
+) -> tuple[str, str | None]:
+    """One push of (ref, new or None to delete, expected or None = must not exist), each leased with
+    --force-with-lease; (git's porcelain output, its error message when it failed)."""
+    args = ["push", "--porcelain", "--no-verify", "--no-recurse-submodules"]
+    if atomic and len(updates) > 1:
+        args.append("--atomic")
+    args += [f"--force-with-lease={ref}:{expect or ''}" for ref, _, expect in updates]
+    args += [url, *(f"{new or ''}:{ref}" for ref, new, _ in updates)]
+    proc = run(store, *args, timeout=timeout, check=False)
+    return proc.stdout.decode(errors="replace"), message(proc.stderr) if proc.returncode != 0 else None

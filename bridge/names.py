@@ -1,0 +1,23 @@
+"""The name rules, in one place: preset names, runner labels, requirements (PRESET[@LABEL]) and shas."""
+
+from __future__ import annotations
+
+import re
+
+from bridge.errors import InvalidRequest
+
+NAME = r"[a-z][a-z0-9-]{0,62}"  # a preset name
+LABEL = r"[a-z0-9][a-z0-9_-]{0,62}"  # a runner label
+NAME_RE = re.compile(f"^{NAME}$")
+LABEL_RE = re.compile(f"^{LABEL}$")
+REQUIREMENT_RE = re.compile(f"^({NAME})(?:@({LABEL}))?$")
+SHA_PATTERN = r"^([0-9a-f]{40}|[0-9a-f]{64})$"
+
+
+def check_label(label: str) -> str:
+    """`label`, when it is a valid runner label; InvalidRequest otherwise."""
+    if not LABEL_RE.match(label):
+        raise InvalidRequest(
+            f"runner label {label!r} must be lowercase letters, digits, '-' or '_' (e.g. cpu, h200)"
+        )
+    return label

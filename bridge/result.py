@@ -1,0 +1,180 @@
+"""A run's outcome: result.json's model, the outcome held in memory, and the files written once from it.
+
+Files in a run's out_dir: result.json, report.json (written by the program via $KAKEYA_REPORT),
+verdict.json, summary.md, logs/stdout.log, logs/stderr.log, plus whatever the program put in
+$KAKEYA_RUN_DIR. The program's own files are on disk; result.json, verdict.json and summary.md are
+written by `RunOutcome.write`, once, after the baseline comparison (bridge/evidence.py).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+import gates
+from bridge.host import host_fingerprint, tool_versions
+from bridge.logs import Redactor
+
+Status = Literal["succeeded", "failed", "timed-out", "error", "cancelled", "expired", "rejected"]
+
+
+class RunContext(BaseModel):
+    """Who asked for the run and where it runs (filled by the bus runner; empty for `kakeya exec`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    request_id: str | None = None
+    subject: str | None = None
+    runner_name: str | None = None
+    runner_labels: list[str] = []
+
+
+class RunResult(BaseModel):
+    """result.json: the provenance and outcome of one run."""
+
+    model_config = ConfigDict(extra="forbid")
+    schema_version: Literal[1] = 1
+    status: Status
+    reason: str | None = None
+    exit_code: int | None = None
+    started_at: str | None = None
+    ended_at: str | None = None
+    duration_s: float | None = None
+    argv: list[str] = []
+    preset: str
+    preset_hash: str | None = None
+    params: dict[str, Any] = {}
+    request_id: str | None = None
+    subject: str | None = None
+    runner_name: str | None = None
+    runner_labels: list[str] = []
+    host: dict[str, Any] = {}
+    tools: dict[str, str] = {}
+    report: str | None = None
+    verdict: Literal["pass", "fail", "error"] | None = None
+
+
+def now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def iso(t: dt.datetime) -> str:
+    return t.isoformat(timespec="milliseconds")
+
+
+@dataclass
+class RunOutcome:
+    """One run's outcome in memory: its result, the report it wrote (parsed) and its verdict."""
+
+    out_dir: Path
+    result: RunResult
+    report: dict[str, Any] | None = None
+    verdict: gates.Verdict | None = None
+    redact: Redactor = field(default_factory=lambda: Redactor([]))
+
+    def write(self) -> RunResult:
+        """Write verdict.json, result.json and summary.md (each once) and redact every file; the result."""
+        out = self.out_dir
+        out.mkdir(parents=True, exist_ok=True)
+        if self.verdict is not None:
+            atomic_write(out / "verdict.json", self.verdict.model_dump_json(indent=2) + "\n")
+        atomic_write(out / "result.json", self.redact.text(self.result.model_dump_json(indent=2)) + "\n")
+        atomic_write(out / "summary.md", self.redact.text(summary_markdown(self.result, out, self.verdict)))
+        for path in out.rglob("*"):
+            self.redact.scrub_file(path)
+        return self.result
+
+
+def not_run(
+    out_dir: Path,
+    status: Status,
+    reason: str,
+    *,
+    preset_name: str,
+    params: Mapping[str, Any],
+    context: RunContext | None = None,
+    preset_hash: str | None = None,
+) -> RunOutcome:
+    """The outcome where nothing ran (rejected, expired, cancelled before start)."""
+    result = RunResult(
+        status=status,
+        reason=reason,
+        preset=preset_name,
+        preset_hash=preset_hash,
+        params=dict(params),
+        host=host_fingerprint(),
+        tools=tool_versions(),
+        ended_at=iso(now()),
+        **(context or RunContext()).model_dump(),
+    )
+    return RunOutcome(out_dir, result)
+
+
+def write_outcome(out_dir: Path, status: Status, reason: str, **kw: Any) -> RunResult:
+    """Record (write) an outcome where nothing ran; see `not_run`."""
+    return not_run(out_dir, status, reason, **kw).write()
+
+
+def atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float) and math.isfinite(value):
+        return f"{value:g}"
+    return json.dumps(value) if not isinstance(value, str) else value
+
+
+def summary_markdown(result: RunResult, out_dir: Path, verdict: gates.Verdict | None = None) -> str:
+    """The same facts as result.json, for a human; plus the gate table and any plots."""
+    lines = [
+        f"# {result.preset}: {result.status}" + (f" — verdict {result.verdict}" if result.verdict else ""),
+        "",
+    ]
+    if result.reason:
+        lines += [f"**Reason:** {result.reason}", ""]
+    rows = [
+        ("request", result.request_id),
+        ("subject", result.subject),
+        ("runner", result.runner_name),
+        ("labels", ", ".join(result.runner_labels) or None),
+        ("exit code", result.exit_code),
+        ("started", result.started_at),
+        ("ended", result.ended_at),
+        ("duration", f"{result.duration_s:.2f} s" if result.duration_s is not None else None),
+        ("preset hash", result.preset_hash),
+        (
+            "host",
+            f"{result.host.get('hostname')} · {result.host.get('os')} · {result.host.get('cpu')}"
+            if result.host
+            else None,
+        ),
+    ]
+    lines += ["| | |", "|---|---|"] + [f"| {k} | {_fmt(v)} |" for k, v in rows if v is not None] + [""]
+    if result.params:
+        lines += ["## Parameters", "", "| name | value |", "|---|---|"]
+        lines += [f"| {k} | `{_fmt(v)}` |" for k, v in result.params.items()] + [""]
+    if result.argv:
+        lines += ["## Command", "", "```", shlex.join(result.argv), "```", ""]
+    if verdict is not None:
+        lines += ["## Gate", "", verdict.to_markdown(), ""]
+    plots = sorted(p.relative_to(out_dir).as_posix() for p in out_dir.rglob("*.png"))
+    if plots:
+        lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
+    logs = [p for p in ("logs/stdout.log", "logs/stderr.log") if (out_dir / p).is_file()]
+    if logs:
+        lines += (
+            ["## Logs", ""] + [f"- [{p}]({p}) ({(out_dir / p).stat().st_size} bytes)" for p in logs] + [""]
+        )
+    if result.tools:
+        lines += ["## Tools", "", ", ".join(f"{k} {v}" for k, v in result.tools.items()), ""]
+    return "\n".join(lines)
