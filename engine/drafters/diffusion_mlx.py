@@ -1,0 +1,74 @@
+"""The masked-diffusion proposer's model in MLX (drafting only), on the torch model's safetensors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from engine.drafters.diffusion import DLMConfig
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: DLMConfig) -> None:
+        super().__init__()
+        self.heads = cfg.heads
+        self.ln1 = nn.LayerNorm(cfg.hidden)
+        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
+        self.proj = nn.Linear(cfg.hidden, cfg.hidden)
+        self.ln2 = nn.LayerNorm(cfg.hidden)
+        self.fc1 = nn.Linear(cfg.hidden, cfg.intermediate)
+        self.fc2 = nn.Linear(cfg.intermediate, cfg.hidden)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        b, n, h = x.shape
+        d = h // self.heads
+        q, k, v = self.qkv(self.ln1(x)).reshape(b, n, 3, self.heads, d).transpose(2, 0, 3, 1, 4)
+        a = mx.fast.scaled_dot_product_attention(q, k, v, scale=d**-0.5)  # bidirectional: no mask
+        x = x + self.proj(a.transpose(0, 2, 1, 3).reshape(b, n, h))
+        return x + self.fc2(nn.gelu(self.fc1(self.ln2(x))))
+
+
+class TinyDLM(nn.Module):
+    def __init__(self, cfg: DLMConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed = nn.Embedding(cfg.vocab_size + 1, cfg.hidden)
+        self.pos = nn.Embedding(cfg.max_positions, cfg.hidden)
+        self.blocks = [Block(cfg) for _ in range(cfg.layers)]
+        self.norm = nn.LayerNorm(cfg.hidden)
+
+    def hidden(self, ids: mx.array) -> mx.array:
+        if ids.shape[1] > self.config.max_positions:
+            raise ValueError(f"{ids.shape[1]} positions fed; this model has {self.config.max_positions}")
+        x = self.embed(ids) + self.pos.weight[: ids.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.norm(x)
+
+    def logits(self, h: mx.array) -> mx.array:
+        return h @ self.embed.weight[: self.config.vocab_size].T
+
+
+class MlxDenoiser:
+    """`diffusion.Denoiser` over the MLX TinyDLM."""
+
+    def __init__(self, model: TinyDLM) -> None:
+        self.model = model
+        self.config = model.config
+
+    def predict(self, context: Seq[int], block: Seq[int], masked: Seq[int]) -> tuple[list[int], list[float]]:
+        h = self.model.hidden(mx.array([[*context, *block]]))[0, mx.array([len(context) + i for i in masked])]
+        probs = mx.softmax(self.model.logits(h), axis=-1)
+        tokens, conf = mx.argmax(probs, axis=-1), mx.max(probs, axis=-1)
+        mx.eval(tokens, conf)
+        return tokens.tolist(), conf.tolist()
+
+
+def load_mlx_dlm(path: Path, config: DLMConfig) -> MlxDenoiser:
+    model = TinyDLM(config)
+    model.load_weights(str(path / "model.safetensors"))  # strict: every name and shape must match
+    mx.eval(model.parameters())
+    return MlxDenoiser(model)
