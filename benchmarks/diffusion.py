@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                     p,
                     f"ar:{args.drafter}",
                     k,
-                    lambda p=p, k=k: engine.ModelDrafter(ar.sequence(p, max_block=k + 1)),
+                    lambda p=p, k=k: engine.ModelDrafter(ar.session(p, max_block=k + 1)),
                 )
             )
             methods.append((p, "prompt-lookup", k, engine.PromptLookupDrafter))
@@ -114,10 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     def run(m: tuple[Any, str, int | None, Callable[[], Any] | None], ids: list[int]) -> tuple[Any, Any]:
         policy, _, k, make = m
         if make is None:
-            return engine.generate(verifier.sequence(policy), ids, stop), None
+            return engine.generate(verifier.session(policy), ids, stop), None
         drafter = make()
         return engine.speculative_generate(
-            verifier.sequence(policy, max_block=k + 1), drafter, ids, k, stop
+            verifier.session(policy, max_block=k + 1), drafter, ids, k, stop
         ), drafter
 
     for m in methods:
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             drafter_kv_bytes=(
                 last.kv_bytes()
                 if isinstance(last, DiffusionDrafter)
-                else (sum(last.seq.kv_bytes()) if isinstance(last, engine.ModelDrafter) else 0)
+                else (sum(last.session.kv_bytes()) if isinstance(last, engine.ModelDrafter) else 0)
             )
             if make
             else None,

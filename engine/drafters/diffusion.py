@@ -9,7 +9,7 @@ Whatever it proposes, the verifier decides: `speculative_generate` output stays 
 
     from engine.drafters.diffusion import DiffusionDrafter, load_dlm
     drafter = DiffusionDrafter(load_dlm("zoo:tiny-dlm", backend="torch"), steps=4)
-    engine.speculative_generate(verifier_seq, drafter, ids, k, stop)
+    engine.speculative_generate(verifier_session, drafter, ids, k, stop)
 
 Model directories (`zoo:tiny-dlm`) hold config.json (`DLMConfig`, model_type "kakeya-dlm"),
 model.safetensors (read by both backends: engine/drafters/diffusion_torch.py, diffusion_mlx.py) and
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence as Seq
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -65,7 +65,9 @@ class Denoiser(Protocol):
 
     config: DLMConfig
 
-    def predict(self, context: Seq[int], block: Seq[int], masked: Seq[int]) -> tuple[list[int], list[float]]:
+    def predict(
+        self, context: Sequence[int], block: Sequence[int], masked: Sequence[int]
+    ) -> tuple[list[int], list[float]]:
         """One bidirectional forward over `context` + `block` (`config.mask_id` at the `masked` slots of
         the block); the argmax token and its probability at each masked slot (logits there only)."""
         ...
@@ -103,7 +105,7 @@ class DiffusionDrafter:
         self.committed: list[int] = []
         self.forwards = 0  # denoising forwards run (for reports)
 
-    def begin(self, prompt: Seq[int]) -> None:
+    def begin(self, prompt: Sequence[int]) -> None:
         self.committed = list(prompt[-self.context_len :])
 
     def propose(self, last: int, k: int) -> list[int]:
@@ -125,7 +127,7 @@ class DiffusionDrafter:
             masked = [p for i, p in enumerate(masked) if i not in chosen]
         return block
 
-    def accept(self, n: int, committed: Seq[int]) -> None:
+    def accept(self, n: int, committed: Sequence[int]) -> None:
         self.committed.extend(committed[:-1])  # the last one comes back as `last`
 
     def kv_bytes(self) -> int:

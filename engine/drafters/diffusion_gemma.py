@@ -9,7 +9,7 @@ and the final soft-capping run on the masked slots only. Torch only (mlx-lm has 
 
 from __future__ import annotations
 
-from collections.abc import Sequence as Seq
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -35,7 +35,9 @@ class DiffusionGemmaDenoiser:
         )
 
     @torch.inference_mode()
-    def predict(self, context: Seq[int], block: Seq[int], masked: Seq[int]) -> tuple[list[int], list[float]]:
+    def predict(
+        self, context: Sequence[int], block: Sequence[int], masked: Sequence[int]
+    ) -> tuple[list[int], list[float]]:
         canvas = [self.filler if t == self.config.mask_id else t for t in block]
         out = self.model.model(
             input_ids=torch.tensor([list(context)]), decoder_input_ids=torch.tensor([canvas])

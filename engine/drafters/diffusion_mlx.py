@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence as Seq
+from collections.abc import Sequence
 from pathlib import Path
 
 import mlx.core as mx
@@ -59,7 +59,9 @@ class MlxDenoiser:
         self.model = model
         self.config = model.config
 
-    def predict(self, context: Seq[int], block: Seq[int], masked: Seq[int]) -> tuple[list[int], list[float]]:
+    def predict(
+        self, context: Sequence[int], block: Sequence[int], masked: Sequence[int]
+    ) -> tuple[list[int], list[float]]:
         h = self.model.hidden(mx.array([[*context, *block]]))[0, mx.array([len(context) + i for i in masked])]
         probs = mx.softmax(self.model.logits(h), axis=-1)
         tokens, conf = mx.argmax(probs, axis=-1), mx.max(probs, axis=-1)

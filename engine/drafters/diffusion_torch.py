@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence as Seq
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -75,7 +75,9 @@ class TorchDenoiser:
         self.config = model.config
 
     @torch.inference_mode()
-    def predict(self, context: Seq[int], block: Seq[int], masked: Seq[int]) -> tuple[list[int], list[float]]:
+    def predict(
+        self, context: Sequence[int], block: Sequence[int], masked: Sequence[int]
+    ) -> tuple[list[int], list[float]]:
         h = self.model.hidden(torch.tensor([[*context, *block]]))[0, [len(context) + i for i in masked]]
         probs = self.model.logits(h).softmax(-1)
         conf, tokens = probs.max(-1)

@@ -51,7 +51,7 @@ def _random_dlm_dir() -> Path:
 @functools.cache
 def _zoo_greedy(backend: str, policy: Policy) -> tuple[int, ...]:
     verifier = engine.load("zoo:tiny-hybrid", backend=backend)  # type: ignore[arg-type]
-    return tuple(engine.generate(verifier.sequence(policy), _zoo_ids(), engine.Stop(150)).tokens)
+    return tuple(engine.generate(verifier.session(policy), _zoo_ids(), engine.Stop(150)).tokens)
 
 
 def _zoo_ids() -> list[int]:
@@ -68,7 +68,7 @@ def test_zoo_pair_is_exactly_greedy_after_the_wrap(policy: Policy, k: int, backe
     verifier = engine.load("zoo:tiny-hybrid", backend=backend)  # type: ignore[arg-type]
     drafter = DiffusionDrafter(load_dlm("zoo:tiny-dlm", backend=backend), steps=4)  # type: ignore[arg-type]
     got = engine.speculative_generate(
-        verifier.sequence(policy, max_block=k + 1), drafter, _zoo_ids(), k, engine.Stop(150)
+        verifier.session(policy, max_block=k + 1), drafter, _zoo_ids(), k, engine.Stop(150)
     )
     assert tuple(got.tokens) == _zoo_greedy(backend, policy)
     assert got.accepted > 0 and got.acceptance_length > 1.0
@@ -83,10 +83,10 @@ def test_zoo_pair_is_exactly_greedy_after_the_wrap(policy: Policy, k: int, backe
 def test_random_proposer_is_exactly_greedy(policy: Policy, k: int, backend: str) -> None:
     tm = on(backend, tiny_models.gemma())
     ids = tiny_models.prompt(40, seed=40)
-    want = engine.generate(tm.sequence(policy), ids, engine.Stop(100))
+    want = engine.generate(tm.session(policy), ids, engine.Stop(100))
     dlm = load_dlm(str(_random_dlm_dir()), backend=backend)  # type: ignore[arg-type]
     got = engine.speculative_generate(
-        tm.sequence(policy, max_block=k + 1), DiffusionDrafter(dlm, steps=3), ids, k, engine.Stop(100)
+        tm.session(policy, max_block=k + 1), DiffusionDrafter(dlm, steps=3), ids, k, engine.Stop(100)
     )
     assert got.tokens == want.tokens and got.drafted > 0
 
@@ -213,9 +213,9 @@ def test_diffusion_gemma_proposer_is_exactly_greedy(policy: Policy) -> None:
         tm = tiny_models.gemma()
         ids = tiny_models.prompt(40, seed=40)
         drafter = DiffusionDrafter(DiffusionGemmaDenoiser(model, context=24), steps=2)
-        got = engine.speculative_generate(tm.sequence(policy, max_block=9), drafter, ids, 8, engine.Stop(60))
+        got = engine.speculative_generate(tm.session(policy, max_block=9), drafter, ids, 8, engine.Stop(60))
     finally:
         hook.remove()
-    assert got.tokens == engine.generate(tm.sequence(policy), ids, engine.Stop(60)).tokens
+    assert got.tokens == engine.generate(tm.session(policy), ids, engine.Stop(60)).tokens
     # a full block of 8 in 2 steps: the head runs on 8 then 4 slots, never on the context
     assert rows[:2] == [8, 4] and max(rows) == 8 and drafter.kv_bytes() == 0
