@@ -61,6 +61,10 @@ class Session(Protocol):
         """K/V bytes allocated now, per layer (>= kv_bytes: buffers grow in steps)."""
         ...
 
+    def state_bytes(self) -> list[int]:
+        """Linear-attention layers' constant-size state bytes held now, per layer (0 for attention)."""
+        ...
+
 
 @dataclass
 class Stop:

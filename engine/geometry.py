@@ -1,5 +1,6 @@
 """Model geometry, read once from a Hugging Face config: layer kinds, native sliding window, layer count,
-K/V heads, head size, hidden size, vocabulary, eos ids and the weights' dtype.
+K/V heads, head size, hidden size, vocabulary, eos ids and the weights' dtype; for linear-attention layers (gated delta-net: Qwen3.5, Qwen3-Next) the
+size of their constant-size convolution and recurrent states.
 
 Both backends and the workloads read a model's shape through `Geometry.from_config` (a config.json
 dict, or `PretrainedConfig.to_dict()` of the text config, which also holds keys transformers derives
@@ -16,7 +17,8 @@ from typing import Any
 
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
-LAYER_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION)
+LINEAR_ATTENTION = "linear_attention"  # gated delta-net: a convolution state and a recurrent state, no K/V
+LAYER_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION, LINEAR_ATTENTION)
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -30,6 +32,10 @@ class Geometry:
     vocab_size: int
     eos_ids: frozenset[int]
     dtype: str  # the config's weights dtype (float32 when it names none or an unknown one)
+    # Linear-attention layers (0 without any): convolution channels and kernel, recurrent-state elements.
+    linear_conv_dim: int = 0
+    linear_conv_kernel: int = 0
+    linear_state_size: int = 0
 
     @property
     def n_layers(self) -> int:
@@ -56,6 +62,15 @@ class Geometry:
         hidden = int(config["hidden_size"])
         eos = config.get("eos_token_id") if eos is None else eos
         dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32").removeprefix("torch.")
+        linear = {}
+        if LINEAR_ATTENTION in types:
+            k_heads, v_heads = int(config["linear_num_key_heads"]), int(config["linear_num_value_heads"])
+            k_dim, v_dim = int(config["linear_key_head_dim"]), int(config["linear_value_head_dim"])
+            linear = {
+                "linear_conv_dim": 2 * k_heads * k_dim + v_heads * v_dim,
+                "linear_conv_kernel": int(config["linear_conv_kernel_dim"]),
+                "linear_state_size": v_heads * k_dim * v_dim,
+            }
         return cls(
             layer_types=types,
             sliding_window=int(window) if window else None,
@@ -65,11 +80,23 @@ class Geometry:
             vocab_size=int(config["vocab_size"]),
             eos_ids=frozenset([eos] if isinstance(eos, int) else (eos or [])),
             dtype=dtype if dtype in ITEMSIZE else "float32",
+            **linear,
         )
 
     def slot_bytes(self, dtype: str) -> list[int]:
-        """K and V bytes of one position (batch 1), per layer."""
-        return [2 * self.kv_heads * self.head_dim * ITEMSIZE[dtype]] * self.n_layers
+        """K and V bytes of one position (batch 1), per layer (0 for linear-attention layers)."""
+        slot = 2 * self.kv_heads * self.head_dim * ITEMSIZE[dtype]
+        return [0 if t == LINEAR_ATTENTION else slot for t in self.layer_types]
+
+    def state_bytes(self, dtype: str) -> list[int]:
+        """Constant-size state bytes (batch 1), per layer: for a linear-attention layer its recurrent state
+        (float32, as both transformers' and mlx-lm's gated delta-net kernels keep it) plus its convolution
+        state (the last kernel - 1 inputs, in the model's dtype); 0 for attention layers."""
+        one = (
+            4 * self.linear_state_size
+            + (self.linear_conv_kernel - 1) * self.linear_conv_dim * ITEMSIZE[dtype]
+        )
+        return [one if t == LINEAR_ATTENTION else 0 for t in self.layer_types]
 
 
 def read_geometry(path: Path) -> Geometry:

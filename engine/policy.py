@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from engine.geometry import FULL_ATTENTION, SLIDING_ATTENTION
+from engine.geometry import FULL_ATTENTION, LAYER_KINDS, LINEAR_ATTENTION, SLIDING_ATTENTION
 
 PolicyKind = Literal["full", "sink_window", "hybrid"]
 
@@ -118,6 +118,11 @@ class LayerSpec:
 
 
 def layer_spec(policy: Policy, layer_type: str, native_window: int | None) -> LayerSpec:
+    """What a layer of `layer_type` keeps under `policy`. The policy applies to attention layers only: a
+    linear-attention layer keeps its constant-size state, which summarizes the whole past (unbounded
+    reach, no K/V)."""
+    if layer_type == LINEAR_ATTENTION:
+        return LayerSpec()
     if layer_type == FULL_ATTENTION:
         native = None
     elif layer_type == SLIDING_ATTENTION:
@@ -125,9 +130,7 @@ def layer_spec(policy: Policy, layer_type: str, native_window: int | None) -> La
             raise ValueError("a sliding_attention layer needs the model's sliding_window in its config")
         native = native_window
     else:
-        raise ValueError(
-            f"layer type {layer_type!r} is not supported (full_attention and sliding_attention are)"
-        )
+        raise ValueError(f"layer kind {layer_type!r} is not supported (supported: {', '.join(LAYER_KINDS)})")
     keep_exact = policy.kind == "full" or (policy.kind == "hybrid" and native is None)
     sink, window = (0, None) if keep_exact else (policy.sink, policy.window)
     if native is None:

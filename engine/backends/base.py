@@ -2,9 +2,22 @@
 per-layer state protocol (`LayerState`) and the session logic (`BaseSession`: layers grouped by spec and
 layer type into `engine.cache.Group`s, chunked prefill, trim fan-out, K/V byte accounting).
 
-A backend adds only: one `LayerState` class per layer kind (K/V buffers today; quantized K/V or a
-linear-attention recurrent state later), the cache container its model is called with, turning each
-group's `Forward` into its own tensors, and `_run` (one model forward answering a `Step`).
+A backend adds only: one `LayerState` class per layer kind (K/V buffers; a linear-attention layer's
+`RecurrentState`), the cache container its model is called with, turning each group's `Forward` into
+its own tensors, and `_run` (one model forward answering a `Step`).
+
+Linear-attention layers (gated delta-net) and exact rollback. Their state (a convolution state and a
+recurrent state) has no positions to hide, so `trim` must put it back as it was after the last kept
+token. Method: a snapshot of each linear layer's state before every forward (a reference to the state
+arrays, which the models' kernels replace rather than mutate, plus a copy of the small convolution
+state where a kernel updates it in place), and on `trim(n)`: restore the snapshot taken before the
+forward that fed the first dropped position, roll every attention group back to that forward's start,
+and feed the kept tokens of that forward again (`RecurrentRollback`). Why recomputation and not
+per-position snapshots: neither transformers' nor mlx-lm's multi-token gated delta-net kernel returns
+the states inside a block (the chunked kernel yields only the final state), so per-position snapshots
+would need a fork of the models' layer code; recomputation runs the models' own code, so it is exact
+by construction. Cost: nothing for a fully accepted or a fully rejected block; one forward of the kept
+tokens (at most max_block - 1) for a partly rejected one (benchmarks/engine_linear.py measures it).
 """
 
 from __future__ import annotations
@@ -15,7 +28,7 @@ from typing import Any, Protocol
 
 from engine.cache import Forward, Group
 from engine.decode import Step
-from engine.geometry import Geometry
+from engine.geometry import LINEAR_ATTENTION, Geometry
 from engine.policy import LayerSpec, Policy, layer_specs
 
 
@@ -61,10 +74,31 @@ class LayerState(Protocol):
     def allocated_bytes(self) -> int: ...
 
 
+class RecurrentState(Protocol):
+    """One linear-attention layer's state (convolution + recurrent) on one backend. It holds no K/V
+    (`nbytes` and `allocated_bytes` are 0); `state_bytes` is what its state costs; `snapshot` /
+    `restore` save and put back the state (rollback: module docstring)."""
+
+    def snapshot(self) -> Any: ...
+
+    def restore(self, snapshot: Any) -> None: ...
+
+    def trim(self, n: int) -> None: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    @property
+    def allocated_bytes(self) -> int: ...
+
+    @property
+    def state_bytes(self) -> int: ...
+
+
 class BaseSession(ABC):
     """The backend-free half of a session (engine.decode.Session)."""
 
-    states: Sequence[LayerState]  # one per layer, set by the backend
+    states: Sequence[Any]  # one per layer, set by the backend: LayerState, or RecurrentState (linear)
 
     def __init__(self, geometry: Geometry, policy: Policy, max_block: int, prefill_chunk: int) -> None:
         if prefill_chunk < 1:
@@ -75,9 +109,19 @@ class BaseSession(ABC):
         self.specs: list[LayerSpec] = layer_specs(policy, geometry.layer_types, geometry.sliding_window)
         by_key: dict[tuple[LayerSpec, str], list[int]] = {}
         for i, key in enumerate(zip(self.specs, geometry.layer_types, strict=True)):
-            by_key.setdefault(key, []).append(i)
+            if key[1] != LINEAR_ATTENTION:  # linear layers hold no positions: no group
+                by_key.setdefault(key, []).append(i)
+        if not by_key:
+            raise ValueError(
+                "a model needs at least one attention layer (this one has only linear_attention)"
+            )
         self.groups = [Group(s, t, max_block, layers) for (s, t), layers in by_key.items()]
-        self.group_of = [g for i in range(len(self.specs)) for g in self.groups if i in g.layers]
+        # The group of each layer; None for a linear-attention layer (the backend gives it a RecurrentState).
+        self.group_of: list[Group | None] = [
+            next((g for g in self.groups if i in g.layers), None) for i in range(len(self.specs))
+        ]
+        self.linear = [i for i, t in enumerate(geometry.layer_types) if t == LINEAR_ATTENTION]
+        self.rollback = RecurrentRollback(max_block)
 
     @property
     def position(self) -> int:
@@ -98,6 +142,8 @@ class BaseSession(ABC):
     def _forward(self, ids: list[int], last_only: bool, logits: bool, hidden: tuple[int, ...]) -> Step:
         if bad := [i for i in hidden if not 0 <= i <= len(self.specs)]:
             raise ValueError(f"no hidden state {bad[0]}: layers are 0 (embeddings) to {len(self.specs)}")
+        if self.linear:
+            self.rollback.record(self.position, ids, [self.states[i].snapshot() for i in self.linear])
         return self._run(ids, [g.advance(len(ids)) for g in self.groups], last_only, logits, hidden)
 
     @abstractmethod
@@ -107,13 +153,70 @@ class BaseSession(ABC):
         """One model forward of `ids` with each group's planned `Forward` (in `self.groups` order)."""
 
     def trim(self, n: int) -> None:
+        if self.linear and n:
+            self._trim_recurrent(n)
+            return
         for g in self.groups:
             g.trim(n)
         for s in self.states:
             s.trim(n)
 
+    def _trim_recurrent(self, n: int) -> None:
+        """Rollback with linear-attention layers (module docstring): restore, rewind, feed the kept tokens."""
+        if not 0 <= n <= self.position:
+            raise ValueError(f"cannot trim {n} of {self.position} positions")
+        k, start, replay, snapshots = self.rollback.find(self.position - n)
+        if any(g.layout.hw - start > self.max_block for g in self.groups):
+            raise ValueError(
+                f"cannot roll back {n} positions: the forward that fed them was longer than this session's "
+                f"max_block ({self.max_block}); create the session with a larger max_block"
+            )
+        del self.rollback.entries[k:]
+        r = self.position - start
+        for g in self.groups:
+            g.trim(r)
+        for i, s in enumerate(self.states):
+            if i not in self.linear:
+                s.trim(r)
+        for i, snap in zip(self.linear, snapshots, strict=True):
+            self.states[i].restore(snap)
+        if replay:
+            self._forward(replay, False, False, ())
+
     def kv_bytes(self) -> list[int]:
         return [s.nbytes for s in self.states]
 
+    def state_bytes(self) -> list[int]:
+        """Linear-attention state bytes (convolution + recurrent) held now, per layer (0: attention)."""
+        return [getattr(s, "state_bytes", 0) for s in self.states]
+
     def kv_allocated_bytes(self) -> list[int]:
         return [s.allocated_bytes for s in self.states]
+
+
+class RecurrentRollback:
+    """The recent forwards of a session with linear-attention layers: (start, ids, snapshots of the linear
+    layers' states before it), kept while a rollback of up to max_block positions may land in them."""
+
+    def __init__(self, max_block: int) -> None:
+        self.max_block = max_block
+        self.entries: list[tuple[int, list[int], list[Any]]] = []
+
+    def record(self, start: int, ids: list[int], snapshots: list[Any]) -> None:
+        self.entries.append((start, list(ids), snapshots))
+        lowest = start + len(ids) - self.max_block  # the lowest position a rollback may go back to
+        while len(self.entries) > 1 and self.entries[1][0] <= lowest:
+            self.entries.pop(0)
+
+    def find(self, target: int) -> tuple[int, int, list[int], list[Any]]:
+        """Back to position `target`: the index of the forward that fed it, its start, the tokens from that
+        start to `target` (to feed again), and the snapshots taken before that forward."""
+        for k in range(len(self.entries) - 1, -1, -1):
+            start, _, snapshots = self.entries[k]
+            if start <= target:
+                replay = [t for _, ids, _ in self.entries[k:] for t in ids][: target - start]
+                return k, start, replay, snapshots
+        raise ValueError(
+            f"cannot roll back to position {target}: a linear-attention layer keeps snapshots for the last "
+            f"{self.max_block} positions only (the session's max_block)"
+        )

@@ -24,6 +24,11 @@ Owns the mlx side of a session: `KV` (one attention layer's K/V buffers and mlx-
 layers' hidden states, which mlx-lm models do not return) and `MLXSession._run`. Each group plans its
 forward once before the model runs (engine/backends/base.py), as in the PyTorch backend. Nothing here
 imports torch.
+
+Linear-attention layers (mlx-lm's qwen3_5 / qwen3_next gated delta-net) use an `ArraysCache(size=2)`-like
+object: `DeltaNetState` ([0] convolution state, [1] recurrent state, `lengths`, `advance`, `make_mask`);
+rollback is `engine.backends.base`'s (snapshots + recomputation). mlx-lm builds those models' layer
+kinds from `full_attention_interval`, which `mlx_config` derives from `layer_types`.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from transformers import AutoConfig, AutoTokenizer
 from engine.backends.base import BaseSession, Tokenized
 from engine.cache import Forward, Group, buffer_size, visible_mask
 from engine.decode import Step
-from engine.geometry import FULL_ATTENTION, SLIDING_ATTENTION, Geometry
+from engine.geometry import FULL_ATTENTION, LINEAR_ATTENTION, SLIDING_ATTENTION, Geometry
 from engine.policy import Policy
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
@@ -172,6 +177,54 @@ class KV:
         return 0 if self.keys is None or self.values is None else self.keys.nbytes + self.values.nbytes
 
 
+class DeltaNetState:
+    """One linear-attention layer's state as mlx-lm's gated delta-net reads it (`ArraysCache(size=2)`):
+    [0] the last kernel - 1 convolution inputs [batch, kernel - 1, channels], [1] the recurrent state
+    [batch, heads, v_dim, k_dim]. mlx arrays are immutable, so a snapshot is a pair of references."""
+
+    lengths = None  # no padded batches
+    nbytes = 0
+    allocated_bytes = 0
+
+    def __init__(self) -> None:
+        self.cache: list[mx.array | None] = [None, None]
+
+    def __getitem__(self, i: int) -> mx.array | None:
+        return self.cache[i]
+
+    def __setitem__(self, i: int, value: mx.array) -> None:
+        self.cache[i] = value
+
+    def advance(self, n: int) -> None:
+        """Nothing to count: the session owns positions."""
+
+    def make_mask(self, n: int, **_: Any) -> None:
+        return None  # no padding
+
+    @property
+    def state(self) -> list[mx.array]:
+        return [a for a in self.cache if a is not None]
+
+    def empty(self) -> bool:
+        return self.cache[0] is None
+
+    def is_trimmable(self) -> bool:
+        return False  # rollback goes through MLXSession.trim
+
+    def snapshot(self) -> list[mx.array | None]:
+        return list(self.cache)
+
+    def restore(self, snapshot: list[mx.array | None]) -> None:
+        self.cache = list(snapshot)
+
+    def trim(self, n: int) -> None:
+        """Nothing here: the session restores a snapshot and feeds the kept tokens again."""
+
+    @property
+    def state_bytes(self) -> int:
+        return sum(a.nbytes for a in self.state)
+
+
 class MLXModel(Tokenized):
     """An mlx-lm causal LM (batch 1) with its tokenizer; makes policy-cached sessions."""
 
@@ -236,7 +289,7 @@ def hidden_states(model: nn.Module, wanted: tuple[int, ...]) -> Iterator[dict[in
     i < n_layers is the input of layer i (0: the embeddings as the layers see them), n_layers the final
     norm's output. mlx-lm models expose none, so the layers' classes are swapped for recording ones."""
     into: dict[int, mx.array] = {}
-    inner = getattr(model, "model", None)
+    inner = getattr(model, "model", None) or getattr(getattr(model, "language_model", None), "model", None)
     layers, norm = getattr(inner, "layers", None), getattr(inner, "norm", None)
     if wanted and (layers is None or norm is None):
         raise NotImplementedError(
@@ -267,6 +320,12 @@ def _check_layer_types(model: nn.Module, layer_types: list[str]) -> None:
                 f"layer {i} is {layer_types[i]} in config.json but mlx-lm built it "
                 f"{'sliding' if sliding else 'global'}: check sliding_window_pattern in config.json"
             )
+        linear = getattr(layer, "is_linear", layer_types[i] == LINEAR_ATTENTION)
+        if bool(linear) != (layer_types[i] == LINEAR_ATTENTION):
+            raise ValueError(
+                f"layer {i} is {layer_types[i]} in config.json but mlx-lm built it "
+                f"{'linear' if linear else 'attention'}: check full_attention_interval in config.json"
+            )
 
 
 class MLXSession(BaseSession):
@@ -277,7 +336,9 @@ class MLXSession(BaseSession):
         self.owner = model
         self.arrays = [GroupArrays(g, model.sliding_window) for g in self.groups]
         arrays_of = {id(a.group): a for a in self.arrays}
-        self.states = self.cache = [KV(arrays_of[id(g)], i) for i, g in enumerate(self.group_of)]
+        self.states = self.cache = [
+            DeltaNetState() if g is None else KV(arrays_of[id(g)], i) for i, g in enumerate(self.group_of)
+        ]
 
     def _run(
         self, ids: list[int], forwards: list[Forward], last_only: bool, logits: bool, hidden: tuple[int, ...]
@@ -306,6 +367,8 @@ def mlx_config(path: Path) -> dict[str, Any]:
     """
     config = json.loads((path / "config.json").read_text())
     extra: dict[str, Any] = {}
+    if config.get("model_type") in LINEAR_HYBRIDS:
+        return _linear_hybrid_config(path, config)
     if config.get("model_type") != "gemma3_text":
         return extra
     types = config.get("layer_types")
@@ -334,14 +397,33 @@ def mlx_config(path: Path) -> dict[str, Any]:
     return extra
 
 
+# transformers model type -> mlx-lm module, for linear-attention hybrids (mlx-lm has no qwen3_5_text).
+LINEAR_HYBRIDS = {"qwen3_5_text": "qwen3_5", "qwen3_next": "qwen3_next"}
+
+
+def _linear_hybrid_config(path: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3.5 / Qwen3-Next: mlx-lm builds layer i as linear iff (i + 1) % full_attention_interval != 0;
+    derive that interval from `layer_types` (transformers derives `layer_types` from the interval)."""
+    extra: dict[str, Any] = {"model_type": LINEAR_HYBRIDS[config["model_type"]]}
+    types = config.get("layer_types")
+    if types:
+        if set(types) - {FULL_ATTENTION, LINEAR_ATTENTION}:
+            raise ValueError(
+                f"{path}: mlx-lm's {extra['model_type']} has only linear and full attention layers"
+            )
+        extra["full_attention_interval"] = _pattern(types)
+    return extra
+
+
 def _pattern(types: list[str]) -> int:
-    """The p with layer i global iff (i + 1) % p == 0, as mlx-lm's gemma3_text builds its layers."""
+    """The p with layer i global iff (i + 1) % p == 0, as mlx-lm's gemma3_text (sliding_window_pattern)
+    and qwen3_5 / qwen3_next (full_attention_interval) build their layers."""
     n = len(types)
     for p in range(1, n + 1):
         if all((t == FULL_ATTENTION) == ((i + 1) % p == 0) for i, t in enumerate(types)):
             return p
     raise ValueError(
-        "mlx-lm's gemma3_text needs layer_types that repeat (sliding x (p-1), full) with at least one "
+        "mlx-lm needs layer_types that repeat (sliding or linear x (p-1), full) with at least one "
         f"full_attention layer; got {types}"
     )
 

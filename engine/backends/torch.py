@@ -7,6 +7,13 @@ the slots to attend), and `TorchSession._run` (one forward answering a `Step`). 
 are built once per forward per layer group (engine/cache.py) and handed to the model as a prepared 4-D boolean mask (a dict keyed by layer type for models
 with several layer types), which transformers passes through untouched. `position_ids` are explicit,
 so every position keeps its original RoPE position.
+
+Linear-attention layers (Qwen3.5, Qwen3-Next gated delta-net) call `get_conv_state` /
+`get_recurrent_state` / `update_conv_state` / `update_recurrent_state` / `is_recording_past` on the same
+container (as on transformers' `DynamicCache`); `DeltaNetState` holds the layer's state, and rollback is
+`engine.backends.base`'s (snapshots + recomputation). transformers picks the kernel by block size: one
+token with a state runs the recurrent step (and updates the convolution state in place), a longer block
+(a prefill chunk or a verify block) the chunked kernel from the state, exactly as in `generate`.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from engine.backends.base import BaseSession, Tokenized
 from engine.cache import Forward, Group, buffer_size
 from engine.decode import Step
-from engine.geometry import Geometry
+from engine.geometry import LINEAR_ATTENTION, Geometry
 from engine.policy import Policy
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -103,12 +110,52 @@ class KV:
         return 0 if self.k is None or self.v is None else self.k.nbytes + self.v.nbytes
 
 
+class DeltaNetState:
+    """One linear-attention layer's state: `conv` the last kernel - 1 inputs of its causal convolution
+    [batch, channels, kernel - 1] and `recurrent` the gated delta-net state [batch, heads, k_dim, v_dim]
+    (None before the first forward). K/V bytes are 0; `state_bytes` is what the state costs."""
+
+    def __init__(self, kernel: int) -> None:
+        self.kernel = kernel
+        self.conv: torch.Tensor | None = None
+        self.recurrent: torch.Tensor | None = None
+
+    def update_conv(self, x: torch.Tensor) -> torch.Tensor:
+        """A block's convolution inputs [batch, channels, m] -> what the convolution runs over (the kept
+        inputs + the block, or the block alone for the first forward); keeps the last kernel - 1."""
+        full = x if self.conv is None else torch.cat((self.conv, x), dim=-1)
+        keep = self.kernel - 1
+        tail = full[..., -keep:]
+        self.conv = (
+            tail if tail.shape[-1] == keep else torch.nn.functional.pad(tail, (keep - tail.shape[-1], 0))
+        )
+        return full
+
+    def snapshot(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        # A one-token step updates `conv` in place (causal_conv1d_update): copy it. The recurrent state is
+        # replaced, never mutated, by both kernels: a reference is enough.
+        return (None if self.conv is None else self.conv.clone()), self.recurrent
+
+    def restore(self, snapshot: tuple[torch.Tensor | None, torch.Tensor | None]) -> None:
+        self.conv, self.recurrent = snapshot
+
+    def trim(self, n: int) -> None:
+        """Nothing here: the session restores a snapshot and feeds the kept tokens again."""
+
+    nbytes = 0
+    allocated_bytes = 0
+
+    @property
+    def state_bytes(self) -> int:
+        return sum(0 if t is None else t.nbytes for t in (self.conv, self.recurrent))
+
+
 class PolicyCache:
     """The `past_key_values` object a transformers model is called with: one state per layer."""
 
     is_compileable = False
 
-    def __init__(self, session: TorchSession, states: list[KV]) -> None:
+    def __init__(self, session: TorchSession, states: list[Any]) -> None:
         self.session = session
         self.states = states
 
@@ -119,6 +166,30 @@ class PolicyCache:
         self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return self.states[layer_idx].update(key, value)
+
+    # Linear-attention layers (the names transformers' gated delta-net layers call; state_idx is always 0).
+    def get_conv_state(self, layer_idx: int, state_idx: int = 0) -> torch.Tensor | None:
+        return self.states[layer_idx].conv
+
+    def get_recurrent_state(self, layer_idx: int, state_idx: int = 0) -> torch.Tensor | None:
+        return self.states[layer_idx].recurrent
+
+    def is_recording_past(self, layer_idx: int) -> bool:
+        return False
+
+    def has_previous_state(self, layer_idx: int | None = None, state_idx: int | None = None) -> bool:
+        return self.session.position > 0
+
+    def update_conv_state(
+        self, x: torch.Tensor, layer_idx: int, state_idx: int = 0, **_: Any
+    ) -> torch.Tensor:
+        return self.states[layer_idx].update_conv(x)
+
+    def update_recurrent_state(
+        self, state: torch.Tensor, layer_idx: int, state_idx: int = 0, **_: Any
+    ) -> torch.Tensor:
+        self.states[layer_idx].recurrent = state
+        return state
 
 
 class TorchModel(Tokenized):
@@ -155,7 +226,8 @@ class TorchSession(BaseSession):
         self.owner = model
         self.tensors = [GroupTensors(g) for g in self.groups]
         tensors_of = {id(t.group): t for t in self.tensors}
-        self.states = [KV(tensors_of[id(g)]) for g in self.group_of]
+        kernel = model.geometry.linear_conv_kernel
+        self.states = [DeltaNetState(kernel) if g is None else KV(tensors_of[id(g)]) for g in self.group_of]
         self.cache = PolicyCache(self, self.states)
 
     @torch.inference_mode()
@@ -169,6 +241,8 @@ class TorchSession(BaseSession):
             t.load(fwd)
             mask = fwd.mask()
             by_type[g.layer_type] = None if mask is None else self._mask(torch.from_numpy(mask)[None, None])
+        if self.linear:
+            by_type[LINEAR_ATTENTION] = None  # no padding: the linear layers take no mask
         if len(by_type) == 1:
             attention_mask: Any = next(iter(by_type.values()))
             if attention_mask is None:  # a model without dict masks needs some prepared 4-D mask

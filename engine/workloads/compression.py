@@ -108,10 +108,43 @@ def safetensors_params(path: Path) -> int:
 
 
 def per_sequence(geo: Geometry, policy: engine.Policy, n: int, max_block: int, dtype: str) -> int:
-    """K/V bytes one sequence holds after n tokens (engine.policy.expected_kv_bytes, summed over layers)."""
+    """Cache bytes one sequence holds after n tokens: K/V (engine.policy.expected_kv_bytes, summed over
+    layers) plus the constant-size state of linear-attention layers (Geometry.state_bytes; 0 without),
+    which every policy keeps whole."""
 
     specs = layer_specs(policy, geo.layer_types, geo.sliding_window)
-    return sum(expected_kv_bytes(specs, n, max_block, geo.slot_bytes(dtype)))
+    return sum(expected_kv_bytes(specs, n, max_block, geo.slot_bytes(dtype))) + sum(geo.state_bytes(dtype))
+
+
+# Published architectures for the table without downloading weights (config.json keys). Qwen3.5: the
+# `qwen3_5_text` defaults of transformers 5.23 (linear_attention x3 + full_attention, repeated); the
+# seeds' verifier Qwen3-1.7B for comparison.
+REFERENCE_CONFIGS: dict[str, dict[str, Any]] = {
+    "qwen3.5-text-defaults": {
+        "num_hidden_layers": 32,
+        "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 8,
+        "hidden_size": 4096,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "vocab_size": 248320,
+        "dtype": "bfloat16",
+    },
+    "qwen3-1.7b": {
+        "num_hidden_layers": 28,
+        "hidden_size": 2048,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "dtype": "bfloat16",
+    },
+}
 
 
 def table(config: Config, geo: Geometry, dgeo: Geometry | None, weights: int) -> list[Row]:
@@ -178,8 +211,9 @@ def cross_check(config: Config, geo: Geometry, dgeo: Geometry | None) -> list[Ch
             for name, m, policy, g, block in jobs:
                 seq = m.session(policy, max_block=block)
                 seq.prefill(_prompt(m, n))
-                measured = sum(seq.kv_bytes())
-                allocated = sum(seq.kv_allocated_bytes())
+                state = sum(seq.state_bytes())  # linear-attention layers' state (0 without)
+                measured = sum(seq.kv_bytes()) + state
+                allocated = sum(seq.kv_allocated_bytes()) + state
                 predicted = per_sequence(g, policy, n, block, config.dtype)
                 out.append(
                     Check(
@@ -234,7 +268,8 @@ def compression(config: Config) -> dict[str, Any]:
             "sliding_window": geo.sliding_window,
             "kv_heads": geo.kv_heads,
             "head_dim": geo.head_dim,
-            "bytes_per_slot": geo.slot_bytes(config.dtype)[0],
+            "bytes_per_slot": max(geo.slot_bytes(config.dtype)),
+            "state_bytes_per_sequence": sum(geo.state_bytes(config.dtype)),
         },
         "drafter": {
             "params": params,

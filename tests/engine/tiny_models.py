@@ -112,3 +112,32 @@ def hf_greedy(tm: TorchModel, ids: list[int], new: int) -> list[int]:
     with torch.inference_mode():
         out = tm.model.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False, pad_token_id=0)
     return out[0, len(ids) :].tolist()
+
+
+@functools.cache
+def qwen35(seed: int = 0, layers: int = 4) -> TorchModel:
+    """A Qwen3.5 (`qwen3_5_text`): gated delta-net linear-attention layers x3, then a full-attention layer."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    torch.manual_seed(seed)
+    config = Qwen3_5TextConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        initializer_range=0.2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=0,
+    )
+    return _wrap(Qwen3_5ForCausalLM(config))
