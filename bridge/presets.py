@@ -9,6 +9,7 @@ add, split or prefix arguments. Nothing here runs anything.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -20,6 +21,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from bridge import git
 from bridge.errors import InvalidRequest, KakeyaError, problems
 from bridge.names import NAME_RE
 from gates import Check, parse_checks
@@ -487,10 +489,21 @@ def parse_assignments(pairs: list[str] | None) -> dict[str, str]:
     return out
 
 
-def default_presets_dir() -> Path:
-    """$KAKEYA_PRESETS, else presets/ next to the installed bridge package (the trusted checkout)."""
+def default_presets_dir(cwd: Path | None = None) -> Path:
+    """Where the presets are: $KAKEYA_PRESETS; else presets/ at the repository root of the working directory
+    (the checkout it runs in); else presets/ of the checkout the bridge package runs from (an editable
+    install, a runner's trusted harness); else the copy installed with the package (`kakeya_presets`)."""
     env = os.environ.get("KAKEYA_PRESETS")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "presets"
+    if env:
+        return Path(env)
+    candidates = [Path(__file__).resolve().parent.parent / "presets"]
+    top = git.toplevel(cwd or Path.cwd())
+    if top is not None:
+        candidates.insert(0, top / "presets")
+    spec = importlib.util.find_spec("kakeya_presets")
+    if spec is not None:
+        candidates += [Path(p) for p in spec.submodule_search_locations or []]
+    return next((c for c in candidates if c.is_dir()), candidates[0])
 
 
 def load_preset_file(path: Path) -> Preset:
@@ -515,7 +528,9 @@ def load_registry(directory: Path | None = None) -> dict[str, Preset]:
     """Every presets/*.yaml, validated; one bad file fails the whole registry (an allowlist is all or nothing)."""
     directory = directory or default_presets_dir()
     if not directory.is_dir():
-        raise KakeyaError(f"presets directory {directory} does not exist (set KAKEYA_PRESETS)")
+        raise KakeyaError(
+            f"presets directory {directory} does not exist (set KAKEYA_PRESETS to a presets/ directory)"
+        )
     return {p.stem: load_preset_file(p) for p in sorted(directory.glob("*.yaml"))}
 
 

@@ -22,6 +22,7 @@ from bridge import evidence
 from bridge.commands._bus import add_remote, client
 from bridge.errors import InvalidRequest
 from bridge.names import SHA_PATTERN
+from bridge.trust import ALLOWED_SIGNERS, trusted_signers
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -94,6 +95,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="append a markdown table to FILE (e.g. $GITHUB_STEP_SUMMARY), keeping it under 1 MiB",
     )
     pr.add_argument("--json", action="store_true", help="print the outcomes as JSON")
+    pr.add_argument(
+        "--allowed-signers",
+        type=Path,
+        metavar="FILE",
+        help=f"accept only done commits signed by these runners (default: {ALLOWED_SIGNERS} of this "
+        "checkout, the trusted base, when it exists; without one, unsigned evidence is accepted)",
+    )
     add_remote(pr)
     pr.set_defaults(func=run_pr)
 
@@ -158,7 +166,8 @@ def run_pr(args: argparse.Namespace) -> int:
     subject = args.subject.strip().lower()
     if not re.fullmatch(SHA_PATTERN, subject):
         subject = c.rev_parse(args.subject)
-    outcomes = evidence.gate_subject(evidence.Shelf(c.bus), subject, requirements, registry)
+    signers = trusted_signers(c.root, args.allowed_signers)
+    outcomes = evidence.gate_subject(evidence.Shelf(c.bus, signers), subject, requirements, registry)
     if args.json:
         print(evidence.evidence_json(outcomes))
     else:
