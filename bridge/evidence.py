@@ -193,7 +193,12 @@ def compare_to_previous(
     )
     # The metric and tolerance were validated with the preset, so compare raises nothing here.
     return baseline, gates.compare(
-        report, base, spec.metric, spec.max_regression_pct, higher_is_better=spec.higher_is_better
+        report,
+        base,
+        spec.metric,
+        spec.max_regression_pct,
+        higher_is_better=spec.higher_is_better,
+        samples=spec.samples,
     )
 
 

@@ -298,6 +298,8 @@ class BaselineSpec(BaseModel):
     metric: str
     max_regression_pct: float = Field(ge=0, allow_inf_nan=False)
     higher_is_better: bool = True
+    # JSON pointer to the metric's per-repeat samples: a regression must then also be beyond the noise
+    samples: str | None = None
 
     @field_validator("metric")
     @classmethod
@@ -392,6 +394,10 @@ class Preset(BaseModel):
         data = self.model_dump(
             mode="json", by_alias=True, exclude={"baseline"} if self.baseline is None else None
         )
+        if (
+            data.get("baseline") and data["baseline"]["samples"] is None
+        ):  # hashes as before `samples:` existed
+            del data["baseline"]["samples"]
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -471,7 +477,7 @@ class Preset(BaseModel):
                 for n, s in self.params.items()
             },
             "gate": [c.model_dump(exclude_none=True) for c in self.gate],
-            **({"baseline": self.baseline.model_dump(by_alias=True)} if self.baseline else {}),
+            **({"baseline": self.baseline.model_dump(by_alias=True, exclude_none=True)} if self.baseline else {}),
             "hash": self.content_hash,
         }
 

@@ -68,6 +68,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="the metric is a cost (latency, bytes): an increase is a regression",
     )
+    comp.add_argument(
+        "--samples",
+        metavar="PATH",
+        help="JSON pointer to per-repeat samples of the metric in both reports: a regression must also be "
+        "beyond the noise (one-sided Mann-Whitney U, p < 0.05)",
+    )
     comp.add_argument("--json", action="store_true", help="print the comparison as JSON")
     comp.set_defaults(func=run_compare)
 
@@ -149,7 +155,12 @@ def run_compare(args: argparse.Namespace) -> int:
         raise InvalidRequest(str(exc)) from None
     try:
         result = gates.compare(
-            new, base, args.metric, args.max_regression, higher_is_better=not args.lower_is_better
+            new,
+            base,
+            args.metric,
+            args.max_regression,
+            higher_is_better=not args.lower_is_better,
+            samples=args.samples,
         )
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None
