@@ -477,7 +477,11 @@ class Preset(BaseModel):
                 for n, s in self.params.items()
             },
             "gate": [c.model_dump(exclude_none=True) for c in self.gate],
-            **({"baseline": self.baseline.model_dump(by_alias=True, exclude_none=True)} if self.baseline else {}),
+            **(
+                {"baseline": self.baseline.model_dump(by_alias=True, exclude_none=True)}
+                if self.baseline
+                else {}
+            ),
             "hash": self.content_hash,
         }
 
