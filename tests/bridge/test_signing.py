@@ -245,3 +245,20 @@ def test_allowed_signers_files_are_checked_and_keys_must_exist(
         G.commit(
             runner.mirror, G.tree_with(runner.mirror, None, {"a": b"a"}), [], "m", "a <a@b>", runner.sign_key
         )
+
+
+def test_doctor_prints_the_runners_allowed_signers_line(
+    world: Env, keys: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys
+):
+    bare = str(G.init_bare(world.tmp / "bus.git"))
+    main(["doctor", "--remote", bare])
+    assert "ok    signing  no signing_key: results and requests are unsigned" in capsys.readouterr().out
+    monkeypatch.setenv("KAKEYA_SIGNING_KEY", str(keys["r1"]))
+    main(["doctor", "--remote", bare])
+    line = signers_line("inproc@cpu", keys["r1"].with_suffix(".pub").read_text())
+    assert (
+        f"ok    signing  signs with {keys['r1']}; its allowed-signers line: {line}" in capsys.readouterr().out
+    )
+    monkeypatch.setenv("KAKEYA_SIGNING_KEY", str(world.tmp / "missing"))
+    main(["doctor", "--remote", bare])
+    assert "FAIL  signing  signing key" in capsys.readouterr().out
