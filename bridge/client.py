@@ -34,6 +34,7 @@ from bridge.errors import BusError, InvalidRequest, KakeyaError, problems
 from bridge.names import check_label
 from bridge.presets import Preset, get_preset, load_registry
 from bridge.result import RunResult
+from bridge.trust import Signers, done_problem, key_file
 
 GC_CHUNK = 500
 
@@ -161,6 +162,7 @@ class Client:
             {B.MANIFEST_PATH: manifest.dump()},
             f"kakeya request {rid}: {preset.name} on {label}",
             self.who(),
+            key_file(self.config.signing_key),
         )
         if not self.bus.swap([Update(B.req_ref(label, rid), sha, None)], atomic=False):
             raise BusError(f"request id {rid} is already taken on the bus; try again")
@@ -321,15 +323,23 @@ class Client:
                 )
             time.sleep(poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic())))
 
-    def results(self, request_id: str, out: Path, done: str | None = None) -> RunResult:
-        """Fetch the done commit and write its .kakeya/results/<id>/ files into `out`."""
+    def results(
+        self, request_id: str, out: Path, done: str | None = None, signers: Signers | None = None
+    ) -> RunResult:
+        """Fetch the done commit and write its .kakeya/results/<id>/ files into `out`; with `signers`, only
+        when it is a runner's signed done commit for its request (KakeyaError says why not)."""
         entry = self.entry(request_id) if done is None else Entry(request_id, done=done)
         if entry.done is None:
             raise KakeyaError(
                 f"{request_id} has no results yet (state: {entry.state}); `kakeya wait {request_id}`"
             )
         self.ensure([entry])
-        files = git.read_dir(self.repo_with(entry.done), entry.done, B.results_path(request_id))
+        repo = self.repo_with(entry.done)
+        files = git.read_dir(repo, entry.done, B.results_path(request_id))
+        if signers is not None:
+            problem = done_problem(repo, request_id, entry.done, entry.req, entry.label, signers)
+            if problem:
+                raise KakeyaError(f"{request_id}: its results are not trusted: {problem}")
         if "result.json" not in files:
             raise KakeyaError(f"done commit {entry.done[:12]} of {request_id} has no result.json")
         out.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,10 @@ then `KAKEYA_*` environment variables, then command-line flags (applied by the c
     secrets         names of environment variables whose values are redacted from everything written
     state_dir       where the embedded bus, runner mirrors and worktrees live (default: <project>/.kakeya)
     request_ttl_s   a request expires this long after it is made unless --expires says otherwise
+    signing_key     an SSH private key file: the runner signs its claim and done commits, a client its
+                    requests (git's gpg.format=ssh); empty = unsigned (the embedded default)
+    require_signed_requests  a runner rejects requests not signed by a key of `allowed_requesters`
+    allowed_requesters       allowed-signers file of the requesters (relative to the project root)
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ class Config(BaseModel):
     secrets: list[str] = ["HF_TOKEN", "GITHUB_TOKEN", "GH_TOKEN"]
     state_dir: str = ""
     request_ttl_s: float = Field(default=24 * 3600, gt=0)
+    signing_key: str = ""
+    require_signed_requests: bool = False
+    allowed_requesters: str = ""
 
 
 # Environment variable -> field; lists are comma-separated.
@@ -53,6 +60,7 @@ _ENV_FIELDS = {
     "KAKEYA_SECRETS": "secrets",
     "KAKEYA_STATE_DIR": "state_dir",
     "KAKEYA_REQUEST_TTL": "request_ttl_s",
+    "KAKEYA_SIGNING_KEY": "signing_key",
 }
 
 

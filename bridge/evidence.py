@@ -23,16 +23,17 @@ from typing import Any, Literal
 
 import gates
 from bridge import bus as B
-from bridge import git
+from bridge import git, trust
 from bridge.bus import Bus, Manifest, Snapshot
 from bridge.errors import InvalidRequest, KakeyaError
 from bridge.names import REQUIREMENT_RE
 from bridge.presets import Preset, get_preset
 from bridge.result import RunOutcome, RunResult
+from bridge.trust import Signers
 
 SUMMARY_CAP = 1024 * 1024  # GitHub refuses a job summary (the whole $GITHUB_STEP_SUMMARY file) over 1 MiB
-Status = Literal["pass", "fail", "missing", "mismatch"]
-MARK = {"pass": "✓", "fail": "✗", "missing": "✗", "mismatch": "✗"}
+Status = Literal["pass", "fail", "missing", "mismatch", "untrusted"]
+MARK = {"pass": "✓", "fail": "✗", "missing": "✗", "mismatch": "✗", "untrusted": "✗"}
 
 
 # --- done results -----------------------------------------------------------------------------------
@@ -47,12 +48,16 @@ class Done:
     label: str | None  # the request's runner label: its request.json, else its req ref
     manifest: Manifest | None  # None: missing or invalid
     result: RunResult | None
+    req: str | None = None  # the request commit its req ref names (None: no req ref)
+    requested: Manifest | None = None  # the manifest of that request commit
 
     def names(self, subject: str) -> bool:
-        """Whether its request or its result claims to be evidence for `subject`."""
+        """Whether its request (at the done commit or on its req ref) or its result claims to be evidence for
+        `subject`."""
         return subject in (
             (self.manifest.subject if self.manifest else None),
             (self.result.subject if self.result else None),
+            (self.requested.subject if self.requested else None),
         )
 
     @property
@@ -67,8 +72,9 @@ class Shelf:
     (fetched into, objects only, no ref) and, for a bus on a local path, the bus repository itself (read in
     place)."""
 
-    def __init__(self, bus: Bus):
+    def __init__(self, bus: Bus, signers: Signers | None = None):
         self.bus = bus
+        self.signers = signers  # the trusted base's allowed signers: evidence must be signed by one of them
         self.dones: dict[str, list[Done]] = {}  # preset -> its done results, oldest first
 
     def load(self, presets: Iterable[str], snap: Snapshot | None = None) -> Shelf:
@@ -77,15 +83,18 @@ class Shelf:
         wanted = set(presets)
         snap = snap if snap is not None else self.bus.ls_remote()
         entries = [e for e in snap.entries.values() if e.done and e.preset in wanted]
-        missing = {e.done for e in entries}
+        missing = {e.done for e in entries} | {e.req for e in entries if e.req}
         for repo in self.bus.repos():
             missing -= git.present(repo, sorted(missing))
-        self.bus.fetch([B.done_ref(e.id) for e in entries if e.done in missing])
+        self.bus.fetch(
+            [B.done_ref(e.id) for e in entries if e.done in missing]
+            + [B.req_ref(e.label, e.id) for e in entries if e.req in missing and e.label]
+        )
         specs = [
             f"{e.done}:{path}"
             for e in entries
             for path in (B.MANIFEST_PATH, f"{B.results_path(e.id)}/result.json")
-        ]
+        ] + [f"{e.req}:{B.MANIFEST_PATH}" for e in entries if e.req]
         files = self.read(specs)
         self.dones = {name: [] for name in wanted}
         for e in entries:  # snapshot entries are sorted by id: oldest first
@@ -93,7 +102,8 @@ class Shelf:
             manifest = B.parse_or_none(Manifest, files.get(f"{e.done}:{B.MANIFEST_PATH}"))
             result = B.parse_or_none(RunResult, files.get(f"{e.done}:{B.results_path(e.id)}/result.json"))
             label = manifest.runner if manifest else e.label
-            self.dones[e.preset].append(Done(e.id, e.done, label, manifest, result))
+            requested = B.parse_or_none(Manifest, files.get(f"{e.req}:{B.MANIFEST_PATH}")) if e.req else None
+            self.dones[e.preset].append(Done(e.id, e.done, label, manifest, result, e.req, requested))
         return self
 
     def read(self, specs: Sequence[str]) -> dict[str, bytes]:
@@ -183,7 +193,12 @@ def compare_to_previous(
     )
     # The metric and tolerance were validated with the preset, so compare raises nothing here.
     return baseline, gates.compare(
-        report, base, spec.metric, spec.max_regression_pct, higher_is_better=spec.higher_is_better
+        report,
+        base,
+        spec.metric,
+        spec.max_regression_pct,
+        higher_is_better=spec.higher_is_better,
+        samples=spec.samples,
     )
 
 
@@ -303,7 +318,17 @@ def judge(shelf: Shelf, subject: str, req: Requirement, preset: Preset) -> Outco
             [f"{done.id}: the run was {r.status}" + (f": {r.reason}" if r.reason else "")],
             evidence=done,
         )
+    if shelf.signers is not None:
+        repo = shelf.repo_with(done.sha)
+        problem = trust.signed_done_problem(repo, done.sha, subject, done.label, shelf.signers)
+        if problem:
+            return Outcome(req, "untrusted", [f"{done.id}: {problem}"], evidence=done)
     problems = provenance(shelf, done, subject, req, preset)
+    if shelf.signers is not None and done.result and done.result.preset_hash != preset.content_hash:
+        problems.append(
+            f"preset mismatch: it ran preset definition {done.result.preset_hash or 'unknown'}, the trusted "
+            f"registry has {preset.content_hash}"
+        )
     if problems:
         return Outcome(
             req,
@@ -343,6 +368,8 @@ def provenance(shelf: Shelf, done: Done, subject: str, req: Requirement, preset:
                 f"it ran on a runner labelled {', '.join(r.runner_labels) or 'nothing'}, not {done.label}"
             )
     repo = shelf.repo_with(done.sha)
+    if problem := trust.request_problem(repo, done.id, done.sha, done.req):
+        problems.append(problem)
     if not git.is_ancestor(repo, subject, done.sha):
         problems.append(f"its done commit {done.sha[:12]} does not descend from {subject[:12]}")
     elif changed := changed_outside_kakeya(repo, subject, done.sha):

@@ -265,25 +265,64 @@ def tree_with(repo: Path | str, base: str | None, files: Mapping[str, bytes]) ->
         return out(repo, "write-tree", env=env)
 
 
-def commit(repo: Path | str, tree: str, parents: Sequence[str], message: str, who: str) -> str:
-    """A commit object (no ref moves); `who` is 'Name <email>', used as author and committer."""
+def commit(
+    repo: Path | str, tree: str, parents: Sequence[str], message: str, who: str, sign_key: str | None = None
+) -> str:
+    """A commit object (no ref moves); `who` is 'Name <email>', used as author and committer; signed with the
+    SSH key `sign_key` (a private key file) when given."""
     name, _, email = who.partition(" <")
     name, email = _clean(name) or "kakeya", _clean(email.rstrip(">")) or "kakeya@kakeya.invalid"
     date = f"{int(time.time())} +0000"
     env = {}
     for role in ("AUTHOR", "COMMITTER"):
         env.update({f"GIT_{role}_NAME": name, f"GIT_{role}_EMAIL": email, f"GIT_{role}_DATE": date})
-    argv = ["commit-tree", "--no-gpg-sign", tree, *(a for p in parents for a in ("-p", p))]
-    return out(repo, *argv, input=(message.rstrip("\n") + "\n").encode(), env=env)
+    sign = [*ssh_signing(sign_key), "commit-tree", "-S"] if sign_key else ["commit-tree", "--no-gpg-sign"]
+    argv = [*sign, tree, *(a for p in parents for a in ("-p", p))]
+    try:
+        return out(repo, *argv, input=(message.rstrip("\n") + "\n").encode(), env=env)
+    except BusError as exc:
+        if not sign_key:
+            raise
+        raise KakeyaError(
+            f"cannot sign with the SSH key {sign_key} (signing_key / KAKEYA_SIGNING_KEY): {exc}"
+        ) from None
+
+
+def ssh_signing(key: str) -> list[str]:
+    """`git -c` options that sign with the SSH key file `key` (no global config is written)."""
+    return ["-c", "gpg.format=ssh", "-c", f"user.signingkey={key}"]
+
+
+def verify_commit(repo: Path | str, sha: str, allowed_signers: Path) -> tuple[bool, str, str, str]:
+    """`git verify-commit` of `sha` against an allowed-signers file: (verified, git's signature code — G good,
+    B bad, U/E a key that no principal matches, N none —, the principal, the key's fingerprint)."""
+    cfg = ["-c", f"gpg.ssh.allowedSignersFile={Path(allowed_signers).resolve()}"]
+    ok = run(repo, *cfg, "verify-commit", sha, check=False).returncode == 0
+    code, principal, key = (
+        out(repo, *cfg, "log", "-1", "--format=%G?%x00%GS%x00%GK", sha).split("\0") + ["", ""]
+    )[:3]
+    return ok and code == "G", code, principal, key
+
+
+def first_parents(repo: Path | str, sha: str, stop: str, limit: int = 32) -> list[str]:
+    """`sha` and its first-parent ancestors down to (not including) `stop`, newest first, at most `limit`."""
+    return out(repo, "rev-list", "--first-parent", f"--max-count={limit}", sha, f"^{stop}", "--").split()
 
 
 def _clean(text: str) -> str:
     return re.sub(r"[<>\n\r\0]", "", text).strip()
 
 
-def child_commit(repo: Path | str, parent: str, files: Mapping[str, bytes], message: str, who: str) -> str:
-    """A commit on top of `parent` whose tree is the parent's plus `files`."""
-    return commit(repo, tree_with(repo, parent, files), [parent], message, who)
+def child_commit(
+    repo: Path | str,
+    parent: str,
+    files: Mapping[str, bytes],
+    message: str,
+    who: str,
+    sign_key: str | None = None,
+) -> str:
+    """A commit on top of `parent` whose tree is the parent's plus `files` (signed with `sign_key`, if any)."""
+    return commit(repo, tree_with(repo, parent, files), [parent], message, who, sign_key)
 
 
 # --- refs, worktrees and housekeeping in a local repository -----------------------------------------

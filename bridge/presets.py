@@ -9,6 +9,7 @@ add, split or prefix arguments. Nothing here runs anything.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -20,6 +21,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from bridge import git
 from bridge.errors import InvalidRequest, KakeyaError, problems
 from bridge.names import NAME_RE
 from gates import Check, parse_checks
@@ -296,6 +298,8 @@ class BaselineSpec(BaseModel):
     metric: str
     max_regression_pct: float = Field(ge=0, allow_inf_nan=False)
     higher_is_better: bool = True
+    # JSON pointer to the metric's per-repeat samples: a regression must then also be beyond the noise
+    samples: str | None = None
 
     @field_validator("metric")
     @classmethod
@@ -390,6 +394,10 @@ class Preset(BaseModel):
         data = self.model_dump(
             mode="json", by_alias=True, exclude={"baseline"} if self.baseline is None else None
         )
+        if (
+            data.get("baseline") and data["baseline"]["samples"] is None
+        ):  # hashes as before `samples:` existed
+            del data["baseline"]["samples"]
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -469,7 +477,11 @@ class Preset(BaseModel):
                 for n, s in self.params.items()
             },
             "gate": [c.model_dump(exclude_none=True) for c in self.gate],
-            **({"baseline": self.baseline.model_dump(by_alias=True)} if self.baseline else {}),
+            **(
+                {"baseline": self.baseline.model_dump(by_alias=True, exclude_none=True)}
+                if self.baseline
+                else {}
+            ),
             "hash": self.content_hash,
         }
 
@@ -487,10 +499,21 @@ def parse_assignments(pairs: list[str] | None) -> dict[str, str]:
     return out
 
 
-def default_presets_dir() -> Path:
-    """$KAKEYA_PRESETS, else presets/ next to the installed bridge package (the trusted checkout)."""
+def default_presets_dir(cwd: Path | None = None) -> Path:
+    """Where the presets are: $KAKEYA_PRESETS; else presets/ at the repository root of the working directory
+    (the checkout it runs in); else presets/ of the checkout the bridge package runs from (an editable
+    install, a runner's trusted harness); else the copy installed with the package (`kakeya_presets`)."""
     env = os.environ.get("KAKEYA_PRESETS")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "presets"
+    if env:
+        return Path(env)
+    candidates = [Path(__file__).resolve().parent.parent / "presets"]
+    top = git.toplevel(cwd or Path.cwd())
+    if top is not None:
+        candidates.insert(0, top / "presets")
+    spec = importlib.util.find_spec("kakeya_presets")
+    if spec is not None:
+        candidates += [Path(p) for p in spec.submodule_search_locations or []]
+    return next((c for c in candidates if c.is_dir()), candidates[0])
 
 
 def load_preset_file(path: Path) -> Preset:
@@ -515,7 +538,9 @@ def load_registry(directory: Path | None = None) -> dict[str, Preset]:
     """Every presets/*.yaml, validated; one bad file fails the whole registry (an allowlist is all or nothing)."""
     directory = directory or default_presets_dir()
     if not directory.is_dir():
-        raise KakeyaError(f"presets directory {directory} does not exist (set KAKEYA_PRESETS)")
+        raise KakeyaError(
+            f"presets directory {directory} does not exist (set KAKEYA_PRESETS to a presets/ directory)"
+        )
     return {p.stem: load_preset_file(p) for p in sorted(directory.glob("*.yaml"))}
 
 

@@ -1,7 +1,7 @@
 """A run's outcome: result.json's model, the outcome held in memory, and the files written once from it.
 
 Files in a run's out_dir: result.json, report.json (written by the program via $KAKEYA_REPORT),
-verdict.json, summary.md, logs/stdout.log, logs/stderr.log, plus whatever the program put in
+verdict.json, summary.md, report.html (bridge/page.py), logs/stdout.log, logs/stderr.log, plus whatever the program put in
 $KAKEYA_RUN_DIR. The program's own files are on disk; result.json, verdict.json and summary.md are
 written by `RunOutcome.write`, once, after the baseline comparison (bridge/evidence.py).
 """
@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 import gates
 from bridge.host import host_fingerprint, tool_versions
 from bridge.logs import Redactor
+from bridge.page import run_page
 
 Status = Literal["succeeded", "failed", "timed-out", "error", "cancelled", "expired", "rejected"]
 
@@ -80,13 +81,14 @@ class RunOutcome:
     redact: Redactor = field(default_factory=lambda: Redactor([]))
 
     def write(self) -> RunResult:
-        """Write verdict.json, result.json and summary.md (each once) and redact every file; the result."""
+        """Write verdict.json, result.json, summary.md and report.html (each once) and redact every file; the result."""
         out = self.out_dir
         out.mkdir(parents=True, exist_ok=True)
         if self.verdict is not None:
             atomic_write(out / "verdict.json", self.verdict.model_dump_json(indent=2) + "\n")
         atomic_write(out / "result.json", self.redact.text(self.result.model_dump_json(indent=2)) + "\n")
         atomic_write(out / "summary.md", self.redact.text(summary_markdown(self.result, out, self.verdict)))
+        atomic_write(out / "report.html", self.redact.text(run_page(self.result, out, self.verdict)))
         for path in out.rglob("*"):
             self.redact.scrub_file(path)
         return self.result

@@ -31,13 +31,14 @@ from pydantic import ValidationError
 from bridge import bus as B
 from bridge import git
 from bridge.bus import Bus, Claim, Entry, Manifest, Update
-from bridge.config import Config
+from bridge.config import Config, project_root
 from bridge.errors import BusError, InvalidRequest, KakeyaError, Rejected, problems
 from bridge.evidence import apply_baseline
 from bridge.execute import run_preset
 from bridge.names import check_label
 from bridge.presets import Preset, load_registry
 from bridge.result import RunContext, RunOutcome, RunResult, not_run
+from bridge.trust import Signers, key_file, signature_problem
 
 LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
 CLAIM_WINDOW = 8  # runners pick at random among the oldest few pending requests, so they rarely collide
@@ -105,6 +106,7 @@ class Lease(threading.Thread):
             {B.CLAIM_PATH: claim.dump()},
             f"kakeya heartbeat {self.id} #{claim.heartbeat} by {self.runner.name}",
             self.runner.who,
+            self.runner.sign_key,
         )
         if self.runner.bus.swap([Update(B.claim_ref(self.id), sha, self.sha)]):
             self.sha, self.claim = sha, claim
@@ -145,6 +147,8 @@ class Runner:
         self.mirror = git.init_bare(self.workdir / "mirror.git")
         self.bus = Bus(url, self.mirror)
         self.who = f"kakeya runner {name} <{name}@kakeya.invalid>"
+        self.sign_key = key_file(config.signing_key)
+        self.requesters = requesters(config)
         self.leases: dict[str, Claim | None] = {}  # claim sha -> its claim.json (immutable, so cached)
         self.stopping = threading.Event()
         self.abort_reason: str | None = None
@@ -304,7 +308,12 @@ class Runner:
         base = old[0] if old else entry.req
         verb = f"takes over {entry.id} from {old[1].runner}" if old else f"claims {entry.id}"
         sha = git.child_commit(
-            self.mirror, base, {B.CLAIM_PATH: claim.dump()}, f"kakeya: {self.name} {verb}", self.who
+            self.mirror,
+            base,
+            {B.CLAIM_PATH: claim.dump()},
+            f"kakeya: {self.name} {verb}",
+            self.who,
+            self.sign_key,
         )
         if not self.bus.swap([Update(B.claim_ref(entry.id), sha, old[0] if old else None)]):
             self.log(f"{entry.id}: another runner claimed it first")
@@ -421,6 +430,12 @@ class Runner:
                 )
         if parents != [manifest.subject]:
             raise Rejected(f"invalid manifest: subject {manifest.subject} is not the request commit's parent")
+        if self.requesters is not None:
+            problem = signature_problem(self.mirror, entry.req, self.requesters, "the request commit")
+            if problem:
+                raise Rejected(
+                    f"{problem} (this runner requires requests signed by a key of {self.requesters.path})"
+                )
         preset = self.registry.get(manifest.preset)
         if preset is None:
             raise Rejected(
@@ -461,7 +476,7 @@ class Runner:
         }  # git refuses a tree entry named .git
         verdict = f", verdict {result.verdict}" if result.verdict else ""
         message = f"kakeya done {entry.id}: {result.status}{verdict}\n\n{result.reason or ''}".rstrip() + "\n"
-        return git.child_commit(self.mirror, claim_sha, files, message, self.who)
+        return git.child_commit(self.mirror, claim_sha, files, message, self.who, self.sign_key)
 
     def push_done(self, request_id: str, claim_sha: str, done_sha: str) -> bool:
         """Atomically: claim (leased on our last sha) -> done commit, done ref created. Kept locally if the bus
@@ -518,6 +533,16 @@ class Runner:
             if served is None and not self.contended:
                 self.stopping.wait(poll_s + backoff)
         self.log("stopped")
+
+
+def requesters(config: Config) -> Signers | None:
+    """The allowed requesters when the runner requires signed requests (its trusted config says so)."""
+    if not config.require_signed_requests:
+        return None
+    if not config.allowed_requesters:
+        raise KakeyaError("require_signed_requests needs `allowed_requesters`: an allowed-signers file")
+    path = Path(config.allowed_requesters).expanduser()
+    return Signers.load(path if path.is_absolute() else project_root() / path, runners=False)
 
 
 def done_updates(request_id: str, claim_sha: str, done_sha: str) -> list[Update]:

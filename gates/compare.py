@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gates.noise import ALPHA, RULE, worse_p_value
 from gates.pointer import PathError, json_type, resolve, split
 from gates.report import fmt, fmt_number, is_number
 from gates.verdict import Comparison
@@ -31,10 +32,31 @@ def _one_number(report: Any, metric: str, which: str) -> tuple[float | None, str
     return float(value), None
 
 
+def _samples(report: Any, pointer: str) -> list[float] | None:
+    """The per-repeat samples at `pointer` (two or more finite numbers), or None."""
+    try:
+        [(_, values)] = resolve(report, pointer)
+    except (PathError, ValueError):
+        return None
+    if isinstance(values, list) and len(values) >= 2 and all(is_number(v) for v in values):
+        return [float(v) for v in values]
+    return None
+
+
 def compare(
-    new: Any, base: Any, metric: str, max_regression_pct: float, *, higher_is_better: bool = True
+    new: Any,
+    base: Any,
+    metric: str,
+    max_regression_pct: float,
+    *,
+    higher_is_better: bool = True,
+    samples: str | None = None,
 ) -> Comparison:
     """Pass when `metric` in `new` is at most `max_regression_pct` percent worse than in `base`.
+
+    With `samples` (a JSON pointer to the metric's per-repeat samples in both reports), a regression also
+    has to be beyond the noise: it fails only when the threshold is exceeded AND a one-sided Mann-Whitney U
+    test says the new samples are worse at p < 0.05 (gates/noise.py); the comparison records both.
 
     Raises ValueError for a bad metric path or tolerance (a caller's mistake, not the reports').
     """
@@ -82,7 +104,24 @@ def compare(
         f"{metric}: {fmt_number(n)} vs baseline {fmt_number(b)}, {amount}; "
         f"{'within' if ok else 'exceeds'} the allowed {max_regression_pct:g} % regression"
     )
+    noise: dict[str, Any] = {}
+    if samples is not None:
+        new_s, base_s = _samples(new, samples), _samples(base, samples)
+        if new_s is None or base_s is None:
+            reason += f"; no per-repeat samples at {samples} in both reports, so the threshold alone decides"
+        else:
+            p = worse_p_value(new_s, base_s, higher_is_better)
+            beyond = p < ALPHA
+            noise = {"noise_rule": RULE, "p_value": p, "samples": (len(new_s), len(base_s))}
+            reason += (
+                f"; {'beyond' if beyond else 'within'} the noise ({RULE}: p = {p:.3g} over "
+                f"{len(new_s)} vs {len(base_s)} repeats)"
+            )
+            if not ok and not beyond:
+                reason += ": not a regression"
+            ok = ok or not beyond
     return Comparison(
+        **noise,
         status="pass" if ok else "fail",
         **head,
         new=n,

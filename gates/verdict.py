@@ -55,6 +55,10 @@ class Comparison(BaseModel):
     max_regression_pct: float
     higher_is_better: bool
     reason: str
+    # With per-repeat samples: the noise rule, its p-value and the sample counts (new, base).
+    noise_rule: str | None = None
+    p_value: float | None = None
+    samples: tuple[int, int] | None = None
 
     def exit_code(self) -> int:
         return exit_code(self.status)
@@ -66,15 +70,20 @@ class Comparison(BaseModel):
             [
                 f"**Compare: {MARK[self.status]} {self.status}** ({better})",
                 "",
-                "| | metric | new | base | change | max regression |",
-                "|---|---|---|---|---|---|",
+                "| | metric | new | base | change | max regression | noise |",
+                "|---|---|---|---|---|---|---|",
                 f"| {MARK[self.status]} | `{_cell(self.metric)}` | {fmt_number(self.new)} | {fmt_number(self.base)} | {change} "
-                f"| {self.max_regression_pct:g} % |",
+                f"| {self.max_regression_pct:g} % | {self.noise()} |",
                 "",
                 _cell(self.reason),
                 "",
             ]
         )
+
+    def noise(self) -> str:
+        if self.p_value is None or self.samples is None:
+            return "—"
+        return f"p = {self.p_value:.3g} ({self.samples[0]} vs {self.samples[1]} repeats; {self.noise_rule})"
 
 
 class Verdict(BaseModel):

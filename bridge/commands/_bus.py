@@ -50,5 +50,7 @@ def report(request_id: str, result: RunResult, out: Path) -> int:
         pass  # no verdict (the run did not get that far) or an unreadable one: the line above says why
     for png in sorted(out.rglob("*.png")):
         print(f"plot: {png}")
+    if (out / "report.html").is_file():
+        print(f"report: {out / 'report.html'}")
     print(f"summary: {out / 'summary.md'}")
     return exit_code(result)

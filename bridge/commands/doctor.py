@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 
 from bridge import bus as B
-from bridge import git
+from bridge import git, trust
 from bridge.client import resolve_remote, state_dir
 from bridge.commands._bus import add_remote
 from bridge.config import load_config, project_root
@@ -85,12 +85,28 @@ def run(args: argparse.Namespace) -> int:
             raise KakeyaError("no presets found; set KAKEYA_PRESETS to the presets/ directory")
         return f"{len(registry)} valid: {', '.join(sorted(registry))}"
 
+    def signing() -> str:
+        cfg = state.get("config") or load_config(root)
+        allowed = trust.trusted_signers(root)
+        trusted = f"; {trust.ALLOWED_SIGNERS}: {len(allowed.labels)} runner(s)" if allowed else ""
+        key = trust.key_file(cfg.signing_key)
+        if key is None:
+            return (
+                f"no signing_key: results and requests are unsigned (fine for the embedded default){trusted}"
+            )
+        proc = subprocess.run(["ssh-keygen", "-y", "-f", key], capture_output=True, text=True, timeout=30)
+        if proc.returncode != 0:
+            raise KakeyaError(f"signing key {key} cannot be read by ssh-keygen: {proc.stderr.strip()}")
+        line = trust.signers_line(trust.principal(cfg.runner_name, cfg.labels), proc.stdout)
+        return f"signs with {key}; its allowed-signers line: {line}{trusted}"
+
     checks: list[tuple[str, Callable[[], str]]] = [
         ("git", check_git),
         ("config", config),
         ("project", project),
         ("bus", bus),
         ("presets", presets),
+        ("signing", signing),
         ("engine", check_engine),
     ]
     failed = 0

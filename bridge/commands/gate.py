@@ -22,6 +22,7 @@ from bridge import evidence
 from bridge.commands._bus import add_remote, client
 from bridge.errors import InvalidRequest
 from bridge.names import SHA_PATTERN
+from bridge.trust import ALLOWED_SIGNERS, trusted_signers
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -67,6 +68,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="the metric is a cost (latency, bytes): an increase is a regression",
     )
+    comp.add_argument(
+        "--samples",
+        metavar="PATH",
+        help="JSON pointer to per-repeat samples of the metric in both reports: a regression must also be "
+        "beyond the noise (one-sided Mann-Whitney U, p < 0.05)",
+    )
     comp.add_argument("--json", action="store_true", help="print the comparison as JSON")
     comp.set_defaults(func=run_compare)
 
@@ -94,6 +101,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="append a markdown table to FILE (e.g. $GITHUB_STEP_SUMMARY), keeping it under 1 MiB",
     )
     pr.add_argument("--json", action="store_true", help="print the outcomes as JSON")
+    pr.add_argument(
+        "--allowed-signers",
+        type=Path,
+        metavar="FILE",
+        help=f"accept only done commits signed by these runners (default: {ALLOWED_SIGNERS} of this "
+        "checkout, the trusted base, when it exists; without one, unsigned evidence is accepted)",
+    )
     add_remote(pr)
     pr.set_defaults(func=run_pr)
 
@@ -141,7 +155,12 @@ def run_compare(args: argparse.Namespace) -> int:
         raise InvalidRequest(str(exc)) from None
     try:
         result = gates.compare(
-            new, base, args.metric, args.max_regression, higher_is_better=not args.lower_is_better
+            new,
+            base,
+            args.metric,
+            args.max_regression,
+            higher_is_better=not args.lower_is_better,
+            samples=args.samples,
         )
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None
@@ -158,7 +177,8 @@ def run_pr(args: argparse.Namespace) -> int:
     subject = args.subject.strip().lower()
     if not re.fullmatch(SHA_PATTERN, subject):
         subject = c.rev_parse(args.subject)
-    outcomes = evidence.gate_subject(evidence.Shelf(c.bus), subject, requirements, registry)
+    signers = trusted_signers(c.root, args.allowed_signers)
+    outcomes = evidence.gate_subject(evidence.Shelf(c.bus, signers), subject, requirements, registry)
     if args.json:
         print(evidence.evidence_json(outcomes))
     else:

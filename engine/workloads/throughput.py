@@ -106,6 +106,9 @@ class Summary(BaseModel):
     acceptance_rate: float
     min_speedup: float
     speedup_ok: bool
+    # decode tok/s over all prompts, one sample per repeat (for noise-aware baselines)
+    greedy_decode_tok_s_samples: list[float] = []
+    speculative_decode_tok_s_samples: list[float] = []
 
 
 def is_zoo_tokenizer(model: engine.Model) -> bool:
@@ -170,6 +173,7 @@ def throughput(config: Config) -> dict[str, Any]:
         model.session(policy, config.k + 1), make_drafter(), warm, config.k, engine.Stop(4)
     )
     rows: list[Prompt] = []
+    per_repeat: dict[str, list[list[Any]]] = {"greedy": [], "speculative": []}  # [prompt][repeat] runs
     with cli.progress(len(texts) * config.repeats * 2, "throughput", "gen") as bar:
         for text in texts:
             ids = model.encode(text)
@@ -183,6 +187,8 @@ def throughput(config: Config) -> dict[str, Any]:
                     )
                 )
                 bar.update(1)
+            per_repeat["greedy"].append(greedy)
+            per_repeat["speculative"].append(spec)
             g, s = _best(greedy), _best(spec)
             mismatch = cli.first_divergence(g.tokens, s.tokens)
             gr, sr = (
@@ -206,7 +212,9 @@ def throughput(config: Config) -> dict[str, Any]:
                     first_mismatch=mismatch,
                 )
             )
-    summary = summarize(rows, config.min_speedup)
+    summary = summarize(rows, config.min_speedup).model_copy(
+        update={f"{m}_decode_tok_s_samples": repeat_rates(per_repeat[m]) for m in per_repeat}
+    )
     return {
         "config": config.model_copy(update={"prompt_source": source}).model_dump(),
         "prompts": [r.model_dump() for r in rows],
@@ -214,6 +222,14 @@ def throughput(config: Config) -> dict[str, Any]:
         "wall_s": round(time.perf_counter() - t0, 3),
         "plot": None,
     }
+
+
+def repeat_rates(runs: list[list[Any]]) -> list[float]:
+    """Decode tok/s over all prompts for each repeat (runs[prompt][repeat])."""
+    return [
+        _rate(sum(len(p[i].tokens) - 1 for p in runs), sum(p[i].decode_s for p in runs))
+        for i in range(len(runs[0]) if runs else 0)
+    ]
 
 
 def _rate(tokens: int, seconds: float) -> float:

@@ -47,6 +47,7 @@ def test_run_on_the_embedded_bus_passes_fails_and_refuses(world: Env, capsys):
     assert (
         line == f"{rid}: work succeeded, verdict pass"
         and summary == f"summary: {world.project}/out/{rid}/summary.md"
+        and lines[-2] == f"report: {world.project}/out/{rid}/report.html"
     )
     out = world.project / "out" / rid
     assert {p.name for p in out.iterdir()} >= {

@@ -230,6 +230,7 @@ def test_secrets_appear_in_no_file_written(checkout, tmp_path):
         "report.json",
         "result.json",
         "summary.md",
+        "report.html",
         "extra.txt",
     }
     for f in files:
