@@ -21,6 +21,13 @@ sliding layers the visible set is the intersection of the native window and the 
 hence a policy whose window covers the whole sequence reproduces full-cache greedy decoding exactly.
 Positions keep their original RoPE positions: nothing is re-encoded when older positions are evicted.
 
+Storage precision (an optional suffix on every policy: `full:q8`, `sink_window:4:64:q4`,
+`hybrid:4:64:k8v4`, and `:gN` for a group size other than 64): K and V are stored affine-quantized
+per group of `group` values along the head dimension (mlx's `mx.quantize` / QuantizedKVCache format:
+packed `bits`-bit codes plus one scale and one bias per group, in the model dtype), with `q8` / `q4`
+for both and `kXvY` for X-bit keys and Y-bit values. No suffix: the model dtype, as before. A group
+larger than the head dimension is clamped to it; one that does not divide it is refused.
+
 Physical layout (engine/cache.py): `sink` slots plus a ring of `window - 1 + max_block` slots, where
 max_block is the largest block fed in one forward and the largest rollback (k + 1 for speculative
 decoding with k drafted tokens, 1 for plain greedy). Each query is masked to its own sink + window, so
@@ -30,6 +37,7 @@ tokens is a cheap truncation that never needs evicted K/V back.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -37,6 +45,10 @@ from typing import Literal
 from engine.geometry import FULL_ATTENTION, LAYER_KINDS, LINEAR_ATTENTION, SLIDING_ATTENTION
 
 PolicyKind = Literal["full", "sink_window", "hybrid"]
+BITS = (4, 8)  # supported quantized K/V widths
+PRECISIONS = "q8, q4 or kXvY with X, Y in 4, 8 (e.g. k8v4)"
+DEFAULT_GROUP = 64
+_PRECISION = re.compile(r"^(?:q(\d+)|k(\d+)v(\d+))$")
 
 
 @dataclass(frozen=True)
@@ -44,10 +56,19 @@ class Policy:
     kind: PolicyKind
     sink: int = 0
     window: int | None = None
+    precision: str = ""  # "": the model dtype; q8, q4, kXvY: affine-quantized K/V (module docstring)
+    group: int = DEFAULT_GROUP  # quantization group along the head dimension
 
     def __post_init__(self) -> None:
         if self.kind not in ("full", "sink_window", "hybrid"):
             raise ValueError(f"unknown cache policy {self.kind!r}: use full, sink_window or hybrid")
+        if self.precision:
+            m = _PRECISION.match(self.precision)
+            bits = [int(b) for b in (m.groups() if m else ()) if b is not None]
+            if not bits or any(b not in BITS for b in bits):
+                raise ValueError(f"unknown K/V precision {self.precision!r}: use {PRECISIONS}")
+        if self.group < 1 or self.group & (self.group - 1):
+            raise ValueError(f"quantization group {self.group} must be a power of two")
         if self.kind == "full":
             if self.sink or self.window is not None:
                 raise ValueError("the full policy takes no sink or window")
@@ -57,8 +78,29 @@ class Policy:
         if self.sink < 0:
             raise ValueError(f"{self.kind} needs sink >= 0 (got {self.sink})")
 
+    @property
+    def bits(self) -> tuple[int, int] | None:
+        """(key bits, value bits) of quantized storage; None for the model dtype."""
+        m = _PRECISION.match(self.precision)
+        if m is None:
+            return None
+        q, k, v = m.groups()
+        return (int(q), int(q)) if q else (int(k), int(v))
+
+    def group_for(self, head_dim: int) -> int:
+        """The group size used at this head dimension: clamped to it, refused if it does not divide it."""
+        group = min(self.group, head_dim)
+        if head_dim % group:
+            raise ValueError(
+                f"quantization group {self.group} does not divide head_dim {head_dim} of this model: "
+                f"use a group (:gN) that divides {head_dim}"
+            )
+        return group
+
     def __str__(self) -> str:
-        return "full" if self.kind == "full" else f"{self.kind}:{self.sink}:{self.window}"
+        base = "full" if self.kind == "full" else f"{self.kind}:{self.sink}:{self.window}"
+        suffix = f":{self.precision}" if self.precision else ""
+        return base + suffix + (f":g{self.group}" if self.precision and self.group != DEFAULT_GROUP else "")
 
 
 def full() -> Policy:
@@ -74,16 +116,28 @@ def hybrid(sink: int = 4, window: int = 1024) -> Policy:
 
 
 def parse_policy(text: str) -> Policy:
-    """`full`, `sink_window:SINK:WINDOW` or `hybrid:SINK:WINDOW` (the form `str(policy)` prints)."""
+    """`full`, `sink_window:SINK:WINDOW` or `hybrid:SINK:WINDOW`, each with an optional precision
+    (`:q8`, `:q4`, `:k8v4`) and group (`:g32`) suffix (the form `str(policy)` prints)."""
     parts = text.strip().split(":")
+    extra: dict[str, object] = {}
     try:
+        if len(parts) > 1 and parts[-1].startswith("g") and parts[-1][1:].isdigit():
+            extra["group"] = int(parts.pop()[1:])
+        n = 1 if parts[0] == "full" else 3
+        if len(parts) == n + 1 and parts[0] in ("full", "sink_window", "hybrid"):
+            extra["precision"] = parts.pop()
+        elif "group" in extra:
+            raise ValueError("a group (:gN) goes with a precision (:q8, :q4, :k8v4)")
         if parts == ["full"]:
-            return full()
+            return Policy("full", **extra)  # type: ignore[arg-type]
         if len(parts) == 3 and parts[0] in ("sink_window", "hybrid"):
-            return Policy(parts[0], int(parts[1]), int(parts[2]))  # type: ignore[arg-type]
+            return Policy(parts[0], int(parts[1]), int(parts[2]), **extra)  # type: ignore[arg-type]
     except ValueError as exc:
         raise ValueError(f"bad cache policy {text!r}: {exc}") from None
-    raise ValueError(f"bad cache policy {text!r}: use full, sink_window:SINK:WINDOW or hybrid:SINK:WINDOW")
+    raise ValueError(
+        f"bad cache policy {text!r}: use full, sink_window:SINK:WINDOW or hybrid:SINK:WINDOW, "
+        "optionally followed by :q8, :q4 or :k8v4"
+    )
 
 
 @dataclass(frozen=True)
@@ -150,6 +204,11 @@ def drafter_policy(policy: Policy) -> Policy:
     return full() if policy.kind == "full" else sink_window(policy.sink, policy.window or 1)
 
 
+def with_precision(policy: Policy, precision: str, group: int = DEFAULT_GROUP) -> Policy:
+    """The same policy with another storage precision ("" for the model dtype)."""
+    return Policy(policy.kind, policy.sink, policy.window, precision, group)
+
+
 def oldest_visible(specs: Sequence[LayerSpec], q: int) -> int:
     """The attention reach: the farthest-back key position a query at q still attends to in some layer,
     sinks aside (the start of the contiguous span [j, q] a layer attends to; 0 when some layer sees the
@@ -171,6 +230,19 @@ def oldest_visible(specs: Sequence[LayerSpec], q: int) -> int:
 def kv_bytes_per_slot(kv_heads: int, head_dim: int, itemsize: int) -> int:
     """K and V of one position in one layer (batch 1)."""
     return 2 * kv_heads * head_dim * itemsize
+
+
+def quantized_bytes(n: int, bits: int, group: int, itemsize: int) -> int:
+    """`n` values stored as `bits`-bit codes plus a scale and a bias (model dtype) per group."""
+    return n * bits // 8 + 2 * (n // group) * itemsize
+
+
+def policy_slot_bytes(policy: Policy, kv_heads: int, head_dim: int, itemsize: int) -> int:
+    """K and V of one position in one layer (batch 1) under the policy's storage precision."""
+    if (bits := policy.bits) is None:
+        return kv_bytes_per_slot(kv_heads, head_dim, itemsize)
+    group = policy.group_for(head_dim)
+    return sum(kv_heads * quantized_bytes(head_dim, b, group, itemsize) for b in bits)
 
 
 def expected_kv_bytes(

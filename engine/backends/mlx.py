@@ -225,6 +225,98 @@ class DeltaNetState:
         return sum(a.nbytes for a in self.state)
 
 
+MLX_GROUPS = (32, 64, 128)  # the group sizes mx.quantize supports
+
+
+class QuantizedKV(KV):
+    """One attention layer's K/V stored with `mx.quantize` (affine codes packed in uint32, scales and
+    biases per group: mlx-lm's QuantizedKVCache format) in the same sinks + ring / growing slot layout
+    as `KV`. Attention dequantizes the attended slots each forward (`mx.dequantize`): simple, and exact
+    with respect to the stored values (the new block is quantized before it is attended, so step-by-step
+    and block decoding see the same K/V); rollback is a trim. The PyTorch backend's `QuantizedKV`
+    stores the same codes, scales and biases."""
+
+    def __init__(self, arrays: GroupArrays, layer: int, bits: tuple[int, int], group: int) -> None:
+        if group not in MLX_GROUPS:
+            raise ValueError(
+                f"mx.quantize takes groups of {', '.join(map(str, MLX_GROUPS))} values, not {group} "
+                "(the group is clamped to head_dim): use the torch backend for this model"
+            )
+        super().__init__(arrays, layer)
+        # not `bits` / `group_size`: mlx-lm routes a cache with those to its quantized attention
+        self.kv_bits = bits
+        self.kv_group = group
+        self.k: list[mx.array] = []  # codes, scales, biases: each [batch, kv_heads, slots, *]
+        self.v: list[mx.array] = []
+
+    def update(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        fwd = self.group.forward
+        assert fwd is not None, "the cache was used outside a planned forward"
+        plan = fwd.plan
+        qk = mx.quantize(keys, group_size=self.kv_group, bits=self.kv_bits[0])
+        qv = mx.quantize(values, group_size=self.kv_group, bits=self.kv_bits[1])
+        if not self.k or self.k[0].shape[2] < plan.capacity:
+            self._grow_q(qk, qv, plan.capacity)
+        if plan.concat:
+            ko = mx.concatenate((self._read(self.k, 0, plan.old_view), self._deq(qk, 0)), axis=2)
+            vo = mx.concatenate((self._read(self.v, 1, plan.old_view), self._deq(qv, 1)), axis=2)
+            if (keep := self.arrays.keep) is not None:
+                qk = tuple(t[:, :, keep] for t in qk)
+                qv = tuple(t[:, :, keep] for t in qv)
+            self._write_q(qk, qv, fwd)
+            return ko, vo
+        self._write_q(qk, qv, fwd)
+        return self._read(self.k, 0, plan.view), self._read(self.v, 1, plan.view)
+
+    update_and_fetch = update
+
+    def _deq(self, q: Any, which: int) -> mx.array:
+        return mx.dequantize(q[0], q[1], q[2], group_size=self.kv_group, bits=self.kv_bits[which])
+
+    def _read(self, buf: list[mx.array], which: int, view: int) -> mx.array:
+        if view == 0:  # mx.dequantize cannot reshape an empty array
+            b, h, _, w = buf[0].shape
+            return mx.zeros((b, h, 0, w * 32 // self.kv_bits[which]), buf[1].dtype)
+        return self._deq([t[:, :, :view] for t in buf], which)
+
+    def _write_q(self, qk: Any, qv: Any, fwd: Forward) -> None:
+        for buf, new in ((self.k, qk), (self.v, qv)):
+            for b, n in zip(buf, new, strict=True):
+                if rng := fwd.plan.slot_range:
+                    b[:, :, rng[0] : rng[1]] = n
+                else:
+                    b[:, :, self.arrays.slots] = n
+
+    def _grow_q(self, qk: Any, qv: Any, need: int) -> None:
+        have = self.k[0].shape[2] if self.k else 0
+        size = buffer_size(have, need, self.group.limit)
+        grown: list[list[mx.array]] = []
+        for buf, new in ((self.k, qk), (self.v, qv)):
+            out = []
+            for i, n in enumerate(new):
+                b, h, _, d = n.shape
+                t = mx.zeros((b, h, size, d), n.dtype)
+                if buf:
+                    t[:, :, :have] = buf[i]
+                out.append(t)
+            grown.append(out)
+        self.k, self.v = grown
+        self.keys = self.k[0]  # `empty()` and mlx-lm read `keys`
+
+    @property
+    def state(self) -> list[mx.array]:
+        return [*self.k, *self.v]
+
+    @property
+    def nbytes(self) -> int:
+        """Codes, scales and biases of the positions held."""
+        return self.group.held() * sum(t[:, :, 0].nbytes for t in (*self.k, *self.v))
+
+    @property
+    def allocated_bytes(self) -> int:
+        return sum(t.nbytes for t in (*self.k, *self.v))
+
+
 class MLXModel(Tokenized):
     """An mlx-lm causal LM (batch 1) with its tokenizer; makes policy-cached sessions."""
 
@@ -336,8 +428,15 @@ class MLXSession(BaseSession):
         self.owner = model
         self.arrays = [GroupArrays(g, model.sliding_window) for g in self.groups]
         arrays_of = {id(a.group): a for a in self.arrays}
+        bits = policy.bits
+        group = policy.group_for(model.geometry.head_dim) if bits else 0
         self.states = self.cache = [
-            DeltaNetState() if g is None else KV(arrays_of[id(g)], i) for i, g in enumerate(self.group_of)
+            DeltaNetState()
+            if g is None
+            else KV(arrays_of[id(g)], i)
+            if bits is None
+            else QuantizedKV(arrays_of[id(g)], i, bits, group)
+            for i, g in enumerate(self.group_of)
         ]
 
     def _run(

@@ -18,6 +18,7 @@ token with a state runs the recurrent step (and updates the convolution state in
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +151,115 @@ class DeltaNetState:
         return sum(0 if t is None else t.nbytes for t in (self.conv, self.recurrent))
 
 
+def quantize(x: torch.Tensor, bits: int, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Affine quantization of the last axis in groups of `group` values, as `mx.quantize` does it: codes
+    (uint8; 4-bit codes packed two per byte, low nibble first: byte for byte mlx's packed uint32 words
+    on a little-endian host) and per-group scales and biases in x's dtype; x ~ scale * code + bias."""
+    *lead, d = x.shape
+    w = x.reshape(*lead, d // group, group).float()
+    n_bins = (1 << bits) - 1
+    w_max, w_min = w.amax(-1, keepdim=True), w.amin(-1, keepdim=True)
+    neg = w_min.abs() > w_max.abs()  # anchor the larger-magnitude edge exactly on a code
+    scales = ((w_max - w_min) / n_bins).clamp_min(1e-7)
+    scales = torch.where(neg, scales, -scales)
+    edge = torch.where(neg, w_min, w_max)
+    q0 = (edge / scales).round()
+    scales = torch.where(q0 != 0, edge / q0, scales)
+    biases = torch.where(q0 == 0, torch.zeros_like(edge), edge)
+    codes = ((w - biases) / scales).round().clamp_(0, n_bins).to(torch.uint8).reshape(*lead, d)
+    if bits == 4:
+        codes = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return codes, scales.squeeze(-1).to(x.dtype), biases.squeeze(-1).to(x.dtype)
+
+
+def dequantize(
+    codes: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, bits: int, group: int
+) -> torch.Tensor:
+    """The values `quantize` stored: scale * code + bias, in the scales' dtype."""
+    if bits == 4:
+        codes = torch.stack((codes & 15, codes >> 4), dim=-1).flatten(-2)
+    *lead, d = codes.shape
+    w = codes.reshape(*lead, d // group, group).to(scales.dtype)
+    return (w * scales[..., None] + biases[..., None]).reshape(*lead, d)
+
+
+class QuantizedKV:
+    """One attention layer's K/V stored affine-quantized (`quantize`: codes, scales and biases per slot,
+    in the same sinks + ring / growing slot layout as `KV`). Attention dequantizes the attended slots
+    each forward: simple, and exact with respect to the stored values (the new block is quantized
+    before it is attended, so step-by-step and block decoding see the same K/V); rollback is a trim."""
+
+    def __init__(self, tensors: GroupTensors, bits: tuple[int, int], group: int) -> None:
+        self.group = tensors.group
+        self.tensors = tensors
+        self.bits = bits
+        self.group_size = group
+        self.k: list[torch.Tensor] = []  # codes, scales, biases: each [batch, kv_heads, slots, *]
+        self.v: list[torch.Tensor] = []
+
+    def update(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        fwd = self.group.forward
+        assert fwd is not None, "the cache was used outside a planned forward"
+        plan = fwd.plan
+        qk = quantize(key, self.bits[0], self.group_size)
+        qv = quantize(value, self.bits[1], self.group_size)
+        if not self.k or self.k[0].shape[2] < plan.capacity:
+            self._grow(qk, qv, plan.capacity)
+        if plan.concat:
+            ko = torch.cat((self._read(self.k, 0, plan.old_view), self._deq(qk, 0)), dim=2)
+            vo = torch.cat((self._read(self.v, 1, plan.old_view), self._deq(qv, 1)), dim=2)
+            if (keep := self.tensors.keep) is not None:
+                qk = tuple(t.index_select(2, keep) for t in qk)
+                qv = tuple(t.index_select(2, keep) for t in qv)
+            self._write(qk, qv, fwd)
+            return ko, vo
+        self._write(qk, qv, fwd)
+        return self._read(self.k, 0, plan.view), self._read(self.v, 1, plan.view)
+
+    def _deq(self, q: Sequence[torch.Tensor], which: int) -> torch.Tensor:
+        return dequantize(q[0], q[1], q[2], self.bits[which], self.group_size)
+
+    def _read(self, buf: list[torch.Tensor], which: int, view: int) -> torch.Tensor:
+        return self._deq([t[:, :, :view] for t in buf], which)
+
+    def _write(self, qk: Sequence[torch.Tensor], qv: Sequence[torch.Tensor], fwd: Forward) -> None:
+        for buf, new in ((self.k, qk), (self.v, qv)):
+            for b, n in zip(buf, new, strict=True):
+                if rng := fwd.plan.slot_range:
+                    b[:, :, rng[0] : rng[1]] = n
+                else:
+                    assert self.tensors.slots is not None
+                    b.index_copy_(2, self.tensors.slots, n)
+
+    def _grow(self, qk: Sequence[torch.Tensor], qv: Sequence[torch.Tensor], need: int) -> None:
+        have = self.k[0].shape[2] if self.k else 0
+        size = buffer_size(have, need, self.group.limit)
+        grown: list[list[torch.Tensor]] = []
+        for buf, new in ((self.k, qk), (self.v, qv)):
+            out = []
+            for i, n in enumerate(new):
+                b, h, _, d = n.shape
+                t = n.new_zeros((b, h, size, d))
+                if buf:
+                    t[:, :, :have] = buf[i]
+                out.append(t)
+            grown.append(out)
+        self.k, self.v = grown
+
+    def trim(self, n: int) -> None:
+        """Nothing to drop: the group marks the trimmed slots EMPTY and the next writes reuse them."""
+
+    @property
+    def nbytes(self) -> int:
+        """Codes, scales and biases of the positions held."""
+        slot = sum(t[:, :, 0].numel() * t.element_size() for t in (*self.k, *self.v))
+        return self.group.held() * slot
+
+    @property
+    def allocated_bytes(self) -> int:
+        return sum(t.nbytes for t in (*self.k, *self.v))
+
+
 class PolicyCache:
     """The `past_key_values` object a transformers model is called with: one state per layer."""
 
@@ -227,7 +337,16 @@ class TorchSession(BaseSession):
         self.tensors = [GroupTensors(g) for g in self.groups]
         tensors_of = {id(t.group): t for t in self.tensors}
         kernel = model.geometry.linear_conv_kernel
-        self.states = [DeltaNetState(kernel) if g is None else KV(tensors_of[id(g)]) for g in self.group_of]
+        bits = policy.bits
+        group = policy.group_for(model.geometry.head_dim) if bits else 0
+        self.states = [
+            DeltaNetState(kernel)
+            if g is None
+            else KV(tensors_of[id(g)])
+            if bits is None
+            else QuantizedKV(tensors_of[id(g)], bits, group)
+            for g in self.group_of
+        ]
         self.cache = PolicyCache(self, self.states)
 
     @torch.inference_mode()

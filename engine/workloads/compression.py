@@ -15,6 +15,11 @@ as the seeds' table does (its drafter, a diffusion proposer, holds no K/V; pass 
 its safetensors headers) times the table's dtype size; its cache is sink_window(sink, window) of the
 policy (full when the policy is full). The cross-check loads the models and prefills `--check-lens`
 tokens (batch 1) under each policy, and compares the K/V bytes the caches hold with the formula.
+
+Quantized columns: `kv_bytes_q8` / `_q4` / `_k8v4` and their compression ratios are the same policy with
+its K/V stored affine-quantized (codes plus a scale and a bias per group of 64, in the table's dtype;
+`engine.policy.policy_slot_bytes`), the drafter unchanged. A policy listed with a precision suffix
+(`hybrid:4:64:q8`) is itself counted, and cross-checked, at that precision.
 """
 
 from __future__ import annotations
@@ -31,12 +36,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import engine
 from engine.geometry import ITEMSIZE, Geometry, read_geometry
-from engine.policy import drafter_policy, expected_kv_bytes, layer_specs
+from engine.policy import drafter_policy, expected_kv_bytes, layer_specs, policy_slot_bytes, with_precision
 from engine.report import write_report
 from engine.workloads import cli
 from engine.zoo import corpus
 
 BATCHES = [1, 8, 64]
+QUANTIZED = ("q8", "q4", "k8v4")  # the table's quantized columns
 SEQ_LENS = [8192, 32768, 131072, 262144, 1048576]
 
 
@@ -63,6 +69,12 @@ class Row(BaseModel):
     full_bytes_per_token: float
     net_bytes_per_token: float
     compression_ratio: float
+    kv_bytes_q8: int
+    kv_bytes_q4: int
+    kv_bytes_k8v4: int
+    compression_ratio_q8: float
+    compression_ratio_q4: float
+    compression_ratio_k8v4: float
 
 
 class Check(BaseModel):
@@ -113,7 +125,9 @@ def per_sequence(geo: Geometry, policy: engine.Policy, n: int, max_block: int, d
     which every policy keeps whole."""
 
     specs = layer_specs(policy, geo.layer_types, geo.sliding_window)
-    return sum(expected_kv_bytes(specs, n, max_block, geo.slot_bytes(dtype))) + sum(geo.state_bytes(dtype))
+    slot = policy_slot_bytes(policy, geo.kv_heads, geo.head_dim, ITEMSIZE[dtype])
+    slots = [0 if b == 0 else slot for b in geo.slot_bytes(dtype)]  # 0: linear-attention layers
+    return sum(expected_kv_bytes(specs, n, max_block, slots)) + sum(geo.state_bytes(dtype))
 
 
 # Published architectures for the table without downloading weights (config.json keys). Qwen3.5: the
@@ -163,6 +177,10 @@ def table(config: Config, geo: Geometry, dgeo: Geometry | None, weights: int) ->
                     else b * per_sequence(dgeo, drafter_policy(policy), s, config.k + 1, config.dtype)
                 )
                 net = kv + dkv + weights
+                quantized = {
+                    q: b * per_sequence(geo, with_precision(policy, q), s, config.k + 1, config.dtype)
+                    for q in QUANTIZED
+                }
                 rows.append(
                     Row(
                         policy=str(policy),
@@ -176,6 +194,11 @@ def table(config: Config, geo: Geometry, dgeo: Geometry | None, weights: int) ->
                         full_bytes_per_token=full_bytes / (b * s),
                         net_bytes_per_token=net / (b * s),
                         compression_ratio=full_bytes / net,
+                        **{f"kv_bytes_{q}": v for q, v in quantized.items()},
+                        **{
+                            f"compression_ratio_{q}": full_bytes / (v + dkv + weights)
+                            for q, v in quantized.items()
+                        },
                     )
                 )
     return rows
@@ -284,13 +307,15 @@ def compression(config: Config) -> dict[str, Any]:
 
 def markdown(report: dict[str, Any]) -> str:
     lines = [
-        "| policy | batch | seq len | net bytes/token | full bytes/token | compression |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| policy | batch | seq len | net bytes/token | full bytes/token | compression | q8 | q4 | k8v4 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report["table"]:
         lines.append(
             f"| {r['policy']} | {r['batch']} | {r['seq_len']:,} | {r['net_bytes_per_token']:,.1f} | "
-            f"{r['full_bytes_per_token']:,.1f} | {r['compression_ratio']:,.2f}x |"
+            f"{r['full_bytes_per_token']:,.1f} | {r['compression_ratio']:,.2f}x | "
+            + " | ".join(f"{r[f'compression_ratio_{q}']:,.2f}x" for q in QUANTIZED)
+            + " |"
         )
     return "\n".join(lines)
 

@@ -2,7 +2,8 @@
 against the full-cache oracle over a context ladder (kind `niah`, v1).
 
 For each rung (context length) x needle depth x sample, the oracle (`full`) and every policy under test
-(`--policy hybrid:4:64,sink_window:4:64`) decode greedily after the same `engine.zoo.corpus.haystack`
+(`--policy hybrid:4:64,sink_window:4:64`, each optionally with a K/V precision: `hybrid:4:64:q8`)
+decode greedily after the same `engine.zoo.corpus.haystack`
 prompt; recall is the exact match of the answer digits. Per rung the report gives the recall of each,
 the recall delta (oracle minus policy, a fraction: 0.05 = 5 percentage points), the K/V bytes each holds
 (measured from the cache) against the full cache and against the bound the policy promises
@@ -27,8 +28,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 import engine
-from engine.geometry import read_geometry
-from engine.policy import expected_kv_bytes, oldest_visible
+from engine.geometry import ITEMSIZE, read_geometry
+from engine.policy import expected_kv_bytes, oldest_visible, policy_slot_bytes
 from engine.workloads import cli, plots
 from engine.zoo import corpus
 
@@ -221,7 +222,10 @@ def niah(config: Config) -> dict[str, Any]:
     window = max(p.window or 0 for p in under_test)
     model = engine.load(config.model, config.backend, config.dtype)
     geo = read_geometry(engine.resolve(config.model))
-    slot_bytes = geo.slot_bytes(config.dtype)
+    slot_bytes = {  # per policy: a quantized policy stores codes + scales + biases
+        p.kind: [policy_slot_bytes(p, geo.kv_heads, geo.head_dim, ITEMSIZE[config.dtype])] * geo.n_layers
+        for p in run
+    }
     scale = tokens_per_word(model)
     total = len(config.contexts) * len(config.depths) * config.samples * len(run)
     rungs: list[Rung] = []
@@ -246,7 +250,7 @@ def niah(config: Config) -> dict[str, Any]:
                         hits[p.kind] += hit
                         t.hits += hit
                         t.n += 1
-                        _account(t, seq, slot_bytes, len(placed.ids))
+                        _account(t, seq, slot_bytes[p.kind], len(placed.ids))
                         if p.kind == "full":
                             full_kv = sum(seq.kv_bytes())
                         t.full = max(t.full, full_kv)

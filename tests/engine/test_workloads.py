@@ -437,3 +437,35 @@ def test_oldest_visible_matches_the_reference_rule() -> None:
                 for s in specs
             )
             assert oldest_visible(specs, q) == want, (policy, q)
+
+
+def test_compression_quantized_columns_and_a_quantized_policy_cross_checked(
+    model_dir: Path, drafter_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "q.json"
+    compression.main(
+        [
+            "--model",
+            str(model_dir),
+            "--drafter",
+            str(drafter_dir),
+            "--policy",
+            "sink_window:2:8,hybrid:2:8:q4",
+        ]
+        + ["--k", "3", "--batches", "1,8", "--seq-lens", "8192", "--check-lens", "12,40", "--out", str(out)]
+    )
+    report = json.loads(out.read_text())
+    assert _gate(report, "compression-table").status == "pass", _gate(report, "compression-table").reasons()
+    assert ("verifier", "hybrid:2:8:q4") in {(c["model"], c["policy"]) for c in report["checks"]}
+    # head_dim 16, float32: a group of 16 values is 16 (q8) or 8 (q4) bytes of codes + 2 x 4 bytes
+    for r in report["table"]:
+        plain = r["kv_bytes"] if r["policy"] == "sink_window:2:8" else r["kv_bytes"] * 64 // 16
+        assert (r["kv_bytes_q8"], r["kv_bytes_q4"], r["kv_bytes_k8v4"]) == (
+            plain * 24 // 64,
+            plain * 16 // 64,
+            plain * 20 // 64,
+        )
+        for q in ("q8", "q4", "k8v4"):
+            net = r[f"kv_bytes_{q}"] + r["drafter_kv_bytes"] + r["drafter_weight_bytes"]
+            assert r[f"compression_ratio_{q}"] == pytest.approx(r["full_bytes"] / net)
+        assert r["compression_ratio_q4"] > r["compression_ratio_q8"]

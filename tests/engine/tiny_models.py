@@ -22,7 +22,9 @@ def _randomize_norms(model: torch.nn.Module) -> None:
 
 
 @functools.cache
-def gemma(seed: int = 0, sliding_window: int = 16, layers: int = 4, attn: str = "sdpa") -> TorchModel:
+def gemma(
+    seed: int = 0, sliding_window: int = 16, layers: int = 4, attn: str = "sdpa", head_dim: int = 16
+) -> TorchModel:
     """A Gemma3 with alternating sliding / full layers."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
@@ -34,7 +36,7 @@ def gemma(seed: int = 0, sliding_window: int = 16, layers: int = 4, attn: str = 
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=16,
+        head_dim=head_dim,
         sliding_window=sliding_window,
         layer_types=["sliding_attention", "full_attention"] * (layers // 2),
         initializer_range=0.2,

@@ -1,0 +1,227 @@
+"""Quantized K/V study: needle recall, logit drift and K/V bytes vs storage bits, and decode tok/s of q8
+vs the model dtype. Writes JSON (+ a PNG and a markdown table next to it).
+
+    python benchmarks/kv_quant.py --out benchmarks/results/kv_quant.json
+
+For each context length x precision (16 = the model dtype, q8, k8v4, q4) of one cache policy
+(`--policy`, default hybrid:4:64), on the same `engine.workloads.niah` haystacks (needles outside the
+window, depths 0..1): recall = exact match of the greedy answer (the oracle is `full` in the model
+dtype); logit drift = max |logits - logits of the same policy in the model dtype| at the last prompt
+position, relative to the max |logit|, and the fraction of haystacks whose greedy answer equals the
+unquantized policy's; K/V bytes measured from the cache after decoding.
+
+Throughput: greedy decode tok/s of `--policy` and `full`, each in the model dtype and q8 (and q4), on
+--prompt-tokens of haystack, `--new` tokens, best of --repeats (prefill excluded). Not a test: the
+target (q8 >= 0.8x the model dtype) is reported, not asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import engine  # noqa: E402
+from engine.policy import Policy, parse_policy, with_precision  # noqa: E402
+from engine.report import write_report  # noqa: E402
+from engine.workloads import niah, plots  # noqa: E402
+from engine.zoo import corpus  # noqa: E402
+
+PRECISIONS = ["", "q8", "k8v4", "q4"]
+LABEL = {"": "16", "q8": "8", "k8v4": "k8v4", "q4": "4"}
+
+
+def _logits(step: Any) -> np.ndarray:
+    rows = step.logits
+    return np.array(rows.float().numpy() if hasattr(rows, "float") else rows, dtype=np.float64)[-1]
+
+
+def study(model: engine.Model, policy: Policy, contexts: list[int], samples: int) -> list[dict[str, Any]]:
+    scale = niah.tokens_per_word(model)
+    out = []
+    for context in contexts:
+        stats = {p: {"hits": 0, "agree": 0, "drift": 0.0, "kv": 0} for p in ["oracle", *PRECISIONS]}
+        n = 0
+        for depth in niah.DEPTHS:
+            for s in range(samples):
+                placed = niah.place(model, context, depth, s, policy.sink, policy.window or 0, scale)
+                max_new = max(2, len(model.encode("? " + placed.answer)) - len(model.encode("?")) + 1)
+                want = placed.answer.split()
+                n += 1
+                base_logits, base_tokens = None, None
+                for prec in ["oracle", *PRECISIONS]:
+                    p = engine.full() if prec == "oracle" else with_precision(policy, prec)
+                    seq = model.session(p)
+                    first = seq.prefill(placed.ids, logits=True)
+                    row = _logits(first)
+                    tokens = [first.tokens[-1]]
+                    while len(tokens) < max_new:
+                        tokens.append(seq.forward([tokens[-1]]).tokens[-1])
+                    st = stats[prec]
+                    st["hits"] += model.decode(tokens).replace(corpus.EOS, " ").split()[: len(want)] == want
+                    st["kv"] = max(st["kv"], sum(seq.kv_bytes()))
+                    if prec == "":
+                        base_logits, base_tokens = row, tokens
+                    if prec != "oracle" and base_logits is not None:
+                        drift = float(np.abs(row - base_logits).max() / np.abs(base_logits).max())
+                        st["drift"] = max(st["drift"], drift)
+                        st["agree"] += tokens == base_tokens
+        for prec in ["oracle", *PRECISIONS]:
+            st = stats[prec]
+            out.append(
+                {
+                    "context": context,
+                    "policy": "full" if prec == "oracle" else str(with_precision(policy, prec)),
+                    "bits": "oracle" if prec == "oracle" else LABEL[prec],
+                    "haystacks": n,
+                    "recall": st["hits"] / n,
+                    "max_rel_logit_drift": None if prec == "oracle" else st["drift"],
+                    "answer_agreement": None if prec == "oracle" else st["agree"] / n,
+                    "kv_bytes": st["kv"],
+                }
+            )
+            print(f"ctx {context:5d} {out[-1]['policy']:24s} recall {out[-1]['recall']:.2f}", flush=True)
+    return out
+
+
+def throughput(
+    model: engine.Model, policies: list[Policy], prompt_tokens: int, new: int, repeats: int
+) -> list[dict[str, Any]]:
+    scale = niah.tokens_per_word(model)
+    ids = niah.place(model, prompt_tokens, 0.5, 0, 0, 1, scale).ids
+    best: dict[str, float] = {}
+    tokens: dict[str, list[int]] = {}
+    for _ in range(repeats):
+        for p in policies:  # interleaved, so a busy moment of a shared machine hits every policy alike
+            seq = model.session(p)
+            tok = seq.prefill(ids).tokens[-1]
+            out = [tok]
+            t0 = time.perf_counter()
+            for _ in range(new - 1):
+                tok = seq.forward([tok]).tokens[-1]
+                out.append(tok)
+            secs = time.perf_counter() - t0
+            best[str(p)] = min(best.get(str(p), secs), secs)
+            tokens[str(p)] = out
+    rows = []
+    for p in policies:
+        base = str(with_precision(p, ""))
+        rows.append(
+            {
+                "policy": str(p),
+                "prompt_tokens": len(ids),
+                "new_tokens": new,
+                "decode_tok_s": (new - 1) / best[str(p)],
+                "vs_model_dtype": best[base] / best[str(p)],
+                "same_tokens_as_model_dtype": tokens[str(p)] == tokens[base],
+            }
+        )
+        print(f"decode {p!s:24s} {rows[-1]['decode_tok_s']:8.1f} tok/s x{rows[-1]['vs_model_dtype']:.2f}")
+    return rows
+
+
+def draw(body: dict[str, Any], path: Path) -> None:
+    plt = plots.pyplot()
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4))
+    contexts = sorted({r["context"] for r in body["study"]})
+    for bits in ["oracle", *(LABEL[p] for p in PRECISIONS)]:
+        rows = [r for r in body["study"] if r["bits"] == bits]
+        ax.plot(contexts, [r["recall"] for r in rows], "-o", label=rows[0]["policy"])
+        if bits != "oracle":
+            bx.plot(contexts, [r["max_rel_logit_drift"] for r in rows], "-o", label=rows[0]["policy"])
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_ylabel("needle recall")
+    bx.set_yscale("log")
+    bx.set_ylabel("max |logit drift| / max |logit|")
+    for axis in (ax, bx):
+        axis.set_xscale("log", base=2)
+        axis.set_xticks(contexts, [str(c) for c in contexts])
+        axis.minorticks_off()
+        axis.set_xlabel("context (tokens)")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    fig.suptitle(f"quantized K/V: {body['config']['model']} ({body['config']['backend']})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def markdown(body: dict[str, Any]) -> str:
+    lines = [
+        "| context | policy | bits | recall | max rel. logit drift | answers = 16-bit | K/V bytes | vs 16-bit |",
+        "|---:|---|---|---:|---:|---:|---:|---:|",
+    ]
+    base = {r["context"]: r["kv_bytes"] for r in body["study"] if r["bits"] == "16"}
+    for r in body["study"]:
+        drift = "" if r["max_rel_logit_drift"] is None else f"{r['max_rel_logit_drift']:.4f}"
+        agree = "" if r["answer_agreement"] is None else f"{r['answer_agreement']:.2f}"
+        lines.append(
+            f"| {r['context']} | {r['policy']} | {r['bits']} | {r['recall']:.2f} | {drift} | {agree} | "
+            f"{r['kv_bytes']:,} | {r['kv_bytes'] / base[r['context']]:.3f} |"
+        )
+    lines += ["", "| policy | decode tok/s | vs model dtype | same tokens |", "|---|---:|---:|---|"]
+    for r in body["throughput"]:
+        lines.append(
+            f"| {r['policy']} | {r['decode_tok_s']:.1f} | {r['vs_model_dtype']:.2f}x | {r['same_tokens_as_model_dtype']} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="zoo:tiny-hybrid")
+    parser.add_argument("--backend", choices=("torch", "mlx"), default="torch")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--policy", default="hybrid:4:64")
+    parser.add_argument("--contexts", type=lambda t: [int(x) for x in t.split(",")], default=[256, 512, 1024])
+    parser.add_argument("--samples", type=int, default=2, help="haystacks per depth (5 depths)")
+    parser.add_argument("--prompt-tokens", type=int, default=1024)
+    parser.add_argument("--new", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    try:
+        policy = with_precision(parse_policy(args.policy), "")
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    model = engine.load(args.model, args.backend, args.dtype)
+    rows = study(model, policy, args.contexts, args.samples)
+    tp = [p for b in (policy, engine.full()) for p in (b, with_precision(b, "q8"), with_precision(b, "q4"))]
+    body: dict[str, Any] = {
+        "config": {k: v for k, v in vars(args).items() if k != "out"},
+        "study": rows,
+        "throughput": throughput(model, tp, args.prompt_tokens, args.new, args.repeats),
+    }
+    q8 = [r["vs_model_dtype"] for r in body["throughput"] if r["policy"].endswith(":q8")]
+    body["targets"] = {
+        "q8_tok_s_ge_0_8x": min(q8) >= 0.8,
+        "q8_keeps_oracle_recall": all(
+            r["recall"] >= o["recall"]
+            for r in rows
+            if r["bits"] == "8"
+            for o in rows
+            if o["bits"] == "oracle" and o["context"] == r["context"]
+        ),
+    }
+    out = Path(args.out)
+    write_report(out, "bench-kv-quant", 1, body)
+    draw(body, out.with_suffix(".png"))
+    out.with_suffix(".md").write_text(markdown(body) + "\n")
+    print(markdown(body))
+    print(f"targets: {body['targets']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
