@@ -235,7 +235,14 @@ def _run(
         elif should_stop is not None and (why := should_stop()):
             stopped = ("cancelled", "cancelled while running") if why == "cancelled" else ("error", why)
         if stopped:
-            kill_tree(proc)
+            # The launcher reads EOF on its lifeline and ends every process of the run (counting strays);
+            # should it not, the whole tree is killed from here.
+            os.close(lifeline_w)
+            lifeline_w = -1
+            try:
+                proc.wait(timeout=launcher.GRACE_S + 3)
+            except subprocess.TimeoutExpired:
+                kill_tree(proc)
             break
         try:  # returns as soon as the program exits, not at the next poll
             proc.wait(timeout=POLL_S)
@@ -244,7 +251,8 @@ def _run(
     else:
         # The launcher ended what the program left; anything that escaped it dies with the run.
         kill_tree(proc, grace_s=0.5)
-    os.close(lifeline_w)
+    if lifeline_w >= 0:
+        os.close(lifeline_w)
     for t in pumps:
         t.join(timeout=5)
     ended = now()
