@@ -2,7 +2,7 @@
 
     none     the run is the runner's user (its environment is scrubbed, its HOME is private, nothing more)
     user     Linux/macOS, runner started as root: the launcher starts the program as `run_user` (a dedicated
-             unprivileged user, created by scripts/setup-runner.sh, or a bare uid), in a copy of the checkout
+             unprivileged user, e.g. `useradd --system kakeya-run`, or a bare uid), in a copy of the checkout
              under a private run directory; the runner's environment (/proc/<pid>/environ), files, git
              credentials and keys are another user's, so the program cannot read them
     userns   Linux, any user: `unshare --user --pid --fork --mount-proc`: the program cannot see the runner's
@@ -92,7 +92,7 @@ def choose(mode: str, run_user: str, network_none: bool = False) -> Isolation:
         if ids is None or ids[0] == 0:
             raise KakeyaError(
                 f"isolation 'user': no user {run_user!r} on this host; create it with "
-                "scripts/setup-runner.sh --run-user, or set run_user / KAKEYA_RUN_USER"
+                "`useradd --system --no-create-home kakeya-run`, or set run_user / KAKEYA_RUN_USER (a name or a uid)"
             )
     elif kind == "userns":
         if not userns_available():

@@ -167,7 +167,7 @@ class Runner:
             raise KakeyaError(
                 f"label(s) {', '.join(untrusted)} are marked untrusted-subjects (untrusted_labels) and this "
                 "runner has no isolation: set isolation = auto (or user / userns) in its config "
-                "(KAKEYA_ISOLATION), see scripts/setup-runner.sh --run-user"
+                "(KAKEYA_ISOLATION); `kakeya doctor` says what this host allows"
             )
         git.worktree_prune(self.mirror)
 

@@ -27,6 +27,7 @@ from bridge.cli import main
 from bridge.client import Client
 from bridge.config import load_config
 from bridge.errors import KakeyaError
+from bridge.isolation import userns_available
 from bridge.proc import descendants
 from tests.bridge.bus_support import (
     WRITE_REPORT_PY,
@@ -293,8 +294,12 @@ def test_a_result_whose_push_the_remote_dropped_is_pushed_after_restart(world: E
         wait_for(lambda: "not pushed yet" in log.read_text(), 30, "the runner to keep its result")
         assert B.done_ref(rid) not in B.Bus(str(daemon.base / "bus.git"), world.project).ls_remote().refs
         daemon.start()
+        restarted = time.monotonic()
         bus = B.Bus(url, world.project)
         wait_for(lambda: bus.ls_remote().entries[rid].done, 60, "the delayed push", step=0.2)
+        print(
+            f"\nFIGURE remote killed mid-push: result pushed {time.monotonic() - restarted:.2f} s after restart"
+        )
     finally:
         assert stop(runner) == 0
     assert "delayed result pushed" in (world.tmp / "p.log").read_text()
@@ -505,7 +510,39 @@ def test_a_workload_cannot_steal_the_runners_secrets(world: Env, daemon: Daemon)
     assert blobs[tree[f"{B.results_path(rid)}/loot.bin"][2]]  # its loot was committed: it held no secret
 
 
-def test_untrusted_labels_need_isolation(world: Env, monkeypatch: pytest.MonkeyPatch):
+def test_untrusted_labels_need_isolation(world: Env, monkeypatch: pytest.MonkeyPatch, capsys):
     monkeypatch.setenv("KAKEYA_UNTRUSTED_LABELS", "cpu")
     with pytest.raises(KakeyaError, match="marked untrusted-subjects"):
         make_runner(Client(load_config()).url, world)
+    assert main(["doctor"]) == 1
+    assert (
+        "FAIL  isolation labels cpu are untrusted-subjects but runs have no isolation"
+        in capsys.readouterr().out
+    )
+    if LINUX and ROOT:  # isolation 'user' as root is in force: the runner serves the label
+        monkeypatch.setenv("KAKEYA_ISOLATION", "user")
+        monkeypatch.setenv("KAKEYA_RUN_USER", str(RUN_UID))
+        assert make_runner(Client(load_config()).url, world).isolation.describe == f"user (uid {RUN_UID})"
+        main(["doctor"])
+        assert f"isolation user (uid {RUN_UID}) (config isolation = user)" in capsys.readouterr().out
+    if not ROOT:
+        monkeypatch.setenv("KAKEYA_ISOLATION", "user")
+        with pytest.raises(KakeyaError, match="needs the runner to start as root"):
+            make_runner(Client(load_config()).url, world)
+
+
+PIDS_PY = "import os\nprint(os.getppid(), sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\n"
+
+
+@pytest.mark.skipif(not (LINUX and userns_available()), reason="unshare --user --pid is not permitted here")
+def test_userns_isolation_hides_the_runners_processes(world: Env, monkeypatch: pytest.MonkeyPatch):
+    add_hostile(world)
+    spec = yaml.safe_load((world.presets / "hostile.yaml").read_text())
+    spec.update(name="pids", argv=["{python}", "-c", PIDS_PY], params={})
+    (world.presets / "pids.yaml").write_text(yaml.safe_dump(spec))
+    monkeypatch.setenv("KAKEYA_ISOLATION", "userns")
+    main(["exec", "pids", "--out", str(world.tmp / "o")])
+    assert exec_result(world.tmp / "o")["isolation"] == "userns"
+    ppid, pids = (world.tmp / "o" / "logs" / "stdout.log").read_text().split(" ", 1)
+    assert ppid == "1" and os.getpid() not in json.loads(pids)  # the launcher is its init; we are invisible
+    assert len(json.loads(pids)) <= 3
