@@ -125,6 +125,7 @@ class Claim(_File):
     lease_until: AwareDatetime
     heartbeat: int = 0
     takeover_of: str | None = None  # the runner whose expired lease this claim took over
+    lease_s: float | None = None  # how long observers wait, on their own clocks, for the claim to move
 
 
 class CancelMarker(_File):

@@ -14,6 +14,12 @@ then `KAKEYA_*` environment variables, then command-line flags (applied by the c
                     requests (git's gpg.format=ssh); empty = unsigned (the embedded default)
     require_signed_requests  a runner rejects requests not signed by a key of `allowed_requesters`
     allowed_requesters       allowed-signers file of the requesters (relative to the project root)
+    isolation       how a run is kept from the runner (bridge/isolation.py): none | auto | user | userns
+    run_user        the dedicated unprivileged user (name or uid) runs are started as (isolation user)
+    untrusted_labels  labels whose subjects are untrusted: the runner refuses them without isolation
+    report_cap_bytes / files_cap_bytes / result_cap_bytes  caps on report.json, the program's other
+                    files, and the whole result: what exceeds is dropped and listed in result.json
+    clock_offset_s  added to this runner's wall clock (tests fake clock skew with it)
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import platform
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -47,6 +54,13 @@ class Config(BaseModel):
     signing_key: str = ""
     require_signed_requests: bool = False
     allowed_requesters: str = ""
+    isolation: Literal["none", "auto", "user", "userns"] = "none"
+    run_user: str = "kakeya-run"
+    untrusted_labels: list[str] = []
+    report_cap_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    files_cap_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
+    result_cap_bytes: int = Field(default=100 * 1024 * 1024, ge=64 * 1024)
+    clock_offset_s: float = 0.0
 
 
 # Environment variable -> field; lists are comma-separated.
@@ -61,6 +75,13 @@ _ENV_FIELDS = {
     "KAKEYA_STATE_DIR": "state_dir",
     "KAKEYA_REQUEST_TTL": "request_ttl_s",
     "KAKEYA_SIGNING_KEY": "signing_key",
+    "KAKEYA_ISOLATION": "isolation",
+    "KAKEYA_RUN_USER": "run_user",
+    "KAKEYA_UNTRUSTED_LABELS": "untrusted_labels",
+    "KAKEYA_REPORT_CAP": "report_cap_bytes",
+    "KAKEYA_FILES_CAP": "files_cap_bytes",
+    "KAKEYA_RESULT_CAP": "result_cap_bytes",
+    "KAKEYA_CLOCK_OFFSET": "clock_offset_s",
 }
 
 
@@ -94,7 +115,9 @@ def load_config(root: Path | None = None, environ: Mapping[str, str] | None = No
         if var in environ:
             raw = environ[var]
             values[field] = (
-                [s.strip() for s in raw.split(",") if s.strip()] if field in ("labels", "secrets") else raw
+                [s.strip() for s in raw.split(",") if s.strip()]
+                if field in ("labels", "secrets", "untrusted_labels")
+                else raw
             )
     try:
         return Config.model_validate(values)

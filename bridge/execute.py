@@ -1,16 +1,21 @@
 """Executing one preset, sandboxed and recorded, and gating its report.
 
-`run_preset` renders the trusted preset's argv (no shell), runs it in its own session/process group in
-the checkout with a scrubbed environment, a time limit that kills the whole process tree, and
-stdout/stderr streamed to capped, redacted files; then it checks and gates the report. It returns the
+`run_preset` renders the trusted preset's argv (no shell), runs it under bridge/launcher.py (a child
+subreaper that ends every process the run started, setsid or not, at exit, at the time limit and when
+the runner dies) in the checkout, with a scrubbed environment, a private HOME/TMPDIR/caches, the
+isolation of bridge/isolation.py, and stdout/stderr streamed to capped, redacted files; then it caps
+what the run left (bridge/caps.py) and checks and gates the report. It returns the
 `RunOutcome` in memory (nothing a run produced is lost: every path ends in one); `execute` also writes it.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -18,17 +23,33 @@ from pathlib import Path
 from typing import Any
 
 import gates
+from bridge import launcher
+from bridge.caps import REPORT, RUNNER_FILES, apply_caps
 from bridge.config import Config
 from bridge.errors import KakeyaError
 from bridge.host import host_fingerprint, tool_versions
+from bridge.isolation import Isolation, choose
 from bridge.logs import CappedLog, Redactor, pump
 from bridge.presets import Preset
 from bridge.proc import kill_tree
-from bridge.result import RunContext, RunOutcome, RunResult, Status, iso, now
+from bridge.result import RunContext, RunOutcome, RunResult, Status, now
+from bridge.result import iso as iso_time
 
 # The only variables a run inherits from the runner's environment (plus the preset's own env).
 BASE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR", "SYSTEMROOT")
 POLL_S = 0.2
+# Where a program may write as its user: all of it points into the run's private scratch directory.
+PRIVATE_DIRS = {
+    "HOME": "home",
+    "TMPDIR": "tmp",
+    "XDG_CONFIG_HOME": "home/.config",
+    "XDG_CACHE_HOME": "home/.cache",
+    "XDG_DATA_HOME": "home/.local/share",
+    "XDG_STATE_HOME": "home/.local/state",
+    "HF_HOME": "home/.cache/huggingface",
+    "TORCH_HOME": "home/.cache/torch",
+    "MPLCONFIGDIR": "home/.config/matplotlib",
+}
 
 
 def secret_values(
@@ -44,8 +65,12 @@ def build_env(
     checkout: Path,
     out_dir: Path,
     context: RunContext,
+    scratch: Path | None = None,
 ) -> dict[str, str]:
+    """The program's environment; with `scratch`, HOME, TMPDIR, XDG_* and the model caches point into it."""
     env = {k: environ[k] for k in BASE_ENV if k in environ}
+    if scratch is not None:
+        env.update({k: str(scratch / sub) for k, sub in PRIVATE_DIRS.items()})
     env.update(preset_env)
     env.update(
         {
@@ -90,33 +115,107 @@ def run_preset(
         **context.model_dump(),
     )
     redact = Redactor(secret_values(preset, config, environ, {}))
+    scratch = Path(tempfile.mkdtemp(prefix="kakeya-run-"))
     try:
-        preset_env = preset.render_env(environ)
-        redact = Redactor(secret_values(preset, config, environ, preset_env))
-        builtins = {"python": sys.executable, "report": str(out_dir / "report.json"), "run_dir": str(out_dir)}
-        argv = preset.render_argv(values, builtins, environ)
-    except KakeyaError as exc:
-        return RunOutcome(
-            out_dir, RunResult(status="error", reason=f"could not start: {exc}", **base), redact=redact
-        )
+        try:
+            iso = choose(config.isolation, config.run_user, network_none=preset.network == "none")
+            base.update(isolation=iso.describe, network=iso.network)
+            preset_env = preset.render_env(environ)
+            redact = Redactor(secret_values(preset, config, environ, preset_env))
+            run_dir = scratch / "out" if iso.uid is not None else out_dir  # where the program writes
+            builtins = {"python": sys.executable, "report": str(run_dir / REPORT), "run_dir": str(run_dir)}
+            argv = preset.render_argv(values, builtins, environ)
+        except KakeyaError as exc:
+            result = RunResult(status="error", reason=f"could not start: {exc}", **base)
+            return RunOutcome(out_dir, result, redact=redact)
+        cwd = _sandbox(checkout, scratch, iso)
+        env = build_env(preset_env, environ, cwd, run_dir, context, scratch)
+        return _run(preset, argv, env, cwd, out_dir, run_dir, scratch, iso, config, should_stop, base, redact)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
-    env = build_env(preset_env, environ, checkout, out_dir, context)
+
+def _sandbox(checkout: Path, scratch: Path, iso: Isolation) -> Path:
+    """The private directories of a run; where it runs. Under isolation 'user' the program gets a copy of
+    the checkout and its own run directory (scratch/out), owned by its user."""
+    for sub in set(PRIVATE_DIRS.values()):
+        (scratch / sub).mkdir(parents=True, exist_ok=True)
+    if iso.uid is None:
+        return checkout
+    work, run_dir = scratch / "work", scratch / "out"
+    shutil.copytree(checkout, work, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+    run_dir.mkdir()
+    scratch.chmod(0o755)
+    for top in ("home", "tmp", "work", "out"):
+        for dirpath, dirnames, filenames in os.walk(scratch / top):
+            for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
+                os.lchown(name, iso.uid, iso.gid if iso.gid is not None else iso.uid)
+    return work
+
+
+def _collect(run_dir: Path, out_dir: Path) -> None:
+    """Move what a program wrote in its own run directory into out_dir: regular files only (a link could
+    point at the runner's files), never over the runner's own files."""
+    for dirpath, _dirnames, filenames in os.walk(run_dir):
+        for name in filenames:
+            src = Path(dirpath) / name
+            rel = src.relative_to(run_dir).as_posix()
+            if src.is_symlink() or not src.is_file() or rel in RUNNER_FILES:
+                continue
+            (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(src, out_dir / rel)
+
+
+def _run(
+    preset: Preset,
+    argv: list[str],
+    env: dict[str, str],
+    cwd: Path,
+    out_dir: Path,
+    run_dir: Path,
+    scratch: Path,
+    iso: Isolation,
+    config: Config,
+    should_stop: Callable[[], str | None] | None,
+    base: dict[str, Any],
+    redact: Redactor,
+) -> RunOutcome:
+    status_file = scratch / "launcher.json"
+    lifeline_r, lifeline_w = os.pipe()
+    ids = ["--uid", str(iso.uid), "--gid", str(iso.gid)] if iso.uid is not None else []
+    wrapped = [
+        *iso.wrap,
+        sys.executable,
+        "-I",
+        launcher.__file__,
+        "--status",
+        str(status_file),
+        "--lifeline",
+        str(lifeline_r),
+        *ids,
+        "--",
+        *argv,
+    ]
     base["argv"] = [redact.text(a) for a in argv]
     started = now()
     try:
         proc = subprocess.Popen(
-            argv,
-            cwd=checkout,
+            wrapped,
+            cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
+            pass_fds=(lifeline_r,),
         )
     except OSError as exc:
-        reason = f"could not start {argv[0]!r}: {exc}"
-        result = RunResult(status="error", reason=reason, started_at=iso(started), **base)
+        os.close(lifeline_w)
+        reason = f"could not start {wrapped[0]!r}: {exc}"
+        result = RunResult(status="error", reason=reason, started_at=iso_time(started), **base)
         return RunOutcome(out_dir, result, redact=redact)
+    finally:
+        os.close(lifeline_r)
     pumps = [
         threading.Thread(
             target=pump,
@@ -136,26 +235,54 @@ def run_preset(
         elif should_stop is not None and (why := should_stop()):
             stopped = ("cancelled", "cancelled while running") if why == "cancelled" else ("error", why)
         if stopped:
-            kill_tree(proc)
+            # The launcher reads EOF on its lifeline and ends every process of the run (counting strays);
+            # should it not, the whole tree is killed from here.
+            os.close(lifeline_w)
+            lifeline_w = -1
+            try:
+                proc.wait(timeout=launcher.GRACE_S + 3)
+            except subprocess.TimeoutExpired:
+                kill_tree(proc)
             break
         try:  # returns as soon as the program exits, not at the next poll
             proc.wait(timeout=POLL_S)
         except subprocess.TimeoutExpired:
             pass
     else:
-        # The program exited; anything it left behind in its group dies with the run.
+        # The launcher ended what the program left; anything that escaped it dies with the run.
         kill_tree(proc, grace_s=0.5)
+    if lifeline_w >= 0:
+        os.close(lifeline_w)
     for t in pumps:
-        t.join(timeout=30)
+        t.join(timeout=5)
     ended = now()
+    try:
+        status = json.loads(status_file.read_text())
+    except (OSError, ValueError):
+        status = {"exit_code": proc.returncode, "strays": None}
+    if status.get("start_error"):
+        reason = f"could not start {argv[0]!r}: {status['start_error']}"
+        result = RunResult(status="error", reason=reason, started_at=iso_time(started), **base)
+        return RunOutcome(out_dir, result, redact=redact)
+    if run_dir != out_dir:
+        _collect(run_dir, out_dir)
+    dropped = apply_caps(
+        out_dir,
+        report_cap=config.report_cap_bytes,
+        files_cap=config.files_cap_bytes,
+        result_cap=config.result_cap_bytes,
+    )
+    base.update(strays_killed=status.get("strays"), dropped=dropped)
+    returncode = status.get("exit_code")
+    returncode = proc.returncode if returncode is None else returncode
 
     outcome = RunOutcome(
         out_dir,
         RunResult(
             status="succeeded",
-            exit_code=proc.returncode,
-            started_at=iso(started),
-            ended_at=iso(ended),
+            exit_code=returncode,
+            started_at=iso_time(started),
+            ended_at=iso_time(ended),
             duration_s=round((ended - started).total_seconds(), 3),
             **base,
         ),
@@ -166,10 +293,14 @@ def run_preset(
     redact.scrub_file(report_path)
     if stopped:
         result.status, result.reason = stopped
-    elif proc.returncode != 0:
-        result.status, result.reason = "failed", f"exited with code {proc.returncode}"
+    elif returncode != 0:
+        result.status, result.reason = "failed", f"exited with code {returncode}"
     if report_path.is_file():
         result.report = "report.json"
+    elif result.status == "succeeded" and (
+        why := next((d for d in dropped if d.startswith(f"{REPORT} ")), None)
+    ):
+        result.status, result.reason = "error", f"the report was dropped: {why}"
     if result.status in ("succeeded", "failed"):
         try:
             if not report_path.is_file():

@@ -326,6 +326,7 @@ class Preset(BaseModel):
     report: ReportSpec
     gate: list[Check] = []
     baseline: BaselineSpec | None = None
+    network: Literal["host", "none"] = "host"  # none: a new, empty network namespace where permitted
 
     @field_validator("name")
     @classmethod
@@ -390,10 +391,11 @@ class Preset(BaseModel):
     @property
     def content_hash(self) -> str:
         """sha256 of the canonical definition: what the runner ran, independent of YAML formatting."""
-        # A preset without a baseline hashes as it did before `baseline:` existed.
-        data = self.model_dump(
-            mode="json", by_alias=True, exclude={"baseline"} if self.baseline is None else None
+        # A preset without a baseline (or with the default network) hashes as it did before those existed.
+        exclude = ({"baseline"} if self.baseline is None else set()) | (
+            {"network"} if self.network == "host" else set()
         )
+        data = self.model_dump(mode="json", by_alias=True, exclude=exclude)
         if (
             data.get("baseline") and data["baseline"]["samples"] is None
         ):  # hashes as before `samples:` existed

@@ -60,6 +60,10 @@ class RunResult(BaseModel):
     tools: dict[str, str] = {}
     report: str | None = None
     verdict: Literal["pass", "fail", "error"] | None = None
+    isolation: str | None = None  # none | user (uid N) | userns: bridge/isolation.py
+    network: str | None = None  # host | none
+    strays_killed: int | None = None  # processes left behind by the program, killed at its end
+    dropped: list[str] = []  # files over the caps (bridge/caps.py), not committed
 
 
 def now() -> dt.datetime:
@@ -154,6 +158,8 @@ def summary_markdown(result: RunResult, out_dir: Path, verdict: gates.Verdict | 
         ("ended", result.ended_at),
         ("duration", f"{result.duration_s:.2f} s" if result.duration_s is not None else None),
         ("preset hash", result.preset_hash),
+        ("isolation", result.isolation),
+        ("strays killed", result.strays_killed),
         (
             "host",
             f"{result.host.get('hostname')} · {result.host.get('os')} · {result.host.get('cpu')}"
@@ -162,6 +168,8 @@ def summary_markdown(result: RunResult, out_dir: Path, verdict: gates.Verdict | 
         ),
     ]
     lines += ["| | |", "|---|---|"] + [f"| {k} | {_fmt(v)} |" for k, v in rows if v is not None] + [""]
+    if result.dropped:
+        lines += ["## Dropped (over the caps)", ""] + [f"- {d}" for d in result.dropped] + [""]
     if result.params:
         lines += ["## Parameters", "", "| name | value |", "|---|---|"]
         lines += [f"| {k} | `{_fmt(v)}` |" for k, v in result.params.items()] + [""]

@@ -4,9 +4,12 @@
     runner.once()            # claim and serve one pending request (or `request_id`); None when idle
     runner.watch()           # the same in a loop until stop()
 
-Claim = create kakeya/claim/<id> only if absent. While the run goes on a `Lease` thread heartbeats
-(fast-forwards the claim with a later lease_until) and watches for a cancel marker or a takeover; a
-runner that finds an expired lease takes it over with a lease on the sha it saw. The result is pushed
+Claim = create kakeya/claim/<id> only if absent. While the request is served (run, commit and push) a
+`Lease` thread heartbeats (fast-forwards the claim) and watches for a cancel marker or a takeover. A
+lease is judged expired by how long this runner has seen the claim unchanged on its own monotonic clock
+(longer than the claim's lease_s), never by comparing another host's timestamp with ours, so clock skew
+cannot run a request twice; a runner that finds an expired lease takes it over with a lease on the sha
+it saw. The result is pushed
 in one atomic push that moves the claim to the done commit (leased on this runner's last claim sha)
 and creates the done ref: a runner that lost its lease can never push a result. Presets come from the
 runner's own registry, never from the request commit. Every outcome ends in a done commit.
@@ -21,6 +24,7 @@ import random
 import shutil
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +39,7 @@ from bridge.config import Config, project_root
 from bridge.errors import BusError, InvalidRequest, KakeyaError, Rejected, problems
 from bridge.evidence import apply_baseline
 from bridge.execute import run_preset
+from bridge.isolation import choose
 from bridge.names import check_label
 from bridge.presets import Preset, load_registry
 from bridge.result import RunContext, RunOutcome, RunResult, not_run
@@ -66,6 +71,7 @@ class Lease(threading.Thread):
         self.runner, self.id, self.sha, self.claim = runner, request_id, sha, claim
         self.cancelled = False
         self.lost: str | None = None
+        self.lock = threading.Lock()  # held by a heartbeat, and by the result's final push
         self._halt = threading.Event()
         lease_s = runner.config.lease_s
         self.tick_s = min(max(runner.config.poll_interval_s, 2.0), lease_s / 3)  # cancel/takeover checks
@@ -79,7 +85,9 @@ class Lease(threading.Thread):
             try:
                 self.check()
                 if not self.lost and waited >= next_beat:
-                    self.heartbeat()
+                    with self.lock:
+                        if not self.lost and not self._halt.is_set():
+                            self.heartbeat()
                     next_beat = waited + self.beat_s
             except KakeyaError as exc:  # the bus is unreachable for now: keep running, keep trying
                 self.runner.log(f"{self.id}: heartbeat/check failed, will retry: {exc}")
@@ -93,7 +101,7 @@ class Lease(threading.Thread):
             self.lost = f"lease lost: {self.runner.holder(self.id, current)}"
 
     def heartbeat(self) -> None:
-        now = B.utcnow()
+        now = self.runner.now()
         claim = self.claim.model_copy(
             update={
                 "heartbeat": self.claim.heartbeat + 1,
@@ -150,13 +158,26 @@ class Runner:
         self.sign_key = key_file(config.signing_key)
         self.requesters = requesters(config)
         self.leases: dict[str, Claim | None] = {}  # claim sha -> its claim.json (immutable, so cached)
+        self.seen: dict[str, float] = {}  # claim sha -> when (time.monotonic) this runner first saw it
         self.stopping = threading.Event()
         self.abort_reason: str | None = None
         self._log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.served = 0
         self.contended = False
         self.outbox_pending = True  # look once at start; then only after a push failed
+        self.isolation = choose(config.isolation, config.run_user)
+        untrusted = [lb for lb in self.labels if lb in config.untrusted_labels]
+        if untrusted and self.isolation.kind == "none":
+            raise KakeyaError(
+                f"label(s) {', '.join(untrusted)} are marked untrusted-subjects (untrusted_labels) and this "
+                "runner has no isolation: set isolation = auto (or user / userns) in its config "
+                "(KAKEYA_ISOLATION); `kakeya doctor` says what this host allows"
+            )
         git.worktree_prune(self.mirror)
+
+    def now(self) -> dt.datetime:
+        """This runner's wall clock (plus config clock_offset_s, with which tests fake a skewed host)."""
+        return B.utcnow() + dt.timedelta(seconds=self.config.clock_offset_s)
 
     def log(self, msg: str) -> None:
         self._log(f"{dt.datetime.now().astimezone():%H:%M:%S} kakeya runner {self.name}: {msg}")
@@ -225,33 +246,23 @@ class Runner:
         self._learn_leases([e for e in pool if e.claim])
         live = {e.claim for e in snap.entries.values() if e.claim}
         self.leases = {sha: c for sha, c in self.leases.items() if sha in live}
-        now = B.utcnow()
+        now = time.monotonic()
+        self.seen = {sha: t for sha, t in self.seen.items() if sha in live}
         out: list[tuple[Entry, tuple[str, Claim] | None]] = []
         for e in pool:
             if e.claim is None:
                 out.append((e, None))
                 continue
+            first_seen = self.seen.setdefault(e.claim, now)
             claim = self.leases.get(e.claim)
-            if claim is not None and claim.lease_until < now:
-                out.append((e, (e.claim, claim)))
-            elif claim is None and e.claim in self.leases:  # unreadable claim.json: treat as expired
-                out.append(
-                    (
-                        e,
-                        (
-                            e.claim,
-                            Claim(
-                                id=e.id,
-                                runner="unknown",
-                                labels=[],
-                                host="",
-                                pid=0,
-                                claimed_at=now,
-                                lease_until=now,
-                            ),
-                        ),
-                    )
+            if claim is None:  # unreadable or missing claim (logged when learnt): treat as expired
+                wall = self.now()
+                unknown = Claim(
+                    id=e.id, runner="unknown", labels=[], host="", pid=0, claimed_at=wall, lease_until=wall
                 )
+                out.append((e, (e.claim, unknown)))
+            elif now - first_seen > (claim.lease_s or self.config.lease_s):
+                out.append((e, (e.claim, claim)))
         head = out[:CLAIM_WINDOW]
         random.shuffle(head)
         return head + out[CLAIM_WINDOW:]
@@ -265,14 +276,21 @@ class Runner:
         except BusError as exc:  # a claim moved or went away meanwhile: look again next time
             self.log(f"could not read claims: {exc}")
             return
+        present = git.present(self.mirror, [e.claim for e in unknown if e.claim])
         for e in unknown:
             assert e.claim is not None
-            if git.has_object(self.mirror, e.claim):
-                raw = git.read_path(self.mirror, e.claim, B.CLAIM_PATH)
-                try:
-                    self.leases[e.claim] = Claim.model_validate_json(raw or b"")
-                except ValidationError:
-                    self.leases[e.claim] = None
+            if e.claim not in present:
+                self.log(
+                    f"{e.id}: claim {e.claim[:12]} could not be read after the fetch; treating it as expired"
+                )
+                self.leases[e.claim] = None
+                continue
+            raw = git.read_path(self.mirror, e.claim, B.CLAIM_PATH)
+            try:
+                self.leases[e.claim] = Claim.model_validate_json(raw or b"")
+            except ValidationError:
+                self.log(f"{e.id}: claim {e.claim[:12]} has no valid {B.CLAIM_PATH}; treating it as expired")
+                self.leases[e.claim] = None
 
     def holder(self, request_id: str, sha: str | None) -> str:
         """Who holds the claim now, for messages."""
@@ -294,7 +312,7 @@ class Runner:
         assert entry.req is not None and entry.label is not None
         if not git.has_object(self.mirror, entry.req):
             self.prefetch([entry])
-        now = B.utcnow()
+        now = self.now()
         claim = Claim(
             id=entry.id,
             runner=self.name,
@@ -304,6 +322,7 @@ class Runner:
             claimed_at=now,
             lease_until=now + dt.timedelta(seconds=self.config.lease_s),
             takeover_of=old[1].runner if old else None,
+            lease_s=self.config.lease_s,
         )
         base = old[0] if old else entry.req
         verb = f"takes over {entry.id} from {old[1].runner}" if old else f"claims {entry.id}"
@@ -331,14 +350,18 @@ class Runner:
                 lease.stop()
                 return self.release(entry, lease.sha)
             result = self.run_request(entry, lease, out).write()
-            lease.stop()
             served = Served(entry.id, result.status, result.verdict, result.reason)
-            if lease.lost:
+            # The lease keeps beating while the result is committed; the final commit goes on the last beat.
+            tree = self.result_tree(entry, lease.sha, out) if not lease.lost else ""
+            with lease.lock:
+                if not lease.lost:
+                    served.done = self.done_commit(entry, lease, tree, result)
+                    served.pushed = self.push_done(entry.id, lease.sha, served.done)
+            lease.stop()
+            if served.done is None:
                 self.log(f"{entry.id}: {lease.lost}; its result is not pushed (kept in {out})")
                 served.reason = lease.lost
                 return served
-            served.done = self.commit_done(entry, lease.sha, out, result)
-            served.pushed = self.push_done(entry.id, lease.sha, served.done)
             if served.pushed:
                 shutil.rmtree(out, ignore_errors=True)
             return served
@@ -372,7 +395,7 @@ class Runner:
                     context=context,
                     preset_hash=preset_hash,
                 )
-            if manifest.expires_at < B.utcnow():
+            if manifest.expires_at < self.now():
                 return not_run(
                     out,
                     "expired",
@@ -467,16 +490,22 @@ class Runner:
 
     # --- results ------------------------------------------------------------------------------------
 
-    def commit_done(self, entry: Entry, claim_sha: str, out: Path, result: RunResult) -> str:
+    def result_tree(self, entry: Entry, claim_sha: str, out: Path) -> str:
+        """The claim's tree plus the run's files under .kakeya/results/<id>/ (the slow part of committing)."""
         prefix = B.results_path(entry.id)
         files = {
             f"{prefix}/{p.relative_to(out).as_posix()}": p.read_bytes()
             for p in sorted(out.rglob("*"))
             if p.is_file() and not p.is_symlink() and ".git" not in p.relative_to(out).parts
         }  # git refuses a tree entry named .git
+        return git.tree_with(self.mirror, claim_sha, files)
+
+    def done_commit(self, entry: Entry, lease: Lease, tree: str, result: RunResult) -> str:
+        """The done commit on the lease's last heartbeat (its claim.json), holding `tree`'s results."""
+        tree = git.tree_with(self.mirror, tree, {B.CLAIM_PATH: lease.claim.dump()})
         verdict = f", verdict {result.verdict}" if result.verdict else ""
         message = f"kakeya done {entry.id}: {result.status}{verdict}\n\n{result.reason or ''}".rstrip() + "\n"
-        return git.child_commit(self.mirror, claim_sha, files, message, self.who, self.sign_key)
+        return git.commit(self.mirror, tree, [lease.sha], message, self.who, self.sign_key)
 
     def push_done(self, request_id: str, claim_sha: str, done_sha: str) -> bool:
         """Atomically: claim (leased on our last sha) -> done commit, done ref created. Kept locally if the bus

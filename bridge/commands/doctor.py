@@ -12,8 +12,9 @@ from bridge import bus as B
 from bridge import git, trust
 from bridge.client import resolve_remote, state_dir
 from bridge.commands._bus import add_remote
-from bridge.config import load_config, project_root
+from bridge.config import Config, load_config, project_root
 from bridge.errors import KakeyaError
+from bridge.isolation import choose
 from bridge.presets import load_registry
 
 MIN_GIT = (2, 29)  # fetch --no-write-fetch-head / --stdin
@@ -50,6 +51,19 @@ def check_engine() -> str:
     return f"importable from {proc.stdout.strip()}"
 
 
+def isolation_in_force(cfg: Config) -> str:
+    """Which isolation a run gets here (bridge/isolation.py); fails when untrusted labels would lack one."""
+    iso = choose(cfg.isolation, cfg.run_user)
+    untrusted = [lb for lb in cfg.labels if lb in cfg.untrusted_labels]
+    if untrusted and iso.kind == "none":
+        raise KakeyaError(
+            f"labels {', '.join(untrusted)} are untrusted-subjects but runs have no isolation; "
+            "set isolation = auto (KAKEYA_ISOLATION)"
+        )
+    extra = f"; runs of untrusted-subjects labels {', '.join(untrusted)} allowed" if untrusted else ""
+    return f"{iso.describe} (config isolation = {cfg.isolation}){extra}"
+
+
 def run(args: argparse.Namespace) -> int:
     root = project_root()
     state: dict[str, object] = {}
@@ -79,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
         bad = f"; {len(snap.ignored)} malformed refs under {B.PREFIX}" if snap.ignored else ""
         return f"{where}: {len(snap.entries)} requests readable{bad}"
 
+    def isolation() -> str:
+        cfg = state.get("config") or load_config(root)
+        return isolation_in_force(cfg)
+
     def presets() -> str:
         registry = load_registry()
         if not registry:
@@ -107,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         ("bus", bus),
         ("presets", presets),
         ("signing", signing),
+        ("isolation", isolation),
         ("engine", check_engine),
     ]
     failed = 0

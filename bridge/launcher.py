@@ -1,0 +1,168 @@
+"""The run launcher: the parent of every process a run starts, and their end.
+
+    python -I bridge/launcher.py --status FILE --lifeline FD [--uid U --gid G] -- ARGV...
+
+It becomes a child subreaper (Linux `prctl(PR_SET_CHILD_SUBREAPER)`), so processes that call setsid and
+whose parent exits re-parent to it instead of to init; it asks for SIGTERM when the runner dies
+(`PR_SET_PDEATHSIG`) and also watches a pipe whose write end only the runner holds (EOF = the runner is
+gone, on any platform). It starts ARGV in a new session (as uid/gid U/G when given: the runner's identity
+stays out of the workload's reach), waits for it, and when it exits (or at SIGTERM: the time limit, a
+cancel, the runner's death) kills every process left below it and reaps them. FILE gets
+{"exit_code": the program's returncode (negative: killed by that signal), "strays": processes killed
+that were not the program, "subreaper": bool, "start_error": why ARGV could not start, or null}.
+
+On macOS there is no subreaper: processes that left the tree (setsid and an exited parent) are out of
+reach; the lifeline and the tree walk still end everything that stayed below the launcher.
+
+Standard library only, and run with `python -I` by path: the subject's PYTHONPATH never reaches it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+GRACE_S = 2.0
+
+
+def children_map() -> dict[int, list[int]]:
+    """ppid -> pids, from /proc (Linux) or `ps` (macOS)."""
+    children: dict[int, list[int]] = {}
+    proc = Path("/proc")
+    if proc.is_dir():
+        for entry in proc.iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    else:
+        text = subprocess.run(["ps", "-A", "-o", "pid=,ppid="], capture_output=True, text=True).stdout
+        for line in text.splitlines():
+            pid, ppid = (int(x) for x in line.split())
+            children.setdefault(ppid, []).append(pid)
+    return children
+
+
+def descendants(pid: int) -> list[int]:
+    children, out, todo = children_map(), [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _prctl(option: int, value: int) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(option, value, 0, 0, 0) == 0
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _reap(codes: dict[int, int]) -> None:
+    """Collect every exited child (ours, and orphans re-parented to us)."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        codes[pid] = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def end_everything(codes: dict[int, int]) -> set[int]:
+    """SIGTERM everything below us, then SIGKILL what is left, until nothing is; the pids seen."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + GRACE_S
+    sig = signal.SIGTERM
+    while True:
+        _reap(codes)
+        alive = [p for p in descendants(os.getpid()) if p not in codes]
+        if not alive:
+            return seen
+        seen.update(alive)
+        if time.monotonic() > deadline:
+            sig = signal.SIGKILL
+        _signal_all(alive, sig)
+        time.sleep(0.05)
+
+
+def main(argv: list[str]) -> int:
+    args = argv[1:]
+    opts: dict[str, str] = {}
+    while args and args[0] != "--":
+        opts[args[0]], args = args[1], args[2:]
+    command = args[1:]
+    status_path = Path(opts["--status"])
+    lifeline = int(opts.get("--lifeline", "-1"))
+    parent = os.getppid()
+    subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    stop = [os.getppid() != parent]  # the runner died before we could ask to be told
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        stop[0] = True
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    user: dict = {}
+    if "--uid" in opts:
+        user = {"user": int(opts["--uid"]), "group": int(opts["--gid"]), "extra_groups": []}
+    codes: dict[int, int] = {}
+    exit_code: int | None = None
+    start_error: str | None = None
+    try:
+        child = subprocess.Popen(command, start_new_session=True, pass_fds=(), **user)
+    except OSError as exc:
+        child, exit_code, start_error = None, 127, str(exc)
+    while child is not None and not stop[0]:
+        _reap(codes)
+        if child.pid in codes:
+            break
+        if lifeline >= 0:
+            ready, _, _ = select.select([lifeline], [], [], 0.05)
+            if ready and not os.read(lifeline, 1):
+                break  # the runner is gone
+        else:
+            time.sleep(0.05)
+    if child is not None:
+        killed = end_everything(codes)
+        _reap(codes)
+        exit_code = codes.get(child.pid)
+        strays = len(killed - {child.pid})
+    else:
+        strays = 0
+    tmp = status_path.with_name(status_path.name + ".tmp")
+    tmp.write_text(
+        json.dumps(
+            {"exit_code": exit_code, "strays": strays, "subreaper": subreaper, "start_error": start_error}
+        )
+    )
+    tmp.replace(status_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
