@@ -30,6 +30,12 @@ PARTS: dict[str, dict[str, tuple[str, bool]]] = {
         "checks": ("Check", True),
         "summary": ("Summary", False),
     },
+    "restoration": {
+        "config": ("Config", False),
+        "training": ("Training", False),
+        "arms": ("Arm", True),
+        "summary": ("Summary", False),
+    },
 }
 JSON_TYPES = {"object", "array", "string", "integer", "number", "boolean", "null"}
 

@@ -5,7 +5,9 @@ Prompts: the zoo's code-like corpus (`engine.zoo.corpus.code_prompts`) when the 
 vocabulary (one token per word), else built-in HumanEval-style Python prompts (a signature and a
 docstring to complete). Per prompt the verifier decodes greedily and then speculatively (drafter
 `--drafter`: a model sharing the verifier's tokenizer, e.g. zoo:tiny-drafter, or `lookup` for prompt
-lookup; k drafted tokens per block), each the best of `--repeats` runs. Reported per prompt: decode-only
+lookup; `--draft diffusion`: the masked-diffusion proposer `--proposer`, e.g. zoo:tiny-dlm, unmasking its k
+slots in at most `--denoise-steps` forwards and holding no K/V; k drafted tokens per block), each the best
+of `--repeats` runs. Reported per prompt: decode-only
 tok/s (tokens after the first / time after prefill) and end-to-end tok/s (tokens / prefill + decode) of
 both, the mean acceptance length (tokens committed per verifier forward), the speedup (speculative /
 greedy decode tok/s), and `exact`: whether the two token lists are equal, compared token by token.
@@ -61,6 +63,7 @@ class Config(cli.ModelConfig):
     repeats: int = Field(ge=1)
     seed: int
     min_speedup: float = Field(ge=0)
+    denoise_steps: int | None = Field(default=None, ge=1)  # the diffusion proposer's (None: another drafter)
 
 
 class Run(BaseModel):
@@ -149,6 +152,12 @@ def drafter_factory(config: Config, model: engine.Model, probe: str) -> Callable
 
     if config.drafter == "lookup":
         return engine.PromptLookupDrafter
+    if config.denoise_steps is not None:
+        from engine.drafters.diffusion import DiffusionDrafter, load_dlm
+
+        dlm = load_dlm(config.drafter, config.backend)
+        steps = config.denoise_steps
+        return lambda: DiffusionDrafter(dlm, steps=steps)
     dm = engine.load(config.drafter, config.backend, config.dtype)
     if dm.encode(probe) != model.encode(probe):
         raise ValueError(f"the drafter {config.drafter} does not share the verifier's tokenizer")
@@ -307,9 +316,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--draft",
-        choices=("model", "lookup"),
+        choices=("model", "lookup", "diffusion"),
         default="model",
-        help="lookup: prompt lookup, whatever --drafter says (for presets, whose --drafter is a model)",
+        help="lookup: prompt lookup, whatever --drafter says (for presets, whose --drafter is a model); "
+        "diffusion: the masked-diffusion proposer --proposer",
+    )
+    parser.add_argument("--proposer", default="zoo:tiny-dlm", help="--draft diffusion: the proposer model")
+    parser.add_argument(
+        "--denoise-steps", type=int, default=4, help="--draft diffusion: denoising forwards per block at most"
     )
     parser.add_argument(
         "--drafter-policy", default="auto", help="the drafter's cache policy (auto: see above)"
@@ -340,7 +354,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if args.k < 1 or args.prompts < 1 or args.repeats < 1 or args.new_tokens < 2 or args.prompt_tokens < 2:
         parser.error("--k, --prompts and --repeats must be >= 1, --new-tokens and --prompt-tokens >= 2")
-    drafter = "lookup" if args.draft == "lookup" else args.drafter
+    if args.denoise_steps < 1:
+        parser.error("--denoise-steps must be >= 1")
+    drafter = {"lookup": "lookup", "diffusion": args.proposer}.get(args.draft, args.drafter)
     config = Config(
         model=args.model,
         backend=args.backend,
@@ -356,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         repeats=args.repeats,
         seed=args.seed,
         min_speedup=args.min_speedup,
+        denoise_steps=args.denoise_steps if args.draft == "diffusion" else None,
     )
     report, png = plots.write_plotted(args.out, "throughput", throughput(config), draw, "tok_s", args.plot)
     s = report["summary"]

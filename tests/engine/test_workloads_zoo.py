@@ -92,6 +92,20 @@ def test_throughput_with_the_zoo_drafter_is_exact_and_accepts_drafts(tmp_path: P
     )  # exactness; speed varies
 
 
+def test_throughput_with_the_diffusion_proposer_is_exact(tmp_path: Path) -> None:
+    out = tmp_path / "dlm.json"
+    params = {"draft": "diffusion", "denoise_steps": 2, "prompts": 2, "new_tokens": 24, "repeats": 1}
+    argv = _argv("throughput-code", params, out)
+    assert throughput.main([*argv[3:], "--plot", "none"]) == 0
+    report = json.loads(out.read_text())
+    c, s = report["config"], report["summary"]
+    assert c["drafter"] == "zoo:tiny-dlm" and c["denoise_steps"] == 2
+    assert s["all_exact"] and s["mean_acceptance_length"] >= 1.0
+    assert sum(p["speculative"]["drafted"] for p in report["prompts"]) > 0
+    verdict = _gate(report, "throughput-code")
+    assert not verdict.violations and [c.status for c in verdict.checks][0] == "pass"
+
+
 def test_compression_table_on_the_zoo_models(tmp_path: Path) -> None:
     out = tmp_path / "c.json"
     argv = _argv("compression-table", {"check_lens": "64,256"}, out)

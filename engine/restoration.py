@@ -1,0 +1,370 @@
+"""K/V restoration (torch backend only): a bounded-cache session whose evicted positions' K/V are supplied
+at attention time, and f_theta, a low-rank map from a drafter's K/V to the verifier's.
+
+`RestoredSession` is a `TorchSession` under any policy whose per-layer states (`RestoredKV`) append, to
+the slots the cache holds, K/V that a `Supply` provides for the positions the policy evicted. Each query
+then sees exactly the positions the model's own attention sees (its native rule: causal, and the native
+window on sliding layers): a held position through the cache when its policy (sink + window) lets the
+query see it, any other one through the supply. The group (engine/cache.py) still owns the slots; the
+supplied K/V are never written to the cache, so the bytes the session holds stay the policy's.
+
+A `Supply` holds per-layer post-RoPE K/V [1, kv_heads, T, head_dim] for the positions [0, T) of a prompt:
+- `truth(trace)`: the verifier's own K/V (captured from one full forward): the identity control, which
+  must reproduce the full-cache oracle;
+- `FTheta.supply(drafter_trace, ...)`: f_theta's restoration from the drafter's pre-RoPE K/V, rotated
+  with the verifier's RoPE tables;
+- `mix(alpha, truth, restored)`: alpha * true + (1 - alpha) * restored (after normalisation, before
+  RoPE - the two commute, RoPE is linear).
+
+`capture(model, ids)` runs one plain forward with hooks on each attention layer and returns its `Trace`:
+queries and keys after q_norm / k_norm and before RoPE, values, and the layer's RoPE tables. It needs a
+transformers attention with q_norm / k_norm (Gemma 3 style) or without them (Llama style, the projections
+are taken as they are); MLX has no such session here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from engine.backends.torch import KV, GroupTensors, PolicyCache, TorchModel, TorchSession
+from engine.cache import Forward, visible_mask
+from engine.decode import Step
+from engine.geometry import SLIDING_ATTENTION
+from engine.policy import LayerSpec, Policy
+
+
+@dataclass
+class Trace:
+    """One forward's attention inputs per layer, batch dropped: q [heads, T, d], k and v [kv_heads, T, d]
+    (q and k after their norms, before RoPE), cos / sin [T, d]."""
+
+    q: list[torch.Tensor]
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+    cos: list[torch.Tensor]
+    sin: list[torch.Tensor]
+
+    @property
+    def length(self) -> int:
+        return self.k[0].shape[1]
+
+    def features(self) -> torch.Tensor:
+        """[T, layers * 2 * kv_heads * d]: every layer's K and V at each position (f_theta's input)."""
+        parts = [
+            x.permute(1, 0, 2).reshape(self.length, -1) for kv in zip(self.k, self.v, strict=True) for x in kv
+        ]
+        return torch.cat(parts, dim=1)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate [heads, T, d] by the tables [T, d] (transformers' apply_rotary_pos_emb)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[None] + rotated * sin[None]
+
+
+def _attention_modules(model: TorchModel) -> list[Any]:
+    layers = getattr(getattr(model.model, "model", None), "layers", None)
+    if layers is None or len(layers) != len(model.layer_types):
+        raise ValueError("K/V restoration needs a transformers decoder with model.model.layers")
+    return [layer.self_attn for layer in layers]
+
+
+@torch.no_grad()
+def capture(model: TorchModel, ids: Sequence[int]) -> Trace:
+    """One full forward of `ids` (no cache, the model's own masks) recording each layer's Trace."""
+    attns = _attention_modules(model)
+    n = len(attns)
+    out: dict[str, list[Any]] = {name: [None] * n for name in ("q", "k", "v", "cos", "sin")}
+    handles = []
+
+    def heads(x: torch.Tensor, d: int) -> torch.Tensor:  # [1, h, T, d] or [1, T, h * d] -> [h, T, d]
+        return x[0] if x.dim() == 4 else x[0].view(x.shape[1], -1, d).transpose(0, 1)
+
+    for i, attn in enumerate(attns):
+        d = attn.head_dim
+
+        def pre(module: Any, args: Any, kwargs: dict[str, Any], i: int = i) -> None:
+            cos, sin = kwargs["position_embeddings"]
+            out["cos"][i], out["sin"][i] = cos[0], sin[0]
+
+        def put(name: str, i: int = i, d: int = d) -> Any:
+            def hook(module: Any, args: Any, output: torch.Tensor) -> None:
+                out[name][i] = heads(output, d).clone()
+
+            return hook
+
+        handles.append(attn.register_forward_pre_hook(pre, with_kwargs=True))
+        for name, sub in (("q", "q_norm"), ("k", "k_norm"), ("v", "v_norm")):
+            module = getattr(attn, sub, None) or getattr(attn, f"{name}_proj")
+            handles.append(module.register_forward_hook(put(name)))
+    try:
+        model.model.model(input_ids=torch.tensor([list(ids)]), use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    return Trace(**out)
+
+
+class Supply:
+    """Post-RoPE K/V per layer [1, kv_heads, T, d] for positions [0, T), handed out by position."""
+
+    def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor]) -> None:
+        self.k, self.v = k, v
+        self.length = k[0].shape[2]
+
+    def kv(self, layer: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[layer].index_select(2, positions), self.v[layer].index_select(2, positions)
+
+
+def truth(trace: Trace) -> Supply:
+    """The verifier's own K/V: the identity restoration."""
+    return supply_from(trace.k, trace.v, trace)
+
+
+def supply_from(k: list[torch.Tensor], v: list[torch.Tensor], tables: Trace) -> Supply:
+    """A supply from pre-RoPE keys and values [kv_heads, T, d], rotated with `tables`' RoPE."""
+    return Supply(
+        [rope(x, c, s)[None] for x, c, s in zip(k, tables.cos, tables.sin, strict=True)],
+        [x[None] for x in v],
+    )
+
+
+def mix(alpha: float, true: Supply, restored: Supply) -> Supply:
+    return Supply(
+        [alpha * a + (1 - alpha) * b for a, b in zip(true.k, restored.k, strict=True)],
+        [alpha * a + (1 - alpha) * b for a, b in zip(true.v, restored.v, strict=True)],
+    )
+
+
+def rel_mse(attended: Supply, true: Supply, layers: Sequence[int], positions: torch.Tensor) -> float:
+    """||attended - true||^2 / ||true||^2 over K and V of `layers` at `positions`."""
+    err = ref = 0.0
+    for i in layers:
+        for a, t in ((attended.k[i], true.k[i]), (attended.v[i], true.v[i])):
+            a, t = a.index_select(2, positions), t.index_select(2, positions)
+            err += float(((a - t) ** 2).sum())
+            ref += float((t**2).sum())
+    return err / ref if ref else 0.0
+
+
+# --- the session ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RestoredForward(Forward):
+    """A group's Forward with supplied positions appended to its keys: `keys[:held]` are the cache's
+    slots (masked by the policy), `keys[held:]` the supplied ones (masked by `native`, and hidden from a
+    query that already sees the position through the cache)."""
+
+    held: int = 0
+    native: LayerSpec = LayerSpec()
+
+    def mask(self) -> np.ndarray:
+        qp, kp = self.queries, self.keys
+        cached = visible_mask(self.spec, qp, kp[: self.held])
+        supplied = kp[self.held :]
+        seen = np.isin(supplied, kp[: self.held])[None, :] & visible_mask(self.spec, qp, supplied)
+        return np.concatenate((cached, visible_mask(self.native, qp, supplied) & ~seen), axis=1)
+
+
+class RestoredKV(KV):
+    """A layer's K/V buffers (`KV`) plus, on read, the supplied K/V its session restores this forward."""
+
+    def __init__(self, tensors: GroupTensors, layer: int, session: RestoredSession) -> None:
+        super().__init__(tensors)
+        self.layer = layer
+        self.session = session
+
+    def update(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = super().update(key, value)
+        positions = self.session.restoring.get(id(self.group))
+        if positions is None:
+            return k, v
+        rk, rv = self.session.supply.kv(self.layer, positions)
+        return torch.cat((k, rk.to(k.dtype)), dim=2), torch.cat((v, rv.to(v.dtype)), dim=2)
+
+
+class RestoredSession(TorchSession):
+    """A TorchSession whose evicted positions (below the supply's length) are restored from `supply`."""
+
+    def __init__(
+        self, model: TorchModel, policy: Policy, supply: Supply, max_block: int = 1, prefill_chunk: int = 512
+    ) -> None:
+        super().__init__(model, policy, max_block, prefill_chunk)
+        self.supply = supply
+        window = model.geometry.sliding_window
+        self.native = {
+            id(g): LayerSpec(0, window) if g.layer_type == SLIDING_ATTENTION else LayerSpec()
+            for g in self.groups
+        }
+        self.restoring: dict[int, torch.Tensor] = {}
+        self.states = [
+            RestoredKV(state.tensors, i, self)  # type: ignore[attr-defined]
+            for i, state in enumerate(self.states)
+        ]
+        self.cache = PolicyCache(self, self.states)
+
+    def _run(
+        self, ids: list[int], forwards: list[Forward], last_only: bool, logits: bool, hidden: tuple[int, ...]
+    ) -> Step:
+        self.restoring = {}
+        planned: list[Forward] = []
+        for g, fwd in zip(self.groups, forwards, strict=True):
+            planned.append(self._restore(g, fwd))
+        return super()._run(ids, planned, last_only, logits, hidden)
+
+    def _restore(self, g: Any, fwd: Forward) -> Forward:
+        if fwd.spec.window is None:  # an unbounded layer evicts nothing
+            return fwd
+        native = self.native[id(g)]
+        end = min(fwd.start + fwd.plan.m, self.supply.length)
+        lo = 0 if native.window is None else max(0, fwd.start - native.window + 1)
+        if lo >= end:
+            return fwd
+        held = fwd.keys.size
+        candidates = np.arange(lo, end, dtype=np.int64)
+        probe = RestoredForward(
+            fwd.spec,
+            fwd.plan,
+            fwd.queries,
+            np.concatenate((fwd.keys, candidates)),
+            fwd.slots,
+            fwd.keep,
+            held,
+            native,
+        )
+        needed = probe.mask()[:, held:].any(axis=0)
+        if not needed.any():
+            return fwd
+        chosen = candidates[needed]
+        self.restoring[id(g)] = torch.from_numpy(chosen)
+        keys = np.concatenate((fwd.keys, chosen))
+        return RestoredForward(fwd.spec, fwd.plan, fwd.queries, keys, fwd.slots, fwd.keep, held, native)
+
+
+# --- f_theta -----------------------------------------------------------------------------------------
+
+
+class FTheta(nn.Module):
+    """Low-rank maps from a drafter's K/V features at a position (`Trace.features`) to each verifier
+    layer's pre-RoPE K and V there: a shared encoder to `rank` (one for K, one for V) and a decoder per
+    verifier layer."""
+
+    def __init__(self, d_in: int, rank: int, kv_heads: int, head_dim: int, layers: int) -> None:
+        super().__init__()
+        self.kv_heads, self.head_dim = kv_heads, head_dim
+        out = kv_heads * head_dim
+        self.enc_k, self.enc_v = nn.Linear(d_in, rank), nn.Linear(d_in, rank)
+        self.dec_k = nn.ModuleList(nn.Linear(rank, out) for _ in range(layers))
+        self.dec_v = nn.ModuleList(nn.Linear(rank, out) for _ in range(layers))
+
+    def forward(self, x: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """x [T, d_in] -> per layer k, v [kv_heads, T, d]."""
+        t = x.shape[0]
+
+        def heads(y: torch.Tensor) -> torch.Tensor:
+            return y.view(t, self.kv_heads, self.head_dim).transpose(0, 1)
+
+        hk, hv = self.enc_k(x), self.enc_v(x)
+        return [heads(d(hk)) for d in self.dec_k], [heads(d(hv)) for d in self.dec_v]
+
+    @torch.no_grad()
+    def supply(self, drafter: Trace, tables: Trace) -> Supply:
+        """The restored K/V of a prompt: f_theta over the drafter's trace, rotated with the verifier's
+        RoPE tables (`tables`: a trace of the verifier, or anything with its cos / sin per layer)."""
+        k, v = self(drafter.features())
+        return supply_from(k, v, tables)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.parameters())
+
+
+def attention_output(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, queries: torch.Tensor, spec: LayerSpec, scaling: float
+) -> torch.Tensor:
+    """Attention of the post-RoPE queries q [heads, len(queries), d] at positions `queries` over post-RoPE
+    k, v [kv_heads, T, d] (positions 0..T-1) under `spec`'s rule (GQA: kv heads repeated)."""
+    rep = q.shape[0] // k.shape[0]
+    k, v = k.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0)
+    allowed = torch.from_numpy(visible_mask(spec, queries.numpy(), np.arange(k.shape[1])))
+    scores = (q @ k.transpose(1, 2)) * scaling
+    return scores.masked_fill(~allowed[None], float("-inf")).softmax(-1) @ v
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    steps: int
+    rows: int
+    row_tokens: int
+    first_loss: float
+    last_loss: float
+    first_kv_rel_mse: float
+    last_kv_rel_mse: float
+    first_attn_rel_mse: float
+    last_attn_rel_mse: float
+
+
+def train_ftheta(
+    f: FTheta,
+    pairs: Sequence[tuple[Trace, Trace]],
+    layer_types: Sequence[str],
+    native_window: int | None,
+    scaling: float,
+    steps: int,
+    lr: float = 3e-3,
+    attn_weight: float = 1.0,
+    queries: int = 32,
+    seed: int = 0,
+) -> TrainResult:
+    """Fit f on (drafter trace, verifier trace) pairs: relative K/V MSE (pre-RoPE; RoPE keeps norms) plus
+    relative attention-output MSE of each layer's last `queries` positions (true queries, post-RoPE K/V
+    restored vs true, the layer's native mask), Adam, one pair per step in turn. Deterministic per seed."""
+    torch.manual_seed(seed)
+    opt = torch.optim.Adam(f.parameters(), lr=lr)
+    specs = [LayerSpec(0, native_window) if t == SLIDING_ATTENTION else LayerSpec() for t in layer_types]
+    data = []
+    for drafter, verifier in pairs:
+        t = verifier.length
+        pos = torch.arange(max(0, t - queries), t)
+        rot_q = [
+            rope(q[:, pos], c[pos], s[pos])
+            for q, c, s in zip(verifier.q, verifier.cos, verifier.sin, strict=True)
+        ]
+        rot_k = [rope(k, c, s) for k, c, s in zip(verifier.k, verifier.cos, verifier.sin, strict=True)]
+        outs = [
+            attention_output(q, k, v, pos, sp, scaling)
+            for q, k, v, sp in zip(rot_q, rot_k, verifier.v, specs, strict=True)
+        ]
+        data.append((drafter.features(), verifier, pos, rot_q, outs))
+    history: list[tuple[float, float, float]] = []
+    for step in range(steps):
+        x, verifier, pos, rot_q, outs = data[step % len(data)]
+        k_hat, v_hat = f(x)
+        kv = sum(
+            ((kh - k) ** 2).sum() / (k**2).sum() + ((vh - v) ** 2).sum() / (v**2).sum()
+            for kh, vh, k, v in zip(k_hat, v_hat, verifier.k, verifier.v, strict=True)
+        ) / (2 * len(k_hat))
+        attn = sum(
+            ((attention_output(q, rope(kh, c, s), vh, pos, sp, scaling) - o) ** 2).sum() / (o**2).sum()
+            for q, kh, vh, c, s, sp, o in zip(
+                rot_q, k_hat, v_hat, verifier.cos, verifier.sin, specs, outs, strict=True
+            )
+        ) / len(k_hat)
+        loss = kv + attn_weight * attn
+        opt.zero_grad()
+        loss.backward()  # type: ignore[union-attr]
+        opt.step()
+        history.append((float(loss.detach()), float(kv.detach()), float(attn.detach())))  # type: ignore[union-attr]
+    if not history:
+        raise ValueError("train_ftheta needs steps >= 1")
+    (l0, k0, a0), (l1, k1, a1) = history[0], history[-1]
+    t = pairs[0][1].length
+    return TrainResult(steps, len(pairs), t, l0, l1, k0, k1, a0, a1)
