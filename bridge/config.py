@@ -10,6 +10,8 @@ then `KAKEYA_*` environment variables, then command-line flags (applied by the c
     secrets         names of environment variables whose values are redacted from everything written
     state_dir       where the embedded bus, runner mirrors and worktrees live (default: <project>/.kakeya)
     request_ttl_s   a request expires this long after it is made unless --expires says otherwise
+    stop_grace_s    after a stop signal, `runner watch` lets the current run go on this long, then ends it
+                    (it still ends in a done commit); unset: the run is finished whatever it takes
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class Config(BaseModel):
     secrets: list[str] = ["HF_TOKEN", "GITHUB_TOKEN", "GH_TOKEN"]
     state_dir: str = ""
     request_ttl_s: float = Field(default=24 * 3600, gt=0)
+    stop_grace_s: float | None = Field(default=None, ge=0)
 
 
 # Environment variable -> field; lists are comma-separated.
@@ -53,6 +56,7 @@ _ENV_FIELDS = {
     "KAKEYA_SECRETS": "secrets",
     "KAKEYA_STATE_DIR": "state_dir",
     "KAKEYA_REQUEST_TTL": "request_ttl_s",
+    "KAKEYA_STOP_GRACE": "stop_grace_s",
 }
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from bridge import bus as B
 from bridge import git
-from bridge.client import resolve_remote, state_dir
+from bridge.client import default_remote, describe_bus, resolve_remote, state_dir
 from bridge.commands._bus import add_remote
 from bridge.config import load_config, project_root
 from bridge.errors import KakeyaError
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
 
     def bus() -> str:
         cfg = state.get("config") or load_config(root)
-        remote = cfg.remote if args.remote is None else args.remote
+        remote = default_remote(cfg, root) if args.remote is None else args.remote
         url = resolve_remote(remote, root, cfg)
         store = root if git.is_repo(root) else state_dir(cfg, root)
         try:
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{exc}; check --remote / KAKEYA_REMOTE / `remote` in kakeya.toml, the network "
                 "and your git credentials"
             ) from None
-        where = url if remote else f"{url} (embedded)"
+        where = describe_bus(remote, url)
         bad = f"; {len(snap.ignored)} malformed refs under {B.PREFIX}" if snap.ignored else ""
         return f"{where}: {len(snap.entries)} requests readable{bad}"
 
