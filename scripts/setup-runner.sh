@@ -343,8 +343,13 @@ EOF
         "ExecStart=$VENV/bin/kakeya runner watch --labels $LABELS" \
         "Restart=always" \
         "RestartSec=10" \
-        "TimeoutStopSec=60" \
-        "KillMode=control-group" \
+        "# Stop: SIGTERM to kakeya alone (mixed), which takes no new request and lets the current run go on" \
+        "# for KAKEYA_STOP_GRACE s, then ends it; either way the request ends in a done commit. Only then" \
+        "# (TimeoutStopSec) does systemd SIGKILL whatever is left in the unit's cgroup." \
+        "Environment=KAKEYA_STOP_GRACE=300" \
+        "KillMode=mixed" \
+        "KillSignal=SIGTERM" \
+        "TimeoutStopSec=360" \
         "" \
         "[Install]" \
         "WantedBy=default.target"

@@ -102,6 +102,9 @@ def test_linux_service_unit_runs_the_watcher_with_the_hosts_labels(home, bus, no
     assert any(line.startswith(f'Environment="PATH={VENV}/bin:') for line in lines)
     assert f"EnvironmentFile=-{home}/.config/kakeya/runner.env" in lines
     assert "Restart=always" in lines and "RestartSec=10" in lines
+    # a stop signals kakeya alone, which ends the current run in a done commit within the grace
+    assert "KillMode=mixed" in lines and "KillMode=control-group" not in text
+    assert "Environment=KAKEYA_STOP_GRACE=300" in lines and "TimeoutStopSec=360" in lines
     assert "WantedBy=default.target" in lines
     # The secrets file exists, is private, and holds no secret yet.
     secrets = home / ".config" / "kakeya" / "runner.env"
