@@ -141,8 +141,12 @@ def test_runner_workflow_runs_the_default_branchs_harness_on_the_labelled_self_h
 
 def test_pr_gate_checks_out_the_base_and_never_the_head():
     wf = load("pr-gate.yml")
-    assert "pull_request" in wf["on"]
-    assert wf["permissions"] == {"contents": "read"}
+    # the workflow file comes from the base (a PR cannot rewrite its check), and a merge queue is gated too
+    assert "pull_request_target" in wf["on"] and "merge_group" in wf["on"]
+    assert "pull_request" not in wf["on"] and "push" not in wf["on"]
+    assert wf["permissions"] == {"contents": "read", "pull-requests": "read"}
+    text = (WORKFLOWS / "pr-gate.yml").read_text()
+    assert "head.ref" not in text and "head.repo" not in text and "merge_group.head_sha" not in text
     job = wf["jobs"]["gate"]
     co = checkout(job)
     assert co["ref"].startswith("${{ github.event.pull_request.base.sha")
@@ -150,6 +154,28 @@ def test_pr_gate_checks_out_the_base_and_never_the_head():
     gate = steps(job)[-1]
     assert gate["run"] == "bash harness/.github/scripts/pr-gate.sh"
     assert gate["env"]["SUBJECT"].startswith("${{ github.event.pull_request.head.sha")
+
+
+def test_a_merge_queue_entry_is_gated_on_its_prs_head(tmp_path):
+    """The merge_group step, run by bash with a stand-in `gh` that answers the pulls API."""
+    step = next(s for s in steps(load("pr-gate.yml")["jobs"]["gate"]) if s.get("id") == "queued")
+    gh = tmp_path / "gh"
+    gh.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/gh-argv\necho {SHA}\n')
+    gh.chmod(0o755)
+    out = tmp_path / "out"
+    env = {
+        "PATH": f"{tmp_path}:{os.environ['PATH']}",
+        "HEAD_REF": "refs/heads/gh-readonly-queue/main/pr-17-" + "ab" * 20,
+        "REPO": "o/r",
+        "GITHUB_OUTPUT": str(out),
+    }
+    proc = subprocess.run(["bash", "-c", step["run"]], env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_text() == f"pr=17\nsha={SHA}\n"
+    assert (tmp_path / "gh-argv").read_text().split() == ["api", "repos/o/r/pulls/17", "--jq", ".head.sha"]
+    env["HEAD_REF"] = "refs/heads/main"
+    proc = subprocess.run(["bash", "-c", step["run"]], env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "cannot find the PR number" in proc.stdout
 
 
 def test_ci_runs_make_test_on_linux_and_macos_with_a_pip_cache_and_skips_bus_refs():
