@@ -56,8 +56,21 @@ mkdir -p "$OUT"
 # collect ID: results into $OUT/ID and summary.md into the job summary; prints the outcome's exit code.
 collect() {
   local id=$1 dir=$OUT/$1
-  if kakeya results "$id" --out "$dir" >&2 && [ -f "$dir/summary.md" ]; then
-    { cat "$dir/summary.md"; printf '\n---\n\n'; } >>"$SUMMARY"
+  local links=() run_url=""
+  if [ -n "${GITHUB_SERVER_URL:-}" ] && [ -n "${GITHUB_REPOSITORY:-}" ]; then
+    # the job summary cannot resolve summary.md's relative links: point them at the done commit's files
+    links=(--link-base "$GITHUB_SERVER_URL/$GITHUB_REPOSITORY")
+    run_url="$GITHUB_SERVER_URL/$GITHUB_REPOSITORY/actions/runs/${GITHUB_RUN_ID:-0}"
+  fi
+  if kakeya results "$id" --out "$dir" "${links[@]}" >&2 && [ -f "$dir/summary.md" ]; then
+    {
+      cat "$dir/summary.md"
+      if [ -n "$run_url" ]; then
+        printf '\nAll files: the artifact [kakeya-results-%s-%s-%s](%s#artifacts) (%s/).\n' \
+          "$LABEL" "${GITHUB_RUN_ID:-0}" "${GITHUB_RUN_ATTEMPT:-1}" "$run_url" "$id"
+      fi
+      printf '\n---\n\n'
+    } >>"$SUMMARY"
     "$PY" -c 'import json, sys; r = json.load(open(sys.argv[1]))
 print(0 if r["status"] == "succeeded" and r.get("verdict") in (None, "pass") else 2 if r["status"] == "rejected" else 1)' \
       "$dir/result.json"

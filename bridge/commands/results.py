@@ -1,18 +1,30 @@
-"""`kakeya results ID [--out DIR]`: fetch the done commit and write its files (result.json, report.json,
-verdict.json, summary.md, logs/) into DIR (default out/<id>). Exit 0 once written, whatever the outcome."""
+"""`kakeya results ID [--out DIR] [--link-base URL]`: fetch the done commit and write its files (result.json,
+report.json, verdict.json, summary.md, logs/) into DIR (default out/<id>). Exit 0 once written, whatever the
+outcome.
+
+--link-base URL (a repository's web address, e.g. https://github.com/ORG/kakeya) makes summary.md's links
+absolute: logs to URL/blob/<done>/.kakeya/results/<id>/..., plots to URL/raw/<done>/...; for a page where
+relative links cannot resolve, such as a GitHub job summary."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from bridge import bus as B
 from bridge.commands._bus import add_remote, client, out_dir, report
+from bridge.result import absolute_links
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("results", help="fetch and write the results of a finished request")
     parser.add_argument("id")
     parser.add_argument("--out", type=Path, help="where to write the results (default out/<id>)")
+    parser.add_argument(
+        "--link-base",
+        metavar="URL",
+        help="make summary.md's links absolute under this repository web address",
+    )
     add_remote(parser)
     parser.set_defaults(func=run)
 
@@ -20,5 +32,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     c = client(args)
     out = out_dir(c.root, args.out, args.id)
-    report(args.id, c.results(args.id, out), out)
+    done = c.entry(args.id).done if args.link_base else None
+    result = c.results(args.id, out, done)
+    if done is not None:
+        base, where = args.link_base.rstrip("/"), f"{done}/{B.results_path(args.id)}/"
+        summary = out / "summary.md"
+        summary.write_text(absolute_links(summary.read_text(), f"{base}/blob/{where}", f"{base}/raw/{where}"))
+    report(args.id, result, out)
     return 0

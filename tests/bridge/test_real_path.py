@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from bridge import bus as B
 from bridge import git as G
@@ -215,3 +216,87 @@ def test_paths_that_look_like_names_stay_paths(world: Env, remote: str):
     if remote == "./relative":
         G.init_bare(world.project / "relative")
     assert resolve_remote(remote, world.project, load_config()) == str((world.project / remote).resolve())
+
+
+def test_summary_has_results_stderr_tail_and_absolute_links_for_a_job_summary(world: Env, capsys):
+    boom = {
+        "name": "boom",
+        "description": "fails loudly",
+        "timeout_s": 60,
+        "runners": ["cpu"],
+        "argv": [
+            "{python}",
+            "-c",
+            "import sys\nfor i in range(30): print(f'problem {i}', file=sys.stderr)\nsys.exit(3)",
+        ],
+        "report": {"kind": "probe", "schema_version": 1},
+    }
+    (world.presets / "boom.yaml").write_text(yaml.safe_dump(boom))
+    assert main(["run", "boom"]) == 1
+    rid = capsys.readouterr().out.split(":")[0]
+    summary = (world.project / "out" / rid / "summary.md").read_text()
+    tail = summary.split("## Last lines of stderr\n\n```\n", 1)[1].split("```", 1)[0].splitlines()
+    assert tail == [f"problem {i}" for i in range(10, 30)]
+
+    assert main(["run", "work", "-p", "tag=r"]) == 0
+    rid = capsys.readouterr().out.split(":")[0]
+    out = world.project / "out" / rid
+    summary = (out / "summary.md").read_text()
+    results = summary.split("## Results\n\n", 1)[1].split("\n## ", 1)[0]
+    assert "| cpu_count | 1 |" in results and "| accelerators.cuda.available |" not in results
+    assert "Last lines of stderr" not in summary  # only when the run did not succeed
+    assert "- [logs/stdout.log](logs/stdout.log)" in summary
+
+    base = "https://github.com/org/kakeya"
+    assert main(["results", rid, "--out", "gh", "--link-base", base + "/"]) == 0
+    capsys.readouterr()
+    done = B.Bus(str(world.project / ".kakeya" / "bus.git"), world.project).ls_remote().entries[rid].done
+    linked = (world.project / "gh" / "summary.md").read_text()
+    where = f"{done}/.kakeya/results/{rid}/"
+    assert f"- [logs/stdout.log]({base}/blob/{where}logs/stdout.log)" in linked
+    assert linked.replace(f"{base}/blob/{where}", "") == summary  # nothing else changed
+
+
+def test_results_section_shows_a_kinds_key_table():
+    from bridge.result import absolute_links, results_markdown
+
+    report = {
+        "kind": "throughput",
+        "prompts": [
+            {
+                "prompt_tokens": 16,
+                "greedy": {"tokens_per_s": 10.5},
+                "speculative": {"tokens_per_s": 21.0},
+                "speedup": 2.0,
+                "exact": True,
+                "samples": [1, 2],
+            },
+            {
+                "prompt_tokens": 64,
+                "greedy": {"tokens_per_s": 9.0},
+                "speculative": {"tokens_per_s": 13.5},
+                "speedup": 1.5,
+                "exact": True,
+                "samples": [],
+            },
+        ],
+        "summary": {"mean_speedup": 1.75},
+    }
+    assert results_markdown(report) == [
+        "## Results",
+        "",
+        "| prompt_tokens | greedy.tokens_per_s | speculative.tokens_per_s | speedup | exact |",
+        "|---|---|---|---|---|",
+        "| 16 | 10.5 | 21 | 2 | true |",
+        "| 64 | 9 | 13.5 | 1.5 | true |",
+        "",
+        "| | |",
+        "|---|---|",
+        "| mean_speedup | 1.75 |",
+        "",
+    ]
+    md = "![plot.png](plot.png) [a](https://x/y) [b](#gate) [c](logs/c.log)"
+    assert (
+        absolute_links(md, "B/", "R/")
+        == "![plot.png](R/plot.png) [a](https://x/y) [b](#gate) [c](B/logs/c.log)"
+    )
