@@ -123,6 +123,25 @@ def remote_names(repo: Path) -> list[str]:
     return run(repo, "remote", check=False).stdout.decode().split()
 
 
+def fetch_refspecs(repo: Path, remote: str) -> list[str]:
+    """`remote.<remote>.fetch` of `repo` (its configured refspecs, negative ones included)."""
+    return run(repo, "config", "--get-all", f"remote.{remote}.fetch", check=False).stdout.decode().split()
+
+
+def add_negative_refspec(repo: Path, remote: str, refspec: str) -> None:
+    """Add `refspec` (e.g. ^refs/heads/kakeya/*) to `remote.<remote>.fetch` unless it is there already."""
+    if refspec not in fetch_refspecs(repo, remote):
+        run(repo, "config", "--add", f"remote.{remote}.fetch", refspec)
+
+
+def push_dry_run(repo: Path, url: str, rev: str, ref: str) -> None:
+    """`git push --dry-run url rev:ref`: raises BusError (git's words) when the bus would refuse it."""
+    try:
+        run(repo, "push", "--dry-run", "--porcelain", url, f"{rev}:{ref}", timeout=120)
+    except BusError as exc:
+        raise BusError(f"a dry-run push to {url} was refused: {exc}") from None
+
+
 def rev_parse(repo: Path | str, rev: str) -> str | None:
     """The commit `rev` names in `repo`, or None."""
     proc = run(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", check=False)

@@ -131,8 +131,14 @@ def test_linux_service_unit_runs_the_watcher_with_the_hosts_labels(home, bus, no
 
 
 def test_doctor_runs_against_the_hosts_bus_and_its_failure_is_the_scripts(home, bus, no_gpu_path, tmp_path):
-    proc = setup(home, *linux_args(bus), path=no_gpu_path)
+    proc = setup(home, *linux_args(bus), path=no_gpu_path, check=False)
     assert "== kakeya doctor" in proc.stdout and str(bus) in proc.stdout.split("== kakeya doctor")[1]
+    doctor = proc.stdout.split("== kakeya doctor")[1]
+    assert "ok    bus" in doctor
+    # labels cpu,h200: the doctor checks that h200's CUDA is visible; on a host without one that (alone) fails
+    failing = [ln for ln in doctor.splitlines() if ln.startswith("FAIL")]
+    assert all(ln.startswith("FAIL  h200     label h200 needs CUDA") for ln in failing), doctor
+    assert proc.returncode == (1 if failing else 0), proc.stdout + proc.stderr
     proc = setup(home, *linux_args(tmp_path / "missing.git"), path=no_gpu_path, check=False)
     assert proc.returncode == 1
     assert "kakeya doctor reported problems (exit 1)" in proc.stdout

@@ -17,7 +17,7 @@ import yaml
 from bridge import bus as B
 from bridge import git as G
 from bridge.cli import main
-from tests.bridge.bus_support import Daemon, Env, done_result, git, pid_alive, wait_for
+from tests.bridge.bus_support import Daemon, Env, done_result, free_port, git, pid_alive, wait_for
 
 
 def kakeya(cwd: Path, *args: str, session: bool = False) -> subprocess.Popen[str]:
@@ -300,3 +300,82 @@ def test_results_section_shows_a_kinds_key_table():
         absolute_links(md, "B/", "R/")
         == "![plot.png](R/plot.png) [a](https://x/y) [b](#gate) [c](B/logs/c.log)"
     )
+
+
+def test_doctor_checks_what_each_label_promises_push_access_and_bus_fetching(
+    world: Env, daemon: Daemon, capsys, monkeypatch, tmp_path: Path
+):
+    origin = daemon.repo("team.git")
+    git(world.project, "remote", "add", "origin", origin)
+    git(world.project, "push", "-q", "origin", "main")
+    models = tmp_path / "models"
+    (models / "gemma-3-1b").mkdir(parents=True)
+    (models / "gemma-3-1b" / "config.json").write_text("{}")
+    monkeypatch.setenv("KAKEYA_MODELS", str(models))
+    monkeypatch.setenv("KAKEYA_LABELS", "cpu,h200")
+    code = main(["doctor"])
+    out = capsys.readouterr().out
+    assert "ok    push     a dry-run push of refs/heads/kakeya/doctor/" in out
+    assert f"ok    models   {models}: 1 model(s): gemma-3-1b" in out
+    cuda = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+        capture_output=True,
+        text=True,
+    )
+    if cuda.stdout.strip() == "True":  # a GPU host: the label's devices are named
+        assert code == 0 and "ok    h200     CUDA: " in out
+    else:  # an h200 runner with no CUDA is not healthy
+        assert code == 1 and "FAIL  h200     label h200 needs CUDA" in out and "1 check(s) failed" in out
+    # bus branches in every teammate's `git fetch`, until --no-bus-fetch sets the negative refspec
+    assert main(["request", "work", "--runner", "cpu"]) == 0
+    rid = capsys.readouterr().out.strip()
+    assert "also pulls every bus branch" in out
+    monkeypatch.setenv("KAKEYA_LABELS", "cpu")
+    assert main(["doctor", "--no-bus-fetch"]) == 0
+    assert (
+        "ok    fetch    `git fetch origin` skips the bus branches (^refs/heads/kakeya/*)"
+        in capsys.readouterr().out
+    )
+    assert "^refs/heads/kakeya/*" in git(world.project, "config", "--get-all", "remote.origin.fetch")
+    git(world.project, "fetch", "-q", "origin")
+    assert git(world.project, "for-each-ref", "refs/remotes/origin/") == git(
+        world.project, "for-each-ref", "refs/remotes/origin/main"
+    )
+    # the client still reads and writes the bus in such a clone
+    from bridge.config import load_config
+    from bridge.runner import Runner
+
+    served = Runner(origin, config=load_config(), name="r", labels=["cpu"], workdir=tmp_path / "r").once()
+    assert served is not None and served.id == rid and served.pushed
+    assert main(["results", rid, "--out", "res"]) == 0
+    assert json.loads((world.project / "res" / "result.json").read_text())["status"] == "succeeded"
+    capsys.readouterr()
+
+    # a bus that takes no pushes (git daemon without receive-pack) fails the push check
+    port = free_port()
+    ro = subprocess.Popen(
+        [
+            "git",
+            "daemon",
+            "--reuseaddr",
+            "--export-all",
+            f"--base-path={daemon.base}",
+            "--listen=127.0.0.1",
+            f"--port={port}",
+            str(daemon.base),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        url = f"git://127.0.0.1:{port}/team.git"
+        wait_for(
+            lambda: subprocess.run(["git", "ls-remote", url], capture_output=True).returncode == 0,
+            20,
+            "daemon",
+        )
+        assert main(["doctor", "--remote", url]) == 1
+        assert f"FAIL  push     a dry-run push to {url} was refused" in capsys.readouterr().out
+    finally:
+        ro.terminate()
+        ro.wait(10)
