@@ -178,6 +178,57 @@ def test_a_merge_queue_entry_is_gated_on_its_prs_head(tmp_path):
     assert proc.returncode == 2 and "cannot find the PR number" in proc.stdout
 
 
+@pytest.mark.parametrize(
+    "status, verdict, state", [("succeeded", "pass", "success"), ("succeeded", "fail", "failure")]
+)
+def test_runner_job_posts_a_commit_status_and_reruns_the_subjects_failed_gate(
+    tmp_path, status, verdict, state
+):
+    """runner-job.sh's notify(), run by bash with a stand-in curl that logs each call and answers the runs query."""
+    text = (ROOT / ".github" / "scripts" / "runner-job.sh").read_text()
+    start = text.index("notify() {")
+    body = text[start : text.index("\n}\n", start) + 3]
+    rid = "20260101T000000.000Z-probe-abcdef"
+    (tmp_path / "results" / rid).mkdir(parents=True)
+    result = {"status": status, "verdict": verdict, "preset": "probe", "request_id": rid, "subject": SHA}
+    (tmp_path / "results" / rid / "result.json").write_text(json.dumps(result))
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "curl").write_text(
+        "#!/bin/sh\n"
+        f'printf "%s " "$@" >> {tmp_path}/curl.log; echo >> {tmp_path}/curl.log\n'
+        'case "$*" in *"/runs?"*) echo \'{"workflow_runs": [{"id": 41}, {"id": 42}]}\' ;; esac\n'
+    )
+    (bindir / "curl").chmod(0o755)
+    script = f'error() {{ echo "::error::$*"; }}\nPY={sys.executable}\nOUT={tmp_path}/results\nLABEL=cpu\n{body}notify {rid}\n'
+    env = {
+        "PATH": f"{bindir}:{os.environ['PATH']}",
+        "GITHUB_TOKEN": "ghs_x",
+        "GITHUB_REPOSITORY": "org/kakeya",
+        "GITHUB_API_URL": "https://api.invalid",
+        "GITHUB_SERVER_URL": "https://github.com",
+        "GITHUB_RUN_ID": "9",
+    }
+    proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "::error::" not in proc.stdout, proc.stdout + proc.stderr
+    calls = (tmp_path / "curl.log").read_text().splitlines()
+    assert len(calls) == 4
+    api = "https://api.invalid/repos/org/kakeya"
+    assert f"{api}/statuses/{SHA}" in calls[0]
+    posted = json.loads(calls[0].split(f"{api}/statuses/{SHA} -d ", 1)[1])
+    assert posted == {
+        "state": state,
+        "context": "kakeya/probe@cpu",
+        "description": f"{rid}: " + ("succeeded" if state == "success" else "ran, gate failed"),
+        "target_url": "https://github.com/org/kakeya/actions/runs/9",
+    }
+    assert f"{api}/actions/workflows/pr-gate.yml/runs?head_sha={SHA}&status=failure" in calls[1]
+    assert (
+        f"{api}/actions/runs/41/rerun-failed-jobs" in calls[2]
+        and f"{api}/actions/runs/42/rerun-failed-jobs" in calls[3]
+    )
+
+
 def test_ci_runs_make_test_on_linux_and_macos_with_a_pip_cache_and_skips_bus_refs():
     wf = load("ci.yml")
     assert wf["on"]["push"] == {"branches-ignore": ["kakeya/**"]}
