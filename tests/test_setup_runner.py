@@ -294,3 +294,27 @@ def test_skip_install_needs_an_existing_venv(home, tmp_path):
     proc = setup(home, "--venv", str(tmp_path / "nowhere"), "--skip-install", check=False)
     assert proc.returncode == 1
     assert "there is no venv at" in proc.stderr and "run once without --skip-install" in proc.stderr
+
+
+def test_one_runner_per_gpu_is_a_templated_unit_with_one_instance_per_gpu(home, bus, no_gpu_path):
+    proc = setup(home, *linux_args(bus, "--no-doctor"), "--gpus", "2", path=no_gpu_path)
+    units = home / ".config" / "systemd" / "user"
+    assert not (units / "kakeya-runner.service").exists()
+    template = units / "kakeya-runner@.service"
+    lines = template.read_text().splitlines()
+    assert 'Environment="KAKEYA_RUNNER_NAME=box-1-gpu%i"' in lines
+    assert 'Environment="CUDA_VISIBLE_DEVICES=%i"' in lines
+    assert "Description=Kakeya runner box-1 on GPU %i (labels: cpu,h200)" in lines
+    assert (
+        f"ExecStart={VENV}/bin/kakeya runner watch --labels cpu,h200" in lines and "KillMode=mixed" in lines
+    )
+    assert "would run: systemctl --user enable kakeya-runner@0.service kakeya-runner@1.service" in proc.stdout
+    assert (
+        "would run: systemctl --user restart kakeya-runner@0.service kakeya-runner@1.service" in proc.stdout
+    )
+    analyze = shutil.which("systemd-analyze")
+    if analyze:
+        out = subprocess.run([analyze, "verify", str(template)], capture_output=True, text=True, timeout=60)
+        assert "Unknown" not in out.stdout + out.stderr, out.stdout + out.stderr
+    bad = setup(home, *linux_args(bus, "--no-doctor"), "--gpus", "two", path=no_gpu_path, check=False)
+    assert bad.returncode == 1 and "--gpus must be a number" in bad.stderr
