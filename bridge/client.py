@@ -89,7 +89,9 @@ def describe_bus(remote: str, url: str) -> str:
     shown = re.sub(r"://[^/@]*@", "://", url)
     if not remote:
         return f"{shown} (embedded)"
-    return f"remote {remote} ({shown})" if re.fullmatch(r"[A-Za-z0-9._-]+", remote) and remote != url else shown
+    return (
+        f"remote {remote} ({shown})" if re.fullmatch(r"[A-Za-z0-9._-]+", remote) and remote != url else shown
+    )
 
 
 def exit_code(result: RunResult) -> int:
@@ -406,23 +408,36 @@ class Client:
         self.bus.swap([Update(B.cancel_ref(request_id), sha, None)], atomic=False)
         return entry.state
 
-    def gc(self, older_than_days: float, dry_run: bool = False) -> list[str]:
-        """Delete the req/claim/cancel refs of finished requests older than the cutoff (done refs stay)."""
+    def gc(self, older_than_days: float, dry_run: bool = False, archive_done: bool = False) -> list[str]:
+        """Delete the req/claim/cancel refs of finished requests older than the cutoff; done refs stay, or with
+        `archive_done` move to refs/kakeya-archive/done/<id> (kept, but out of every clone's fetch and of
+        `kakeya status` and `gate pr`). Returns the refs deleted (or that would be)."""
         cutoff = B.utcnow() - dt.timedelta(days=older_than_days)
+        entries = [e for e in self.bus.ls_remote().entries.values() if e.done and e.created_at < cutoff]
         updates = [
             Update(ref, None, sha)
-            for e in self.bus.ls_remote().entries.values()
-            if e.done and e.created_at < cutoff
+            for e in entries
             for ref, sha in (
                 (B.req_ref(e.label or "", e.id), e.req),
                 (B.claim_ref(e.id), e.claim),
                 (B.cancel_ref(e.id), e.cancel),
+                (B.done_ref(e.id), e.done if archive_done else None),
             )
             if sha
         ]
+        if archive_done:  # the archive ref is created in the same atomic push that deletes the done ref
+            updates += [Update(B.archive_ref(e.id), e.done, None) for e in entries]
         if dry_run:
-            return [u.ref for u in updates]
-        deleted = []
+            return [u.ref for u in updates if u.new is None]
+        deleted: list[str] = []
+        if archive_done:
+            self.ensure(entries, ("done",), in_store=True)  # pushing the archive ref needs its commit here
+            for i in range(0, len(entries), GC_CHUNK):
+                ids = {e.id for e in entries[i : i + GC_CHUNK]}
+                chunk = [u for u in updates if u.ref.rsplit("/", 1)[1] in ids]
+                status = self.bus.push(chunk, atomic=True)
+                deleted += [u.ref for u in chunk if u.new is None and status.get(u.ref, (False, ""))[0]]
+            return deleted
         for i in range(0, len(updates), GC_CHUNK):
             chunk = updates[i : i + GC_CHUNK]
             status = self.bus.push(chunk)

@@ -379,3 +379,30 @@ def test_doctor_checks_what_each_label_promises_push_access_and_bus_fetching(
     finally:
         ro.terminate()
         ro.wait(10)
+
+
+def test_bus_gc_archives_old_done_refs_out_of_every_clones_fetch(world: Env, daemon: Daemon, capsys):
+    url = daemon.repo()
+    git(world.project, "remote", "add", "origin", url)
+    assert main(["request", "work", "-p", "tag=a", "--runner", "cpu"]) == 0
+    rid = capsys.readouterr().out.strip()
+    from bridge.config import load_config
+    from bridge.runner import Runner
+
+    Runner(url, config=load_config(), name="r", labels=["cpu"], workdir=world.tmp / "r").once()
+    done = B.Bus(url, world.project).ls_remote().entries[rid].done
+    assert main(["bus", "gc", "--older-than", "0", "--archive-done", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert B.done_ref(rid) in out and "would delete 3 refs" in out
+    assert main(["bus", "gc", "--older-than", "0", "--archive-done"]) == 0
+    assert "deleted 3 refs" in capsys.readouterr().out
+    refs = dict(
+        reversed(line.split("\t"))
+        for line in git(world.project, "ls-remote", url).splitlines()
+        if "\t" in line
+    )
+    assert refs == {B.archive_ref(rid): done}  # only the archive ref is left, on the same done commit
+    assert main(["status"]) == 0 and rid not in capsys.readouterr().out
+    clone = world.tmp / "clone"
+    git(world.tmp, "clone", "-q", "--mirror", url, str(clone))  # even a mirror clone's refs/heads have none
+    assert "kakeya/" not in git(clone, "for-each-ref", "refs/heads/")
