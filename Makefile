@@ -6,15 +6,28 @@ STAMP  := $(VENV)/.kakeya-installed
 # The venv's tools (kakeya, actionlint, shellcheck) come first for every recipe and test.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: demo test lint install clean
+.PHONY: demo test lint install clean torch
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# The CPU wheel first: any other torch spec pulls gigabytes of CUDA packages.
-	$(PY) -m pip install -q torch==2.13.0
+	$(MAKE) --no-print-directory torch
 	$(PY) -m pip install -q -e '.[torch,mlx,dev]'
 	touch $(STAMP)
+
+# torch first: on Linux without a GPU (no nvidia-smi) the CPU build from the PyTorch CPU index (PyPI's Linux
+# wheel pulls gigabytes of CUDA packages), else, where only the package registry is reachable, the
+# registry's wheel; elsewhere (macOS, GPU hosts) the registry's wheel.
+TORCH_VERSION   ?= 2.13.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+torch:
+	@if [ "$$(uname -s)" = Linux ] && ! command -v nvidia-smi >/dev/null 2>&1; then \
+	  $(PY) -m pip install -q --timeout 20 --retries 1 torch==$(TORCH_VERSION) --index-url $(TORCH_CPU_INDEX) || \
+	  { echo "the PyTorch CPU index is not reachable: torch from the package registry"; \
+	    $(PY) -m pip install -q torch==$(TORCH_VERSION); }; \
+	else \
+	  $(PY) -m pip install -q torch==$(TORCH_VERSION); \
+	fi
 
 install: $(STAMP)
 

@@ -11,7 +11,7 @@ The bridge never imports the engine; the CLI (`kakeya ...`) is bridge.cli.
 from bridge.bus import Bus, CancelMarker, Claim, Entry, Manifest, Snapshot, request_state
 from bridge.client import Client
 from bridge.config import Config, load_config, project_root
-from bridge.errors import BusError, BusUnreachable, InvalidRequest, KakeyaError, Rejected
+from bridge.errors import BusError, BusUnreachable, Interrupted, InvalidRequest, KakeyaError, Rejected
 from bridge.evidence import Outcome, Requirement, Shelf, apply_baseline, gate_subject
 from bridge.execute import execute, run_preset
 from bridge.presets import Preset, get_preset, load_registry
@@ -22,6 +22,7 @@ __all__ = [
     "Bus",
     "BusError",
     "BusUnreachable",
+    "Interrupted",
     "CancelMarker",
     "Claim",
     "Client",

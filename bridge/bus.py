@@ -74,6 +74,13 @@ def done_ref(request_id: str) -> str:
     return f"{PREFIX}done/{request_id}"
 
 
+ARCHIVE_PREFIX = "refs/kakeya-archive/"  # outside refs/heads: no clone fetches it, no status or gate reads it
+
+
+def archive_ref(request_id: str) -> str:
+    return f"{ARCHIVE_PREFIX}done/{request_id}"
+
+
 def cancel_ref(request_id: str) -> str:
     return f"{PREFIX}cancel/{request_id}"
 

@@ -1,6 +1,6 @@
 """The client side of the bus: request, status, wait, results, cancel, gc, and evidence for the gates.
 
-    client = Client(load_config(), root=project_root())          # bus: config.remote, or .kakeya/bus.git
+    client = Client(load_config(), root=project_root())   # bus: config.remote, else origin, else .kakeya/bus.git
     manifest = client.request("probe", {}, "cpu")                 # pushes kakeya/req/cpu/<id>
     done = client.wait(manifest.id, timeout=600)
     result, out = client.results(manifest.id, Path("out/x"), done)
@@ -52,17 +52,47 @@ def state_dir(config: Config, root: Path) -> Path:
     return path
 
 
+DEFAULT_REMOTE = "origin"  # inside a clone with no configured remote, the bus is the clone's own remote
+
+
+def default_remote(config: Config, root: Path) -> str:
+    """The bus when no --remote is given: the configured remote (kakeya.toml / KAKEYA_REMOTE), else the
+    clone's `origin`, else '' (the embedded .kakeya/bus.git: for `kakeya run` and clones with no remote)."""
+    if config.remote:
+        return config.remote
+    if git.is_repo(root) and git.remote_url(root, DEFAULT_REMOTE) is not None:
+        return DEFAULT_REMOTE
+    return ""
+
+
 def resolve_remote(remote: str, root: Path, config: Config) -> str:
-    """A git remote name of the project, a URL, a path, or '' for the embedded bus (.kakeya/bus.git)."""
+    """A git remote name of the project, a URL, a path, or '' for the embedded bus (.kakeya/bus.git).
+    A bare name that is neither a remote of the project nor an existing path is refused (InvalidRequest)."""
     if not remote:
         return str(git.init_bare(state_dir(config, root) / "bus.git"))
-    if re.fullmatch(r"[A-Za-z0-9._-]+", remote) and git.is_repo(root):
-        named = git.remote_url(root, remote)
+    if re.fullmatch(r"[A-Za-z0-9._-]+", remote):
+        named = git.remote_url(root, remote) if git.is_repo(root) else None
         if named is not None:
             return named
+        if not remote.endswith(".git") and not Path(remote).expanduser().exists():
+            known = git.remote_names(root) if git.is_repo(root) else []
+            raise InvalidRequest(
+                f"{remote!r} is not a git remote of {root} (remotes: {', '.join(known) or 'none'}); "
+                f"give a remote name, a URL, or a path such as ./{remote}"
+            )
     if B.is_local_path(remote):
         return str(Path(remote).expanduser().resolve())
     return remote
+
+
+def describe_bus(remote: str, url: str) -> str:
+    """Which bus, for the stderr line every bus command prints (credentials in a URL are not shown)."""
+    shown = re.sub(r"://[^/@]*@", "://", url)
+    if not remote:
+        return f"{shown} (embedded)"
+    return (
+        f"remote {remote} ({shown})" if re.fullmatch(r"[A-Za-z0-9._-]+", remote) and remote != url else shown
+    )
 
 
 def exit_code(result: RunResult) -> int:
@@ -72,17 +102,24 @@ def exit_code(result: RunResult) -> int:
     return 0 if result.status == "succeeded" and result.verdict in (None, "pass") else 1
 
 
+def outcome_words(status: str, verdict: str | None) -> str:
+    """'succeeded, verdict pass', or 'ran, gate failed' for a program that succeeded but whose report failed
+    the gate, or the status (and verdict) as they are."""
+    if status == "succeeded" and verdict == "fail":
+        return "ran, gate failed"
+    return status + (f", verdict {verdict}" if verdict else "")
+
+
 def verdict_line(request_id: str, result: RunResult) -> str:
-    verdict = f", verdict {result.verdict}" if result.verdict else ""
     reason = f" ({result.reason})" if result.reason else ""
-    return f"{request_id}: {result.preset} {result.status}{verdict}{reason}"
+    return f"{request_id}: {result.preset} {outcome_words(result.status, result.verdict)}{reason}"
 
 
-def parse_duration(text: str) -> float:
-    """'90', '90s', '15m', '2h', '7d' -> seconds."""
+def parse_duration(text: str, unit_required: bool = False) -> float:
+    """'90', '90s', '15m', '2h', '7d' -> seconds (`unit_required`: a bare number is refused)."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
-    if not m or float(m.group(1)) <= 0:
-        raise InvalidRequest(f"duration {text!r} must look like 90s, 15m, 2h or 7d")
+    if not m or float(m.group(1)) <= 0 or (unit_required and not m.group(2)):
+        raise InvalidRequest(f"duration {text!r} must look like 90s, 15m, 2h or 7d (a number and a unit)")
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
 
 
@@ -114,7 +151,8 @@ class Client:
     def __init__(self, config: Config, root: Path | None = None, remote: str | None = None):
         self.config = config
         self.root = (root or project_root()).resolve()
-        self.url = resolve_remote(config.remote if remote is None else remote, self.root, config)
+        self.remote = default_remote(config, self.root) if remote is None else remote
+        self.url = resolve_remote(self.remote, self.root, config)
         self.in_repo = git.is_repo(self.root)
         store = self.root if self.in_repo else git.init_bare(state_dir(config, self.root) / "client.git")
         self.bus = Bus(self.url, store)
@@ -171,7 +209,7 @@ class Client:
     def subject(self, rev: str | None, allow_dirty: bool) -> tuple[str, str | None]:
         """(subject sha, HEAD it snapshots or None): REV, or HEAD when the tree is clean, or a snapshot."""
         if not self.in_repo:
-            raise KakeyaError(f"{self.root} is not a git repository: a request runs a commit of one")
+            raise InvalidRequest(f"{self.root} is not a git repository: a request runs a commit of one")
         if rev:
             if allow_dirty:
                 raise InvalidRequest(
@@ -184,7 +222,7 @@ class Client:
             return head, None
         if not allow_dirty:
             shown = ", ".join(dirty[:5]) + (f" and {len(dirty) - 5} more" if len(dirty) > 5 else "")
-            raise KakeyaError(
+            raise InvalidRequest(
                 f"the working tree has uncommitted changes ({shown}): a runner would not see them. "
                 "Commit them, or pass --allow-dirty to send a snapshot of the working tree"
             )
@@ -380,23 +418,36 @@ class Client:
         self.bus.swap([Update(B.cancel_ref(request_id), sha, None)], atomic=False)
         return entry.state
 
-    def gc(self, older_than_days: float, dry_run: bool = False) -> list[str]:
-        """Delete the req/claim/cancel refs of finished requests older than the cutoff (done refs stay)."""
+    def gc(self, older_than_days: float, dry_run: bool = False, archive_done: bool = False) -> list[str]:
+        """Delete the req/claim/cancel refs of finished requests older than the cutoff; done refs stay, or with
+        `archive_done` move to refs/kakeya-archive/done/<id> (kept, but out of every clone's fetch and of
+        `kakeya status` and `gate pr`). Returns the refs deleted (or that would be)."""
         cutoff = B.utcnow() - dt.timedelta(days=older_than_days)
+        entries = [e for e in self.bus.ls_remote().entries.values() if e.done and e.created_at < cutoff]
         updates = [
             Update(ref, None, sha)
-            for e in self.bus.ls_remote().entries.values()
-            if e.done and e.created_at < cutoff
+            for e in entries
             for ref, sha in (
                 (B.req_ref(e.label or "", e.id), e.req),
                 (B.claim_ref(e.id), e.claim),
                 (B.cancel_ref(e.id), e.cancel),
+                (B.done_ref(e.id), e.done if archive_done else None),
             )
             if sha
         ]
+        if archive_done:  # the archive ref is created in the same atomic push that deletes the done ref
+            updates += [Update(B.archive_ref(e.id), e.done, None) for e in entries]
         if dry_run:
-            return [u.ref for u in updates]
-        deleted = []
+            return [u.ref for u in updates if u.new is None]
+        deleted: list[str] = []
+        if archive_done:
+            self.ensure(entries, ("done",), in_store=True)  # pushing the archive ref needs its commit here
+            for i in range(0, len(entries), GC_CHUNK):
+                ids = {e.id for e in entries[i : i + GC_CHUNK]}
+                chunk = [u for u in updates if u.ref.rsplit("/", 1)[1] in ids]
+                status = self.bus.push(chunk, atomic=True)
+                deleted += [u.ref for u in chunk if u.new is None and status.get(u.ref, (False, ""))[0]]
+            return deleted
         for i in range(0, len(updates), GC_CHUNK):
             chunk = updates[i : i + GC_CHUNK]
             status = self.bus.push(chunk)

@@ -20,6 +20,8 @@ then `KAKEYA_*` environment variables, then command-line flags (applied by the c
     report_cap_bytes / files_cap_bytes / result_cap_bytes  caps on report.json, the program's other
                     files, and the whole result: what exceeds is dropped and listed in result.json
     clock_offset_s  added to this runner's wall clock (tests fake clock skew with it)
+    stop_grace_s    after a stop signal, `runner watch` lets the current run go on this long, then ends it
+                    (it still ends in a done commit); unset: the run is finished whatever it takes
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class Config(BaseModel):
     files_cap_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
     result_cap_bytes: int = Field(default=100 * 1024 * 1024, ge=64 * 1024)
     clock_offset_s: float = 0.0
+    stop_grace_s: float | None = Field(default=None, ge=0)
 
 
 # Environment variable -> field; lists are comma-separated.
@@ -82,6 +85,7 @@ _ENV_FIELDS = {
     "KAKEYA_FILES_CAP": "files_cap_bytes",
     "KAKEYA_RESULT_CAP": "result_cap_bytes",
     "KAKEYA_CLOCK_OFFSET": "clock_offset_s",
+    "KAKEYA_STOP_GRACE": "stop_grace_s",
 }
 
 

@@ -6,6 +6,7 @@ the error's `exit_code`.
     Rejected         1  a request this runner may not run (it ends in a `rejected` done commit)
     BusError         1  a git operation against the bus or a local repository failed (git's own words)
     BusUnreachable   1  the bus remote could not be reached; nothing was written
+    Interrupted    130  stopped by SIGINT/SIGTERM (the request, if one was served, still ended in a done commit)
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ class BusError(KakeyaError):
 
 class BusUnreachable(BusError):
     """The bus remote could not be reached; nothing was written."""
+
+
+class Interrupted(KakeyaError):
+    """Stopped by a signal; the message says what became of the request."""
+
+    exit_code = 130
 
 
 def problems(exc: ValidationError, what: str, limit: int | None = None) -> str:

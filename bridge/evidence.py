@@ -8,7 +8,8 @@ preset's `baseline: {from: previous-pass, ...}`).
     shelf.previous_pass(preset, "cpu", before=request_id)   # (done result, report) or None
 
 Nothing a runner or a requester wrote is taken on trust: the newest done result that names the subject
-(in its request or its result) must agree everywhere — request.json, result.json and report.json name
+(in its request or its result) and ran something (an expired, cancelled or rejected one counts only
+when no run did) must agree everywhere — request.json, result.json and report.json name
 the subject, the done commit descends from it and changes nothing outside .kakeya/ — and its report is
 gated again with the checks of this machine's preset registry; the runner's verdict is ignored.
 """
@@ -33,6 +34,7 @@ from bridge.trust import Signers
 
 SUMMARY_CAP = 1024 * 1024  # GitHub refuses a job summary (the whole $GITHUB_STEP_SUMMARY file) over 1 MiB
 Status = Literal["pass", "fail", "missing", "mismatch", "untrusted"]
+NOT_RAN = ("expired", "cancelled", "rejected")  # done results whose runner ran nothing
 MARK = {"pass": "✓", "fail": "✗", "missing": "✗", "mismatch": "✗", "untrusted": "✗"}
 
 
@@ -295,9 +297,13 @@ def check_requirements(texts: Sequence[str], registry: Mapping[str, Preset]) -> 
 
 
 def judge(shelf: Shelf, subject: str, req: Requirement, preset: Preset) -> Outcome:
-    """The newest done result of `req` that names `subject`, verified and re-gated."""
+    """The newest done result of `req` that names `subject` and ran (else the newest that did not), verified
+    and re-gated."""
     candidates = shelf.of(req.preset, req.label)
-    done = next((d for d in candidates if d.names(subject)), None)
+    named = [d for d in candidates if d.names(subject)]
+    # An outcome in which nothing ran (expired, cancelled, rejected) never masks a run that did.
+    done = next((d for d in named if not d.result or d.result.status not in NOT_RAN), None)
+    done = done or next(iter(named), None)
     if done is None:
         why = f"no {req} result on the bus names {subject[:12]}"
         if candidates:

@@ -50,8 +50,16 @@ def run(
     full_env = {k: v for k, v in os.environ.items() if k not in _REPO_VARS}
     full_env.update({**GIT_ENV, **(env or {})})
     try:
+        # In a process group of its own: a Ctrl-C at the terminal (or a signal to kakeya's group) reaches
+        # kakeya, which finishes what it is doing, never a git helper half-way through a push or a read.
         proc = subprocess.run(
-            ["git", *args], cwd=cwd, input=input, capture_output=True, env=full_env, timeout=timeout
+            ["git", *args],
+            cwd=cwd,
+            input=input,
+            capture_output=True,
+            env=full_env,
+            timeout=timeout,
+            process_group=0,
         )
     except subprocess.TimeoutExpired:
         raise BusError(f"git {args[0]} timed out after {timeout:.0f} s") from None
@@ -108,6 +116,30 @@ def remote_url(repo: Path, name: str) -> str | None:
     """The URL of remote `name` of `repo`, or None when it has no such remote."""
     proc = run(repo, "remote", "get-url", name, check=False)
     return proc.stdout.decode().strip() if proc.returncode == 0 else None
+
+
+def remote_names(repo: Path) -> list[str]:
+    """The names of `repo`'s remotes."""
+    return run(repo, "remote", check=False).stdout.decode().split()
+
+
+def fetch_refspecs(repo: Path, remote: str) -> list[str]:
+    """`remote.<remote>.fetch` of `repo` (its configured refspecs, negative ones included)."""
+    return run(repo, "config", "--get-all", f"remote.{remote}.fetch", check=False).stdout.decode().split()
+
+
+def add_negative_refspec(repo: Path, remote: str, refspec: str) -> None:
+    """Add `refspec` (e.g. ^refs/heads/kakeya/*) to `remote.<remote>.fetch` unless it is there already."""
+    if refspec not in fetch_refspecs(repo, remote):
+        run(repo, "config", "--add", f"remote.{remote}.fetch", refspec)
+
+
+def push_dry_run(repo: Path, url: str, rev: str, ref: str) -> None:
+    """`git push --dry-run url rev:ref`: raises BusError (git's words) when the bus would refuse it."""
+    try:
+        run(repo, "push", "--dry-run", "--porcelain", url, f"{rev}:{ref}", timeout=120)
+    except BusError as exc:
+        raise BusError(f"a dry-run push to {url} was refused: {exc}") from None
 
 
 def rev_parse(repo: Path | str, rev: str) -> str | None:

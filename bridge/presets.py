@@ -8,13 +8,14 @@ add, split or prefix arguments. Nothing here runs anything.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib.util
 import json
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
@@ -408,7 +409,10 @@ class Preset(BaseModel):
         unknown = sorted(set(raw) - set(self.params))
         if unknown:
             known = ", ".join(sorted(self.params)) or "none"
-            raise InvalidRequest(f"preset {self.name}: unknown parameter {unknown[0]!r} (known: {known})")
+            raise InvalidRequest(
+                f"preset {self.name}: unknown parameter {unknown[0]!r}{did_you_mean(unknown[0], self.params)} "
+                f"(known: {known})"
+            )
         values: dict[str, Any] = {}
         for pname, spec in self.params.items():
             if pname in raw:
@@ -546,7 +550,16 @@ def load_registry(directory: Path | None = None) -> dict[str, Preset]:
     return {p.stem: load_preset_file(p) for p in sorted(directory.glob("*.yaml"))}
 
 
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """'; did you mean 'x'?' for the closest known name, or ''."""
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 def get_preset(registry: Mapping[str, Preset], name: str) -> Preset:
     if name not in registry:
-        raise InvalidRequest(f"unknown preset {name!r} (known: {', '.join(sorted(registry)) or 'none'})")
+        raise InvalidRequest(
+            f"unknown preset {name!r}{did_you_mean(name, registry)} "
+            f"(known: {', '.join(sorted(registry)) or 'none'})"
+        )
     return registry[name]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -91,7 +92,8 @@ class RunOutcome:
         if self.verdict is not None:
             atomic_write(out / "verdict.json", self.verdict.model_dump_json(indent=2) + "\n")
         atomic_write(out / "result.json", self.redact.text(self.result.model_dump_json(indent=2)) + "\n")
-        atomic_write(out / "summary.md", self.redact.text(summary_markdown(self.result, out, self.verdict)))
+        summary = summary_markdown(self.result, out, self.verdict, self.report)
+        atomic_write(out / "summary.md", self.redact.text(summary))
         atomic_write(out / "report.html", self.redact.text(run_page(self.result, out, self.verdict)))
         for path in out.rglob("*"):
             self.redact.scrub_file(path)
@@ -140,8 +142,78 @@ def _fmt(value: Any) -> str:
     return json.dumps(value) if not isinstance(value, str) else value
 
 
-def summary_markdown(result: RunResult, out_dir: Path, verdict: gates.Verdict | None = None) -> str:
-    """The same facts as result.json, for a human; plus the gate table and any plots."""
+# Each report kind's key table (a list of rows) for summary.md's Results section; `summary` objects too.
+KEY_TABLES = {"compression": "table", "niah": "rungs", "parity": "runs", "throughput": "prompts"}
+RESULT_ROWS = 40
+STDERR_TAIL = 20
+NOT_SUCCEEDED = ("failed", "error", "timed-out")
+
+
+def _flat(obj: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Scalars of `obj`, nested objects one level down as `a.b`; lists are left out."""
+    out: dict[str, Any] = {}
+    for k, v in obj.items():
+        if isinstance(v, Mapping) and not prefix:
+            out.update(_flat(v, f"{k}."))
+        elif not isinstance(v, (Mapping, list)):
+            out[prefix + k] = v
+    return out
+
+
+def _cell(value: Any) -> str:
+    return "" if value is None else _fmt(value).replace("|", "\\|").replace("\n", " ")
+
+
+def results_markdown(report: Mapping[str, Any]) -> list[str]:
+    """summary.md's Results section from the report: the kind's key table, its summary, a probe's facts."""
+    lines: list[str] = []
+    rows = report.get(KEY_TABLES.get(str(report.get("kind")), ""))
+    if isinstance(rows, list) and rows and all(isinstance(r, Mapping) for r in rows):
+        flat = [_flat(r) for r in rows[:RESULT_ROWS]]
+        columns = list(dict.fromkeys(c for r in flat for c in r))
+        lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        lines += ["| " + " | ".join(_cell(r.get(c)) for c in columns) + " |" for r in flat]
+        if len(rows) > RESULT_ROWS:
+            lines += ["", f"({len(rows) - RESULT_ROWS} more rows in report.json)"]
+        lines.append("")
+    facts = (
+        report.get("summary")
+        if isinstance(report.get("summary"), Mapping)
+        else report.get(str(report.get("kind")))
+    )
+    if isinstance(facts, Mapping) and (flat_facts := _flat(facts)):
+        lines += ["| | |", "|---|---|"] + [f"| {k} | {_cell(v)} |" for k, v in flat_facts.items()] + [""]
+    return ["## Results", "", *lines] if lines else []
+
+
+def stderr_tail(out_dir: Path, n: int = STDERR_TAIL) -> list[str]:
+    """The last `n` lines of logs/stderr.log (already redacted and capped), or []."""
+    try:
+        text = (out_dir / "logs" / "stderr.log").read_text(errors="replace")
+    except OSError:
+        return []
+    tail = text.rstrip("\n").splitlines()[-n:]
+    return ["## Last lines of stderr", "", "```", *tail, "```", ""] if tail else []
+
+
+def absolute_links(markdown: str, base: str, image_base: str | None = None) -> str:
+    """`markdown` with its relative links (logs, plots) made absolute under `base` (a URL ending in /), images
+    under `image_base` (default `base`): for a page where a relative link cannot resolve (a job summary)."""
+
+    def absolute(m: re.Match[str]) -> str:
+        return f"{m.group(1)}{(image_base or base) if m.group(1).startswith('!') else base}{m.group(2)})"
+
+    return re.sub(r"(!?\[[^\]]*\]\()(?![a-z][a-z0-9+.-]*:|/|#)([^)\s]+)\)", absolute, markdown)
+
+
+def summary_markdown(
+    result: RunResult,
+    out_dir: Path,
+    verdict: gates.Verdict | None = None,
+    report: Mapping[str, Any] | None = None,
+) -> str:
+    """The same facts as result.json, for a human; plus the report's key results, the gate table, any plots,
+    and the end of stderr when the run did not succeed."""
     lines = [
         f"# {result.preset}: {result.status}" + (f" — verdict {result.verdict}" if result.verdict else ""),
         "",
@@ -175,8 +247,12 @@ def summary_markdown(result: RunResult, out_dir: Path, verdict: gates.Verdict | 
         lines += [f"| {k} | `{_fmt(v)}` |" for k, v in result.params.items()] + [""]
     if result.argv:
         lines += ["## Command", "", "```", shlex.join(result.argv), "```", ""]
+    if report is not None:
+        lines += results_markdown(report)
     if verdict is not None:
         lines += ["## Gate", "", verdict.to_markdown(), ""]
+    if result.status in NOT_SUCCEEDED:
+        lines += stderr_tail(out_dir)
     plots = sorted(p.relative_to(out_dir).as_posix() for p in out_dir.rglob("*.png"))
     if plots:
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]

@@ -161,6 +161,7 @@ class Runner:
         self.seen: dict[str, float] = {}  # claim sha -> when (time.monotonic) this runner first saw it
         self.stopping = threading.Event()
         self.abort_reason: str | None = None
+        self.signalled: str | None = None  # the first stop signal's name (set by the commands' handlers)
         self._log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.served = 0
         self.contended = False

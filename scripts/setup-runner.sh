@@ -31,6 +31,9 @@ usage: scripts/setup-runner.sh [options]
   --service            install `kakeya runner watch` as a user service (systemd on Linux,
                        launchd on macOS) and (re)start it
   --dry-run-service    write the service file, print the commands that would load it, run none
+  --gpus N             with --service on Linux: one runner per GPU, a templated unit
+                       kakeya-runner@.service with CUDA_VISIBLE_DEVICES=<i> and the name <name>-gpu<i>,
+                       instances 0..N-1 (each serves one request at a time)
   --actions-runner DIR also write KAKEYA_VENV (and KAKEYA_MODELS) into DIR/.env, the environment
                        file of a GitHub Actions runner installed in DIR
   --os linux|macos     act as on this OS (default: this host's); for preparing service files
@@ -62,6 +65,7 @@ SERVICE=0
 DRY_RUN=0
 ACTIONS_DIR=""
 OS=""
+PER_GPU=0
 
 while [ $# -gt 0 ]; do
   opt=$1
@@ -69,14 +73,14 @@ while [ $# -gt 0 ]; do
     --*=*) set -- "${opt%%=*}" "${opt#*=}" "${@:2}"; continue ;;
   esac
   case $opt in
-    --labels|--name|--remote|--venv|--python|--torch|--torch-version|--torch-index|--extras|--actions-runner|--os)
+    --labels|--name|--remote|--venv|--python|--torch|--torch-version|--torch-index|--extras|--actions-runner|--os|--gpus)
       [ $# -ge 2 ] || die "$opt needs a value"
       val=$2; shift 2
       case $opt in
         --labels) LABELS=$val ;; --name) NAME=$val ;; --remote) REMOTE=$val ;; --venv) VENV=$val ;;
         --python) PYTHON=$val ;; --torch) TORCH=$val ;; --torch-version) TORCH_VERSION=$val ;;
         --torch-index) TORCH_INDEX=$val ;; --extras) EXTRAS=$val ;; --actions-runner) ACTIONS_DIR=$val ;;
-        --os) OS=$val ;;
+        --os) OS=$val ;; --gpus) PER_GPU=$val ;;
       esac ;;
     --skip-install) SKIP_INSTALL=1; shift ;;
     --no-doctor) DOCTOR=0; shift ;;
@@ -99,6 +103,8 @@ fi
 case $OS in linux|macos) ;; *) die "--os must be linux or macos, not '$OS'" ;; esac
 case $TORCH in auto|cuda|cpu|none) ;; *) die "--torch must be auto, cuda, cpu or none, not '$TORCH'" ;; esac
 [ "$OS" = macos ] && [ "$TORCH" = cuda ] && die "--torch cuda: there is no CUDA on macOS"
+[[ $PER_GPU =~ ^[0-9]+$ ]] || die "--gpus must be a number of GPUs, not '$PER_GPU'"
+[ "$PER_GPU" = 0 ] || [ "$OS" = linux ] || die "--gpus: one runner per GPU is for Linux (CUDA) hosts"
 
 LABELS=${LABELS:-cpu}
 LABELS=${LABELS// /}
@@ -279,6 +285,22 @@ run() {
 }
 
 # install_file PATH MODE: the content on stdin; rewrites PATH only when it differs.
+# per_gpu_units: --gpus N: the unit as a template, kakeya-runner@.service: instance <i> sees GPU <i> alone
+# (CUDA_VISIBLE_DEVICES) and is runner <name>-gpu<i> (its own mirror and worktrees); instances 0..N-1 run
+# in place of the single unit, so N requests run at once, one per GPU.
+per_gpu_units() {
+  local template=$CONFIG_HOME/systemd/user/kakeya-runner@.service instances=() i
+  sed -e "s|^Environment=\"KAKEYA_RUNNER_NAME=\(.*\)\"\$|Environment=\"KAKEYA_RUNNER_NAME=\1-gpu%i\"\nEnvironment=\"CUDA_VISIBLE_DEVICES=%i\"|" \
+    -e "s|^Description=Kakeya runner \(.*\) (labels|Description=Kakeya runner \1 on GPU %i (labels|" "$UNIT" |
+    install_file "$template" 644
+  rm -f "$UNIT"
+  for ((i = 0; i < PER_GPU; i++)); do instances+=("kakeya-runner@$i.service"); done
+  run systemctl --user daemon-reload
+  [ "$DRY_RUN" = 1 ] || systemctl --user disable --now kakeya-runner.service >/dev/null 2>&1 || true
+  run systemctl --user enable "${instances[@]}"
+  run systemctl --user restart "${instances[@]}"
+}
+
 install_file() {
   local path=$1 mode=$2 tmp
   mkdir -p "$(dirname "$path")"
@@ -343,17 +365,26 @@ EOF
         "ExecStart=$VENV/bin/kakeya runner watch --labels $LABELS" \
         "Restart=always" \
         "RestartSec=10" \
-        "TimeoutStopSec=60" \
-        "KillMode=control-group" \
+        "# Stop: SIGTERM to kakeya alone (mixed), which takes no new request and lets the current run go on" \
+        "# for KAKEYA_STOP_GRACE s, then ends it; either way the request ends in a done commit. Only then" \
+        "# (TimeoutStopSec) does systemd SIGKILL whatever is left in the unit's cgroup." \
+        "Environment=KAKEYA_STOP_GRACE=300" \
+        "KillMode=mixed" \
+        "KillSignal=SIGTERM" \
+        "TimeoutStopSec=360" \
         "" \
         "[Install]" \
         "WantedBy=default.target"
     } | install_file "$UNIT" 644
     SERVICE_HINT="systemctl --user needs the user's own session: log in as $(id -un) (ssh, or machinectl shell $(id -un)@), not sudo -u; if lingering is not allowed, an administrator runs: loginctl enable-linger $(id -un)"
     run loginctl enable-linger "$(id -un)"
-    run systemctl --user daemon-reload
-    run systemctl --user enable kakeya-runner.service
-    run systemctl --user restart kakeya-runner.service
+    if [ "$PER_GPU" -gt 0 ]; then
+      per_gpu_units
+    else
+      run systemctl --user daemon-reload
+      run systemctl --user enable kakeya-runner.service
+      run systemctl --user restart kakeya-runner.service
+    fi
     say "logs: journalctl --user -u kakeya-runner -f"
   else
     AGENT=dev.kakeya.runner

@@ -102,6 +102,9 @@ def test_linux_service_unit_runs_the_watcher_with_the_hosts_labels(home, bus, no
     assert any(line.startswith(f'Environment="PATH={VENV}/bin:') for line in lines)
     assert f"EnvironmentFile=-{home}/.config/kakeya/runner.env" in lines
     assert "Restart=always" in lines and "RestartSec=10" in lines
+    # a stop signals kakeya alone, which ends the current run in a done commit within the grace
+    assert "KillMode=mixed" in lines and "KillMode=control-group" not in text
+    assert "Environment=KAKEYA_STOP_GRACE=300" in lines and "TimeoutStopSec=360" in lines
     assert "WantedBy=default.target" in lines
     # The secrets file exists, is private, and holds no secret yet.
     secrets = home / ".config" / "kakeya" / "runner.env"
@@ -128,8 +131,14 @@ def test_linux_service_unit_runs_the_watcher_with_the_hosts_labels(home, bus, no
 
 
 def test_doctor_runs_against_the_hosts_bus_and_its_failure_is_the_scripts(home, bus, no_gpu_path, tmp_path):
-    proc = setup(home, *linux_args(bus), path=no_gpu_path)
+    proc = setup(home, *linux_args(bus), path=no_gpu_path, check=False)
     assert "== kakeya doctor" in proc.stdout and str(bus) in proc.stdout.split("== kakeya doctor")[1]
+    doctor = proc.stdout.split("== kakeya doctor")[1]
+    assert "ok    bus" in doctor
+    # labels cpu,h200: the doctor checks that h200's CUDA is visible; on a host without one that (alone) fails
+    failing = [ln for ln in doctor.splitlines() if ln.startswith("FAIL")]
+    assert all(ln.startswith("FAIL  h200     label h200 needs CUDA") for ln in failing), doctor
+    assert proc.returncode == (1 if failing else 0), proc.stdout + proc.stderr
     proc = setup(home, *linux_args(tmp_path / "missing.git"), path=no_gpu_path, check=False)
     assert proc.returncode == 1
     assert "kakeya doctor reported problems (exit 1)" in proc.stdout
@@ -285,3 +294,27 @@ def test_skip_install_needs_an_existing_venv(home, tmp_path):
     proc = setup(home, "--venv", str(tmp_path / "nowhere"), "--skip-install", check=False)
     assert proc.returncode == 1
     assert "there is no venv at" in proc.stderr and "run once without --skip-install" in proc.stderr
+
+
+def test_one_runner_per_gpu_is_a_templated_unit_with_one_instance_per_gpu(home, bus, no_gpu_path):
+    proc = setup(home, *linux_args(bus, "--no-doctor"), "--gpus", "2", path=no_gpu_path)
+    units = home / ".config" / "systemd" / "user"
+    assert not (units / "kakeya-runner.service").exists()
+    template = units / "kakeya-runner@.service"
+    lines = template.read_text().splitlines()
+    assert 'Environment="KAKEYA_RUNNER_NAME=box-1-gpu%i"' in lines
+    assert 'Environment="CUDA_VISIBLE_DEVICES=%i"' in lines
+    assert "Description=Kakeya runner box-1 on GPU %i (labels: cpu,h200)" in lines
+    assert (
+        f"ExecStart={VENV}/bin/kakeya runner watch --labels cpu,h200" in lines and "KillMode=mixed" in lines
+    )
+    assert "would run: systemctl --user enable kakeya-runner@0.service kakeya-runner@1.service" in proc.stdout
+    assert (
+        "would run: systemctl --user restart kakeya-runner@0.service kakeya-runner@1.service" in proc.stdout
+    )
+    analyze = shutil.which("systemd-analyze")
+    if analyze:
+        out = subprocess.run([analyze, "verify", str(template)], capture_output=True, text=True, timeout=60)
+        assert "Unknown" not in out.stdout + out.stderr, out.stdout + out.stderr
+    bad = setup(home, *linux_args(bus, "--no-doctor"), "--gpus", "two", path=no_gpu_path, check=False)
+    assert bad.returncode == 1 and "--gpus must be a number" in bad.stderr

@@ -141,8 +141,12 @@ def test_runner_workflow_runs_the_default_branchs_harness_on_the_labelled_self_h
 
 def test_pr_gate_checks_out_the_base_and_never_the_head():
     wf = load("pr-gate.yml")
-    assert "pull_request" in wf["on"]
-    assert wf["permissions"] == {"contents": "read"}
+    # the workflow file comes from the base (a PR cannot rewrite its check), and a merge queue is gated too
+    assert "pull_request_target" in wf["on"] and "merge_group" in wf["on"]
+    assert "pull_request" not in wf["on"] and "push" not in wf["on"]
+    assert wf["permissions"] == {"contents": "read", "pull-requests": "read"}
+    text = (WORKFLOWS / "pr-gate.yml").read_text()
+    assert "head.ref" not in text and "head.repo" not in text and "merge_group.head_sha" not in text
     job = wf["jobs"]["gate"]
     co = checkout(job)
     assert co["ref"].startswith("${{ github.event.pull_request.base.sha")
@@ -150,6 +154,79 @@ def test_pr_gate_checks_out_the_base_and_never_the_head():
     gate = steps(job)[-1]
     assert gate["run"] == "bash harness/.github/scripts/pr-gate.sh"
     assert gate["env"]["SUBJECT"].startswith("${{ github.event.pull_request.head.sha")
+
+
+def test_a_merge_queue_entry_is_gated_on_its_prs_head(tmp_path):
+    """The merge_group step, run by bash with a stand-in `gh` that answers the pulls API."""
+    step = next(s for s in steps(load("pr-gate.yml")["jobs"]["gate"]) if s.get("id") == "queued")
+    gh = tmp_path / "gh"
+    gh.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/gh-argv\necho {SHA}\n')
+    gh.chmod(0o755)
+    out = tmp_path / "out"
+    env = {
+        "PATH": f"{tmp_path}:{os.environ['PATH']}",
+        "HEAD_REF": "refs/heads/gh-readonly-queue/main/pr-17-" + "ab" * 20,
+        "REPO": "o/r",
+        "GITHUB_OUTPUT": str(out),
+    }
+    proc = subprocess.run(["bash", "-c", step["run"]], env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_text() == f"pr=17\nsha={SHA}\n"
+    assert (tmp_path / "gh-argv").read_text().split() == ["api", "repos/o/r/pulls/17", "--jq", ".head.sha"]
+    env["HEAD_REF"] = "refs/heads/main"
+    proc = subprocess.run(["bash", "-c", step["run"]], env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "cannot find the PR number" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "status, verdict, state", [("succeeded", "pass", "success"), ("succeeded", "fail", "failure")]
+)
+def test_runner_job_posts_a_commit_status_and_reruns_the_subjects_failed_gate(
+    tmp_path, status, verdict, state
+):
+    """runner-job.sh's notify(), run by bash with a stand-in curl that logs each call and answers the runs query."""
+    text = (ROOT / ".github" / "scripts" / "runner-job.sh").read_text()
+    start = text.index("notify() {")
+    body = text[start : text.index("\n}\n", start) + 3]
+    rid = "20260101T000000.000Z-probe-abcdef"
+    (tmp_path / "results" / rid).mkdir(parents=True)
+    result = {"status": status, "verdict": verdict, "preset": "probe", "request_id": rid, "subject": SHA}
+    (tmp_path / "results" / rid / "result.json").write_text(json.dumps(result))
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "curl").write_text(
+        "#!/bin/sh\n"
+        f'printf "%s " "$@" >> {tmp_path}/curl.log; echo >> {tmp_path}/curl.log\n'
+        'case "$*" in *"/runs?"*) echo \'{"workflow_runs": [{"id": 41}, {"id": 42}]}\' ;; esac\n'
+    )
+    (bindir / "curl").chmod(0o755)
+    script = f'error() {{ echo "::error::$*"; }}\nPY={sys.executable}\nOUT={tmp_path}/results\nLABEL=cpu\n{body}notify {rid}\n'
+    env = {
+        "PATH": f"{bindir}:{os.environ['PATH']}",
+        "GITHUB_TOKEN": "ghs_x",
+        "GITHUB_REPOSITORY": "org/kakeya",
+        "GITHUB_API_URL": "https://api.invalid",
+        "GITHUB_SERVER_URL": "https://github.com",
+        "GITHUB_RUN_ID": "9",
+    }
+    proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "::error::" not in proc.stdout, proc.stdout + proc.stderr
+    calls = (tmp_path / "curl.log").read_text().splitlines()
+    assert len(calls) == 4
+    api = "https://api.invalid/repos/org/kakeya"
+    assert f"{api}/statuses/{SHA}" in calls[0]
+    posted = json.loads(calls[0].split(f"{api}/statuses/{SHA} -d ", 1)[1])
+    assert posted == {
+        "state": state,
+        "context": "kakeya/probe@cpu",
+        "description": f"{rid}: " + ("succeeded" if state == "success" else "ran, gate failed"),
+        "target_url": "https://github.com/org/kakeya/actions/runs/9",
+    }
+    assert f"{api}/actions/workflows/pr-gate.yml/runs?head_sha={SHA}&status=failure" in calls[1]
+    assert (
+        f"{api}/actions/runs/41/rerun-failed-jobs" in calls[2]
+        and f"{api}/actions/runs/42/rerun-failed-jobs" in calls[3]
+    )
 
 
 def test_ci_runs_make_test_on_linux_and_macos_with_a_pip_cache_and_skips_bus_refs():

@@ -49,7 +49,7 @@ if [ "$rc" = 1 ]; then
     printf '```sh\n'
     printf 'git fetch origin%s   # the PR head\n' "${PR:+ pull/$PR/head}"
     while read -r entry; do
-      printf 'kakeya request %s --runner %s --subject %s --wait\n' "${entry%@*}" "${entry#*@}" "$SUBJECT"
+      printf 'kakeya request %s --runner %s --subject %s --wait --remote origin\n' "${entry%@*}" "${entry#*@}" "$SUBJECT"
     done <<<"$required"
     # shellcheck disable=SC2016  # literal backquotes: markdown
     printf '```\n\nthen re-runs this check (Re-run jobs, or `gh run rerun --failed %s`).\n' "${GITHUB_RUN_ID:-RUN_ID}"

@@ -11,7 +11,7 @@
 #      artifact) and its summary.md to the job summary.
 #
 # Environment: LABEL, REQUEST (empty for a drain), KAKEYA_REMOTE, GITHUB_TOKEN (contents: write; plus
-# actions: write for the re-dispatch), KAKEYA_DRAIN_MINUTES, KAKEYA_VENV (default ~/kakeya-runner/venv,
+# actions: write for the re-dispatch and gate re-runs, statuses: write for the commit statuses), KAKEYA_DRAIN_MINUTES, KAKEYA_VENV (default ~/kakeya-runner/venv,
 # made by scripts/setup-runner.sh); KAKEYA_DRAIN_SECONDS overrides the budget in seconds. Exit: that of $REQUEST's outcome (0 succeeded with a passing or no
 # verdict), or 1 when the harness could not run.
 set -uo pipefail
@@ -56,8 +56,21 @@ mkdir -p "$OUT"
 # collect ID: results into $OUT/ID and summary.md into the job summary; prints the outcome's exit code.
 collect() {
   local id=$1 dir=$OUT/$1
-  if kakeya results "$id" --out "$dir" >&2 && [ -f "$dir/summary.md" ]; then
-    { cat "$dir/summary.md"; printf '\n---\n\n'; } >>"$SUMMARY"
+  local links=() run_url=""
+  if [ -n "${GITHUB_SERVER_URL:-}" ] && [ -n "${GITHUB_REPOSITORY:-}" ]; then
+    # the job summary cannot resolve summary.md's relative links: point them at the done commit's files
+    links=(--link-base "$GITHUB_SERVER_URL/$GITHUB_REPOSITORY")
+    run_url="$GITHUB_SERVER_URL/$GITHUB_REPOSITORY/actions/runs/${GITHUB_RUN_ID:-0}"
+  fi
+  if kakeya results "$id" --out "$dir" "${links[@]}" >&2 && [ -f "$dir/summary.md" ]; then
+    {
+      cat "$dir/summary.md"
+      if [ -n "$run_url" ]; then
+        printf '\nAll files: the artifact [kakeya-results-%s-%s-%s](%s#artifacts) (%s/).\n' \
+          "$LABEL" "${GITHUB_RUN_ID:-0}" "${GITHUB_RUN_ATTEMPT:-1}" "$run_url" "$id"
+      fi
+      printf '\n---\n\n'
+    } >>"$SUMMARY"
     "$PY" -c 'import json, sys; r = json.load(open(sys.argv[1]))
 print(0 if r["status"] == "succeeded" and r.get("verdict") in (None, "pass") else 2 if r["status"] == "rejected" else 1)' \
       "$dir/result.json"
@@ -67,6 +80,38 @@ print(0 if r["status"] == "succeeded" and r.get("verdict") in (None, "pass") els
       "$id" "$id" "$id" >>"$SUMMARY"
     echo 1
   fi
+}
+
+# notify ID: GitHub learns that evidence landed (pushes made with GITHUB_TOKEN trigger no workflow):
+# a commit status on the request's subject (context kakeya/PRESET@LABEL, linking this run), then a
+# re-run of the subject's failed `kakeya gate` runs (pr-gate.yml), so its PR check turns green by itself.
+notify() {
+  local result=$OUT/$1/result.json api=${GITHUB_API_URL:-https://api.github.com}/repos/${GITHUB_REPOSITORY:-}
+  [ -n "${GITHUB_TOKEN:-}" ] && [ -n "${GITHUB_REPOSITORY:-}" ] && [ -f "$result" ] || return 0
+  local run_url=${GITHUB_SERVER_URL:-https://github.com}/$GITHUB_REPOSITORY/actions/runs/${GITHUB_RUN_ID:-0}
+  local lines subject body
+  lines=$("$PY" -c 'import json, sys; r = json.load(open(sys.argv[1]))
+ok = r["status"] == "succeeded" and r.get("verdict") in (None, "pass")
+words = "ran, gate failed" if r["status"] == "succeeded" and r.get("verdict") == "fail" else r["status"]
+print(r.get("subject") or "")
+preset, rid = r["preset"], r["request_id"]
+print(json.dumps({"state": "success" if ok else "failure", "context": f"kakeya/{preset}@{sys.argv[2]}",
+                  "description": f"{rid}: {words}"[:140], "target_url": sys.argv[3]}))' \
+    "$result" "$LABEL" "$run_url") || return 0
+  subject=${lines%%$'\n'*} body=${lines#*$'\n'}
+  [ -n "$subject" ] || return 0
+  curl -fsS -o /dev/null -X POST -H "Authorization: Bearer $GITHUB_TOKEN" -H "Accept: application/vnd.github+json" \
+    "$api/statuses/$subject" -d "$body" || error "could not post the commit status for $subject"
+  local runs run
+  runs=$(curl -fsS -H "Authorization: Bearer $GITHUB_TOKEN" -H "Accept: application/vnd.github+json" \
+    "$api/actions/workflows/pr-gate.yml/runs?head_sha=$subject&status=failure&per_page=20" |
+    "$PY" -c 'import json, sys; print(" ".join(str(r["id"]) for r in json.load(sys.stdin).get("workflow_runs", [])))' \
+    2>/dev/null) || runs=""
+  for run in $runs; do
+    echo "re-running the failed kakeya gate run $run for $subject"
+    curl -fsS -o /dev/null -X POST -H "Authorization: Bearer $GITHUB_TOKEN" -H "Accept: application/vnd.github+json" \
+      "$api/actions/runs/$run/rerun-failed-jobs" || error "could not re-run kakeya gate run $run"
+  done
 }
 
 # serve [--request ID]: one `kakeya runner once`; prints the id it served, or nothing when idle.
@@ -96,6 +141,7 @@ if [ -n "$REQUEST" ]; then
     code=1
   fi
   outcome=$(collect "$REQUEST")
+  notify "$REQUEST"
   [ "$code" != 0 ] || code=$outcome
 fi
 
@@ -110,6 +156,7 @@ while [ $((SECONDS - started)) -lt "$BUDGET_S" ]; do
   if [ -z "$id" ]; then ended=idle; break; fi
   served=$((served + 1))
   collect "$id" >/dev/null
+  notify "$id"
 done
 echo "drained $served more request(s) for $LABEL"
 

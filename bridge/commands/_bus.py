@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import gates
-from bridge.client import Client, exit_code, verdict_line
+from bridge.client import Client, describe_bus, exit_code, verdict_line
 from bridge.config import Config, load_config, project_root
 from bridge.result import RunResult
 
@@ -22,8 +23,8 @@ def add_remote(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--remote",
         metavar="NAME|URL",
-        help="the bus: a git remote name, URL or path (default: config / KAKEYA_REMOTE, "
-        "else the embedded .kakeya/bus.git)",
+        help="the bus: a git remote name, URL or path (default: config / KAKEYA_REMOTE, else the "
+        "clone's origin, else the embedded .kakeya/bus.git)",
     )
 
 
@@ -32,9 +33,16 @@ def config_and_root() -> tuple[Config, Path]:
     return load_config(root), root
 
 
+def say_bus(remote: str, url: str) -> None:
+    """The one stderr line that says which bus a command uses."""
+    print(f"kakeya: bus: {describe_bus(remote, url)}", file=sys.stderr, flush=True)
+
+
 def client(args: argparse.Namespace, remote: str | None = None) -> Client:
     config, root = config_and_root()
-    return Client(config, root, remote=args.remote if remote is None else remote)
+    c = Client(config, root, remote=args.remote if remote is None else remote)
+    say_bus(c.remote, c.url)
+    return c
 
 
 def out_dir(root: Path, given: Path | None, request_id: str) -> Path:

@@ -1,5 +1,6 @@
-"""`kakeya bus gc --older-than DAYS [--dry-run]`: delete the req/claim/cancel refs of finished requests
-(their done refs keep the whole history)."""
+"""`kakeya bus gc --older-than DAYS [--archive-done] [--dry-run]`: delete the req/claim/cancel refs of finished
+requests (their done refs keep the whole history); with --archive-done, also move their done refs to
+refs/kakeya-archive/done/<id>: kept on the bus, but fetched by no clone and read by no status or gate."""
 
 from __future__ import annotations
 
@@ -15,13 +16,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     gc.add_argument(
         "--older-than", type=float, required=True, metavar="DAYS", help="only requests made before this"
     )
+    gc.add_argument(
+        "--archive-done",
+        action="store_true",
+        help="also move their done refs to refs/kakeya-archive/done/<id> (out of every clone's fetch)",
+    )
     gc.add_argument("--dry-run", action="store_true", help="list what would be deleted")
     add_remote(gc)
     gc.set_defaults(func=run_gc)
 
 
 def run_gc(args: argparse.Namespace) -> int:
-    refs = client(args).gc(args.older_than, dry_run=args.dry_run)
+    refs = client(args).gc(args.older_than, dry_run=args.dry_run, archive_done=args.archive_done)
     for ref in refs:
         print(ref)
     print(f"{'would delete' if args.dry_run else 'deleted'} {len(refs)} refs")

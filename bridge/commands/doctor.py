@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from bridge import bus as B
 from bridge import git, trust
-from bridge.client import resolve_remote, state_dir
+from bridge.client import default_remote, describe_bus, resolve_remote, state_dir
 from bridge.commands._bus import add_remote
 from bridge.config import Config, load_config, project_root
 from bridge.errors import KakeyaError
@@ -20,10 +22,67 @@ from bridge.presets import load_registry
 MIN_GIT = (2, 29)  # fetch --no-write-fetch-head / --stdin
 
 
+NEGATIVE_REFSPEC = f"^refs/heads/{B.PREFIX.removeprefix('refs/heads/')}*"  # ^refs/heads/kakeya/*
+
+# What a label's hardware check runs (in this Python): CUDA devices for GPU labels, Metal for mac labels.
+CUDA_PY = (
+    "import torch; n = torch.cuda.device_count() if torch.cuda.is_available() else 0; "
+    "print(', '.join(torch.cuda.get_device_name(i) for i in range(n)))"
+)
+METAL_PY = "import mlx.core as mx; print(mx.metal.is_available() and mx.metal.device_info().get('device_name', 'metal'))"
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("doctor", help="check git, the bus, presets and the engine; say what to fix")
     add_remote(parser)
+    parser.add_argument(
+        "--no-bus-fetch",
+        action="store_true",
+        help=f"make `git fetch` of the bus remote skip the bus branches ({NEGATIVE_REFSPEC}), "
+        "for a clone whose owner does not serve or inspect the bus",
+    )
     parser.set_defaults(func=run)
+
+
+def label_kind(label: str) -> str:
+    """'cpu' (no accelerator check), 'mac' (Metal) or 'gpu' (CUDA), from the label's name."""
+    if label == "cpu" or label.startswith("cpu-"):
+        return "cpu"
+    return "mac" if label.startswith("mac") else "gpu"
+
+
+def check_accelerator(label: str) -> str:
+    """The accelerator a runner label promises is visible to this Python (and to the engine)."""
+    kind = label_kind(label)
+    code, what = (CUDA_PY, "CUDA") if kind == "gpu" else (METAL_PY, "Metal")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    devices = proc.stdout.strip()
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise KakeyaError(
+            f"label {label} needs {what}, but the check failed ({last}); install "
+            + ("the CUDA build of torch (scripts/setup-runner.sh --torch cuda)" if kind == "gpu" else "mlx")
+        )
+    if not devices or devices == "False":
+        raise KakeyaError(
+            f"label {label} needs {what}, but no {what} device is visible"
+            + (" (nvidia-smi, CUDA_VISIBLE_DEVICES, the driver)" if kind == "gpu" else "")
+        )
+    return f"{what}: {devices}"
+
+
+def check_models() -> str:
+    """The models directory exists (a preset's NAME model is looked up there)."""
+    root = os.environ.get("KAKEYA_MODELS")
+    dirs = ([Path(root).expanduser()] if root else []) + [Path.home() / "kakeya-models"]
+    found = next((d for d in dirs if d.is_dir()), None)
+    if found is None:
+        raise KakeyaError(
+            f"no models directory ({' or '.join(map(str, dirs))}); create it and copy model directories "
+            "into it (docs/runners.md, Models)"
+        )
+    names = sorted(p.name for p in found.iterdir() if (p / "config.json").is_file())
+    return f"{found}: {len(names)} model(s){': ' + ', '.join(names[:8]) if names else ''}"
 
 
 def check_git() -> str:
@@ -79,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
 
     def bus() -> str:
         cfg = state.get("config") or load_config(root)
-        remote = cfg.remote if args.remote is None else args.remote
+        remote = default_remote(cfg, root) if args.remote is None else args.remote
         url = resolve_remote(remote, root, cfg)
         store = root if git.is_repo(root) else state_dir(cfg, root)
         try:
@@ -89,13 +148,38 @@ def run(args: argparse.Namespace) -> int:
                 f"{exc}; check --remote / KAKEYA_REMOTE / `remote` in kakeya.toml, the network "
                 "and your git credentials"
             ) from None
-        where = url if remote else f"{url} (embedded)"
+        state["url"], state["remote"] = url, remote
+        where = describe_bus(remote, url)
         bad = f"; {len(snap.ignored)} malformed refs under {B.PREFIX}" if snap.ignored else ""
         return f"{where}: {len(snap.entries)} requests readable{bad}"
 
     def isolation() -> str:
         cfg = state.get("config") or load_config(root)
         return isolation_in_force(cfg)
+
+    def push() -> str:
+        cfg = state.get("config") or load_config(root)
+        url = state.get("url")
+        if url is None:
+            return "not tried: the bus could not be read"
+        if not git.is_repo(root):
+            raise KakeyaError(f"{root} is not a git repository: nothing to push from")
+        ref = f"{B.PREFIX}doctor/{cfg.runner_name}"
+        git.push_dry_run(root, str(url), "HEAD", ref)
+        return f"a dry-run push of {ref} was accepted"
+
+    def fetch() -> str:
+        remote = state.get("remote")
+        if not remote or not git.remote_url(root, str(remote)):
+            return "the bus is not a named remote of this clone: `git fetch` does not pull it"
+        if args.no_bus_fetch:
+            git.add_negative_refspec(root, str(remote), NEGATIVE_REFSPEC)
+        if NEGATIVE_REFSPEC in git.fetch_refspecs(root, str(remote)):
+            return f"`git fetch {remote}` skips the bus branches ({NEGATIVE_REFSPEC})"
+        return (
+            f"`git fetch {remote}` also pulls every bus branch; if you do not serve or inspect the bus, "
+            "`kakeya doctor --no-bus-fetch` stops that"
+        )
 
     def presets() -> str:
         registry = load_registry()
@@ -123,6 +207,8 @@ def run(args: argparse.Namespace) -> int:
         ("config", config),
         ("project", project),
         ("bus", bus),
+        ("push", push),
+        ("fetch", fetch),
         ("presets", presets),
         ("signing", signing),
         ("isolation", isolation),
@@ -130,10 +216,22 @@ def run(args: argparse.Namespace) -> int:
     ]
     failed = 0
     for name, check in checks:
-        try:
-            print(f"ok    {name:<8} {check()}")
-        except (KakeyaError, OSError, subprocess.SubprocessError) as exc:
-            failed += 1
-            print(f"FAIL  {name:<8} {exc}")
+        failed += not report(name, check)
+    cfg = state.get("config")
+    labels = cfg.labels if isinstance(cfg, Config) else []
+    accelerated = [lb for lb in labels if label_kind(lb) != "cpu"]
+    for label in accelerated:  # what each label promises: its accelerator, visible from here
+        failed += not report(label, lambda lb=label: check_accelerator(lb))
+    if accelerated:
+        failed += not report("models", check_models)
     print("all checks passed" if not failed else f"{failed} check(s) failed")
     return 1 if failed else 0
+
+
+def report(name: str, check: Callable[[], str]) -> bool:
+    try:
+        print(f"ok    {name:<8} {check()}")
+        return True
+    except (KakeyaError, OSError, subprocess.SubprocessError) as exc:
+        print(f"FAIL  {name:<8} {exc}")
+        return False

@@ -7,10 +7,12 @@ With --wait: waits for the result, writes it to --out (default out/<id>) and exi
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
 
 from bridge.client import parse_duration
 from bridge.commands._bus import add_preset_args, add_remote, client, out_dir, report
+from bridge.config import project_root
 from bridge.presets import parse_assignments
 
 
@@ -37,16 +39,24 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    c = client(args)
-    expires_s = parse_duration(args.expires) if args.expires else None
-    manifest = c.request(
-        args.preset,
-        parse_assignments(args.param),
-        args.runner,
-        subject=args.subject,
-        expires_s=expires_s,
-        allow_dirty=args.allow_dirty,
-    )
+    expires_s = parse_duration(args.expires, unit_required=True) if args.expires else None
+    params = parse_assignments(args.param)
+    state = project_root() / ".kakeya"
+    fresh = not state.exists()
+    try:
+        c = client(args)
+        manifest = c.request(
+            args.preset,
+            params,
+            args.runner,
+            subject=args.subject,
+            expires_s=expires_s,
+            allow_dirty=args.allow_dirty,
+        )
+    except BaseException:
+        if fresh:  # a request that failed leaves no state directory behind
+            shutil.rmtree(state, ignore_errors=True)
+        raise
     print(manifest.id, flush=True)
     if not args.wait:
         return 0

@@ -1,13 +1,21 @@
-"""`kakeya results ID [--out DIR] [--verify]`: fetch the done commit and write its files (result.json, report.json,
-verdict.json, summary.md, logs/) into DIR (default out/<id>). Exit 0 once written, whatever the outcome."""
+"""`kakeya results ID [--out DIR] [--verify] [--link-base URL]`: fetch the done commit and write its files
+(result.json, report.json, verdict.json, summary.md, report.html, logs/) into DIR (default out/<id>). Exit 0 once
+written, whatever the outcome.
+
+--verify writes them only if the done commit is a runner's signed commit for its request.
+--link-base URL (a repository's web address, e.g. https://github.com/ORG/kakeya) makes summary.md's links
+absolute: logs to URL/blob/<done>/.kakeya/results/<id>/..., plots to URL/raw/<done>/...; for a page where
+relative links cannot resolve, such as a GitHub job summary."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from bridge import bus as B
 from bridge.commands._bus import add_remote, client, out_dir, report
 from bridge.errors import InvalidRequest
+from bridge.result import absolute_links
 from bridge.trust import ALLOWED_SIGNERS, trusted_signers
 
 
@@ -22,6 +30,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         f"--allowed-signers, else {ALLOWED_SIGNERS} of this checkout)",
     )
     parser.add_argument("--allowed-signers", type=Path, metavar="FILE", help="the allowed-signers file")
+    parser.add_argument(
+        "--link-base",
+        metavar="URL",
+        help="make summary.md's links absolute under this repository web address",
+    )
     add_remote(parser)
     parser.set_defaults(func=run)
 
@@ -34,5 +47,11 @@ def run(args: argparse.Namespace) -> int:
         signers = trusted_signers(c.root, args.allowed_signers)
         if signers is None:
             raise InvalidRequest(f"--verify needs --allowed-signers FILE or {ALLOWED_SIGNERS} in {c.root}")
-    report(args.id, c.results(args.id, out, signers=signers), out)
+    done = c.entry(args.id).done if args.link_base else None
+    result = c.results(args.id, out, done, signers=signers)
+    if done is not None:
+        base, where = args.link_base.rstrip("/"), f"{done}/{B.results_path(args.id)}/"
+        summary = out / "summary.md"
+        summary.write_text(absolute_links(summary.read_text(), f"{base}/blob/{where}", f"{base}/raw/{where}"))
+    report(args.id, result, out)
     return 0

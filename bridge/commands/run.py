@@ -2,8 +2,9 @@
 
 The request goes to the embedded local bus (.kakeya/bus.git) unless --remote names another; a dirty
 working tree is sent as a snapshot. Prints the verdict line and the summary path; exit 0 pass,
-1 fail (or any other outcome), 2 invalid (nothing ran). Ctrl-C kills the run, which still ends in a
-done commit.
+1 fail (or any other outcome), 2 invalid (nothing ran). Ctrl-C (or SIGTERM) kills the run, which
+still ends in a done commit (git helpers are in process groups of their own and never see the signal),
+then exits 130 with one line on stderr.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import signal
 from pathlib import Path
 
 from bridge.client import Client, state_dir
-from bridge.commands._bus import add_preset_args, add_remote, config_and_root, out_dir, report
-from bridge.errors import InvalidRequest, KakeyaError
+from bridge.commands._bus import add_preset_args, add_remote, config_and_root, out_dir, report, say_bus
+from bridge.errors import Interrupted, InvalidRequest
 from bridge.presets import get_preset, load_registry, parse_assignments
 from bridge.runner import Runner
 
@@ -45,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
             f"{', '.join(config.labels)} (set --runner or KAKEYA_LABELS)"
         )
     client = Client(config, root, remote=args.remote or "")
+    say_bus(client.remote, client.url)
     manifest = client.request(
         preset.name, parse_assignments(args.param), label, allow_dirty=True, registry=registry
     )
@@ -66,10 +68,15 @@ def run(args: argparse.Namespace) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if runner.stopping.is_set() and (served is None or served.status == "released"):
-        raise KakeyaError(
+        raise Interrupted(
             f"{runner.abort_reason}: request {manifest.id} was not run and stays on the bus "
             f"(`kakeya cancel {manifest.id}`)"
         )
     done = served.done if served and served.pushed else client.wait(manifest.id)
     out = out_dir(root, args.out, manifest.id)
-    return report(manifest.id, client.results(manifest.id, out, done), out)
+    code = report(manifest.id, client.results(manifest.id, out, done), out)
+    if runner.abort_reason:  # Ctrl-C / SIGTERM: the run was ended and recorded in its done commit
+        raise Interrupted(
+            f"{runner.abort_reason}: request {manifest.id} ended in its done commit {done[:12]}"
+        )
+    return code

@@ -2,20 +2,24 @@
 
 once claims one pending request for the runner's labels (or the one named) and executes it; watch
 does so in a loop, backing off while the bus fails. SIGTERM/SIGINT: take no new request, finish the
-current one (a claim whose run has not started is released); a second signal kills the run, which
-still ends in a done commit.
+current one (a claim whose run has not started is released); a second signal, or the end of
+`stop_grace_s` (KAKEYA_STOP_GRACE) after the first, kills the run, which still ends in a done commit.
+git helpers run in process groups of their own, so a Ctrl-C reaches only kakeya. Exit 130 after SIGINT
+(one line on stderr), 0 after SIGTERM (a service stop).
 """
 
 from __future__ import annotations
 
 import argparse
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
-from bridge.client import resolve_remote, state_dir
-from bridge.commands._bus import add_remote, config_and_root
+from bridge.client import default_remote, outcome_words, resolve_remote, state_dir
+from bridge.commands._bus import add_remote, config_and_root, say_bus
 from bridge.config import Config
+from bridge.errors import Interrupted
 from bridge.runner import Runner
 
 
@@ -52,16 +56,25 @@ def make_runner(args: argparse.Namespace, config: Config, root: Path, url: str, 
     return Runner(url, config=config, name=name, labels=labels, workdir=workdir)
 
 
-def handle_signals(runner: Runner) -> dict[int, Any]:
-    """First SIGTERM/SIGINT: stop after the current request. Second: kill the current run too.
-    Returns the handlers it replaced."""
+def handle_signals(runner: Runner, grace_s: float | None = None) -> dict[int, Any]:
+    """First SIGTERM/SIGINT: stop after the current request (after `grace_s`, end it: it still ends in a done
+    commit). Second: end the current run now. Returns the handlers it replaced."""
 
     def handler(signum: int, _frame: object) -> None:
         name = signal.Signals(signum).name
+        runner.signalled = runner.signalled or name
         if runner.stopping.is_set():
             runner.abort(f"runner {runner.name} stopped by {name} during the run")
-        else:
-            runner.stop(name)
+            return
+        runner.stop(name)
+        if grace_s is not None:
+            timer = threading.Timer(
+                grace_s,
+                runner.abort,
+                (f"runner {runner.name} stopped by {name}; the run ended after {grace_s:g} s",),
+            )
+            timer.daemon = True
+            timer.start()
 
     return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
 
@@ -71,21 +84,32 @@ def run(args: argparse.Namespace) -> int:
     updates = {k: v for k, v in (("lease_s", args.lease), ("poll_interval_s", args.poll)) if v is not None}
     config = Config.model_validate({**config.model_dump(), **updates})
     labels = [s.strip() for s in args.labels.split(",") if s.strip()] if args.labels else config.labels
-    url = resolve_remote(config.remote if args.remote is None else args.remote, root, config)
+    remote = default_remote(config, root) if args.remote is None else args.remote
+    url = resolve_remote(remote, root, config)
+    say_bus(remote, url)
     runner = make_runner(args, config, root, url, labels)
-    previous = handle_signals(runner)
+    previous = handle_signals(runner, config.stop_grace_s)
     try:
         if args.mode == "watch":
             runner.watch()
-            return 0
-        served = runner.once(request_id=args.request)
+            served = None
+        else:
+            served = runner.once(request_id=args.request)
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+    if served is not None:
+        print(
+            f"{served.id}: {outcome_words(served.status, served.verdict)}"
+            + ("" if served.pushed else " (result not pushed)")
+        )
+    if runner.signalled == "SIGINT":  # Ctrl-C: one line, exit 130 (a service stop by SIGTERM exits 0)
+        what = f"request {served.id} ended {served.status}" if served else "no request was left half-done"
+        raise Interrupted(f"interrupted by SIGINT: runner {runner.name} stopped; {what}")
+    if args.mode == "watch":
+        return 0
     if served is None:
         what = args.request or f"labels {', '.join(runner.labels)}"
         print(f"nothing to do for {what} (no pending request, or it is done or held by a live lease)")
         return 0
-    verdict = f", verdict {served.verdict}" if served.verdict else ""
-    print(f"{served.id}: {served.status}{verdict}" + ("" if served.pushed else " (result not pushed)"))
     return 0 if served.pushed or served.status == "released" else 1

@@ -5,6 +5,7 @@ after the run, passing evidence; exit codes, stdout and the appended, capped job
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -144,17 +145,31 @@ def test_the_newest_evidence_counts_and_a_label_must_match(world: Env, bus: Bus,
         f"✓ work@cpu: pass — {passed}",
         f"✗ work@gpu: missing — no work@gpu result on the bus names {head[:12]}",
     ]
-    failed = B.new_id("work")  # a request the runner rejects is the newest: it counts
+    failed = B.new_id("work")  # a request the runner rejects is the newest, but nothing ran: the pass counts
     push_raw_request(
         bus.url, world.project, "cpu", failed, manifest_dict(failed, "work", head, params={"seconds": 999})
     )
     assert bus.runner.once(request_id=failed).status == "rejected"
-    assert gate(bus, head, "work@cpu", as_json=True) == 1
+    assert gate(bus, head, "work@cpu", as_json=True) == 0
     o = outcomes(capsys)["work@cpu"]
-    assert (o["status"], o["request_id"]) == ("fail", failed)
-    assert o["reasons"][0].startswith(
-        f"{failed}: the run was rejected: bad parameters: preset work: parameter seconds=999 must be between"
+    assert (o["status"], o["request_id"]) == ("pass", passed)
+    other = commit(world, "o.txt")  # where the rejected request is all there is, it counts, and fails
+    rejected = B.new_id("work")
+    push_raw_request(
+        bus.url,
+        world.project,
+        "cpu",
+        rejected,
+        manifest_dict(rejected, "work", other, params={"seconds": 999}),
     )
+    assert bus.runner.once(request_id=rejected).status == "rejected"
+    assert gate(bus, other, "work@cpu", as_json=True) == 1
+    o = outcomes(capsys)["work@cpu"]
+    assert (o["status"], o["request_id"]) == ("fail", rejected)
+    assert o["reasons"][0].startswith(
+        f"{rejected}: the run was rejected: bad parameters: preset work: parameter seconds=999 must be between"
+    )
+    git(world.project, "checkout", "-q", head)
     again = bus.run("work", tag="again")
     assert gate(bus, head, "work@cpu") == 0
     assert capsys.readouterr().out == f"✓ work@cpu: pass — {again}\n"
@@ -439,3 +454,34 @@ def test_a_request_for_the_subject_that_never_ran_there(world: Env, bus: Bus, ca
         f"✗ work@cpu: fail — {rid}: the run was rejected: invalid manifest: "
         f"subject {head} is not the request commit's parent"
     )
+
+
+def test_outcomes_in_which_nothing_ran_never_mask_a_run_that_did(world: Env, bus: Bus, capsys):
+    head = git(world.project, "rev-parse", "HEAD")
+    passed = bus.run("work")
+    expired = bus.client.request("work", {}, "cpu", expires_s=0.001).id
+    time.sleep(0.05)
+    assert bus.runner.once(request_id=expired).status == "expired"
+    cancelled = bus.client.request("work", {}, "cpu").id
+    bus.client.cancel(cancelled)
+    assert bus.runner.once(request_id=cancelled).status == "cancelled"
+    rid = B.new_id("work")
+    other = commit(world, "r.txt")
+    push_raw_request(bus.url, world.project, "cpu", rid, manifest_dict(rid, "work", head), parent=other)
+    assert bus.runner.once(request_id=rid).status == "rejected"
+    assert gate(bus, head, "work@cpu", as_json=True) == 0
+    outcome = outcomes(capsys)["work@cpu"]
+    assert (outcome["status"], outcome["request_id"]) == ("pass", passed)
+    # a newer run that did run and failed still wins over the older pass
+    bus.runner.environ = {k: v for k, v in bus.runner.environ.items() if k != "KAKEYA_TEST_COUNTER"}
+    git(world.project, "checkout", "-q", head)
+    failed = bus.run("work")
+    assert gate(bus, head, "work@cpu", as_json=True) == 1
+    assert outcomes(capsys)["work@cpu"]["request_id"] == failed
+    # with nothing that ran, the newest outcome is the answer, and it fails
+    fresh = commit(world, "s.txt")
+    late = bus.client.request("work", {}, "cpu", expires_s=0.001).id
+    time.sleep(0.05)
+    assert bus.runner.once(request_id=late).status == "expired"
+    assert gate(bus, fresh, "work@cpu") == 1
+    assert f"{late}: the run ended with status expired" in capsys.readouterr().out

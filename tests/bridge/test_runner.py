@@ -405,7 +405,7 @@ def test_ctrl_c_during_kakeya_run_kills_the_run_and_records_it(world: Env, capsy
 
     before = signal.getsignal(signal.SIGINT)
     threading.Thread(target=interrupt, daemon=True).start()
-    assert main(["run", "work", "-p", "mode=sleep", "-p", "tag=i", "-p", "seconds=60"]) == 1
+    assert main(["run", "work", "-p", "mode=sleep", "-p", "tag=i", "-p", "seconds=60"]) == 130
     assert "work error (interrupted by SIGINT)" in capsys.readouterr().out
     pid = int(world.mark("i", "started").read_text().split()[0])
     assert not pid_alive(pid) and world.count() == []

@@ -1,0 +1,21 @@
+"""The README's and docs' relative links point at files in the repository (the design doc ships in docs/)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_relative_links_resolve_inside_the_repository():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            path = (page.parent / target).resolve()
+            assert path.is_relative_to(ROOT) and path.exists(), f"{page.name}: {target}"
+    readme = (ROOT / "README.md").read_text()
+    assert "[docs/architecture.md](docs/architecture.md)" in readme and "../shared" not in readme
+    assert "GitPython" not in (ROOT / "docs" / "architecture.md").read_text()
