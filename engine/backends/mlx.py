@@ -511,6 +511,11 @@ def _linear_hybrid_config(path: Path, config: dict[str, Any]) -> dict[str, Any]:
                 f"{path}: mlx-lm's {extra['model_type']} has only linear and full attention layers"
             )
         extra["full_attention_interval"] = _pattern(types)
+    # transformers 5 writes rope settings under `rope_parameters`; mlx-lm's qwen3_next reads them top level
+    rope = config.get("rope_parameters") or {}
+    for key in ("rope_theta", "partial_rotary_factor"):
+        if key not in config and key in rope:
+            extra[key] = rope[key]
     return extra
 
 

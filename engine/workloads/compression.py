@@ -16,6 +16,12 @@ its safetensors headers) times the table's dtype size; its cache is sink_window(
 policy (full when the policy is full). The cross-check loads the models and prefills `--check-lens`
 tokens (batch 1) under each policy, and compares the K/V bytes the caches hold with the formula.
 
+Linear-attention layers (Qwen3.5, Qwen3-Next) hold a constant-size state per sequence whatever the
+policy: each row shows it apart (`state_bytes`, B x the verifier's state; `kv_bytes` is attention K/V only)
+and counts it in `net_bytes`. `--reference NAME` computes the table for a published architecture
+(`REFERENCE_CONFIGS`, no weights needed) instead of `--model`'s; the cross-check then checks the same
+formulas on `--model`'s real caches (pick one with the same layer kinds to check the state's bytes too).
+
 Quantized columns: `kv_bytes_q8` / `_q4` / `_k8v4` and their compression ratios are the same policy with
 its K/V stored affine-quantized (codes plus a scale and a bias per group of 64, in the table's dtype;
 `engine.policy.policy_slot_bytes`), the drafter unchanged. A policy listed with a precision suffix
@@ -47,6 +53,7 @@ SEQ_LENS = [8192, 32768, 131072, 262144, 1048576]
 
 
 class Config(cli.ModelConfig):
+    reference: str | None  # a REFERENCE_CONFIGS name: the table's verifier architecture (None: the model's)
     policies: list[str] = Field(min_length=1)
     drafter: str
     drafter_weights: int | None = Field(ge=0)
@@ -62,7 +69,8 @@ class Row(BaseModel):
     batch: int
     seq_len: int
     full_bytes: int
-    kv_bytes: int
+    kv_bytes: int  # attention K/V
+    state_bytes: int  # linear-attention layers' state (constant per sequence)
     drafter_kv_bytes: int
     drafter_weight_bytes: int
     net_bytes: int
@@ -95,6 +103,7 @@ class PolicySummary(BaseModel):
     at_batch: int
     at_seq_len: int
     net_bytes_per_token: float
+    state_bytes_per_token: float  # the linear-attention state's share of net_bytes_per_token
 
 
 class Summary(BaseModel):
@@ -170,15 +179,16 @@ def table(config: Config, geo: Geometry, dgeo: Geometry | None, weights: int) ->
         for b in config.batches:
             for s in config.seq_lens:
                 full_bytes = b * per_sequence(geo, full, s, 1, config.dtype)
-                kv = b * per_sequence(geo, policy, s, config.k + 1, config.dtype)
+                state = b * sum(geo.state_bytes(config.dtype))
+                kv = b * per_sequence(geo, policy, s, config.k + 1, config.dtype) - state
                 dkv = (
                     0
                     if dgeo is None
                     else b * per_sequence(dgeo, drafter_policy(policy), s, config.k + 1, config.dtype)
                 )
-                net = kv + dkv + weights
-                quantized = {
-                    q: b * per_sequence(geo, with_precision(policy, q), s, config.k + 1, config.dtype)
+                net = kv + state + dkv + weights
+                quantized = {  # attention K/V only, as kv_bytes
+                    q: b * per_sequence(geo, with_precision(policy, q), s, config.k + 1, config.dtype) - state
                     for q in QUANTIZED
                 }
                 rows.append(
@@ -188,6 +198,7 @@ def table(config: Config, geo: Geometry, dgeo: Geometry | None, weights: int) ->
                         seq_len=s,
                         full_bytes=full_bytes,
                         kv_bytes=kv,
+                        state_bytes=state,
                         drafter_kv_bytes=dkv,
                         drafter_weight_bytes=weights,
                         net_bytes=net,
@@ -196,7 +207,7 @@ def table(config: Config, geo: Geometry, dgeo: Geometry | None, weights: int) ->
                         compression_ratio=full_bytes / net,
                         **{f"kv_bytes_{q}": v for q, v in quantized.items()},
                         **{
-                            f"compression_ratio_{q}": full_bytes / (v + dkv + weights)
+                            f"compression_ratio_{q}": full_bytes / (v + state + dkv + weights)
                             for q, v in quantized.items()
                         },
                     )
@@ -255,7 +266,12 @@ def cross_check(config: Config, geo: Geometry, dgeo: Geometry | None) -> list[Ch
 
 def compression(config: Config) -> dict[str, Any]:
 
-    geo = read_geometry(engine.resolve(config.model))
+    checked = read_geometry(engine.resolve(config.model)) if config.check_lens else None
+    geo = (
+        Geometry.from_config(REFERENCE_CONFIGS[config.reference])
+        if config.reference
+        else checked or read_geometry(engine.resolve(config.model))
+    )
     dgeo, weights, params = None, 0, None
     if config.drafter not in ("none", "lookup"):
         dpath = engine.resolve(config.drafter)
@@ -265,7 +281,7 @@ def compression(config: Config) -> dict[str, Any]:
     if config.drafter_weights is not None:
         weights = config.drafter_weights
     rows = table(config, geo, dgeo, weights)
-    checks = cross_check(config, geo, dgeo) if config.check_lens else []
+    checks = cross_check(config, checked, dgeo) if checked else []
     longest = max(config.seq_lens)
     policies = {}
     for text in config.policies:
@@ -277,6 +293,7 @@ def compression(config: Config) -> dict[str, Any]:
             at_batch=best.batch,
             at_seq_len=best.seq_len,
             net_bytes_per_token=best.net_bytes_per_token,
+            state_bytes_per_token=best.state_bytes / (best.batch * best.seq_len),
         )
     summary = Summary(
         full_bytes_per_token=next(r.full_bytes_per_token for r in rows if r.seq_len == longest),
@@ -307,13 +324,15 @@ def compression(config: Config) -> dict[str, Any]:
 
 def markdown(report: dict[str, Any]) -> str:
     lines = [
-        "| policy | batch | seq len | net bytes/token | full bytes/token | compression | q8 | q4 | k8v4 |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| policy | batch | seq len | net bytes/token | of which state | full bytes/token | compression "
+        "| q8 | q4 | k8v4 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report["table"]:
         lines.append(
             f"| {r['policy']} | {r['batch']} | {r['seq_len']:,} | {r['net_bytes_per_token']:,.1f} | "
-            f"{r['full_bytes_per_token']:,.1f} | {r['compression_ratio']:,.2f}x | "
+            f"{r['state_bytes'] / (r['batch'] * r['seq_len']):,.1f} | {r['full_bytes_per_token']:,.1f} | "
+            f"{r['compression_ratio']:,.2f}x | "
             + " | ".join(f"{r[f'compression_ratio_{q}']:,.2f}x" for q in QUANTIZED)
             + " |"
         )
@@ -326,6 +345,12 @@ def main(argv: list[str] | None = None) -> int:
         "--model",
         default="zoo:tiny-hybrid",
         help="zoo:NAME, a Hugging Face model directory, or a NAME under $KAKEYA_MODELS",
+    )
+    parser.add_argument(
+        "--reference",
+        choices=("none", *REFERENCE_CONFIGS),
+        default="none",
+        help="the table for this published architecture instead of --model's (which the cross-check loads)",
     )
     parser.add_argument("--policy", default="sink_window:4:64,hybrid:4:64", help="policies, comma-separated")
     parser.add_argument(
@@ -363,7 +388,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         policies = cli.policies(args.policy)
         cli.set_threads(args.threads)
-        dtype = args.dtype if args.dtype != "auto" else read_geometry(engine.resolve(args.model)).dtype
+        reference = None if args.reference == "none" else args.reference
+        dtype = (
+            args.dtype
+            if args.dtype != "auto"
+            else Geometry.from_config(REFERENCE_CONFIGS[reference]).dtype
+            if reference
+            else read_geometry(engine.resolve(args.model)).dtype
+        )
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
     if args.k < 0 or min(args.batches) < 1 or min(args.seq_lens) < 1 or min(args.check_lens, default=1) < 1:
@@ -374,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--k 0 is plain decoding: use --drafter none")
     config = Config(
         model=args.model,
+        reference=reference,
         backend=args.backend,
         dtype=dtype,
         policies=[str(p) for p in policies],
@@ -388,7 +421,9 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(report))
     s = report["summary"]
     print(
-        f"compression: full {s['full_bytes_per_token']:,.1f} bytes/token; "
+        f"compression: full {s['full_bytes_per_token']:,.1f} bytes/token"
+        + (f" ({report['config']['reference']})" if report["config"]["reference"] else "")
+        + f", linear-attention state {report['geometry']['state_bytes_per_sequence']:,} bytes/sequence; "
         + ", ".join(
             f"{v['policy']} up to {v['max_compression_ratio']:,.2f}x (B={v['at_batch']}, S={v['at_seq_len']:,})"
             for v in s["policies"].values()

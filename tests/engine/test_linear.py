@@ -157,3 +157,45 @@ def test_compression_counts_the_linear_state_once_per_sequence_for_a_qwen35_conf
     assert sum(geo.slot_bytes("bfloat16")) == kv and sum(geo.state_bytes("bfloat16")) == state
     assert per_sequence(geo, full(), 1000, 1, "bfloat16") == 1000 * kv + state
     assert per_sequence(geo, sink_window(4, 64), 1000, 9, "bfloat16") == (4 + 63 + 9) * kv + state
+
+
+def test_qwen3_next_greedy_mlx_and_speculative_are_exact(backend: str) -> None:
+    """Qwen3-Next (gated delta-net + full attention, MoE MLPs): greedy equals `generate` (torch) and torch
+    (mlx, float32); speculative decoding with partly rejected blocks equals greedy."""
+    ref = tiny_models.qwen3_next()
+    tm = on(backend, ref)
+    assert tm.geometry.layer_types == ("linear_attention",) * 3 + ("full_attention",)
+    ids = tiny_models.prompt(30, seed=3)
+    greedy = engine.generate(tm.session(sink_window(2, 6), prefill_chunk=16), ids, engine.Stop(40)).tokens
+    covering = engine.generate(tm.session(full()), ids, engine.Stop(40)).tokens
+    assert covering == tiny_models.hf_greedy(ref, ids, 40)
+    drafter = engine.ModelDrafter(
+        tm.session(sink_window(1, 3), max_block=5)
+    )  # itself, narrower: agrees partly
+    verifier = tm.session(sink_window(2, 6), max_block=5, prefill_chunk=16)
+    gen = engine.speculative_generate(verifier, drafter, ids, 4, engine.Stop(40))
+    assert gen.tokens == greedy and 0 < gen.accepted < gen.drafted
+
+
+def test_mlx_hidden_states_equal_torch_in_float32() -> None:
+    """Step.hidden on a Qwen3.5 (the layers' inputs, 0: embeddings, and the final norm's output): the mlx
+    recorder and transformers' output_hidden_states agree, in prefill and in a later block forward."""
+    if not HAVE_MLX:
+        pytest.skip("mlx / mlx-lm not installed")
+    import numpy as np
+
+    ids = tiny_models.prompt(24, seed=9)
+    layers = (0, 1, 3, 4)
+    steps = {}
+    for b in ("torch", "mlx"):
+        s = on(b, tiny_models.qwen35()).session(sink_window(2, 6), max_block=4, prefill_chunk=8)
+        steps[b] = (s.prefill(ids[:20], hidden=layers), s.forward(ids[20:24], hidden=layers))
+    for t, m in zip(steps["torch"], steps["mlx"], strict=True):
+        assert sorted(t.hidden) == sorted(m.hidden) == list(layers)
+        for i in layers:
+            a, b = np.array(t.hidden[i].tolist()), np.array(m.hidden[i].tolist())
+            assert a.shape == b.shape and np.abs(a - b).max() < 1e-4 * max(1.0, np.abs(a).max()), (
+                i
+            )  # float32 ulps
+    assert not np.allclose(steps["mlx"][1].hidden[1], steps["mlx"][1].hidden[3], atol=1e-2)  # distinct layers
+    assert steps["torch"][1].hidden[0].shape[-2:] == (4, 64)  # one row per fed token

@@ -143,3 +143,36 @@ def qwen35(seed: int = 0, layers: int = 4) -> TorchModel:
         pad_token_id=0,
     )
     return _wrap(Qwen3_5ForCausalLM(config))
+
+
+@functools.cache
+def qwen3_next(seed: int = 0) -> TorchModel:
+    """A Qwen3-Next (`qwen3_next`): gated delta-net layers x3, then full attention; sparse MoE MLPs."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3NextConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        initializer_range=0.2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=0,
+    )
+    return _wrap(Qwen3NextForCausalLM(config))
