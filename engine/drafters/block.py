@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 from torch import nn
 
-MODEL_TYPE = "kakeya_block_drafter"
+from engine.drafters import BLOCK_MODEL_TYPE as MODEL_TYPE
 
 
 class BlockConfig(BaseModel):
@@ -161,13 +161,6 @@ class BlockDrafterModel(nn.Module):
         model = cls(BlockConfig.model_validate(cfg))
         model.load_state_dict(load_file(str(path / "model.safetensors")))
         return model.to(device).eval()
-
-
-def is_block_drafter(path: Path) -> bool:
-    try:
-        return json.loads((path / "config.json").read_text()).get("model_type") == MODEL_TYPE
-    except (OSError, ValueError):
-        return False
 
 
 class BlockDrafter:

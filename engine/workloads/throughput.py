@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 import engine
+from engine.drafters import is_block_drafter
 from engine.policy import drafter_policy
 from engine.workloads import cli, plots
 from engine.zoo import corpus
@@ -77,6 +78,8 @@ class SpecRun(Run):
     drafted: int
     accepted: int
     acceptance_length: float
+    position_drafted: list[int]  # blocks drafting position i (0-based)
+    position_accepted: list[int]  # ... whose draft i was accepted
 
 
 class Prompt(BaseModel):
@@ -104,6 +107,7 @@ class Summary(BaseModel):
     min_prompt_speedup: float
     mean_acceptance_length: float
     acceptance_rate: float
+    position_acceptance: list[float]  # per draft position: accepted / drafted over all prompts
     min_speedup: float
     speedup_ok: bool
 
@@ -146,11 +150,25 @@ def drafter_factory(config: Config, model: engine.Model, probe: str) -> Callable
 
     if config.drafter == "lookup":
         return engine.PromptLookupDrafter
+    if is_block_drafter(engine.resolve(config.drafter)):
+        return block_drafter_factory(config, model)
     dm = engine.load(config.drafter, config.backend, config.dtype)
     if dm.encode(probe) != model.encode(probe):
         raise ValueError(f"the drafter {config.drafter} does not share the verifier's tokenizer")
     policy = engine.parse_policy(config.drafter_policy)
     return lambda: engine.ModelDrafter(dm.session(policy, max_block=config.k + 1))
+
+
+def block_drafter_factory(config: Config, model: engine.Model) -> Callable[[], engine.Drafter]:
+    """A block drafter reading the verifier's hidden states (torch backend; its cache is its own)."""
+    if config.backend != "torch":
+        raise ValueError(f"the block drafter {config.drafter} runs on the torch backend only")
+    from engine.drafters.block import BlockDrafter, BlockDrafterModel
+
+    bm = BlockDrafterModel.load(engine.resolve(config.drafter))
+    if bm.config.vocab_size != model.geometry.vocab_size:  # type: ignore[attr-defined]
+        raise ValueError(f"the drafter {config.drafter} does not share the verifier's vocabulary")
+    return lambda: BlockDrafter(bm)
 
 
 def throughput(config: Config) -> dict[str, Any]:
@@ -193,6 +211,8 @@ def throughput(config: Config) -> dict[str, Any]:
                     drafted=s.drafted,
                     accepted=s.accepted,
                     acceptance_length=s.acceptance_length,
+                    position_drafted=s.position_drafted,
+                    position_accepted=s.position_accepted,
                 ),
             )
             rows.append(
@@ -218,6 +238,18 @@ def throughput(config: Config) -> dict[str, Any]:
 
 def _rate(tokens: int, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else 0.0
+
+
+def _per_position(rows: list[Prompt]) -> list[float]:
+    n = max((len(r.speculative.position_drafted) for r in rows), default=0)
+    drafted, accepted = [0] * n, [0] * n
+    for r in rows:
+        for i, (d, a) in enumerate(
+            zip(r.speculative.position_drafted, r.speculative.position_accepted, strict=True)
+        ):
+            drafted[i] += d
+            accepted[i] += a
+    return [a / d if d else 0.0 for a, d in zip(accepted, drafted, strict=True)]
 
 
 def summarize(rows: list[Prompt], min_speedup: float) -> Summary:
@@ -247,6 +279,7 @@ def summarize(rows: list[Prompt], min_speedup: float) -> Summary:
         min_prompt_speedup=min(r.speedup for r in rows),
         mean_acceptance_length=sum(r.speculative.tokens - 1 for r in rows) / forwards if forwards else 1.0,
         acceptance_rate=sum(r.speculative.accepted for r in rows) / drafted if drafted else 0.0,
+        position_acceptance=_per_position(rows),
         min_speedup=min_speedup,
         speedup_ok=speedup >= min_speedup,
     )
@@ -352,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"throughput: greedy {s['greedy_decode_tok_s']:.1f} tok/s, speculative {s['speculative_decode_tok_s']:.1f} "
         f"tok/s, speedup {s['speedup']:.2f}x (e2e {s['speedup_e2e']:.2f}x), acceptance length "
-        f"{s['mean_acceptance_length']:.2f}, exact {s['exact_prompts']}/{s['prompts']}"
+        f"{s['mean_acceptance_length']:.2f} (per draft position "
+        f"{' '.join(f'{p:.2f}' for p in s['position_acceptance'])}), exact {s['exact_prompts']}/{s['prompts']}"
         + (f"; plot {png}" if png else "")
     )
     return 0

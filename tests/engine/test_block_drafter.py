@@ -132,3 +132,16 @@ def test_block_trainer_smoke(tmp_path: Path) -> None:
         ).tokens
         == want.tokens
     )
+    # the throughput workload picks it by its directory and reports acceptance per draft position
+    from engine.workloads import throughput
+
+    report = tmp_path / "throughput.json"
+    argv = ["--model", "zoo:tiny-hybrid", "--drafter", str(out), "--k", "8", "--prompts", "1"]
+    argv += ["--new-tokens", "24", "--repeats", "1", "--threads", "1", "--out", str(report), "--plot", "none"]
+    assert throughput.main(argv) == 0
+    summary = json.loads(report.read_text())["summary"]
+    assert summary["all_exact"] and len(summary["position_acceptance"]) == 8
+    with pytest.raises(ValueError, match="torch backend only"):
+        throughput.block_drafter_factory(
+            throughput.Config.model_construct(backend="mlx", drafter=str(out)), verifier
+        )
