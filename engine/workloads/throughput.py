@@ -4,11 +4,13 @@ decoding under one cache policy (kind `throughput`, v1).
 Prompts: the zoo's code-like corpus (`engine.zoo.corpus.code_prompts`) when the model reads the zoo
 vocabulary (one token per word), else built-in HumanEval-style Python prompts (a signature and a
 docstring to complete). Per prompt the verifier decodes greedily and then speculatively (drafter
-`--drafter`: a model sharing the verifier's tokenizer, e.g. zoo:tiny-drafter, or `lookup` for prompt
+`--drafter`: a model sharing the verifier's tokenizer, e.g. zoo:tiny-drafter, a block drafter directory
+reading the verifier's hidden states, e.g. zoo:tiny-block-drafter (torch), or `lookup` for prompt
 lookup; k drafted tokens per block), each the best of `--repeats` runs. Reported per prompt: decode-only
 tok/s (tokens after the first / time after prefill) and end-to-end tok/s (tokens / prefill + decode) of
 both, the mean acceptance length (tokens committed per verifier forward), the speedup (speculative /
-greedy decode tok/s), and `exact`: whether the two token lists are equal, compared token by token.
+greedy decode tok/s), the acceptance per draft position (of the blocks drafting position i, the fraction
+whose draft i was accepted), and `exact`: whether the two token lists are equal, compared token by token.
 
 The drafter's own cache: `--drafter-policy` (default: sink_window with the policy's sink and window, or
 full when the policy is full - a drafter only needs recent context).
