@@ -107,6 +107,23 @@ def test_block_context_is_the_projection_of_the_committed_positions_features() -
             torch.testing.assert_close(vb[:, drafter.length - 16 : drafter.length], v[:, -16:])
 
 
+@pytest.mark.parametrize("policy", [full(), hybrid(4, 64), hybrid(4, 16), sink_window(4, 16)], ids=str)
+def test_zoo_block_drafter_is_exact_and_accepts_long_blocks(policy: Policy) -> None:
+    verifier = engine.load("zoo:tiny-hybrid")
+    drafter = load_block_drafter("zoo:tiny-block-drafter")
+    for seed in (5, 6):
+        ids = verifier.encode(corpus.code_prompts(1, seed=seed, n_tokens=80)[0])
+        want = engine.generate(verifier.session(policy), ids, engine.Stop(150))
+        got = engine.speculative_generate(
+            verifier.session(policy, max_block=9), drafter, ids, 8, engine.Stop(150)
+        )
+        assert got.tokens == want.tokens
+        assert got.accepted > 0
+        if policy == full():  # the policy it was trained and carded under (card: 6.67 on code at k = 8)
+            assert got.acceptance_length >= 4.0, got.position_acceptance
+            assert got.position_acceptance[0] > 0.75
+
+
 def test_block_drafter_loader_refuses_another_model() -> None:
     with pytest.raises(ValueError, match="not a block drafter"):
         load_block_drafter("zoo:tiny-drafter")
