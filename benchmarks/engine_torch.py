@@ -5,7 +5,8 @@
 Measures on the same model and code-like prompts (engine.zoo.corpus.code_prompts, or --prompts):
 - greedy decode tok/s: transformers `generate` (full cache) vs ours (full and each --policies entry);
 - speculative decode tok/s, speedup over our greedy under the same policy, mean acceptance length
-  and exactness, for the zoo drafter and the prompt-lookup drafter at each k in --ks, and for
+  and exactness, for the zoo drafter, the prompt-lookup drafter and the block drafter (--block-drafter,
+  reading the verifier's hidden states) at each k in --ks, and for
   transformers assisted generation (`assistant_model`, with assistant_confidence_threshold=0,
   num_assistant_tokens=k and a constant schedule set in the assistant's generation config, where
   transformers reads them);
@@ -36,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engine  # noqa: E402
 from engine.backends.torch import TorchModel, load_torch  # noqa: E402
+from engine.drafters.block import BlockDrafter, BlockDrafterModel  # noqa: E402
 from engine.policy import Policy, parse_policy  # noqa: E402
 from engine.report import write_report  # noqa: E402
 from engine.zoo import corpus  # noqa: E402
@@ -109,6 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--policies", default="hybrid:4:64,sink_window:4:64", help="comma-separated, besides full"
     )
+    ap.add_argument(
+        "--block-drafter",
+        default="zoo:tiny-block-drafter",
+        help="block drafter (engine/drafters/block.py); '' skips",
+    )
     ap.add_argument("--ks", default="4,8")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--prompts", type=int, default=4, help="number of code-like prompts")
@@ -124,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     ks = [int(k) for k in args.ks.split(",")]
     verifier = load_torch(engine.resolve(args.model))
     drafter = load_torch(engine.resolve(args.drafter))
+    block = BlockDrafterModel.load(engine.resolve(args.block_drafter)) if args.block_drafter else None
     for tm in (verifier, drafter):
         tm.model.generation_config.eos_token_id = None  # decode exactly new_tokens everywhere
         tm.model.generation_config.pad_token_id = 0
@@ -192,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                     lambda p=policy, k=k: engine.ModelDrafter(drafter.session(p, max_block=k + 1)),
                 ),
                 ("prompt-lookup", engine.PromptLookupDrafter),
+                *([(args.block_drafter, lambda: BlockDrafter(block))] if block else []),
             ):
                 add(
                     "speculative",

@@ -16,10 +16,11 @@ from engine.drafters import ModelDrafter, PromptLookupDrafter
 from engine.geometry import Geometry
 from engine.models import Model, ModelNotFoundError, load, resolve, zoo_models
 from engine.policy import LayerSpec, Policy, full, hybrid, parse_policy, sink_window
-from engine.speculative import Drafter, speculative_generate
+from engine.speculative import Drafter, FeatureDrafter, speculative_generate
 
 __all__ = [
     "Drafter",
+    "FeatureDrafter",
     "Generation",
     "Geometry",
     "LayerSpec",

@@ -109,6 +109,25 @@ class Generation:
     forwards: int = 0  # decode forwards of the model that decides the output (after prefill)
     drafted: int = 0  # tokens proposed by the drafter
     accepted: int = 0  # drafted tokens the verifier agreed with
+    position_drafted: list[int] = field(default_factory=list)  # blocks with a draft at position i (0-based)
+    position_accepted: list[int] = field(default_factory=list)  # ... whose draft at position i was accepted
+
+    def count_positions(self, drafted: int, accepted: int) -> None:
+        """Record one block: `drafted` proposals, the first `accepted` of them accepted."""
+        grow = drafted - len(self.position_drafted)
+        if grow > 0:
+            self.position_drafted += [0] * grow
+            self.position_accepted += [0] * grow
+        for i in range(drafted):
+            self.position_drafted[i] += 1
+            self.position_accepted[i] += i < accepted
+
+    @property
+    def position_acceptance(self) -> list[float]:
+        """Per draft position i: the fraction of blocks drafting position i whose draft i was accepted."""
+        return [
+            a / d if d else 0.0 for a, d in zip(self.position_accepted, self.position_drafted, strict=True)
+        ]
 
     @property
     def acceptance_length(self) -> float:

@@ -4,13 +4,15 @@ decoding under one cache policy (kind `throughput`, v1).
 Prompts: the zoo's code-like corpus (`engine.zoo.corpus.code_prompts`) when the model reads the zoo
 vocabulary (one token per word), else built-in HumanEval-style Python prompts (a signature and a
 docstring to complete). Per prompt the verifier decodes greedily and then speculatively (drafter
-`--drafter`: a model sharing the verifier's tokenizer, e.g. zoo:tiny-drafter, or `lookup` for prompt
+`--drafter`: a model sharing the verifier's tokenizer, e.g. zoo:tiny-drafter, a block drafter directory
+reading the verifier's hidden states, e.g. zoo:tiny-block-drafter (torch), or `lookup` for prompt
 lookup; `--draft diffusion`: the masked-diffusion proposer `--proposer`, e.g. zoo:tiny-dlm, unmasking its k
 slots in at most `--denoise-steps` forwards and holding no K/V; k drafted tokens per block), each the best
 of `--repeats` runs. Reported per prompt: decode-only
 tok/s (tokens after the first / time after prefill) and end-to-end tok/s (tokens / prefill + decode) of
 both, the mean acceptance length (tokens committed per verifier forward), the speedup (speculative /
-greedy decode tok/s), and `exact`: whether the two token lists are equal, compared token by token.
+greedy decode tok/s), the acceptance per draft position (of the blocks drafting position i, the fraction
+whose draft i was accepted), and `exact`: whether the two token lists are equal, compared token by token.
 
 The drafter's own cache: `--drafter-policy` (default: sink_window with the policy's sink and window, or
 full when the policy is full - a drafter only needs recent context).
@@ -27,6 +29,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 import engine
+from engine.drafters import is_block_drafter
+from engine.drafters.diffusion import DiffusionDrafter, load_dlm
 from engine.policy import drafter_policy
 from engine.workloads import cli, plots
 from engine.zoo import corpus
@@ -80,6 +84,8 @@ class SpecRun(Run):
     drafted: int
     accepted: int
     acceptance_length: float
+    position_drafted: list[int]  # blocks drafting position i (0-based)
+    position_accepted: list[int]  # ... whose draft i was accepted
 
 
 class Prompt(BaseModel):
@@ -107,6 +113,7 @@ class Summary(BaseModel):
     min_prompt_speedup: float
     mean_acceptance_length: float
     acceptance_rate: float
+    position_acceptance: list[float]  # per draft position: accepted / drafted over all prompts
     min_speedup: float
     speedup_ok: bool
     # decode tok/s over all prompts, one sample per repeat (for noise-aware baselines)
@@ -153,16 +160,28 @@ def drafter_factory(config: Config, model: engine.Model, probe: str) -> Callable
     if config.drafter == "lookup":
         return engine.PromptLookupDrafter
     if config.denoise_steps is not None:
-        from engine.drafters.diffusion import DiffusionDrafter, load_dlm
-
         dlm = load_dlm(config.drafter, config.backend)
         steps = config.denoise_steps
         return lambda: DiffusionDrafter(dlm, steps=steps)
+    if is_block_drafter(engine.resolve(config.drafter)):
+        return block_drafter_factory(config, model)
     dm = engine.load(config.drafter, config.backend, config.dtype)
     if dm.encode(probe) != model.encode(probe):
         raise ValueError(f"the drafter {config.drafter} does not share the verifier's tokenizer")
     policy = engine.parse_policy(config.drafter_policy)
     return lambda: engine.ModelDrafter(dm.session(policy, max_block=config.k + 1))
+
+
+def block_drafter_factory(config: Config, model: engine.Model) -> Callable[[], engine.Drafter]:
+    """A block drafter reading the verifier's hidden states (torch backend; its cache is its own)."""
+    if config.backend != "torch":
+        raise ValueError(f"the block drafter {config.drafter} runs on the torch backend only")
+    from engine.drafters.block import BlockDrafter, BlockDrafterModel
+
+    bm = BlockDrafterModel.load(engine.resolve(config.drafter))
+    if bm.config.vocab_size != model.geometry.vocab_size:  # type: ignore[attr-defined]
+        raise ValueError(f"the drafter {config.drafter} does not share the verifier's vocabulary")
+    return lambda: BlockDrafter(bm)
 
 
 def throughput(config: Config) -> dict[str, Any]:
@@ -208,6 +227,8 @@ def throughput(config: Config) -> dict[str, Any]:
                     drafted=s.drafted,
                     accepted=s.accepted,
                     acceptance_length=s.acceptance_length,
+                    position_drafted=s.position_drafted,
+                    position_accepted=s.position_accepted,
                 ),
             )
             rows.append(
@@ -245,6 +266,18 @@ def _rate(tokens: int, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else 0.0
 
 
+def _per_position(rows: list[Prompt]) -> list[float]:
+    n = max((len(r.speculative.position_drafted) for r in rows), default=0)
+    drafted, accepted = [0] * n, [0] * n
+    for r in rows:
+        for i, (d, a) in enumerate(
+            zip(r.speculative.position_drafted, r.speculative.position_accepted, strict=True)
+        ):
+            drafted[i] += d
+            accepted[i] += a
+    return [a / d if d else 0.0 for a, d in zip(accepted, drafted, strict=True)]
+
+
 def summarize(rows: list[Prompt], min_speedup: float) -> Summary:
     g_dec = _rate(sum(r.greedy.tokens - 1 for r in rows), sum(r.greedy.decode_s for r in rows))
     s_dec = _rate(sum(r.speculative.tokens - 1 for r in rows), sum(r.speculative.decode_s for r in rows))
@@ -272,6 +305,7 @@ def summarize(rows: list[Prompt], min_speedup: float) -> Summary:
         min_prompt_speedup=min(r.speedup for r in rows),
         mean_acceptance_length=sum(r.speculative.tokens - 1 for r in rows) / forwards if forwards else 1.0,
         acceptance_rate=sum(r.speculative.accepted for r in rows) / drafted if drafted else 0.0,
+        position_acceptance=_per_position(rows),
         min_speedup=min_speedup,
         speedup_ok=speedup >= min_speedup,
     )
@@ -385,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"throughput: greedy {s['greedy_decode_tok_s']:.1f} tok/s, speculative {s['speculative_decode_tok_s']:.1f} "
         f"tok/s, speedup {s['speedup']:.2f}x (e2e {s['speedup_e2e']:.2f}x), acceptance length "
-        f"{s['mean_acceptance_length']:.2f}, exact {s['exact_prompts']}/{s['prompts']}"
+        f"{s['mean_acceptance_length']:.2f} (per draft position "
+        f"{' '.join(f'{p:.2f}' for p in s['position_acceptance'])}), exact {s['exact_prompts']}/{s['prompts']}"
         + (f"; plot {png}" if png else "")
     )
     return 0
