@@ -146,7 +146,7 @@ def drafter_factory(config: Config, model: engine.Model, probe: str) -> Callable
 
     if config.drafter == "lookup":
         return engine.PromptLookupDrafter
-    dm = engine.load(config.drafter, config.backend, config.dtype)
+    dm = engine.load(config.drafter, config.backend, config.dtype, config.device)
     if dm.encode(probe) != model.encode(probe):
         raise ValueError(f"the drafter {config.drafter} does not share the verifier's tokenizer")
     policy = engine.parse_policy(config.drafter_policy)
@@ -157,7 +157,7 @@ def throughput(config: Config) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     policy = engine.parse_policy(config.policy)
-    model = engine.load(config.model, config.backend, config.dtype)
+    model = engine.load(config.model, config.backend, config.dtype, config.device)
     source = config.prompt_source
     if source == "auto":
         source = "zoo" if is_zoo_tokenizer(model) else "humaneval"
@@ -320,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
             dpolicy = str(drafter_policy(policy))
         engine.parse_policy(dpolicy)
         cli.set_threads(args.threads)
+        cli.check_device(args.backend, args.device)
     except ValueError as exc:
         parser.error(str(exc))
     if args.k < 1 or args.prompts < 1 or args.repeats < 1 or args.new_tokens < 2 or args.prompt_tokens < 2:
@@ -329,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         model=args.model,
         backend=args.backend,
         dtype=args.dtype,
+        device=args.device,
         policy=str(policy),
         drafter=drafter,
         drafter_policy=dpolicy,
