@@ -125,12 +125,16 @@ def resolve(name: str) -> Path:
 
 
 def load(
-    name: str, backend: Backend = "torch", dtype: str = "auto", device: str = "auto", compile: bool = False
+    name: str,
+    backend: Backend = "torch",
+    dtype: str = "auto",
+    device: str = "auto",
+    compile: bool | str = False,
 ) -> Model:
     """Load a model and its tokenizer on `backend` (imported here: neither backend is required) onto
     `device` (torch: auto|cpu|cuda|cuda:N|mps; mlx: auto|gpu|cpu), checked before the weights load.
     dtype `auto`: bfloat16 on cuda, float16 on mps / the Metal GPU, float32 on a cpu. `compile`: a
-    compiled forward (torch.compile; not on mlx)."""
+    compiled forward (torch.compile: True or a torch.compile backend name; refused on mlx)."""
     path = resolve(name)
     check_device(backend, device)
     model: Model

@@ -436,7 +436,7 @@ def _pattern(types: list[str]) -> int:
     )
 
 
-def load_mlx(path: Path, dtype: str = "auto", device: str = "auto", compile: bool = False) -> MLXModel:
+def load_mlx(path: Path, dtype: str = "auto", device: str = "auto", compile: bool | str = False) -> MLXModel:
     """Load an mlx-lm model to run on `device` (checked before the weights load) in `dtype`."""
     if compile:
         raise ValueError(

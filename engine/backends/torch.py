@@ -223,16 +223,19 @@ class PolicyCache:
 class TorchModel(Tokenized):
     """A transformers causal LM with its tokenizer, on one device; makes policy-cached sessions.
 
-    `compile`: run the model's forwards through `torch.compile` (dynamic shapes: the attended view
-    grows; the cache's bookkeeping runs eagerly between graphs). Outputs stay exact in float32."""
+    `compile`: run the model's forwards through `torch.compile` (True: inductor, or a torch.compile
+    backend name) with dynamic shapes (the attended view grows; the cache's bookkeeping runs eagerly
+    between graphs). Outputs stay exact in float32 (tests/engine/test_batch.py, with dynamo's `eager`
+    backend: on a cpu inductor compiles for minutes, for no gain at these sizes)."""
 
     def __init__(
-        self, model: Any, tokenizer: Any = None, path: Path | None = None, compile: bool = False
+        self, model: Any, tokenizer: Any = None, path: Path | None = None, compile: bool | str = False
     ) -> None:
         self.model = model.eval()
         self.device: torch.device = next(model.parameters()).device
         self.compiled = compile
-        self.run = torch.compile(self.model, dynamic=True) if compile else self.model
+        backend = "inductor" if compile is True else compile
+        self.run = torch.compile(self.model, dynamic=True, backend=backend) if backend else self.model
         self.tokenizer = tokenizer
         self.path = path
         config = model.config
@@ -342,7 +345,9 @@ def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     )
 
 
-def load_torch(path: Path, dtype: str = "auto", device: str = "auto", compile: bool = False) -> TorchModel:
+def load_torch(
+    path: Path, dtype: str = "auto", device: str = "auto", compile: bool | str = False
+) -> TorchModel:
     """Load a transformers model on `device` (checked before the weights load) in `dtype`."""
     dev = pick_device(device)
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=pick_dtype(dtype, dev)).to(dev)

@@ -149,3 +149,25 @@ def test_a_device_that_is_not_there_fails_before_the_weights_load(monkeypatch) -
         with pytest.raises(ValueError, match="device 'cuda' is not available here; mlx devices here: cpu"):
             engine.models.check_device("mlx", "cuda")
         assert engine.models.check_device("mlx", "cpu").startswith("Device(cpu")
+
+
+def test_compiled_forwards_stay_exact_and_mlx_refuses_compile() -> None:
+    """torch.compile with dynamo's eager backend traces the model (our cache runs between graphs); outputs
+    equal the uncompiled session's, batched too. (inductor, compile=True, is the same switch with another
+    backend: minutes of compiling on a cpu.)"""
+    tm = tiny_models.qwen()
+    compiled = TorchModel(tm.model, compile="eager")
+    assert compiled.run is not tm.model
+    prompts = [tiny_models.prompt(n, seed=n) for n in (20, 9)]
+    policy = sink_window(2, 8)
+    for p in prompts:
+        want = engine.generate(tm.session(policy), p, engine.Stop(20)).tokens
+        assert engine.generate(compiled.session(policy), p, engine.Stop(20)).tokens == want
+    want_rows = [
+        g.tokens for g in engine.generate_batch(tm.session(policy, rows=2), prompts, engine.Stop(12))
+    ]
+    got = engine.generate_batch(compiled.session(policy, rows=2), prompts, engine.Stop(12))
+    assert [g.tokens for g in got] == want_rows
+    if HAVE_MLX:
+        with pytest.raises(ValueError, match="compile is not supported on the mlx backend"):
+            engine.load("zoo:tiny-hybrid", "mlx", compile=True)
