@@ -61,6 +61,7 @@ class Config(cli.ModelConfig):
     repeats: int = Field(ge=1)
     seed: int
     min_speedup: float = Field(ge=0)
+    batches: list[int] = Field(default=[1, 8, 32], min_length=1)  # batch sizes of the batched greedy runs
 
 
 class Run(BaseModel):
@@ -88,6 +89,20 @@ class Prompt(BaseModel):
     speedup_e2e: float
     exact: bool  # the speculative tokens equal the greedy tokens, compared token by token
     first_mismatch: int | None
+
+
+class Batched(BaseModel):
+    """Greedy decoding of `batch` prompts at once (the prompts, cycled): decode tok/s over all rows, and
+    K/V bytes held at the end, per row and in total."""
+
+    model_config = ConfigDict(extra="forbid")
+    batch: int
+    tokens: int  # new tokens over all rows
+    decode_s: float
+    decode_tok_s: float  # (tokens - rows) / decode_s: the first token of each row comes from prefill
+    exact: bool  # every row equals greedy decoding of its prompt alone
+    kv_bytes: int
+    kv_bytes_per_row: list[int]
 
 
 class Summary(BaseModel):
@@ -170,6 +185,7 @@ def throughput(config: Config) -> dict[str, Any]:
         model.session(policy, config.k + 1), make_drafter(), warm, config.k, engine.Stop(4)
     )
     rows: list[Prompt] = []
+    greedy_tokens: list[list[int]] = []
     with cli.progress(len(texts) * config.repeats * 2, "throughput", "gen") as bar:
         for text in texts:
             ids = model.encode(text)
@@ -184,6 +200,7 @@ def throughput(config: Config) -> dict[str, Any]:
                 )
                 bar.update(1)
             g, s = _best(greedy), _best(spec)
+            greedy_tokens.append(g.tokens)
             mismatch = cli.first_divergence(g.tokens, s.tokens)
             gr, sr = (
                 Run(**_run(g)),
@@ -207,13 +224,40 @@ def throughput(config: Config) -> dict[str, Any]:
                 )
             )
     summary = summarize(rows, config.min_speedup)
+    alone = [model.encode(t) for t in texts]
+    batched = [_batched(model, policy, alone, greedy_tokens, b, stop) for b in config.batches]
     return {
         "config": config.model_copy(update={"prompt_source": source}).model_dump(),
         "prompts": [r.model_dump() for r in rows],
+        "batched": [b.model_dump() for b in batched],
         "summary": summary.model_dump(),
         "wall_s": round(time.perf_counter() - t0, 3),
         "plot": None,
     }
+
+
+def _batched(
+    model: engine.Model,
+    policy: engine.Policy,
+    prompts: list[list[int]],
+    want: list[list[int]],
+    b: int,
+    stop: Any,
+) -> Batched:
+    """One batched greedy run of b rows (the prompts cycled); each row checked against its prompt alone."""
+    session = model.session(policy, rows=b)
+    gens = engine.generate_batch(session, [prompts[r % len(prompts)] for r in range(b)], stop)
+    tokens = sum(len(g.tokens) for g in gens)
+    decode_s = gens[0].decode_s
+    return Batched(
+        batch=b,
+        tokens=tokens,
+        decode_s=decode_s,
+        decode_tok_s=_rate(tokens - b, decode_s),
+        exact=all(g.tokens == want[r % len(want)] for r, g in enumerate(gens)),
+        kv_bytes=sum(session.kv_bytes()),
+        kv_bytes_per_row=session.kv_row_bytes(),
+    )
 
 
 def _rate(tokens: int, seconds: float) -> float:
@@ -307,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
         "--repeats", type=int, default=2, help="runs per prompt and method; the fastest counts"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--batches", type=cli.int_list, default=[1, 8, 32], help="batch sizes of the batched greedy runs"
+    )
     parser.add_argument("--min-speedup", type=float, default=1.0, help="summary.speedup_ok: speedup >= this")
     parser.add_argument(
         "--plot", help="PNG path (default: <report stem>-tok_s.png next to the report; 'none')"
@@ -323,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         cli.check_device(args.backend, args.device)
     except ValueError as exc:
         parser.error(str(exc))
+    if min(args.batches) < 1:
+        parser.error("--batches must be >= 1")
     if args.k < 1 or args.prompts < 1 or args.repeats < 1 or args.new_tokens < 2 or args.prompt_tokens < 2:
         parser.error("--k, --prompts and --repeats must be >= 1, --new-tokens and --prompt-tokens >= 2")
     drafter = "lookup" if args.draft == "lookup" else args.drafter
@@ -342,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         repeats=args.repeats,
         seed=args.seed,
         min_speedup=args.min_speedup,
+        batches=args.batches,
     )
     report, png = plots.write_plotted(args.out, "throughput", throughput(config), draw, "tok_s", args.plot)
     s = report["summary"]

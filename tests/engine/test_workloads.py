@@ -238,6 +238,8 @@ def test_throughput_tiny_report(model_dir: Path, drafter_dir: Path, tmp_path: Pa
         "1",
         "--min-speedup",
         "1.0",
+        "--batches",
+        "1,3",
         "--out",
         str(out),
     ]
@@ -258,6 +260,15 @@ def test_throughput_tiny_report(model_dir: Path, drafter_dir: Path, tmp_path: Pa
     assert s["all_exact"] and s["exact_prompts"] == 2
     assert s["speedup_ok"] == (s["speedup"] >= 1.0)
     assert (tmp_path / "tp-tok_s.png").read_bytes()[:4] == b"\x89PNG"
+    one, three = report["batched"]
+    assert (one["batch"], three["batch"]) == (1, 3) and one["exact"] and three["exact"]
+    assert one["tokens"] == 20 and three["tokens"] == 60
+    assert three["decode_tok_s"] == pytest.approx((60 - 3) / three["decode_s"])
+    # rows 0 and 2 hold the same prompt; sink_window:2:8 holds sink + window slots per row at the end
+    per_row = 4 * 10 * 256
+    assert (
+        three["kv_bytes_per_row"] == [per_row] * 3 and three["kv_bytes"] == 3 * per_row == 3 * one["kv_bytes"]
+    )
 
     assert throughput.main([*args, "--drafter", "lookup", "--plot", "none"]) == 0
     lookup = json.loads(out.read_text())
