@@ -228,7 +228,7 @@ class KV:
 
 
 class MLXModel(Tokenized):
-    """An mlx-lm causal LM (batch 1) with its tokenizer; makes policy-cached sessions."""
+    """An mlx-lm causal LM with its tokenizer, run on one device; makes policy-cached sessions."""
 
     def __init__(
         self, model: nn.Module, config: dict[str, Any], tokenizer: Any = None, path: Path | None = None
