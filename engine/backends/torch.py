@@ -79,7 +79,8 @@ class GroupTensors:
     """One group's current `Forward` as tensors on the model's device, shared by the group's layers: the
     written slots and rows, the query positions, and a device copy of the group's slot -> position
     table from which the mask is built on the device. A decode step copies only its new positions and
-    slots ([rows, m]) to the device; the whole table is copied after a prefill chunk, a growth or a trim."""
+    slots ([rows, m]) to the device, a rollback the slots it empties; the whole table is copied after a
+    prefill chunk or a growth."""
 
     def __init__(self, group: Group, device: torch.device) -> None:
         self.group = group
@@ -88,7 +89,7 @@ class GroupTensors:
         self.keep: torch.Tensor | None = None  # concat: rows of the block that are written
         self.queries = torch.zeros((0,), dtype=torch.int64, device=device)  # positions fed
         self.table = torch.full((group.rows, 0), EMPTY, dtype=torch.int64, device=device)
-        self.stale = False  # the host table changed in a way not mirrored here (a trim)
+        self.stale = False  # the host table changed in a way not mirrored here
 
     def _dev(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(a).to(self.device, non_blocking=True)
@@ -112,6 +113,13 @@ class GroupTensors:
         else:
             assert self.slots is not None
             self.table[fwd.row].index_copy_(0, self.slots, self.queries)
+
+    def drop(self, slots: list[list[int]] | None) -> None:
+        """Mark the slots of a rollback ([rows, n]) EMPTY, as the group did in the host table."""
+        if slots and slots[0] and self.table.shape == self.group.table.shape:
+            self.table.scatter_(1, torch.tensor(slots, device=self.device), EMPTY)
+        elif slots and slots[0]:
+            self.stale = True
 
     def mask(self, fwd: Forward) -> torch.Tensor | None:
         """Boolean mask [rows, 1, m, keys] on the device, or None when every attended slot is visible."""
@@ -284,10 +292,18 @@ class TorchSession(BaseSession):
         self.cache = PolicyCache(self, self.states)
         self._ones = torch.ones((1, 1, 1, 0), dtype=torch.bool, device=self.device)
 
+    @torch.inference_mode()
     def trim(self, n: int) -> None:
+        # The slots the groups mark EMPTY (bounded layouts), to mark on the device copies as well.
+        dropped = [
+            [[lay.slot(p) for p in range(lay.n - n, lay.n)] for lay in g.layouts]
+            if g.limit is not None
+            else None
+            for g in self.groups
+        ]
         super().trim(n)
-        for t in self.tensors:
-            t.stale = True  # trimmed slots are EMPTY in the host table: re-copied on the next forward
+        for t, slots in zip(self.tensors, dropped, strict=True):
+            t.drop(slots)
 
     def _call(self, ids: torch.Tensor, forwards: list[Forward], last_only: bool, hidden: bool) -> Any:
         by_type: dict[str, torch.Tensor | None] = {}
