@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(
                 f"prompt {i} {name:17s} exact={tokens == ref!s:5s} first_diff={first_divergence(tokens, ref)} "
-                f"tok/s={len(tokens) / total:8.1f} decode tok/s={rows[-1]['decode_tok_s']:8.1f}",
+                f"tok/s={rows[-1]['tok_s']:8.1f} decode tok/s={rows[-1]['decode_tok_s']:8.1f}",
                 flush=True,
             )
 
