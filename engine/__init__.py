@@ -11,7 +11,7 @@ Step, generate), speculative (Drafter, the verify loop), drafters/, models (reso
 Backends (engine/backends/: base, torch, mlx) provide a `Model` with `session(policy, max_block)`.
 """
 
-from engine.decode import Generation, Session, Step, Stop, generate
+from engine.decode import Generation, Session, Step, Stop, generate, generate_batch
 from engine.drafters import ModelDrafter, PromptLookupDrafter
 from engine.geometry import Geometry
 from engine.models import Model, ModelNotFoundError, load, resolve, zoo_models
@@ -34,6 +34,7 @@ __all__ = [
     "Stop",
     "full",
     "generate",
+    "generate_batch",
     "hybrid",
     "load",
     "parse_policy",

@@ -68,6 +68,7 @@ class Config(cli.ModelConfig):
     seed: int
     min_speedup: float = Field(ge=0)
     denoise_steps: int | None = Field(default=None, ge=1)  # the diffusion proposer's (None: another drafter)
+    batches: list[int] = Field(default=[1, 8, 32], min_length=1)  # batch sizes of the batched greedy runs
 
 
 class Run(BaseModel):
@@ -97,6 +98,20 @@ class Prompt(BaseModel):
     speedup_e2e: float
     exact: bool  # the speculative tokens equal the greedy tokens, compared token by token
     first_mismatch: int | None
+
+
+class Batched(BaseModel):
+    """Greedy decoding of `batch` prompts at once (the prompts, cycled): decode tok/s over all rows, and
+    K/V bytes held at the end, per row and in total."""
+
+    model_config = ConfigDict(extra="forbid")
+    batch: int
+    tokens: int  # new tokens over all rows
+    decode_s: float
+    decode_tok_s: float  # (tokens - rows) / decode_s: the first token of each row comes from prefill
+    exact: bool  # every row equals greedy decoding of its prompt alone
+    kv_bytes: int
+    kv_bytes_per_row: list[int]
 
 
 class Summary(BaseModel):
@@ -166,6 +181,7 @@ def drafter_factory(config: Config, model: engine.Model, probe: str) -> Callable
     if is_block_drafter(engine.resolve(config.drafter)):
         return block_drafter_factory(config, model)
     dm = engine.load(config.drafter, config.backend, config.dtype)
+    dm = engine.load(config.drafter, config.backend, config.dtype, config.device)
     if dm.encode(probe) != model.encode(probe):
         raise ValueError(f"the drafter {config.drafter} does not share the verifier's tokenizer")
     policy = engine.parse_policy(config.drafter_policy)
@@ -188,7 +204,7 @@ def throughput(config: Config) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     policy = engine.parse_policy(config.policy)
-    model = engine.load(config.model, config.backend, config.dtype)
+    model = engine.load(config.model, config.backend, config.dtype, config.device)
     source = config.prompt_source
     if source == "auto":
         source = "zoo" if is_zoo_tokenizer(model) else "humaneval"
@@ -202,6 +218,7 @@ def throughput(config: Config) -> dict[str, Any]:
     )
     rows: list[Prompt] = []
     per_repeat: dict[str, list[list[Any]]] = {"greedy": [], "speculative": []}  # [prompt][repeat] runs
+    greedy_tokens: list[list[int]] = []
     with cli.progress(len(texts) * config.repeats * 2, "throughput", "gen") as bar:
         for text in texts:
             ids = model.encode(text)
@@ -218,6 +235,7 @@ def throughput(config: Config) -> dict[str, Any]:
             per_repeat["greedy"].append(greedy)
             per_repeat["speculative"].append(spec)
             g, s = _best(greedy), _best(spec)
+            greedy_tokens.append(g.tokens)
             mismatch = cli.first_divergence(g.tokens, s.tokens)
             gr, sr = (
                 Run(**_run(g)),
@@ -245,9 +263,12 @@ def throughput(config: Config) -> dict[str, Any]:
     summary = summarize(rows, config.min_speedup).model_copy(
         update={f"{m}_decode_tok_s_samples": repeat_rates(per_repeat[m]) for m in per_repeat}
     )
+    alone = [model.encode(t) for t in texts]
+    batched = [_batched(model, policy, alone, greedy_tokens, b, stop) for b in config.batches]
     return {
         "config": config.model_copy(update={"prompt_source": source}).model_dump(),
         "prompts": [r.model_dump() for r in rows],
+        "batched": [b.model_dump() for b in batched],
         "summary": summary.model_dump(),
         "wall_s": round(time.perf_counter() - t0, 3),
         "plot": None,
@@ -260,6 +281,30 @@ def repeat_rates(runs: list[list[Any]]) -> list[float]:
         _rate(sum(len(p[i].tokens) - 1 for p in runs), sum(p[i].decode_s for p in runs))
         for i in range(len(runs[0]) if runs else 0)
     ]
+
+
+def _batched(
+    model: engine.Model,
+    policy: engine.Policy,
+    prompts: list[list[int]],
+    want: list[list[int]],
+    b: int,
+    stop: Any,
+) -> Batched:
+    """One batched greedy run of b rows (the prompts cycled); each row checked against its prompt alone."""
+    session = model.session(policy, rows=b)
+    gens = engine.generate_batch(session, [prompts[r % len(prompts)] for r in range(b)], stop)
+    tokens = sum(len(g.tokens) for g in gens)
+    decode_s = gens[0].decode_s
+    return Batched(
+        batch=b,
+        tokens=tokens,
+        decode_s=decode_s,
+        decode_tok_s=_rate(tokens - b, decode_s),
+        exact=all(g.tokens == want[r % len(want)] for r, g in enumerate(gens)),
+        kv_bytes=sum(session.kv_bytes()),
+        kv_bytes_per_row=session.kv_row_bytes(),
+    )
 
 
 def _rate(tokens: int, seconds: float) -> float:
@@ -371,6 +416,9 @@ def main(argv: list[str] | None = None) -> int:
         "--repeats", type=int, default=2, help="runs per prompt and method; the fastest counts"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--batches", type=cli.int_list, default=[1, 8, 32], help="batch sizes of the batched greedy runs"
+    )
     parser.add_argument("--min-speedup", type=float, default=1.0, help="summary.speedup_ok: speedup >= this")
     parser.add_argument(
         "--plot", help="PNG path (default: <report stem>-tok_s.png next to the report; 'none')"
@@ -384,8 +432,11 @@ def main(argv: list[str] | None = None) -> int:
             dpolicy = str(drafter_policy(policy))
         engine.parse_policy(dpolicy)
         cli.set_threads(args.threads)
+        cli.check_device(args.backend, args.device)
     except ValueError as exc:
         parser.error(str(exc))
+    if min(args.batches) < 1:
+        parser.error("--batches must be >= 1")
     if args.k < 1 or args.prompts < 1 or args.repeats < 1 or args.new_tokens < 2 or args.prompt_tokens < 2:
         parser.error("--k, --prompts and --repeats must be >= 1, --new-tokens and --prompt-tokens >= 2")
     if args.denoise_steps < 1:
@@ -395,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         model=args.model,
         backend=args.backend,
         dtype=args.dtype,
+        device=args.device,
         policy=str(policy),
         drafter=drafter,
         drafter_policy=dpolicy,
@@ -407,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         min_speedup=args.min_speedup,
         denoise_steps=args.denoise_steps if args.draft == "diffusion" else None,
+        batches=args.batches,
     )
     report, png = plots.write_plotted(args.out, "throughput", throughput(config), draw, "tok_s", args.plot)
     s = report["summary"]
