@@ -176,3 +176,70 @@ def qwen3_next(seed: int = 0) -> TorchModel:
         pad_token_id=0,
     )
     return _wrap(Qwen3NextForCausalLM(config))
+
+
+@functools.cache
+def gemma4(seed: int = 0, sliding_window: int = 8) -> TorchModel:
+    """A Gemma 4 text model: 6 layers alternating sliding / full, the last 2 reusing the K/V of layers
+    2 (sliding) and 3 (full), per-layer input embeddings on."""
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    torch.manual_seed(seed)
+    config = Gemma4TextConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        global_head_dim=16,
+        sliding_window=sliding_window,
+        layer_types=["sliding_attention", "full_attention"] * 3,
+        num_kv_shared_layers=2,
+        hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=VOCAB,
+        initializer_range=0.2,
+        max_position_embeddings=4096,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=0,
+    )
+    config._attn_implementation = "sdpa"
+    model = Gemma4ForCausalLM(config)
+    _randomize_norms(model)
+    return _wrap(model)
+
+
+@functools.cache
+def gemma4_assistant(seed: int = 1, sliding_window: int = 8) -> torch.nn.Module:
+    """A Gemma 4 assistant for `gemma4()`: 2 layers (sliding, full) reading its K/V (same kv heads and
+    head_dim), hidden size 32, backbone hidden size 64."""
+    from transformers import Gemma4AssistantConfig
+
+    from engine.drafters.gemma4_assistant import assistant_model
+
+    torch.manual_seed(seed)
+    text = {
+        "model_type": "gemma4_text",
+        "vocab_size": VOCAB,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "global_head_dim": 16,
+        "sliding_window": sliding_window,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "hidden_size_per_layer_input": 0,
+        "vocab_size_per_layer_input": 0,
+        "initializer_range": 0.2,
+        "pad_token_id": 0,
+    }
+    config = Gemma4AssistantConfig(text_config=text, backbone_hidden_size=64)
+    config._attn_implementation = "sdpa"
+    config.text_config._attn_implementation = "sdpa"
+    model = assistant_model(config)
+    _randomize_norms(model)
+    return model
