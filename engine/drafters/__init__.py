@@ -1,6 +1,7 @@
 """Drafters for engine.speculative (each behind its `Drafter` protocol): prompt lookup, a model, a
 masked-diffusion proposer (engine.drafters.diffusion, loaded with `load_dlm`), and (engine.drafters.block,
-PyTorch, imported on use) the block drafter on the verifier's hidden states."""
+PyTorch, imported on use) the block drafter on the verifier's hidden states, and (engine.drafters.gemma4_assistant,
+PyTorch, imported on use) Gemma 4's assistant on a Gemma 4 verifier's hidden state and K/V."""
 
 import json
 from pathlib import Path

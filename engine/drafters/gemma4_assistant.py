@@ -27,9 +27,16 @@ computed:
     intersected with its native window.
 A ring buffer holds its slots out of position order once the window wraps (engine/cache.py), while the
 assistant's sliding mask (built by flipping the K/V axis) assumes position order: hence the gather, by
-the group's slot -> position table. The gathered sliding set never exceeds the verifier's native
-window, so the assistant's own sliding mask keeps all of it. Whatever the assistant proposes, the
-verifier decides: the output is exactly greedy under every policy.
+the group's slot -> position table (the selection is what matters: the raw ring holds the slack's
+stale and trimmed slots too, and in slot order the flip would keep the wrong ones). The gathered
+sliding set never exceeds the verifier's native window; an assistant with a narrower window keeps its
+most recent positions, as intended. Whatever the assistant proposes, the verifier decides: the output
+is exactly greedy under every policy.
+
+Later blocks differ from transformers' candidate generator on purpose: after a verify forward it slices
+the target's K/V to the new sequence length, which keeps the K/V of the first rejected draft at the
+position of the verifier's correction token (and, on a sliding layer past its window, every rejected
+draft); here the assistant sees only committed positions, through the cache's own bookkeeping.
 
 Not supported: quantized K/V policies (`...:q8`) and batched sessions (rows > 1), refused on creation.
 
