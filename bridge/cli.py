@@ -24,6 +24,7 @@ COMMANDS = [
     "cancel",
     "run",
     "runner",
+    "runners",
     "bus",
     "doctor",
 ]

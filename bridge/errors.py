@@ -6,6 +6,9 @@ the error's `exit_code`.
     Rejected         1  a request this runner may not run (it ends in a `rejected` done commit)
     BusError         1  a git operation against the bus or a local repository failed (git's own words)
     BusUnreachable   1  the bus remote could not be reached; nothing was written
+    NoRunner         3  `wait --no-runner-timeout S`: no live runner served the label for S seconds
+                        (the request stays queued)
+    (Ctrl-C)       130  `wait` stopped waiting; the request goes on
 """
 
 from __future__ import annotations
@@ -35,6 +38,12 @@ class BusError(KakeyaError):
 
 class BusUnreachable(BusError):
     """The bus remote could not be reached; nothing was written."""
+
+
+class NoRunner(KakeyaError):
+    """No live runner serves the label a request waits on (the request stays queued)."""
+
+    exit_code = 3
 
 
 def problems(exc: ValidationError, what: str, limit: int | None = None) -> str:

@@ -24,6 +24,7 @@ from bridge.host import host_fingerprint, tool_versions
 from bridge.logs import CappedLog, Redactor, pump
 from bridge.presets import Preset
 from bridge.proc import kill_tree
+from bridge.progress import PROGRESS_FILE
 from bridge.result import RunContext, RunOutcome, RunResult, Status, iso, now
 
 # The only variables a run inherits from the runner's environment (plus the preset's own env).
@@ -53,6 +54,9 @@ def build_env(
             "PYTHONUNBUFFERED": "1",
             "KAKEYA_REPORT": str(out_dir / "report.json"),
             "KAKEYA_RUN_DIR": str(out_dir),
+            "KAKEYA_PROGRESS": str(
+                out_dir / PROGRESS_FILE
+            ),  # the workload's own progress (bridge/progress.py)
         }
     )
     if context.subject:
@@ -75,8 +79,10 @@ def run_preset(
     environ: Mapping[str, str] | None = None,
     context: RunContext | None = None,
     should_stop: Callable[[], str | None] | None = None,
+    on_phase: Callable[[str], None] | None = None,
 ) -> RunOutcome:
-    """Run `preset` with validated `values` in `checkout`; always returns an RunOutcome (not yet written)."""
+    """Run `preset` with validated `values` in `checkout`; always returns an RunOutcome (not yet written).
+    `on_phase` hears "running" once the program has started and "gating" once it has ended."""
     environ = os.environ if environ is None else environ
     context = context or RunContext()
     checkout, out_dir = checkout.resolve(), out_dir.resolve()
@@ -127,6 +133,8 @@ def run_preset(
     ]
     for t in pumps:
         t.start()
+    if on_phase is not None:
+        on_phase("running")
 
     stopped: tuple[Status, str] | None = None
     deadline = time.monotonic() + preset.timeout_s
@@ -148,6 +156,12 @@ def run_preset(
     for t in pumps:
         t.join(timeout=30)
     ended = now()
+    try:  # it said how the run went; the result says the rest
+        (out_dir / PROGRESS_FILE).unlink(missing_ok=True)
+    except OSError:
+        pass
+    if on_phase is not None:
+        on_phase("gating")
 
     outcome = RunOutcome(
         out_dir,

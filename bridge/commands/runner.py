@@ -74,12 +74,14 @@ def run(args: argparse.Namespace) -> int:
     url = resolve_remote(config.remote if args.remote is None else args.remote, root, config)
     runner = make_runner(args, config, root, url, labels)
     previous = handle_signals(runner)
+    runner.start_presence()  # kakeya/runners/<name>: `kakeya runners`, and `kakeya wait` knows we are here
     try:
         if args.mode == "watch":
             runner.watch()
             return 0
         served = runner.once(request_id=args.request)
     finally:
+        runner.stop_presence()
         for sig, old in previous.items():
             signal.signal(sig, old)
     if served is None:
