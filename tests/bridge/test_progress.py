@@ -19,6 +19,7 @@ from bridge import git as G
 from bridge.cli import main
 from bridge.presence import PRESENCE_PATH, Presence
 from bridge.progress import PROGRESS_CAP, Tracker, read_workload
+from bridge.trust import ALLOWED_SIGNERS, principal
 from tests.bridge.bus_support import (
     WRITE_REPORT_PY,
     Daemon,
@@ -29,6 +30,7 @@ from tests.bridge.bus_support import (
     stop,
     wait_for,
 )
+from tests.bridge.test_signing import allow, keygen, signed_runner
 
 # Counts to N, one step a `pause` seconds, telling KAKEYA_PROGRESS and stdout as it goes.
 STEPS_PY = WRITE_REPORT_PY + textwrap.dedent("""
@@ -318,3 +320,60 @@ def test_presence_is_listed_then_ages_out_after_the_runner_stops(world: Env, dae
     finally:
         stop(proc)
         stop(clean)
+
+
+def test_with_allowed_signers_only_a_runner_key_for_its_labels_makes_a_live_presence(
+    world: Env, daemon: Daemon, tmp_path: Path, capsys
+):
+    (tmp_path / "keys").mkdir()
+    keys = {n: keygen(tmp_path / "keys" / n) for n in ("r1", "stranger")}
+    allow(world.project / ALLOWED_SIGNERS, (principal("r1", ["gpu"]), keys["r1"]))
+    git(world.project, "add", "-A")
+    git(world.project, "commit", "-qm", "allowed signers")
+    url = daemon.repo()
+    runners = [
+        signed_runner(world, url, "r1", ("gpu",), keys["r1"]),
+        signed_runner(
+            world, url, "wide", ("gpu", "cpu"), keys["r1"]
+        ),  # r1's key, more labels than it may serve
+        signed_runner(world, url, "thief", ("gpu",), keys["stranger"]),
+    ]
+    now = B.utcnow()
+    plain = Presence(
+        name="plain",
+        labels=["gpu"],
+        host="h",
+        accelerator="none",
+        version="0",
+        pid=1,
+        started_at=now,
+        seen_at=now,
+        every_s=60,
+        state="idle",
+    )
+    push_presence(url, world.project, "plain", plain.dump())  # unsigned
+    for r in runners:
+        r.start_presence()
+    try:
+
+        def states() -> dict[str, str]:
+            main(["runners", "--remote", url, "--json"])
+            return {
+                r["name"]: r["state"] + ":" + r.get("problem", "")
+                for r in json.loads(capsys.readouterr().out)
+            }
+
+        wait_for(lambda: len(states()) == 4, 20, "four presences")
+        got = states()
+        assert got["r1"] == "idle:" and got["plain"] == "untrusted:unsigned"
+        assert got["wide"] == "untrusted:r1@gpu may not serve cpu"
+        assert got["thief"].startswith("untrusted:not signed by a known runner key")
+        assert main(["request", "work", "--runner", "cpu", "--remote", url]) == 0
+        rid = capsys.readouterr().out.strip()
+        assert (
+            main(["wait", rid, "--remote", url, "--no-runner-timeout", "0.5"]) == 3
+        )  # `wide` does not count
+        assert "no live runner serves label 'cpu'" in capsys.readouterr().out
+    finally:
+        for r in runners:
+            r.stop_presence()
