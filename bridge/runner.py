@@ -467,7 +467,11 @@ class Runner:
     def progress(self) -> Progress | None:
         """The progress record of the request being served (None when none is), for its heartbeats."""
         tracker = self.tracker
-        return tracker.record() if tracker is not None else None
+        try:
+            return tracker.record() if tracker is not None else None
+        except Exception as exc:  # noqa: BLE001 — progress is a courtesy: it never stops a heartbeat
+            self.log(f"no progress record this time: {exc}")
+            return None
 
     def start_presence(self) -> None:
         """Keep kakeya/runners/<name> up to date (bridge/presence.py) until stop_presence()."""
