@@ -145,6 +145,10 @@ class Row:
     holder: str | None = None
     subject: str | None = None
     refs: dict[str, str] = field(default_factory=dict)
+    progress: dict[str, Any] | None = None  # a running request's last heartbeat record (bridge/progress.py)
+    elapsed_s: float | None = None  # since its runner began serving it
+    holder_live: bool | None = None  # whether the holder's lease still runs
+    lease_until: str | None = None
 
 
 class Client:
@@ -302,7 +306,7 @@ class Client:
         snap = self.bus.ls_remote()
         entries = list(snap.entries.values())
         if fetch:
-            self.ensure(entries)
+            self.ensure(entries, ("done", "claim"))  # a done request's claim is its done commit: no extra
         return self.rows(entries)
 
     def status_one(self, request_id: str) -> Row:
@@ -344,6 +348,11 @@ class Client:
                 row.verdict, row.reason, row.holder = result.verdict, result.reason, result.runner_name
             elif claim:
                 row.holder = claim.runner
+                row.holder_live = claim.lease_until >= now
+                row.lease_until = claim.lease_until.isoformat(timespec="seconds")
+                if claim.progress is not None:
+                    row.progress = claim.progress.model_dump(mode="json")
+                    row.elapsed_s = round((now - claim.progress.started_at).total_seconds(), 1)
             rows.append(row)
         return rows
 

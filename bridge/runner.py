@@ -34,14 +34,16 @@ from pydantic import ValidationError
 
 from bridge import bus as B
 from bridge import git
-from bridge.bus import Bus, Claim, Entry, Manifest, Update
+from bridge.bus import Bus, Claim, Entry, Manifest, Progress, Update
 from bridge.config import Config, project_root
 from bridge.errors import BusError, InvalidRequest, KakeyaError, Rejected, problems
 from bridge.evidence import apply_baseline
 from bridge.execute import run_preset
 from bridge.isolation import choose
 from bridge.names import check_label
+from bridge.presence import Beacon, host_facts
 from bridge.presets import Preset, load_registry
+from bridge.progress import Tracker
 from bridge.result import RunContext, RunOutcome, RunResult, not_run
 from bridge.trust import Signers, key_file, signature_problem
 
@@ -101,12 +103,8 @@ class Lease(threading.Thread):
             self.lost = f"lease lost: {self.runner.holder(self.id, current)}"
 
     def heartbeat(self) -> None:
-        now = self.runner.now()
-        claim = self.claim.model_copy(
-            update={
-                "heartbeat": self.claim.heartbeat + 1,
-                "lease_until": now + dt.timedelta(seconds=self.runner.config.lease_s),
-            }
+        claim = heartbeat_claim(
+            self.claim, self.runner.config.lease_s, self.runner.progress(), self.runner.now()
         )
         sha = git.child_commit(
             self.runner.mirror,
@@ -174,6 +172,8 @@ class Runner:
                 "runner has no isolation: set isolation = auto (or user / userns) in its config "
                 "(KAKEYA_ISOLATION); `kakeya doctor` says what this host allows"
             )
+        self.tracker: Tracker | None = None  # the request being served: phase, start, its out dir
+        self.beacon: Beacon | None = None  # the presence ref, once start_presence() was called
         git.worktree_prune(self.mirror)
 
     def now(self) -> dt.datetime:
@@ -342,15 +342,19 @@ class Runner:
         return sha, claim
 
     def serve(self, entry: Entry, sha: str, claim: Claim) -> Served:
+        out = self.workdir / "runs" / entry.id
+        self.tracker = Tracker(out)
+        if self.beacon is not None:
+            self.beacon.serving(entry.id)
         lease = Lease(self, entry.id, sha, claim)
         lease.start()
-        out = self.workdir / "runs" / entry.id
         shutil.rmtree(out, ignore_errors=True)
         try:
             if self.stopping.is_set():  # nothing has run yet: give the request back
                 lease.stop()
                 return self.release(entry, lease.sha)
             result = self.run_request(entry, lease, out).write()
+            self.set_phase("pushing")  # the lease keeps beating through commit and push
             served = Served(entry.id, result.status, result.verdict, result.reason)
             # The lease keeps beating while the result is committed; the final commit goes on the last beat.
             tree = self.result_tree(entry, lease.sha, out) if not lease.lost else ""
@@ -368,6 +372,9 @@ class Runner:
             return served
         finally:
             lease.stop()
+            self.tracker = None
+            if self.beacon is not None:
+                self.beacon.serving(None)
 
     def release(self, entry: Entry, sha: str) -> Served:
         released = self.bus.swap([Update(B.claim_ref(entry.id), None, sha)])
@@ -419,6 +426,7 @@ class Runner:
                     environ=self.environ,
                     context=context,
                     should_stop=lease.should_stop,
+                    on_phase=self.set_phase,
                 )
             finally:
                 self.remove_worktree(checkout)
@@ -475,6 +483,46 @@ class Runner:
         except KakeyaError as exc:
             raise Rejected(f"bad parameters: {exc}") from None
         return manifest, preset, values
+
+    # --- progress and presence ---------------------------------------------------------------------
+
+    def set_phase(self, phase: str) -> None:
+        if self.tracker is not None:
+            self.tracker.phase = phase
+
+    def progress(self) -> Progress | None:
+        """The progress record of the request being served (None when none is), for its heartbeats."""
+        tracker = self.tracker
+        try:
+            return tracker.record() if tracker is not None else None
+        except Exception as exc:  # noqa: BLE001 — progress is a courtesy: it never stops a heartbeat
+            self.log(f"no progress record this time: {exc}")
+            return None
+
+    def start_presence(self) -> None:
+        """Keep kakeya/runners/<name> up to date (bridge/presence.py) until stop_presence()."""
+        if self.beacon is None:
+            host, acc, version = host_facts()
+            self.beacon = Beacon(
+                self.bus,
+                self.mirror,
+                self.name,
+                self.labels,
+                who=self.who,
+                sign_key=self.sign_key,
+                every_s=presence_every(self.config),
+                host=host,
+                accelerator=acc,
+                version=version,
+                log=self.log,
+            )
+            self.beacon.start()
+
+    def stop_presence(self) -> None:
+        """Say this runner stopped (its presence is no longer live)."""
+        if self.beacon is not None:
+            self.beacon.close()
+            self.beacon = None
 
     # --- worktrees ----------------------------------------------------------------------------------
 
@@ -573,6 +621,23 @@ def requesters(config: Config) -> Signers | None:
         raise KakeyaError("require_signed_requests needs `allowed_requesters`: an allowed-signers file")
     path = Path(config.allowed_requesters).expanduser()
     return Signers.load(path if path.is_absolute() else project_root() / path, runners=False)
+
+
+def heartbeat_claim(claim: Claim, lease_s: float, progress: Progress | None, now: dt.datetime) -> Claim:
+    """The claim a heartbeat pushes: one more beat, a lease from `now` (this runner's clock), and the progress
+    record."""
+    return claim.model_copy(
+        update={
+            "heartbeat": claim.heartbeat + 1,
+            "lease_until": now + dt.timedelta(seconds=lease_s),
+            "progress": progress,
+        }
+    )
+
+
+def presence_every(config: Config) -> float:
+    """How often a runner refreshes its presence: half a lease (30 s by default)."""
+    return max(config.lease_s / 2, 1.0)
 
 
 def done_updates(request_id: str, claim_sha: str, done_sha: str) -> list[Update]:
