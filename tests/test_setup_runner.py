@@ -85,7 +85,11 @@ def linux_args(bus: Path, *extra: str) -> list[str]:
 
 
 def test_linux_service_unit_runs_the_watcher_with_the_hosts_labels(home, bus, no_gpu_path):
-    proc = setup(home, *linux_args(bus), path=no_gpu_path, env={"KAKEYA_MODELS": str(home / "models")})
+    proc = setup(
+        home, *linux_args(bus), path=no_gpu_path, env={"KAKEYA_MODELS": str(home / "models")}, check=False
+    )
+    # The doctor's h200 check fails on a host without CUDA (the next test pins that down); nothing else may.
+    assert proc.returncode == 0 or "FAIL  h200     label h200 needs CUDA" in proc.stdout, proc.stdout
     unit = home / ".config" / "systemd" / "user" / "kakeya-runner.service"
     text = unit.read_text()
     lines = text.splitlines()
