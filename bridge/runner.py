@@ -9,11 +9,11 @@ Claim = create kakeya/claim/<id> only if absent. While the request is served (ru
 lease is judged expired by how long this runner has seen the claim unchanged on its own monotonic clock
 (longer than the claim's lease_s), never by comparing another host's timestamp with ours, so clock skew
 cannot run a request twice; a runner that finds an expired lease takes it over with a lease on the sha
-it saw. The result's objects
-are pushed first to a side ref while the lease keeps beating (a big result cannot outlast the lease); then
-one small atomic push moves the claim to the done commit (leased on this runner's last claim sha) and
-creates the done ref: a runner that lost its lease can never push a result. Presets come from the
-runner's own registry, never from the request commit. Every outcome ends in a done commit.
+it saw. The result's objects are pushed first to a side ref while the lease keeps beating (a big result
+cannot outlast the lease); then one small atomic push moves the claim to the done commit (leased on this
+runner's last claim sha) and creates the done ref: a runner that lost its lease can never push a result.
+Presets come from the runner's own registry, never from the request commit. Every outcome ends in a done
+commit.
 """
 
 from __future__ import annotations
