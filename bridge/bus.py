@@ -83,6 +83,15 @@ def archive_ref(request_id: str) -> str:
     return f"{ARCHIVE_PREFIX}done/{request_id}"
 
 
+STAGE_PREFIX = "refs/kakeya-stage/"  # outside refs/heads: a result's objects, pushed ahead of its done commit
+
+
+def stage_ref(request_id: str, sha: str) -> str:
+    """The side ref a runner pushes a result's objects to (while its lease keeps beating) before the small
+    atomic push that creates the done ref; named by the staged commit, so two attempts never collide."""
+    return f"{STAGE_PREFIX}{request_id}/{sha[:16]}"
+
+
 def cancel_ref(request_id: str) -> str:
     return f"{PREFIX}cancel/{request_id}"
 

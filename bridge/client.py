@@ -32,6 +32,7 @@ from bridge.bus import Bus, CancelMarker, Claim, Entry, Manifest, Update
 from bridge.config import Config, project_root
 from bridge.errors import BusError, InvalidRequest, KakeyaError, problems
 from bridge.names import check_label
+from bridge.page import outcome_words
 from bridge.presets import Preset, get_preset, load_registry
 from bridge.result import RunResult
 from bridge.trust import Signers, done_problem, key_file
@@ -100,14 +101,6 @@ def exit_code(result: RunResult) -> int:
     if result.status == "rejected":
         return 2
     return 0 if result.status == "succeeded" and result.verdict in (None, "pass") else 1
-
-
-def outcome_words(status: str, verdict: str | None) -> str:
-    """'succeeded, verdict pass', or 'ran, gate failed' for a program that succeeded but whose report failed
-    the gate, or the status (and verdict) as they are."""
-    if status == "succeeded" and verdict == "fail":
-        return "ran, gate failed"
-    return status + (f", verdict {verdict}" if verdict else "")
 
 
 def verdict_line(request_id: str, result: RunResult) -> str:

@@ -9,10 +9,11 @@ Claim = create kakeya/claim/<id> only if absent. While the request is served (ru
 lease is judged expired by how long this runner has seen the claim unchanged on its own monotonic clock
 (longer than the claim's lease_s), never by comparing another host's timestamp with ours, so clock skew
 cannot run a request twice; a runner that finds an expired lease takes it over with a lease on the sha
-it saw. The result is pushed
-in one atomic push that moves the claim to the done commit (leased on this runner's last claim sha)
-and creates the done ref: a runner that lost its lease can never push a result. Presets come from the
-runner's own registry, never from the request commit. Every outcome ends in a done commit.
+it saw. The result's objects are pushed first to a side ref while the lease keeps beating (a big result
+cannot outlast the lease); then one small atomic push moves the claim to the done commit (leased on this
+runner's last claim sha) and creates the done ref: a runner that lost its lease can never push a result.
+Presets come from the runner's own registry, never from the request commit. Every outcome ends in a done
+commit.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from pydantic import ValidationError
 from bridge import bus as B
 from bridge import git
 from bridge.bus import Bus, Claim, Entry, Manifest, Progress, Update
-from bridge.config import Config, project_root
+from bridge.config import GIT_CREDENTIALS, Config, project_root, secret_file
 from bridge.errors import BusError, InvalidRequest, KakeyaError, Rejected, problems
 from bridge.evidence import apply_baseline
 from bridge.execute import run_preset
@@ -175,6 +176,9 @@ class Runner:
         self.tracker: Tracker | None = None  # the request being served: phase, start, its out dir
         self.beacon: Beacon | None = None  # the presence ref, once start_presence() was called
         git.worktree_prune(self.mirror)
+        credentials = secret_file(config, GIT_CREDENTIALS)  # the bus token: in a file, never in os.environ
+        if credentials is not None:
+            git.use_credential_store(self.mirror, credentials)
 
     def now(self) -> dt.datetime:
         """This runner's wall clock (plus config clock_offset_s, with which tests fake a skewed host)."""
@@ -356,13 +360,17 @@ class Runner:
             result = self.run_request(entry, lease, out).write()
             self.set_phase("pushing")  # the lease keeps beating through commit and push
             served = Served(entry.id, result.status, result.verdict, result.reason)
-            # The lease keeps beating while the result is committed; the final commit goes on the last beat.
+            # The lease keeps beating while the result is committed and its objects are pushed ahead (however
+            # long that takes); the final commit goes on the last beat, in a push of a few small objects.
             tree = self.result_tree(entry, lease.sha, out) if not lease.lost else ""
+            staged = self.stage(entry.id, lease.sha, tree) if not lease.lost else None
             with lease.lock:
                 if not lease.lost:
                     served.done = self.done_commit(entry, lease, tree, result)
                     served.pushed = self.push_done(entry.id, lease.sha, served.done)
             lease.stop()
+            if staged:
+                self.unstage(*staged)
             if served.done is None:
                 self.log(f"{entry.id}: {lease.lost}; its result is not pushed (kept in {out})")
                 served.reason = lease.lost
@@ -548,6 +556,30 @@ class Runner:
             if p.is_file() and not p.is_symlink() and ".git" not in p.relative_to(out).parts
         }  # git refuses a tree entry named .git
         return git.tree_with(self.mirror, claim_sha, files)
+
+    def stage(self, request_id: str, claim_sha: str, tree: str) -> tuple[str, str] | None:
+        """Push the result's objects to a side ref (B.stage_ref) without holding the lease's lock, so heartbeats
+        go on however long a big result takes to upload; the done push then sends only the done commit, its
+        claim.json and two trees. (ref, sha) when staged; None when the bus did not take it (the done push
+        then carries everything, or goes to the outbox)."""
+        sha = git.commit(
+            self.mirror, tree, [claim_sha], f"kakeya stage {request_id} by {self.name}", self.who
+        )
+        ref = B.stage_ref(request_id, sha)
+        try:
+            if self.bus.swap([Update(ref, sha, None)], atomic=False):
+                return ref, sha
+        except KakeyaError as exc:
+            self.log(f"{request_id}: could not push the result ahead ({exc}); it goes with the done commit")
+        return None
+
+    def unstage(self, ref: str, sha: str) -> None:
+        """Delete a side ref once the done push is over; one left behind (the bus went away) is harmless:
+        it is outside refs/heads, so no clone fetches it and no status reads it."""
+        try:
+            self.bus.swap([Update(ref, None, sha)], atomic=False)
+        except KakeyaError as exc:
+            self.log(f"could not delete {ref}: {exc}")
 
     def done_commit(self, entry: Entry, lease: Lease, tree: str, result: RunResult) -> str:
         """The done commit on the lease's last heartbeat (its claim.json), holding `tree`'s results."""
