@@ -9,6 +9,11 @@ Methods (all greedy, `--new-tokens` tokens, no EOS stop so every method decodes 
   ours_spec_lookup    engine.speculative_generate, prompt-lookup drafting (no drafter model)
   mlxlm_greedy        mlx_lm.stream_generate (what mlx_lm.generate runs), the model's own caches
   mlxlm_spec          mlx_lm.stream_generate(draft_model=..., num_draft_tokens=k)
+  ours_batch_B        engine.generate_batch of B prompts at once (--batches), each row checked against
+                      ours_greedy of its prompt; tok/s over all rows
+`--shape` (benchmarks/shapes.py): a random-weight model built from a real config (reduced width on a
+cpu); no drafter model then (the speculative rows use prompt lookup) and mlx-lm greedy runs through
+`generate_step` (no tokenizer). `--device` auto|gpu|cpu (auto: MLX's default, the Metal GPU on a Mac).
 Each method's tokens are compared with ours_greedy (token-exact or not, and where they first differ).
 Times are the median of --repeats runs after one warm-up: total wall time (prefill + decode), tok/s
 over it, and decode tok/s (tokens after the first / time after the first token; speculative methods
@@ -29,11 +34,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlx.core as mx  # noqa: E402
-from mlx_lm.generate import stream_generate  # noqa: E402
+import numpy as np  # noqa: E402
+from mlx_lm.generate import generate_step, stream_generate  # noqa: E402
 from mlx_lm.tokenizer_utils import TokenizerWrapper  # noqa: E402
 
 import engine  # noqa: E402
-from engine.backends.mlx import load_mlx  # noqa: E402
+from benchmarks import shapes  # noqa: E402
+from engine.backends.mlx import MLXModel  # noqa: E402
 from engine.report import environment  # noqa: E402
 from engine.workloads.cli import first_divergence  # noqa: E402
 from engine.zoo import corpus  # noqa: E402
@@ -69,12 +76,35 @@ def mlxlm(model: Any, tok: TokenizerWrapper, draft: Any | None, ids: list[int], 
     return tokens, t2 - t0, t2 - t1, {"from_draft": from_draft}
 
 
+def mlxlm_steps(model: Any, ids: list[int], n: int) -> Run:
+    """mlx-lm's greedy `generate_step` (what stream_generate runs), for models without a tokenizer."""
+    tokens: list[int] = []
+    t0 = time.perf_counter()
+    t1 = t0
+    for tok, _ in generate_step(mx.array(ids), model, max_tokens=n):
+        if not tokens:
+            t1 = time.perf_counter()
+        tokens.append(int(tok))
+    t2 = time.perf_counter()
+    return tokens, t2 - t0, t2 - t1, {}
+
+
+def ours_batch(mm: MLXModel, policy: engine.Policy, prompts: list[list[int]], n: int) -> Run:
+    t0 = time.perf_counter()
+    gens = engine.generate_batch(mm.session(policy, rows=len(prompts)), prompts, engine.Stop(n))
+    total = time.perf_counter() - t0
+    return [t for g in gens for t in g.tokens], total, gens[0].decode_s, {"rows": len(prompts)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="zoo:tiny-hybrid")
     p.add_argument("--drafter", default="zoo:tiny-drafter")
     p.add_argument("--policy", default="full")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="auto", help="auto|gpu|cpu")
+    p.add_argument("--shape", choices=sorted(shapes.SHAPES), help="a random-weight model of this shape")
+    p.add_argument("--batches", default="8", help="batch sizes of ours_batch_B ('' for none)")
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--new-tokens", type=int, default=128)
@@ -85,12 +115,23 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     policy = engine.parse_policy(args.policy)
-    mm = load_mlx(engine.resolve(args.model), args.dtype)
-    dm = load_mlx(engine.resolve(args.drafter), args.dtype)
-    tok = TokenizerWrapper(mm.tokenizer)
-    tok.eos_token_ids = set()  # decode exactly --new-tokens tokens, as ours does with Stop(n)
+    device = engine.models.check_device("mlx", args.device)
+    mx.set_default_device(mx.gpu if "gpu" in device else mx.cpu)  # mlx-lm runs on the default device
     n, k = args.new_tokens, args.k
-    texts = corpus.code_prompts(n=args.prompts, seed=args.seed, n_tokens=args.prompt_tokens)
+    if args.shape:
+        args.model, args.drafter = f"shape:{args.shape}", "none"
+        path = shapes.build(args.shape, reduced="gpu" not in device, seed=args.seed)
+        mm: MLXModel = engine.load(str(path), "mlx", args.dtype, args.device)  # type: ignore[assignment]
+        rng = np.random.default_rng(args.seed)
+        vocab = mm.geometry.vocab_size
+        prompts = [rng.integers(3, vocab, args.prompt_tokens).tolist() for _ in range(args.prompts)]
+    else:
+        mm = engine.load(args.model, "mlx", args.dtype, args.device)  # type: ignore[assignment]
+        dm: MLXModel = engine.load(args.drafter, "mlx", args.dtype, args.device)  # type: ignore[assignment]
+        tok = TokenizerWrapper(mm.tokenizer)
+        tok.eos_token_ids = set()  # decode exactly --new-tokens tokens, as ours does with Stop(n)
+        texts = corpus.code_prompts(n=args.prompts, seed=args.seed, n_tokens=args.prompt_tokens)
+        prompts = [mm.encode(t) for t in texts]
 
     methods: dict[str, Callable[[list[int]], Run]] = {
         "ours_greedy": lambda ids: ours(lambda: mm.session(policy), None, ids, n, k),
@@ -107,9 +148,17 @@ def main(argv: list[str] | None = None) -> int:
         "mlxlm_greedy": lambda ids: mlxlm(mm.model, tok, None, ids, n, k),
         "mlxlm_spec": lambda ids: mlxlm(mm.model, tok, dm.model, ids, n, k),
     }
+    if args.shape:
+        del methods["ours_spec_model"], methods["mlxlm_spec"]
+        methods["mlxlm_greedy"] = lambda ids: mlxlm_steps(mm.model, ids, n)
+    batches = [int(b) for b in args.batches.split(",") if b]
+    for b in batches:
+        # row 0 is this prompt, the others the other prompts cycled: its tokens must equal ours_greedy's
+        methods[f"ours_batch_{b}"] = lambda ids, b=b: ours_batch(
+            mm, policy, [ids, *[prompts[r % len(prompts)] for r in range(1, b)]], n
+        )
     rows: list[dict[str, Any]] = []
-    for i, text in enumerate(texts):
-        ids = mm.encode(text)
+    for i, ids in enumerate(prompts):
         ref: list[int] | None = None
         for name, fn in methods.items():
             fn(ids)  # warm-up
@@ -119,6 +168,14 @@ def main(argv: list[str] | None = None) -> int:
                 raise RuntimeError(f"{name} is not deterministic on prompt {i}")
             ref = tokens if name == "ours_greedy" else ref
             assert ref is not None
+            b = int(extra.get("rows", 1))
+            if b > 1:  # all rows' tokens; row 0 is this prompt: compare it, count every row's tokens
+                alone = [
+                    ours(lambda: mm.session(policy), None, prompts[r % len(prompts)], n, k)[0]
+                    for r in range(1, b)
+                ]
+                exact_rows = tokens == ref + [t for a in alone for t in a]
+                tokens = tokens[:n] if exact_rows else tokens
             total = statistics.median(r[1] for r in runs)
             decode = statistics.median(r[2] for r in runs)
             rows.append(
@@ -131,14 +188,14 @@ def main(argv: list[str] | None = None) -> int:
                     "first_difference": first_divergence(tokens, ref),
                     "total_s": total,
                     "prefill_s": total - decode,
-                    "tok_s": len(tokens) / total,
-                    "decode_tok_s": (len(tokens) - 1) / decode if decode > 0 else 0.0,
+                    "tok_s": b * len(tokens) / total,
+                    "decode_tok_s": b * (len(tokens) - 1) / decode if decode > 0 else 0.0,
                     **extra,
                 }
             )
             print(
                 f"prompt {i} {name:17s} exact={tokens == ref!s:5s} first_diff={first_divergence(tokens, ref)} "
-                f"tok/s={len(tokens) / total:8.1f} decode tok/s={rows[-1]['decode_tok_s']:8.1f}",
+                f"tok/s={rows[-1]['tok_s']:8.1f} decode tok/s={rows[-1]['decode_tok_s']:8.1f}",
                 flush=True,
             )
 
@@ -148,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         summary[name] = {
             "exact_prompts": sum(r["exact_vs_ours_greedy"] for r in mine),
             "prompts": len(mine),
-            "tok_s": sum(r["new_tokens"] for r in mine) / sum(r["total_s"] for r in mine),
+            "tok_s": sum(r["new_tokens"] * r.get("rows", 1) for r in mine) / sum(r["total_s"] for r in mine),
             "decode_tok_s_mean": statistics.mean(r["decode_tok_s"] for r in mine),
         }
     base = summary["mlxlm_greedy"]["tok_s"]
@@ -161,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "environment": environment(),
         "mlx_device": str(mx.default_device()),
+        "device": mm.device_name,
+        "dtype": mm.dtype_name,
+        "peak_memory_bytes": mm.peak_memory_bytes(),
         "config": {k_: v for k_, v in vars(args).items() if k_ != "out"},
         "summary": summary,
         "rows": rows,

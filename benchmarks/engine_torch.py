@@ -5,11 +5,21 @@
 Measures on the same model and code-like prompts (engine.zoo.corpus.code_prompts, or --prompts):
 - greedy decode tok/s: transformers `generate` (full cache) vs ours (full and each --policies entry);
 - speculative decode tok/s, speedup over our greedy under the same policy, mean acceptance length
-  and exactness, for the zoo drafter and the prompt-lookup drafter at each k in --ks, and for
+  and exactness, for the zoo drafter, the prompt-lookup drafter and the block drafter (--block-drafter,
+  reading the verifier's hidden states) at each k in --ks, and for
   transformers assisted generation (`assistant_model`, with assistant_confidence_threshold=0,
   num_assistant_tokens=k and a constant schedule set in the assistant's generation config, where
   transformers reads them);
-- K/V bytes held per policy after several sequence lengths.
+- K/V bytes held per policy after several sequence lengths;
+- batched greedy (engine.generate_batch) vs transformers `generate` on the same B prompts at each B in
+  --batches (decode tok/s over all rows; every row checked against greedy decoding of its prompt alone).
+
+    python benchmarks/engine_torch.py --shape qwen3-1.7b --device cpu --out benchmarks/results/engine_torch-qwen3-1.7b-cpu.json
+
+`--shape` (benchmarks/shapes.py) decodes a random-weight model built from a real config instead of a zoo
+model: at full size on an accelerator, at a reduced width with the real layer pattern on a cpu; its
+speculative rows use prompt lookup (there is no trained drafter for random weights, so acceptance is
+low: the speculative target is for the zoo pair). `--device` as engine.load (auto: the accelerator).
 
 Decode tok/s = (new tokens - 1) / (time after the first new token), i.e. prefill excluded; for
 `generate` the prefill time is a `max_new_tokens=1` run of the same prompt. Each figure is the best
@@ -35,7 +45,9 @@ from pydantic import BaseModel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engine  # noqa: E402
-from engine.backends.torch import TorchModel, load_torch  # noqa: E402
+from benchmarks import shapes  # noqa: E402
+from engine.backends.torch import TorchModel  # noqa: E402
+from engine.drafters.block import BlockDrafter, BlockDrafterModel  # noqa: E402
 from engine.policy import Policy, parse_policy  # noqa: E402
 from engine.report import write_report  # noqa: E402
 from engine.zoo import corpus  # noqa: E402
@@ -43,6 +55,10 @@ from engine.zoo import corpus  # noqa: E402
 
 class Config(BaseModel):
     model: str
+    shape: str | None
+    device: str
+    dtype: str
+    batches: list[int]
     drafter: str
     policies: list[str]
     ks: list[int]
@@ -74,8 +90,18 @@ class KvRow(BaseModel):
     per_layer: list[int]
 
 
+class BatchRow(BaseModel):
+    batch: int
+    policy: str
+    ours_decode_tok_s: float  # over all rows
+    generate_decode_tok_s: float  # transformers generate on the same [batch, prompt] input
+    speedup_vs_generate: float
+    exact: bool  # every row of ours equals our greedy decoding of its prompt alone, and generate's row
+
+
 class Targets(BaseModel):
     greedy_full_ge_generate: bool
+    greedy_ge_generate_at_every_batch: bool
     best_speculative_speedup: float
     speculative_ge_1_5x_exact: bool
 
@@ -83,22 +109,34 @@ class Targets(BaseModel):
 class Body(BaseModel):
     config: Config
     throughput: list[Row]
+    batched: list[BatchRow]
     kv_bytes: list[KvRow]
     targets: Targets
 
 
 def hf_generate(tm: TorchModel, ids: list[int], new: int, **kw: Any) -> tuple[list[int], float, int]:
     """(new tokens, seconds, verifier forwards) of one transformers `generate` call."""
+    toks, dt, calls = hf_generate_rows(tm, [ids], new, **kw)
+    return toks[0], dt, calls
+
+
+def hf_generate_rows(
+    tm: TorchModel, rows: list[list[int]], new: int, **kw: Any
+) -> tuple[list[list[int]], float, int]:
+    """`hf_generate` of same-length prompts as one batch (no padding needed)."""
     calls = [0]
     hook = tm.model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
     try:
         with torch.inference_mode():
             t = time.perf_counter()
-            out = tm.model.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False, **kw)
+            x = torch.tensor(rows, device=tm.device)
+            out = tm.model.generate(x, max_new_tokens=new, min_new_tokens=new, do_sample=False, **kw)
+            if tm.device.type == "cuda":
+                torch.cuda.synchronize()
             dt = time.perf_counter() - t
     finally:
         hook.remove()
-    return out[0, len(ids) :].tolist(), dt, calls[0]
+    return out[:, len(rows[0]) :].tolist(), dt, calls[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--policies", default="hybrid:4:64,sink_window:4:64", help="comma-separated, besides full"
     )
+    ap.add_argument(
+        "--block-drafter",
+        default="zoo:tiny-block-drafter",
+        help="block drafter (engine/drafters/block.py); '' skips",
+    )
     ap.add_argument("--ks", default="4,8")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--prompts", type=int, default=4, help="number of code-like prompts")
@@ -116,22 +159,42 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts-file", type=Path, help="JSON list of prompt strings instead of the zoo corpus")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--kv-lengths", default="256,1024,4096")
+    ap.add_argument("--shape", choices=sorted(shapes.SHAPES), help="a random-weight model of this shape")
+    ap.add_argument("--device", default="auto", help="auto|cpu|cuda|cuda:N|mps")
+    ap.add_argument("--dtype", default="auto", help="auto: bfloat16 on cuda, float16 on mps, float32 on cpu")
+    ap.add_argument("--batches", default="1,8", help="batch sizes: batched greedy vs transformers generate")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
     policies = [engine.full(), *(parse_policy(p) for p in args.policies.split(",") if p)]
     ks = [int(k) for k in args.ks.split(",")]
-    verifier = load_torch(engine.resolve(args.model))
-    drafter = load_torch(engine.resolve(args.drafter))
-    for tm in (verifier, drafter):
-        tm.model.generation_config.eos_token_id = None  # decode exactly new_tokens everywhere
-        tm.model.generation_config.pad_token_id = 0
-    if args.prompts_file:
-        texts = json.loads(args.prompts_file.read_text())[: args.prompts]
+    batches = [int(b) for b in args.batches.split(",")]
+    device = engine.models.check_device("torch", args.device)
+    if args.shape:
+        args.model, args.drafter = f"shape:{args.shape}", "none"
+        path = shapes.build(args.shape, reduced=device == "cpu")
+        verifier: TorchModel = engine.load(str(path), "torch", args.dtype, device)  # type: ignore[assignment]
+        drafter = None
+        args.block_drafter = ""  # a block drafter reads the zoo verifier's features only
+        g = torch.Generator().manual_seed(0)
+        vocab = verifier.geometry.vocab_size
+        prompts = [
+            torch.randint(3, vocab, (args.prompt_tokens,), generator=g).tolist() for _ in range(args.prompts)
+        ]
     else:
-        texts = corpus.code_prompts(args.prompts, seed=0, n_tokens=args.prompt_tokens)
-    prompts = [verifier.encode(t) for t in texts]
+        verifier = engine.load(args.model, "torch", args.dtype, device)  # type: ignore[assignment]
+        drafter = engine.load(args.drafter, "torch", args.dtype, device)  # type: ignore[assignment]
+        if args.prompts_file:
+            texts = json.loads(args.prompts_file.read_text())[: args.prompts]
+        else:
+            texts = corpus.code_prompts(args.prompts, seed=0, n_tokens=args.prompt_tokens)
+        prompts = [verifier.encode(t) for t in texts]
+    block = BlockDrafterModel.load(engine.resolve(args.block_drafter)) if args.block_drafter else None
+    for tm in (verifier, drafter):
+        if tm is not None:
+            tm.model.generation_config.eos_token_id = None  # decode exactly new_tokens everywhere
+            tm.model.generation_config.pad_token_id = 0
     new, reps = args.new_tokens, args.repeats
     stop = engine.Stop(new)
     rows: list[Row] = []
@@ -186,13 +249,18 @@ def main(argv: list[str] | None = None) -> int:
 
         add("greedy", str(policy), ours(seq_of, None, 0), "generate" if policy.kind == "full" else None)
         for k in ks:
-            for name, make in (
-                (
-                    args.drafter,
-                    lambda p=policy, k=k: engine.ModelDrafter(drafter.session(p, max_block=k + 1)),
-                ),
-                ("prompt-lookup", engine.PromptLookupDrafter),
-            ):
+            drafters: list[tuple[str, Any]] = [("prompt-lookup", engine.PromptLookupDrafter)]
+            if block is not None:
+                drafters.append((args.block_drafter, lambda: BlockDrafter(block)))
+            if drafter is not None:
+                drafters.insert(
+                    0,
+                    (
+                        args.drafter,
+                        lambda p=policy, k=k, d=drafter: engine.ModelDrafter(d.session(p, max_block=k + 1)),
+                    ),
+                )
+            for name, make in drafters:
                 add(
                     "speculative",
                     str(policy),
@@ -201,10 +269,11 @@ def main(argv: list[str] | None = None) -> int:
                     name,
                     k,
                 )
-    for k in ks:
+    for k in ks if drafter is not None else []:
 
         def assisted(ids: list[int], k: int = k) -> tuple[list[int], float, float]:
             # transformers reads these from the assistant's own generation config, not from kwargs.
+            assert drafter is not None
             gc = drafter.model.generation_config
             gc.assistant_confidence_threshold, gc.num_assistant_tokens = 0.0, k
             gc.num_assistant_tokens_schedule = "constant"
@@ -277,16 +346,51 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(f"kv {policy!s:20s} {length:7d} {sum(per_layer):12d} B", flush=True)
 
+    batched = []
+    alone = {str(p): [b[0] for b in by_key[f"greedy {p}"]["best"]] for p in policies}
+    for b in batches:
+        rows_in = [prompts[r % len(prompts)] for r in range(b)]
+        for policy in policies[:1]:  # full: the policy transformers generate runs too
+            best_ours, best_hf = float("inf"), float("inf")
+            for _ in range(reps):
+                gens = engine.generate_batch(verifier.session(policy, rows=b), rows_in, stop)
+                best_ours = min(best_ours, gens[0].decode_s)
+                hf_toks, dt, _ = hf_generate_rows(verifier, rows_in, new)
+                _, dt1, _ = hf_generate_rows(verifier, rows_in, 1)
+                best_hf = min(best_hf, dt - dt1)
+            want = [alone[str(policy)][r % len(prompts)] for r in range(b)]
+            ours_tok_s, hf_tok_s = b * (new - 1) / best_ours, b * (new - 1) / best_hf
+            batched.append(
+                BatchRow(
+                    batch=b,
+                    policy=str(policy),
+                    ours_decode_tok_s=ours_tok_s,
+                    generate_decode_tok_s=hf_tok_s,
+                    speedup_vs_generate=ours_tok_s / hf_tok_s,
+                    exact=[g.tokens for g in gens] == want and hf_toks == want,
+                )
+            )
+            print(
+                f"batch {b:3d} {policy!s:12s} ours {ours_tok_s:9.1f} tok/s  generate {hf_tok_s:9.1f} tok/s"
+                f"  x{ours_tok_s / hf_tok_s:.2f}{'' if batched[-1].exact else '  NOT EXACT'}",
+                flush=True,
+            )
+
     spec = [r for r in rows if r.method == "speculative"]
     best = max((r.speedup_vs_greedy or 0.0) for r in spec) if spec else 0.0
     targets = Targets(
         greedy_full_ge_generate=greedy_tok_s["full"] >= gen_row.decode_tok_s,
+        greedy_ge_generate_at_every_batch=all(b.speedup_vs_generate >= 1.0 for b in batched),
         best_speculative_speedup=best,
         speculative_ge_1_5x_exact=any((r.speedup_vs_greedy or 0) >= 1.5 and r.exact for r in spec),
     )
     body = Body(
         config=Config(
             model=args.model,
+            shape=args.shape,
+            device=device,
+            dtype=verifier.dtype_name,
+            batches=batches,
             drafter=args.drafter,
             policies=[str(p) for p in policies],
             ks=ks,
@@ -297,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
             threads=args.threads,
         ),
         throughput=rows,
+        batched=batched,
         kv_bytes=kv_rows,
         targets=targets,
     )

@@ -11,15 +11,16 @@ Step, generate), speculative (Drafter, the verify loop), drafters/, models (reso
 Backends (engine/backends/: base, torch, mlx) provide a `Model` with `session(policy, max_block)`.
 """
 
-from engine.decode import Generation, Session, Step, Stop, generate
+from engine.decode import Generation, Session, Step, Stop, generate, generate_batch
 from engine.drafters import ModelDrafter, PromptLookupDrafter
 from engine.geometry import Geometry
 from engine.models import Model, ModelNotFoundError, load, resolve, zoo_models
 from engine.policy import LayerSpec, Policy, full, hybrid, parse_policy, sink_window
-from engine.speculative import Drafter, speculative_generate
+from engine.speculative import Drafter, FeatureDrafter, speculative_generate
 
 __all__ = [
     "Drafter",
+    "FeatureDrafter",
     "Generation",
     "Geometry",
     "LayerSpec",
@@ -33,6 +34,7 @@ __all__ = [
     "Stop",
     "full",
     "generate",
+    "generate_batch",
     "hybrid",
     "load",
     "parse_policy",

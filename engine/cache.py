@@ -27,6 +27,7 @@ The backends turn the boolean mask and the slot indices into their own tensors.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -145,6 +146,7 @@ class Forward:
     keys: np.ndarray  # absolute position held by each attended slot (EMPTY: nothing)
     slots: np.ndarray | None  # slot of each written row, when not `plan.slot_range`
     keep: np.ndarray | None  # concat: rows of the block that are written (None: all)
+    row: int | None = 0  # the batch row fed; None: every row (then queries, keys, slots are [rows, ...])
 
     @property
     def start(self) -> int:
@@ -153,7 +155,7 @@ class Forward:
     @property
     def causal(self) -> bool:
         """The mask is plain causal over slots = positions [0, end) (an unbounded layer, no concat)."""
-        return self.plan.mask and not self.plan.concat and self.spec.window is None
+        return self.row is not None and self.plan.mask and not self.plan.concat and self.spec.window is None
 
     def mask(self) -> np.ndarray | None:
         """Boolean [m, keys] mask (`visible_mask`), or None when every attended slot is visible."""
@@ -163,32 +165,64 @@ class Forward:
 class Group:
     """The one owner of "which slot holds which position" for the layers sharing a spec and layer type:
     their `Layout` and the absolute position each slot holds. `advance(m)` plans a forward (the layer
-    states of the group read `forward` while the model runs), `trim(n)` rolls back."""
+    states of the group read `forward` while the model runs), `trim(n)` rolls back.
 
-    def __init__(self, spec: LayerSpec, layer_type: str, max_block: int, layers: list[int]) -> None:
+    Batched decoding: `rows` sequences share the buffers ([rows, ..., slots, ...]) and the table
+    ([rows, slots]); each row has its own positions (its own `Layout` counters), so row r holds its
+    position p at the slot `Layout.slot(p)` whatever the other rows' lengths: its sinks are its own
+    first positions and its ring wraps on its own schedule. `advance(m, row=r)` feeds row r alone (a
+    prompt's prefill); `advance(m)` on a batched group feeds m <= max_block tokens to every row at once
+    (a decode step), the mask of each row built from its own row of the table."""
+
+    def __init__(
+        self, spec: LayerSpec, layer_type: str, max_block: int, layers: list[int], rows: int = 1
+    ) -> None:
+        if rows < 1:
+            raise ValueError(f"a cache needs at least one row (got {rows})")
         self.spec = spec
         self.layer_type = layer_type
         self.layers = layers
-        self.layout = Layout(spec, max_block)
-        self.table = np.full((0,), EMPTY, dtype=np.int64)
+        self.rows = rows
+        self.layouts = [Layout(spec, max_block) for _ in range(rows)]  # each row's counters
+        self.table = np.full((rows, 0), EMPTY, dtype=np.int64)
         self.forward: Forward | None = None  # the forward being run
+
+    @property
+    def layout(self) -> Layout:
+        return self.layouts[0]
 
     @property
     def position(self) -> int:
         return self.layout.n
 
     @property
+    def positions(self) -> list[int]:
+        """Positions fed, per row."""
+        return [lay.n for lay in self.layouts]
+
+    @property
     def limit(self) -> int | None:
         return self.layout.limit
 
-    def advance(self, m: int) -> Forward:
-        """Plan feeding m tokens at the next positions, record the positions written, advance."""
-        plan = self.layout.plan(m)
+    def _reserve(self, capacity: int) -> np.ndarray:
         table = self.table
-        if table.size < plan.capacity:
-            grown = np.full((buffer_size(table.size, plan.capacity, self.layout.limit),), EMPTY, np.int64)
-            grown[: table.size] = table
+        if table.shape[1] < capacity:
+            size = buffer_size(table.shape[1], capacity, self.layout.limit)
+            grown = np.full((self.rows, size), EMPTY, np.int64)
+            grown[:, : table.shape[1]] = table
             self.table = table = grown
+        return table
+
+    def advance(self, m: int, row: int | None = None) -> Forward:
+        """Plan feeding m tokens at the next positions of `row` (None: of every row; the one row of an
+        unbatched group), record the positions written, advance."""
+        if row is None and self.rows > 1:
+            return self._advance_rows(m)
+        row = row or 0
+        if not 0 <= row < self.rows:
+            raise ValueError(f"no row {row}: this cache has rows 0 to {self.rows - 1}")
+        plan = self.layouts[row].plan(m)
+        table = self._reserve(plan.capacity)[row]
         new_pos = np.arange(plan.start, plan.start + plan.m, dtype=np.int64)
         keep = None if plan.keep is None else np.array(plan.keep, dtype=np.int64)
         written = new_pos if keep is None else new_pos[keep]
@@ -202,18 +236,40 @@ class Group:
             table[slots] = written
         # A direct forward's keys are a copy: the table changes on the next advance/trim.
         keys = table[: plan.view].copy() if keys is None else keys
-        self.forward = Forward(self.spec, plan, new_pos, keys, slots, keep)
+        self.forward = Forward(self.spec, plan, new_pos, keys, slots, keep, row)
+        return self.forward
+
+    def _advance_rows(self, m: int) -> Forward:
+        """Every row feeds m tokens at its own next positions: one direct write per row, one view."""
+        if self.limit is not None and m > self.layout.max_block:
+            raise ValueError(
+                f"a batched forward feeds at most max_block={self.layout.max_block} tokens per row (got {m})"
+            )
+        plans = [lay.plan(m) for lay in self.layouts]
+        view = max(p.view for p in plans)
+        capacity = max(p.capacity for p in plans)
+        table = self._reserve(capacity)
+        queries = np.array([np.arange(p.start, p.start + m) for p in plans], dtype=np.int64)
+        slots = np.array([p.slots for p in plans], dtype=np.int64)
+        np.put_along_axis(table, slots, queries, axis=1)
+        plan = Plan(plans[0].start, m, False, 0, view, (), None, capacity, True)
+        self.forward = Forward(self.spec, plan, queries, table[:, :view].copy(), slots, None, None)
         return self.forward
 
     def trim(self, n: int) -> None:
-        """Drop the last n positions fed and mark the slots they held EMPTY (hidden until rewritten)."""
-        dropped = self.layout.trim(n)
-        if dropped and self.layout.limit is not None:
-            self.table[list(dropped)] = EMPTY
+        """Drop the last n positions fed (of every row) and mark the slots they held EMPTY."""
+        for r, lay in enumerate(self.layouts):
+            dropped = lay.trim(n)
+            if dropped and lay.limit is not None:
+                self.table[r, list(dropped)] = EMPTY
 
     def held(self) -> int:
-        """Slots in use (positions held, with EMPTY slots of a pending rollback counted)."""
-        return self.layout.held()
+        """Slots in use (positions held, with EMPTY slots of a pending rollback counted); all rows."""
+        return sum(lay.held() for lay in self.layouts)
+
+    def held_rows(self) -> list[int]:
+        """Slots in use, per row."""
+        return [lay.held() for lay in self.layouts]
 
 
 def buffer_size(have: int, need: int, limit: int | None) -> int:
@@ -222,10 +278,12 @@ def buffer_size(have: int, need: int, limit: int | None) -> int:
     return size if limit is None else min(size, limit)
 
 
-def visible_mask(spec: LayerSpec, qp: np.ndarray, kp: np.ndarray) -> np.ndarray:
-    """Boolean [len(qp), len(kp)]: which key positions each query position attends (module docstring)."""
-    q = qp[:, None]
-    k = kp[None, :]
+def visible_mask(spec: LayerSpec, qp: Any, kp: Any) -> Any:
+    """Boolean [..., len(qp), len(kp)]: which key positions each query position attends (module
+    docstring); leading dimensions are batch rows. Only operators: numpy, torch and mlx arrays alike,
+    so a backend builds masks on its device from device-resident position tables."""
+    q = qp[..., :, None]
+    k = kp[..., None, :]
     allowed = k <= q
     if spec.window is not None:
         in_window = k > q - spec.window

@@ -37,12 +37,26 @@ class Session(Protocol):
 
     max_block: int
     specs: list[LayerSpec]  # what each layer keeps under the session's policy
+    rows: int  # batch rows decoded at once (1 unless made with rows=B)
 
     @property
     def position(self) -> int: ...
 
-    def prefill(self, ids: Sequence[int], *, logits: bool = False, hidden: Iterable[int] = ()) -> Step:
-        """Feed a prompt (chunked for long prompts); the step of its last position."""
+    @property
+    def positions(self) -> list[int]:
+        """Positions fed, per batch row."""
+        ...
+
+    def prefill(
+        self, ids: Sequence[int], *, logits: bool = False, hidden: Iterable[int] = (), row: int | None = None
+    ) -> Step:
+        """Feed a prompt (chunked for long prompts); the step of its last position. A batched session
+        prefills one `row` at a time."""
+        ...
+
+    def forward_rows(self, ids: Sequence[Sequence[int]]) -> list[list[int]]:
+        """Batched session: feed every row the same number (<= max_block) of tokens, each at its own next
+        positions; the greedy token after each fed position, per row."""
         ...
 
     def forward(self, ids: Sequence[int], *, logits: bool = False, hidden: Iterable[int] = ()) -> Step:
@@ -63,6 +77,10 @@ class Session(Protocol):
 
     def state_bytes(self) -> list[int]:
         """Linear-attention layers' constant-size state bytes held now, per layer (0 for attention)."""
+        ...
+
+    def kv_row_bytes(self) -> list[int]:
+        """K/V bytes held now, per batch row (all layers)."""
         ...
 
 
@@ -109,6 +127,25 @@ class Generation:
     forwards: int = 0  # decode forwards of the model that decides the output (after prefill)
     drafted: int = 0  # tokens proposed by the drafter
     accepted: int = 0  # drafted tokens the verifier agreed with
+    position_drafted: list[int] = field(default_factory=list)  # blocks with a draft at position i (0-based)
+    position_accepted: list[int] = field(default_factory=list)  # ... whose draft at position i was accepted
+
+    def count_positions(self, drafted: int, accepted: int) -> None:
+        """Record one block: `drafted` proposals, the first `accepted` of them accepted."""
+        grow = drafted - len(self.position_drafted)
+        if grow > 0:
+            self.position_drafted += [0] * grow
+            self.position_accepted += [0] * grow
+        for i in range(drafted):
+            self.position_drafted[i] += 1
+            self.position_accepted[i] += i < accepted
+
+    @property
+    def position_acceptance(self) -> list[float]:
+        """Per draft position i: the fraction of blocks drafting position i whose draft i was accepted."""
+        return [
+            a / d if d else 0.0 for a, d in zip(self.position_accepted, self.position_drafted, strict=True)
+        ]
 
     @property
     def acceptance_length(self) -> float:
@@ -133,6 +170,34 @@ def generate(session: Session, prompt: Sequence[int], stop: Stop) -> Generation:
         out += session.forward(out[-1:]).tokens
         forwards += 1
     return Generation(out, reason, len(prompt), t1 - t0, time.perf_counter() - t1, forwards)
+
+
+def generate_batch(session: Session, prompts: Sequence[Sequence[int]], stop: Stop) -> list[Generation]:
+    """Greedy decoding of `session.rows` prompts of any lengths at once: each row is prefilled on its
+    own, then every step feeds each row its last token at that row's own next position (one batched
+    forward). Each row's tokens are exactly those of `generate` on that prompt alone; a row that has
+    stopped keeps being fed (its output is ignored) until every row has stopped."""
+    if len(prompts) != session.rows or not all(prompts):
+        raise ValueError(f"generate_batch takes {session.rows} non-empty prompts (the session's rows)")
+    t0 = time.perf_counter()
+    outs = [session.prefill(p, row=r).tokens for r, p in enumerate(prompts)]
+    prefill_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    reasons: list[StopReason | None] = [stop.check(o) for o in outs]
+    forwards = 0
+    while any(r is None for r in reasons):
+        step = session.forward_rows([o[-1:] for o in outs])
+        forwards += 1
+        for r, tokens in enumerate(step):
+            if reasons[r] is None:
+                outs[r] += tokens
+                reasons[r] = stop.check(outs[r])
+    decode_s = time.perf_counter() - t1
+    return [
+        Generation(o, reason, len(p), prefill_s, decode_s, forwards)
+        for o, reason, p in zip(outs, reasons, prompts, strict=True)
+        if reason is not None
+    ]
 
 
 def commit(out: list[int], new: Iterable[int], stop: Stop) -> tuple[int, StopReason | None]:

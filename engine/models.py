@@ -5,7 +5,7 @@ are imported lazily, so resolving a name needs neither torch nor mlx."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -37,10 +37,57 @@ class Model(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
-    def session(self, policy: Policy, max_block: int = 1, prefill_chunk: int = 512) -> Session:
-        """A fresh session (engine.decode.Session) holding K/V under `policy`; `max_block` is the largest
-        block fed at once and the largest rollback, `prefill_chunk` the prefill's forward size."""
+    @property
+    def device_name(self) -> str:
+        """The device the weights are on, e.g. `cuda:0 (NVIDIA H200)` or `cpu (x86_64)`."""
         ...
+
+    @property
+    def dtype_name(self) -> str: ...
+
+    def peak_memory_bytes(self) -> int | None:
+        """Peak accelerator memory of this process on the model's backend (None on a plain CPU)."""
+        ...
+
+    def session(self, policy: Policy, max_block: int = 1, prefill_chunk: int = 512, rows: int = 1) -> Session:
+        """A fresh session (engine.decode.Session) holding K/V under `policy`; `max_block` is the largest
+        block fed at once and the largest rollback, `prefill_chunk` the prefill's forward size, `rows`
+        the batch rows it decodes at once (engine.decode.generate_batch)."""
+        ...
+
+
+# (device, dtype, peak memory) of what this process loaded, for the reports' environment (engine.report);
+# no reference to the models themselves, which stay collectable.
+_LOADED: list[tuple[str, str, Callable[[], int | None]]] = []
+
+
+def runtime() -> dict[str, object]:
+    """Device, dtype and peak accelerator memory of the models loaded in this process ({} if none)."""
+    if not _LOADED:
+        return {}
+    peaks = [p for _, _, peak in _LOADED if (p := peak()) is not None]
+    return {
+        "device": ", ".join(dict.fromkeys(d for d, _, _ in _LOADED)),
+        "dtype": ", ".join(dict.fromkeys(t for _, t, _ in _LOADED)),
+        "peak_memory_bytes": max(peaks) if peaks else None,
+    }
+
+
+def check_device(backend: Backend, device: str) -> str:
+    """The device `device` names on `backend` (`auto` resolved); fails naming the devices there are."""
+    if backend == "torch":
+        try:
+            from engine.backends.torch import pick_device
+        except ImportError as exc:
+            raise ValueError(f"the torch backend is not available here: {exc}") from exc
+        return str(pick_device(device))
+    if backend == "mlx":
+        try:
+            from engine.backends.mlx import pick_device as pick_mlx  # type: ignore[import-not-found]
+        except ImportError as exc:
+            raise ValueError(f"the mlx backend is not available here: {exc}") from exc
+        return str(pick_mlx(device))
+    raise ValueError(f"unknown backend {backend!r}: use torch or mlx")
 
 
 def models_dirs() -> list[Path]:
@@ -77,20 +124,27 @@ def resolve(name: str) -> Path:
     )
 
 
-def load(name: str, backend: Backend = "torch", dtype: str = "float32") -> Model:
-    """Load a model and its tokenizer on `backend` (imported here: neither backend is required)."""
+def load(
+    name: str,
+    backend: Backend = "torch",
+    dtype: str = "auto",
+    device: str = "auto",
+    compile: bool | str = False,
+) -> Model:
+    """Load a model and its tokenizer on `backend` (imported here: neither backend is required) onto
+    `device` (torch: auto|cpu|cuda|cuda:N|mps; mlx: auto|gpu|cpu), checked before the weights load.
+    dtype `auto`: bfloat16 on cuda, float16 on mps / the Metal GPU, float32 on a cpu. `compile`: a
+    compiled forward (torch.compile: True or a torch.compile backend name; refused on mlx)."""
     path = resolve(name)
+    check_device(backend, device)
+    model: Model
     if backend == "torch":
-        try:
-            from engine.backends.torch import load_torch
-        except ImportError as exc:
-            raise ValueError(f"the torch backend is not available here: {exc}") from exc
+        from engine.backends.torch import load_torch
 
-        return load_torch(path, dtype)
-    if backend == "mlx":
-        try:
-            from engine.backends.mlx import load_mlx  # type: ignore[import-not-found]
-        except ImportError as exc:
-            raise ValueError(f"the mlx backend is not available here: {exc}") from exc
-        return load_mlx(path, dtype)
-    raise ValueError(f"unknown backend {backend!r}: use torch or mlx")
+        model = load_torch(path, dtype, device, compile)
+    else:
+        from engine.backends.mlx import load_mlx  # type: ignore[import-not-found]
+
+        model = load_mlx(path, dtype, device, compile)
+    _LOADED.append((model.device_name, model.dtype_name, model.peak_memory_bytes))
+    return model

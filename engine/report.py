@@ -34,7 +34,8 @@ def _memory_bytes() -> int | None:
 
 
 def environment() -> dict[str, Any]:
-    """Tool versions and the device, cheap enough to put in every report."""
+    """Tool versions and the machine, cheap enough to put in every report; where models were loaded, the
+    device they ran on, their dtype and the peak accelerator memory."""
     versions = {"python": platform.python_version()}
     for name, module in TOOLS:
         found = _version(module)
@@ -48,7 +49,15 @@ def environment() -> dict[str, Any]:
         "cpu_count": os.cpu_count() or 1,
         "memory_bytes": _memory_bytes(),
         "versions": versions,
+        **_runtime(),
     }
+
+
+def _runtime() -> dict[str, Any]:
+    """Device, dtype and peak accelerator memory of the models this process loaded (none: {})."""
+    from engine.models import runtime
+
+    return runtime()
 
 
 def subject() -> str | None:

@@ -22,7 +22,12 @@ SCHEMAS = ROOT / "gates" / "schemas"
 # kind -> the report's top-level property -> (class in engine.workloads.<kind>, a list of them?)
 PARTS: dict[str, dict[str, tuple[str, bool]]] = {
     "niah": {"config": ("Config", False), "rungs": ("Rung", True), "summary": ("Summary", False)},
-    "throughput": {"config": ("Config", False), "prompts": ("Prompt", True), "summary": ("Summary", False)},
+    "throughput": {
+        "config": ("Config", False),
+        "prompts": ("Prompt", True),
+        "batched": ("Batched", True),
+        "summary": ("Summary", False),
+    },
     "parity": {"config": ("Config", False), "runs": ("Run", True), "summary": ("Summary", False)},
     "compression": {
         "config": ("Config", False),

@@ -65,6 +65,10 @@ class LayerState(Protocol):
 
     def update(self, keys: Any, values: Any) -> tuple[Any, Any]: ...
 
+    @abstractmethod
+    def _run_rows(self, ids: list[list[int]], forwards: list[Forward]) -> list[list[int]]:
+        """One batched model forward of `ids` [rows, m], each group's `Forward` covering every row."""
+
     def trim(self, n: int) -> None: ...
 
     @property
@@ -100,9 +104,12 @@ class BaseSession(ABC):
 
     states: Sequence[Any]  # one per layer, set by the backend: LayerState, or RecurrentState (linear)
 
-    def __init__(self, geometry: Geometry, policy: Policy, max_block: int, prefill_chunk: int) -> None:
+    def __init__(
+        self, geometry: Geometry, policy: Policy, max_block: int, prefill_chunk: int, rows: int = 1
+    ) -> None:
         if prefill_chunk < 1:
             raise ValueError("prefill_chunk must be >= 1")
+        self.rows = rows
         self.policy = policy
         self.max_block = max_block
         self.prefill_chunk = prefill_chunk
@@ -115,42 +122,76 @@ class BaseSession(ABC):
             raise ValueError(
                 "a model needs at least one attention layer (this one has only linear_attention)"
             )
-        self.groups = [Group(s, t, max_block, layers) for (s, t), layers in by_key.items()]
+        self.groups = [Group(s, t, max_block, layers, rows) for (s, t), layers in by_key.items()]
         # The group of each layer; None for a linear-attention layer (the backend gives it a RecurrentState).
         self.group_of: list[Group | None] = [
             next((g for g in self.groups if i in g.layers), None) for i in range(len(self.specs))
         ]
         self.linear = [i for i, t in enumerate(geometry.layer_types) if t == LINEAR_ATTENTION]
         self.rollback = RecurrentRollback(max_block)
+        if rows > 1 and (self.linear or policy.bits):
+            what = "linear-attention layers" if self.linear else f"quantized K/V ({policy})"
+            raise ValueError(
+                f"batched decoding (rows={rows}) does not support {what} yet: decode these rows one at a time "
+                "(rows=1)"
+            )
 
     @property
     def position(self) -> int:
         return self.groups[0].position
 
-    def prefill(self, ids: Sequence[int], *, logits: bool = False, hidden: Iterable[int] = ()) -> Step:
+    @property
+    def positions(self) -> list[int]:
+        """Positions fed, per batch row."""
+        return self.groups[0].positions
+
+    def prefill(
+        self, ids: Sequence[int], *, logits: bool = False, hidden: Iterable[int] = (), row: int | None = None
+    ) -> Step:
+        """Feed a prompt (chunked); a batched session (rows > 1) prefills one `row` at a time."""
         ids = list(ids)
         if not ids:
             raise ValueError("nothing to prefill")
+        if row is None and self.rows > 1:
+            raise ValueError(
+                f"this session decodes {self.rows} rows: prefill each with row=0..{self.rows - 1}"
+            )
         chunks = [ids[i : i + self.prefill_chunk] for i in range(0, len(ids), self.prefill_chunk)]
         for chunk in chunks[:-1]:
-            self._forward(chunk, True, False, ())
-        return self._forward(chunks[-1], True, logits, tuple(hidden))
+            self._forward(chunk, True, False, (), row)
+        return self._forward(chunks[-1], True, logits, tuple(hidden), row)
 
     def forward(self, ids: Sequence[int], *, logits: bool = False, hidden: Iterable[int] = ()) -> Step:
-        return self._forward(list(ids), False, logits, tuple(hidden))
+        if self.rows > 1:
+            raise ValueError(f"this session decodes {self.rows} rows: feed them with forward_rows")
+        return self._forward(list(ids), False, logits, tuple(hidden), None)
 
-    def _forward(self, ids: list[int], last_only: bool, logits: bool, hidden: tuple[int, ...]) -> Step:
+    def forward_rows(self, ids: Sequence[Sequence[int]]) -> list[list[int]]:
+        """Feed every row m <= max_block tokens at its own next positions in one batched forward; the
+        greedy token after each fed position, per row (the one host copy of the forward)."""
+        rows = [list(r) for r in ids]
+        if len(rows) != self.rows or len({len(r) for r in rows}) != 1 or not rows[0]:
+            raise ValueError(f"forward_rows takes {self.rows} rows of the same length >= 1")
+        return self._run_rows(rows, [g.advance(len(rows[0])) for g in self.groups])
+
+    def _forward(
+        self, ids: list[int], last_only: bool, logits: bool, hidden: tuple[int, ...], row: int | None
+    ) -> Step:
         if bad := [i for i in hidden if not 0 <= i <= len(self.specs)]:
             raise ValueError(f"no hidden state {bad[0]}: layers are 0 (embeddings) to {len(self.specs)}")
         if self.linear:
             self.rollback.record(self.position, ids, [self.states[i].snapshot() for i in self.linear])
-        return self._run(ids, [g.advance(len(ids)) for g in self.groups], last_only, logits, hidden)
+        return self._run(ids, [g.advance(len(ids), row or 0) for g in self.groups], last_only, logits, hidden)
 
     @abstractmethod
     def _run(
         self, ids: list[int], forwards: list[Forward], last_only: bool, logits: bool, hidden: tuple[int, ...]
     ) -> Step:
         """One model forward of `ids` with each group's planned `Forward` (in `self.groups` order)."""
+
+    @abstractmethod
+    def _run_rows(self, ids: list[list[int]], forwards: list[Forward]) -> list[list[int]]:
+        """One batched model forward of `ids` [rows, m], each group's `Forward` covering every row."""
 
     def trim(self, n: int) -> None:
         if self.linear and n:
@@ -181,7 +222,7 @@ class BaseSession(ABC):
         for i, snap in zip(self.linear, snapshots, strict=True):
             self.states[i].restore(snap)
         if replay:
-            self._forward(replay, False, False, ())
+            self._forward(replay, False, False, (), None)
 
     def kv_bytes(self) -> list[int]:
         return [s.nbytes for s in self.states]
@@ -192,6 +233,18 @@ class BaseSession(ABC):
 
     def kv_allocated_bytes(self) -> list[int]:
         return [s.allocated_bytes for s in self.states]
+
+    def kv_row_bytes(self) -> list[int]:
+        """K/V bytes held now, per batch row (all layers)."""
+        out = [0] * self.rows
+        for state, g in zip(self.states, self.group_of, strict=True):
+            if g is None:  # a linear-attention layer: no K/V
+                continue
+            held = g.held_rows()
+            if total := sum(held):
+                for r, h in enumerate(held):
+                    out[r] += state.nbytes * h // total
+        return out
 
 
 class RecurrentRollback:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import json
+import platform
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -48,7 +49,7 @@ from mlx_lm.utils import load_config, load_model
 from transformers import AutoConfig, AutoTokenizer
 
 from engine.backends.base import BaseSession, Tokenized
-from engine.cache import Forward, Group, buffer_size, visible_mask
+from engine.cache import EMPTY, Forward, Group, buffer_size, visible_mask
 from engine.decode import Step
 from engine.geometry import FULL_ATTENTION, LINEAR_ATTENTION, SLIDING_ATTENTION, Geometry
 from engine.policy import Policy
@@ -59,8 +60,30 @@ DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 PLAIN_HEAD = frozenset({"gemma3_text", "qwen3", "qwen2", "llama", "mistral"})
 
 
+def pick_device(device: str = "auto") -> mx.Device:
+    """`auto` (MLX's default device: the Metal GPU on Apple Silicon), `gpu` or `cpu`; one that is not
+    here fails naming those that are."""
+    have = {"cpu": mx.cpu} | ({"gpu": mx.gpu} if mx.is_available(mx.gpu) else {})
+    if device == "auto":
+        return mx.default_device()
+    if device not in have:
+        raise ValueError(f"device {device!r} is not available here; mlx devices here: {', '.join(have)}")
+    return mx.Device(have[device])
+
+
+def pick_dtype(dtype: str, device: mx.Device) -> mx.Dtype:
+    """`auto`: float16 on the Metal GPU, float32 on the cpu; else one of DTYPES."""
+    if dtype == "auto":
+        return mx.float16 if device.type == mx.gpu else mx.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}: use auto or one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
 class GroupArrays:
-    """One group's current `Forward` as mlx arrays and the mask mlx-lm asks for, shared by its layers."""
+    """One group's current `Forward` as mlx arrays and the mask mlx-lm asks for, shared by its layers.
+    The mask is built from a device copy of the group's slot -> position table, to which a decode step
+    writes only its new positions (the whole table is copied after a prefill chunk, a growth, a trim)."""
 
     def __init__(self, group: Group, native_window: int | None) -> None:
         self.group = group
@@ -69,16 +92,38 @@ class GroupArrays:
         self.asked = False  # make_mask was called for this forward
         self.slots: mx.array | None = None  # written slots, when not a contiguous range
         self.keep: mx.array | None = None  # concat: rows of the block that are written
+        self.queries = mx.zeros((0,), dtype=mx.int64)  # positions fed ([rows, m] when batched)
+        self.table = mx.full((group.rows, 0), EMPTY, dtype=mx.int64)
+        self.stale = False  # the host table changed in a way not mirrored here (a trim)
 
     def load(self, fwd: Forward) -> None:
         self.asked = False
+        plan, host = fwd.plan, self.group.table
         self.slots = None if fwd.slots is None else mx.array(fwd.slots, dtype=mx.int32)
         self.keep = None if fwd.keep is None else mx.array(fwd.keep, dtype=mx.int32)
+        if fwd.row is None:
+            self.queries = mx.array(fwd.queries)
+        else:
+            self.queries = mx.arange(plan.start, plan.start + plan.m, dtype=mx.int64)
+        if self.stale or plan.concat or tuple(self.table.shape) != host.shape:
+            self.table, self.stale = mx.array(host), False
+        elif fwd.row is None:
+            assert self.slots is not None
+            self.table = mx.put_along_axis(self.table, self.slots, self.queries, axis=1)
+        elif rng := plan.slot_range:
+            self.table[fwd.row, rng[0] : rng[1]] = self.queries
+        else:
+            self.table[fwd.row, self.slots] = self.queries
         if fwd.causal:
             self.mask = "causal"  # slots are positions 0..end-1: mlx's bottom-right aligned causal mask
+        elif not plan.mask:
+            self.mask = None
+        elif plan.concat:
+            self.mask = visible_mask(fwd.spec, self.queries, mx.array(fwd.keys))
+        elif fwd.row is None:  # [rows, 1, m, view]
+            self.mask = visible_mask(fwd.spec, self.queries, self.table[:, : plan.view])[:, None]
         else:
-            mask = fwd.mask()
-            self.mask = None if mask is None else mx.array(mask)
+            self.mask = visible_mask(fwd.spec, self.queries, self.table[fwd.row, : plan.view])
 
 
 class KV:
@@ -93,8 +138,11 @@ class KV:
         self.values: mx.array | None = None
 
     @property
-    def offset(self) -> int:
+    def offset(self) -> int | mx.array:
+        """RoPE offset: the first position fed (per row, as an array, in a batched forward)."""
         fwd = self.group.forward
+        if fwd is not None and fwd.row is None:
+            return self.arrays.queries[:, 0]
         return 0 if fwd is None else fwd.start
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> Any:
@@ -119,33 +167,40 @@ class KV:
         if self.keys is None or self.values is None or self.keys.shape[2] < plan.capacity:
             self._grow(keys, values, plan.capacity)
         assert self.keys is not None and self.values is not None
+        if fwd.row is None:  # every row at its own slots
+            assert self.arrays.slots is not None
+            index = self.arrays.slots[:, None, :, None]
+            self.keys = mx.put_along_axis(self.keys, index, keys, axis=2)
+            self.values = mx.put_along_axis(self.values, index, values, axis=2)
+            return self.keys[:, :, : plan.view], self.values[:, :, : plan.view]
+        r = slice(fwd.row, fwd.row + 1)  # the row fed (all of an unbatched cache)
         if plan.concat:
-            ko = mx.concatenate((self.keys[:, :, : plan.old_view], keys), axis=2)
-            vo = mx.concatenate((self.values[:, :, : plan.old_view], values), axis=2)
+            ko = mx.concatenate((self.keys[r, :, : plan.old_view], keys), axis=2)
+            vo = mx.concatenate((self.values[r, :, : plan.old_view], values), axis=2)
             if (keep := self.arrays.keep) is not None:
                 keys, values = keys[:, :, keep], values[:, :, keep]
-            self._write(keys, values, fwd)
+            self._write(r, keys, values, fwd)
             return ko, vo
-        self._write(keys, values, fwd)
-        return self.keys[:, :, : plan.view], self.values[:, :, : plan.view]
+        self._write(r, keys, values, fwd)
+        return self.keys[r, :, : plan.view], self.values[r, :, : plan.view]
 
     update_and_fetch = update  # the name mlx-lm models call
 
-    def _write(self, keys: mx.array, values: mx.array, fwd: Forward) -> None:
+    def _write(self, r: slice, keys: mx.array, values: mx.array, fwd: Forward) -> None:
         assert self.keys is not None and self.values is not None
         if rng := fwd.plan.slot_range:
-            self.keys[:, :, rng[0] : rng[1]] = keys
-            self.values[:, :, rng[0] : rng[1]] = values
+            self.keys[r, :, rng[0] : rng[1]] = keys
+            self.values[r, :, rng[0] : rng[1]] = values
         else:
-            self.keys[:, :, self.arrays.slots] = keys
-            self.values[:, :, self.arrays.slots] = values
+            self.keys[r, :, self.arrays.slots] = keys
+            self.values[r, :, self.arrays.slots] = values
 
     def _grow(self, keys: mx.array, values: mx.array, need: int) -> None:
         have = 0 if self.keys is None else self.keys.shape[2]
         size = buffer_size(have, need, self.group.limit)
-        b, h, _, d = keys.shape
-        kb = mx.zeros((b, h, size, d), keys.dtype)
-        vb = mx.zeros((b, h, size, values.shape[3]), values.dtype)
+        _, h, _, d = keys.shape
+        kb = mx.zeros((self.group.rows, h, size, d), keys.dtype)
+        vb = mx.zeros((self.group.rows, h, size, values.shape[3]), values.dtype)
         if self.keys is not None and self.values is not None:
             kb[:, :, :have] = self.keys
             vb[:, :, :have] = self.values
@@ -169,8 +224,8 @@ class KV:
         """K/V bytes of the positions held."""
         if self.keys is None or self.values is None:
             return 0
-        b, h, _, d = self.keys.shape
-        return self.group.held() * b * h * (d + self.values.shape[3]) * self.keys.itemsize
+        _, h, _, d = self.keys.shape
+        return self.group.held() * h * (d + self.values.shape[3]) * self.keys.itemsize  # held: all rows
 
     @property
     def allocated_bytes(self) -> int:
@@ -318,7 +373,7 @@ class QuantizedKV(KV):
 
 
 class MLXModel(Tokenized):
-    """An mlx-lm causal LM (batch 1) with its tokenizer; makes policy-cached sessions."""
+    """An mlx-lm causal LM with its tokenizer, run on one device; makes policy-cached sessions."""
 
     def __init__(
         self, model: nn.Module, config: dict[str, Any], tokenizer: Any = None, path: Path | None = None
@@ -340,8 +395,26 @@ class MLXModel(Tokenized):
     def dtype(self) -> mx.Dtype:
         return self.model.model.embed_tokens.weight.dtype if hasattr(self.model, "model") else mx.float32
 
-    def session(self, policy: Policy, max_block: int = 1, prefill_chunk: int = 512) -> MLXSession:
-        return MLXSession(self, policy, max_block, prefill_chunk)
+    device: mx.Device = mx.default_device()  # where the forwards run (load_mlx sets it)
+
+    @property
+    def device_name(self) -> str:
+        info = mx.device_info() if self.device.type == mx.gpu else {}
+        name = info.get("device_name") or platform.processor() or platform.machine()
+        return f"{'gpu' if self.device.type == mx.gpu else 'cpu'} ({name})"
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("mlx.core.")
+
+    def peak_memory_bytes(self) -> int | None:
+        """MLX's peak memory (the Metal GPU's; None on the cpu)."""
+        return int(mx.get_peak_memory()) if self.device.type == mx.gpu else None
+
+    def session(
+        self, policy: Policy, max_block: int = 1, prefill_chunk: int = 512, rows: int = 1
+    ) -> MLXSession:
+        return MLXSession(self, policy, max_block, prefill_chunk, rows)
 
     def logits(self, ids: mx.array, cache: list[Any] | None = None, keep: int | None = None) -> mx.array:
         """Logits [1, keep or m, vocab] of one forward of `ids` [1, m] (keep: only the last rows).
@@ -423,8 +496,10 @@ def _check_layer_types(model: nn.Module, layer_types: list[str]) -> None:
 class MLXSession(BaseSession):
     """One policy cache on an MLXModel: the `engine.decode.Session` interface."""
 
-    def __init__(self, model: MLXModel, policy: Policy, max_block: int = 1, prefill_chunk: int = 512) -> None:
-        super().__init__(model.geometry, policy, max_block, prefill_chunk)
+    def __init__(
+        self, model: MLXModel, policy: Policy, max_block: int = 1, prefill_chunk: int = 512, rows: int = 1
+    ) -> None:
+        super().__init__(model.geometry, policy, max_block, prefill_chunk, rows)
         self.owner = model
         self.arrays = [GroupArrays(g, model.sliding_window) for g in self.groups]
         arrays_of = {id(a.group): a for a in self.arrays}
@@ -439,22 +514,37 @@ class MLXSession(BaseSession):
             for i, g in enumerate(self.group_of)
         ]
 
-    def _run(
-        self, ids: list[int], forwards: list[Forward], last_only: bool, logits: bool, hidden: tuple[int, ...]
-    ) -> Step:
+    def trim(self, n: int) -> None:
+        super().trim(n)
+        for a in self.arrays:
+            a.stale = True  # trimmed slots are EMPTY in the host table: re-copied on the next forward
+
+    def _call(self, ids: list[list[int]], forwards: list[Forward], keep: int | None) -> mx.array:
         for a, fwd in zip(self.arrays, forwards, strict=True):
             a.load(fwd)
-        with hidden_states(self.owner.model, hidden) as states:
-            rows = self.owner.logits(mx.array([ids]), self.cache, 1 if last_only else None)[0]
+        out = self.owner.logits(mx.array(ids), self.cache, keep)
         if missed := [a.group.layer_type for a in self.arrays if not a.asked]:
             raise ValueError(
                 f"the mlx-lm code of this model applies another layer's mask to its {missed[0]} layers: "
                 "it groups its layers differently from the config's layer_types; not supported by the mlx backend"
             )
-        tokens = mx.argmax(rows, axis=-1)
-        kept = {i: states[i][0, -rows.shape[0] :] for i in hidden}
-        mx.eval(tokens, [c.state for c in self.cache], list(kept.values()), rows if logits else [])
+        return out
+
+    def _run(
+        self, ids: list[int], forwards: list[Forward], last_only: bool, logits: bool, hidden: tuple[int, ...]
+    ) -> Step:
+        with mx.stream(self.owner.device), hidden_states(self.owner.model, hidden) as states:
+            rows = self._call([ids], forwards, 1 if last_only else None)[0]
+            tokens = mx.argmax(rows, axis=-1)
+            kept = {i: states[i][0, -rows.shape[0] :] for i in hidden}
+            mx.eval(tokens, [c.state for c in self.cache], list(kept.values()), rows if logits else [])
         return Step([int(t) for t in tokens.tolist()], rows if logits else None, kept)  # type: ignore[union-attr]
+
+    def _run_rows(self, ids: list[list[int]], forwards: list[Forward]) -> list[list[int]]:
+        with mx.stream(self.owner.device):
+            tokens = mx.argmax(self._call(ids, forwards, None), axis=-1)
+            mx.eval(tokens, [c.state for c in self.cache])
+        return tokens.tolist()  # type: ignore[return-value]
 
 
 def mlx_config(path: Path) -> dict[str, Any]:
@@ -532,19 +622,27 @@ def _pattern(types: list[str]) -> int:
     )
 
 
-def load_mlx(path: Path, dtype: str = "float32") -> MLXModel:
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+def load_mlx(path: Path, dtype: str = "auto", device: str = "auto", compile: bool | str = False) -> MLXModel:
+    """Load an mlx-lm model to run on `device` (checked before the weights load) in `dtype`."""
+    if compile:
+        raise ValueError(
+            "compile is not supported on the mlx backend: the policy cache updates its buffers from Python "
+            "inside the forward, which mx.compile cannot trace; run without compile"
+        )
+    dev = pick_device(device)
+    want = pick_dtype(dtype, dev)
     extra = mlx_config(path)
     model, _ = load_model(path, model_config=extra)
-    if dtype != "float32" or _weights_dtype(model) != mx.float32:
-        model.set_dtype(DTYPES[dtype])
+    if want != mx.float32 or _weights_dtype(model) != mx.float32:
+        model.set_dtype(want)
     config = {**load_config(path), **extra, **_transformers_view(path)}
     has_tokenizer = any(
         (path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
     )
     tokenizer = AutoTokenizer.from_pretrained(str(path)) if has_tokenizer else None
-    return MLXModel(model, config, tokenizer, path)
+    out = MLXModel(model, config, tokenizer, path)
+    out.device = dev
+    return out
 
 
 def _transformers_view(path: Path) -> dict[str, Any]:

@@ -18,15 +18,17 @@ token with a state runs the recurrent step (and updates the convolution state in
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from engine.backends.base import BaseSession, Tokenized
-from engine.cache import Forward, Group, buffer_size
+from engine.cache import EMPTY, Forward, Group, buffer_size, visible_mask
 from engine.decode import Step
 from engine.geometry import LINEAR_ATTENTION, Geometry
 from engine.policy import Policy
@@ -34,17 +36,111 @@ from engine.policy import Policy
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class GroupTensors:
-    """One group's current `Forward` as torch index tensors, shared by the group's layers."""
+def devices() -> list[str]:
+    """The torch devices present here."""
+    out = ["cpu"]
+    if torch.cuda.is_available():
+        out += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    if torch.backends.mps.is_available():
+        out.append("mps")
+    return out
 
-    def __init__(self, group: Group) -> None:
+
+def pick_device(device: str = "auto") -> torch.device:
+    """`auto` (cuda, else mps, else cpu), `cpu`, `cuda`, `cuda:N` or `mps`; one that is not here fails
+    naming those that are."""
+    have = devices()
+    if device == "auto":
+        name = "cuda:0" if "cuda:0" in have else "mps" if "mps" in have else "cpu"
+    else:
+        name = "cuda:0" if device == "cuda" else device
+    if name not in have:
+        raise ValueError(f"device {device!r} is not available here; torch devices here: {', '.join(have)}")
+    return torch.device(name)
+
+
+def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """`auto`: bfloat16 on cuda, float16 on mps, float32 on the cpu; else one of DTYPES."""
+    if dtype == "auto":
+        return {"cuda": torch.bfloat16, "mps": torch.float16}.get(device.type, torch.float32)
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}: use auto or one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return f"{device.type} ({platform.processor() or platform.machine()})"
+
+
+def peak_memory_bytes() -> int | None:
+    """Peak accelerator memory allocated by torch in this process (None without an accelerator)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return int(max(torch.cuda.max_memory_allocated(i) for i in range(torch.cuda.device_count())))
+    if torch.backends.mps.is_available():
+        return int(torch.mps.driver_allocated_memory())
+    return None
+
+
+class GroupTensors:
+    """One group's current `Forward` as tensors on the model's device, shared by the group's layers: the
+    written slots and rows, the query positions, and a device copy of the group's slot -> position
+    table from which the mask is built on the device. A decode step copies only its new positions and
+    slots ([rows, m]) to the device, a rollback the slots it empties; the whole table is copied after a
+    prefill chunk or a growth."""
+
+    def __init__(self, group: Group, device: torch.device) -> None:
         self.group = group
+        self.device = device
         self.slots: torch.Tensor | None = None  # written slots, when not a contiguous range
         self.keep: torch.Tensor | None = None  # concat: rows of the block that are written
+        self.queries = torch.zeros((0,), dtype=torch.int64, device=device)  # positions fed
+        self.table = torch.full((group.rows, 0), EMPTY, dtype=torch.int64, device=device)
+        self.stale = False  # the host table changed in a way not mirrored here
+
+    def _dev(self, a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a).to(self.device, non_blocking=True)
 
     def load(self, fwd: Forward) -> None:
-        self.slots = None if fwd.slots is None else torch.from_numpy(fwd.slots)
-        self.keep = None if fwd.keep is None else torch.from_numpy(fwd.keep)
+        host, plan = self.group.table, fwd.plan
+        self.slots = None if fwd.slots is None else self._dev(fwd.slots)
+        self.keep = None if fwd.keep is None else self._dev(fwd.keep)
+        if fwd.row is None:
+            self.queries = self._dev(fwd.queries)
+        else:
+            self.queries = torch.arange(plan.start, plan.start + plan.m, device=self.device)
+        resync = self.stale or plan.concat or self.table.shape != host.shape
+        if resync:
+            self.table, self.stale = self._dev(host), False
+        elif fwd.row is None:
+            assert self.slots is not None
+            self.table.scatter_(1, self.slots, self.queries)
+        elif rng := plan.slot_range:
+            self.table[fwd.row, rng[0] : rng[1]] = self.queries
+        else:
+            assert self.slots is not None
+            self.table[fwd.row].index_copy_(0, self.slots, self.queries)
+
+    def drop(self, slots: list[list[int]] | None) -> None:
+        """Mark the slots of a rollback ([rows, n]) EMPTY, as the group did in the host table."""
+        if slots and slots[0] and self.table.shape == self.group.table.shape:
+            self.table.scatter_(1, torch.tensor(slots, device=self.device), EMPTY)
+        elif slots and slots[0]:
+            self.stale = True
+
+    def mask(self, fwd: Forward) -> torch.Tensor | None:
+        """Boolean mask [rows, 1, m, keys] on the device, or None when every attended slot is visible."""
+        if not fwd.plan.mask:
+            return None
+        if fwd.plan.concat:
+            keys = self._dev(fwd.keys)[None]
+        elif fwd.row is None:
+            keys = self.table[:, : fwd.plan.view]
+        else:
+            keys = self.table[fwd.row : fwd.row + 1, : fwd.plan.view]
+        queries = self.queries if fwd.row is None else self.queries[None]
+        return visible_mask(fwd.spec, queries, keys)[:, None]
 
 
 class KV:
@@ -65,32 +161,43 @@ class KV:
             self._grow(key, value, plan.capacity)
         kb, vb = self.k, self.v
         assert kb is not None and vb is not None
+        if fwd.row is None:  # every row at its own slots
+            assert self.tensors.slots is not None
+            b, h, m, _ = key.shape
+            index = self.tensors.slots[:, None, :, None]
+            kb.scatter_(2, index.expand(b, h, m, kb.shape[3]), key)
+            vb.scatter_(2, index.expand(b, h, m, vb.shape[3]), value)
+            return kb[:, :, : plan.view], vb[:, :, : plan.view]
+        if self.group.rows > 1:  # one row's prefill
+            kb, vb = kb[fwd.row : fwd.row + 1], vb[fwd.row : fwd.row + 1]
         if plan.concat:
             ko = torch.cat((kb[:, :, : plan.old_view], key), dim=2)
             vo = torch.cat((vb[:, :, : plan.old_view], value), dim=2)
             if (keep := self.tensors.keep) is not None:
                 key, value = key.index_select(2, keep), value.index_select(2, keep)
-            self._write(key, value, fwd)
+            self._write(kb, vb, key, value, fwd)
             return ko, vo
-        self._write(key, value, fwd)
+        self._write(kb, vb, key, value, fwd)
         return kb[:, :, : plan.view], vb[:, :, : plan.view]
 
-    def _write(self, key: torch.Tensor, value: torch.Tensor, fwd: Forward) -> None:
-        assert self.k is not None and self.v is not None
+    def _write(
+        self, kb: torch.Tensor, vb: torch.Tensor, key: torch.Tensor, value: torch.Tensor, fwd: Forward
+    ) -> None:
         if rng := fwd.plan.slot_range:
-            self.k[:, :, rng[0] : rng[1]] = key
-            self.v[:, :, rng[0] : rng[1]] = value
+            kb[:, :, rng[0] : rng[1]] = key
+            vb[:, :, rng[0] : rng[1]] = value
         else:
             assert self.tensors.slots is not None
-            self.k.index_copy_(2, self.tensors.slots, key)
-            self.v.index_copy_(2, self.tensors.slots, value)
+            kb.index_copy_(2, self.tensors.slots, key)
+            vb.index_copy_(2, self.tensors.slots, value)
 
     def _grow(self, key: torch.Tensor, value: torch.Tensor, need: int) -> None:
         have = 0 if self.k is None else self.k.shape[2]
         size = buffer_size(have, need, self.group.limit)
-        b, h, _, d = key.shape
-        kb = key.new_empty((b, h, size, d))
-        vb = value.new_empty((b, h, size, value.shape[3]))
+        _, h, _, d = key.shape
+        # zeros: a batch row shorter than the view attends (masked) slots it never wrote
+        kb = key.new_zeros((self.group.rows, h, size, d))
+        vb = value.new_zeros((self.group.rows, h, size, value.shape[3]))
         if self.k is not None and self.v is not None:
             kb[:, :, :have] = self.k
             vb[:, :, :have] = self.v
@@ -103,8 +210,8 @@ class KV:
     def nbytes(self) -> int:
         if self.k is None or self.v is None:
             return 0
-        slot = (self.k[0, :, 0].numel() + self.v[0, :, 0].numel()) * self.k.element_size() * self.k.shape[0]
-        return self.group.held() * slot
+        slot = (self.k[0, :, 0].numel() + self.v[0, :, 0].numel()) * self.k.element_size()
+        return self.group.held() * slot  # held: summed over the rows
 
     @property
     def allocated_bytes(self) -> int:
@@ -303,10 +410,21 @@ class PolicyCache:
 
 
 class TorchModel(Tokenized):
-    """A transformers causal LM (batch 1) with its tokenizer; makes policy-cached sessions."""
+    """A transformers causal LM with its tokenizer, on one device; makes policy-cached sessions.
 
-    def __init__(self, model: Any, tokenizer: Any = None, path: Path | None = None) -> None:
+    `compile`: run the model's forwards through `torch.compile` (True: inductor, or a torch.compile
+    backend name) with dynamic shapes (the attended view grows; the cache's bookkeeping runs eagerly
+    between graphs). Outputs stay exact in float32 (tests/engine/test_batch.py, with dynamo's `eager`
+    backend: on a cpu inductor compiles for minutes, for no gain at these sizes)."""
+
+    def __init__(
+        self, model: Any, tokenizer: Any = None, path: Path | None = None, compile: bool | str = False
+    ) -> None:
         self.model = model.eval()
+        self.device: torch.device = next(model.parameters()).device
+        self.compiled = compile
+        backend = "inductor" if compile is True else compile
+        self.run = torch.compile(self.model, dynamic=True, backend=backend) if backend else self.model
         self.tokenizer = tokenizer
         self.path = path
         config = model.config
@@ -322,19 +440,34 @@ class TorchModel(Tokenized):
         self.additive_masks = impl == "eager"  # eager adds the mask to the scores; sdpa takes booleans
         self.dtype: torch.dtype = next(model.parameters()).dtype
 
-    def session(self, policy: Policy, max_block: int = 1, prefill_chunk: int = 512) -> TorchSession:
-        return TorchSession(self, policy, max_block, prefill_chunk)
+    @property
+    def device_name(self) -> str:
+        return device_name(self.device)
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    def peak_memory_bytes(self) -> int | None:
+        return peak_memory_bytes()
+
+    def session(
+        self, policy: Policy, max_block: int = 1, prefill_chunk: int = 512, rows: int = 1
+    ) -> TorchSession:
+        return TorchSession(self, policy, max_block, prefill_chunk, rows)
 
 
 class TorchSession(BaseSession):
-    """One policy cache on a TorchModel: the `engine.decode.Session` interface."""
+    """One policy cache on a TorchModel: the `engine.decode.Session` interface. Every tensor it makes
+    (K/V buffers, masks, slot and position tensors) lives on the model's device."""
 
     def __init__(
-        self, model: TorchModel, policy: Policy, max_block: int = 1, prefill_chunk: int = 512
+        self, model: TorchModel, policy: Policy, max_block: int = 1, prefill_chunk: int = 512, rows: int = 1
     ) -> None:
-        super().__init__(model.geometry, policy, max_block, prefill_chunk)
+        super().__init__(model.geometry, policy, max_block, prefill_chunk, rows)
         self.owner = model
-        self.tensors = [GroupTensors(g) for g in self.groups]
+        self.device = model.device
+        self.tensors = [GroupTensors(g, model.device) for g in self.groups]
         tensors_of = {id(t.group): t for t in self.tensors}
         kernel = model.geometry.linear_conv_kernel
         bits = policy.bits
@@ -348,61 +481,84 @@ class TorchSession(BaseSession):
             for g in self.group_of
         ]
         self.cache = PolicyCache(self, self.states)
+        self._ones = torch.ones((1, 1, 1, 0), dtype=torch.bool, device=self.device)
 
     @torch.inference_mode()
-    def _run(
-        self, ids: list[int], forwards: list[Forward], last_only: bool, logits: bool, hidden: tuple[int, ...]
-    ) -> Step:
-        m = len(ids)
-        start = forwards[0].start
+    def trim(self, n: int) -> None:
+        # The slots the groups mark EMPTY (bounded layouts), to mark on the device copies as well.
+        dropped = [
+            [[lay.slot(p) for p in range(lay.n - n, lay.n)] for lay in g.layouts]
+            if g.limit is not None
+            else None
+            for g in self.groups
+        ]
+        super().trim(n)
+        for t, slots in zip(self.tensors, dropped, strict=True):
+            t.drop(slots)
+
+    def _call(self, ids: torch.Tensor, forwards: list[Forward], last_only: bool, hidden: bool) -> Any:
         by_type: dict[str, torch.Tensor | None] = {}
         for g, t, fwd in zip(self.groups, self.tensors, forwards, strict=True):
             t.load(fwd)
-            mask = fwd.mask()
-            by_type[g.layer_type] = None if mask is None else self._mask(torch.from_numpy(mask)[None, None])
+            mask = t.mask(fwd)
+            by_type[g.layer_type] = None if mask is None else self._mask(mask)
         if self.linear:
             by_type[LINEAR_ATTENTION] = None  # no padding: the linear layers take no mask
         if len(by_type) == 1:
             attention_mask: Any = next(iter(by_type.values()))
             if attention_mask is None:  # a model without dict masks needs some prepared 4-D mask
-                attention_mask = self._mask(_all_visible(forwards[0].keys.size))
+                attention_mask = self._mask(self._all_visible(forwards[0].plan.view))
         else:
             attention_mask = by_type
-        out = self.owner.model(
-            input_ids=torch.tensor([ids]),
-            position_ids=torch.arange(start, start + m)[None],
+        queries = self.tensors[0].queries
+        return self.owner.run(
+            input_ids=ids,
+            position_ids=queries if queries.dim() == 2 else queries[None],
             past_key_values=self.cache,
             attention_mask=attention_mask,
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
-            output_hidden_states=bool(hidden),
+            output_hidden_states=hidden,
         )
+
+    @torch.inference_mode()
+    def _run(
+        self, ids: list[int], forwards: list[Forward], last_only: bool, logits: bool, hidden: tuple[int, ...]
+    ) -> Step:
+        out = self._call(torch.tensor([ids], device=self.device), forwards, last_only, bool(hidden))
         rows = out.logits[0]
         states = {i: out.hidden_states[i][0, -rows.shape[0] :] for i in hidden}
         return Step(rows.argmax(-1).tolist(), rows if logits else None, states)
 
+    @torch.inference_mode()
+    def _run_rows(self, ids: list[list[int]], forwards: list[Forward]) -> list[list[int]]:
+        out = self._call(torch.tensor(ids, device=self.device), forwards, False, False)
+        return out.logits.argmax(-1).tolist()
+
     def _mask(self, mask: torch.Tensor) -> torch.Tensor:
         return _additive(mask, self.owner.dtype) if self.owner.additive_masks else mask
 
+    def _all_visible(self, n: int) -> torch.Tensor:
+        """A prepared all-True mask for one query over n slots (models without a dict mask need a 4-D
+        mask; only an unbatched direct forward has no mask of its own)."""
+        if self._ones.shape[-1] < n:
+            self._ones = torch.ones(
+                (1, 1, 1, max(n, 2 * self._ones.shape[-1], 1024)), dtype=torch.bool, device=self.device
+            )
+        return self._ones[..., :n]
+
 
 def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, torch.finfo(dtype).min)
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+        ~mask, torch.finfo(dtype).min
+    )
 
 
-_ONES = torch.ones((1, 1, 1, 0), dtype=torch.bool)
-
-
-def _all_visible(n: int) -> torch.Tensor:
-    """A prepared all-True mask for one query over n slots (models without a dict mask need a 4-D mask)."""
-    global _ONES
-    if _ONES.shape[-1] < n:
-        _ONES = torch.ones((1, 1, 1, max(n, 2 * _ONES.shape[-1], 1024)), dtype=torch.bool)
-    return _ONES[..., :n]
-
-
-def load_torch(path: Path, dtype: str = "float32") -> TorchModel:
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
+def load_torch(
+    path: Path, dtype: str = "auto", device: str = "auto", compile: bool | str = False
+) -> TorchModel:
+    """Load a transformers model on `device` (checked before the weights load) in `dtype`."""
+    dev = pick_device(device)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=pick_dtype(dtype, dev)).to(dev)
     tokenizer = AutoTokenizer.from_pretrained(str(path))
-    return TorchModel(model, tokenizer, path)
+    return TorchModel(model, tokenizer, path, compile)

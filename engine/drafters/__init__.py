@@ -1,7 +1,22 @@
 """Drafters for engine.speculative (each behind its `Drafter` protocol): prompt lookup, a model, a
-masked-diffusion proposer (engine.drafters.diffusion, loaded with `load_dlm`)."""
+masked-diffusion proposer (engine.drafters.diffusion, loaded with `load_dlm`), and (engine.drafters.block,
+PyTorch, imported on use) the block drafter on the verifier's hidden states."""
+
+import json
+from pathlib import Path
 
 from engine.drafters.model import ModelDrafter
 from engine.drafters.prompt_lookup import PromptLookupDrafter
 
-__all__ = ["ModelDrafter", "PromptLookupDrafter"]
+BLOCK_MODEL_TYPE = "kakeya_block_drafter"
+
+
+def is_block_drafter(path: Path) -> bool:
+    """A block drafter directory (engine/drafters/block.py): its config.json's model_type says so."""
+    try:
+        return json.loads((path / "config.json").read_text()).get("model_type") == BLOCK_MODEL_TYPE
+    except (OSError, ValueError):
+        return False
+
+
+__all__ = ["BLOCK_MODEL_TYPE", "ModelDrafter", "PromptLookupDrafter", "is_block_drafter"]

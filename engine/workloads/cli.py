@@ -25,6 +25,7 @@ class ModelConfig(BaseModel):
     model: str
     backend: str
     dtype: str
+    device: str = "auto"
 
 
 def add_model_args(parser: argparse.ArgumentParser, *, backend: bool = True) -> None:
@@ -36,6 +37,11 @@ def add_model_args(parser: argparse.ArgumentParser, *, backend: bool = True) -> 
     if backend:
         parser.add_argument("--backend", choices=("torch", "mlx"), default="torch")
     parser.add_argument("--dtype", choices=tuple(ITEMSIZE), default="float32")
+    parser.add_argument(
+        "--device",
+        default="auto",
+        help="torch: auto|cpu|cuda|cuda:N|mps; mlx: auto|gpu|cpu (auto: the accelerator)",
+    )
     parser.add_argument(
         "--threads", type=int, default=0, help="torch/OpenMP threads (0: leave the library default)"
     )
@@ -52,6 +58,13 @@ def set_threads(threads: int) -> None:
         except ImportError:
             return
         torch.set_num_threads(threads)
+
+
+def check_device(backend: str, device: str) -> None:
+    """A device that is not there fails here, before any weights load (the workloads exit 2 on it)."""
+    from engine.models import check_device as check
+
+    check(backend, device)  # type: ignore[arg-type]
 
 
 def policies(text: str, *, allow_full: bool = True) -> list[Policy]:

@@ -224,8 +224,10 @@ def _prompt(model: engine.Model, n: int) -> list[int]:
 def cross_check(config: Config, geo: Geometry, dgeo: Geometry | None) -> list[Check]:
     """Prefill each check length under each policy (batch 1); measured K/V bytes vs the formula."""
 
-    model = engine.load(config.model, config.backend, config.dtype)
-    dmodel = None if dgeo is None else engine.load(config.drafter, config.backend, config.dtype)
+    model = engine.load(config.model, config.backend, config.dtype, config.device)
+    dmodel = (
+        None if dgeo is None else engine.load(config.drafter, config.backend, config.dtype, config.device)
+    )
     jobs: list[tuple[str, engine.Model, engine.Policy, Geometry, int]] = []
     for text in ["full", *config.policies]:
         policy = engine.parse_policy(text)
@@ -382,12 +384,14 @@ def main(argv: list[str] | None = None) -> int:
         help="prompt lengths prefilled to cross-check the formula ('none': skip)",
     )
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--device", default="auto", help="torch: auto|cpu|cuda|cuda:N|mps; mlx: auto|gpu|cpu")
     parser.add_argument("--out", required=True, help="where to write the report (JSON)")
     args = parser.parse_args(argv)
 
     try:
         policies = cli.policies(args.policy)
         cli.set_threads(args.threads)
+        cli.check_device(args.backend, args.device)
         reference = None if args.reference == "none" else args.reference
         dtype = (
             args.dtype
@@ -409,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         reference=reference,
         backend=args.backend,
         dtype=dtype,
+        device=args.device,
         policies=[str(p) for p in policies],
         drafter=args.drafter,
         drafter_weights=args.drafter_weights,

@@ -43,6 +43,7 @@ class Config(cli.ModelConfig):
     depths: list[float] = Field(min_length=1)
     samples: int = Field(ge=1)
     seed: int
+    batch: int = Field(default=1, ge=1)  # haystacks decoded at once (engine.generate_batch)
 
 
 class Placed(BaseModel):
@@ -186,30 +187,42 @@ class _Tally:
         self.reach = 0
 
 
-def _decode(model: engine.Model, seq: engine.Session, placed: Placed, max_new: int) -> bool:
+def _decode(model: engine.Model, seq: engine.Session, batch: list[Placed]) -> list[bool]:
+    """Whether each haystack's answer comes out (one row each; a row's output is cut to its own length,
+    so it is the same as decoding it alone)."""
+    news = [max(2, len(model.encode("? " + pl.answer)) - len(model.encode("?")) + 1) for pl in batch]
+    stop = engine.Stop(max(news), model.eos_ids)
+    if seq.rows == 1:
+        gens = [engine.generate(seq, batch[0].ids, engine.Stop(news[0], model.eos_ids))]
+    else:
+        gens = engine.generate_batch(seq, [pl.ids for pl in batch], stop)
+    out = []
+    for pl, gen, n in zip(batch, gens, news, strict=True):
+        want = pl.answer.split()
+        out.append(model.decode(gen.tokens[:n]).replace(corpus.EOS, " ").split()[: len(want)] == want)
+    return out
 
-    gen = engine.generate(seq, placed.ids, engine.Stop(max_new, model.eos_ids))
-    want = placed.answer.split()
-    return bool(model.decode(gen.tokens).replace(corpus.EOS, " ").split()[: len(want)] == want)
 
-
-def _account(t: _Tally, seq: engine.Session, slot_bytes: list[int], n_prompt: int) -> None:
-
+def _account(t: _Tally, seq: engine.Session, slot_bytes: list[int], n_prompts: list[int]) -> None:
+    """K/V bytes of a (batched) session against the policy's bound: per layer over all rows (each row
+    bounded at its own position), the most any row holds, and the attention reach of each prompt."""
     held = seq.kv_bytes()
-    bound = expected_kv_bytes(seq.specs, seq.position, seq.max_block, slot_bytes)
+    bounds = [expected_kv_bytes(seq.specs, n, seq.max_block, slot_bytes) for n in seq.positions]
+    bound = [sum(layer) for layer in zip(*bounds, strict=True)]
     allocated = seq.kv_allocated_bytes()
     limits = [
-        None if s.window is None else (s.sink + s.ring_size(seq.max_block)) * b
+        None if s.window is None else (s.sink + s.ring_size(seq.max_block)) * b * seq.rows
         for s, b in zip(seq.specs, slot_bytes, strict=True)
     ]
     t.bounded &= all(h <= b for h, b in zip(held, bound, strict=True))
     t.bounded &= all(lim is None or a <= lim for a, lim in zip(allocated, limits, strict=True))
-    t.kv = max(t.kv, sum(held))
-    t.bound = max(t.bound, sum(bound))
-    t.allocated = max(t.allocated, sum(allocated))
-    oldest = oldest_visible(seq.specs, n_prompt - 1)
-    t.farthest = min(t.farthest, oldest)
-    t.reach = max(t.reach, n_prompt - oldest)
+    t.kv = max(t.kv, *seq.kv_row_bytes())
+    t.bound = max(t.bound, *(sum(b) for b in bounds))
+    t.allocated = max(t.allocated, sum(allocated) // seq.rows)
+    for n_prompt in n_prompts:
+        oldest = oldest_visible(seq.specs, n_prompt - 1)
+        t.farthest = min(t.farthest, oldest)
+        t.reach = max(t.reach, n_prompt - oldest)
 
 
 def niah(config: Config) -> dict[str, Any]:
@@ -220,7 +233,7 @@ def niah(config: Config) -> dict[str, Any]:
     run = [oracle, *under_test]
     sink = max(p.sink for p in under_test)
     window = max(p.window or 0 for p in under_test)
-    model = engine.load(config.model, config.backend, config.dtype)
+    model = engine.load(config.model, config.backend, config.dtype, config.device)
     geo = read_geometry(engine.resolve(config.model))
     slot_bytes = {  # per policy: a quantized policy stores codes + scales + biases
         p.kind: [policy_slot_bytes(p, geo.kv_heads, geo.head_dim, ITEMSIZE[config.dtype])] * geo.n_layers
@@ -235,26 +248,28 @@ def niah(config: Config) -> dict[str, Any]:
             depths, evicted = [], True
             for depth in config.depths:
                 hits = {p.kind: 0 for p in run}
-                positions, lengths = [], []
-                for s in range(config.samples):
-                    placed = place(model, context, depth, config.seed + s, sink, window, scale)
-                    evicted &= placed.evicted
-                    positions.append(placed.needle_pos)
-                    lengths.append(len(placed.ids))
-                    max_new = len(model.encode("? " + placed.answer)) - len(model.encode("?")) + 1
-                    full_kv = 0
-                    for p in run:
-                        seq = model.session(p)
-                        hit = _decode(model, seq, placed, max(2, max_new))
-                        t = tallies[p.kind]
-                        hits[p.kind] += hit
-                        t.hits += hit
-                        t.n += 1
-                        _account(t, seq, slot_bytes[p.kind], len(placed.ids))
+                placed = [
+                    place(model, context, depth, config.seed + s, sink, window, scale)
+                    for s in range(config.samples)
+                ]
+                evicted &= all(pl.evicted for pl in placed)
+                positions = [pl.needle_pos for pl in placed]
+                lengths = [len(pl.ids) for pl in placed]
+                full_kv = 0
+                for p in run:  # the oracle first: its K/V bytes are the others' reference
+                    t = tallies[p.kind]
+                    for b in range(0, config.samples, config.batch):
+                        batch = placed[b : b + config.batch]
+                        seq = model.session(p, rows=len(batch))
+                        got = _decode(model, seq, batch)
+                        hits[p.kind] += sum(got)
+                        t.hits += sum(got)
+                        t.n += len(batch)
+                        _account(t, seq, slot_bytes[p.kind], [len(pl.ids) for pl in batch])
                         if p.kind == "full":
-                            full_kv = sum(seq.kv_bytes())
-                        t.full = max(t.full, full_kv)
-                        bar.update(1)
+                            full_kv = max(full_kv, max(seq.kv_row_bytes()))
+                        bar.update(len(batch))
+                    t.full = max(t.full, full_kv)
                 depths.append(
                     DepthResult(
                         depth=depth,
@@ -390,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--depths", type=cli.float_list, default=DEPTHS, help="needle depths in [0, 1]")
     parser.add_argument("--samples", type=int, default=4, help="haystacks per rung and depth")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch", type=int, default=1, help="haystacks decoded at once (batched rows)")
     parser.add_argument(
         "--plot", help="PNG path (default: <report stem>-recall.png next to the report; 'none')"
     )
@@ -397,21 +413,26 @@ def main(argv: list[str] | None = None) -> int:
     try:
         under_test = cli.policies(args.policy, allow_full=False)
         cli.set_threads(args.threads)
+        cli.check_device(args.backend, args.device)
     except ValueError as exc:
         parser.error(str(exc))
     if any(not 0.0 <= d <= 1.0 for d in args.depths):
         parser.error("--depths must lie in [0, 1]")
+    if args.batch < 1:
+        parser.error("--batch must be >= 1")
     if args.samples < 1 or any(c < 32 for c in args.contexts):
         parser.error("--samples must be >= 1 and every context >= 32")
     config = Config(
         model=args.model,
         backend=args.backend,
         dtype=args.dtype,
+        device=args.device,
         policies=[str(p) for p in under_test],
         contexts=args.contexts,
         depths=args.depths,
         samples=args.samples,
         seed=args.seed,
+        batch=args.batch,
     )
     report, png = plots.write_plotted(args.out, "niah", niah(config), draw, "recall", args.plot)
     print(table(report))

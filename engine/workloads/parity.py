@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -33,6 +33,7 @@ class Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str
     policy: str
+    device: Literal["auto", "cpu"] = "auto"
     dtypes: list[str] = Field(min_length=1)
     prompts: int = Field(ge=1)
     prompt_tokens: int = Field(ge=8)
@@ -100,8 +101,8 @@ def _mlx_logits(mm: Any, seq: list[int], keep: int) -> Any:
 def run_dtype(config: Config, dtype: str, texts: list[str]) -> Run:
 
     policy = engine.parse_policy(config.policy)
-    tm = engine.load(config.model, "torch", dtype)
-    mm = engine.load(config.model, "mlx", dtype)
+    tm = engine.load(config.model, "torch", dtype, config.device)
+    mm = engine.load(config.model, "mlx", dtype, config.device)
     samples = []
     for text in texts:
         ids = tm.encode(text)
@@ -189,6 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu"),
+        default="auto",
+        help="auto: each backend's accelerator; cpu: both on the cpu",
+    )
     parser.add_argument("--out", required=True, help="where to write the report (JSON)")
     args = parser.parse_args(argv)
 
@@ -199,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     config = Config(
         model=args.model,
         policy=args.policy,
+        device=args.device,
         dtypes=args.dtypes,
         prompts=args.prompts,
         prompt_tokens=args.prompt_tokens,

@@ -4,13 +4,15 @@ decoding under one cache policy (kind `throughput`, v1).
 Prompts: the zoo's code-like corpus (`engine.zoo.corpus.code_prompts`) when the model reads the zoo
 vocabulary (one token per word), else built-in HumanEval-style Python prompts (a signature and a
 docstring to complete). Per prompt the verifier decodes greedily and then speculatively (drafter
-`--drafter`: a model sharing the verifier's tokenizer, e.g. zoo:tiny-drafter, or `lookup` for prompt
+`--drafter`: a model sharing the verifier's tokenizer, e.g. zoo:tiny-drafter, a block drafter directory
+reading the verifier's hidden states, e.g. zoo:tiny-block-drafter (torch), or `lookup` for prompt
 lookup; `--draft diffusion`: the masked-diffusion proposer `--proposer`, e.g. zoo:tiny-dlm, unmasking its k
 slots in at most `--denoise-steps` forwards and holding no K/V; k drafted tokens per block), each the best
 of `--repeats` runs. Reported per prompt: decode-only
 tok/s (tokens after the first / time after prefill) and end-to-end tok/s (tokens / prefill + decode) of
 both, the mean acceptance length (tokens committed per verifier forward), the speedup (speculative /
-greedy decode tok/s), and `exact`: whether the two token lists are equal, compared token by token.
+greedy decode tok/s), the acceptance per draft position (of the blocks drafting position i, the fraction
+whose draft i was accepted), and `exact`: whether the two token lists are equal, compared token by token.
 
 The drafter's own cache: `--drafter-policy` (default: sink_window with the policy's sink and window, or
 full when the policy is full - a drafter only needs recent context).
@@ -27,6 +29,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 import engine
+from engine.drafters import is_block_drafter
+from engine.drafters.diffusion import DiffusionDrafter, load_dlm
 from engine.policy import drafter_policy
 from engine.workloads import cli, plots
 from engine.zoo import corpus
@@ -64,6 +68,7 @@ class Config(cli.ModelConfig):
     seed: int
     min_speedup: float = Field(ge=0)
     denoise_steps: int | None = Field(default=None, ge=1)  # the diffusion proposer's (None: another drafter)
+    batches: list[int] = Field(default=[1, 8, 32], min_length=1)  # batch sizes of the batched greedy runs
 
 
 class Run(BaseModel):
@@ -80,6 +85,8 @@ class SpecRun(Run):
     drafted: int
     accepted: int
     acceptance_length: float
+    position_drafted: list[int]  # blocks drafting position i (0-based)
+    position_accepted: list[int]  # ... whose draft i was accepted
 
 
 class Prompt(BaseModel):
@@ -91,6 +98,20 @@ class Prompt(BaseModel):
     speedup_e2e: float
     exact: bool  # the speculative tokens equal the greedy tokens, compared token by token
     first_mismatch: int | None
+
+
+class Batched(BaseModel):
+    """Greedy decoding of `batch` prompts at once (the prompts, cycled): decode tok/s over all rows, and
+    K/V bytes held at the end, per row and in total."""
+
+    model_config = ConfigDict(extra="forbid")
+    batch: int
+    tokens: int  # new tokens over all rows
+    decode_s: float
+    decode_tok_s: float  # (tokens - rows) / decode_s: the first token of each row comes from prefill
+    exact: bool  # every row equals greedy decoding of its prompt alone
+    kv_bytes: int
+    kv_bytes_per_row: list[int]
 
 
 class Summary(BaseModel):
@@ -107,6 +128,7 @@ class Summary(BaseModel):
     min_prompt_speedup: float
     mean_acceptance_length: float
     acceptance_rate: float
+    position_acceptance: list[float]  # per draft position: accepted / drafted over all prompts
     min_speedup: float
     speedup_ok: bool
     # decode tok/s over all prompts, one sample per repeat (for noise-aware baselines)
@@ -153,23 +175,36 @@ def drafter_factory(config: Config, model: engine.Model, probe: str) -> Callable
     if config.drafter == "lookup":
         return engine.PromptLookupDrafter
     if config.denoise_steps is not None:
-        from engine.drafters.diffusion import DiffusionDrafter, load_dlm
-
         dlm = load_dlm(config.drafter, config.backend)
         steps = config.denoise_steps
         return lambda: DiffusionDrafter(dlm, steps=steps)
+    if is_block_drafter(engine.resolve(config.drafter)):
+        return block_drafter_factory(config, model)
     dm = engine.load(config.drafter, config.backend, config.dtype)
+    dm = engine.load(config.drafter, config.backend, config.dtype, config.device)
     if dm.encode(probe) != model.encode(probe):
         raise ValueError(f"the drafter {config.drafter} does not share the verifier's tokenizer")
     policy = engine.parse_policy(config.drafter_policy)
     return lambda: engine.ModelDrafter(dm.session(policy, max_block=config.k + 1))
 
 
+def block_drafter_factory(config: Config, model: engine.Model) -> Callable[[], engine.Drafter]:
+    """A block drafter reading the verifier's hidden states (torch backend; its cache is its own)."""
+    if config.backend != "torch":
+        raise ValueError(f"the block drafter {config.drafter} runs on the torch backend only")
+    from engine.drafters.block import BlockDrafter, BlockDrafterModel
+
+    bm = BlockDrafterModel.load(engine.resolve(config.drafter))
+    if bm.config.vocab_size != model.geometry.vocab_size:  # type: ignore[attr-defined]
+        raise ValueError(f"the drafter {config.drafter} does not share the verifier's vocabulary")
+    return lambda: BlockDrafter(bm)
+
+
 def throughput(config: Config) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     policy = engine.parse_policy(config.policy)
-    model = engine.load(config.model, config.backend, config.dtype)
+    model = engine.load(config.model, config.backend, config.dtype, config.device)
     source = config.prompt_source
     if source == "auto":
         source = "zoo" if is_zoo_tokenizer(model) else "humaneval"
@@ -183,6 +218,7 @@ def throughput(config: Config) -> dict[str, Any]:
     )
     rows: list[Prompt] = []
     per_repeat: dict[str, list[list[Any]]] = {"greedy": [], "speculative": []}  # [prompt][repeat] runs
+    greedy_tokens: list[list[int]] = []
     with cli.progress(len(texts) * config.repeats * 2, "throughput", "gen") as bar:
         for text in texts:
             ids = model.encode(text)
@@ -199,6 +235,7 @@ def throughput(config: Config) -> dict[str, Any]:
             per_repeat["greedy"].append(greedy)
             per_repeat["speculative"].append(spec)
             g, s = _best(greedy), _best(spec)
+            greedy_tokens.append(g.tokens)
             mismatch = cli.first_divergence(g.tokens, s.tokens)
             gr, sr = (
                 Run(**_run(g)),
@@ -208,6 +245,8 @@ def throughput(config: Config) -> dict[str, Any]:
                     drafted=s.drafted,
                     accepted=s.accepted,
                     acceptance_length=s.acceptance_length,
+                    position_drafted=s.position_drafted,
+                    position_accepted=s.position_accepted,
                 ),
             )
             rows.append(
@@ -224,9 +263,12 @@ def throughput(config: Config) -> dict[str, Any]:
     summary = summarize(rows, config.min_speedup).model_copy(
         update={f"{m}_decode_tok_s_samples": repeat_rates(per_repeat[m]) for m in per_repeat}
     )
+    alone = [model.encode(t) for t in texts]
+    batched = [_batched(model, policy, alone, greedy_tokens, b, stop) for b in config.batches]
     return {
         "config": config.model_copy(update={"prompt_source": source}).model_dump(),
         "prompts": [r.model_dump() for r in rows],
+        "batched": [b.model_dump() for b in batched],
         "summary": summary.model_dump(),
         "wall_s": round(time.perf_counter() - t0, 3),
         "plot": None,
@@ -241,8 +283,44 @@ def repeat_rates(runs: list[list[Any]]) -> list[float]:
     ]
 
 
+def _batched(
+    model: engine.Model,
+    policy: engine.Policy,
+    prompts: list[list[int]],
+    want: list[list[int]],
+    b: int,
+    stop: Any,
+) -> Batched:
+    """One batched greedy run of b rows (the prompts cycled); each row checked against its prompt alone."""
+    session = model.session(policy, rows=b)
+    gens = engine.generate_batch(session, [prompts[r % len(prompts)] for r in range(b)], stop)
+    tokens = sum(len(g.tokens) for g in gens)
+    decode_s = gens[0].decode_s
+    return Batched(
+        batch=b,
+        tokens=tokens,
+        decode_s=decode_s,
+        decode_tok_s=_rate(tokens - b, decode_s),
+        exact=all(g.tokens == want[r % len(want)] for r, g in enumerate(gens)),
+        kv_bytes=sum(session.kv_bytes()),
+        kv_bytes_per_row=session.kv_row_bytes(),
+    )
+
+
 def _rate(tokens: int, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else 0.0
+
+
+def _per_position(rows: list[Prompt]) -> list[float]:
+    n = max((len(r.speculative.position_drafted) for r in rows), default=0)
+    drafted, accepted = [0] * n, [0] * n
+    for r in rows:
+        for i, (d, a) in enumerate(
+            zip(r.speculative.position_drafted, r.speculative.position_accepted, strict=True)
+        ):
+            drafted[i] += d
+            accepted[i] += a
+    return [a / d if d else 0.0 for a, d in zip(accepted, drafted, strict=True)]
 
 
 def summarize(rows: list[Prompt], min_speedup: float) -> Summary:
@@ -272,6 +350,7 @@ def summarize(rows: list[Prompt], min_speedup: float) -> Summary:
         min_prompt_speedup=min(r.speedup for r in rows),
         mean_acceptance_length=sum(r.speculative.tokens - 1 for r in rows) / forwards if forwards else 1.0,
         acceptance_rate=sum(r.speculative.accepted for r in rows) / drafted if drafted else 0.0,
+        position_acceptance=_per_position(rows),
         min_speedup=min_speedup,
         speedup_ok=speedup >= min_speedup,
     )
@@ -337,6 +416,9 @@ def main(argv: list[str] | None = None) -> int:
         "--repeats", type=int, default=2, help="runs per prompt and method; the fastest counts"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--batches", type=cli.int_list, default=[1, 8, 32], help="batch sizes of the batched greedy runs"
+    )
     parser.add_argument("--min-speedup", type=float, default=1.0, help="summary.speedup_ok: speedup >= this")
     parser.add_argument(
         "--plot", help="PNG path (default: <report stem>-tok_s.png next to the report; 'none')"
@@ -350,8 +432,11 @@ def main(argv: list[str] | None = None) -> int:
             dpolicy = str(drafter_policy(policy))
         engine.parse_policy(dpolicy)
         cli.set_threads(args.threads)
+        cli.check_device(args.backend, args.device)
     except ValueError as exc:
         parser.error(str(exc))
+    if min(args.batches) < 1:
+        parser.error("--batches must be >= 1")
     if args.k < 1 or args.prompts < 1 or args.repeats < 1 or args.new_tokens < 2 or args.prompt_tokens < 2:
         parser.error("--k, --prompts and --repeats must be >= 1, --new-tokens and --prompt-tokens >= 2")
     if args.denoise_steps < 1:
@@ -361,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         model=args.model,
         backend=args.backend,
         dtype=args.dtype,
+        device=args.device,
         policy=str(policy),
         drafter=drafter,
         drafter_policy=dpolicy,
@@ -373,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         min_speedup=args.min_speedup,
         denoise_steps=args.denoise_steps if args.draft == "diffusion" else None,
+        batches=args.batches,
     )
     report, png = plots.write_plotted(args.out, "throughput", throughput(config), draw, "tok_s", args.plot)
     s = report["summary"]
@@ -385,7 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"throughput: greedy {s['greedy_decode_tok_s']:.1f} tok/s, speculative {s['speculative_decode_tok_s']:.1f} "
         f"tok/s, speedup {s['speedup']:.2f}x (e2e {s['speedup_e2e']:.2f}x), acceptance length "
-        f"{s['mean_acceptance_length']:.2f}, exact {s['exact_prompts']}/{s['prompts']}"
+        f"{s['mean_acceptance_length']:.2f} (per draft position "
+        f"{' '.join(f'{p:.2f}' for p in s['position_acceptance'])}), exact {s['exact_prompts']}/{s['prompts']}"
         + (f"; plot {png}" if png else "")
     )
     return 0

@@ -145,6 +145,40 @@ def test_niah_tiny_report(model_dir: Path, tmp_path: Path, capsys: pytest.Captur
 
 
 @pytest.mark.skipif(not HAVE_MLX, reason="mlx / mlx-lm not installed")
+def test_niah_batched_report_equals_batch_one_and_a_missing_device_exits_2(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Haystacks decoded 3 at a time (rows of different lengths) give the report of one at a time."""
+    common = ["--model", str(model_dir), "--policy", "hybrid:2:8,sink_window:2:8", "--contexts", "48,96"]
+    common += ["--samples", "3", "--depths", "0.2,0.8", "--plot", "none", "--device", "cpu"]
+    reports = []
+    for batch in ("1", "3"):
+        out = tmp_path / f"niah-b{batch}.json"
+        assert niah.main([*common, "--batch", batch, "--out", str(out)]) == 0
+        reports.append(json.loads(out.read_text()))
+    one, three = reports
+    assert three["config"]["batch"] == 3 and three["config"]["device"] == "cpu"
+    assert one["rungs"] == three["rungs"]
+    assert {k: v for k, v in one["summary"].items() if k != "wall_s"} == {
+        k: v for k, v in three["summary"].items() if k != "wall_s"
+    }
+    env = three["environment"]
+    assert env["device"].startswith("cpu") and env["dtype"] == "float32" and env["peak_memory_bytes"] is None
+    assert _gate(three).status == "pass", _gate(three).reasons()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        niah.main([*common, "--device", "cuda:3", "--out", str(tmp_path / "x.json")])
+    assert exc.value.code == 2 and not (tmp_path / "x.json").exists()
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith("device 'cuda:3' is not available here; torch devices here: " + ", ".join(_devices()))
+
+
+def _devices() -> list[str]:
+    from engine.backends.torch import devices
+
+    return devices()
+
+
 def test_niah_mlx_backend_matches_torch(model_dir: Path, tmp_path: Path) -> None:
     reports = {}
     for backend in ("torch", "mlx"):
@@ -204,6 +238,8 @@ def test_throughput_tiny_report(model_dir: Path, drafter_dir: Path, tmp_path: Pa
         "1",
         "--min-speedup",
         "1.0",
+        "--batches",
+        "1,3",
         "--out",
         str(out),
     ]
@@ -224,6 +260,15 @@ def test_throughput_tiny_report(model_dir: Path, drafter_dir: Path, tmp_path: Pa
     assert s["all_exact"] and s["exact_prompts"] == 2
     assert s["speedup_ok"] == (s["speedup"] >= 1.0)
     assert (tmp_path / "tp-tok_s.png").read_bytes()[:4] == b"\x89PNG"
+    one, three = report["batched"]
+    assert (one["batch"], three["batch"]) == (1, 3) and one["exact"] and three["exact"]
+    assert one["tokens"] == 20 and three["tokens"] == 60
+    assert three["decode_tok_s"] == pytest.approx((60 - 3) / three["decode_s"])
+    # rows 0 and 2 hold the same prompt; sink_window:2:8 holds sink + window slots per row at the end
+    per_row = 4 * 10 * 256
+    assert (
+        three["kv_bytes_per_row"] == [per_row] * 3 and three["kv_bytes"] == 3 * per_row == 3 * one["kv_bytes"]
+    )
 
     assert throughput.main([*args, "--drafter", "lookup", "--plot", "none"]) == 0
     lookup = json.loads(out.read_text())

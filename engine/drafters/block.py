@@ -1,0 +1,236 @@
+"""The block drafter (DFlash-style, PyTorch): a small transformer conditioned on the verifier's hidden
+states that proposes a whole block of k tokens in one forward.
+
+Context: every position the verifier keeps fed (the prompt and each committed token) contributes its
+features, the concatenated hidden states of `config.target_layers` from the very verifier forward that
+fed it (engine.speculative hands them to `observe`). They are projected once (`fc` + RMSNorm) and each
+drafter layer turns them into its own K/V, appended to a growing per-layer buffer: a block costs work in
+the new positions only. Only committed positions are ever observed, so a rejection has nothing to roll
+back. The drafter attends to the last `config.window` context positions.
+
+Block: [last committed token, MASK x k] at positions p..p+k (p = positions the verifier has fed); every
+query attends to the context and to the whole block (no causal mask inside it); row j predicts the token
+at p + j. One forward, one host copy (the k argmax ids) per block.
+
+A drafter directory holds config.json (`BlockConfig`, model_type "kakeya_block_drafter") and
+model.safetensors; `engine.zoo.block` trains `zoo:tiny-block-drafter`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict
+from torch import nn
+
+from engine.drafters import BLOCK_MODEL_TYPE as MODEL_TYPE
+
+
+class BlockConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model_type: Literal["kakeya_block_drafter"] = MODEL_TYPE
+    verifier: str  # the model whose features it was trained on, e.g. zoo:tiny-hybrid
+    vocab_size: int
+    target_layers: list[int]  # verifier hidden states read (0 = embeddings, n = after the final norm)
+    target_hidden_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    head_dim: int
+    block_size: int  # the largest k it was trained for
+    window: int  # context positions attended
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding of x [..., heads, m, head_dim] at integer positions [m] or [batch, m]."""
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d)
+    ang = torch.cat((ang := positions.to(torch.float32)[..., None] * inv, ang), -1)
+    if positions.dim() > 1:
+        ang = ang.unsqueeze(-3)  # over the heads
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return x * cos + torch.cat((-x2, x1), -1) * sin
+
+
+class Layer(nn.Module):
+    def __init__(self, c: BlockConfig) -> None:
+        super().__init__()
+        inner = c.num_heads * c.head_dim
+        self.c = c
+        self.attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.q = nn.Linear(c.hidden_size, inner, bias=False)
+        self.k = nn.Linear(c.hidden_size, inner, bias=False)
+        self.v = nn.Linear(c.hidden_size, inner, bias=False)
+        self.o = nn.Linear(inner, c.hidden_size, bias=False)
+        self.mlp_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.gate = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def heads(self, x: torch.Tensor) -> torch.Tensor:  # [..., m, inner] -> [..., heads, m, head_dim]
+        return x.unflatten(-1, (self.c.num_heads, self.c.head_dim)).transpose(-3, -2)
+
+    def kv(self, ctx: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The context's K/V for this layer from the projected features ctx [..., m, hidden]."""
+        return rope(self.heads(self.k(ctx)), positions, self.c.rope_theta), self.heads(self.v(ctx))
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        ck: torch.Tensor,
+        cv: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        h = self.attn_norm(x)
+        q = rope(self.heads(self.q(h)), positions, self.c.rope_theta)
+        k = torch.cat((ck, rope(self.heads(self.k(h)), positions, self.c.rope_theta)), -2)
+        v = torch.cat((cv, self.heads(self.v(h))), -2)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = x + self.o(a.transpose(-3, -2).flatten(-2))
+        h = self.mlp_norm(x)
+        return x + self.down(F.gelu(self.gate(h), approximate="tanh") * self.up(h))
+
+
+class BlockDrafterModel(nn.Module):
+    def __init__(self, config: BlockConfig) -> None:
+        super().__init__()
+        c = self.config = config
+        self.embed = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.mask_embed = nn.Parameter(torch.zeros(c.hidden_size))
+        self.fc = nn.Linear(len(c.target_layers) * c.target_hidden_size, c.hidden_size, bias=False)
+        self.ctx_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.layers = nn.ModuleList(Layer(c) for _ in range(c.num_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+
+    def context(self, features: torch.Tensor) -> torch.Tensor:
+        """Concatenated verifier features [..., m, layers * target_hidden] -> projected [..., m, hidden]."""
+        return self.ctx_norm(self.fc(features))
+
+    def block_input(self, last: torch.Tensor, k: int) -> torch.Tensor:
+        """[..., 1 + k, hidden]: the last committed token's embedding, then k mask slots."""
+        e = self.embed(last)[..., None, :]
+        return torch.cat((e, self.mask_embed.expand(*e.shape[:-2], k, -1)), -2)
+
+    def logits(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        kv: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        for layer, (ck, cv) in zip(self.layers, kv, strict=True):
+            x = layer(x, positions, ck, cv, mask)
+        return self.lm_head(self.norm(x))
+
+    def save(self, out: Path) -> None:
+        from safetensors.torch import save_file
+
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(self.config.model_dump_json(indent=2) + "\n")
+        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(out / "model.safetensors"))
+
+    @classmethod
+    def load(cls, path: Path, device: str | torch.device = "cpu") -> BlockDrafterModel:
+        from safetensors.torch import load_file
+
+        cfg = json.loads((path / "config.json").read_text())
+        if cfg.get("model_type") != MODEL_TYPE:
+            raise ValueError(f"{path} is not a block drafter (model_type {cfg.get('model_type')!r})")
+        model = cls(BlockConfig.model_validate(cfg))
+        model.load_state_dict(load_file(str(path / "model.safetensors")))
+        return model.to(device).eval()
+
+
+class BlockDrafter:
+    """The engine.speculative `FeatureDrafter` over a `BlockDrafterModel`: per-layer context K/V in
+    growing buffers (the last `window` positions attended, compacted in amortized O(1) per position)."""
+
+    def __init__(self, model: BlockDrafterModel) -> None:
+        self.model = model.eval()
+        c = model.config
+        self.layers = tuple(c.target_layers)
+        self.window = c.window
+        self.param = next(model.parameters())
+        self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.length = 0  # context positions held in the buffers
+        self.position = 0  # context positions observed
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        c = self.model.config
+        shape = (c.num_heads, 0, c.head_dim)
+        empty = self.param.new_empty(shape)
+        self.kv = [(empty, empty) for _ in range(c.num_layers)]
+        self.length = self.position = 0
+
+    @torch.inference_mode()
+    def observe(self, hidden: dict[int, Any], rows: int) -> None:
+        if rows == 0:
+            return
+        feats = torch.cat([hidden[i][:rows] for i in self.layers], -1).to(self.param)
+        pos = torch.arange(self.position, self.position + rows, device=self.param.device)
+        ctx = self.model.context(feats)
+        new = [layer.kv(ctx, pos) for layer in self.model.layers]
+        if self.length + rows > self.kv[0][0].shape[1]:
+            keep = min(self.length, self.window)  # drop what no block attends to any more
+            size = max(2 * (keep + rows), 64)
+            self.kv = [
+                (_moved(kb, self.length - keep, keep, size), _moved(vb, self.length - keep, keep, size))
+                for kb, vb in self.kv
+            ]
+            self.length = keep
+        end = self.length + rows
+        for (kb, vb), (k, v) in zip(self.kv, new, strict=True):
+            kb[:, self.length : end] = k
+            vb[:, self.length : end] = v
+        self.length = end
+        self.position += rows
+
+    @torch.inference_mode()
+    def propose(self, last: int, k: int) -> list[int]:
+        k = min(k, self.model.config.block_size)
+        if k == 0:
+            return []
+        lo = max(0, self.length - self.window)
+        kv = [(kb[:, lo : self.length], vb[:, lo : self.length]) for kb, vb in self.kv]
+        x = self.model.block_input(torch.tensor(last, device=self.param.device), k)
+        pos = torch.arange(self.position, self.position + k + 1, device=self.param.device)
+        return self.model.logits(x, pos, kv)[1:].argmax(-1).tolist()
+
+    def accept(self, n: int, committed: Sequence[int]) -> None:
+        """Nothing to roll back: only committed positions reach the context (through `observe`)."""
+
+
+def _moved(buf: torch.Tensor, start: int, n: int, size: int) -> torch.Tensor:
+    """A new [heads, size, head_dim] buffer starting with buf[:, start : start + n]."""
+    out = buf.new_empty((buf.shape[0], size, buf.shape[2]))
+    out[:, :n] = buf[:, start : start + n]
+    return out
+
+
+def load_block_drafter(name: str, device: str | torch.device = "cpu") -> BlockDrafter:
+    """A block drafter from a model reference (zoo:NAME or a directory; engine.models.resolve)."""
+    from engine.models import resolve
+
+    return BlockDrafter(BlockDrafterModel.load(resolve(name), device))
