@@ -42,7 +42,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from engine.geometry import FULL_ATTENTION, LAYER_KINDS, LINEAR_ATTENTION, SLIDING_ATTENTION
+from engine.geometry import (
+    FULL_ATTENTION,
+    ITEMSIZE,
+    LAYER_KINDS,
+    LINEAR_ATTENTION,
+    SLIDING_ATTENTION,
+    Geometry,
+)
 
 PolicyKind = Literal["full", "sink_window", "hybrid"]
 BITS = (4, 8)  # supported quantized K/V widths
@@ -243,6 +250,13 @@ def policy_slot_bytes(policy: Policy, kv_heads: int, head_dim: int, itemsize: in
         return kv_bytes_per_slot(kv_heads, head_dim, itemsize)
     group = policy.group_for(head_dim)
     return sum(kv_heads * quantized_bytes(head_dim, b, group, itemsize) for b in bits)
+
+
+def layer_slot_bytes(policy: Policy, geo: Geometry, dtype: str) -> list[int]:
+    """K and V bytes of one position per layer (batch 1) under the policy's storage precision; 0 for a
+    linear-attention layer, which holds no K/V."""
+    slot = policy_slot_bytes(policy, geo.kv_heads, geo.head_dim, ITEMSIZE[dtype])
+    return [0 if t == LINEAR_ATTENTION else slot for t in geo.layer_types]
 
 
 def expected_kv_bytes(

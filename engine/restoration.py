@@ -174,6 +174,16 @@ class RestoredForward(Forward):
         return np.concatenate((cached, visible_mask(self.native, qp, supplied) & ~seen), axis=1)
 
 
+class RestoredTensors(GroupTensors):
+    """A group's tensors whose mask, for a restored forward, is the forward's own (cache slots, then the
+    supplied positions the cache does not hold)."""
+
+    def mask(self, fwd: Forward) -> torch.Tensor | None:
+        if isinstance(fwd, RestoredForward):
+            return torch.from_numpy(fwd.mask()).to(self.device)[None, None]
+        return super().mask(fwd)
+
+
 class RestoredKV(KV):
     """A layer's K/V buffers (`KV`) plus, on read, the supplied K/V its session restores this forward."""
 
@@ -188,7 +198,7 @@ class RestoredKV(KV):
         if positions is None:
             return k, v
         rk, rv = self.session.supply.kv(self.layer, positions)
-        return torch.cat((k, rk.to(k.dtype)), dim=2), torch.cat((v, rv.to(v.dtype)), dim=2)
+        return torch.cat((k, rk.to(k)), dim=2), torch.cat((v, rv.to(v)), dim=2)
 
 
 class RestoredSession(TorchSession):
@@ -205,10 +215,9 @@ class RestoredSession(TorchSession):
             for g in self.groups
         }
         self.restoring: dict[int, torch.Tensor] = {}
-        self.states = [
-            RestoredKV(state.tensors, i, self)  # type: ignore[attr-defined]
-            for i, state in enumerate(self.states)
-        ]
+        self.tensors = [RestoredTensors(g, model.device) for g in self.groups]
+        tensors_of = {id(t.group): t for t in self.tensors}
+        self.states = [RestoredKV(tensors_of[id(g)], i, self) for i, g in enumerate(self.group_of)]
         self.cache = PolicyCache(self, self.states)
 
     def _run(
@@ -237,8 +246,9 @@ class RestoredSession(TorchSession):
             np.concatenate((fwd.keys, candidates)),
             fwd.slots,
             fwd.keep,
-            held,
-            native,
+            fwd.row,
+            held=held,
+            native=native,
         )
         needed = probe.mask()[:, held:].any(axis=0)
         if not needed.any():
@@ -246,7 +256,9 @@ class RestoredSession(TorchSession):
         chosen = candidates[needed]
         self.restoring[id(g)] = torch.from_numpy(chosen)
         keys = np.concatenate((fwd.keys, chosen))
-        return RestoredForward(fwd.spec, fwd.plan, fwd.queries, keys, fwd.slots, fwd.keep, held, native)
+        return RestoredForward(
+            fwd.spec, fwd.plan, fwd.queries, keys, fwd.slots, fwd.keep, fwd.row, held=held, native=native
+        )
 
 
 # --- f_theta -----------------------------------------------------------------------------------------

@@ -99,6 +99,16 @@ class RecurrentState(Protocol):
     def state_bytes(self) -> int: ...
 
 
+def batch_unsupported(geometry: Geometry, policy: Policy) -> str | None:
+    """Why sessions of this model and policy cannot hold several rows yet (None: they can). The per-row
+    layer states exist for plain K/V only; linear-attention and quantized states are batch 1."""
+    if LINEAR_ATTENTION in geometry.layer_types:
+        return "does not support linear-attention layers yet"
+    if policy.bits:
+        return f"does not support quantized K/V ({policy}) yet"
+    return None
+
+
 class BaseSession(ABC):
     """The backend-free half of a session (engine.decode.Session)."""
 
@@ -129,11 +139,9 @@ class BaseSession(ABC):
         ]
         self.linear = [i for i, t in enumerate(geometry.layer_types) if t == LINEAR_ATTENTION]
         self.rollback = RecurrentRollback(max_block)
-        if rows > 1 and (self.linear or policy.bits):
-            what = "linear-attention layers" if self.linear else f"quantized K/V ({policy})"
+        if rows > 1 and (why := batch_unsupported(geometry, policy)):
             raise ValueError(
-                f"batched decoding (rows={rows}) does not support {what} yet: decode these rows one at a time "
-                "(rows=1)"
+                f"batched decoding (rows={rows}) {why}: decode these rows one at a time (rows=1)"
             )
 
     @property

@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import engine
 from engine.geometry import ITEMSIZE, Geometry, read_geometry
-from engine.policy import drafter_policy, expected_kv_bytes, layer_specs, policy_slot_bytes, with_precision
+from engine.policy import drafter_policy, expected_kv_bytes, layer_slot_bytes, layer_specs, with_precision
 from engine.report import write_report
 from engine.workloads import cli
 from engine.zoo import corpus
@@ -134,9 +134,9 @@ def per_sequence(geo: Geometry, policy: engine.Policy, n: int, max_block: int, d
     which every policy keeps whole."""
 
     specs = layer_specs(policy, geo.layer_types, geo.sliding_window)
-    slot = policy_slot_bytes(policy, geo.kv_heads, geo.head_dim, ITEMSIZE[dtype])
-    slots = [0 if b == 0 else slot for b in geo.slot_bytes(dtype)]  # 0: linear-attention layers
-    return sum(expected_kv_bytes(specs, n, max_block, slots)) + sum(geo.state_bytes(dtype))
+    return sum(expected_kv_bytes(specs, n, max_block, layer_slot_bytes(policy, geo, dtype))) + sum(
+        geo.state_bytes(dtype)
+    )
 
 
 # Published architectures for the table without downloading weights (config.json keys). Qwen3.5: the

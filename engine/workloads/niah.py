@@ -28,8 +28,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 import engine
-from engine.geometry import ITEMSIZE, read_geometry
-from engine.policy import expected_kv_bytes, oldest_visible, policy_slot_bytes
+from engine.geometry import read_geometry
+from engine.policy import expected_kv_bytes, layer_slot_bytes, oldest_visible
 from engine.workloads import cli, plots
 from engine.zoo import corpus
 
@@ -236,8 +236,7 @@ def niah(config: Config) -> dict[str, Any]:
     model = engine.load(config.model, config.backend, config.dtype, config.device)
     geo = read_geometry(engine.resolve(config.model))
     slot_bytes = {  # per policy: a quantized policy stores codes + scales + biases
-        p.kind: [policy_slot_bytes(p, geo.kv_heads, geo.head_dim, ITEMSIZE[config.dtype])] * geo.n_layers
-        for p in run
+        p.kind: layer_slot_bytes(p, geo, config.dtype) for p in run
     }
     scale = tokens_per_word(model)
     total = len(config.contexts) * len(config.depths) * config.samples * len(run)

@@ -135,8 +135,8 @@ def study(config: Config) -> dict[str, Any]:
     from engine import restoration
 
     t0 = time.perf_counter()
-    model = engine.load(config.model, "torch", config.dtype)
-    drafter = engine.load(config.drafter, "torch", config.dtype)
+    model = engine.load(config.model, "torch", config.dtype, config.device)
+    drafter = engine.load(config.drafter, "torch", config.dtype, config.device)
     probe = corpus.code_prompts(1, 0, 32)[0]
     if drafter.encode(probe) != model.encode(probe):
         raise ValueError(f"the drafter {config.drafter} does not share the verifier's tokenizer")

@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 import engine
+from engine.backends.base import batch_unsupported
 from engine.drafters import is_block_drafter
 from engine.drafters.diffusion import DiffusionDrafter, load_dlm
 from engine.policy import drafter_policy
@@ -264,7 +265,11 @@ def throughput(config: Config) -> dict[str, Any]:
         update={f"{m}_decode_tok_s_samples": repeat_rates(per_repeat[m]) for m in per_repeat}
     )
     alone = [model.encode(t) for t in texts]
-    batched = [_batched(model, policy, alone, greedy_tokens, b, stop) for b in config.batches]
+    batched = []
+    if why := batch_unsupported(model.geometry, policy):
+        print(f"throughput: no batched runs: batched decoding {why}", file=sys.stderr)
+    else:
+        batched = [_batched(model, policy, alone, greedy_tokens, b, stop) for b in config.batches]
     return {
         "config": config.model_copy(update={"prompt_source": source}).model_dump(),
         "prompts": [r.model_dump() for r in rows],

@@ -171,3 +171,14 @@ def test_compiled_forwards_stay_exact_and_mlx_refuses_compile() -> None:
     if HAVE_MLX:
         with pytest.raises(ValueError, match="compile is not supported on the mlx backend"):
             engine.load("zoo:tiny-hybrid", "mlx", compile=True)
+
+
+def test_rows_of_linear_attention_or_quantized_states_are_refused_with_the_reason(backend: str) -> None:
+    quantized = on(backend, tiny_models.gemma())
+    with pytest.raises(ValueError, match=r"rows=2\) does not support quantized K/V \(hybrid:2:5:q8\)"):
+        quantized.session(engine.parse_policy("hybrid:2:5:q8"), rows=2)
+    linear = on(backend, tiny_models.qwen35())
+    with pytest.raises(ValueError, match=r"rows=3\) does not support linear-attention layers"):
+        linear.session(full(), rows=3)
+    # One row of each still decodes.
+    assert linear.session(full()).prefill(tiny_models.prompt(7, seed=1)).tokens
