@@ -5,6 +5,8 @@
                               adds .kakeya/claim.json; created only if absent
     kakeya/done/<id>          result commit on top of the claim; adds .kakeya/results/<id>/...
     kakeya/cancel/<id>        cancel marker on top of the request; adds .kakeya/cancel.json
+    kakeya/runners/<name>     a runner's presence: a one-commit history with .kakeya/presence.json
+                              (bridge/presence.py), replaced as the runner goes on
 
 One `git ls-remote` gives the state of every request (`Bus.ls_remote` -> `Snapshot`). Every write is
 a compare-and-swap push (`--force-with-lease=<ref>:<expected>`, empty = the ref must not exist), so
@@ -21,7 +23,7 @@ import re
 import secrets
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TypeVar
 
@@ -29,7 +31,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, Val
 
 from bridge import git
 from bridge.errors import BusError, BusUnreachable, KakeyaError
-from bridge.names import LABEL_RE, NAME, SHA_PATTERN
+from bridge.names import LABEL_RE, NAME, RUNNER_NAME_RE, SHA_PATTERN
 
 PREFIX = "refs/heads/kakeya/"
 MANIFEST_PATH = ".kakeya/request.json"
@@ -81,8 +83,21 @@ def archive_ref(request_id: str) -> str:
     return f"{ARCHIVE_PREFIX}done/{request_id}"
 
 
+STAGE_PREFIX = "refs/kakeya-stage/"  # outside refs/heads: a result's objects, pushed ahead of its done commit
+
+
+def stage_ref(request_id: str, sha: str) -> str:
+    """The side ref a runner pushes a result's objects to (while its lease keeps beating) before the small
+    atomic push that creates the done ref; named by the staged commit, so two attempts never collide."""
+    return f"{STAGE_PREFIX}{request_id}/{sha[:16]}"
+
+
 def cancel_ref(request_id: str) -> str:
     return f"{PREFIX}cancel/{request_id}"
+
+
+def runner_ref(name: str) -> str:
+    return f"{PREFIX}runners/{name}"
 
 
 def results_path(request_id: str) -> str:
@@ -119,6 +134,27 @@ class Manifest(_File):
     snapshot_of: str | None = None  # the HEAD a dirty working tree was snapshotted on
 
 
+class WorkloadProgress(_File):
+    """What a workload says of its own progress (the JSON file named by KAKEYA_PROGRESS)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    done: int = Field(ge=0)
+    total: int | None = Field(default=None, ge=1)
+    what: str = Field(default="", max_length=200)
+
+
+class Progress(_File):
+    """The progress record a runner puts on its claim at each heartbeat."""
+
+    phase: Literal["checkout", "running", "gating", "pushing"]
+    started_at: AwareDatetime  # when the request's serving began on this runner
+    at: AwareDatetime  # when this record was made
+    elapsed_s: float = Field(ge=0)
+    log_tail: list[str] = Field(default=[], max_length=20)  # the last lines of the redacted logs
+    workload: WorkloadProgress | None = None
+
+
 class Claim(_File):
     """.kakeya/claim.json: who holds a request and until when (heartbeats extend `lease_until`)."""
 
@@ -133,6 +169,7 @@ class Claim(_File):
     heartbeat: int = 0
     takeover_of: str | None = None  # the runner whose expired lease this claim took over
     lease_s: float | None = None  # how long observers wait, on their own clocks, for the claim to move
+    progress: Progress | None = None  # phase, elapsed time, log tail, the workload's own progress
 
 
 class CancelMarker(_File):
@@ -219,12 +256,14 @@ class Snapshot:
     refs: dict[str, str]
     entries: dict[str, Entry]
     ignored: list[str]  # refs under the prefix that are not bus refs (malformed names)
+    runners: dict[str, str] = field(default_factory=dict)  # runner name -> its presence commit
 
     @classmethod
     def parse(cls, text: str) -> Snapshot:
         refs: dict[str, str] = {}
         entries: dict[str, Entry] = {}
         ignored: list[str] = []
+        runners: dict[str, str] = {}
         for line in text.splitlines():
             sha, _, ref = line.partition("\t")
             if not ref.startswith(PREFIX) or not re.fullmatch(SHA_PATTERN, sha):
@@ -232,6 +271,9 @@ class Snapshot:
             refs[ref] = sha
             parts = ref[len(PREFIX) :].split("/")
             kind, rid = parts[0], parts[-1]
+            if kind == "runners" and len(parts) == 2 and RUNNER_NAME_RE.match(rid):
+                runners[rid] = sha
+                continue
             shape_ok = (len(parts) == 3 and kind == "req" and LABEL_RE.match(parts[1])) or (
                 len(parts) == 2 and kind in ("claim", "done", "cancel")
             )
@@ -246,7 +288,7 @@ class Snapshot:
                 entry.label, entry.req = parts[1], sha
             else:
                 setattr(entry, kind, sha)
-        return cls(refs, dict(sorted(entries.items())), ignored)
+        return cls(refs, dict(sorted(entries.items())), ignored, dict(sorted(runners.items())))
 
 
 # --- the remote -------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ COMMANDS = [
     "cancel",
     "run",
     "runner",
+    "runners",
     "bus",
     "doctor",
 ]

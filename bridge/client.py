@@ -32,6 +32,7 @@ from bridge.bus import Bus, CancelMarker, Claim, Entry, Manifest, Update
 from bridge.config import Config, project_root
 from bridge.errors import BusError, InvalidRequest, KakeyaError, problems
 from bridge.names import check_label
+from bridge.page import outcome_words
 from bridge.presets import Preset, get_preset, load_registry
 from bridge.result import RunResult
 from bridge.trust import Signers, done_problem, key_file
@@ -102,14 +103,6 @@ def exit_code(result: RunResult) -> int:
     return 0 if result.status == "succeeded" and result.verdict in (None, "pass") else 1
 
 
-def outcome_words(status: str, verdict: str | None) -> str:
-    """'succeeded, verdict pass', or 'ran, gate failed' for a program that succeeded but whose report failed
-    the gate, or the status (and verdict) as they are."""
-    if status == "succeeded" and verdict == "fail":
-        return "ran, gate failed"
-    return status + (f", verdict {verdict}" if verdict else "")
-
-
 def verdict_line(request_id: str, result: RunResult) -> str:
     reason = f" ({result.reason})" if result.reason else ""
     return f"{request_id}: {result.preset} {outcome_words(result.status, result.verdict)}{reason}"
@@ -145,6 +138,10 @@ class Row:
     holder: str | None = None
     subject: str | None = None
     refs: dict[str, str] = field(default_factory=dict)
+    progress: dict[str, Any] | None = None  # a running request's last heartbeat record (bridge/progress.py)
+    elapsed_s: float | None = None  # since its runner began serving it
+    holder_live: bool | None = None  # whether the holder's lease still runs
+    lease_until: str | None = None
 
 
 class Client:
@@ -302,7 +299,7 @@ class Client:
         snap = self.bus.ls_remote()
         entries = list(snap.entries.values())
         if fetch:
-            self.ensure(entries)
+            self.ensure(entries, ("done", "claim"))  # a done request's claim is its done commit: no extra
         return self.rows(entries)
 
     def status_one(self, request_id: str) -> Row:
@@ -344,6 +341,11 @@ class Client:
                 row.verdict, row.reason, row.holder = result.verdict, result.reason, result.runner_name
             elif claim:
                 row.holder = claim.runner
+                row.holder_live = claim.lease_until >= now
+                row.lease_until = claim.lease_until.isoformat(timespec="seconds")
+                if claim.progress is not None:
+                    row.progress = claim.progress.model_dump(mode="json")
+                    row.elapsed_s = round((now - claim.progress.started_at).total_seconds(), 1)
             rows.append(row)
         return rows
 

@@ -19,6 +19,10 @@ then `KAKEYA_*` environment variables, then command-line flags (applied by the c
     untrusted_labels  labels whose subjects are untrusted: the runner refuses them without isolation
     report_cap_bytes / files_cap_bytes / result_cap_bytes  caps on report.json, the program's other
                     files, and the whole result: what exceeds is dropped and listed in result.json
+    secrets_dir     a directory only the runner's user can read (mode 700), holding the runner's own secrets as
+                    files, never in its environment nor passed to a run: `git-credentials` (git's
+                    credential-store format, e.g. https://x-access-token:TOKEN@github.com) is what the
+                    runner's git pushes to the bus with
     clock_offset_s  added to this runner's wall clock (tests fake clock skew with it)
     stop_grace_s    after a stop signal, `runner watch` lets the current run go on this long, then ends it
                     (it still ends in a done commit); unset: the run is finished whatever it takes
@@ -62,6 +66,7 @@ class Config(BaseModel):
     report_cap_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     files_cap_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
     result_cap_bytes: int = Field(default=100 * 1024 * 1024, ge=64 * 1024)
+    secrets_dir: str = ""
     clock_offset_s: float = 0.0
     stop_grace_s: float | None = Field(default=None, ge=0)
 
@@ -84,6 +89,7 @@ _ENV_FIELDS = {
     "KAKEYA_REPORT_CAP": "report_cap_bytes",
     "KAKEYA_FILES_CAP": "files_cap_bytes",
     "KAKEYA_RESULT_CAP": "result_cap_bytes",
+    "KAKEYA_SECRETS_DIR": "secrets_dir",
     "KAKEYA_CLOCK_OFFSET": "clock_offset_s",
     "KAKEYA_STOP_GRACE": "stop_grace_s",
 }
@@ -128,3 +134,27 @@ def load_config(root: Path | None = None, environ: Mapping[str, str] | None = No
     except ValidationError as exc:
         where = source or "environment"
         raise InvalidRequest(f"config ({where}): {problems(exc, 'config')}") from None
+
+
+GIT_CREDENTIALS = "git-credentials"
+
+
+def secret_file(config: Config, name: str) -> Path | None:
+    """<secrets_dir>/<name> when it exists; InvalidRequest when the directory or the file can be read by
+    anyone but this user (a run, or another user, could read the secret)."""
+    if not config.secrets_dir:
+        return None
+    folder = Path(config.secrets_dir).expanduser().resolve()
+    if not folder.is_dir():
+        raise InvalidRequest(f"secrets_dir {folder} is not a directory (secrets_dir / KAKEYA_SECRETS_DIR)")
+    path = folder / name
+    for item, fix in ((folder, "chmod 700"), (path, "chmod 600")):
+        if not item.exists():
+            continue
+        st = item.stat()
+        if st.st_mode & 0o077 or st.st_uid != os.geteuid():
+            raise InvalidRequest(
+                f"{item} is readable by others (mode {st.st_mode & 0o777:o}, owner uid {st.st_uid}): "
+                f"the runner's secrets must be its own user's alone; `{fix} {item}`"
+            )
+    return path if path.is_file() else None

@@ -7,6 +7,9 @@ the error's `exit_code`.
     BusError         1  a git operation against the bus or a local repository failed (git's own words)
     BusUnreachable   1  the bus remote could not be reached; nothing was written
     Interrupted    130  stopped by SIGINT/SIGTERM (the request, if one was served, still ended in a done commit)
+    NoRunner         3  `wait --no-runner-timeout S`: no live runner served the label for S seconds
+                        (the request stays queued)
+    (Ctrl-C)       130  `wait` stopped waiting; the request goes on
 """
 
 from __future__ import annotations
@@ -42,6 +45,12 @@ class Interrupted(KakeyaError):
     """Stopped by a signal; the message says what became of the request."""
 
     exit_code = 130
+
+
+class NoRunner(KakeyaError):
+    """No live runner serves the label a request waits on (the request stays queued)."""
+
+    exit_code = 3
 
 
 def problems(exc: ValidationError, what: str, limit: int | None = None) -> str:

@@ -32,6 +32,7 @@ from bridge.isolation import Isolation, choose
 from bridge.logs import CappedLog, Redactor, pump
 from bridge.presets import Preset
 from bridge.proc import kill_tree
+from bridge.progress import PROGRESS_FILE
 from bridge.result import RunContext, RunOutcome, RunResult, Status, now
 from bridge.result import iso as iso_time
 
@@ -78,6 +79,9 @@ def build_env(
             "PYTHONUNBUFFERED": "1",
             "KAKEYA_REPORT": str(out_dir / "report.json"),
             "KAKEYA_RUN_DIR": str(out_dir),
+            "KAKEYA_PROGRESS": str(
+                out_dir / PROGRESS_FILE
+            ),  # the workload's own progress (bridge/progress.py)
         }
     )
     if context.subject:
@@ -100,8 +104,10 @@ def run_preset(
     environ: Mapping[str, str] | None = None,
     context: RunContext | None = None,
     should_stop: Callable[[], str | None] | None = None,
+    on_phase: Callable[[str], None] | None = None,
 ) -> RunOutcome:
-    """Run `preset` with validated `values` in `checkout`; always returns an RunOutcome (not yet written)."""
+    """Run `preset` with validated `values` in `checkout`; always returns an RunOutcome (not yet written).
+    `on_phase` hears "running" once the program has started and "gating" once it has ended."""
     environ = os.environ if environ is None else environ
     context = context or RunContext()
     checkout, out_dir = checkout.resolve(), out_dir.resolve()
@@ -130,7 +136,21 @@ def run_preset(
             return RunOutcome(out_dir, result, redact=redact)
         cwd = _sandbox(checkout, scratch, iso)
         env = build_env(preset_env, environ, cwd, run_dir, context, scratch)
-        return _run(preset, argv, env, cwd, out_dir, run_dir, scratch, iso, config, should_stop, base, redact)
+        return _run(
+            preset,
+            argv,
+            env,
+            cwd,
+            out_dir,
+            run_dir,
+            scratch,
+            iso,
+            config,
+            should_stop,
+            on_phase,
+            base,
+            redact,
+        )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -177,6 +197,7 @@ def _run(
     iso: Isolation,
     config: Config,
     should_stop: Callable[[], str | None] | None,
+    on_phase: Callable[[str], None] | None,
     base: dict[str, Any],
     redact: Redactor,
 ) -> RunOutcome:
@@ -226,6 +247,8 @@ def _run(
     ]
     for t in pumps:
         t.start()
+    if on_phase is not None:
+        on_phase("running")
 
     stopped: tuple[Status, str] | None = None
     deadline = time.monotonic() + preset.timeout_s
@@ -275,6 +298,12 @@ def _run(
     base.update(strays_killed=status.get("strays"), dropped=dropped)
     returncode = status.get("exit_code")
     returncode = proc.returncode if returncode is None else returncode
+    try:  # it said how the run went; the result says the rest
+        (out_dir / PROGRESS_FILE).unlink(missing_ok=True)
+    except OSError:
+        pass
+    if on_phase is not None:
+        on_phase("gating")
 
     outcome = RunOutcome(
         out_dir,

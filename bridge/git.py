@@ -360,6 +360,15 @@ def child_commit(
 # --- refs, worktrees and housekeeping in a local repository -----------------------------------------
 
 
+def use_credential_store(repo: Path, path: Path) -> None:
+    """`repo`'s git reads its credentials from the credential-store file `path` (never from an environment)."""
+    if "'" in str(path):
+        raise KakeyaError(
+            f"credential file {path}: a path with a ' cannot be given to git's credential helper"
+        )
+    run(repo, "config", "credential.helper", f"store --file='{path}'")
+
+
 def update_ref(repo: Path, ref: str, sha: str | None) -> None:
     """Point `ref` at `sha` (None deletes it)."""
     run(repo, "update-ref", *([ref, sha] if sha else ["-d", ref]))

@@ -59,6 +59,7 @@ class CappedLog:
         room = self.head_cap - self.head_written
         if room > 0:
             self.file.write(data[:room])
+            self.file.flush()  # so the runner's heartbeats can show the last lines while it runs
             self.head_written += min(room, len(data))
             data = data[room:]
         if data:

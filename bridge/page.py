@@ -27,6 +27,21 @@ padding:.6em;overflow-x:auto;white-space:pre-wrap}.pass{color:#17702a}.fail,.err
 img{max-width:100%;border:1px solid #ddd}"""
 
 
+def outcome_words(status: str, verdict: str | None) -> str:
+    """'succeeded, verdict pass', or 'ran, gate failed' for a program that succeeded but whose report failed
+    the gate, or the status (and verdict) as they are: the words the CLI, summary.md and report.html use."""
+    if status == "succeeded" and verdict == "fail":
+        return "ran, gate failed"
+    return status + (f", verdict {verdict}" if verdict else "")
+
+
+def outcome_heading(status: str, verdict: str | None) -> str:
+    """The heading form of `outcome_words`: 'succeeded — verdict pass', 'ran, gate failed', 'error'."""
+    if status == "succeeded" and verdict == "fail":
+        return "ran, gate failed"
+    return status + (f" — verdict {verdict}" if verdict else "")
+
+
 def _e(value: Any) -> str:
     if value is None:
         return ""
@@ -73,12 +88,14 @@ def verdict_section(verdict: gates.Verdict) -> str:
 
 
 def run_page(result: RunResult, out_dir: Path, verdict: gates.Verdict | None) -> str:
-    title = f"{result.preset}: {result.status}" + (f" — verdict {result.verdict}" if result.verdict else "")
+    title = f"{result.preset}: {outcome_heading(result.status, result.verdict)}"
+    if result.status == "succeeded" and result.verdict == "fail":
+        shown = 'ran, <b class="fail">gate failed</b>'
+    else:
+        shown = _status(result.status) + (f" — verdict {_status(result.verdict)}" if result.verdict else "")
     parts = [
         f"<!doctype html><html><head><meta charset=utf-8><title>{_e(title)}</title><style>{STYLE}</style>",
-        f"</head><body><h1>{_e(result.preset)}: {_status(result.status)}"
-        + (f" — verdict {_status(result.verdict)}" if result.verdict else "")
-        + "</h1>",
+        f"</head><body><h1>{_e(result.preset)}: {shown}</h1>",
     ]
     if result.reason:
         parts.append(f"<p><b>Reason:</b> {_e(result.reason)}</p>")

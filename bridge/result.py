@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 import gates
 from bridge.host import host_fingerprint, tool_versions
 from bridge.logs import Redactor
-from bridge.page import run_page
+from bridge.page import outcome_heading, run_page
 
 Status = Literal["succeeded", "failed", "timed-out", "error", "cancelled", "expired", "rejected"]
 
@@ -215,7 +215,7 @@ def summary_markdown(
     """The same facts as result.json, for a human; plus the report's key results, the gate table, any plots,
     and the end of stderr when the run did not succeed."""
     lines = [
-        f"# {result.preset}: {result.status}" + (f" — verdict {result.verdict}" if result.verdict else ""),
+        f"# {result.preset}: {outcome_heading(result.status, result.verdict)}",
         "",
     ]
     if result.reason:

@@ -9,10 +9,11 @@ Claim = create kakeya/claim/<id> only if absent. While the request is served (ru
 lease is judged expired by how long this runner has seen the claim unchanged on its own monotonic clock
 (longer than the claim's lease_s), never by comparing another host's timestamp with ours, so clock skew
 cannot run a request twice; a runner that finds an expired lease takes it over with a lease on the sha
-it saw. The result is pushed
-in one atomic push that moves the claim to the done commit (leased on this runner's last claim sha)
-and creates the done ref: a runner that lost its lease can never push a result. Presets come from the
-runner's own registry, never from the request commit. Every outcome ends in a done commit.
+it saw. The result's objects are pushed first to a side ref while the lease keeps beating (a big result
+cannot outlast the lease); then one small atomic push moves the claim to the done commit (leased on this
+runner's last claim sha) and creates the done ref: a runner that lost its lease can never push a result.
+Presets come from the runner's own registry, never from the request commit. Every outcome ends in a done
+commit.
 """
 
 from __future__ import annotations
@@ -34,14 +35,16 @@ from pydantic import ValidationError
 
 from bridge import bus as B
 from bridge import git
-from bridge.bus import Bus, Claim, Entry, Manifest, Update
-from bridge.config import Config, project_root
+from bridge.bus import Bus, Claim, Entry, Manifest, Progress, Update
+from bridge.config import GIT_CREDENTIALS, Config, project_root, secret_file
 from bridge.errors import BusError, InvalidRequest, KakeyaError, Rejected, problems
 from bridge.evidence import apply_baseline
 from bridge.execute import run_preset
 from bridge.isolation import choose
 from bridge.names import check_label
+from bridge.presence import Beacon, host_facts
 from bridge.presets import Preset, load_registry
+from bridge.progress import Tracker
 from bridge.result import RunContext, RunOutcome, RunResult, not_run
 from bridge.trust import Signers, key_file, signature_problem
 
@@ -101,12 +104,8 @@ class Lease(threading.Thread):
             self.lost = f"lease lost: {self.runner.holder(self.id, current)}"
 
     def heartbeat(self) -> None:
-        now = self.runner.now()
-        claim = self.claim.model_copy(
-            update={
-                "heartbeat": self.claim.heartbeat + 1,
-                "lease_until": now + dt.timedelta(seconds=self.runner.config.lease_s),
-            }
+        claim = heartbeat_claim(
+            self.claim, self.runner.config.lease_s, self.runner.progress(), self.runner.now()
         )
         sha = git.child_commit(
             self.runner.mirror,
@@ -174,7 +173,12 @@ class Runner:
                 "runner has no isolation: set isolation = auto (or user / userns) in its config "
                 "(KAKEYA_ISOLATION); `kakeya doctor` says what this host allows"
             )
+        self.tracker: Tracker | None = None  # the request being served: phase, start, its out dir
+        self.beacon: Beacon | None = None  # the presence ref, once start_presence() was called
         git.worktree_prune(self.mirror)
+        credentials = secret_file(config, GIT_CREDENTIALS)  # the bus token: in a file, never in os.environ
+        if credentials is not None:
+            git.use_credential_store(self.mirror, credentials)
 
     def now(self) -> dt.datetime:
         """This runner's wall clock (plus config clock_offset_s, with which tests fake a skewed host)."""
@@ -342,23 +346,31 @@ class Runner:
         return sha, claim
 
     def serve(self, entry: Entry, sha: str, claim: Claim) -> Served:
+        out = self.workdir / "runs" / entry.id
+        self.tracker = Tracker(out)
+        if self.beacon is not None:
+            self.beacon.serving(entry.id)
         lease = Lease(self, entry.id, sha, claim)
         lease.start()
-        out = self.workdir / "runs" / entry.id
         shutil.rmtree(out, ignore_errors=True)
         try:
             if self.stopping.is_set():  # nothing has run yet: give the request back
                 lease.stop()
                 return self.release(entry, lease.sha)
             result = self.run_request(entry, lease, out).write()
+            self.set_phase("pushing")  # the lease keeps beating through commit and push
             served = Served(entry.id, result.status, result.verdict, result.reason)
-            # The lease keeps beating while the result is committed; the final commit goes on the last beat.
+            # The lease keeps beating while the result is committed and its objects are pushed ahead (however
+            # long that takes); the final commit goes on the last beat, in a push of a few small objects.
             tree = self.result_tree(entry, lease.sha, out) if not lease.lost else ""
+            staged = self.stage(entry.id, lease.sha, tree) if not lease.lost else None
             with lease.lock:
                 if not lease.lost:
                     served.done = self.done_commit(entry, lease, tree, result)
                     served.pushed = self.push_done(entry.id, lease.sha, served.done)
             lease.stop()
+            if staged:
+                self.unstage(*staged)
             if served.done is None:
                 self.log(f"{entry.id}: {lease.lost}; its result is not pushed (kept in {out})")
                 served.reason = lease.lost
@@ -368,6 +380,9 @@ class Runner:
             return served
         finally:
             lease.stop()
+            self.tracker = None
+            if self.beacon is not None:
+                self.beacon.serving(None)
 
     def release(self, entry: Entry, sha: str) -> Served:
         released = self.bus.swap([Update(B.claim_ref(entry.id), None, sha)])
@@ -419,6 +434,7 @@ class Runner:
                     environ=self.environ,
                     context=context,
                     should_stop=lease.should_stop,
+                    on_phase=self.set_phase,
                 )
             finally:
                 self.remove_worktree(checkout)
@@ -476,6 +492,46 @@ class Runner:
             raise Rejected(f"bad parameters: {exc}") from None
         return manifest, preset, values
 
+    # --- progress and presence ---------------------------------------------------------------------
+
+    def set_phase(self, phase: str) -> None:
+        if self.tracker is not None:
+            self.tracker.phase = phase
+
+    def progress(self) -> Progress | None:
+        """The progress record of the request being served (None when none is), for its heartbeats."""
+        tracker = self.tracker
+        try:
+            return tracker.record() if tracker is not None else None
+        except Exception as exc:  # noqa: BLE001 — progress is a courtesy: it never stops a heartbeat
+            self.log(f"no progress record this time: {exc}")
+            return None
+
+    def start_presence(self) -> None:
+        """Keep kakeya/runners/<name> up to date (bridge/presence.py) until stop_presence()."""
+        if self.beacon is None:
+            host, acc, version = host_facts()
+            self.beacon = Beacon(
+                self.bus,
+                self.mirror,
+                self.name,
+                self.labels,
+                who=self.who,
+                sign_key=self.sign_key,
+                every_s=presence_every(self.config),
+                host=host,
+                accelerator=acc,
+                version=version,
+                log=self.log,
+            )
+            self.beacon.start()
+
+    def stop_presence(self) -> None:
+        """Say this runner stopped (its presence is no longer live)."""
+        if self.beacon is not None:
+            self.beacon.close()
+            self.beacon = None
+
     # --- worktrees ----------------------------------------------------------------------------------
 
     def add_worktree(self, request_id: str, subject: str) -> Path:
@@ -500,6 +556,30 @@ class Runner:
             if p.is_file() and not p.is_symlink() and ".git" not in p.relative_to(out).parts
         }  # git refuses a tree entry named .git
         return git.tree_with(self.mirror, claim_sha, files)
+
+    def stage(self, request_id: str, claim_sha: str, tree: str) -> tuple[str, str] | None:
+        """Push the result's objects to a side ref (B.stage_ref) without holding the lease's lock, so heartbeats
+        go on however long a big result takes to upload; the done push then sends only the done commit, its
+        claim.json and two trees. (ref, sha) when staged; None when the bus did not take it (the done push
+        then carries everything, or goes to the outbox)."""
+        sha = git.commit(
+            self.mirror, tree, [claim_sha], f"kakeya stage {request_id} by {self.name}", self.who
+        )
+        ref = B.stage_ref(request_id, sha)
+        try:
+            if self.bus.swap([Update(ref, sha, None)], atomic=False):
+                return ref, sha
+        except KakeyaError as exc:
+            self.log(f"{request_id}: could not push the result ahead ({exc}); it goes with the done commit")
+        return None
+
+    def unstage(self, ref: str, sha: str) -> None:
+        """Delete a side ref once the done push is over; one left behind (the bus went away) is harmless:
+        it is outside refs/heads, so no clone fetches it and no status reads it."""
+        try:
+            self.bus.swap([Update(ref, None, sha)], atomic=False)
+        except KakeyaError as exc:
+            self.log(f"could not delete {ref}: {exc}")
 
     def done_commit(self, entry: Entry, lease: Lease, tree: str, result: RunResult) -> str:
         """The done commit on the lease's last heartbeat (its claim.json), holding `tree`'s results."""
@@ -573,6 +653,23 @@ def requesters(config: Config) -> Signers | None:
         raise KakeyaError("require_signed_requests needs `allowed_requesters`: an allowed-signers file")
     path = Path(config.allowed_requesters).expanduser()
     return Signers.load(path if path.is_absolute() else project_root() / path, runners=False)
+
+
+def heartbeat_claim(claim: Claim, lease_s: float, progress: Progress | None, now: dt.datetime) -> Claim:
+    """The claim a heartbeat pushes: one more beat, a lease from `now` (this runner's clock), and the progress
+    record."""
+    return claim.model_copy(
+        update={
+            "heartbeat": claim.heartbeat + 1,
+            "lease_until": now + dt.timedelta(seconds=lease_s),
+            "progress": progress,
+        }
+    )
+
+
+def presence_every(config: Config) -> float:
+    """How often a runner refreshes its presence: half a lease (30 s by default)."""
+    return max(config.lease_s / 2, 1.0)
 
 
 def done_updates(request_id: str, claim_sha: str, done_sha: str) -> list[Update]:

@@ -31,6 +31,9 @@ usage: scripts/setup-runner.sh [options]
   --service            install `kakeya runner watch` as a user service (systemd on Linux,
                        launchd on macOS) and (re)start it
   --dry-run-service    write the service file, print the commands that would load it, run none
+  --dry-run            print the system changes (run user, service) that would be made, make none
+  --run-user NAME      the dedicated unprivileged user runs are started as (default: kakeya-run); created
+                       with `useradd --system` when this script runs as root on Linux
   --gpus N             with --service on Linux: one runner per GPU, a templated unit
                        kakeya-runner@.service with CUDA_VISIBLE_DEVICES=<i> and the name <name>-gpu<i>,
                        instances 0..N-1 (each serves one request at a time)
@@ -66,6 +69,7 @@ DRY_RUN=0
 ACTIONS_DIR=""
 OS=""
 PER_GPU=0
+RUN_USER=${KAKEYA_RUN_USER:-kakeya-run}
 
 while [ $# -gt 0 ]; do
   opt=$1
@@ -73,19 +77,20 @@ while [ $# -gt 0 ]; do
     --*=*) set -- "${opt%%=*}" "${opt#*=}" "${@:2}"; continue ;;
   esac
   case $opt in
-    --labels|--name|--remote|--venv|--python|--torch|--torch-version|--torch-index|--extras|--actions-runner|--os|--gpus)
+    --labels|--name|--remote|--venv|--python|--torch|--torch-version|--torch-index|--extras|--actions-runner|--os|--gpus|--run-user)
       [ $# -ge 2 ] || die "$opt needs a value"
       val=$2; shift 2
       case $opt in
         --labels) LABELS=$val ;; --name) NAME=$val ;; --remote) REMOTE=$val ;; --venv) VENV=$val ;;
         --python) PYTHON=$val ;; --torch) TORCH=$val ;; --torch-version) TORCH_VERSION=$val ;;
         --torch-index) TORCH_INDEX=$val ;; --extras) EXTRAS=$val ;; --actions-runner) ACTIONS_DIR=$val ;;
-        --os) OS=$val ;; --gpus) PER_GPU=$val ;;
+        --os) OS=$val ;; --gpus) PER_GPU=$val ;; --run-user) RUN_USER=$val ;;
       esac ;;
     --skip-install) SKIP_INSTALL=1; shift ;;
     --no-doctor) DOCTOR=0; shift ;;
     --service) SERVICE=1; shift ;;
     --dry-run-service) SERVICE=1; DRY_RUN=1; shift ;;
+    --dry-run) DRY_RUN=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown option $opt" ;;
   esac
@@ -105,6 +110,7 @@ case $TORCH in auto|cuda|cpu|none) ;; *) die "--torch must be auto, cuda, cpu or
 [ "$OS" = macos ] && [ "$TORCH" = cuda ] && die "--torch cuda: there is no CUDA on macOS"
 [[ $PER_GPU =~ ^[0-9]+$ ]] || die "--gpus must be a number of GPUs, not '$PER_GPU'"
 [ "$PER_GPU" = 0 ] || [ "$OS" = linux ] || die "--gpus: one runner per GPU is for Linux (CUDA) hosts"
+[[ $RUN_USER =~ ^[a-z_][a-z0-9_-]{0,31}$ ]] || die "--run-user '$RUN_USER' must be a user name (lowercase, e.g. kakeya-run)"
 
 LABELS=${LABELS:-cpu}
 LABELS=${LABELS// /}
@@ -255,11 +261,61 @@ else
   say "No models on this host yet."
 fi
 
+# --- signing key ---------------------------------------------------------------------------------------------
+
+CONFIG_HOME=${XDG_CONFIG_HOME:-$HOME/.config}
+KEY=$CONFIG_HOME/kakeya/signing-key
+SECRETS_DIR=$CONFIG_HOME/kakeya/secrets
+step "signing key"
+mkdir -p "$CONFIG_HOME/kakeya"
+if [ -f "$KEY" ]; then
+  say "kept: $KEY"
+else
+  command -v ssh-keygen >/dev/null 2>&1 || die "no ssh-keygen on PATH: install OpenSSH (the runner signs its results with an SSH key)"
+  ssh-keygen -q -t ed25519 -N "" -C "kakeya runner $NAME" -f "$KEY" </dev/null >/dev/null || die "ssh-keygen could not make $KEY"
+  say "made: $KEY (ed25519, no passphrase: the runner signs unattended)"
+fi
+chmod 600 "$KEY"
+PRINCIPAL="$NAME@${LABELS//,/+}"
+read -r key_type key_data _ <"$KEY.pub"
+say "The runner signs its claim and done commits with it. For the PR gate to accept its evidence, commit"
+say "this line to .github/kakeya-allowed-signers on the default branch (docs/runners.md, \"Trust\"):"
+say ""
+say "  $PRINCIPAL namespaces=\"git\" $key_type $key_data"
+mkdir -p "$SECRETS_DIR"
+chmod 700 "$SECRETS_DIR"
+say ""
+say "The runner's own secrets go in $SECRETS_DIR (mode 700), never in its environment: e.g."
+say "git-credentials (mode 600) with https://x-access-token:TOKEN@github.com, what it pushes to the bus with."
+
+# --- run user (isolation) --------------------------------------------------------------------------------------
+
+step "isolation: runs as a dedicated user ($RUN_USER) where this host allows it"
+if id -u "$RUN_USER" >/dev/null 2>&1; then
+  say "run user exists: $RUN_USER (uid $(id -u "$RUN_USER"))"
+elif [ "$(id -u)" != 0 ]; then
+  say "not root: no run user made. The runner uses isolation auto: a user namespace where the kernel allows"
+  say "it (\`kakeya doctor\` says which); for a dedicated user, an administrator runs this script as root"
+elif [ "$OS" = linux ]; then
+  if [ "$DRY_RUN" = 1 ]; then
+    say "would run: useradd --system --no-create-home --shell /usr/sbin/nologin $RUN_USER"
+  else
+    say "+ useradd --system --no-create-home --shell /usr/sbin/nologin $RUN_USER"
+    useradd --system --no-create-home --shell /usr/sbin/nologin "$RUN_USER" || die "useradd $RUN_USER failed"
+    say "made the run user: $RUN_USER"
+  fi
+else
+  say "macOS: make the run user once with System Settings > Users & Groups (a Standard user named $RUN_USER)"
+fi
+say "runner config: isolation = auto, run_user = $RUN_USER (a runner started as root runs each program as"
+say "$RUN_USER; otherwise in a user namespace where permitted; recorded in each result.json)"
+
 # --- doctor -----------------------------------------------------------------------------------------------
 
 doctor_rc=0
 step "kakeya doctor"
-export KAKEYA_LABELS=$LABELS KAKEYA_RUNNER_NAME=$NAME
+export KAKEYA_LABELS=$LABELS KAKEYA_RUNNER_NAME=$NAME KAKEYA_SIGNING_KEY=$KEY KAKEYA_ISOLATION=auto
+export KAKEYA_RUN_USER=$RUN_USER KAKEYA_SECRETS_DIR=$SECRETS_DIR
 if [ -n "$REMOTE" ]; then export KAKEYA_REMOTE=$REMOTE; fi
 if [ "$DOCTOR" = 0 ]; then
   say "skipped (--no-doctor)"
@@ -318,7 +374,6 @@ install_file() {
 
 xml() { local s=$1; s=${s//&/&amp;}; s=${s//</&lt;}; s=${s//>/&gt;}; printf '%s' "$s"; }
 
-CONFIG_HOME=${XDG_CONFIG_HOME:-$HOME/.config}
 ENV_FILE=$CONFIG_HOME/kakeya/runner.env
 SERVICE_PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin
 [ "$OS" = macos ] && SERVICE_PATH=/opt/homebrew/bin:$SERVICE_PATH
@@ -327,6 +382,10 @@ service_env=(
   "KAKEYA_LABELS=$LABELS"
   "KAKEYA_RUNNER_NAME=$NAME"
   "KAKEYA_REMOTE=$REMOTE"
+  "KAKEYA_SIGNING_KEY=$KEY"
+  "KAKEYA_ISOLATION=auto"
+  "KAKEYA_RUN_USER=$RUN_USER"
+  "KAKEYA_SECRETS_DIR=$SECRETS_DIR"
 )
 if [ -n "${KAKEYA_MODELS:-}" ]; then service_env+=("KAKEYA_MODELS=$KAKEYA_MODELS"); fi
 service_env+=("PATH=$SERVICE_PATH" "PYTHONUNBUFFERED=1")
@@ -434,10 +493,10 @@ fi
 if [ -n "$ACTIONS_DIR" ]; then
   step "GitHub Actions runner environment: $ACTIONS_DIR/.env"
   [ -d "$ACTIONS_DIR" ] || die "--actions-runner $ACTIONS_DIR is not a directory (install the Actions runner there first)"
-  entries=("KAKEYA_VENV=$VENV")
+  entries=("KAKEYA_VENV=$VENV" "KAKEYA_SIGNING_KEY=$KEY" "KAKEYA_ISOLATION=auto" "KAKEYA_RUN_USER=$RUN_USER")
   if [ -n "${KAKEYA_MODELS:-}" ]; then entries+=("KAKEYA_MODELS=$KAKEYA_MODELS"); fi
   {
-    if [ -f "$ACTIONS_DIR/.env" ]; then grep -v -E '^(KAKEYA_VENV|KAKEYA_MODELS)=' "$ACTIONS_DIR/.env" || true; fi
+    if [ -f "$ACTIONS_DIR/.env" ]; then grep -v -E '^(KAKEYA_VENV|KAKEYA_MODELS|KAKEYA_SIGNING_KEY|KAKEYA_ISOLATION|KAKEYA_RUN_USER)=' "$ACTIONS_DIR/.env" || true; fi
     printf '%s\n' "${entries[@]}"
   } | install_file "$ACTIONS_DIR/.env" 644
   say "restart the Actions runner (./svc.sh stop && ./svc.sh start in $ACTIONS_DIR) so its jobs see this"
@@ -446,7 +505,7 @@ fi
 step "done"
 say "runner $NAME serves: $LABELS"
 if [ "$SERVICE" = 0 ]; then
-  say "serve requests by hand:   (cd $REPO && $VENV/bin/kakeya runner watch --labels $LABELS)"
+  say "serve requests by hand:   (cd $REPO && KAKEYA_SIGNING_KEY=$KEY KAKEYA_ISOLATION=auto KAKEYA_RUN_USER=$RUN_USER KAKEYA_SECRETS_DIR=$SECRETS_DIR $VENV/bin/kakeya runner watch --labels $LABELS)"
   say "or as a service:          scripts/setup-runner.sh --labels $LABELS --service"
 fi
 exit "$doctor_rc"

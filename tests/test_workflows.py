@@ -560,3 +560,45 @@ exit {verdict}
         preset, label = entries[0].split("@")
         assert f"kakeya request {preset} --runner {label} --subject {SHA} --wait" in text
         assert "git fetch origin pull/42/head" in text and "gh run rerun --failed 777" in text
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_pr_gate_passes_the_allowed_signers_of_the_base_checkout(tmp_path, signed):
+    """The script, copied into a stand-in base checkout, hands `kakeya gate pr` that checkout's
+    allowed-signers file by absolute path (when it has one), never a file from the PR's head or the cwd."""
+    base = tmp_path / "base"
+    shutil.copytree(ROOT / ".github" / "scripts", base / ".github" / "scripts")
+    shutil.copy(ROOT / ".github" / "kakeya-required.yml", base / ".github" / "kakeya-required.yml")
+    shutil.copytree(ROOT / "presets", base / "presets")
+    if signed:
+        (base / ".github" / "kakeya-allowed-signers").write_text(
+            'gpu-1@h200 namespaces="git" ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBase\n'
+        )
+    head = tmp_path / "head"  # the PR's head, with a file of its own: the cwd the job could be in
+    (head / ".github").mkdir(parents=True)
+    (head / ".github" / "kakeya-allowed-signers").write_text(
+        'evil@h200 namespaces="git" ssh-ed25519 AAAAevil\n'
+    )
+    stand_in = tmp_path / "kakeya-stand-in"
+    stand_in.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {tmp_path}/argv\npwd > {tmp_path}/cwd\n")
+    stand_in.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "SUBJECT": SHA, "KAKEYA": str(stand_in)}
+    proc = subprocess.run(
+        ["bash", str(base / ".github" / "scripts" / "pr-gate.sh")],
+        cwd=head,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    argv = (tmp_path / "argv").read_text().splitlines()
+    assert (tmp_path / "cwd").read_text().strip() == str(
+        base.resolve()
+    )  # gate pr's default is the base's too
+    if signed:
+        i = argv.index("--allowed-signers")
+        assert argv[i + 1] == str(base.resolve() / ".github" / "kakeya-allowed-signers")
+    else:
+        assert "--allowed-signers" not in argv
+    assert "evil" not in " ".join(argv)

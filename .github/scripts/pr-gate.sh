@@ -5,6 +5,8 @@
 # how to ask for it) to the job summary. Exit: that of `kakeya gate pr` (0 pass, 1 fail), 2 when the
 # requirements file is not valid.
 #
+# Evidence counts only as a runner's signed done commit when the base has .github/kakeya-allowed-signers.
+#
 # Environment: SUBJECT (the PR's head sha), KAKEYA_REMOTE (the repository), GITHUB_TOKEN (read), PR
 # (the pull request number, for the instructions), KAKEYA (how to run kakeya; default `kakeya`).
 set -uo pipefail
@@ -32,6 +34,10 @@ if [ -z "$required" ]; then
 fi
 args=()
 while read -r entry; do args+=(--require "$entry"); done <<<"$required"
+# Who may sign evidence: the allowed-signers file of the BASE checkout (this one), never the PR's head,
+# which could list its own key. Without one, unsigned evidence is accepted (docs/runners.md).
+signers=$HARNESS/.github/kakeya-allowed-signers
+if [ -f "$signers" ]; then args+=(--allowed-signers "$signers"); fi
 
 table=$(mktemp)
 "${KAKEYA[@]}" gate pr --subject "$SUBJECT" "${args[@]}" --summary "$table"

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -123,6 +124,37 @@ def isolation_in_force(cfg: Config) -> str:
     return f"{iso.describe} (config isolation = {cfg.isolation}){extra}"
 
 
+def clock_skew(url: str, timeout: float = 10.0) -> str:
+    """The remote's clock against this host's, where it can be measured: the HTTP Date header of an http(s)
+    bus (1 s resolution, half a round trip of uncertainty). A path, file://, git:// or ssh bus has no clock
+    to read. Leases never compare clocks (bridge/runner.py), so skew is reported, not failed."""
+    if not re.match(r"^https?://", url):
+        return "not measurable for this bus (a path, file://, git:// or ssh remote carries no clock)"
+    import email.utils
+    import urllib.error
+    import urllib.request
+
+    probe = url.rstrip("/") + "/info/refs?service=git-upload-pack"
+    sent = time.time()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(probe, method="HEAD"), timeout=timeout) as resp:
+            date = resp.headers.get("Date")
+    except urllib.error.HTTPError as exc:  # 401/404 still carry the server's Date
+        date = exc.headers.get("Date")
+    except (urllib.error.URLError, OSError) as exc:
+        return f"not measurable: {probe} did not answer ({getattr(exc, 'reason', exc)})"
+    got = time.time()
+    if not date:
+        return f"not measurable: {probe} sent no Date header"
+    remote = email.utils.parsedate_to_datetime(date).timestamp()
+    skew = remote + 0.5 - (sent + got) / 2  # Date is truncated to the second: its middle
+    uncertainty = 0.5 + (got - sent) / 2
+    return (
+        f"the bus's clock is {skew:+.0f} s from this host's (HTTP Date, ± {uncertainty:.1f} s); "
+        "leases do not depend on it"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     root = project_root()
     state: dict[str, object] = {}
@@ -156,6 +188,10 @@ def run(args: argparse.Namespace) -> int:
     def isolation() -> str:
         cfg = state.get("config") or load_config(root)
         return isolation_in_force(cfg)
+
+    def clock() -> str:
+        url = state.get("url")
+        return clock_skew(str(url)) if url is not None else "not measured: the bus could not be read"
 
     def push() -> str:
         cfg = state.get("config") or load_config(root)
@@ -208,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
         ("project", project),
         ("bus", bus),
         ("push", push),
+        ("clock", clock),
         ("fetch", fetch),
         ("presets", presets),
         ("signing", signing),

@@ -1,18 +1,22 @@
 """`kakeya request PRESET [-p k=v ...] --runner LABEL [--subject REV] [--expires 2h] [--allow-dirty] [--wait]`.
 
 Validates against the local preset registry, pushes kakeya/req/<label>/<id> and prints the id.
-With --wait: waits for the result, writes it to --out (default out/<id>) and exits like `kakeya run`.
+With --wait: follows it like `kakeya wait` (--json: one JSON event per line, starting with "requested"), writes
+the result to --out (default out/<id>) and exits like `kakeya wait`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 from pathlib import Path
 
 from bridge.client import parse_duration
-from bridge.commands._bus import add_preset_args, add_remote, client, out_dir, report
+from bridge.commands._bus import add_preset_args, add_remote, client
+from bridge.commands.wait import add_wait_args, follow
 from bridge.config import project_root
+from bridge.follow import iso
 from bridge.presets import parse_assignments
 
 
@@ -32,8 +36,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="send a snapshot of the working tree (tracked and untracked files) instead of refusing",
     )
-    parser.add_argument("--wait", action="store_true", help="wait for the result and fetch it")
-    parser.add_argument("--timeout", type=float, metavar="S", help="with --wait: give up after S seconds")
+    parser.add_argument(
+        "--wait",
+        action="store_true",
+        help="follow it until it is done (like `kakeya wait`) and fetch the result",
+    )
+    add_wait_args(parser, "with --wait: ")
     parser.add_argument("--out", type=Path, help="with --wait: where to write the results (default out/<id>)")
     parser.set_defaults(func=run)
 
@@ -57,9 +65,10 @@ def run(args: argparse.Namespace) -> int:
         if fresh:  # a request that failed leaves no state directory behind
             shutil.rmtree(state, ignore_errors=True)
         raise
-    print(manifest.id, flush=True)
-    if not args.wait:
-        return 0
-    done = c.wait(manifest.id, timeout=args.timeout)
-    out = out_dir(c.root, args.out, manifest.id)
-    return report(manifest.id, c.results(manifest.id, out, done), out)
+    if args.json:
+        print(
+            json.dumps({"event": "requested", "id": manifest.id, "at": iso(manifest.created_at)}), flush=True
+        )
+    else:
+        print(manifest.id, flush=True)
+    return follow(c, manifest.id, args) if args.wait else 0

@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     say_bus(remote, url)
     runner = make_runner(args, config, root, url, labels)
     previous = handle_signals(runner, config.stop_grace_s)
+    runner.start_presence()  # kakeya/runners/<name>: `kakeya runners`, and `kakeya wait` knows we are here
     try:
         if args.mode == "watch":
             runner.watch()
@@ -96,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             served = runner.once(request_id=args.request)
     finally:
+        runner.stop_presence()
         for sig, old in previous.items():
             signal.signal(sig, old)
     if served is not None:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 
+from bridge.bus import Progress
 from bridge.client import Row, age, row_dict
 from bridge.commands._bus import add_remote, client
+from bridge.progress import describe
 
 COLUMNS = ("ID", "STATE", "PRESET", "RUNNER", "AGE", "VERDICT")
 
@@ -36,6 +38,20 @@ def table(rows: list[Row]) -> str:
     )
 
 
+def running(rows: list[Row]) -> list[str]:
+    """A line under the table for each request a runner holds: progress, elapsed time, the holder's liveness."""
+    lines = []
+    for r in rows:
+        if r.holder is None or r.holder_live is None:
+            continue
+        lease = "lease live" if r.holder_live else f"lease expired at {r.lease_until} (holder may be dead)"
+        detail = "claimed, no progress yet"
+        if r.progress is not None:
+            detail = describe(Progress.model_validate(r.progress))
+        lines.append(f"{r.id}: {detail}; held by {r.holder} ({lease})")
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     c = client(args)
     if args.id:
@@ -52,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps([row_dict(r) for r in rows], indent=2))
     elif rows:
         print(table(rows))
+        for line in running(rows):
+            print(line)
     else:
         print(f"no requests on the bus at {c.url}")
     return 0

@@ -1,25 +1,125 @@
-"""`kakeya wait ID [--timeout S] [--out DIR]`: wait for a request to finish, then fetch its results like
-`kakeya results`. Exit 0 pass, 1 fail or any other outcome, 2 rejected."""
+"""`kakeya wait ID [--timeout S] [--no-runner-timeout S] [--json] [--out DIR]`: follow a request until it is
+done, showing each change (queued and its place in the label's queue, no live runner for the label, claimed
+by X on host Y, running with a progress bar and elapsed time, gating), then fetch its results like
+`kakeya results` and show the verdict table. `--json`: one JSON event per line (bridge/follow.py), the last
+one the verdict. Ctrl-C stops waiting, never the request.
+Exit 0 pass, 1 fail or any other outcome, 2 rejected, 3 no live runner for --no-runner-timeout S, 130 Ctrl-C.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
+from typing import Any
 
+from bridge.client import Client, exit_code
 from bridge.commands._bus import add_remote, client, out_dir, report
+from bridge.follow import Follower
+from bridge.progress import bar, clock
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("wait", help="wait for a request to finish, then fetch its results")
+    parser = sub.add_parser("wait", help="follow a request until it is done, then fetch its results")
     parser.add_argument("id")
     parser.add_argument("--out", type=Path, help="where to write the results (default out/<id>)")
     add_remote(parser)
-    parser.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds")
+    add_wait_args(parser)
     parser.set_defaults(func=run)
 
 
+def add_wait_args(parser: argparse.ArgumentParser, prefix: str = "") -> None:
+    parser.add_argument("--timeout", type=float, metavar="S", help=f"{prefix}give up after S seconds")
+    parser.add_argument(
+        "--no-runner-timeout",
+        type=float,
+        metavar="S",
+        help=f"{prefix}give up (exit 3) when no live runner has served the label for S seconds",
+    )
+    parser.add_argument("--json", action="store_true", help=f"{prefix}one JSON event per line, for agents")
+
+
 def run(args: argparse.Namespace) -> int:
-    c = client(args)
-    done = c.wait(args.id, timeout=args.timeout)
-    out = out_dir(c.root, args.out, args.id)
-    return report(args.id, c.results(args.id, out, done), out)
+    return follow(client(args), args.id, args)
+
+
+def follow(c: Client, request_id: str, args: argparse.Namespace) -> int:
+    """Show the request's changes until it is done, then its results; the exit code of the outcome."""
+    emit = (lambda e: print(json.dumps(e), flush=True)) if args.json else show
+    follower = Follower(c, request_id, timeout=args.timeout, no_runner_timeout=args.no_runner_timeout)
+    try:
+        done = None
+        for event in follower.events():
+            emit(event)
+            done = event.get("done")
+    except KeyboardInterrupt:
+        print(
+            f"kakeya: stopped waiting; {request_id} goes on (`kakeya wait {request_id}` to follow it again, "
+            f"`kakeya cancel {request_id}` to cancel it)",
+            file=sys.stderr,
+        )
+        return 130
+    out = out_dir(c.root, args.out, request_id)
+    result = c.results(request_id, out, done)
+    if not args.json:
+        return report(request_id, result, out)
+    try:
+        checks = json.loads((out / "verdict.json").read_text())
+    except (OSError, ValueError):
+        checks = None
+    code = exit_code(result)
+    emit(
+        follower.event(
+            "verdict",
+            status=result.status,
+            verdict=result.verdict,
+            reason=result.reason,
+            runner=result.runner_name,
+            started_at=result.started_at,
+            ended_at=result.ended_at,
+            duration_s=result.duration_s,
+            checks=checks,
+            out=str(out),
+            exit_code=code,
+        )
+    )
+    return code
+
+
+def show(e: dict[str, Any]) -> None:
+    """One line per event, for a person."""
+    at = e["at"][11:19]
+    kind = e["event"]
+    if kind == "queued":
+        where = f"position {e['position']} in the {e['label']} queue" + (
+            f", {e['ahead']} running" if e["ahead"] else ""
+        )
+        who = f"live runners: {', '.join(e['runners'])}" if e["runners"] else "no live runner"
+        line = f"queued: {where}; {who}"
+    elif kind == "no-runner":
+        seen = f" (seen: {', '.join(e['seen'])})" if e["seen"] else ""
+        line = (
+            f"no live runner serves label {e['label']!r}{seen}; still waiting "
+            f"({clock(e['waited_s'])}); `kakeya runners` lists runners"
+        )
+    elif kind == "claimed":
+        took = f", taking over from {e['takeover_of']}" if e["takeover_of"] else ""
+        line = f"claimed by {e['runner']} on {e['host']} at {e['claimed_at'][11:19]}{took}"
+    elif kind in ("running", "gating"):
+        w = e["workload"]
+        work = f"  {bar(w['done'], w['total'])}{' ' + w['what'] if w['what'] else ''}" if w else ""
+        last = f"  | {e['log_tail'][-1]}" if e["log_tail"] else ""
+        line = f"{kind}{work}  elapsed {clock(e['elapsed_s'])}{last}"
+    elif kind == "stale":
+        line = (
+            f"the lease of {e['runner']} ran out at {e['lease_until'][11:19]}: it may have died; "
+            "another runner may take the request over"
+        )
+    elif kind == "cancelling":
+        line = "cancel requested: the runner is stopping the run"
+    elif kind == "finished":
+        line = f"done: {e['done'][:12]}"
+    else:
+        line = kind
+    print(f"{at} {line}", flush=True)

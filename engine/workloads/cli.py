@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -14,6 +15,7 @@ from tqdm import tqdm
 
 from engine.geometry import ITEMSIZE
 from engine.policy import Policy, parse_policy
+from engine.progress import report_progress
 
 
 class ModelConfig(BaseModel):
@@ -107,10 +109,27 @@ def _numbers(text: str, convert: Callable[[str], _N], noun: str) -> list[_N]:
     return out
 
 
+class _Bar(tqdm):
+    """tqdm that also tells a runner how far it got (engine/progress.py: KAKEYA_PROGRESS), at most once a second."""
+
+    _told = 0.0
+
+    def update(self, n: float | None = 1) -> bool | None:
+        shown = super().update(n)
+        now = time.monotonic()
+        if now - self._told >= 1.0 or self.n >= (self.total or 0):
+            self._told = now
+            what = f"{self.desc} {self.unit} {self.n} of {self.total}" + (
+                f" ({self.postfix})" if self.postfix else ""
+            )
+            report_progress(int(self.n), int(self.total or 0) or 1, what)
+        return shown
+
+
 def progress(total: int, desc: str, unit: str = "it") -> Any:
-    """A tqdm bar on stderr (refreshed rarely when stderr is a log file, not a terminal)."""
+    """A tqdm bar on stderr (refreshed rarely when stderr is a log file, not a terminal); a runner sees it too."""
     tty = sys.stderr.isatty()
-    return tqdm(
+    return _Bar(
         total=total,
         desc=desc,
         unit=unit,

@@ -21,6 +21,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 import engine
+from engine.progress import report_progress
 from engine.report import write_report
 from engine.workloads.cli import first_divergence
 from engine.zoo import corpus
@@ -146,7 +147,10 @@ def run_dtype(config: Config, dtype: str, texts: list[str]) -> Run:
 
 def parity(config: Config) -> dict[str, Any]:
     texts = prompts(config.prompts, config.prompt_tokens, config.seed)
-    runs = [run_dtype(config, d, texts) for d in config.dtypes]
+    runs = []
+    for i, dtype in enumerate(config.dtypes):
+        report_progress(i, len(config.dtypes), f"parity: dtype {dtype} ({i + 1} of {len(config.dtypes)})")
+        runs.append(run_dtype(config, dtype, texts))
     f32 = next((r for r in runs if r.dtype == "float32"), None)
     summary = Summary(
         float32_agreement=f32.agreement if f32 else None,

@@ -111,10 +111,12 @@ def test_previous_pass_baseline_over_a_series_of_runs(bench: Env, capsys):
     assert result["reason"] == f"regression: {why}"
     summary = (bench.project / "out" / third / "summary.md").read_text()
     assert (
-        summary.startswith("# bench: succeeded — verdict fail")
+        summary.startswith("# bench: ran, gate failed\n")
         and why in summary
         and "**Compare: ✗ fail**" in summary
     )
+    page = (bench.project / "out" / third / "report.html").read_text()
+    assert "<title>bench: ran, gate failed</title>" in page and "verdict fail" not in page
     # the done commit on the bus says the same
     bus = B.Bus(str(bench.project / ".kakeya" / "bus.git"), bench.project)
     repo = bus.url

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -392,6 +393,59 @@ def test_a_200_mib_result_is_capped_done_once_and_starves_nobody(world: Env, dae
     assert files["small.txt"] == b"kept" and "huge.bin" not in files
 
 
+BIG_RANDOM_PY = WRITE_REPORT_PY + textwrap.dedent("""
+    import sys, time
+    time.sleep(2)  # the other runner is up and watching the claim
+    with open(os.path.join(os.environ["KAKEYA_RUN_DIR"], "blob.bin"), "wb") as fh:
+        fh.write(os.urandom(3 << 20))  # incompressible: the push carries 3 MiB
+    with open(os.environ["COUNTER"], "a") as fh:
+        fh.write("big\\n")
+    write_report()
+""")
+
+# A slow link: a push whose objects exceed 1 MiB takes 6 s more (the hook sees them in quarantine).
+SLOW_HOOK = """#!/bin/sh
+kb=$(du -sk "$GIT_QUARANTINE_PATH" | cut -f1)
+if [ "$kb" -gt 1024 ]; then echo "$kb" >>"{marks}/slow-push"; sleep 6; fi
+"""
+
+
+def test_a_push_longer_than_the_lease_keeps_the_lease_and_is_done_once(
+    world: Env, daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+):
+    url = daemon.repo()
+    hook = daemon.base / "bus.git" / "hooks" / "pre-receive"
+    hook.write_text(SLOW_HOOK.format(marks=world.marks))
+    hook.chmod(0o755)
+    spec = {**hostile_preset(), "argv": ["{python}", "-c", BIG_RANDOM_PY], "params": {}}
+    (world.presets / "bigrand.yaml").write_text(yaml.safe_dump({"name": "bigrand", **spec}))
+    rid = Client(load_config(), remote=url).request("bigrand", {}, "cpu").id
+    monkeypatch.setenv("KAKEYA_LEASE", "2")
+    runner = make_runner(url, world, "a")
+    served: list = []
+    thread = threading.Thread(target=lambda: served.append(runner.once()))
+    thread.start()
+    bus = B.Bus(url, world.project)
+    wait_for(lambda: bus.ls_remote().entries[rid].claim, 30, "the claim")
+    other = runner_process(world, url, "b", "--poll", "0.2", "--lease", "2")
+    try:
+        thread.join(90)
+        time.sleep(3)  # the other runner would now take over a claim that stopped moving
+    finally:
+        assert stop(other) == 0
+    slow = (world.marks / "slow-push").read_text().split()
+    print(f"\nFIGURE slow push: {len(slow)} push(es) of {slow} KiB took 6 s more each (lease 2 s)")
+    assert len(slow) == 1 and int(slow[0]) > 3000  # the result's objects, once, for 3 times the lease
+    assert served and served[0].status == "succeeded" and served[0].pushed, served
+    result = done_result(world.project, url, rid)
+    assert result["status"] == "succeeded" and result["runner_name"] == "a"
+    assert world.count() == ["big"]  # ran once: the lease was never lost to the other runner
+    assert "takes over" not in (world.tmp / "b.log").read_text()
+    done = bus.ls_remote().entries[rid].done or ""
+    assert len(G.read_path(world.project, done, f"{B.results_path(rid)}/blob.bin") or b"") == 3 << 20
+    assert G.out(daemon.base / "bus.git", "for-each-ref", B.STAGE_PREFIX) == ""  # the side ref is gone
+
+
 def test_report_and_result_caps_drop_and_list(tmp_path: Path):
     from bridge.caps import apply_caps
 
@@ -508,6 +562,41 @@ def test_a_workload_cannot_steal_the_runners_secrets(world: Env, daemon: Daemon)
         for form in (value.encode(), base64.b64encode(value.encode()), value.encode()[::-1]):
             assert form not in committed, f"{value} leaked as {form!r}"
     assert blobs[tree[f"{B.results_path(rid)}/loot.bin"][2]]  # its loot was committed: it held no secret
+
+
+def test_a_secret_the_runner_reads_from_a_file_never_reaches_a_run(
+    world: Env, daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+):
+    url = daemon.repo()
+    token = "ghp_fileOnlyRunnerToken0009"
+    secrets = world.tmp / "secrets"
+    secrets.mkdir(mode=0o700)
+    (secrets / "git-credentials").write_text(f"https://x-access-token:{token}@github.com\n")
+    (secrets / "git-credentials").chmod(0o600)
+    monkeypatch.setenv("KAKEYA_SECRETS_DIR", str(secrets))
+    add_hostile(world, PROBE_FILE="/nonexistent")
+    rid = Client(load_config(), remote=url).request("hostile", {"mode": "steal"}, "cpu").id
+    runner = make_runner(url, world, "s")
+    # the runner's git has the token, from the file: what it pushes to an https bus with
+    asked = G.run(runner.mirror, "credential", "fill", input=b"protocol=https\nhost=github.com\n\n")
+    assert f"password={token}" in asked.stdout.decode()
+    assert token not in "".join(os.environ.values())  # and its process environment does not
+    served = runner.once()
+    assert served is not None and served.status == "succeeded" and served.pushed, served
+    bus = B.Bus(url, world.project)
+    bus.fetch([B.done_ref(rid)])
+    done = bus.ls_remote().entries[rid].done or ""
+    tree = G.ls_tree(world.project, done, recursive=True)
+    blobs = G.read_blobs(world.project, sorted({sha for _mode, _kind, sha in tree.values()}))
+    stdout = blobs[tree[f"{B.results_path(rid)}/logs/stdout.log"][2]]
+    assert b"steal done" in stdout and len(blobs[tree[f"{B.results_path(rid)}/loot.bin"][2]]) > 1000
+    committed = b"\n".join(blobs.values())  # every environment the run could read, raw and encoded
+    for form in (token.encode(), base64.b64encode(token.encode()), token.encode()[::-1]):
+        assert form not in committed
+    # a secrets file others may read is refused, with the fix
+    (secrets / "git-credentials").chmod(0o644)
+    with pytest.raises(KakeyaError, match=r"readable by others .*chmod 600"):
+        make_runner(url, world, "s2")
 
 
 def test_untrusted_labels_need_isolation(world: Env, monkeypatch: pytest.MonkeyPatch, capsys):

@@ -316,6 +316,7 @@ def test_doctor_checks_what_each_label_promises_push_access_and_bus_fetching(
     code = main(["doctor"])
     out = capsys.readouterr().out
     assert "ok    push     a dry-run push of refs/heads/kakeya/doctor/" in out
+    assert "ok    clock    not measurable for this bus (a path, file://, git:// or ssh remote" in out
     assert f"ok    models   {models}: 1 model(s): gemma-3-1b" in out
     cuda = subprocess.run(
         [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
@@ -406,3 +407,37 @@ def test_bus_gc_archives_old_done_refs_out_of_every_clones_fetch(world: Env, dae
     clone = world.tmp / "clone"
     git(world.tmp, "clone", "-q", "--mirror", url, str(clone))  # even a mirror clone's refs/heads have none
     assert "kakeya/" not in git(clone, "for-each-ref", "refs/heads/")
+
+
+def test_doctor_measures_clock_skew_from_an_http_bus_date_header():
+    """A real HTTP server whose clock runs 120 s ahead (its Date header); the answer is a 401, as from a
+    private repository, which still carries the Date."""
+    import email.utils
+    import http.server
+    import re
+    import threading
+    import time
+
+    from bridge.commands.doctor import clock_skew
+
+    class Ahead(http.server.BaseHTTPRequestHandler):
+        def date_time_string(self, timestamp=None):
+            return email.utils.formatdate(time.time() + 120, usegmt=True)
+
+        def do_HEAD(self):
+            self.send_response(401)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ahead)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        said = clock_skew(f"http://127.0.0.1:{server.server_address[1]}/team/bus.git")
+    finally:
+        server.shutdown()
+    m = re.match(r"the bus's clock is ([+-]\d+) s from this host's \(HTTP Date, ± [\d.]+ s\)", said)
+    assert m and 119 <= int(m.group(1)) <= 121, said
+    assert clock_skew(f"http://127.0.0.1:{free_port()}/x.git").startswith("not measurable: ")
+    assert clock_skew("git://127.0.0.1/x.git").startswith("not measurable for this bus")

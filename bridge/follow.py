@@ -1,0 +1,154 @@
+"""Following one request until it is done, as a stream of events: what `kakeya wait` and `request --wait`
+show a person (one line per change) and an agent (`--json`: one JSON object per line).
+
+    for event in Follower(client, request_id).events(): ...     # the last one is {"event": "finished", ...}
+
+Events (every one has "event", "id" and "at", the time it was seen):
+    queued     not claimed yet: "position" in its label's queue (1 = next), "ahead" running, "runners" live
+    no-runner  no live runner serves the label (at once, then every `nag_s`); --no-runner-timeout ends the wait
+    claimed    "runner" on "host" claimed it at "claimed_at" (again after a takeover)
+    running    a heartbeat's progress: "phase", "elapsed_s", "workload" {done,total,what}, "log_tail"
+    stale      the holder's lease ran out (it may be dead; another runner may take it over)
+    cancelling a cancel marker while a runner holds it
+    finished   the done commit is on the bus ("done": its sha); the command adds the "verdict" event
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from bridge import bus as B
+from bridge.bus import Claim, Entry, Snapshot
+from bridge.client import Client
+from bridge.errors import KakeyaError, NoRunner
+from bridge.presence import read_presences
+from bridge.trust import Signers, trusted_signers
+
+NAG_S = 30.0  # how often "no live runner" is said again
+
+
+def iso(t: dt.datetime) -> str:
+    return t.astimezone(dt.UTC).isoformat(timespec="milliseconds")
+
+
+class Follower:
+    def __init__(
+        self,
+        client: Client,
+        request_id: str,
+        *,
+        poll_s: float | None = None,
+        timeout: float | None = None,
+        no_runner_timeout: float | None = None,
+        nag_s: float = NAG_S,
+    ):
+        self.c, self.id = client, request_id
+        self.poll_s = poll_s or client.config.poll_interval_s
+        self.timeout, self.no_runner_timeout, self.nag_s = timeout, no_runner_timeout, nag_s
+        self.signers: Signers | None = trusted_signers(client.root) if client.in_repo else None
+        self.last: dict[str, Any] = {}  # the last event of each kind, to tell a change
+        self.no_runner_since: float | None = None
+        self.nagged_at: float | None = None
+
+    def events(self) -> Iterator[dict[str, Any]]:
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        B.id_time(self.id)
+        while True:
+            snap = self.c.bus.ls_remote()
+            entry = snap.entries.get(self.id)
+            if entry is None or entry.req is None and entry.done is None:
+                raise KakeyaError(f"no request {self.id} on the bus at {self.c.url}")
+            if entry.done:
+                yield self.event("finished", done=entry.done)
+                return
+            yield from self.look(snap, entry)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise KakeyaError(
+                    f"timed out after {self.timeout:g} s waiting for {self.id} (state: {entry.state})"
+                )
+            pause = (
+                self.poll_s if deadline is None else max(0.0, min(self.poll_s, deadline - time.monotonic()))
+            )
+            time.sleep(pause)
+
+    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        return {"event": kind, "id": self.id, "at": iso(B.utcnow()), **fields}
+
+    def changed(self, kind: str, key: object) -> bool:
+        if self.last.get(kind) == key:
+            return False
+        self.last[kind] = key
+        return True
+
+    def look(self, snap: Snapshot, entry: Entry) -> Iterator[dict[str, Any]]:
+        now = B.utcnow()
+        if entry.claim is None:
+            yield from self.queued(snap, entry, now)
+            return
+        self.no_runner_since = None
+        if entry.cancel and self.changed("cancelling", entry.cancel):
+            yield self.event("cancelling")
+        self.c.ensure([entry], ("claim",))
+        claim = B.parse_or_none(
+            Claim, self.c.local_files([f"{entry.claim}:{B.CLAIM_PATH}"]).get(f"{entry.claim}:{B.CLAIM_PATH}")
+        )
+        if claim is None:
+            return
+        if self.changed("claimed", (claim.runner, claim.claimed_at)):
+            yield self.event(
+                "claimed",
+                runner=claim.runner,
+                host=claim.host,
+                claimed_at=iso(claim.claimed_at),
+                takeover_of=claim.takeover_of,
+            )
+        p = claim.progress
+        if p is not None and self.changed("running", (p.phase, p.at)):
+            yield self.event(
+                "running" if p.phase != "gating" else "gating",
+                runner=claim.runner,
+                phase=p.phase,
+                started_at=iso(p.started_at),
+                progress_at=iso(p.at),
+                elapsed_s=round(max(p.elapsed_s, (now - p.started_at).total_seconds()), 1),
+                workload=p.workload.model_dump() if p.workload else None,
+                log_tail=p.log_tail,
+            )
+        stale = claim.lease_until < now
+        if self.changed("stale", stale) and stale:
+            yield self.event("stale", runner=claim.runner, lease_until=iso(claim.lease_until))
+
+    def queued(self, snap: Snapshot, entry: Entry, now: dt.datetime) -> Iterator[dict[str, Any]]:
+        same = [e for e in snap.entries.values() if e.label == entry.label and e.req and not e.done]
+        position = 1 + sum(1 for e in same if e.claim is None and not e.cancel and e.id < entry.id)
+        ahead = sum(1 for e in same if e.claim is not None)
+        seen = read_presences(self.c.bus, snap.runners, self.signers)
+        live = sorted(s.name for s in seen if entry.label and s.serves(entry.label, now))
+        if self.changed("queued", (position, ahead, tuple(live))):
+            yield self.event(
+                "queued",
+                label=entry.label,
+                position=position,
+                ahead=ahead,
+                runners=live,
+                created_at=iso(entry.created_at),
+            )
+        clock = time.monotonic()
+        if live:
+            self.no_runner_since = self.nagged_at = None
+            return
+        if self.no_runner_since is None:
+            self.no_runner_since = clock
+        waited = clock - self.no_runner_since
+        if self.nagged_at is None or clock - self.nagged_at >= self.nag_s:
+            self.nagged_at = clock
+            others = sorted(f"{s.name} ({s.state(now)})" for s in seen)
+            yield self.event("no-runner", label=entry.label, waited_s=round(waited, 1), seen=others)
+        if self.no_runner_timeout is not None and waited >= self.no_runner_timeout:
+            raise NoRunner(
+                f"no live runner serves label {entry.label!r} (waited {waited:.0f} s); request {self.id} "
+                f"stays queued on the bus (`kakeya runners` lists runners, `kakeya cancel {self.id}` cancels)"
+            )

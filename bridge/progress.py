@@ -1,0 +1,99 @@
+"""Progress of a request while a runner serves it: the record heartbeats put on the claim, and how it reads.
+
+The runner tracks the phase (checkout, running, gating, pushing) and when serving began; each heartbeat
+adds the last lines of the run's redacted logs and the workload's own progress: the JSON file named by
+KAKEYA_PROGRESS in the run's environment (`{"done": 3, "total": 5, "what": "rung 3 of 5"}`), read capped,
+and ignored when it is missing, huge or malformed (it never fails a run).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from bridge import bus as B
+from bridge.bus import Progress, WorkloadProgress
+
+PROGRESS_FILE = "progress.json"  # under the run's out dir; KAKEYA_PROGRESS names it; removed after the run
+PROGRESS_CAP = 4096  # bytes; a bigger progress file is ignored
+TAIL_BYTES = 4096  # read from the end of each log
+TAIL_LINES = 3  # per log
+LINE_CAP = 160  # characters per line
+
+
+@dataclass
+class Tracker:
+    """What the runner knows of the request it serves now (updated from the serving thread)."""
+
+    out: Path
+    phase: str = "checkout"
+    started_at: dt.datetime = field(default_factory=B.utcnow)
+
+    def record(self) -> Progress:
+        now = B.utcnow()
+        return Progress(
+            phase=self.phase,  # type: ignore[arg-type]
+            started_at=self.started_at,
+            at=now,
+            elapsed_s=round((now - self.started_at).total_seconds(), 1),
+            log_tail=log_tail(self.out / "logs"),
+            workload=read_workload(self.out / PROGRESS_FILE),
+        )
+
+
+def read_workload(path: Path) -> WorkloadProgress | None:
+    """The workload's progress file, or None when it is missing, over PROGRESS_CAP or not a valid record."""
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(PROGRESS_CAP + 1)
+    except OSError:
+        return None
+    if len(data) > PROGRESS_CAP:
+        return None
+    try:
+        return WorkloadProgress.model_validate_json(data)
+    except ValidationError:
+        return None
+
+
+def log_tail(logs: Path) -> list[str]:
+    """The last lines of stdout.log then stderr.log (already redacted as they were written), each cut short."""
+    lines: list[str] = []
+    for name in ("stdout.log", "stderr.log"):
+        try:
+            with (logs / name).open("rb") as fh:
+                fh.seek(max(0, fh.seek(0, 2) - TAIL_BYTES))
+                text = fh.read().decode(errors="replace")
+        except OSError:
+            continue
+        kept = [ln.rstrip() for ln in text.splitlines()[1 if len(text) >= TAIL_BYTES else 0 :] if ln.strip()]
+        lines += [f"{name.split('.')[0]}: {ln[:LINE_CAP]}" for ln in kept[-TAIL_LINES:]]
+    return lines
+
+
+def bar(done: int, total: int | None, width: int = 20) -> str:
+    """`[########------------] 2/5`, or `2 done` when the total is unknown."""
+    if not total:
+        return f"{done} done"
+    filled = min(width, round(width * done / total))
+    return f"[{'#' * filled}{'-' * (width - filled)}] {done}/{total}"
+
+
+def describe(progress: Progress, now: dt.datetime | None = None) -> str:
+    """One line: phase, the workload's bar and words, elapsed time."""
+    now = now or B.utcnow()
+    elapsed = max(progress.elapsed_s, (now - progress.started_at).total_seconds())
+    parts = [progress.phase]
+    if progress.workload is not None:
+        w = progress.workload
+        parts.append(bar(w.done, w.total) + (f" {w.what}" if w.what else ""))
+    parts.append(f"elapsed {clock(elapsed)}")
+    return "  ".join(parts)
+
+
+def clock(seconds: float) -> str:
+    s = int(max(seconds, 0))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
