@@ -1,6 +1,7 @@
 """Drafters for engine.speculative (each behind its `Drafter` protocol): prompt lookup, a model, a
-masked-diffusion proposer (engine.drafters.diffusion, loaded with `load_dlm`), and (engine.drafters.block,
-PyTorch, imported on use) the block drafter on the verifier's hidden states."""
+masked-diffusion proposer (engine.drafters.diffusion, loaded with `load_dlm`), and the block drafter on the
+verifier's hidden states (engine.drafters.block_base.load_block_drafter picks engine.drafters.block,
+PyTorch, or engine.drafters.block_mlx, MLX; imported on use)."""
 
 import json
 from pathlib import Path
