@@ -2,11 +2,14 @@
 
     python benchmarks/engine_mlx.py --model zoo:tiny-hybrid --drafter zoo:tiny-drafter \\
         --out benchmarks/results/engine_mlx.json
+    python benchmarks/engine_mlx.py --k 8 --batches '' --out benchmarks/results/block_drafter_mlx.json
 
 Methods (all greedy, `--new-tokens` tokens, no EOS stop so every method decodes the same length):
   ours_greedy         engine.generate on the MLX backend (policy --policy, default full)
   ours_spec_model     engine.speculative_generate, the --drafter model proposing k tokens
   ours_spec_lookup    engine.speculative_generate, prompt-lookup drafting (no drafter model)
+  ours_spec_block     engine.speculative_generate, the --block-drafter (engine/drafters/block_mlx.py) reading
+                      the verifier's hidden states, proposing k tokens in one forward ('' skips)
   mlxlm_greedy        mlx_lm.stream_generate (what mlx_lm.generate runs), the model's own caches
   mlxlm_spec          mlx_lm.stream_generate(draft_model=..., num_draft_tokens=k)
   ours_batch_B        engine.generate_batch of B prompts at once (--batches), each row checked against
@@ -17,7 +20,8 @@ cpu); no drafter model then (the speculative rows use prompt lookup) and mlx-lm 
 Each method's tokens are compared with ours_greedy (token-exact or not, and where they first differ).
 Times are the median of --repeats runs after one warm-up: total wall time (prefill + decode), tok/s
 over it, and decode tok/s (tokens after the first / time after the first token; speculative methods
-prefill the drafter too). Not a test: nothing is asserted, the figures are reported.
+prefill the drafter too). The summary also gives each method's tok/s over ours_greedy's and over
+mlxlm_spec's. Not a test: nothing is asserted, the figures are reported.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper  # noqa: E402
 import engine  # noqa: E402
 from benchmarks import shapes  # noqa: E402
 from engine.backends.mlx import MLXModel  # noqa: E402
+from engine.drafters.block_base import load_block_drafter  # noqa: E402
 from engine.report import environment  # noqa: E402
 from engine.workloads.cli import first_divergence  # noqa: E402
 from engine.zoo import corpus  # noqa: E402
@@ -100,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="zoo:tiny-hybrid")
     p.add_argument("--drafter", default="zoo:tiny-drafter")
+    p.add_argument("--block-drafter", default="zoo:tiny-block-drafter", help="'' skips ours_spec_block")
     p.add_argument("--policy", default="full")
     p.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--device", default="auto", help="auto|gpu|cpu")
@@ -119,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     mx.set_default_device(mx.gpu if "gpu" in device else mx.cpu)  # mlx-lm runs on the default device
     n, k = args.new_tokens, args.k
     if args.shape:
-        args.model, args.drafter = f"shape:{args.shape}", "none"
+        args.model, args.drafter, args.block_drafter = f"shape:{args.shape}", "none", ""
         path = shapes.build(args.shape, reduced="gpu" not in device, seed=args.seed)
         mm: MLXModel = engine.load(str(path), "mlx", args.dtype, args.device)  # type: ignore[assignment]
         rng = np.random.default_rng(args.seed)
@@ -133,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         texts = corpus.code_prompts(n=args.prompts, seed=args.seed, n_tokens=args.prompt_tokens)
         prompts = [mm.encode(t) for t in texts]
 
+    if args.block_drafter:
+        blocks = load_block_drafter(args.block_drafter, "mlx")
+        block = lambda: type(blocks)(blocks.model)  # type: ignore[attr-defined]  # noqa: E731
     methods: dict[str, Callable[[list[int]], Run]] = {
         "ours_greedy": lambda ids: ours(lambda: mm.session(policy), None, ids, n, k),
         "ours_spec_model": lambda ids: ours(
@@ -145,9 +154,12 @@ def main(argv: list[str] | None = None) -> int:
         "ours_spec_lookup": lambda ids: ours(
             lambda: mm.session(policy, k + 1), engine.PromptLookupDrafter, ids, n, k
         ),
+        "ours_spec_block": lambda ids: ours(lambda: mm.session(policy, k + 1), block, ids, n, k),
         "mlxlm_greedy": lambda ids: mlxlm(mm.model, tok, None, ids, n, k),
         "mlxlm_spec": lambda ids: mlxlm(mm.model, tok, dm.model, ids, n, k),
     }
+    if not args.block_drafter:
+        del methods["ours_spec_block"]
     if args.shape:
         del methods["ours_spec_model"], methods["mlxlm_spec"]
         methods["mlxlm_greedy"] = lambda ids: mlxlm_steps(mm.model, ids, n)
@@ -207,10 +219,16 @@ def main(argv: list[str] | None = None) -> int:
             "prompts": len(mine),
             "tok_s": sum(r["new_tokens"] * r.get("rows", 1) for r in mine) / sum(r["total_s"] for r in mine),
             "decode_tok_s_mean": statistics.mean(r["decode_tok_s"] for r in mine),
+            "first_differences": [r["first_difference"] for r in mine],
         }
+        if "acceptance_length" in mine[0]:
+            summary[name]["acceptance_length_mean"] = statistics.mean(r["acceptance_length"] for r in mine)
     base = summary["mlxlm_greedy"]["tok_s"]
     for s in summary.values():
         s["speedup_vs_mlxlm_greedy"] = s["tok_s"] / base
+        s["speedup_vs_ours_greedy"] = s["tok_s"] / summary["ours_greedy"]["tok_s"]
+        if "mlxlm_spec" in summary:
+            s["speedup_vs_mlxlm_spec"] = s["tok_s"] / summary["mlxlm_spec"]["tok_s"]
     result = {
         "benchmark": "engine_mlx",
         "command": " ".join(

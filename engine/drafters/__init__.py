@@ -1,7 +1,8 @@
 """Drafters for engine.speculative (each behind its `Drafter` protocol): prompt lookup, a model, a
-masked-diffusion proposer (engine.drafters.diffusion, loaded with `load_dlm`), and (engine.drafters.block,
-PyTorch, imported on use) the block drafter on the verifier's hidden states, and (engine.drafters.gemma4_assistant,
-PyTorch, imported on use) Gemma 4's assistant on a Gemma 4 verifier's hidden state and K/V."""
+masked-diffusion proposer (engine.drafters.diffusion, loaded with `load_dlm`), the block drafter on the
+verifier's hidden states (engine.drafters.block_base.load_block_drafter picks engine.drafters.block, PyTorch,
+or engine.drafters.block_mlx, MLX; imported on use), and Gemma 4's assistant on a Gemma 4 verifier's hidden
+state and K/V (engine.drafters.gemma4_assistant, PyTorch, imported on use)."""
 
 import json
 from pathlib import Path

@@ -13,41 +13,24 @@ query attends to the context and to the whole block (no causal mask inside it); 
 at p + j. One forward, one host copy (the k argmax ids) per block.
 
 A drafter directory holds config.json (`BlockConfig`, model_type "kakeya_block_drafter") and
-model.safetensors; `engine.zoo.block` trains `zoo:tiny-block-drafter`.
+model.safetensors; `engine.zoo.block` trains `zoo:tiny-block-drafter`. The config, the context
+bookkeeping and `load_block_drafter` (which picks the backend) are backend-free
+(engine/drafters/block_base.py); engine/drafters/block_mlx.py is the MLX twin of this module.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict
 from torch import nn
 
-from engine.drafters import BLOCK_MODEL_TYPE as MODEL_TYPE
+from engine.drafters.block_base import BlockConfig, BlockContext, load_block_drafter, read_config
 
-
-class BlockConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    model_type: Literal["kakeya_block_drafter"] = MODEL_TYPE
-    verifier: str  # the model whose features it was trained on, e.g. zoo:tiny-hybrid
-    vocab_size: int
-    target_layers: list[int]  # verifier hidden states read (0 = embeddings, n = after the final norm)
-    target_hidden_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    head_dim: int
-    block_size: int  # the largest k it was trained for
-    window: int  # context positions attended
-    rope_theta: float = 10000.0
-    rms_norm_eps: float = 1e-6
+__all__ = ["BlockConfig", "BlockDrafter", "BlockDrafterModel", "load_block_drafter"]
 
 
 class RMSNorm(nn.Module):
@@ -155,71 +138,56 @@ class BlockDrafterModel(nn.Module):
     def load(cls, path: Path, device: str | torch.device = "cpu") -> BlockDrafterModel:
         from safetensors.torch import load_file
 
-        cfg = json.loads((path / "config.json").read_text())
-        if cfg.get("model_type") != MODEL_TYPE:
-            raise ValueError(f"{path} is not a block drafter (model_type {cfg.get('model_type')!r})")
-        model = cls(BlockConfig.model_validate(cfg))
+        model = cls(read_config(path))
         model.load_state_dict(load_file(str(path / "model.safetensors")))
         return model.to(device).eval()
 
 
-class BlockDrafter:
-    """The engine.speculative `FeatureDrafter` over a `BlockDrafterModel`: per-layer context K/V in
-    growing buffers (the last `window` positions attended, compacted in amortized O(1) per position)."""
+class BlockDrafter(BlockContext):
+    """The engine.speculative `FeatureDrafter` over a `BlockDrafterModel` (bookkeeping: BlockContext)."""
 
     def __init__(self, model: BlockDrafterModel) -> None:
+        super().__init__(model.config)
         self.model = model.eval()
-        c = model.config
-        self.layers = tuple(c.target_layers)
-        self.window = c.window
         self.param = next(model.parameters())
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.length = 0  # context positions held in the buffers
-        self.position = 0  # context positions observed
 
-    def begin(self, prompt: Sequence[int]) -> None:
-        c = self.model.config
-        shape = (c.num_heads, 0, c.head_dim)
-        empty = self.param.new_empty(shape)
+    def _reset(self) -> None:
+        c = self.config
+        empty = self.param.new_empty((c.num_heads, 0, c.head_dim))
         self.kv = [(empty, empty) for _ in range(c.num_layers)]
-        self.length = self.position = 0
+
+    def _capacity(self) -> int:
+        return self.kv[0][0].shape[1]
 
     @torch.inference_mode()
-    def observe(self, hidden: dict[int, Any], rows: int) -> None:
-        if rows == 0:
-            return
+    def _context_kv(self, hidden: dict[int, Any], rows: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         feats = torch.cat([hidden[i][:rows] for i in self.layers], -1).to(self.param)
         pos = torch.arange(self.position, self.position + rows, device=self.param.device)
         ctx = self.model.context(feats)
-        new = [layer.kv(ctx, pos) for layer in self.model.layers]
-        if self.length + rows > self.kv[0][0].shape[1]:
-            keep = min(self.length, self.window)  # drop what no block attends to any more
-            size = max(2 * (keep + rows), 64)
-            self.kv = [
-                (_moved(kb, self.length - keep, keep, size), _moved(vb, self.length - keep, keep, size))
-                for kb, vb in self.kv
-            ]
-            self.length = keep
-        end = self.length + rows
-        for (kb, vb), (k, v) in zip(self.kv, new, strict=True):
-            kb[:, self.length : end] = k
-            vb[:, self.length : end] = v
-        self.length = end
-        self.position += rows
+        return [layer.kv(ctx, pos) for layer in self.model.layers]
+
+    def _compact(self, start: int, n: int, size: int) -> None:
+        self.kv = [(_moved(kb, start, n, size), _moved(vb, start, n, size)) for kb, vb in self.kv]
 
     @torch.inference_mode()
-    def propose(self, last: int, k: int) -> list[int]:
-        k = min(k, self.model.config.block_size)
-        if k == 0:
-            return []
+    def _write(self, new: list[tuple[torch.Tensor, torch.Tensor]], at: int) -> None:
+        end = at + new[0][0].shape[1]
+        for (kb, vb), (k, v) in zip(self.kv, new, strict=True):
+            kb[:, at:end] = k
+            vb[:, at:end] = v
+
+    @torch.inference_mode()
+    def block_logits(self, last: int, k: int) -> torch.Tensor:
+        """[k, vocab]: the block forward's logits at the k mask slots."""
         lo = max(0, self.length - self.window)
         kv = [(kb[:, lo : self.length], vb[:, lo : self.length]) for kb, vb in self.kv]
         x = self.model.block_input(torch.tensor(last, device=self.param.device), k)
         pos = torch.arange(self.position, self.position + k + 1, device=self.param.device)
-        return self.model.logits(x, pos, kv)[1:].argmax(-1).tolist()
+        return self.model.logits(x, pos, kv)[1:]
 
-    def accept(self, n: int, committed: Sequence[int]) -> None:
-        """Nothing to roll back: only committed positions reach the context (through `observe`)."""
+    def _draft(self, last: int, k: int) -> list[int]:
+        return self.block_logits(last, k).argmax(-1).tolist()
 
 
 def _moved(buf: torch.Tensor, start: int, n: int, size: int) -> torch.Tensor:
@@ -227,10 +195,3 @@ def _moved(buf: torch.Tensor, start: int, n: int, size: int) -> torch.Tensor:
     out = buf.new_empty((buf.shape[0], size, buf.shape[2]))
     out[:, :n] = buf[:, start : start + n]
     return out
-
-
-def load_block_drafter(name: str, device: str | torch.device = "cpu") -> BlockDrafter:
-    """A block drafter from a model reference (zoo:NAME or a directory; engine.models.resolve)."""
-    from engine.models import resolve
-
-    return BlockDrafter(BlockDrafterModel.load(resolve(name), device))

@@ -5,7 +5,7 @@ Prompts: the zoo's code-like corpus (`engine.zoo.corpus.code_prompts`) when the 
 vocabulary (one token per word), else built-in HumanEval-style Python prompts (a signature and a
 docstring to complete). Per prompt the verifier decodes greedily and then speculatively (drafter
 `--drafter`: a model sharing the verifier's tokenizer, e.g. zoo:tiny-drafter, a block drafter directory
-reading the verifier's hidden states, e.g. zoo:tiny-block-drafter (torch), or `lookup` for prompt
+reading the verifier's hidden states, e.g. zoo:tiny-block-drafter (torch or mlx), or `lookup` for prompt
 lookup; `--draft diffusion`: the masked-diffusion proposer `--proposer`, e.g. zoo:tiny-dlm, unmasking its k
 slots in at most `--denoise-steps` forwards and holding no K/V; k drafted tokens per block), each the best
 of `--repeats` runs. Reported per prompt: decode-only
@@ -181,7 +181,6 @@ def drafter_factory(config: Config, model: engine.Model, probe: str) -> Callable
         return lambda: DiffusionDrafter(dlm, steps=steps)
     if is_block_drafter(engine.resolve(config.drafter)):
         return block_drafter_factory(config, model)
-    dm = engine.load(config.drafter, config.backend, config.dtype)
     dm = engine.load(config.drafter, config.backend, config.dtype, config.device)
     if dm.encode(probe) != model.encode(probe):
         raise ValueError(f"the drafter {config.drafter} does not share the verifier's tokenizer")
@@ -190,15 +189,13 @@ def drafter_factory(config: Config, model: engine.Model, probe: str) -> Callable
 
 
 def block_drafter_factory(config: Config, model: engine.Model) -> Callable[[], engine.Drafter]:
-    """A block drafter reading the verifier's hidden states (torch backend; its cache is its own)."""
-    if config.backend != "torch":
-        raise ValueError(f"the block drafter {config.drafter} runs on the torch backend only")
-    from engine.drafters.block import BlockDrafter, BlockDrafterModel
+    """A block drafter reading the verifier's hidden states, on the verifier's backend (its cache is its own)."""
+    from engine.drafters.block_base import load_block_drafter
 
-    bm = BlockDrafterModel.load(engine.resolve(config.drafter))
-    if bm.config.vocab_size != model.geometry.vocab_size:  # type: ignore[attr-defined]
+    drafter = load_block_drafter(config.drafter, config.backend)
+    if drafter.config.vocab_size != model.geometry.vocab_size:  # type: ignore[attr-defined]
         raise ValueError(f"the drafter {config.drafter} does not share the verifier's vocabulary")
-    return lambda: BlockDrafter(bm)
+    return lambda: type(drafter)(drafter.model)  # type: ignore[attr-defined]  # a fresh one on the same weights
 
 
 def throughput(config: Config) -> dict[str, Any]:

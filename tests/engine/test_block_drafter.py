@@ -158,7 +158,3 @@ def test_block_trainer_smoke(tmp_path: Path) -> None:
     assert throughput.main(argv) == 0
     summary = json.loads(report.read_text())["summary"]
     assert summary["all_exact"] and len(summary["position_acceptance"]) == 8
-    with pytest.raises(ValueError, match="torch backend only"):
-        throughput.block_drafter_factory(
-            throughput.Config.model_construct(backend="mlx", drafter=str(out)), verifier
-        )
