@@ -155,3 +155,24 @@ def test_quantization_drifts_the_logits_a_little_more_at_fewer_bits(backend: str
     scale = float(np.abs(rows[""]).max())
     assert 0 < drift["q8"] < drift["q4"] < 0.5 * scale, drift
     assert drift["q8"] < 0.05 * scale, drift
+
+
+@pytest.mark.skipif(not HAVE_MLX, reason="mlx not installed")
+def test_mlx_attends_q8_and_q4_through_quantized_matmul_as_if_dequantized() -> None:
+    """q8 / q4 layers hand mlx-lm (codes, scales, biases) and it attends with mx.quantized_matmul; k8v4
+    (two widths) dequantizes. Same logits as dequantizing the same stored values, through a wrap."""
+    model = on("mlx", tiny_models.gemma(head_dim=HEAD_DIM))
+    ids = tiny_models.prompt(45, seed=5)
+    for prec, quantized in (("q8", True), ("q4", True), ("k8v4", False)):
+        policy = with_precision(parse_policy("sink_window:2:12"), prec)
+        rows = []
+        for route in (True, False):
+            seq = model.session(policy, max_block=3, prefill_chunk=16)
+            assert all(hasattr(c, "bits") == quantized for c in seq.cache)
+            if not route:
+                for c in seq.cache:
+                    c.__dict__.pop("bits", None)  # mlx-lm falls back to fast SDPA on dequantized K/V
+            seq.prefill(ids)
+            rows.append(np.array(seq.forward([3, 4, 5], logits=True).logits.tolist()))
+        scale = np.abs(rows[1]).max()
+        assert np.abs(rows[0] - rows[1]).max() <= 1e-4 * scale, prec
