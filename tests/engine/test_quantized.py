@@ -70,6 +70,21 @@ def test_torch_quantization_is_mlx_quantize_byte_for_byte(bits: int, dtype: str)
     assert (err <= scales.float().abs() * 1.01 + 2**-7 * groups.abs().amax(-1)).all()
 
 
+def test_torch_stores_k_and_v_side_by_side_with_the_values_they_have_apart() -> None:
+    """q8 / q4 quantize [K | V] in one call: groups never straddle K and V, so the stored codes, scales
+    and biases are those of K and V quantized apart; a layer stores them so, kXvY apart."""
+    x = torch.randn(1, 2, 5, 2 * HEAD_DIM, generator=torch.Generator().manual_seed(3))
+    for bits in (8, 4):
+        joint = quantize(x, bits, HEAD_DIM)
+        k, v = quantize(x[..., :HEAD_DIM], bits, HEAD_DIM), quantize(x[..., HEAD_DIM:], bits, HEAD_DIM)
+        apart = zip(k, v, strict=True)
+        assert all(torch.equal(j, torch.cat(kv, dim=-1)) for j, kv in zip(joint, apart, strict=True))
+    for prec, joint_parts in (("q8", 1), ("q4", 1), ("k8v4", 2)):
+        seq = _model("torch").session(with_precision(parse_policy("hybrid:2:6"), prec))
+        seq.prefill(tiny_models.prompt(9))
+        assert {len(s.parts) for s in seq.states} == {joint_parts}
+
+
 @functools.cache
 def _greedy(backend: str, policy: Policy, prompt_len: int) -> tuple[int, ...]:
     ids = tiny_models.prompt(prompt_len, seed=prompt_len)
