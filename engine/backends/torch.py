@@ -225,20 +225,22 @@ class QuantizedKV:
             self._write(new, fwd)
             out = [self._read(buf, b, plan.view) for buf, b in zip(self.parts, self.bits, strict=False)]
         if self.joint:
-            return out[0][..., : self.key_dim], out[0][..., self.key_dim :]
+            d = self.key_dim
+            return out[0].narrow(-1, 0, d), out[0].narrow(-1, d, out[0].shape[-1] - d)
         return out[0], out[1]
 
     def _deq(self, q: Sequence[torch.Tensor], bits: int) -> torch.Tensor:
         return dequantize(q[0], q[1], q[2], bits, self.group_size)
 
     def _read(self, buf: list[torch.Tensor], bits: int, view: int) -> torch.Tensor:
-        return self._deq([t[:, :, :view] for t in buf], bits)
+        return self._deq([t.narrow(2, 0, view) for t in buf], bits)
 
     def _write(self, new: Sequence[Sequence[torch.Tensor]], fwd: Forward) -> None:
+        rng = fwd.plan.slot_range
         for buf, n in zip(self.parts, new, strict=True):
             for b, t in zip(buf, n, strict=True):
-                if rng := fwd.plan.slot_range:
-                    b[:, :, rng[0] : rng[1]] = t
+                if rng:
+                    b.narrow(2, rng[0], rng[1] - rng[0]).copy_(t)
                 else:
                     assert self.tensors.slots is not None
                     b.index_copy_(2, self.tensors.slots, t)
