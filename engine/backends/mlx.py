@@ -58,6 +58,9 @@ DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 # Model types whose mlx-lm `Model.__call__` is `head(model.model(...))`: prefill computes the head for
 # the last position only. Others get the full logits (correct, slower for large vocabularies).
 PLAIN_HEAD = frozenset({"gemma3_text", "qwen3", "qwen2", "llama", "mistral"})
+# Model types whose mlx-lm attention calls `base.scaled_dot_product_attention(..., cache=cache)` on what
+# `update_and_fetch` returned: a quantized cache with `bits` / `group_size` is attended quantized there.
+QUANTIZED_SDPA = frozenset({"gemma3_text", "qwen3", "qwen2", "llama", "mistral", "qwen3_5", "qwen3_next"})
 
 
 def pick_device(device: str = "auto") -> mx.Device:
@@ -286,25 +289,33 @@ MLX_GROUPS = (32, 64, 128)  # the group sizes mx.quantize supports
 class QuantizedKV(KV):
     """One attention layer's K/V stored with `mx.quantize` (affine codes packed in uint32, scales and
     biases per group: mlx-lm's QuantizedKVCache format) in the same sinks + ring / growing slot layout
-    as `KV`. Attention dequantizes the attended slots each forward (`mx.dequantize`): simple, and exact
-    with respect to the stored values (the new block is quantized before it is attended, so step-by-step
-    and block decoding see the same K/V); rollback is a trim. The PyTorch backend's `QuantizedKV`
-    stores the same codes, scales and biases."""
+    as `KV`. The new block is quantized before it is attended, so step-by-step and block decoding see the
+    same K/V; rollback is a trim. The PyTorch backend's `QuantizedKV` stores the same codes, scales and
+    biases.
 
-    def __init__(self, arrays: GroupArrays, layer: int, bits: tuple[int, int], group: int) -> None:
+    Attention: with one width for K and V (q8, q4) on a model whose mlx-lm attention is
+    `base.scaled_dot_product_attention` (`QUANTIZED_SDPA`), the layer returns the attended slots' (codes,
+    scales, biases) and has `bits` / `group_size`, which route mlx-lm to its quantized attention
+    (`mx.quantized_matmul` on the codes, nothing dequantized); otherwise (k8v4, other models) it
+    returns the slots dequantized (`mx.dequantize`). Both compute with exactly the stored values."""
+
+    def __init__(
+        self, arrays: GroupArrays, layer: int, bits: tuple[int, int], group: int, quantized_sdpa: bool
+    ) -> None:
         if group not in MLX_GROUPS:
             raise ValueError(
                 f"mx.quantize takes groups of {', '.join(map(str, MLX_GROUPS))} values, not {group} "
                 "(the group is clamped to head_dim): use the torch backend for this model"
             )
         super().__init__(arrays, layer)
-        # not `bits` / `group_size`: mlx-lm routes a cache with those to its quantized attention
         self.kv_bits = bits
         self.kv_group = group
+        if quantized_sdpa and bits[0] == bits[1]:  # mlx-lm attends through mx.quantized_matmul
+            self.bits, self.group_size = bits[0], group
         self.k: list[mx.array] = []  # codes, scales, biases: each [batch, kv_heads, slots, *]
         self.v: list[mx.array] = []
 
-    def update(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+    def update(self, keys: mx.array, values: mx.array) -> tuple[Any, Any]:
         fwd = self.group.forward
         assert fwd is not None, "the cache was used outside a planned forward"
         plan = fwd.plan
@@ -313,8 +324,7 @@ class QuantizedKV(KV):
         if not self.k or self.k[0].shape[2] < plan.capacity:
             self._grow_q(qk, qv, plan.capacity)
         if plan.concat:
-            ko = mx.concatenate((self._read(self.k, 0, plan.old_view), self._deq(qk, 0)), axis=2)
-            vo = mx.concatenate((self._read(self.v, 1, plan.old_view), self._deq(qv, 1)), axis=2)
+            ko, vo = self._joined(self.k, qk, 0, plan.old_view), self._joined(self.v, qv, 1, plan.old_view)
             if (keep := self.arrays.keep) is not None:
                 qk = tuple(t[:, :, keep] for t in qk)
                 qv = tuple(t[:, :, keep] for t in qv)
@@ -325,10 +335,19 @@ class QuantizedKV(KV):
 
     update_and_fetch = update
 
+    def _joined(self, buf: list[mx.array], new: Any, which: int, view: int) -> Any:
+        """The first `view` slots followed by the new block (a prefill chunk larger than the slack)."""
+        if hasattr(self, "bits"):
+            return tuple(mx.concatenate((b[:, :, :view], n), axis=2) for b, n in zip(buf, new, strict=True))
+        return mx.concatenate((self._read(buf, which, view), self._deq(new, which)), axis=2)
+
     def _deq(self, q: Any, which: int) -> mx.array:
         return mx.dequantize(q[0], q[1], q[2], group_size=self.kv_group, bits=self.kv_bits[which])
 
-    def _read(self, buf: list[mx.array], which: int, view: int) -> mx.array:
+    def _read(self, buf: list[mx.array], which: int, view: int) -> Any:
+        """What attention gets for the first `view` slots: (codes, scales, biases) or dequantized."""
+        if hasattr(self, "bits"):
+            return tuple(t[:, :, :view] for t in buf)
         if view == 0:  # mx.dequantize cannot reshape an empty array
             b, h, _, w = buf[0].shape
             return mx.zeros((b, h, 0, w * 32 // self.kv_bits[which]), buf[1].dtype)
@@ -510,7 +529,7 @@ class MLXSession(BaseSession):
             if g is None
             else KV(arrays_of[id(g)], i)
             if bits is None
-            else QuantizedKV(arrays_of[id(g)], i, bits, group)
+            else QuantizedKV(arrays_of[id(g)], i, bits, group, model.model_type in QUANTIZED_SDPA)
             for i, g in enumerate(self.group_of)
         ]
 

@@ -263,17 +263,17 @@ def quantize(x: torch.Tensor, bits: int, group: int) -> tuple[torch.Tensor, torc
     (uint8; 4-bit codes packed two per byte, low nibble first: byte for byte mlx's packed uint32 words
     on a little-endian host) and per-group scales and biases in x's dtype; x ~ scale * code + bias."""
     *lead, d = x.shape
-    w = x.reshape(*lead, d // group, group).float()
+    w = x.unflatten(-1, (d // group, group)).float()
     n_bins = (1 << bits) - 1
-    w_max, w_min = w.amax(-1, keepdim=True), w.amin(-1, keepdim=True)
+    w_min, w_max = torch.aminmax(w, dim=-1, keepdim=True)
     neg = w_min.abs() > w_max.abs()  # anchor the larger-magnitude edge exactly on a code
-    scales = ((w_max - w_min) / n_bins).clamp_min(1e-7)
-    scales = torch.where(neg, scales, -scales)
+    scales = ((w_max - w_min) / n_bins).clamp_min_(1e-7)
+    scales = torch.where(neg, scales, scales.neg())
     edge = torch.where(neg, w_min, w_max)
-    q0 = (edge / scales).round()
+    q0 = (edge / scales).round_()
     scales = torch.where(q0 != 0, edge / q0, scales)
-    biases = torch.where(q0 == 0, torch.zeros_like(edge), edge)
-    codes = ((w - biases) / scales).round().clamp_(0, n_bins).to(torch.uint8).reshape(*lead, d)
+    biases = edge.masked_fill(q0 == 0, 0.0)
+    codes = ((w - biases) / scales).round_().clamp_(0, n_bins).to(torch.uint8).flatten(-2)
     if bits == 4:
         codes = codes[..., 0::2] | (codes[..., 1::2] << 4)
     return codes, scales.squeeze(-1).to(x.dtype), biases.squeeze(-1).to(x.dtype)
@@ -285,73 +285,87 @@ def dequantize(
     """The values `quantize` stored: scale * code + bias, in the scales' dtype."""
     if bits == 4:
         codes = torch.stack((codes & 15, codes >> 4), dim=-1).flatten(-2)
-    *lead, d = codes.shape
-    w = codes.reshape(*lead, d // group, group).to(scales.dtype)
-    return (w * scales[..., None] + biases[..., None]).reshape(*lead, d)
+    w = codes.unflatten(-1, (codes.shape[-1] // group, group)).to(scales.dtype)
+    return w.mul_(scales[..., None]).add_(biases[..., None]).flatten(-2)
 
 
 class QuantizedKV:
     """One attention layer's K/V stored affine-quantized (`quantize`: codes, scales and biases per slot,
     in the same sinks + ring / growing slot layout as `KV`). Attention dequantizes the attended slots
     each forward: simple, and exact with respect to the stored values (the new block is quantized
-    before it is attended, so step-by-step and block decoding see the same K/V); rollback is a trim."""
+    before it is attended, so step-by-step and block decoding see the same K/V); rollback is a trim.
+
+    With one width for K and V of one head dimension (q8, q4), K and V are stored side by side, [K | V]
+    along the last axis of one set of buffers: a step quantizes, writes and dequantizes once per layer
+    instead of twice (the groups never straddle K and V, so the values are the same as apart). kXvY keeps
+    one set of buffers for K and one for V."""
 
     def __init__(self, tensors: GroupTensors, bits: tuple[int, int], group: int) -> None:
         self.group = tensors.group
         self.tensors = tensors
         self.bits = bits
         self.group_size = group
-        self.k: list[torch.Tensor] = []  # codes, scales, biases: each [batch, kv_heads, slots, *]
-        self.v: list[torch.Tensor] = []
+        self.parts: list[list[torch.Tensor]] = []  # per part: codes, scales, biases [batch, heads, slots, *]
+        self.joint = False  # one part [K | V] (else two: K, V)
+        self.key_dim = 0
 
     def update(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         fwd = self.group.forward
         assert fwd is not None, "the cache was used outside a planned forward"
         plan = fwd.plan
-        qk = quantize(key, self.bits[0], self.group_size)
-        qv = quantize(value, self.bits[1], self.group_size)
-        if not self.k or self.k[0].shape[2] < plan.capacity:
-            self._grow(qk, qv, plan.capacity)
+        if not self.parts:
+            self.joint = self.bits[0] == self.bits[1] and key.shape[-1] == value.shape[-1]
+            self.key_dim = key.shape[-1]
+        blocks = [torch.cat((key, value), dim=-1)] if self.joint else [key, value]
+        new = [quantize(x, b, self.group_size) for x, b in zip(blocks, self.bits, strict=False)]
+        if not self.parts or self.parts[0][0].shape[2] < plan.capacity:
+            self._grow(new, plan.capacity)
         if plan.concat:
-            ko = torch.cat((self._read(self.k, 0, plan.old_view), self._deq(qk, 0)), dim=2)
-            vo = torch.cat((self._read(self.v, 1, plan.old_view), self._deq(qv, 1)), dim=2)
+            out = [
+                torch.cat((self._read(buf, b, plan.old_view), self._deq(n, b)), dim=2)
+                for buf, n, b in zip(self.parts, new, self.bits, strict=False)
+            ]
             if (keep := self.tensors.keep) is not None:
-                qk = tuple(t.index_select(2, keep) for t in qk)
-                qv = tuple(t.index_select(2, keep) for t in qv)
-            self._write(qk, qv, fwd)
-            return ko, vo
-        self._write(qk, qv, fwd)
-        return self._read(self.k, 0, plan.view), self._read(self.v, 1, plan.view)
+                new = [[t.index_select(2, keep) for t in n] for n in new]
+            self._write(new, fwd)
+        else:
+            self._write(new, fwd)
+            out = [self._read(buf, b, plan.view) for buf, b in zip(self.parts, self.bits, strict=False)]
+        if self.joint:
+            d = self.key_dim
+            return out[0].narrow(-1, 0, d), out[0].narrow(-1, d, out[0].shape[-1] - d)
+        return out[0], out[1]
 
-    def _deq(self, q: Sequence[torch.Tensor], which: int) -> torch.Tensor:
-        return dequantize(q[0], q[1], q[2], self.bits[which], self.group_size)
+    def _deq(self, q: Sequence[torch.Tensor], bits: int) -> torch.Tensor:
+        return dequantize(q[0], q[1], q[2], bits, self.group_size)
 
-    def _read(self, buf: list[torch.Tensor], which: int, view: int) -> torch.Tensor:
-        return self._deq([t[:, :, :view] for t in buf], which)
+    def _read(self, buf: list[torch.Tensor], bits: int, view: int) -> torch.Tensor:
+        return self._deq([t.narrow(2, 0, view) for t in buf], bits)
 
-    def _write(self, qk: Sequence[torch.Tensor], qv: Sequence[torch.Tensor], fwd: Forward) -> None:
-        for buf, new in ((self.k, qk), (self.v, qv)):
-            for b, n in zip(buf, new, strict=True):
-                if rng := fwd.plan.slot_range:
-                    b[:, :, rng[0] : rng[1]] = n
+    def _write(self, new: Sequence[Sequence[torch.Tensor]], fwd: Forward) -> None:
+        rng = fwd.plan.slot_range
+        for buf, n in zip(self.parts, new, strict=True):
+            for b, t in zip(buf, n, strict=True):
+                if rng:
+                    b.narrow(2, rng[0], rng[1] - rng[0]).copy_(t)
                 else:
                     assert self.tensors.slots is not None
-                    b.index_copy_(2, self.tensors.slots, n)
+                    b.index_copy_(2, self.tensors.slots, t)
 
-    def _grow(self, qk: Sequence[torch.Tensor], qv: Sequence[torch.Tensor], need: int) -> None:
-        have = self.k[0].shape[2] if self.k else 0
+    def _grow(self, new: Sequence[Sequence[torch.Tensor]], need: int) -> None:
+        have = self.parts[0][0].shape[2] if self.parts else 0
         size = buffer_size(have, need, self.group.limit)
         grown: list[list[torch.Tensor]] = []
-        for buf, new in ((self.k, qk), (self.v, qv)):
+        for i, n in enumerate(new):
             out = []
-            for i, n in enumerate(new):
-                b, h, _, d = n.shape
-                t = n.new_zeros((b, h, size, d))
-                if buf:
-                    t[:, :, :have] = buf[i]
-                out.append(t)
+            for j, t in enumerate(n):
+                b, h, _, d = t.shape
+                buf = t.new_zeros((b, h, size, d))
+                if self.parts:
+                    buf[:, :, :have] = self.parts[i][j]
+                out.append(buf)
             grown.append(out)
-        self.k, self.v = grown
+        self.parts = grown
 
     def trim(self, n: int) -> None:
         """Nothing to drop: the group marks the trimmed slots EMPTY and the next writes reuse them."""
@@ -359,12 +373,12 @@ class QuantizedKV:
     @property
     def nbytes(self) -> int:
         """Codes, scales and biases of the positions held."""
-        slot = sum(t[:, :, 0].numel() * t.element_size() for t in (*self.k, *self.v))
+        slot = sum(t[:, :, 0].numel() * t.element_size() for part in self.parts for t in part)
         return self.group.held() * slot
 
     @property
     def allocated_bytes(self) -> int:
-        return sum(t.nbytes for t in (*self.k, *self.v))
+        return sum(t.nbytes for part in self.parts for t in part)
 
 
 class PolicyCache:

@@ -70,6 +70,21 @@ def test_torch_quantization_is_mlx_quantize_byte_for_byte(bits: int, dtype: str)
     assert (err <= scales.float().abs() * 1.01 + 2**-7 * groups.abs().amax(-1)).all()
 
 
+def test_torch_stores_k_and_v_side_by_side_with_the_values_they_have_apart() -> None:
+    """q8 / q4 quantize [K | V] in one call: groups never straddle K and V, so the stored codes, scales
+    and biases are those of K and V quantized apart; a layer stores them so, kXvY apart."""
+    x = torch.randn(1, 2, 5, 2 * HEAD_DIM, generator=torch.Generator().manual_seed(3))
+    for bits in (8, 4):
+        joint = quantize(x, bits, HEAD_DIM)
+        k, v = quantize(x[..., :HEAD_DIM], bits, HEAD_DIM), quantize(x[..., HEAD_DIM:], bits, HEAD_DIM)
+        apart = zip(k, v, strict=True)
+        assert all(torch.equal(j, torch.cat(kv, dim=-1)) for j, kv in zip(joint, apart, strict=True))
+    for prec, joint_parts in (("q8", 1), ("q4", 1), ("k8v4", 2)):
+        seq = _model("torch").session(with_precision(parse_policy("hybrid:2:6"), prec))
+        seq.prefill(tiny_models.prompt(9))
+        assert {len(s.parts) for s in seq.states} == {joint_parts}
+
+
 @functools.cache
 def _greedy(backend: str, policy: Policy, prompt_len: int) -> tuple[int, ...]:
     ids = tiny_models.prompt(prompt_len, seed=prompt_len)
@@ -155,3 +170,24 @@ def test_quantization_drifts_the_logits_a_little_more_at_fewer_bits(backend: str
     scale = float(np.abs(rows[""]).max())
     assert 0 < drift["q8"] < drift["q4"] < 0.5 * scale, drift
     assert drift["q8"] < 0.05 * scale, drift
+
+
+@pytest.mark.skipif(not HAVE_MLX, reason="mlx not installed")
+def test_mlx_attends_q8_and_q4_through_quantized_matmul_as_if_dequantized() -> None:
+    """q8 / q4 layers hand mlx-lm (codes, scales, biases) and it attends with mx.quantized_matmul; k8v4
+    (two widths) dequantizes. Same logits as dequantizing the same stored values, through a wrap."""
+    model = on("mlx", tiny_models.gemma(head_dim=HEAD_DIM))
+    ids = tiny_models.prompt(45, seed=5)
+    for prec, quantized in (("q8", True), ("q4", True), ("k8v4", False)):
+        policy = with_precision(parse_policy("sink_window:2:12"), prec)
+        rows = []
+        for route in (True, False):
+            seq = model.session(policy, max_block=3, prefill_chunk=16)
+            assert all(hasattr(c, "bits") == quantized for c in seq.cache)
+            if not route:
+                for c in seq.cache:
+                    c.__dict__.pop("bits", None)  # mlx-lm falls back to fast SDPA on dequantized K/V
+            seq.prefill(ids)
+            rows.append(np.array(seq.forward([3, 4, 5], logits=True).logits.tolist()))
+        scale = np.abs(rows[1]).max()
+        assert np.abs(rows[0] - rows[1]).max() <= 1e-4 * scale, prec
