@@ -67,6 +67,8 @@ class Config(BaseModel):
     prompt_tokens: list[int]
     repeats: int
     threads: int
+    load_average: list[float]  # os.getloadavg() at the start (1, 5, 15 min): a shared machine's load
+    load_average_end: list[float]
 
 
 class Row(BaseModel):
@@ -167,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
+    load_start = list(os.getloadavg())
     policies = [engine.full(), *(parse_policy(p) for p in args.policies.split(",") if p)]
     ks = [int(k) for k in args.ks.split(",")]
     batches = [int(b) for b in args.batches.split(",")]
@@ -399,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
             prompt_tokens=[len(p) for p in prompts],
             repeats=reps,
             threads=args.threads,
+            load_average=load_start,
+            load_average_end=list(os.getloadavg()),
         ),
         throughput=rows,
         batched=batched,

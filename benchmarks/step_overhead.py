@@ -14,6 +14,7 @@ Not a test: nothing is asserted.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -47,7 +48,11 @@ def _timed(fn: Callable[..., Any], acc: list[float], device: torch.device) -> Ca
     return run
 
 
-def measure(tm: tb.TorchModel, policy: engine.Policy, rows: int, prompt: int, steps: int) -> dict[str, Any]:
+def measure(
+    tm: tb.TorchModel, policy: engine.Policy, rows: int, prompt: int, steps: int, repeats: int = 1
+) -> dict[str, Any]:
+    """One session decoding `steps` steps `repeats` times in a row; the fastest run counts (best-of: a
+    shared machine's busy spells only ever add time)."""
     g = torch.Generator().manual_seed(0)
     vocab = tm.geometry.vocab_size
     prompts = [torch.randint(3, vocab, (prompt,), generator=g).tolist() for _ in range(rows)]
@@ -60,15 +65,21 @@ def measure(tm: tb.TorchModel, policy: engine.Policy, rows: int, prompt: int, st
     try:
         for _ in range(3):  # warm-up
             last = _step(session, last, rows)
-        model_s[0] = update_s[0] = 0.0
-        _sync(tm.device)
-        t = time.perf_counter()
-        for _ in range(steps):
-            last = _step(session, last, rows)
-        step_s = time.perf_counter() - t
+        best: tuple[float, float, float] | None = None
+        for _ in range(repeats):
+            model_s[0] = update_s[0] = 0.0
+            _sync(tm.device)
+            t = time.perf_counter()
+            for _ in range(steps):
+                last = _step(session, last, rows)
+            run_s = time.perf_counter() - t
+            if best is None or run_s < best[0]:
+                best = (run_s, model_s[0], update_s[0])
     finally:
         tm.run = run
         tb.KV.update = update  # type: ignore[method-assign]
+    assert best is not None, "repeats must be >= 1"
+    step_s, model_s[0], update_s[0] = best
     outside = step_s - model_s[0]
     overhead = outside + update_s[0]
     return {
@@ -76,6 +87,7 @@ def measure(tm: tb.TorchModel, policy: engine.Policy, rows: int, prompt: int, st
         "batch": rows,
         "prompt_tokens": prompt,
         "steps": steps,
+        "repeats": repeats,
         "step_ms": 1e3 * step_s / steps,
         "model_forward_ms": 1e3 * model_s[0] / steps,
         "outside_forward_ms": 1e3 * outside / steps,
@@ -103,9 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3, help="runs of --steps per measurement; best-of")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        raise SystemExit("--repeats must be >= 1")
     torch.set_num_threads(args.threads)
+    load_start = list(os.getloadavg())
     device = engine.models.check_device("torch", args.device)
     models = {args.model: args.model}
     for s in filter(None, args.shapes.split(",")):
@@ -115,7 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         tm: tb.TorchModel = engine.load(ref, "torch", "auto", device)  # type: ignore[assignment]
         for p in args.policies.split(","):
             for b in (int(x) for x in args.batches.split(",")):
-                r = {"model": name, **measure(tm, engine.parse_policy(p), b, args.prompt_tokens, args.steps)}
+                r = {
+                    "model": name,
+                    **measure(tm, engine.parse_policy(p), b, args.prompt_tokens, args.steps, args.repeats),
+                }
                 results.append(r)
                 print(
                     f"{name:22s} {p:18s} B={b:<3d} step {r['step_ms']:7.2f} ms  forward {r['model_forward_ms']:7.2f}"
@@ -123,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"  overhead {100 * r['overhead_fraction']:5.1f} %",
                     flush=True,
                 )
-    body = {"config": {**vars(args), "out": str(args.out), "device": device}, "results": results}
+    load = {"load_average": load_start, "load_average_end": list(os.getloadavg())}  # (1, 5, 15 min)
+    body = {"config": {**vars(args), "out": str(args.out), "device": device, **load}, "results": results}
     write_report(args.out, "bench-step-overhead", 1, body)
     return 0
 

@@ -185,6 +185,7 @@ class Group:
         self.rows = rows
         self.layouts = [Layout(spec, max_block) for _ in range(rows)]  # each row's counters
         self.table = np.full((rows, 0), EMPTY, dtype=np.int64)
+        self._row_index = np.arange(rows)
         self.forward: Forward | None = None  # the forward being run
 
     @property
@@ -240,19 +241,33 @@ class Group:
         return self.forward
 
     def _advance_rows(self, m: int) -> Forward:
-        """Every row feeds m tokens at its own next positions: one direct write per row, one view."""
-        if self.limit is not None and m > self.layout.max_block:
+        """Every row feeds m tokens at its own next positions (a decode step): one direct write per row,
+        one view. Vectorized over the rows (numpy on the rows' counters): the same positions, slots,
+        view and capacity as `Layout.plan` on each row (tests/engine/test_cache.py checks it)."""
+        lay = self.layout
+        if self.limit is not None and m > lay.max_block:
             raise ValueError(
-                f"a batched forward feeds at most max_block={self.layout.max_block} tokens per row (got {m})"
+                f"a batched forward feeds at most max_block={lay.max_block} tokens per row (got {m})"
             )
-        plans = [lay.plan(m) for lay in self.layouts]
-        view = max(p.view for p in plans)
-        capacity = max(p.capacity for p in plans)
+        if m < 1:
+            raise ValueError("a forward needs at least one token")
+        n = np.fromiter((x.n for x in self.layouts), np.int64, self.rows)
+        hw = np.fromiter((x.hw for x in self.layouts), np.int64, self.rows)
+        queries = n[:, None] + np.arange(m, dtype=np.int64)  # [rows, m]
+        end = n + m
+        hw = np.maximum(hw, end)
+        if lay.ring is None:  # unbounded: slot = position
+            slots, view = queries, int(end.max())
+        else:
+            sink, ring = lay.sink, lay.ring
+            slots = np.where(queries < sink, queries, sink + (queries - sink) % ring)
+            view = int(np.where(hw <= lay.limit, end, lay.limit).max())
+        capacity = max(view, int(slots.max()) + 1)
+        for x, e, h in zip(self.layouts, end.tolist(), hw.tolist(), strict=True):
+            x.n, x.hw = e, h
         table = self._reserve(capacity)
-        queries = np.array([np.arange(p.start, p.start + m) for p in plans], dtype=np.int64)
-        slots = np.array([p.slots for p in plans], dtype=np.int64)
-        np.put_along_axis(table, slots, queries, axis=1)
-        plan = Plan(plans[0].start, m, False, 0, view, (), None, capacity, True)
+        table[self._row_index[:, None], slots] = queries
+        plan = Plan(int(n[0]), m, False, 0, view, (), None, capacity, True)
         self.forward = Forward(self.spec, plan, queries, table[:, :view].copy(), slots, None, None)
         return self.forward
 

@@ -98,12 +98,15 @@ class GroupTensors:
         self.queries = torch.zeros((0,), dtype=torch.int64, device=device)  # positions fed
         self.table = torch.full((group.rows, 0), EMPTY, dtype=torch.int64, device=device)
         self.stale = False  # the host table changed in a way not mirrored here
+        self._bases: dict[tuple[int, int], torch.Tensor] = {}  # (heads, slots) -> [rows, heads, 1]
+        self._flat: tuple[tuple[int, int], torch.Tensor] | None = None  # this step's `flat_index`
 
     def _dev(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(a).to(self.device, non_blocking=True)
 
     def load(self, fwd: Forward) -> None:
         host, plan = self.group.table, fwd.plan
+        self._flat = None
         self.slots = None if fwd.slots is None else self._dev(fwd.slots)
         self.keep = None if fwd.keep is None else self._dev(fwd.keep)
         if fwd.row is None:
@@ -121,6 +124,19 @@ class GroupTensors:
         else:
             assert self.slots is not None
             self.table[fwd.row].index_copy_(0, self.slots, self.queries)
+
+    def flat_index(self, heads: int, size: int) -> torch.Tensor:
+        """A batched forward's written slots as row indices of a contiguous [rows, heads, size, d] buffer
+        seen as [rows * heads * size, d], in the order of the new K/V [rows, heads, m, d]: one
+        `index_copy_` writes every row (computed once per forward, shared by the group's layers)."""
+        key = (heads, size)
+        if self._flat is None or self._flat[0] != key:
+            if (base := self._bases.get(key)) is None:
+                rows = torch.arange(self.group.rows, device=self.device)[:, None] * heads
+                base = self._bases[key] = ((rows + torch.arange(heads, device=self.device)) * size)[..., None]
+            assert self.slots is not None
+            self._flat = key, (base + self.slots[:, None, :]).reshape(-1)
+        return self._flat[1]
 
     def drop(self, slots: list[list[int]] | None) -> None:
         """Mark the slots of a rollback ([rows, n]) EMPTY, as the group did in the host table."""
@@ -162,11 +178,9 @@ class KV:
         kb, vb = self.k, self.v
         assert kb is not None and vb is not None
         if fwd.row is None:  # every row at its own slots
-            assert self.tensors.slots is not None
-            b, h, m, _ = key.shape
-            index = self.tensors.slots[:, None, :, None]
-            kb.scatter_(2, index.expand(b, h, m, kb.shape[3]), key)
-            vb.scatter_(2, index.expand(b, h, m, vb.shape[3]), value)
+            index = self.tensors.flat_index(kb.shape[1], kb.shape[2])
+            kb.view(-1, kb.shape[3]).index_copy_(0, index, key.reshape(-1, kb.shape[3]))
+            vb.view(-1, vb.shape[3]).index_copy_(0, index, value.reshape(-1, vb.shape[3]))
             return kb[:, :, : plan.view], vb[:, :, : plan.view]
         if self.group.rows > 1:  # one row's prefill
             kb, vb = kb[fwd.row : fwd.row + 1], vb[fwd.row : fwd.row + 1]

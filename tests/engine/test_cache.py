@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from engine.cache import EMPTY, Layout
+from engine.cache import EMPTY, Group, Layout, visible_mask
 from engine.policy import (
     LayerSpec,
     Policy,
@@ -121,6 +121,76 @@ SPECS = [
 @pytest.mark.parametrize("max_block", [1, 2, 5, 9])
 def test_layout_sees_exactly_the_window_through_wraps_and_rollbacks(spec: LayerSpec, max_block: int) -> None:
     assert _simulate(spec, max_block, steps=300, seed=max_block) > 300
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+@pytest.mark.parametrize("max_block", [1, 3, 8])
+def test_batched_advance_equals_each_rows_own_plan(spec: LayerSpec, max_block: int) -> None:
+    """The vectorized batched step (`Group.advance(m)`, every row at once) writes, views and masks
+    exactly what `Layout.plan` does for each row on its own, through per-row prefills of different
+    lengths (some longer than the ring: concat), ring wraps, rollbacks and rows advanced alone."""
+    rng = random.Random(max_block)
+    rows = 4
+    group = Group(spec, "full_attention", max_block, [0], rows)
+    refs = [Layout(spec, max_block) for _ in range(rows)]
+    tables: list[list[int]] = [[] for _ in range(rows)]
+
+    def apply(r: int, m: int) -> None:  # the reference: one row's own plan on its own table
+        plan = refs[r].plan(m)
+        new = list(range(plan.start, plan.start + m))
+        tables[r] += [EMPTY] * (plan.capacity - len(tables[r]))
+        written = new if plan.keep is None else [new[i] for i in plan.keep]
+        for slot, p in zip(plan.slots, written, strict=True):
+            tables[r][slot] = p
+
+    def check() -> None:
+        for r in range(rows):
+            assert group.layouts[r].n == refs[r].n and group.layouts[r].hw == refs[r].hw
+            held = group.table[r].tolist()
+            assert held[: len(tables[r])] == tables[r] and set(held[len(tables[r]) :]) <= {EMPTY}
+
+    for r in range(rows):  # prompts of different lengths, some longer than the ring (concat)
+        m = rng.randint(1, 3 * max_block + 40)
+        group.advance(m, row=r)
+        apply(r, m)
+    check()
+    for step in range(200):
+        if rng.random() < 0.1:  # one row alone (rows drift apart)
+            r, m = rng.randrange(rows), rng.randint(1, max_block)
+            group.advance(m, row=r)
+            apply(r, m)
+        m = rng.randint(1, max_block)
+        before = [lay.n for lay in refs]
+        fwd = group.advance(m)
+        for r in range(rows):
+            apply(r, m)
+        view = max(refs[r].view_len(refs[r].n, refs[r].hw) for r in range(rows))
+        assert fwd.row is None and fwd.plan.view == view and not fwd.plan.concat
+        assert fwd.plan.capacity >= view and fwd.plan.capacity <= group.table.shape[1]
+        assert fwd.queries.tolist() == [list(range(b, b + m)) for b in before]
+        assert fwd.slots is not None
+        assert fwd.slots.tolist() == [
+            [refs[r].slot(p) for p in range(b, b + m)] for r, b in enumerate(before)
+        ]
+        check()
+        keys = [(tables[r] + [EMPTY] * view)[:view] for r in range(rows)]
+        assert fwd.keys.tolist() == keys
+        mask = visible_mask(spec, fwd.queries, fwd.keys)
+        for r in range(rows):
+            for i, q in enumerate(fwd.queries[r].tolist()):
+                seen = sorted(k for k, v in zip(keys[r], mask[r, i].tolist(), strict=True) if v)
+                assert seen == [j for j in range(q + 1) if spec.visible(q, j)], (spec, step, r, q)
+        if rng.random() < 0.4:  # roll every row back (a rejected draft)
+            n = rng.randint(0, m)
+            group.trim(n)
+            for r in range(rows):
+                dropped = refs[r].trim(n)
+                if spec.bounded:  # unbounded: the stale positions lie past every query (hidden)
+                    for slot in dropped:
+                        tables[r][slot] = EMPTY
+            check()
+    if spec.bounded:  # every row's ring wrapped
+        assert all(lay.limit is not None and lay.hw > lay.limit for lay in refs)
 
 
 def test_rollback_beyond_the_slack_is_refused() -> None:
