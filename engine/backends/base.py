@@ -65,10 +65,6 @@ class LayerState(Protocol):
 
     def update(self, keys: Any, values: Any) -> tuple[Any, Any]: ...
 
-    @abstractmethod
-    def _run_rows(self, ids: list[list[int]], forwards: list[Forward]) -> list[list[int]]:
-        """One batched model forward of `ids` [rows, m], each group's `Forward` covering every row."""
-
     def trim(self, n: int) -> None: ...
 
     @property
