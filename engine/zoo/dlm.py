@@ -24,13 +24,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import transformers
 from pydantic import BaseModel, ConfigDict
 
 from engine.drafters.diffusion import DLMConfig
 from engine.drafters.diffusion_torch import TinyDLM, save_dlm
 from engine.models import ZOO_DIR, resolve
 from engine.zoo import corpus, tokenizer
+from engine.zoo.train import versions
 
 
 class Distill(BaseModel):
@@ -202,11 +202,7 @@ def train(recipe: Recipe, out: Path, command: str = "", log=print) -> TrainRecor
         wall_s=round(time.time() - t0, 1),
         params=sum(p.numel() for p in model.parameters()),
         final=final,
-        versions={
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "python": sys.version.split()[0],
-        },
+        versions=versions(),
     )
     (out / "train_record.json").write_text(record.model_dump_json(indent=2) + "\n")
     return record

@@ -345,14 +345,19 @@ def train(recipe: Recipe, out: Path, command: str = "", log=print) -> TrainRecor
         steps=total,
         params=sum(p.numel() for p in model.parameters()),
         final=final,
-        versions={
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "python": sys.version.split()[0],
-        },
+        versions=versions(),
     )
     (out / "train_record.json").write_text(record.model_dump_json(indent=2) + "\n")
     return record
+
+
+def versions() -> dict[str, str]:
+    """The tool versions a train record names (a run is a function of the recipe and of these)."""
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": sys.version.split()[0],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

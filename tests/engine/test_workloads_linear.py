@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 
 import gates  # noqa: E402
 from engine.workloads import compression, niah, parity, throughput  # noqa: E402
+from tests.engine import tiny_models  # noqa: E402
 from tests.engine.backends import HAVE_MLX  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,18 +32,8 @@ def _save_qwen35(path: Path, seed: int) -> Path:
     torch.manual_seed(seed)
     config = Qwen3_5TextConfig(
         vocab_size=len(corpus.VOCAB),
-        hidden_size=64,
-        intermediate_size=128,
+        **tiny_models.LINEAR_HYBRID,
         num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
-        linear_conv_kernel_dim=4,
-        initializer_range=0.2,
         tie_word_embeddings=False,
         eos_token_id=1,
         bos_token_id=2,

@@ -9,6 +9,21 @@ import torch
 from engine.backends.torch import TorchModel
 
 VOCAB = 256
+# The tiny linear-attention hybrids' geometry (Qwen3.5, Qwen3-Next): 2 K/V heads of 16, gated delta-net
+# layers with 2 key and 4 value heads of 16 and a 4-tap convolution; 0.2 for varied greedy output.
+LINEAR_HYBRID = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+    initializer_range=0.2,
+)
 
 torch.set_num_threads(1)
 
@@ -124,18 +139,8 @@ def qwen35(seed: int = 0, layers: int = 4) -> TorchModel:
     torch.manual_seed(seed)
     config = Qwen3_5TextConfig(
         vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
+        **LINEAR_HYBRID,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
-        linear_conv_kernel_dim=4,
-        initializer_range=0.2,
         max_position_embeddings=4096,
         tie_word_embeddings=False,
         eos_token_id=None,
@@ -153,22 +158,12 @@ def qwen3_next(seed: int = 0) -> TorchModel:
     torch.manual_seed(seed)
     config = Qwen3NextConfig(
         vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
+        **LINEAR_HYBRID,
         num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
-        linear_conv_kernel_dim=4,
         num_experts=4,
         num_experts_per_tok=2,
         moe_intermediate_size=32,
         shared_expert_intermediate_size=32,
-        initializer_range=0.2,
         max_position_embeddings=4096,
         tie_word_embeddings=False,
         eos_token_id=None,
