@@ -86,7 +86,8 @@ def pick_dtype(dtype: str, device: mx.Device) -> mx.Dtype:
 class GroupArrays:
     """One group's current `Forward` as mlx arrays and the mask mlx-lm asks for, shared by its layers.
     The mask is built from a device copy of the group's slot -> position table, to which a decode step
-    writes only its new positions (the whole table is copied after a prefill chunk, a growth, a trim)."""
+    writes only its new positions and a trim only the slots it empties (the whole table is copied after
+    a prefill chunk that concatenates, or a growth)."""
 
     def __init__(self, group: Group, native_window: int | None) -> None:
         self.group = group
@@ -97,7 +98,14 @@ class GroupArrays:
         self.keep: mx.array | None = None  # concat: rows of the block that are written
         self.queries = mx.zeros((0,), dtype=mx.int64)  # positions fed ([rows, m] when batched)
         self.table = mx.full((group.rows, 0), EMPTY, dtype=mx.int64)
-        self.stale = False  # the host table changed in a way not mirrored here (a trim)
+        self.stale = False  # the host table changed in a way not mirrored here
+
+    def drop(self, slots: list[list[int]] | None) -> None:
+        """Mark the slots of a rollback ([rows, n]) EMPTY, as the group did in the host table."""
+        if slots and slots[0] and tuple(self.table.shape) == self.group.table.shape:
+            self.table = mx.put_along_axis(self.table, mx.array(slots), mx.array(EMPTY, mx.int64), axis=1)
+        elif slots and slots[0]:
+            self.stale = True
 
     def load(self, fwd: Forward) -> None:
         self.asked = False
@@ -534,9 +542,16 @@ class MLXSession(BaseSession):
         ]
 
     def trim(self, n: int) -> None:
+        # The slots the groups mark EMPTY (bounded layouts), to mark on the device tables as well.
+        dropped = [
+            [[lay.slot(p) for p in range(lay.n - n, lay.n)] for lay in g.layouts]
+            if g.limit is not None
+            else None
+            for g in self.groups
+        ]
         super().trim(n)
-        for a in self.arrays:
-            a.stale = True  # trimmed slots are EMPTY in the host table: re-copied on the next forward
+        for a, slots in zip(self.arrays, dropped, strict=True):
+            a.drop(slots)
 
     def _call(self, ids: list[list[int]], forwards: list[Forward], keep: int | None) -> mx.array:
         for a, fwd in zip(self.arrays, forwards, strict=True):
