@@ -54,11 +54,28 @@ class Layer(nn.Module):
         positions offset.."""
         return self.rope(self.heads(self.k(ctx)), offset), self.heads(self.v(ctx))
 
-    def __call__(self, x: mx.array, offset: int, ck: mx.array, cv: mx.array) -> mx.array:
+    def qkv(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        """The q, k, v projections [1, m, inner] of x (before RoPE)."""
         h = self.attn_norm(x)
-        q = self.rope(self.heads(self.q(h)), offset)
-        k = mx.concatenate((ck, self.rope(self.heads(self.k(h)), offset)), 2)
-        v = mx.concatenate((cv, self.heads(self.v(h))), 2)
+        return self.q(h), self.k(h), self.v(h)
+
+    def __call__(
+        self,
+        x: mx.array,
+        offset: int,
+        ck: mx.array,
+        cv: mx.array,
+        qkv: tuple[mx.array, mx.array, mx.array] | None = None,
+        tail: bool = False,
+    ) -> mx.array:
+        """x [1, m, hidden] at positions offset.. attending to the context ck/cv and to all of x; qkv: this
+        layer's `qkv(x)` when known; tail: only rows 1.. come out (row 0 is attended to, nothing more)."""
+        q, k, v = self.qkv(x) if qkv is None else qkv
+        k = mx.concatenate((ck, self.rope(self.heads(k), offset)), 2)
+        v = mx.concatenate((cv, self.heads(v)), 2)
+        if tail:
+            x, q, offset = x[:, 1:], q[:, 1:], offset + 1
+        q = self.rope(self.heads(q), offset)
         a = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.head_dim**-0.5)
         x = x + self.o(a.transpose(0, 2, 1, 3).reshape(1, -1, self.heads_ * self.head_dim))
         h = self.mlp_norm(x)
@@ -80,13 +97,29 @@ class MLXBlockDrafterModel(nn.Module):
     def context(self, features: mx.array) -> mx.array:
         return self.ctx_norm(self.fc(features))
 
-    def block_logits(self, last: int, k: int, offset: int, kv: list[tuple[mx.array, mx.array]]) -> mx.array:
-        """[k, vocab]: the logits at the k mask slots of [last, MASK x k] at positions offset.."""
-        e = self.embed(mx.array([last]))
-        x = mx.concatenate((e, mx.broadcast_to(self.mask_embed, (k, e.shape[-1]))))[None]
-        for layer, (ck, cv) in zip(self.layers, kv, strict=True):
-            x = layer(x, offset, ck, cv)
-        return self.lm_head(self.norm(x[0, 1:]))
+    def mask_qkv(self) -> tuple[mx.array, mx.array, mx.array]:
+        """The first layer's q, k, v projections [1, 1, inner] of a mask slot: the same in every block."""
+        return self.layers[0].qkv(self.mask_embed[None, None])
+
+    def block_logits(
+        self,
+        last: int,
+        k: int,
+        offset: int,
+        kv: list[tuple[mx.array, mx.array]],
+        mask_qkv: tuple[mx.array, mx.array, mx.array] | None = None,
+    ) -> mx.array:
+        """[k, vocab]: the logits at the k mask slots of [last, MASK x k] at positions offset.. (mask_qkv:
+        `mask_qkv()`, computed once: the first layer projects only `last`)."""
+        e = self.embed(mx.array([[last]]))
+        x = mx.concatenate((e, mx.broadcast_to(self.mask_embed, (1, k, e.shape[-1]))), 1)
+        q, k_, v = (
+            mx.concatenate((p, mx.broadcast_to(m, (1, k, m.shape[-1]))), 1)
+            for p, m in zip(self.layers[0].qkv(e), mask_qkv or self.mask_qkv(), strict=True)
+        )
+        for i, (layer, (ck, cv)) in enumerate(zip(self.layers, kv, strict=True)):
+            x = layer(x, offset, ck, cv, (q, k_, v) if i == 0 else None, tail=i == len(self.layers) - 1)
+        return self.lm_head(self.norm(x[0]))
 
     @classmethod
     def load(cls, path: Path) -> MLXBlockDrafterModel:
@@ -105,6 +138,8 @@ class MLXBlockDrafter(BlockContext):
         self.model = model
         self.dtype = model.fc.weight.dtype
         self.kv: list[tuple[mx.array, mx.array]] = []
+        self.mask_qkv = model.mask_qkv()
+        mx.eval(self.mask_qkv)
 
     def _reset(self) -> None:
         c = self.config
@@ -136,7 +171,7 @@ class MLXBlockDrafter(BlockContext):
         """[k, vocab] (lazy): the block forward's logits at the k mask slots."""
         lo = max(0, self.length - self.window)
         kv = [(kb[:, :, lo : self.length], vb[:, :, lo : self.length]) for kb, vb in self.kv]
-        return self.model.block_logits(last, k, self.position, kv)
+        return self.model.block_logits(last, k, self.position, kv, self.mask_qkv)
 
     def _draft(self, last: int, k: int) -> list[int]:
         ids = mx.argmax(self.block_logits(last, k), axis=-1)
