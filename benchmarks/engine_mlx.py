@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -120,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/results/engine_mlx.json")
     args = p.parse_args(argv)
+    load_start = list(os.getloadavg())  # (1, 5, 15 min): how busy the (shared) machine was
 
     policy = engine.parse_policy(args.policy)
     device = engine.models.check_device("mlx", args.device)
@@ -246,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": mm.dtype_name,
         "peak_memory_bytes": mm.peak_memory_bytes(),
         "config": {k_: v for k_, v in vars(args).items() if k_ != "out"},
+        "load_average": load_start,
+        "load_average_end": list(os.getloadavg()),
         "summary": summary,
         "rows": rows,
     }
