@@ -276,8 +276,10 @@ def quantize(x: torch.Tensor, bits: int, group: int) -> tuple[torch.Tensor, torc
     """Affine quantization of the last axis in groups of `group` values, as `mx.quantize` does it: codes
     (uint8; 4-bit codes packed two per byte, low nibble first: byte for byte mlx's packed uint32 words
     on a little-endian host) and per-group scales and biases in x's dtype; x ~ scale * code + bias."""
-    *lead, d = x.shape
-    w = x.unflatten(-1, (d // group, group)).float()
+    d = x.shape[-1]
+    w = x.unflatten(-1, (d // group, group))
+    if w.dtype != torch.float32:
+        w = w.float()
     n_bins = (1 << bits) - 1
     w_min, w_max = torch.aminmax(w, dim=-1, keepdim=True)
     neg = w_min.abs() > w_max.abs()  # anchor the larger-magnitude edge exactly on a code
@@ -285,12 +287,16 @@ def quantize(x: torch.Tensor, bits: int, group: int) -> tuple[torch.Tensor, torc
     scales = torch.where(neg, scales, scales.neg())
     edge = torch.where(neg, w_min, w_max)
     q0 = (edge / scales).round_()
-    scales = torch.where(q0 != 0, edge / q0, scales)
-    biases = edge.masked_fill(q0 == 0, 0.0)
-    codes = ((w - biases) / scales).round_().clamp_(0, n_bins).to(torch.uint8).flatten(-2)
+    zero = q0 == 0
+    scales = torch.where(zero, scales, edge / q0)
+    biases = edge.masked_fill_(zero, 0.0)
+    codes = (w - biases).div_(scales).round_().clamp_(0, n_bins).to(torch.uint8).flatten(-2)
     if bits == 4:
         codes = codes[..., 0::2] | (codes[..., 1::2] << 4)
-    return codes, scales.squeeze(-1).to(x.dtype), biases.squeeze(-1).to(x.dtype)
+    scales, biases = scales.squeeze(-1), biases.squeeze(-1)
+    if x.dtype != torch.float32:
+        scales, biases = scales.to(x.dtype), biases.to(x.dtype)
+    return codes, scales, biases
 
 
 def dequantize(
