@@ -369,9 +369,7 @@ class QuantizedKV:
         self.tensors = tensors
         self.bits = bits
         self.group_size = group
-        self.parts: list[
-            list[torch.Tensor]
-        ] = []  # per part: codes, scales, biases [batch, heads, slots, ...]
+        self.parts: list[list[torch.Tensor]] = []  # per part: codes, scales, biases [rows, heads, slots, ...]
         self.joint = False  # one part [K | V] (else two: K, V)
         self.key_dim = 0
 
@@ -383,26 +381,39 @@ class QuantizedKV:
             self.joint = self.bits[0] == self.bits[1] and key.shape[-1] == value.shape[-1]
             self.key_dim = key.shape[-1]
         blocks = [torch.cat((key, value), dim=-1)] if self.joint else [key, value]
+        parts = self.parts
+        if parts and self.group.rows > 1 and fwd.row is not None:  # one row's prefill
+            parts = [[t.narrow(0, fwd.row, 1) for t in buf] for buf in parts]
         rng = plan.slot_range
-        if self.parts and not plan.concat and rng and self.parts[0][0].shape[2] >= plan.capacity:
-            for x, b, buf in zip(blocks, self.bits, self.parts, strict=False):
+        if (
+            parts
+            and fwd.row is not None
+            and not plan.concat
+            and rng
+            and parts[0][0].shape[2] >= plan.capacity
+        ):
+            for x, b, buf in zip(blocks, self.bits, parts, strict=False):
                 _quantize(x, b, self.group_size, [t.narrow(2, rng[0], rng[1] - rng[0]) for t in buf])
-            out = [self._read(buf, b, plan.view) for buf, b in zip(self.parts, self.bits, strict=False)]
         else:
             new = [_quantize(x, b, self.group_size) for x, b in zip(blocks, self.bits, strict=False)]
             if not self.parts or self.parts[0][0].shape[2] < plan.capacity:
                 self._grow(new, plan.capacity)
+                parts = self.parts
+                if self.group.rows > 1 and fwd.row is not None:
+                    parts = [[t.narrow(0, fwd.row, 1) for t in buf] for buf in parts]
             if plan.concat:
                 out = [
                     torch.cat((self._read(buf, b, plan.old_view), _dequantize(*n, b).flatten(-2)), dim=2)
-                    for buf, n, b in zip(self.parts, new, self.bits, strict=False)
+                    for buf, n, b in zip(parts, new, self.bits, strict=False)
                 ]
                 if (keep := self.tensors.keep) is not None:
                     new = [[t.index_select(2, keep) for t in n] for n in new]
-                self._write(new, fwd)
-            else:
-                self._write(new, fwd)
-                out = [self._read(buf, b, plan.view) for buf, b in zip(self.parts, self.bits, strict=False)]
+                self._write(parts, new, fwd)
+                return self._split(out)
+            self._write(parts, new, fwd)
+        return self._split([self._read(buf, b, plan.view) for buf, b in zip(parts, self.bits, strict=False)])
+
+    def _split(self, out: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         if self.joint:
             d = self.key_dim
             return out[0].narrow(-1, 0, d), out[0].narrow(-1, d, out[0].shape[-1] - d)
@@ -412,11 +423,17 @@ class QuantizedKV:
     def _read(buf: list[torch.Tensor], bits: int, view: int) -> torch.Tensor:
         return _dequantize(*(t.narrow(2, 0, view) for t in buf), bits).flatten(-2)
 
-    def _write(self, new: Sequence[Sequence[torch.Tensor]], fwd: Forward) -> None:
+    def _write(
+        self, parts: list[list[torch.Tensor]], new: Sequence[Sequence[torch.Tensor]], fwd: Forward
+    ) -> None:
+        """Write the quantized block: at a slot range, at slots, or (batched) every row at its own slots."""
         rng = fwd.plan.slot_range
-        for buf, n in zip(self.parts, new, strict=True):
+        for buf, n in zip(parts, new, strict=True):
             for b, t in zip(buf, n, strict=True):
-                if rng:
+                if fwd.row is None:  # [rows * heads * slots, ...] rows of the flat buffer
+                    index = self.tensors.flat_index(b.shape[1], b.shape[2])
+                    b.view(-1, *b.shape[3:]).index_copy_(0, index, t.reshape(-1, *t.shape[3:]))
+                elif rng:
                     b.narrow(2, rng[0], rng[1] - rng[0]).copy_(t)
                 else:
                     assert self.tensors.slots is not None
@@ -429,7 +446,8 @@ class QuantizedKV:
         for i, n in enumerate(new):
             out = []
             for j, t in enumerate(n):
-                buf = t.new_zeros((t.shape[0], t.shape[1], size, *t.shape[3:]))
+                # zeros: a batch row shorter than the view attends (masked) slots it never wrote
+                buf = t.new_zeros((self.group.rows, t.shape[1], size, *t.shape[3:]))
                 if self.parts:
                     buf[:, :, :have] = self.parts[i][j]
                 out.append(buf)
@@ -442,7 +460,7 @@ class QuantizedKV:
     @property
     def nbytes(self) -> int:
         """Codes, scales and biases of the positions held."""
-        slot = sum(t[:, :, 0].numel() * t.element_size() for part in self.parts for t in part)
+        slot = sum(t[0, :, 0].numel() * t.element_size() for part in self.parts for t in part)  # one row
         return self.group.held() * slot
 
     @property
