@@ -331,6 +331,14 @@ class Bus:
             raise BusUnreachable(f"cannot reach the bus at {self.url}: {exc}") from None
         return Snapshot.parse(text)
 
+    def stage_refs(self) -> dict[str, str]:
+        """The result side refs on the bus (`stage_ref`), ref -> sha."""
+        try:
+            text = git.ls_remote(self.store, self.url, (STAGE_PREFIX + "*",), self.timeout_s)
+        except BusError as exc:
+            raise BusUnreachable(f"cannot reach the bus at {self.url}: {exc}") from None
+        return {ref: sha for sha, _, ref in (line.partition("\t") for line in text.splitlines()) if ref}
+
     def fetch(self, refspecs: Sequence[str]) -> None:
         """Fetch `refspecs` ('src' for objects only, '+src:dst' to keep a local ref) into the store, in one go."""
         if not refspecs:

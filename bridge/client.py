@@ -423,9 +423,18 @@ class Client:
     def gc(self, older_than_days: float, dry_run: bool = False, archive_done: bool = False) -> list[str]:
         """Delete the req/claim/cancel refs of finished requests older than the cutoff; done refs stay, or with
         `archive_done` move to refs/kakeya-archive/done/<id> (kept, but out of every clone's fetch and of
-        `kakeya status` and `gate pr`). Returns the refs deleted (or that would be)."""
+        `kakeya status` and `gate pr`). Result side refs left behind (refs/kakeya-stage/<id>/...) of done or
+        vanished requests go too, whatever their age. Returns the refs deleted (or that would be)."""
         cutoff = B.utcnow() - dt.timedelta(days=older_than_days)
-        entries = [e for e in self.bus.ls_remote().entries.values() if e.done and e.created_at < cutoff]
+        snap = self.bus.ls_remote()
+        entries = [e for e in snap.entries.values() if e.done and e.created_at < cutoff]
+        # side refs a runner could not delete after its done push (B.stage_ref): useless once the request
+        # is done (the done commit holds the result) or gone; a request still running keeps its own
+        stale = [
+            Update(ref, None, sha)
+            for ref, sha in self.bus.stage_refs().items()
+            if (e := snap.entries.get(ref[len(B.STAGE_PREFIX) :].split("/")[0])) is None or e.done
+        ]
         updates = [
             Update(ref, None, sha)
             for e in entries
@@ -440,8 +449,8 @@ class Client:
         if archive_done:  # the archive ref is created in the same atomic push that deletes the done ref
             updates += [Update(B.archive_ref(e.id), e.done, None) for e in entries]
         if dry_run:
-            return [u.ref for u in updates if u.new is None]
-        deleted: list[str] = []
+            return [u.ref for u in stale + updates if u.new is None]
+        deleted = self._delete(stale)
         if archive_done:
             self.ensure(entries, ("done",), in_store=True)  # pushing the archive ref needs its commit here
             for i in range(0, len(entries), GC_CHUNK):
@@ -450,6 +459,11 @@ class Client:
                 status = self.bus.push(chunk, atomic=True)
                 deleted += [u.ref for u in chunk if u.new is None and status.get(u.ref, (False, ""))[0]]
             return deleted
+        return deleted + self._delete(updates)
+
+    def _delete(self, updates: list[Update]) -> list[str]:
+        """Push ref deletions in chunks (each leased on its sha); the refs that went."""
+        deleted: list[str] = []
         for i in range(0, len(updates), GC_CHUNK):
             chunk = updates[i : i + GC_CHUNK]
             status = self.bus.push(chunk)

@@ -1,6 +1,7 @@
 """`kakeya bus gc --older-than DAYS [--archive-done] [--dry-run]`: delete the req/claim/cancel refs of finished
 requests (their done refs keep the whole history); with --archive-done, also move their done refs to
-refs/kakeya-archive/done/<id>: kept on the bus, but fetched by no clone and read by no status or gate."""
+refs/kakeya-archive/done/<id>: kept on the bus, but fetched by no clone and read by no status or gate. Result
+side refs a runner left behind (refs/kakeya-stage/<id>/...) go too once their request is done or gone."""
 
 from __future__ import annotations
 

@@ -96,12 +96,10 @@ class RecurrentState(Protocol):
 
 
 def batch_unsupported(geometry: Geometry, policy: Policy) -> str | None:
-    """Why sessions of this model and policy cannot hold several rows yet (None: they can). The per-row
-    layer states exist for plain K/V only; linear-attention and quantized states are batch 1."""
+    """Why sessions of this model and policy cannot hold several rows yet (None: they can). Attention
+    layers (plain or quantized K/V) take rows; linear-attention states are batch 1."""
     if LINEAR_ATTENTION in geometry.layer_types:
         return "does not support linear-attention layers yet"
-    if policy.bits:
-        return f"does not support quantized K/V ({policy}) yet"
     return None
 
 

@@ -331,43 +331,54 @@ class QuantizedKV(KV):
         qv = mx.quantize(values, group_size=self.kv_group, bits=self.kv_bits[1])
         if not self.k or self.k[0].shape[2] < plan.capacity:
             self._grow_q(qk, qv, plan.capacity)
-        if plan.concat:
-            ko, vo = self._joined(self.k, qk, 0, plan.old_view), self._joined(self.v, qv, 1, plan.old_view)
-            if (keep := self.arrays.keep) is not None:
-                qk = tuple(t[:, :, keep] for t in qk)
-                qv = tuple(t[:, :, keep] for t in qv)
-            self._write_q(qk, qv, fwd)
-            return ko, vo
-        self._write_q(qk, qv, fwd)
-        return self._read(self.k, 0, plan.view), self._read(self.v, 1, plan.view)
+        if fwd.row is None:  # every row at its own slots
+            assert self.arrays.slots is not None
+            index = self.arrays.slots[:, None, :, None]
+            self.k = [mx.put_along_axis(b, index, n, axis=2) for b, n in zip(self.k, qk, strict=True)]
+            self.v = [mx.put_along_axis(b, index, n, axis=2) for b, n in zip(self.v, qv, strict=True)]
+            self.keys = self.k[0]
+            r = slice(None)
+        else:
+            r = slice(fwd.row, fwd.row + 1)  # the row fed (all of an unbatched cache)
+            if plan.concat:
+                ko = self._joined(self.k, qk, 0, r, plan.old_view)
+                vo = self._joined(self.v, qv, 1, r, plan.old_view)
+                if (keep := self.arrays.keep) is not None:
+                    qk = tuple(t[:, :, keep] for t in qk)
+                    qv = tuple(t[:, :, keep] for t in qv)
+                self._write_q(r, qk, qv, fwd)
+                return ko, vo
+            self._write_q(r, qk, qv, fwd)
+        return self._read(self.k, 0, r, plan.view), self._read(self.v, 1, r, plan.view)
 
     update_and_fetch = update
 
-    def _joined(self, buf: list[mx.array], new: Any, which: int, view: int) -> Any:
-        """The first `view` slots followed by the new block (a prefill chunk larger than the slack)."""
+    def _joined(self, buf: list[mx.array], new: Any, which: int, r: slice, view: int) -> Any:
+        """Row r's first `view` slots followed by the new block (a prefill chunk larger than the slack)."""
         if hasattr(self, "bits"):
-            return tuple(mx.concatenate((b[:, :, :view], n), axis=2) for b, n in zip(buf, new, strict=True))
-        return mx.concatenate((self._read(buf, which, view), self._deq(new, which)), axis=2)
+            return tuple(mx.concatenate((b[r, :, :view], n), axis=2) for b, n in zip(buf, new, strict=True))
+        return mx.concatenate((self._read(buf, which, r, view), self._deq(new, which)), axis=2)
 
     def _deq(self, q: Any, which: int) -> mx.array:
         return mx.dequantize(q[0], q[1], q[2], group_size=self.kv_group, bits=self.kv_bits[which])
 
-    def _read(self, buf: list[mx.array], which: int, view: int) -> Any:
-        """What attention gets for the first `view` slots: (codes, scales, biases) or dequantized."""
+    def _read(self, buf: list[mx.array], which: int, r: slice, view: int) -> Any:
+        """What attention gets for rows r' first `view` slots: (codes, scales, biases) or dequantized."""
         if hasattr(self, "bits"):
-            return tuple(t[:, :, :view] for t in buf)
+            return tuple(t[r, :, :view] for t in buf)
         if view == 0:  # mx.dequantize cannot reshape an empty array
-            b, h, _, w = buf[0].shape
+            _, h, _, w = buf[0].shape
+            b = buf[0][r].shape[0]
             return mx.zeros((b, h, 0, w * 32 // self.kv_bits[which]), buf[1].dtype)
-        return self._deq([t[:, :, :view] for t in buf], which)
+        return self._deq([t[r, :, :view] for t in buf], which)
 
-    def _write_q(self, qk: Any, qv: Any, fwd: Forward) -> None:
+    def _write_q(self, r: slice, qk: Any, qv: Any, fwd: Forward) -> None:
         for buf, new in ((self.k, qk), (self.v, qv)):
             for b, n in zip(buf, new, strict=True):
                 if rng := fwd.plan.slot_range:
-                    b[:, :, rng[0] : rng[1]] = n
+                    b[r, :, rng[0] : rng[1]] = n
                 else:
-                    b[:, :, self.arrays.slots] = n
+                    b[r, :, self.arrays.slots] = n
 
     def _grow_q(self, qk: Any, qv: Any, need: int) -> None:
         have = self.k[0].shape[2] if self.k else 0
@@ -376,8 +387,8 @@ class QuantizedKV(KV):
         for buf, new in ((self.k, qk), (self.v, qv)):
             out = []
             for i, n in enumerate(new):
-                b, h, _, d = n.shape
-                t = mx.zeros((b, h, size, d), n.dtype)
+                _, h, _, d = n.shape
+                t = mx.zeros((self.group.rows, h, size, d), n.dtype)  # zeros: slots a short row never wrote
                 if buf:
                     t[:, :, :have] = buf[i]
                 out.append(t)
@@ -392,7 +403,7 @@ class QuantizedKV(KV):
     @property
     def nbytes(self) -> int:
         """Codes, scales and biases of the positions held."""
-        return self.group.held() * sum(t[:, :, 0].nbytes for t in (*self.k, *self.v))
+        return self.group.held() * sum(t[0, :, 0].nbytes for t in (*self.k, *self.v))  # held: all rows
 
     @property
     def allocated_bytes(self) -> int:

@@ -240,6 +240,33 @@ def test_request_wait_over_git_daemon_and_gc(world: Env, daemon: Daemon, capsys)
     assert (world.tmp / "again" / "result.json").is_file()
 
 
+def test_bus_gc_deletes_result_side_refs_of_done_or_vanished_requests_only(
+    world: Env, daemon: Daemon, capsys
+):
+    """A runner whose bus went away after the done push leaves its side ref (refs/kakeya-stage/<id>/<sha>)
+    behind: gc deletes those of done or unknown requests, whatever their age, and keeps a running one's."""
+    url = daemon.repo()
+    r = make_runner(url, world)
+    done_id = client(url).request("work", {"tag": "x"}, "cpu").id
+    r.once()
+    pending_id = client(url).request("work", {"tag": "y"}, "cpu").id
+    snap = B.Bus(url, world.project).ls_remote()
+    sha = snap.entries[done_id].done
+    assert sha
+    git(world.project, "fetch", "-q", url, B.done_ref(done_id))
+    strays = [B.stage_ref(i, sha) for i in (done_id, pending_id, "r-20260101-000000-gone")]
+    git(world.project, "push", "-q", url, *(f"{sha}:{ref}" for ref in strays))
+    assert set(B.Bus(url, world.project).stage_refs()) == set(strays)
+    assert main(["bus", "gc", "--older-than", "1", "--remote", url, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert strays[0] in out and strays[2] in out and strays[1] not in out
+    assert "would delete 2 refs" in out
+    assert main(["bus", "gc", "--older-than", "1", "--remote", url]) == 0
+    assert "deleted 2 refs" in capsys.readouterr().out
+    assert set(B.Bus(url, world.project).stage_refs()) == {strays[1]}  # the running request keeps its own
+    assert B.Bus(url, world.project).ls_remote().entries[done_id].done == sha  # nothing else went
+
+
 def test_unreachable_remote_is_a_clear_error_with_nothing_half_written(world: Env, tmp_path: Path, capsys):
     daemon = Daemon(tmp_path / "later")
     url = daemon.repo()
