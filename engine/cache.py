@@ -250,7 +250,8 @@ class Group:
     def _advance_rows(self, m: int) -> Forward:
         """Every row feeds m tokens at its own next positions (a decode step): one direct write per row,
         one view. Vectorized over the rows (numpy on the rows' counters): the same positions, slots,
-        view and capacity as `Layout.plan` on each row (tests/engine/test_cache.py checks it)."""
+        view and capacity as `Layout.plan` on each row (tests/engine/test_cache.py checks it), and no
+        mask when every row sees every slot of the view (rows of equal lengths, or wrapped rings)."""
         lay = self.layout
         if self.limit is not None and m > lay.max_block:
             raise ValueError(
