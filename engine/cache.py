@@ -89,7 +89,7 @@ class Layout:
             hw = max(self.hw, end)
             view = self.view_len(end, hw)
             slots = tuple(self.slot(p) for p in range(start, end))
-            mask = m > 1 or self._needs_mask(start, hw)
+            mask = m > 1 or self._needs_mask(start, hw, hw > end)
             plan = Plan(start, m, False, 0, view, slots, None, max(view, max(slots) + 1), mask)
         else:
             old_view = self.view_len(start, self.hw)
@@ -103,15 +103,22 @@ class Layout:
         self.n, self.hw = end, hw
         return plan
 
-    def _needs_mask(self, p: int, hw: int) -> bool:
-        """Whether a single query at p, after its write, can see a slot it must not."""
+    def _needs_mask(self, p: int, hw: int, rolled_back: bool) -> bool:
+        """Whether a single query at p, after its write (hw: the highest position written + 1;
+        rolled_back: hw > p + 1, the slots of a rolled-back block are EMPTY), can see a slot it must not.
+        Once the ring has wrapped, a ring with slack (max_block > 1) holds positions older than the
+        window or EMPTY slots, one without slack only the EMPTY slot of a rolled-back token. Before the
+        wrap the view is [0, p], out of the window once p >= sink + window (only possible with slack:
+        without, p < hw <= sink + window). The sinks may lie outside a native window. A batched step
+        asks for its rows at once with their largest p and hw and whether any row rolled back: exact
+        but for a rolled-back row without slack, where it may answer True when no row needs a mask."""
         if self.limit is None:
             return False
-        wrapped = hw > self.limit
-        if wrapped and hw > p + 1:  # EMPTY slots of a rolled-back block are in view
+        assert self.spec.window is not None  # bounded: a ring
+        slack = self.max_block > 1
+        if hw > self.limit and (slack or rolled_back):
             return True
-        oldest = hw - self.ring if wrapped else self.sink
-        if self.spec.window is not None and oldest <= p - self.spec.window:
+        if slack and p >= self.sink + self.spec.window:
             return True
         return self.spec.native_window is not None and self.sink > 0 and p >= self.spec.native_window
 
@@ -185,7 +192,7 @@ class Group:
         self.rows = rows
         self.layouts = [Layout(spec, max_block) for _ in range(rows)]  # each row's counters
         self.table = np.full((rows, 0), EMPTY, dtype=np.int64)
-        self._row_index = np.arange(rows)
+        self._row_index = np.arange(rows)[:, None]
         self.forward: Forward | None = None  # the forward being run
 
     @property
@@ -243,7 +250,8 @@ class Group:
     def _advance_rows(self, m: int) -> Forward:
         """Every row feeds m tokens at its own next positions (a decode step): one direct write per row,
         one view. Vectorized over the rows (numpy on the rows' counters): the same positions, slots,
-        view and capacity as `Layout.plan` on each row (tests/engine/test_cache.py checks it)."""
+        view and capacity as `Layout.plan` on each row (tests/engine/test_cache.py checks it), and no
+        mask when every row sees every slot of the view (rows of equal lengths, or wrapped rings)."""
         lay = self.layout
         if self.limit is not None and m > lay.max_block:
             raise ValueError(
@@ -253,21 +261,27 @@ class Group:
             raise ValueError("a forward needs at least one token")
         n = np.fromiter((x.n for x in self.layouts), np.int64, self.rows)
         hw = np.fromiter((x.hw for x in self.layouts), np.int64, self.rows)
-        queries = n[:, None] + np.arange(m, dtype=np.int64)  # [rows, m]
+        queries = n[:, None] if m == 1 else n[:, None] + np.arange(m, dtype=np.int64)  # [rows, m]
         end = n + m
-        hw = np.maximum(hw, end)
+        rolled_back = bool((hw > end).any())
+        np.maximum(hw, end, out=hw)
         if lay.ring is None:  # unbounded: slot = position
-            slots, view = queries, int(end.max())
+            slots, views = queries, end
         else:
             sink, ring = lay.sink, lay.ring
-            slots = np.where(queries < sink, queries, sink + (queries - sink) % ring)
-            view = int(np.where(hw <= lay.limit, end, lay.limit).max())
-        capacity = max(view, int(slots.max()) + 1)
+            slots = (queries - sink) % ring + sink
+            if n.min() < sink:
+                slots = np.where(queries < sink, queries, slots)
+            views = np.where(hw <= lay.limit, end, lay.limit)
+        view = int(views.max())
+        # No mask when every row attends to exactly its own view and none needs one (`_needs_mask`).
+        mask = m > 1 or int(views.min()) != view or lay._needs_mask(int(n.max()), int(hw.max()), rolled_back)
+        capacity = view if lay.ring is None else max(view, int(slots.max()) + 1)
         for x, e, h in zip(self.layouts, end.tolist(), hw.tolist(), strict=True):
             x.n, x.hw = e, h
         table = self._reserve(capacity)
-        table[self._row_index[:, None], slots] = queries
-        plan = Plan(int(n[0]), m, False, 0, view, (), None, capacity, True)
+        table[self._row_index, slots] = queries
+        plan = Plan(int(n[0]), m, False, 0, view, (), None, capacity, mask)
         self.forward = Forward(self.spec, plan, queries, table[:, :view].copy(), slots, None, None)
         return self.forward
 

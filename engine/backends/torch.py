@@ -107,11 +107,13 @@ class GroupTensors:
     def load(self, fwd: Forward) -> None:
         host, plan = self.group.table, fwd.plan
         self._flat = None
-        self.slots = None if fwd.slots is None else self._dev(fwd.slots)
         self.keep = None if fwd.keep is None else self._dev(fwd.keep)
         if fwd.row is None:
             self.queries = self._dev(fwd.queries)
+            # unbounded layers write position p at slot p: one copy
+            self.slots = self.queries if fwd.slots is fwd.queries else self._dev(fwd.slots)
         else:
+            self.slots = None if fwd.slots is None else self._dev(fwd.slots)
             self.queries = torch.arange(plan.start, plan.start + plan.m, device=self.device)
         resync = self.stale or plan.concat or self.table.shape != host.shape
         if resync:
@@ -168,6 +170,7 @@ class KV:
         self.tensors = tensors
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
+        self._flat: tuple[torch.Tensor, torch.Tensor] | None = None  # k, v seen as [rows * heads * slots, d]
 
     def update(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         fwd = self.group.forward
@@ -178,10 +181,11 @@ class KV:
         kb, vb = self.k, self.v
         assert kb is not None and vb is not None
         if fwd.row is None:  # every row at its own slots
+            assert self._flat is not None
             index = self.tensors.flat_index(kb.shape[1], kb.shape[2])
-            kb.view(-1, kb.shape[3]).index_copy_(0, index, key.reshape(-1, kb.shape[3]))
-            vb.view(-1, vb.shape[3]).index_copy_(0, index, value.reshape(-1, vb.shape[3]))
-            return kb[:, :, : plan.view], vb[:, :, : plan.view]
+            self._flat[0].index_copy_(0, index, key.reshape(-1, kb.shape[3]))
+            self._flat[1].index_copy_(0, index, value.reshape(-1, vb.shape[3]))
+            return self._view(plan.view)
         if self.group.rows > 1:  # one row's prefill
             kb, vb = kb[fwd.row : fwd.row + 1], vb[fwd.row : fwd.row + 1]
         if plan.concat:
@@ -192,7 +196,16 @@ class KV:
             self._write(kb, vb, key, value, fwd)
             return ko, vo
         self._write(kb, vb, key, value, fwd)
-        return kb[:, :, : plan.view], vb[:, :, : plan.view]
+        if self.group.rows > 1:
+            return kb.narrow(2, 0, plan.view), vb.narrow(2, 0, plan.view)
+        return self._view(plan.view)
+
+    def _view(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first n slots of the buffers (the buffers themselves when they hold exactly n)."""
+        assert self.k is not None and self.v is not None
+        if self.k.shape[2] == n:
+            return self.k, self.v
+        return self.k.narrow(2, 0, n), self.v.narrow(2, 0, n)
 
     def _write(
         self, kb: torch.Tensor, vb: torch.Tensor, key: torch.Tensor, value: torch.Tensor, fwd: Forward
@@ -216,6 +229,7 @@ class KV:
             kb[:, :, :have] = self.k
             vb[:, :, :have] = self.v
         self.k, self.v = kb, vb
+        self._flat = kb.view(-1, d), vb.view(-1, vb.shape[3])
 
     def trim(self, n: int) -> None:
         """Nothing to drop: the group marks the trimmed slots EMPTY and the next writes reuse them."""
@@ -626,15 +640,17 @@ class TorchSession(BaseSession):
     def _run(
         self, ids: list[int], forwards: list[Forward], last_only: bool, logits: bool, hidden: tuple[int, ...]
     ) -> Step:
-        out = self._call(torch.tensor([ids], device=self.device), forwards, last_only, bool(hidden))
+        out = self._call(self._ids([ids]), forwards, last_only, bool(hidden))
         rows = out.logits[0]
         states = {i: out.hidden_states[i][0, -rows.shape[0] :] for i in hidden}
-        return Step(rows.argmax(-1).tolist(), rows if logits else None, states)
+        return Step(_greedy(rows), rows if logits else None, states)
 
     @torch.inference_mode()
     def _run_rows(self, ids: list[list[int]], forwards: list[Forward]) -> list[list[int]]:
-        out = self._call(torch.tensor(ids, device=self.device), forwards, False, False)
-        return out.logits.argmax(-1).tolist()
+        return _greedy(self._call(self._ids(ids), forwards, False, False).logits)
+
+    def _ids(self, ids: list[list[int]]) -> torch.Tensor:
+        return torch.from_numpy(np.array(ids, dtype=np.int64)).to(self.device, non_blocking=True)
 
     def _mask(self, mask: torch.Tensor) -> torch.Tensor:
         return _additive(mask, self.owner.dtype) if self.owner.additive_masks else mask
@@ -647,6 +663,14 @@ class TorchSession(BaseSession):
                 (1, 1, 1, max(n, 2 * self._ones.shape[-1], 1024)), dtype=torch.bool, device=self.device
             )
         return self._ones[..., :n]
+
+
+def _greedy(logits: torch.Tensor) -> Any:
+    """The argmax of the last axis as host ints: the one host copy of a forward. On a cpu numpy's argmax
+    of the same memory (first maximum, as torch's) costs a fraction of torch's on these small rows."""
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64):
+        return logits.numpy().argmax(-1).tolist()
+    return logits.argmax(-1).tolist()
 
 
 def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -180,6 +180,8 @@ def test_batched_advance_equals_each_rows_own_plan(spec: LayerSpec, max_block: i
             for i, q in enumerate(fwd.queries[r].tolist()):
                 seen = sorted(k for k, v in zip(keys[r], mask[r, i].tolist(), strict=True) if v)
                 assert seen == [j for j in range(q + 1) if spec.visible(q, j)], (spec, step, r, q)
+        if not fwd.plan.mask:  # a mask-free batched forward: every row sees every slot of the view
+            assert m == 1 and mask.all(), (spec, step)
         if rng.random() < 0.4:  # roll every row back (a rejected draft)
             n = rng.randint(0, m)
             group.trim(n)
