@@ -49,6 +49,7 @@ class Plan:
     keep: tuple[int, ...] | None  # concat: rows of the new block that are written (None: all)
     capacity: int  # buffer slots needed for this forward
     mask: bool  # False when every slot attended is visible to the (single) query
+    sinks_hidden: bool = False  # the mask hides exactly the sink slots (the same mask every such step)
 
     @property
     def slot_range(self) -> tuple[int, int] | None:
@@ -90,7 +91,8 @@ class Layout:
             view = self.view_len(end, hw)
             slots = tuple(self.slot(p) for p in range(start, end))
             mask = m > 1 or self._needs_mask(start, hw, hw > end)
-            plan = Plan(start, m, False, 0, view, slots, None, max(view, max(slots) + 1), mask)
+            hidden = mask and m == 1 and self._sinks_hidden(start, hw, hw > end)
+            plan = Plan(start, m, False, 0, view, slots, None, max(view, max(slots) + 1), mask, hidden)
         else:
             old_view = self.view_len(start, self.hw)
             keep = tuple(i for i in range(m) if start + i < self.sink or start + i >= end - self.ring)
@@ -121,6 +123,23 @@ class Layout:
         if slack and p >= self.sink + self.spec.window:
             return True
         return self.spec.native_window is not None and self.sink > 0 and p >= self.spec.native_window
+
+    def _sinks_hidden(self, p: int, hw: int, rolled_back: bool) -> bool:
+        """Whether a single query at p (p: the smallest of a batched step's rows) sees every slot but the
+        sinks: a wrapped ring without slack or EMPTY slots holds exactly the window's positions, visible
+        when the window fits the native one, and every sink lies outside the native window."""
+        nw = self.spec.native_window
+        return (
+            self.limit is not None
+            and nw is not None
+            and self.sink > 0
+            and self.max_block == 1
+            and not rolled_back
+            and hw > self.limit
+            and self.spec.window is not None
+            and self.spec.window <= nw
+            and p >= nw + self.sink - 1
+        )
 
     def trim(self, r: int) -> tuple[int, ...]:
         """Drop the last r positions fed; returns the slots to mark EMPTY."""
@@ -276,12 +295,18 @@ class Group:
         view = int(views.max())
         # No mask when every row attends to exactly its own view and none needs one (`_needs_mask`).
         mask = m > 1 or int(views.min()) != view or lay._needs_mask(int(n.max()), int(hw.max()), rolled_back)
+        hidden = (
+            mask
+            and m == 1
+            and int(hw.min()) > (lay.limit or 0)
+            and lay._sinks_hidden(int(n.min()), int(hw.min()), rolled_back)
+        )
         capacity = view if lay.ring is None else max(view, int(slots.max()) + 1)
         for x, e, h in zip(self.layouts, end.tolist(), hw.tolist(), strict=True):
             x.n, x.hw = e, h
         table = self._reserve(capacity)
         table[self._row_index, slots] = queries
-        plan = Plan(int(n[0]), m, False, 0, view, (), None, capacity, mask)
+        plan = Plan(int(n[0]), m, False, 0, view, (), None, capacity, mask, hidden)
         self.forward = Forward(self.spec, plan, queries, table[:, :view].copy(), slots, None, None)
         return self.forward
 

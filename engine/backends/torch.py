@@ -100,6 +100,7 @@ class GroupTensors:
         self.stale = False  # the host table changed in a way not mirrored here
         self._bases: dict[tuple[int, int], torch.Tensor] = {}  # (heads, slots) -> [rows, heads, 1]
         self._flat: tuple[tuple[int, int], torch.Tensor] | None = None  # this step's `flat_index`
+        self._constant: dict[tuple[int, int], torch.Tensor] = {}  # `sinks_hidden_mask`s
 
     def _dev(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(a).to(self.device, non_blocking=True)
@@ -146,6 +147,19 @@ class GroupTensors:
             self.table.scatter_(1, torch.tensor(slots, device=self.device), EMPTY)
         elif slots and slots[0]:
             self.stale = True
+
+    def sinks_hidden_mask(self, fwd: Forward, convert: Any) -> torch.Tensor:
+        """The mask of a step that sees every slot but the sinks (`Plan.sinks_hidden`): the same tensor
+        every such step, made once per (rows, view) and passed through `convert` (additive or not)."""
+        rows = self.group.rows if fwd.row is None else 1
+        key = (rows, fwd.plan.view)
+        if (mask := self._constant.get(key)) is None:
+            ones = torch.ones((rows, 1, 1, fwd.plan.view), dtype=torch.bool, device=self.device)
+            mask = self._constant[key] = convert(ones.index_fill_(-1, self._arange(fwd.spec.sink), False))
+        return mask
+
+    def _arange(self, n: int) -> torch.Tensor:
+        return torch.arange(n, device=self.device)
 
     def mask(self, fwd: Forward) -> torch.Tensor | None:
         """Boolean mask [rows, 1, m, keys] on the device, or None when every attended slot is visible."""
@@ -615,6 +629,9 @@ class TorchSession(BaseSession):
         by_type: dict[str, torch.Tensor | None] = {}
         for g, t, fwd in zip(self.groups, self.tensors, forwards, strict=True):
             t.load(fwd)
+            if fwd.plan.sinks_hidden:
+                by_type[g.layer_type] = t.sinks_hidden_mask(fwd, self._mask)
+                continue
             mask = t.mask(fwd)
             by_type[g.layer_type] = None if mask is None else self._mask(mask)
         if self.linear:

@@ -93,6 +93,10 @@ def _simulate(spec: LayerSpec, max_block: int, steps: int, seed: int) -> int:
             assert seen == [j for j in range(q + 1) if spec.visible(q, j)], (spec, step, q)
             if not plan.mask:
                 assert m == 1 and len(seen) == len(keys), "a mask-free forward attends to a hidden slot"
+            if plan.sinks_hidden:
+                assert m == 1 and seen == sorted(keys[spec.sink :]), (
+                    "sinks_hidden: not exactly the sinks hidden"
+                )
             checked += 1
         if rng.random() < 0.6:
             r = rng.randint(0, min(m + 2, layout.n))
@@ -115,6 +119,34 @@ SPECS = [
     LayerSpec(4, 5, 16),
     LayerSpec(3, 30),
 ]
+
+
+def test_a_wrapped_ring_past_the_native_window_hides_exactly_its_sinks() -> None:
+    """Decode steps of a sliding layer with sinks (the policy's window inside the native one) whose ring
+    has wrapped and whose sinks left the native window see every slot but the sinks: one constant mask
+    (`Plan.sinks_hidden`), on a row and on batched rows (the rows' smallest position decides)."""
+    spec = LayerSpec(4, 5, 16)
+    layout = Layout(spec, 1)
+    layout.plan(3)
+    hidden = []
+    for _ in range(40):
+        plan = layout.plan(1)
+        hidden.append(plan.sinks_hidden)
+        assert not plan.sinks_hidden or plan.mask
+    assert hidden.index(True) == 19 + 1 - 4 and all(hidden[16:])  # from the query at 19 = 16 + 4 - 1 on
+    group = Group(spec, "sliding_attention", 1, [0], rows=2)
+    group.advance(30, row=0)
+    group.advance(10, row=1)
+    steps = [group.advance(1).plan.sinks_hidden for _ in range(14)]
+    assert steps == [False] * 9 + [True] * 5  # row 1 reaches position 19 at the tenth step
+    assert not _hides(LayerSpec(4, 20, 16))  # a window wider than the native one: the ring is masked too
+    assert not _hides(LayerSpec(4, 5, None))  # no native window: nothing to hide (no mask at all)
+
+
+def _hides(spec: LayerSpec) -> bool:
+    layout = Layout(spec, 1)
+    layout.plan(3)
+    return any(layout.plan(1).sinks_hidden for _ in range(60))
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=str)
@@ -182,6 +214,8 @@ def test_batched_advance_equals_each_rows_own_plan(spec: LayerSpec, max_block: i
                 assert seen == [j for j in range(q + 1) if spec.visible(q, j)], (spec, step, r, q)
         if not fwd.plan.mask:  # a mask-free batched forward: every row sees every slot of the view
             assert m == 1 and mask.all(), (spec, step)
+        if fwd.plan.sinks_hidden:  # every row sees every slot of the view but the sinks
+            assert m == 1 and not mask[..., : spec.sink].any() and mask[..., spec.sink :].all(), (spec, step)
         if rng.random() < 0.4:  # roll every row back (a rejected draft)
             n = rng.randint(0, m)
             group.trim(n)
