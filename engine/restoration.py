@@ -25,7 +25,7 @@ are taken as they are); MLX has no such session here.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -256,8 +256,9 @@ class RestoredSession(TorchSession):
         chosen = candidates[needed]
         self.restoring[id(g)] = torch.from_numpy(chosen)
         keys = np.concatenate((fwd.keys, chosen))
+        plan = replace(fwd.plan, sinks_hidden=False)  # restored keys follow: a mask of its own
         return RestoredForward(
-            fwd.spec, fwd.plan, fwd.queries, keys, fwd.slots, fwd.keep, fwd.row, held=held, native=native
+            fwd.spec, plan, fwd.queries, keys, fwd.slots, fwd.keep, fwd.row, held=held, native=native
         )
 
 

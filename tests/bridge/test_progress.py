@@ -287,9 +287,13 @@ def test_no_live_runner_is_said_at_once_and_ends_the_wait_with_its_own_code(
 
     # Ctrl-C stops waiting, never the request: exit 130, one line
     waiter = kakeya(world, "wait", rid, "--remote", url)
-    time.sleep(3)
+    said = Lines(waiter)
+    said.start()  # Ctrl-C once it is waiting (a fixed sleep raced a slow start on a loaded machine)
+    wait_for(lambda: any(" queued: " in ln for ln in said.lines), 30, "the waiter's queued line")
     waiter.send_signal(signal.SIGINT)
-    out, err = waiter.communicate(timeout=20)
+    waiter.wait(timeout=20)
+    assert waiter.stderr is not None
+    err = waiter.stderr.read()
     lines = err.splitlines()  # the bus line every bus command prints, then one line
     assert waiter.returncode == 130 and len(lines) == 2 and lines[0].startswith("kakeya: bus: "), err
     assert "stopped waiting" in lines[1], err
