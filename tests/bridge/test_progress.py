@@ -79,6 +79,9 @@ def kakeya(world: Env, *args: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C as at a terminal, even when the tests run as a background job (which inherits SIGINT
+        # ignored: Python then never raises KeyboardInterrupt)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
@@ -291,8 +294,14 @@ def test_no_live_runner_is_said_at_once_and_ends_the_wait_with_its_own_code(
     said.start()  # Ctrl-C once it is waiting (a fixed sleep raced a slow start on a loaded machine)
     wait_for(lambda: any(" queued: " in ln for ln in said.lines), 30, "the waiter's queued line")
     waiter.send_signal(signal.SIGINT)
-    waiter.wait(timeout=20)
     assert waiter.stderr is not None
+    try:
+        waiter.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        waiter.kill()
+        raise AssertionError(
+            f"kakeya wait went on 20 s after SIGINT; stderr: {waiter.stderr.read()!r}"
+        ) from None
     err = waiter.stderr.read()
     lines = err.splitlines()  # the bus line every bus command prints, then one line
     assert waiter.returncode == 130 and len(lines) == 2 and lines[0].startswith("kakeya: bus: "), err
