@@ -295,12 +295,8 @@ class Group:
         view = int(views.max())
         # No mask when every row attends to exactly its own view and none needs one (`_needs_mask`).
         mask = m > 1 or int(views.min()) != view or lay._needs_mask(int(n.max()), int(hw.max()), rolled_back)
-        hidden = (
-            mask
-            and m == 1
-            and int(hw.min()) > (lay.limit or 0)
-            and lay._sinks_hidden(int(n.min()), int(hw.min()), rolled_back)
-        )
+        # every row wrapped and past the native window: the rows' smallest position and hw decide
+        hidden = mask and m == 1 and lay._sinks_hidden(int(n.min()), int(hw.min()), rolled_back)
         capacity = view if lay.ring is None else max(view, int(slots.max()) + 1)
         for x, e, h in zip(self.layouts, end.tolist(), hw.tolist(), strict=True):
             x.n, x.hw = e, h

@@ -155,11 +155,9 @@ class GroupTensors:
         key = (rows, fwd.plan.view)
         if (mask := self._constant.get(key)) is None:
             ones = torch.ones((rows, 1, 1, fwd.plan.view), dtype=torch.bool, device=self.device)
-            mask = self._constant[key] = convert(ones.index_fill_(-1, self._arange(fwd.spec.sink), False))
+            ones[..., : fwd.spec.sink] = False
+            mask = self._constant[key] = convert(ones)
         return mask
-
-    def _arange(self, n: int) -> torch.Tensor:
-        return torch.arange(n, device=self.device)
 
     def mask(self, fwd: Forward) -> torch.Tensor | None:
         """Boolean mask [rows, 1, m, keys] on the device, or None when every attended slot is visible."""
