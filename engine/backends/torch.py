@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from engine.backends import kv_kernels
 from engine.backends.base import BaseSession, Tokenized
 from engine.cache import EMPTY, Forward, Group, buffer_size, visible_mask
 from engine.decode import Step
@@ -320,7 +321,19 @@ def _quantize(
 ) -> Sequence[torch.Tensor]:
     """`quantize` in the grouped layout the cache stores (codes [..., groups, group or group / 2], scales
     and biases [..., groups, 1]); with `out` (three such tensors, slices of the buffers) the results are
-    written there (a decode step writes its token without an intermediate copy)."""
+    written there (a decode step writes its token without an intermediate copy). A float32 block on a cpu
+    goes through the C kernel where it is built (engine/backends/kv_kernels.py): the same bytes."""
+    if x.dtype == torch.float32 and x.device.type == "cpu" and kv_kernels.library() is not None:
+        if out is None:
+            per = group // 2 if bits == 4 else group
+            lead, groups = x.shape[:-1], x.shape[-1] // group
+            out = [
+                torch.empty((*lead, groups, per), dtype=torch.uint8),
+                torch.empty((*lead, groups, 1)),
+                torch.empty((*lead, groups, 1)),
+            ]
+        if kv_kernels.quantize_into(x, bits, group, *out):
+            return out
     w = x.unflatten(-1, (x.shape[-1] // group, group))
     if w.dtype != torch.float32:
         w = w.float()
@@ -371,7 +384,13 @@ def _zero(like: torch.Tensor) -> torch.Tensor:
 
 
 def _dequantize(codes: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, bits: int) -> torch.Tensor:
-    """scale * code + bias in the grouped layout ([..., groups, group]), in the scales' dtype."""
+    """scale * code + bias in the grouped layout ([..., groups, group]), in the scales' dtype (float32 on a
+    cpu: the C kernel where it is built, one pass instead of three)."""
+    if (
+        scales.dtype == torch.float32
+        and (out := kv_kernels.dequantize(codes, scales, biases, bits)) is not None
+    ):
+        return out
     if bits == 4:
         codes = torch.stack((codes & 15, codes >> 4), dim=-1).flatten(-2)
     return codes.to(scales.dtype).mul_(scales).add_(biases)

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import copy
 import functools
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 import engine
-from engine.backends.torch import TorchModel, dequantize, quantize
+from engine.backends import kv_kernels
+from engine.backends.torch import TorchModel, _dequantize, _quantize, dequantize, quantize
 from engine.policy import Policy, expected_kv_bytes, parse_policy, policy_slot_bytes, with_precision
 from tests.engine import tiny_models
 from tests.engine.backends import BACKENDS, HAVE_MLX, on
@@ -48,10 +52,27 @@ def test_policy_precision_round_trips_and_refuses_bad_input() -> None:
     assert parse_policy("full:q8").group_for(16) == 16  # clamped to a smaller head_dim
 
 
+@pytest.fixture(params=["kernels", "torch-ops"])
+def kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The torch backend's quantized K/V on a cpu through its C kernels, and through its torch ops."""
+    if request.param == "torch-ops":
+        monkeypatch.setattr(kv_kernels, "library", lambda: None)
+    else:
+        _require_kernels()
+    yield request.param
+
+
+def _require_kernels() -> None:
+    if kv_kernels.library() is None:
+        # a machine with a C compiler must build them: only a compiler-less one runs torch ops alone
+        assert kv_kernels._compiler() is None, kv_kernels.status()
+        pytest.skip(kv_kernels.status())
+
+
 @pytest.mark.skipif(not HAVE_MLX, reason="mlx not installed")
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_torch_quantization_is_mlx_quantize_byte_for_byte(bits: int, dtype: str) -> None:
+def test_torch_quantization_is_mlx_quantize_byte_for_byte(bits: int, dtype: str, kernels: str) -> None:
     import mlx.core as mx
 
     x = torch.randn(2, 3, 7, 64, generator=torch.Generator().manual_seed(bits)).to(getattr(torch, dtype))
@@ -68,6 +89,87 @@ def test_torch_quantization_is_mlx_quantize_byte_for_byte(bits: int, dtype: str)
     err = (back.reshape(groups.shape) - groups).abs().amax(-1)
     # within one quantization step of its group (plus the dtype's rounding of the dequantized value)
     assert (err <= scales.float().abs() * 1.01 + 2**-7 * groups.abs().amax(-1)).all()
+
+
+def _awkward_groups(seed: int, width: int) -> torch.Tensor:
+    """[2, 3, 5, width] values whose groups (of 32) include the edge cases of the affine rule."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 3, 5, width, generator=gen) * torch.logspace(-6, 4, 5)[:, None]
+    x[0, 0, 0, :32] = -0.5  # constant negative: the ±edge tie
+    x[0, 0, 1, :32] = 0.0  # zeros: scale kept, bias 0
+    x[0, 0, 2, :32] = 3e-9  # below the minimum scale
+    x[0, 1, 0, :32] = torch.randint(-4, 5, (32,), generator=gen).float()  # exact codes, ties at .5
+    x[0, 1, 1, 5] = 1e6  # one outlier
+    x[1, 2, 4, :32] = -x[1, 2, 4, :32].abs()  # all negative
+    return x
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_the_c_kernels_store_and_read_the_bytes_of_the_torch_ops(bits: int) -> None:
+    """The cpu kernels against the torch ops they replace: codes, scales, biases and dequantized values
+    identical, fresh blocks and blocks written into strided views of a cache buffer (a slot range)."""
+    _require_kernels()
+    for seed, width, group in ((0, 64, 32), (1, 128, 64), (2, 96, 32), (3, 64, 16)):
+        x = _awkward_groups(seed, width)
+        fast = _quantize(x, bits, group)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(kv_kernels, "library", lambda: None)
+            slow = _quantize(x, bits, group)
+            slow_back = _dequantize(*slow, bits)
+        assert all(torch.equal(a, b) for a, b in zip(fast, slow, strict=True)), (seed, bits)
+        assert torch.equal(_dequantize(*fast, bits), slow_back)
+        # into slots 3..8 of buffers of 11 slots, and back out of a view of the first 9
+        bufs = [torch.zeros(2, 3, 11, *t.shape[3:], dtype=t.dtype) for t in fast]
+        assert kv_kernels.quantize_into(x, bits, group, *(b.narrow(2, 3, 5) for b in bufs))
+        assert all(torch.equal(b[:, :, 3:8], t) for b, t in zip(bufs, fast, strict=True))
+        assert all(not b[:, :, :3].any() and not b[:, :, 8:].any() for b in bufs)  # nothing else written
+        view = kv_kernels.dequantize(*(b.narrow(2, 0, 9) for b in bufs), bits)
+        assert view is not None and view.shape == (2, 3, 9, width // group, group)
+        assert torch.equal(view[:, :, 3:8], slow_back)
+    assert not kv_kernels.quantize_into(x.double(), bits, 32, *fast)  # not float32: the caller's torch ops
+
+
+def test_kernel_status_names_why_torch_ops_are_used(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    try:
+        for env, value, words in (
+            ("KAKEYA_KV_KERNELS", "torch", "KAKEYA_KV_KERNELS=torch"),
+            ("CC", "false", "false could not build kv_kernels.c"),
+        ):
+            with monkeypatch.context() as mp:
+                mp.setenv(env, value)
+                kv_kernels._load.cache_clear()
+                assert kv_kernels.library() is None
+                assert kv_kernels.status().startswith("torch ops") and words in kv_kernels.status()
+        if shutil.which("cc") or shutil.which("gcc"):
+            kv_kernels._load.cache_clear()
+            assert kv_kernels.library() is not None, kv_kernels.status()
+            assert str(tmp_path) in kv_kernels.status()
+            assert [p.suffix for p in (tmp_path / "kakeya" / "kernels").iterdir()] == [".so"]  # no leftovers
+    finally:
+        kv_kernels._load.cache_clear()
+
+
+def test_a_quantized_session_decodes_the_same_with_and_without_the_kernels() -> None:
+    """End to end (prefill chunks, decode steps, verify blocks, a wrapped ring, rollbacks): the same
+    logits to the bit."""
+    _require_kernels()
+    ids = tiny_models.prompt(37, seed=2)
+    runs = []
+    for fast in (True, False):
+        with pytest.MonkeyPatch.context() as mp:
+            if not fast:
+                mp.setattr(kv_kernels, "library", lambda: None)
+            for prec in ("q8", "q4", "k8v4"):
+                seq = _model("torch").session(
+                    with_precision(parse_policy("hybrid:2:6"), prec), max_block=3, prefill_chunk=16
+                )
+                rows = [seq.prefill(ids, logits=True).logits]
+                for n in range(12):
+                    rows.append(seq.forward([4 + n, 9, 2][: 1 + n % 3], logits=True).logits)
+                    seq.trim(n % 2)
+                runs.append(torch.cat(rows))
+    assert all(torch.equal(a, b) for a, b in zip(runs[:3], runs[3:], strict=True))
 
 
 def test_torch_stores_k_and_v_side_by_side_with_the_values_they_have_apart() -> None:

@@ -1,0 +1,137 @@
+"""C kernels for quantized K/V on a cpu (kv_kernels.c): a decode step's token quantized straight into the
+cache's buffers, and the attended view dequantized, each in one call. In torch ops a layer's step takes
+some thirty small ops and five passes over the view, a third of a small model's step
+(benchmarks/kv_quant.py measures both).
+
+Built on first use with the machine's C compiler (`$CC`, else cc / gcc / clang) into
+`$XDG_CACHE_HOME/kakeya/kernels` (default ~/.cache/kakeya/kernels), one file per source and compiler,
+and loaded with ctypes. Where there is no compiler, the build fails, or `KAKEYA_KV_KERNELS=torch` is set,
+`library()` is None and the torch backend runs its torch ops, which give the same bytes (tests compare
+the two). `status()` says which is in use and why."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("kv_kernels.c")
+# No contraction of a * b + c into a fused multiply-add: the results stay those of the torch ops.
+FLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC"]
+
+_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+_UNITS = [_I64, _I64, _I64, _I64, _I64, ctypes.c_int]  # d0, d1, d2, groups, group, bits
+_STRIDES = [_I64, _I64, _I64]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kakeya" / "kernels"
+
+
+def _compiler() -> list[str] | None:
+    if cc := os.environ.get("CC"):
+        return shlex.split(cc)
+    found = next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
+    return None if found is None else [found]
+
+
+@functools.cache
+def _load() -> tuple[ctypes.CDLL | None, str]:
+    if os.environ.get("KAKEYA_KV_KERNELS", "").lower() == "torch":
+        return None, "torch ops (KAKEYA_KV_KERNELS=torch)"
+    cc = _compiler()
+    if cc is None:
+        return None, "torch ops (no C compiler: set CC, or install cc)"
+    stamp = "\0".join([SOURCE.read_text(), *cc, *FLAGS, platform.system(), platform.machine()])
+    lib = cache_dir() / f"kv_kernels-{hashlib.sha256(stamp.encode()).hexdigest()[:16]}.so"
+    if not lib.exists():
+        try:
+            lib.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:  # built aside, then renamed: atomic
+                built = Path(tmp) / lib.name
+                run = subprocess.run(
+                    [*cc, *FLAGS, "-o", str(built), str(SOURCE)], capture_output=True, text=True, timeout=120
+                )
+                if run.returncode != 0:
+                    last = (run.stderr.strip().splitlines() or ["no output"])[-1]
+                    return None, f"torch ops ({' '.join(cc)} could not build {SOURCE.name}: {last})"
+                os.replace(built, lib)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return None, f"torch ops (building {SOURCE.name} failed: {exc})"
+    try:
+        dll = ctypes.CDLL(str(lib))
+    except OSError as exc:
+        return None, f"torch ops (could not load {lib}: {exc})"
+    dll.kv_quantize.argtypes = [_PTR, *_UNITS, _PTR, *_STRIDES, _PTR, _PTR, *_STRIDES]
+    dll.kv_dequantize.argtypes = [_PTR, *_UNITS, *_STRIDES, _PTR, _PTR, *_STRIDES, _PTR]
+    dll.kv_quantize.restype = dll.kv_dequantize.restype = None
+    return dll, f"C kernels ({lib})"
+
+
+def library() -> ctypes.CDLL | None:
+    return _load()[0]
+
+
+def status() -> str:
+    """Which quantized K/V kernels the torch backend uses on a cpu, and why."""
+    return _load()[1]
+
+
+def _fits(codes: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor) -> bool:
+    """Grouped float32 cpu buffers ([d0, d1, d2, groups, per] codes, [..., groups, 1] scales and biases,
+    the same strides) whose units are contiguous inside."""
+    return (
+        codes.dim() == 5
+        and codes.device.type == "cpu"
+        and scales.dtype == torch.float32
+        and codes.stride(4) == 1
+        and codes.stride(3) == codes.shape[4]
+        and scales.stride(3) == 1
+        and scales.stride() == biases.stride()
+    )
+
+
+def quantize_into(
+    x: torch.Tensor, bits: int, group: int, codes: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor
+) -> bool:
+    """Quantize x [d0, d1, d2, groups * group] (float32, cpu) into the grouped buffers (views of the
+    cache's, any unit strides); False where the kernel does not apply (the caller uses torch ops)."""
+    lib = library()
+    if lib is None or x.dtype != torch.float32 or x.dim() != 4 or not _fits(codes, scales, biases):
+        return False
+    x = x.contiguous()
+    d0, d1, d2, width = x.shape
+    s, t = codes.stride(), scales.stride()
+    lib.kv_quantize(
+        x.data_ptr(), d0, d1, d2, width // group, group, bits,
+        codes.data_ptr(), s[0], s[1], s[2], scales.data_ptr(), biases.data_ptr(), t[0], t[1], t[2],
+    )  # fmt: skip
+    return True
+
+
+def dequantize(
+    codes: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, bits: int
+) -> torch.Tensor | None:
+    """scale * code + bias of grouped buffers (views, any unit strides) as a new [d0, d1, d2, groups,
+    group] float32 tensor; None where the kernel does not apply."""
+    lib = library()
+    if lib is None or not _fits(codes, scales, biases):
+        return None
+    d0, d1, d2, groups, per = codes.shape
+    group = 2 * per if bits == 4 else per
+    out = torch.empty((d0, d1, d2, groups, group), dtype=torch.float32)
+    s, t = codes.stride(), scales.stride()
+    lib.kv_dequantize(
+        codes.data_ptr(), d0, d1, d2, groups, group, bits, s[0], s[1], s[2],
+        scales.data_ptr(), biases.data_ptr(), t[0], t[1], t[2], out.data_ptr(),
+    )  # fmt: skip
+    return out
