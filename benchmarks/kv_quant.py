@@ -132,6 +132,15 @@ def throughput(
     return rows
 
 
+def _kernels(backend: str) -> str:
+    """Which quantize / dequantize the torch backend ran (C kernels or torch ops, and why)."""
+    if backend != "torch":
+        return "mlx: mx.quantize, mx.quantized_matmul"
+    from engine.backends import kv_kernels
+
+    return kv_kernels.status()
+
+
 def draw(body: dict[str, Any], path: Path) -> None:
     plt = plots.pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4))
@@ -172,6 +181,8 @@ def markdown(body: dict[str, Any]) -> str:
             f"{r['kv_bytes']:,} | {r['kv_bytes'] / base[r['context']]:.3f} |"
         )
     lines += [
+        "",
+        f"Quantized K/V kernels: {body['kv_kernels']}",
         "",
         "| model | policy | decode tok/s | vs model dtype | same tokens |",
         "|---|---|---:|---:|---|",
@@ -229,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         speed += throughput(f"shape:{shape}", shaped, tp, rand, args.new, args.repeats)
     body: dict[str, Any] = {
         "config": {k: v for k, v in vars(args).items() if k != "out"},
+        "kv_kernels": _kernels(args.backend),
         "study": rows,
         "throughput": speed,
     }
