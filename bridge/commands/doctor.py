@@ -95,20 +95,28 @@ def check_git() -> str:
     return out.strip()
 
 
+# The engine's path, then (where torch is installed) what its torch backend quantizes K/V with on a cpu.
+ENGINE_PY = """import engine
+print(engine.__file__)
+try:
+    from engine.backends import kv_kernels
+except ImportError:
+    print("")
+else:
+    print(kv_kernels.status())
+"""
+
+
 def check_engine() -> str:
-    proc = subprocess.run(
-        [sys.executable, "-c", "import engine, sys; print(engine.__file__)"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = subprocess.run([sys.executable, "-c", ENGINE_PY], capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise KakeyaError(
             f"`import engine` fails ({last}); a runner needs `pip install 'kakeya[torch]'` "
             "and/or 'kakeya[mlx]' (clients do not)"
         )
-    return f"importable from {proc.stdout.strip()}"
+    path, kernels = [*proc.stdout.strip().splitlines(), ""][:2]
+    return f"importable from {path}" + (f"; quantized K/V on a cpu: {kernels}" if kernels else "")
 
 
 def isolation_in_force(cfg: Config) -> str:

@@ -10,8 +10,9 @@
 #include <math.h>
 #include <stdint.h>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define CLONES __attribute__((target_clones("avx2", "default"))) /* picked for the cpu at load time */
+#if defined(__x86_64__) && defined(__ELF__) && (defined(__GNUC__) || defined(__clang__))
+/* an AVX2 build and a baseline one, picked for the cpu when the library loads (an ELF ifunc) */
+#define CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define CLONES
 #endif

@@ -342,6 +342,11 @@ def test_doctor_says_what_is_wrong(world: Env, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "ok    git" in out and "(embedded)" in out and "3 valid: cpuonly, strict, work" in out
     assert "all checks passed" in out
+    # the engine line says what the torch backend quantizes K/V with on a cpu (torch is installed here)
+    engine_line = next(ln for ln in out.splitlines() if ln.startswith("ok    engine"))
+    assert "quantized K/V on a cpu: " in engine_line and (
+        "C kernels" in engine_line or "torch ops (" in engine_line
+    )
     monkeypatch.setenv("KAKEYA_REMOTE", f"git://127.0.0.1:{free_port()}/nope.git")
     monkeypatch.setenv("KAKEYA_PRESETS", str(world.tmp / "missing"))
     assert main(["doctor"]) == 1
