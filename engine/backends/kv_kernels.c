@@ -22,8 +22,10 @@ static uint8_t code(float w, float bias, float scale, float n_bins) {
     return (uint8_t)(q > 0.0f ? (q < n_bins ? q : n_bins) : 0.0f); /* NaN gives 0 */
 }
 
-/* x: d0 x d1 x d2 contiguous units of g * group values, quantized into codes / scales / biases. */
-CLONES void kv_quantize(const float *restrict x, int64_t d0, int64_t d1, int64_t d2, int64_t g, int64_t group, int bits,
+/* x: d0 x d1 x d2 units of g * group contiguous values (unit strides x0, x1, x2), quantized into codes /
+   scales / biases. */
+CLONES void kv_quantize(const float *restrict x, int64_t x0, int64_t x1, int64_t x2, int64_t d0, int64_t d1,
+                        int64_t d2, int64_t g, int64_t group, int bits,
                  uint8_t *restrict codes, int64_t s0, int64_t s1, int64_t s2, float *restrict scales,
                  float *restrict biases,
                  int64_t t0, int64_t t1, int64_t t2) {
@@ -32,7 +34,7 @@ CLONES void kv_quantize(const float *restrict x, int64_t d0, int64_t d1, int64_t
     for (int64_t i0 = 0; i0 < d0; i0++)
         for (int64_t i1 = 0; i1 < d1; i1++)
             for (int64_t i2 = 0; i2 < d2; i2++) {
-                const float *w = x + ((i0 * d1 + i1) * d2 + i2) * g * group;
+                const float *w = x + i0 * x0 + i1 * x1 + i2 * x2;
                 uint8_t *c = codes + i0 * s0 + i1 * s1 + i2 * s2;
                 float *sc = scales + i0 * t0 + i1 * t1 + i2 * t2;
                 float *bi = biases + i0 * t0 + i1 * t1 + i2 * t2;
@@ -66,11 +68,12 @@ CLONES void kv_quantize(const float *restrict x, int64_t d0, int64_t d1, int64_t
             }
 }
 
-/* scale * code + bias of d0 x d1 x d2 units (addressed as in kv_quantize) into contiguous out. */
+/* scale * code + bias of d0 x d1 x d2 units (addressed as in kv_quantize) into out (unit strides o0, o1,
+   o2; each unit's g * group values contiguous). */
 CLONES void kv_dequantize(const uint8_t *restrict codes, int64_t d0, int64_t d1, int64_t d2, int64_t g, int64_t group,
                    int bits, int64_t s0, int64_t s1, int64_t s2, const float *restrict scales,
                    const float *restrict biases, int64_t t0, int64_t t1, int64_t t2,
-                   float *restrict out) {
+                   float *restrict out, int64_t o0, int64_t o1, int64_t o2) {
     const int64_t per = bits == 4 ? group / 2 : group;
     for (int64_t i0 = 0; i0 < d0; i0++)
         for (int64_t i1 = 0; i1 < d1; i1++)
@@ -78,7 +81,7 @@ CLONES void kv_dequantize(const uint8_t *restrict codes, int64_t d0, int64_t d1,
                 const uint8_t *c = codes + i0 * s0 + i1 * s1 + i2 * s2;
                 const float *sc = scales + i0 * t0 + i1 * t1 + i2 * t2;
                 const float *bi = biases + i0 * t0 + i1 * t1 + i2 * t2;
-                float *o = out + ((i0 * d1 + i1) * d2 + i2) * g * group;
+                float *o = out + i0 * o0 + i1 * o1 + i2 * o2;
                 for (int64_t k = 0; k < g; k++, c += per, o += group) {
                     const float s = sc[k], b = bi[k];
                     if (bits == 8)

@@ -20,6 +20,8 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -71,8 +73,8 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         dll = ctypes.CDLL(str(lib))
     except OSError as exc:
         return None, f"torch ops (could not load {lib}: {exc})"
-    dll.kv_quantize.argtypes = [_PTR, *_UNITS, _PTR, *_STRIDES, _PTR, _PTR, *_STRIDES]
-    dll.kv_dequantize.argtypes = [_PTR, *_UNITS, *_STRIDES, _PTR, _PTR, *_STRIDES, _PTR]
+    dll.kv_quantize.argtypes = [_PTR, *_STRIDES, *_UNITS, _PTR, *_STRIDES, _PTR, _PTR, *_STRIDES]
+    dll.kv_dequantize.argtypes = [_PTR, *_UNITS, *_STRIDES, _PTR, _PTR, *_STRIDES, _PTR, *_STRIDES]
     dll.kv_quantize.restype = dll.kv_dequantize.restype = None
     return dll, f"C kernels ({lib})"
 
@@ -108,12 +110,18 @@ def quantize_into(
     lib = library()
     if lib is None or x.dtype != torch.float32 or x.dim() != 4 or not _fits(codes, scales, biases):
         return False
-    x = x.contiguous()
+    if x.stride(3) != 1:
+        x = x.contiguous()
     d0, d1, d2, width = x.shape
-    s, t = codes.stride(), scales.stride()
-    lib.kv_quantize(
-        x.data_ptr(), d0, d1, d2, width // group, group, bits,
-        codes.data_ptr(), s[0], s[1], s[2], scales.data_ptr(), biases.data_ptr(), t[0], t[1], t[2],
+    (x0, x1, x2, _), (s0, s1, s2, _, _), (t0, t1, t2, _, _) = x.stride(), codes.stride(), scales.stride()
+    xp, cp, sp, bp = x.data_ptr(), codes.data_ptr(), scales.data_ptr(), biases.data_ptr()
+    _chunked(
+        lambda a, n: lib.kv_quantize(
+            xp + 4 * a * x2, x0, x1, x2, d0, d1, n, width // group, group, bits,
+            cp + a * s2, s0, s1, s2, sp + 4 * a * t2, bp + 4 * a * t2, t0, t1, t2,
+        ),
+        d2,
+        x.numel(),
     )  # fmt: skip
     return True
 
@@ -129,9 +137,32 @@ def dequantize(
     d0, d1, d2, groups, per = codes.shape
     group = 2 * per if bits == 4 else per
     out = torch.empty((d0, d1, d2, groups, group), dtype=torch.float32)
-    s, t = codes.stride(), scales.stride()
-    lib.kv_dequantize(
-        codes.data_ptr(), d0, d1, d2, groups, group, bits, s[0], s[1], s[2],
-        scales.data_ptr(), biases.data_ptr(), t[0], t[1], t[2], out.data_ptr(),
+    (s0, s1, s2, _, _), (t0, t1, t2, _, _), (o0, o1, o2, _, _) = codes.stride(), scales.stride(), out.stride()
+    cp, sp, bp, op = codes.data_ptr(), scales.data_ptr(), biases.data_ptr(), out.data_ptr()
+    _chunked(
+        lambda a, n: lib.kv_dequantize(
+            cp + a * s2, d0, d1, n, groups, group, bits, s0, s1, s2,
+            sp + 4 * a * t2, bp + 4 * a * t2, t0, t1, t2, op + 4 * a * o2, o0, o1, o2,
+        ),
+        d2,
+        out.numel(),
     )  # fmt: skip
     return out
+
+
+PARALLEL_MIN = 1 << 20  # values per thread below which one call does it all
+_POOLS: dict[int, ThreadPoolExecutor] = {}  # by size, made on first use
+
+
+def _chunked(call: Callable[[int, int], None], slots: int, values: int) -> None:
+    """call(first slot, slots) once, or (a long view, torch allowed several threads) over as many slot
+    ranges at once on a thread pool: ctypes releases the GIL for the call."""
+    n = min(torch.get_num_threads(), values // PARALLEL_MIN, slots)
+    if n <= 1:
+        call(0, slots)
+        return
+    if (pool := _POOLS.get(n)) is None:
+        pool = _POOLS[n] = ThreadPoolExecutor(max_workers=n, thread_name_prefix="kv_kernels")
+    step = -(-slots // n)
+    for done in [pool.submit(call, a, min(step, slots - a)) for a in range(0, slots, step)]:
+        done.result()

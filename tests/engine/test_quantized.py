@@ -129,6 +129,29 @@ def test_the_c_kernels_store_and_read_the_bytes_of_the_torch_ops(bits: int) -> N
     assert not kv_kernels.quantize_into(x.double(), bits, 32, *fast)  # not float32: the caller's torch ops
 
 
+def test_the_c_kernels_split_a_long_view_over_threads_with_the_same_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With torch allowed several threads, a long block or view goes to the kernels in slot ranges on a
+    thread pool: the same bytes as one call, ranges of unequal length included."""
+    _require_kernels()
+    x = _awkward_groups(4, 128).repeat(1, 1, 9, 1)  # 45 slots; K of a [K | V] block: strided
+    key = x[..., :64]
+    threads = torch.get_num_threads()
+    out = []
+    try:
+        for n, minimum in ((1, kv_kernels.PARALLEL_MIN), (4, 500)):
+            torch.set_num_threads(n)
+            monkeypatch.setattr(kv_kernels, "PARALLEL_MIN", minimum)
+            bufs = [torch.zeros(2, 3, 50, *t.shape[3:], dtype=t.dtype) for t in _quantize(key, 8, 32)]
+            assert kv_kernels.quantize_into(key, 8, 32, *(b.narrow(2, 2, 45) for b in bufs))
+            out.append([*bufs, kv_kernels.dequantize(*(b.narrow(2, 1, 47) for b in bufs), 8)])
+    finally:
+        torch.set_num_threads(threads)
+    assert 4 in kv_kernels._POOLS  # the second run went through the pool
+    assert all(torch.equal(a, b) for a, b in zip(*out, strict=True))
+
+
 def test_kernel_status_names_why_torch_ops_are_used(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     try:
