@@ -88,13 +88,19 @@ def status() -> str:
     return _load()[1]
 
 
-def _fits(codes: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor) -> bool:
-    """Grouped float32 cpu buffers ([d0, d1, d2, groups, per] codes, [..., groups, 1] scales and biases,
-    the same strides) whose units are contiguous inside."""
+def _fits(codes: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, bits: int, group: int) -> bool:
+    """Grouped cpu buffers the kernels can address: [d0, d1, d2, groups, per] uint8 codes (per = group, or
+    group / 2 at 4 bits) and [..., groups, 1] float32 scales and biases of the same strides, each unit
+    contiguous inside (any strides between units)."""
     return (
-        codes.dim() == 5
+        bits in (4, 8)
+        and codes.dim() == 5
         and codes.device.type == "cpu"
-        and scales.dtype == torch.float32
+        and codes.dtype == torch.uint8
+        and scales.dtype == biases.dtype == torch.float32
+        and scales.device == biases.device == codes.device
+        and codes.shape[4] == (group // 2 if bits == 4 else group)
+        and scales.shape == biases.shape == (*codes.shape[:4], 1)
         and codes.stride(4) == 1
         and codes.stride(3) == codes.shape[4]
         and scales.stride(3) == 1
@@ -108,7 +114,13 @@ def quantize_into(
     """Quantize x [d0, d1, d2, groups * group] (float32, cpu) into the grouped buffers (views of the
     cache's, any unit strides); False where the kernel does not apply (the caller uses torch ops)."""
     lib = library()
-    if lib is None or x.dtype != torch.float32 or x.dim() != 4 or not _fits(codes, scales, biases):
+    if (
+        lib is None
+        or x.dtype != torch.float32
+        or x.device.type != "cpu"
+        or x.shape != (*codes.shape[:3], codes.shape[3] * group)
+        or not _fits(codes, scales, biases, bits, group)
+    ):
         return False
     if x.stride(3) != 1:
         x = x.contiguous()
@@ -132,10 +144,10 @@ def dequantize(
     """scale * code + bias of grouped buffers (views, any unit strides) as a new [d0, d1, d2, groups,
     group] float32 tensor; None where the kernel does not apply."""
     lib = library()
-    if lib is None or not _fits(codes, scales, biases):
+    group = 2 * codes.shape[-1] if bits == 4 else codes.shape[-1]
+    if lib is None or not _fits(codes, scales, biases, bits, group):
         return None
-    d0, d1, d2, groups, per = codes.shape
-    group = 2 * per if bits == 4 else per
+    d0, d1, d2, groups, _ = codes.shape
     out = torch.empty((d0, d1, d2, groups, group), dtype=torch.float32)
     (s0, s1, s2, _, _), (t0, t1, t2, _, _), (o0, o1, o2, _, _) = codes.stride(), scales.stride(), out.stride()
     cp, sp, bp, op = codes.data_ptr(), scales.data_ptr(), biases.data_ptr(), out.data_ptr()

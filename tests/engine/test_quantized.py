@@ -126,7 +126,15 @@ def test_the_c_kernels_store_and_read_the_bytes_of_the_torch_ops(bits: int) -> N
         view = kv_kernels.dequantize(*(b.narrow(2, 0, 9) for b in bufs), bits)
         assert view is not None and view.shape == (2, 3, 9, width // group, group)
         assert torch.equal(view[:, :, 3:8], slow_back)
-    assert not kv_kernels.quantize_into(x.double(), bits, 32, *fast)  # not float32: the caller's torch ops
+    # what the kernels cannot address safely is left to the caller's torch ops, nothing written
+    codes, scales, biases = _quantize(x, bits, 32)
+    assert not kv_kernels.quantize_into(x.double(), bits, 32, codes, scales, biases)  # not float32
+    assert not kv_kernels.quantize_into(x, bits, 64, codes, scales, biases)  # another group size
+    assert not kv_kernels.quantize_into(x[:, :, :4], bits, 32, codes, scales, biases)  # fewer slots
+    assert not kv_kernels.quantize_into(x, bits, 32, codes, scales[..., :1, :], biases)  # a short scale row
+    assert not kv_kernels.quantize_into(x, bits, 32, codes.view(torch.int8), scales, biases)
+    assert kv_kernels.dequantize(codes, scales.double(), biases.double(), bits) is None
+    assert kv_kernels.dequantize(codes, scales, biases, 2) is None  # a width the kernels do not know
 
 
 def test_the_c_kernels_split_a_long_view_over_threads_with_the_same_bytes(
