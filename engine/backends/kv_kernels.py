@@ -178,3 +178,66 @@ def _chunked(call: Callable[[int, int], None], slots: int, values: int) -> None:
     step = -(-slots // n)
     for done in [pool.submit(call, a, min(step, slots - a)) for a in range(0, slots, step)]:
         done.result()
+
+
+class Buffers:
+    """One set of a layer's grouped cache buffers ([rows, heads, slots, groups, per] codes, [..., groups,
+    1] scales and biases), checked once and addressed directly: a decode step's write and read are two
+    kernel calls, with no views made and nothing checked again but the step's own bounds."""
+
+    def __init__(
+        self, codes: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, bits: int, group: int
+    ):
+        self.lib = library()
+        self.bits, self.group = bits, group
+        self.rows, self.heads, self.slots, self.groups, _ = codes.shape
+        self.codes, self.scales, self.biases = codes.data_ptr(), scales.data_ptr(), biases.data_ptr()
+        self.cs, self.ss = codes.stride()[:3], scales.stride()[:3]
+        self.width = self.groups * group
+        self._keep = (codes, scales, biases)  # the memory the addresses point into
+
+    @classmethod
+    def of(
+        cls, codes: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, bits: int, group: int
+    ) -> Buffers | None:
+        """The buffers' kernel addressing; None where the kernels do not apply (torch ops do)."""
+        if library() is None or not _fits(codes, scales, biases, bits, group) or not codes.is_contiguous():
+            return None
+        return cls(codes, scales, biases, bits, group)
+
+    def step(self, x: torch.Tensor, row: int, start: int, view: int) -> torch.Tensor | None:
+        """Quantize x [1, heads, k, width] (float32, cpu) into slots start..start+k of `row`, then
+        return slots 0..view of that row dequantized ([1, heads, view, groups, group]); None where x
+        does not fit (the caller uses torch ops)."""
+        k = x.shape[2]
+        if (
+            x.dtype != torch.float32
+            or x.device.type != "cpu"
+            or x.shape != (1, self.heads, k, self.width)
+            or x.stride(3) != 1
+            or not (
+                0 <= row < self.rows and start >= 0 and start + k <= self.slots and 0 <= view <= self.slots
+            )
+        ):
+            return None
+        assert self.lib is not None
+        (s0, s1, s2), (t0, t1, t2) = self.cs, self.ss
+        c, s, b = self.codes + row * s0, self.scales + 4 * row * t0, self.biases + 4 * row * t0
+        x0, x1, x2, _ = x.stride()
+        bits, group, groups = self.bits, self.group, self.groups
+        self.lib.kv_quantize(
+            x.data_ptr(), x0, x1, x2, 1, self.heads, k, groups, group, bits,
+            c + start * s2, s0, s1, s2, s + 4 * start * t2, b + 4 * start * t2, t0, t1, t2,
+        )  # fmt: skip
+        out = torch.empty((1, self.heads, view, groups, group), dtype=torch.float32)
+        o0, o1, o2, _, _ = out.stride()
+        op, lib, heads = out.data_ptr(), self.lib, self.heads
+        _chunked(
+            lambda a, n: lib.kv_dequantize(
+                c + a * s2, 1, heads, n, groups, group, bits, s0, s1, s2,
+                s + 4 * a * t2, b + 4 * a * t2, t0, t1, t2, op + 4 * a * o2, o0, o1, o2,
+            ),
+            view,
+            out.numel(),
+        )  # fmt: skip
+        return out

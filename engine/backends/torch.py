@@ -417,6 +417,7 @@ class QuantizedKV:
         self.parts: list[list[torch.Tensor]] = []  # per part: codes, scales, biases [rows, heads, slots, ...]
         self.joint = False  # one part [K | V] (else two: K, V)
         self.key_dim = 0
+        self.kernels: list[kv_kernels.Buffers | None] = []  # per part, where the C kernels address it
 
     def update(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         fwd = self.group.forward
@@ -437,6 +438,12 @@ class QuantizedKV:
             and rng
             and parts[0][0].shape[2] >= plan.capacity
         ):
+            if all(self.kernels):  # a decode step on a cpu: write and read through the C kernels
+                out = [
+                    k.step(x, fwd.row, rng[0], plan.view) for k, x in zip(self.kernels, blocks, strict=True)
+                ]
+                if all(o is not None for o in out):
+                    return self._split([o.flatten(-2) for o in out if o is not None])
             for x, b, buf in zip(blocks, self.bits, parts, strict=False):
                 _quantize(x, b, self.group_size, [t.narrow(2, rng[0], rng[1] - rng[0]) for t in buf])
         else:
@@ -498,6 +505,10 @@ class QuantizedKV:
                 out.append(buf)
             grown.append(out)
         self.parts = grown
+        # one part [K | V] has the one width; two parts K and V have theirs
+        self.kernels = [
+            kv_kernels.Buffers.of(*buf, b, self.group_size) for buf, b in zip(grown, self.bits, strict=False)
+        ]
 
     def trim(self, n: int) -> None:
         """Nothing to drop: the group marks the trimmed slots EMPTY and the next writes reuse them."""

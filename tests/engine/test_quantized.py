@@ -137,6 +137,32 @@ def test_the_c_kernels_store_and_read_the_bytes_of_the_torch_ops(bits: int) -> N
     assert kv_kernels.dequantize(codes, scales, biases, 2) is None  # a width the kernels do not know
 
 
+def test_a_decode_step_through_the_kernels_writes_its_slots_and_reads_its_view_only() -> None:
+    """`Buffers.step` (a decode step's write and read in two calls on checked buffers): the bytes of the
+    torch ops, in its row and slots only; a step outside the buffers is refused with nothing written."""
+    _require_kernels()
+    x = _awkward_groups(5, 64)  # [2, 3, 5, 64]: two rows' blocks of 5 slots
+    codes, scales, biases = (torch.zeros(2, 3, 12, *t.shape[3:], dtype=t.dtype) for t in _quantize(x, 8, 32))
+    bufs = kv_kernels.Buffers.of(codes, scales, biases, 8, 32)
+    assert bufs is not None
+    read = bufs.step(x[1:], 1, 4, 10)  # row 1, slots 4..8, then its view of 10 slots
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kv_kernels, "library", lambda: None)
+        want = _quantize(x[1:], 8, 32)
+        back = _dequantize(*want, 8)
+    assert read is not None and read.shape == (1, 3, 10, 2, 32)
+    assert all(torch.equal(t[1:, :, 4:9], w) for t, w in zip((codes, scales, biases), want, strict=True))
+    assert not codes[0].any() and not codes[1, :, :4].any() and not codes[1, :, 9:].any()
+    assert torch.equal(read[:, :, 4:9], back) and not read[:, :, :4].any()
+    before = [t.clone() for t in (codes, scales, biases)]
+    for row, start, view in ((2, 0, 5), (1, 8, 10), (0, -1, 5), (0, 0, 13)):  # beyond a row, slot or view
+        assert bufs.step(x[1:], row, start, view) is None
+    assert bufs.step(x[1:, :2], 0, 0, 5) is None  # not the buffers' heads
+    assert bufs.step(x[1:].double(), 0, 0, 5) is None
+    assert all(torch.equal(a, b) for a, b in zip(before, (codes, scales, biases), strict=True))
+    assert kv_kernels.Buffers.of(codes[:, :, ::2], scales[:, :, ::2], biases[:, :, ::2], 8, 32) is None
+
+
 def test_the_c_kernels_split_a_long_view_over_threads_with_the_same_bytes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
