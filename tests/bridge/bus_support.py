@@ -223,7 +223,7 @@ def pid_alive(pid: int) -> bool:
     if Path("/proc").is_dir():
         try:
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # gone before, or while, /proc was read
             return False
     else:
         state = subprocess.run(
