@@ -96,15 +96,16 @@ def check_git() -> str:
 
 
 # The engine's path, then (where torch is installed) what its torch backend quantizes K/V with on a cpu.
-ENGINE_PY = """import engine
-print(engine.__file__)
-try:
-    from engine.backends import kv_kernels
-except ImportError:
-    print("")
-else:
-    print(kv_kernels.status())
-"""
+ENGINE_PY = (  # run in a subprocess: bridge never imports engine
+    "import importlib\n"
+    "print(importlib.import_module('engine').__file__)\n"
+    "try:\n"
+    "    kernels = importlib.import_module('engine.backends.kv_kernels')\n"
+    "except ImportError:\n"
+    "    print('')\n"
+    "else:\n"
+    "    print(kernels.status())\n"
+)
 
 
 def check_engine() -> str:
