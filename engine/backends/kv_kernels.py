@@ -148,9 +148,28 @@ def dequantize(
     if lib is None or not _fits(codes, scales, biases, bits, group):
         return None
     d0, d1, d2, groups, _ = codes.shape
+    return _dequantize(
+        lib, (codes.data_ptr(), scales.data_ptr(), biases.data_ptr()), codes.stride()[:3],
+        scales.stride()[:3], (d0, d1, d2), groups, group, bits,
+    )  # fmt: skip
+
+
+def _dequantize(
+    lib: ctypes.CDLL,
+    ptrs: tuple[int, int, int],
+    cs: tuple[int, ...],
+    ts: tuple[int, ...],
+    dims: tuple[int, int, int],
+    groups: int,
+    group: int,
+    bits: int,
+) -> torch.Tensor:
+    """kv_dequantize of dims units at codes / scales / biases addresses `ptrs` (unit strides cs, ts)
+    into a new [*dims, groups, group] float32 tensor, over slot ranges on threads where it is long."""
+    (cp, sp, bp), (s0, s1, s2), (t0, t1, t2), (d0, d1, d2) = ptrs, cs, ts, dims
     out = torch.empty((d0, d1, d2, groups, group), dtype=torch.float32)
-    (s0, s1, s2, _, _), (t0, t1, t2, _, _), (o0, o1, o2, _, _) = codes.stride(), scales.stride(), out.stride()
-    cp, sp, bp, op = codes.data_ptr(), scales.data_ptr(), biases.data_ptr(), out.data_ptr()
+    o0, o1, o2, _, _ = out.stride()
+    op = out.data_ptr()
     _chunked(
         lambda a, n: lib.kv_dequantize(
             cp + a * s2, d0, d1, n, groups, group, bits, s0, s1, s2,
@@ -229,15 +248,4 @@ class Buffers:
             x.data_ptr(), x0, x1, x2, 1, self.heads, k, groups, group, bits,
             c + start * s2, s0, s1, s2, s + 4 * start * t2, b + 4 * start * t2, t0, t1, t2,
         )  # fmt: skip
-        out = torch.empty((1, self.heads, view, groups, group), dtype=torch.float32)
-        o0, o1, o2, _, _ = out.stride()
-        op, lib, heads = out.data_ptr(), self.lib, self.heads
-        _chunked(
-            lambda a, n: lib.kv_dequantize(
-                c + a * s2, 1, heads, n, groups, group, bits, s0, s1, s2,
-                s + 4 * a * t2, b + 4 * a * t2, t0, t1, t2, op + 4 * a * o2, o0, o1, o2,
-            ),
-            view,
-            out.numel(),
-        )  # fmt: skip
-        return out
+        return _dequantize(self.lib, (c, s, b), self.cs, self.ss, (1, self.heads, view), groups, group, bits)
