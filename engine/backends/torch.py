@@ -329,8 +329,8 @@ def _quantize(
             lead, groups = x.shape[:-1], x.shape[-1] // group
             out = [
                 torch.empty((*lead, groups, per), dtype=torch.uint8),
-                torch.empty((*lead, groups, 1)),
-                torch.empty((*lead, groups, 1)),
+                torch.empty((*lead, groups, 1), dtype=torch.float32),
+                torch.empty((*lead, groups, 1), dtype=torch.float32),
             ]
         if kv_kernels.quantize_into(x, bits, group, *out):
             return out
