@@ -150,6 +150,42 @@ def test_ids_that_are_not_real_times_are_ignored_by_status_gc_runners_and_gate(w
     assert set(planted) <= set(refs)
 
 
+def test_a_result_whose_created_at_is_not_its_id_time_is_not_evidence(world: Env, capsys):
+    url = str(G.init_bare(world.tmp / "bus.git"))
+    client = Client(load_config(), remote=url)
+    head = git(world.project, "rev-parse", "HEAD")
+    honest = client.request("strict", {"tag": "h"}, "cpu").id  # fails: strict wants 4096 CPUs
+    assert make_runner(url, world).once(request_id=honest).verdict == "fail"
+    bus = B.Bus(url, world.project)
+    bus.fetch([B.done_ref(honest)])
+    files = G.read_dir(world.project, bus.ls_remote().refs[B.done_ref(honest)], B.results_path(honest))
+    # a forged pass under a fresh id, whose manifest says it was made two days before that id's time
+    rid = B.new_id("strict")
+    made = B.id_time(rid) - dt.timedelta(days=2)
+    manifest = raw_manifest(rid, head, iso(made), iso(made + dt.timedelta(days=3)))
+    req = plant(world.project, url, B.req_ref("cpu", rid), head, {B.MANIFEST_PATH: manifest})
+    report = json.loads(files["report.json"])
+    report["probe"]["cpu_count"] = 8192
+    result = {**json.loads(files["result.json"]), "request_id": rid, "verdict": "pass"}
+    forged = {
+        f"{B.results_path(rid)}/result.json": json.dumps(result).encode(),
+        f"{B.results_path(rid)}/report.json": json.dumps(report).encode(),
+    }
+    plant(world.project, url, B.done_ref(rid), req, forged)
+    assert main(["gate", "pr", "--subject", head, "--remote", url, "--require", "strict@cpu", "--json"]) == 1
+    (outcome,) = json.loads(capsys.readouterr().out)
+    assert outcome["status"] != "pass", outcome
+    if outcome["request_id"] == rid:  # named as the newest, it is refused for its request.json (fails closed)
+        assert outcome["status"] == "mismatch"
+        assert any(".kakeya/request.json is missing or invalid" in r for r in outcome["reasons"]), outcome
+    else:  # or set aside, and the honest failing run is the evidence
+        assert (outcome["status"], outcome["request_id"]) == ("fail", honest)
+    assert main(["status", "--remote", url, "--json", "--fetch"]) == 0
+    rows = {r["id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows[rid]["subject"] is None and rows[honest]["subject"] == head  # its manifest is not read as one
+    assert main(["bus", "gc", "--older-than", "0", "--remote", url]) == 0
+
+
 def test_hostile_manifests_are_rejected_each_in_one_done_commit(world: Env):
     client = Client(load_config())
     url = client.url
