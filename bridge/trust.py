@@ -137,7 +137,7 @@ def done_problem(
 ) -> str | None:
     """Why done commit `done` is not evidence of request `request_id` (its request commit `req`, on runner
     label `label`): not the runner's signed commit, or not made on that request. None: it is."""
-    manifest = B.parse_or_none(B.Manifest, git.read_path(repo, done, B.MANIFEST_PATH))
+    manifest = found if isinstance(found := B.read_manifests([repo], [done])[done], B.Manifest) else None
     label = label or (manifest.runner if manifest else None)
     problem = signed_done_problem(repo, done, manifest.subject if manifest else None, label, signers)
     return problem or request_problem(repo, request_id, done, req)
