@@ -10,6 +10,7 @@ what the run left (bridge/caps.py) and checks and gates the report. It returns t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -28,7 +29,7 @@ from bridge.caps import REPORT, RUNNER_FILES, apply_caps
 from bridge.config import Config
 from bridge.errors import KakeyaError
 from bridge.host import host_fingerprint, tool_versions
-from bridge.isolation import Isolation, choose
+from bridge.isolation import Isolation, bwrap_argv, choose
 from bridge.logs import CappedLog, Redactor, pump
 from bridge.presets import Preset
 from bridge.proc import kill_tree
@@ -128,13 +129,15 @@ def run_preset(
             base.update(isolation=iso.describe, network=iso.network)
             preset_env = preset.render_env(environ)
             redact = Redactor(secret_values(preset, config, environ, preset_env))
-            run_dir = scratch / "out" if iso.uid is not None else out_dir  # where the program writes
+            run_dir = scratch / "out" if iso.private else out_dir  # where the program writes
             builtins = {"python": sys.executable, "report": str(run_dir / REPORT), "run_dir": str(run_dir)}
             argv = preset.render_argv(values, builtins, environ)
         except KakeyaError as exc:
             result = RunResult(status="error", reason=f"could not start: {exc}", **base)
             return RunOutcome(out_dir, result, redact=redact)
         cwd = _sandbox(checkout, scratch, iso)
+        if iso.kind == "bwrap":
+            iso = dataclasses.replace(iso, wrap=bwrap_argv(iso, scratch, cwd, environ))
         env = build_env(preset_env, environ, cwd, run_dir, context, scratch)
         return _run(
             preset,
@@ -156,15 +159,17 @@ def run_preset(
 
 
 def _sandbox(checkout: Path, scratch: Path, iso: Isolation) -> Path:
-    """The private directories of a run; where it runs. Under isolation 'user' the program gets a copy of
-    the checkout and its own run directory (scratch/out), owned by its user."""
+    """The private directories of a run; where it runs. Under isolation 'user' and 'bwrap' the program gets a
+    copy of the checkout (without .git) and its own run directory (scratch/out), owned by its user."""
     for sub in set(PRIVATE_DIRS.values()):
         (scratch / sub).mkdir(parents=True, exist_ok=True)
-    if iso.uid is None:
+    if not iso.private:
         return checkout
     work, run_dir = scratch / "work", scratch / "out"
     shutil.copytree(checkout, work, symlinks=True, ignore=shutil.ignore_patterns(".git"))
     run_dir.mkdir()
+    if iso.uid is None:
+        return work
     scratch.chmod(0o755)
     for top in ("home", "tmp", "work", "out"):
         for dirpath, dirnames, filenames in os.walk(scratch / top):
@@ -339,11 +344,15 @@ def _run(
             if result.status == "succeeded":
                 result.status, result.reason = "error", str(exc)
         else:
-            outcome.verdict = gates.evaluate(
-                outcome.report,
-                preset.gate,
-                kind=preset.report.kind,
-                schema_version=preset.report.schema_version,
-            )
-            result.verdict = outcome.verdict.status
+            try:
+                outcome.verdict = gates.evaluate(
+                    outcome.report,
+                    preset.gate,
+                    kind=preset.report.kind,
+                    schema_version=preset.report.schema_version,
+                )
+            except Exception as exc:  # noqa: BLE001 — the run's provenance (exit code, argv, times) is kept
+                result.status, result.reason = "error", f"gating failed: {type(exc).__name__}: {exc}"
+            else:
+                result.verdict = outcome.verdict.status
     return outcome

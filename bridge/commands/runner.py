@@ -36,7 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         )
         p.add_argument("--name", help="runner name (default: config / KAKEYA_RUNNER_NAME / hostname)")
         add_remote(p)
-        p.add_argument("--workdir", type=Path, help="mirror and worktrees (default .kakeya/runners/<name>)")
+        p.add_argument(
+            "--workdir", type=Path, help="mirror and run directories (default .kakeya/runners/<name>)"
+        )
         p.add_argument(
             "--lease", type=float, metavar="S", help="claim lease in seconds (default: config lease_s)"
         )

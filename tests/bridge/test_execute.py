@@ -50,7 +50,9 @@ def checkout(tmp_path):
 
 
 def run(p, checkout, tmp_path, values=None, **kw):
-    kw.setdefault("config", Config())
+    kw.setdefault(
+        "config", Config(isolation="none")
+    )  # pids and paths of the host (the sandbox: test_sandbox.py)
     kw.setdefault("environ", {"PATH": os.environ["PATH"], "HOME": str(tmp_path)})
     return execute(p, p.validate_params(values or {}), checkout, tmp_path / "out", **kw)
 
@@ -192,7 +194,12 @@ def test_fifty_megabytes_of_output_stay_under_the_cap_with_head_and_tail(checkou
     """,
     )
     cap = 1024 * 1024
-    result = run(preset(["{python}", "loud.py"]), checkout, tmp_path, config=Config(log_cap_bytes=cap))
+    result = run(
+        preset(["{python}", "loud.py"]),
+        checkout,
+        tmp_path,
+        config=Config(isolation="none", log_cap_bytes=cap),
+    )
     log = (tmp_path / "out" / "logs" / "stdout.log").read_bytes()
     assert len(log) <= cap + 200
     assert log.startswith(b"HEAD-MARKER") and log.rstrip().endswith(b"TAIL-MARKER")
