@@ -413,9 +413,20 @@ def gc_auto(repo: Path) -> None:
 # --- the network ------------------------------------------------------------------------------------
 
 
+def _pack(url: str, program: str) -> list[str]:
+    """For a bus on this host (a path or file://), its git-upload-pack / git-receive-pack runs here, without our
+    `-c` (git clears it for the other side): started with NO_HOOKS too, no hook of the bus repository runs."""
+    if "://" in url:
+        local = url.startswith("file://")
+    else:
+        colon, slash = url.find(":"), url.find("/")
+        local = colon < 0 or 0 <= slash < colon  # not scp-like host:path
+    return [f"--{program}=git {' '.join(NO_HOOKS)} {program}"] if local else []
+
+
 def ls_remote(store: Path, url: str, patterns: Sequence[str], timeout: float) -> str:
     """`git ls-remote URL PATTERNS...` output; BusError (BusUnreachable in bus.py) says why not."""
-    proc = run(store, "ls-remote", url, *patterns, timeout=timeout, check=False)
+    proc = run(store, "ls-remote", *_pack(url, "upload-pack"), url, *patterns, timeout=timeout, check=False)
     if proc.returncode != 0:
         raise BusError(message(proc.stderr))
     return proc.stdout.decode(errors="replace")
@@ -432,6 +443,7 @@ def fetch(store: Path, url: str, refspecs: Sequence[str], timeout: float) -> str
         "--no-recurse-submodules",
         "-q",
         "--stdin",
+        *_pack(url, "upload-pack"),
         url,
         input="".join(r + "\n" for r in refspecs).encode(),
         timeout=timeout,
@@ -449,6 +461,6 @@ def push(
     if atomic and len(updates) > 1:
         args.append("--atomic")
     args += [f"--force-with-lease={ref}:{expect or ''}" for ref, _, expect in updates]
-    args += [url, *(f"{new or ''}:{ref}" for ref, new, _ in updates)]
+    args += [*_pack(url, "receive-pack"), url, *(f"{new or ''}:{ref}" for ref, new, _ in updates)]
     proc = run(store, *args, timeout=timeout, check=False)
     return proc.stdout.decode(errors="replace"), message(proc.stderr) if proc.returncode != 0 else None
