@@ -36,8 +36,8 @@ from bridge import git as G
 from bridge.client import Client
 from bridge.config import Config, load_config
 from bridge.errors import KakeyaError
-from bridge.presets import load_registry
 from bridge.isolation import bwrap_available, choose, key_problem, readable_by, userns_available
+from bridge.presets import load_registry
 from tests.bridge.bus_support import WRITE_REPORT_PY, Daemon, Env, git, stop, wait_for
 
 LINUX = sys.platform.startswith("linux")
@@ -494,7 +494,11 @@ def run_matrix(world: Env, daemon: Daemon, side: Side) -> None:
         # (a) hooks everywhere it can reach; then an honest request
         result, files, _ = serve("attack", {"mode": "plant"})
         stdout = files["logs/stdout.log"].decode()
-        assert result["status"] == "succeeded" and "plant done" in stdout, (result, stdout, files["logs/stderr.log"])
+        assert result["status"] == "succeeded" and "plant done" in stdout, (
+            result,
+            stdout,
+            files["logs/stderr.log"],
+        )
         assert (f"planted {side.home / 'runner' / 'mirror.git'}" in stdout) != held["plant"], stdout
         assert "/work/" not in stdout.replace(str(world.project), "")  # never the runner's checkout of kakeya
         result, files, done = serve("honest", {})
@@ -540,3 +544,24 @@ def run_matrix(world: Env, daemon: Daemon, side: Side) -> None:
         code = stop(runner)
         print((side.home / "runner.log").read_text()[-3000:])
     assert code == 0
+
+
+def test_doctor_says_which_sandbox_and_fails_a_key_in_reach(
+    world: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+):
+    from bridge.cli import main
+
+    key = tmp_path / "k"
+    key.write_text("key")
+    key.chmod(0o600)
+    monkeypatch.setenv("KAKEYA_SIGNING_KEY", str(key))
+    main(["doctor"])
+    out = capsys.readouterr().out
+    assert "FAIL  isolation a runner would refuse to start: signing key" in out  # world: isolation none
+    assert "under isolation none a run runs as the runner's user" in out
+    if LINUX and bwrap_available():
+        monkeypatch.delenv("KAKEYA_ISOLATION")
+        monkeypatch.setenv("KAKEYA_RUN_USER", str(RUN_UID))
+        main(["doctor"])
+        want = f"bwrap (uid {RUN_UID})" if ROOT else "bwrap"
+        assert f"ok    isolation {want} (config isolation = auto)\n" in capsys.readouterr().out

@@ -46,7 +46,9 @@ def signed_runner(env: Env, url: str, name: str, labels: tuple[str, ...], key: P
     """A runner signing with `key`: in the bubblewrap sandbox (a runner refuses to sign where runs could read
     its key); the test program's counter is then out of a run's reach, its stdout says what ran."""
     if not bwrap_available():
-        pytest.skip("a signing runner needs a sandbox: bubblewrap (apt-get install bubblewrap) is not usable here")
+        pytest.skip(
+            "a signing runner needs a sandbox: bubblewrap (apt-get install bubblewrap) is not usable here"
+        )
     cfg = load_config().model_copy(update={"signing_key": str(key), "isolation": "bwrap", **config})
     return Runner(url, config=cfg, name=name, labels=list(labels), workdir=env.tmp / "runners" / name)
 
