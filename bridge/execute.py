@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import gates
-from bridge import launcher
+from bridge import git, launcher
 from bridge.caps import REPORT, RUNNER_FILES, apply_caps
 from bridge.config import Config
 from bridge.errors import KakeyaError
@@ -166,7 +166,7 @@ def _sandbox(checkout: Path, scratch: Path, iso: Isolation) -> Path:
     if not iso.private:
         return checkout
     work, run_dir = scratch / "work", scratch / "out"
-    shutil.copytree(checkout, work, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+    _copy_subject(checkout, work)
     run_dir.mkdir()
     if iso.uid is None:
         return work
@@ -176,6 +176,26 @@ def _sandbox(checkout: Path, scratch: Path, iso: Isolation) -> Path:
             for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
                 os.lchown(name, iso.uid, iso.gid if iso.gid is not None else iso.uid)
     return work
+
+
+def _copy_subject(checkout: Path, work: Path) -> None:
+    """The run's copy of `checkout`, without .git: of a git working tree (`kakeya exec` in a project) the files
+    git tracks or would track (not its venv, state or outputs), of anything else (the runner's export) all."""
+    if not (checkout / ".git").exists():
+        shutil.copytree(checkout, work, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+        return
+    listed = git.run(checkout, "ls-files", "-z", "--cached", "--others", "--exclude-standard").stdout
+    work.mkdir()
+    for raw in filter(None, listed.split(b"\0")):
+        rel = os.fsdecode(raw)
+        src, dst = checkout / rel, work / rel
+        if not src.is_symlink() and not src.is_file():
+            continue  # deleted in the working tree, or a submodule
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():
+            os.symlink(os.readlink(src), dst)
+        else:
+            shutil.copy2(src, dst)
 
 
 def _collect(run_dir: Path, out_dir: Path) -> None:

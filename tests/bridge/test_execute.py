@@ -15,6 +15,7 @@ from bridge.cli import main
 from bridge.config import Config
 from bridge.errors import InvalidRequest
 from bridge.execute import execute
+from bridge.isolation import bwrap_available
 from bridge.logs import CappedLog, Redactor
 from bridge.presets import Preset
 from bridge.result import RunContext, write_outcome
@@ -331,3 +332,64 @@ def test_exec_as_a_real_subprocess(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("kakeya: error: unknown preset 'nope'")
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_gate_that_raises_keeps_the_runs_provenance(checkout, tmp_path, monkeypatch):
+    import gates
+
+    script(checkout, "ok.py", WRITE_PROBE)
+
+    def broken(*_a, **_k):
+        raise RuntimeError("a gate bug")
+
+    monkeypatch.setattr(gates, "evaluate", broken)
+    result = run(preset(["{python}", "ok.py"]), checkout, tmp_path)
+    assert result.status == "error" and result.reason == "gating failed: RuntimeError: a gate bug"
+    assert result.exit_code == 0 and result.argv == [sys.executable, "ok.py"]
+    assert result.started_at and result.ended_at and result.duration_s is not None
+    saved = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert saved["exit_code"] == 0 and saved["argv"] and saved["started_at"]
+
+
+WRITE_PROBE = """
+    import json, os
+    json.dump({"kind": "probe"}, open(os.environ["KAKEYA_REPORT"], "w"))
+"""
+
+SEE_PY = """
+    import json, os, sys
+    seen = {}
+    for path in sys.argv[1:]:
+        seen[path] = os.path.exists(path)
+    open("written-by-the-run.txt", "w").write("x")
+    seen["files"] = sorted(os.listdir("."))
+    json.dump({"kind": "probe", "seen": seen}, open(os.environ["KAKEYA_REPORT"], "w"))
+"""
+
+
+@pytest.mark.skipif(
+    not bwrap_available(), reason="bubblewrap is not usable here (apt-get install bubblewrap)"
+)
+def test_kakeya_exec_in_the_sandbox_gets_a_copy_of_the_working_tree_and_nothing_beside_it(tmp_path):
+    from tests.bridge.bus_support import git
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / ".gitignore").write_text(".venv/\nout/\n")
+    script(project, "see.py", SEE_PY)
+    git(project, "init", "-q")
+    git(project, "add", "-A")
+    git(project, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "x")
+    (project / "new.txt").write_text("untracked, not ignored")
+    for ignored in (".venv", "out"):
+        (project / ignored).mkdir()
+        (project / ignored / "big").write_text("not copied")
+    beside = tmp_path / "runner-secret"
+    beside.write_text("s")
+    argv = ["{python}", "see.py", str(beside), str(project)]
+    result = run(preset(argv), project, tmp_path, config=Config(isolation="bwrap", run_user="64123"))
+    assert result.status == "succeeded" and result.isolation.startswith("bwrap"), result.reason
+    seen = json.loads((tmp_path / "out" / "report.json").read_text())["seen"]
+    assert seen["files"] == [".gitignore", "new.txt", "see.py", "written-by-the-run.txt"]
+    assert seen[str(beside)] is False and seen[str(project)] is False
+    assert not (project / "written-by-the-run.txt").exists()  # the run wrote in its own copy
