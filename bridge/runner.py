@@ -39,7 +39,7 @@ from bridge.bus import Bus, Claim, Entry, Manifest, Progress, Update
 from bridge.config import GIT_CREDENTIALS, Config, project_root, secret_file
 from bridge.errors import BusError, InvalidRequest, KakeyaError, Rejected
 from bridge.evidence import apply_baseline
-from bridge.execute import run_preset
+from bridge.execute import Executor, LocalExecutor, run_preset
 from bridge.isolation import choose, key_problem
 from bridge.names import check_label
 from bridge.presence import Beacon, host_facts
@@ -166,6 +166,7 @@ class Runner:
         self.contended = False
         self.outbox_pending = True  # look once at start; then only after a push failed
         self.isolation = choose(config.isolation, config.run_user)
+        self.executor: Executor = LocalExecutor()  # launches, supervises and collects each run
         problem = key_problem(self.sign_key, self.isolation, self.environ)
         if problem:
             raise KakeyaError(f"refusing to start: {problem}")
@@ -438,6 +439,7 @@ class Runner:
                     context=context,
                     should_stop=lease.should_stop,
                     on_phase=self.set_phase,
+                    executor=self.executor,
                 )
             finally:
                 shutil.rmtree(checkout, ignore_errors=True)

@@ -393,3 +393,28 @@ def test_kakeya_exec_in_the_sandbox_gets_a_copy_of_the_working_tree_and_nothing_
     assert seen["files"] == [".gitignore", "new.txt", "see.py", "written-by-the-run.txt"]
     assert seen[str(beside)] is False and seen[str(project)] is False
     assert not (project / "written-by-the-run.txt").exists()  # the run wrote in its own copy
+
+
+def test_an_executor_gets_one_frozen_setup_and_its_outcome_is_gated(checkout, tmp_path):
+    import dataclasses
+
+    from bridge.execute import LocalExecutor, RunSetup
+
+    script(checkout, "ok.py", WRITE_PROBE)
+    seen: list[RunSetup] = []
+
+    class Recording(LocalExecutor):
+        def launch(self, setup: RunSetup):
+            seen.append(setup)
+            return super().launch(setup)
+
+    p = preset(["{python}", "ok.py", "{n}"], {"n": {"type": "int", "min": 0, "max": 9, "default": 3}})
+    result = run(p, checkout, tmp_path, executor=Recording())
+    (setup,) = seen
+    assert setup.argv == (sys.executable, "ok.py", "3") and setup.timeout_s == 20
+    assert setup.env["KAKEYA_RUN_DIR"] == str(setup.run_dir) and setup.provenance["params"] == {"n": 3}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setup.timeout_s = 99  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        setup.env["X"] = "y"  # type: ignore[index]
+    assert result.status == "succeeded" and result.exit_code == 0 and result.verdict is not None
