@@ -389,26 +389,31 @@ def committed(store: Path, url: str, rid: str) -> tuple[dict, dict[str, bytes], 
     return json.loads(files["result.json"]), files, done
 
 
+CHOSEN_PY = "import sys; from bridge.isolation import choose; print(choose(sys.argv[1], sys.argv[2]).kind)"
+# user None: the test's own user (root in CI); TEST_USER: an unprivileged user made here (needs root)
 CONFIGS = [
-    pytest.param("auto", None, id="auto-root"),
-    pytest.param("auto", TEST_USER, id="auto-user"),
-    pytest.param("user", None, id="user-root"),
-    pytest.param("userns", None, id="userns-root"),
-    pytest.param("userns", TEST_USER, id="userns-user"),
-    pytest.param("none", None, id="none-root"),
-    pytest.param("none", TEST_USER, id="none-user"),
+    pytest.param("auto", None, id="auto"),
+    pytest.param("auto", TEST_USER, id="auto-as-user"),
+    pytest.param("user", None, id="user"),
+    pytest.param("userns", None, id="userns"),
+    pytest.param("userns", TEST_USER, id="userns-as-user"),
+    pytest.param("none", None, id="none"),
+    pytest.param("none", TEST_USER, id="none-as-user"),
 ]
 
 
 @pytest.mark.skipif(not LINUX, reason="the isolations under test are Linux's")
 @pytest.mark.parametrize(("isolation", "user"), CONFIGS)
 def test_hostile_requests_against_a_real_runner(world: Env, daemon: Daemon, isolation: str, user: str | None):
-    if user and not ROOT:
-        pytest.skip("starting a runner as another user needs root (CI runs as root)")
-    if not user and not ROOT and isolation != "none":
-        pytest.skip("a root runner needs root")
-    if isolation == "userns" and not userns_available():
+    if (user or isolation == "user") and not ROOT:
+        pytest.skip("a runner as another user, or isolation user, needs root (CI runs as root)")
+    if isolation == "userns" and not userns_available():  # (as root; another user: the same kernel rule)
         pytest.skip("unshare --user --pid is not permitted here")
+    base = Path(os.path.realpath(sys.base_prefix)) / "bin"
+    if user and not searchable_by_others(base):
+        trick = subprocess.run(["unshare", "-m", "--propagation", "private", "true"], capture_output=True)
+        if trick.returncode:
+            pytest.skip(f"{base} is closed to other users and no mount namespace may show it here")
     side = make_side(world, isolation, ensure_user(user) if user else None)
     try:
         run_matrix(world, daemon, side)
@@ -420,7 +425,6 @@ def test_hostile_requests_against_a_real_runner(world: Env, daemon: Daemon, isol
 
 def run_matrix(world: Env, daemon: Daemon, side: Side) -> None:
     url = daemon.repo()
-    kind = choose(side.isolation, str(RUN_UID)).kind if side.user is None else None
     python = "{python}"
     if side.isolation == "user":  # the run user cannot enter root's pyenv: an interpreter it may run
         python = next(
@@ -458,7 +462,16 @@ def run_matrix(world: Env, daemon: Daemon, side: Side) -> None:
     argv = [sys.executable, "-m", "bridge.cli", "runner"]
     flags = ["--labels", "cpu", "--name", "sbx", "--remote", url, "--workdir", str(side.home / "runner")]
     wrap = (lambda a: as_user(side.user, a)) if side.user else (lambda a: a)
-    signing = side.isolation in ("auto", "user")
+    chosen = subprocess.run(  # what the runner's own user gets here
+        wrap([sys.executable, "-c", CHOSEN_PY, side.isolation, str(RUN_UID)]),
+        env=env,
+        cwd=side.home,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    kind = chosen.stdout.strip()
+    held, signing = HELD[kind], kind in ("bwrap", "user")
     refused = subprocess.run(
         wrap([*argv, "once", *flags]),
         env=env | {"KAKEYA_SIGNING_KEY": str(keys / "runner")},
@@ -490,7 +503,6 @@ def run_matrix(world: Env, daemon: Daemon, side: Side) -> None:
         return committed(world.project, url, rid)
 
     try:
-        held = HELD[kind or ("bwrap" if side.isolation == "auto" and bwrap_available() else side.isolation)]
         # (a) hooks everywhere it can reach; then an honest request
         result, files, _ = serve("attack", {"mode": "plant"})
         stdout = files["logs/stdout.log"].decode()
@@ -508,7 +520,7 @@ def run_matrix(world: Env, daemon: Daemon, side: Side) -> None:
         assert not (side.marks / "hooks.log").exists(), (side.marks / "hooks.log").read_text()
         if signing:
             assert "gpgsig" in G.out(world.project, "cat-file", "commit", done)
-            assert result["isolation"].startswith("bwrap" if side.isolation == "auto" else "user")
+            assert result["isolation"].startswith(kind)
         # (b) the key, the runner's environment
         result, files, done = serve("attack", {"mode": "steal"})
         stdout = files["logs/stdout.log"].decode(errors="replace")
@@ -521,6 +533,7 @@ def run_matrix(world: Env, daemon: Daemon, side: Side) -> None:
         # (c) the launcher killed, a setsid'd daemon left behind
         result, files, _ = serve("attack", {"mode": "kill"})
         stdout = files["logs/stdout.log"].decode()
+        assert "launcher killed" in stdout or "kill PermissionError" in stdout, (result, stdout)  # it tried
         alive = daemons(side.token)
         assert bool(alive) != held["daemon"], (alive, stdout, result)
         for pid in alive:
