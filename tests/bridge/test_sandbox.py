@@ -578,3 +578,22 @@ def test_doctor_says_which_sandbox_and_fails_a_key_in_reach(
         main(["doctor"])
         want = f"bwrap (uid {RUN_UID})" if ROOT else "bwrap"
         assert f"ok    isolation {want} (config isolation = auto)\n" in capsys.readouterr().out
+
+
+def test_kakeya_run_of_ones_own_request_runs_unsigned_where_the_key_is_in_reach(
+    world: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+):
+    from bridge.cli import main
+
+    key = tmp_path / "k"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    monkeypatch.setenv("KAKEYA_SIGNING_KEY", str(key))  # signs this user's requests; world: isolation none
+    assert main(["run", "work", "-p", "tag=mine"]) == 0
+    err = capsys.readouterr().err
+    assert "kakeya: the result is not signed: signing key" in err and "under isolation none" in err
+    assert world.count() == ["mine"]
+    done = next(
+        e.done
+        for e in B.Bus(str(world.project / ".kakeya" / "bus.git"), world.project).ls_remote().entries.values()
+    )
+    assert done and "gpgsig" not in G.out(world.project / ".kakeya" / "bus.git", "cat-file", "commit", done)
