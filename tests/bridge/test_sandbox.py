@@ -597,3 +597,37 @@ def test_kakeya_run_of_ones_own_request_runs_unsigned_where_the_key_is_in_reach(
         for e in B.Bus(str(world.project / ".kakeya" / "bus.git"), world.project).ls_remote().entries.values()
     )
     assert done and "gpgsig" not in G.out(world.project / ".kakeya" / "bus.git", "cat-file", "commit", done)
+
+
+@pytest.mark.skipif(not (LINUX and bwrap_available()), reason="bubblewrap is not usable here")
+def test_a_network_none_preset_in_the_sandbox_reaches_nothing(tmp_path: Path, daemon: Daemon):
+    from bridge.execute import execute
+    from bridge.presets import Preset
+
+    (tmp_path / "subject").mkdir()
+    (tmp_path / "subject" / "net.py").write_text(
+        "import json, os, socket, sys\n"
+        "try:\n    socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=2); seen = 'connected'\n"
+        "except OSError as exc:\n    seen = f'no network: {exc}'\n"
+        "json.dump({'kind': 'probe', 'seen': seen}, open(os.environ['KAKEYA_REPORT'], 'w'))\n"
+    )
+    results = {}
+    for network in ("host", "none"):
+        p = Preset.model_validate(
+            {
+                "name": "net",
+                "description": "t",
+                "runners": ["cpu"],
+                "timeout_s": 20,
+                "argv": ["{python}", "net.py", str(daemon.port)],
+                "report": {"kind": "probe", "schema_version": 1},
+                "network": network,
+            }
+        )
+        out = tmp_path / network
+        result = execute(
+            p, {}, tmp_path / "subject", out, config=Config(isolation="bwrap", run_user=str(RUN_UID))
+        )
+        assert result.isolation and result.isolation.startswith("bwrap") and result.network == network
+        results[network] = json.loads((out / "report.json").read_text())["seen"]
+    assert results["host"] == "connected" and results["none"].startswith("no network: ")
