@@ -1,17 +1,22 @@
 """Evidence on the bus: the run that proves a commit (for `kakeya gate pr`) and the previous pass (for a
 preset's `baseline: {from: previous-pass, ...}`).
 
-    shelf = Shelf(bus)                       # e.g. Shelf(client.bus)
+    shelf = Shelf(bus, signers)              # signers: the trusted base's allowed signers (None: unsigned allowed)
     shelf.load(["probe"])                    # one ls-remote, at most one fetch, one `git cat-file --batch`
-    outcome = judge(shelf, subject, Requirement("probe", "cpu"), registry["probe"])
-    outcome.status                           # pass | fail | missing | mismatch
+    req = Requirement.parse("niah-ladder@h200 samples>=5", registry)   # typed pins, checked once
+    outcome = judge(shelf, subject, req, registry["niah-ladder"])
+    outcome.status, outcome.trust, outcome.ignored   # pass | fail | missing | mismatch; "signed by r1@h200"; ...
     shelf.previous_pass(preset, "cpu", before=request_id)   # (done result, report) or None
 
-Nothing a runner or a requester wrote is taken on trust: the newest done result that names the subject
-(in its request or its result) and ran something (an expired, cancelled or rejected one counts only
-when no run did) must agree everywhere — request.json, result.json and report.json name
-the subject, the done commit descends from it and changes nothing outside .kakeya/ — and its report is
-gated again with the checks of this machine's preset registry; the runner's verdict is ignored.
+Nothing a runner or a requester wrote is taken on trust. The evidence is the newest done result that names
+the subject (in its request or its result) and is a trusted, executed run of the requirement: the runner's
+signed done commit for its label (when the shelf has signers), a run that ran (not expired, cancelled or
+rejected), agreeing everywhere — request.json, result.json and report.json name the subject, the done commit
+descends from it, was made on its request commit and changes nothing outside .kakeya/, it ran this
+registry's preset definition (when signed) — with parameters that meet the requirement's pins. Its report is
+gated again with the checks of this machine's preset registry for the label it ran on (`gate` and
+`gate_on`); the runner's verdict is ignored. Every newer result that names the subject but is no such run is
+listed as ignored, with why (`Ignored`): none of them can mask the evidence.
 """
 
 from __future__ import annotations
