@@ -29,6 +29,7 @@ from bridge.names import LABEL
 
 ALLOWED_SIGNERS = ".github/kakeya-allowed-signers"
 PRINCIPAL_RE = re.compile(rf"^([A-Za-z0-9][A-Za-z0-9._-]*)@({LABEL}(?:\+{LABEL})*)$")
+EDIT_DEPTH = 8  # commits looked at below a done commit that is not signed, for an edited signed one
 _KEY_TYPES = ("ssh-ed25519", "ssh-rsa", "ecdsa-sha2-", "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-")
 
 
@@ -122,7 +123,9 @@ def signed_done(
                 f"{', '.join(sorted(served)) or 'no label'}, not {label}"
             )
         return who, None
-    for older in git.first_parents(repo, done, stop)[1:] if stop else []:
+    # A few commits down is enough to tell an edit on top of the runner's signed commit (it only changes
+    # the reason, never the refusal), and keeps a long forged chain from costing a verify per commit.
+    for older in git.first_parents(repo, done, stop, limit=EDIT_DEPTH)[1:] if stop else []:
         good, _, runner, _ = git.verify_commit(repo, older, signers.path)
         if good:
             return None, (
