@@ -202,7 +202,12 @@ def run(args: argparse.Namespace) -> int:
     def signing() -> str:
         cfg = state.get("config") or load_config(root)
         allowed = trust.trusted_signers(root)
-        trusted = f"; {trust.ALLOWED_SIGNERS}: {len(allowed.labels)} runner(s)" if allowed else ""
+        trusted = (
+            f"; {trust.ALLOWED_SIGNERS}: {len(allowed.labels)} runner(s)"
+            if allowed
+            else f"; no {trust.ALLOWED_SIGNERS}: `kakeya gate pr` refuses a shared bus's evidence until it "
+            "lists the runners (or --allow-unsigned)"
+        )
         key = trust.key_file(cfg.signing_key)
         if key is None:
             return (
