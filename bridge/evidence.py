@@ -640,8 +640,11 @@ def gate_subject(
 # --- the job summary ---------------------------------------------------------------------------------
 
 
-def _cell(text: str, limit: int = 400) -> str:
+def _cell(text: str, limit: int = 400, code: bool = False) -> str:
+    """`text` for one line of a markdown table or list: no newline, no `|`; outside a code span (`code`) no
+    `<` either, so that what a result.json says cannot open HTML (a `</details>`) in the job summary."""
     text = text.replace("|", "\\|").replace("\n", " ")
+    text = text if code else text.replace("<", "&lt;")
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -673,7 +676,7 @@ def summary_table(subject: str, outcomes: Sequence[Outcome], limit: int = SUMMAR
         if extra:
             details += (" — " if details else "") + "; ".join(extra)
         rows.append(
-            f"| {MARK[o.status]} | `{_cell(str(o.requirement), 200)}` | {o.status} | {ev} | "
+            f"| {MARK[o.status]} | `{_cell(str(o.requirement), 200, code=True)}` | {o.status} | {ev} | "
             f"{_cell(o.trust or '—', 200)} | {_cell(details)} |\n"
         )
     sections = [

@@ -26,7 +26,7 @@ from bridge.errors import InvalidRequest, KakeyaError
 from bridge.presets import Preset, load_registry
 from bridge.runner import Runner
 from bridge.trust import ALLOWED_SIGNERS, principal
-from tests.bridge.bus_support import WRITE_REPORT_PY, Daemon, Env, git, make_runner
+from tests.bridge.bus_support import WRITE_REPORT_PY, Daemon, Env, git, make_runner, manifest_dict
 from tests.bridge.test_gate_pr import Bus, gate, outcomes
 from tests.bridge.test_signing import allow, keygen, signed_runner
 
@@ -574,3 +574,27 @@ def test_a_newer_run_on_another_label_is_gated_for_its_own_label(world: Env):
     assert [c.check for c in preset.checks_for(None)] == ["min"]
     assert E.regate(report, preset, "h200").checks[-1].status == "fail"
     assert E.regate(report, preset, "cpu").checks[-1].check == "min"
+
+
+def test_what_an_ignored_result_says_cannot_open_html_in_the_job_summary(world: Env, capsys, tmp_path: Path):
+    bus = Bus(world)
+    head = git(world.project, "rev-parse", "HEAD")
+    rid = bus.run("work")
+    files = bus.files(rid)
+    hostile = B.new_id("work")
+    result = {**json.loads(files["result.json"]), "request_id": hostile, "subject": "</details><img src=x>"}
+    bus.push_done(
+        hostile,
+        bus.done(rid),
+        {
+            B.MANIFEST_PATH: json.dumps(manifest_dict(hostile, "work", head)).encode(),
+            f"{B.results_path(hostile)}/result.json": json.dumps(result).encode(),
+        },
+        replace=False,
+    )
+    summary = tmp_path / "summary.md"
+    assert gate(bus, head, "work@cpu", summary=summary) == 0  # the hostile result is ignored, not evidence
+    assert f"ignored {hostile} (mismatch)" in capsys.readouterr().out
+    text = summary.read_text()
+    assert "&lt;/details>&lt;img src=x>" in text and "</details><img" not in text
+    assert text.count("<details>") == text.count("</details>") == 1
