@@ -32,6 +32,7 @@ import gates
 from bridge import bus as B
 from bridge import git, trust
 from bridge.bus import Bus, Manifest, Snapshot
+from bridge.config import project_root
 from bridge.errors import InvalidRequest, KakeyaError
 from bridge.host import accelerator_words
 from bridge.names import PIN_RE, REQUIREMENT_RE
@@ -141,7 +142,9 @@ class Shelf:
         """The newest run of `preset` on `label` (with the same `params`, when given: a run of another model
         or context length is no baseline) created before request `before` that passed: it succeeded, its
         runner's verdict was pass (so it had no regression either) and its report still passes the checks of
-        this registry. Failing, errored and unreadable runs are skipped, never used as a baseline."""
+        this registry; with signers, it is also a runner's signed done commit made on its request (a forged
+        baseline could otherwise fail a genuine run, or hide its regression). Failing, errored, unreadable and
+        untrusted runs are skipped, never used as a baseline."""
         for done in self.of(preset.name, label):
             r = done.result
             if (
@@ -152,6 +155,7 @@ class Shelf:
                 or r.request_id != done.id
                 or r.preset != preset.name
                 or (params is not None and r.params != params)
+                or (self.signers is not None and not self.trusted(done))
             ):
                 continue
             raw = self.report(done)
@@ -162,6 +166,13 @@ class Shelf:
             if report is not None and regate(report, preset, done.label).passed:
                 return done, report
         return None
+
+    def trusted(self, done: Done) -> bool:
+        """Whether `done` is a runner's signed done commit for its label, made on its request commit."""
+        assert self.signers is not None
+        repo = self.repo_with(done.sha)
+        _, problem = trust.signed_done(repo, done.sha, None, done.label, self.signers)  # yes or no: no walk
+        return problem is None and trust.request_problem(repo, done.id, done.sha, done.req) is None
 
 
 def regate(report: dict[str, Any], preset: Preset, label: str | None) -> gates.Verdict:
@@ -236,8 +247,8 @@ def apply_baseline(bus: Bus, preset: Preset, label: str | None, outcome: RunOutc
     result = outcome.result
     if preset.baseline is None or outcome.verdict is None or outcome.report is None:
         return outcome
-    try:
-        shelf = Shelf(bus).load([preset.name])
+    try:  # the runner's trusted checkout names the runners whose passes may be a baseline
+        shelf = Shelf(bus, trust.trusted_signers(project_root())).load([preset.name])
         baseline, comparison = compare_to_previous(
             shelf, preset, label, result.request_id, outcome.report, result.params
         )

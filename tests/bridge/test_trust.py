@@ -598,3 +598,53 @@ def test_what_an_ignored_result_says_cannot_open_html_in_the_job_summary(world: 
     text = summary.read_text()
     assert "&lt;/details>&lt;img src=x>" in text and "</details><img" not in text
     assert text.count("<details>") == text.count("</details>") == 1
+
+
+def test_a_forged_previous_pass_is_no_baseline(world: Env, daemon: Daemon, keys: dict[str, Path], capsys):
+    """An unsigned "previous pass" with an inflated metric, pushed between two signed runs, would make the
+    second look like a regression (and a deflated one would hide one): with signers, only signed passes are
+    baselines, for the runner and for gate pr."""
+    from tests.bridge.test_baseline import BENCH, BENCH_PY
+
+    (world.presets / "bench.yaml").write_text(yaml.safe_dump({**BENCH, "runners": ["cpu"]}))
+    (world.project / "bench.py").write_text(BENCH_PY)
+    trusted_base(world, (principal("r1", ["cpu"]), keys["r1"]))
+    bus = Bus(world, url=daemon.repo())
+    bus.runner = signed_runner(world, bus.url, "r1", ("cpu",), keys["r1"])
+
+    def measured(value: int) -> str:
+        (world.project / "bench.json").write_text(json.dumps({"value": value, "ok": True}))
+        git(world.project, "add", "-A")
+        git(world.project, "commit", "-qm", f"metric {value}")
+        return bus.run("bench")
+
+    first = measured(100)
+    forged = bus.client.request("bench", {}, "cpu").id  # a request nobody ran, and a forged pass for it
+    B.Bus(bus.url, world.project).fetch([B.req_ref("cpu", forged)])
+    req = B.Bus(bus.url, world.project).ls_remote(B.req_ref("cpu", forged)).refs[B.req_ref("cpu", forged)]
+    files = bus.files(first)
+    report = json.loads(files["report.json"])
+    bus.push_done(
+        forged,
+        req,
+        {
+            f"{B.results_path(forged)}/result.json": json.dumps(
+                {**json.loads(files["result.json"]), "request_id": forged}
+            ).encode(),
+            f"{B.results_path(forged)}/report.json": json.dumps(
+                {**report, "probe": {**report["probe"], "memory_bytes": 1000}}
+            ).encode(),
+        },
+        replace=False,
+    )
+    second = measured(95)  # 5 % below the genuine pass (allowed: 10 %), 90 % below the forged one
+    verdict = json.loads(bus.files(second)["verdict.json"])
+    assert (verdict["status"], verdict["baseline"]["run"]) == ("pass", first)  # the runner's own baseline
+    head = git(world.project, "rev-parse", "HEAD")
+    assert gate(bus, head, "bench@cpu", as_json=True) == 0
+    o = outcomes(capsys)["bench@cpu"]
+    assert (o["request_id"], o["verdict"]["baseline"]["run"], o["verdict"]["comparison"]["base"]) == (
+        second,
+        first,
+        100,
+    )
