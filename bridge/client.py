@@ -176,6 +176,12 @@ class Client:
         preset = get_preset(registry if registry is not None else load_registry(), preset_name)
         preset.check_runs_on(check_label(label))
         preset.validate_params(raw)
+        ttl_s = expires_s or self.config.request_ttl_s
+        if ttl_s > B.MAX_TTL.total_seconds():
+            raise InvalidRequest(
+                f"--expires {age(ttl_s)} is too long: a request waits for a runner at most "
+                f"{age(B.MAX_TTL.total_seconds())}; give --expires 7d or less"
+            )
         subject_sha, snapshot_of = self.subject(subject, allow_dirty)
         now = B.utcnow()
         rid = B.new_id(preset.name, now)
@@ -187,7 +193,7 @@ class Client:
             runner=label,
             requester=self.requester(),
             created_at=now,
-            expires_at=now + dt.timedelta(seconds=expires_s or self.config.request_ttl_s),
+            expires_at=now + dt.timedelta(seconds=ttl_s),
             nonce=secrets.token_hex(8),
             snapshot_of=snapshot_of,
         )
@@ -314,16 +320,14 @@ class Client:
                 specs[e.id] = f"{e.done}:{B.results_path(e.id)}/result.json"
             elif e.claim:
                 specs[e.id] = f"{e.claim}:{B.CLAIM_PATH}"
-            elif e.req:
-                specs[e.id] = f"{e.req}:{B.MANIFEST_PATH}"
-        manifests = {e.id: f"{e.req}:{B.MANIFEST_PATH}" for e in entries if e.req}
-        found = self.local_files(list(specs.values()) + list(manifests.values()))
+        found = self.local_files(list(specs.values()))
+        manifests = B.read_manifests(self.bus.repos(), [e.req for e in entries if e.req])
         now = B.utcnow()
         rows = []
         for e in entries:
             created = e.created_at
             data = found.get(specs.get(e.id, ""))
-            manifest = B.parse_or_none(Manifest, found.get(manifests.get(e.id, "")))
+            manifest = m if isinstance(m := manifests.get(e.req or ""), Manifest) else None
             result = B.parse_or_none(RunResult, data) if e.done else None
             claim = B.parse_or_none(Claim, data) if e.claim and not e.done else None
             status = result.status if result else None

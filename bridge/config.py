@@ -40,6 +40,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bridge import git
+from bridge.bus import MAX_TTL
 from bridge.errors import InvalidRequest, problems
 
 ENV_PREFIX = "KAKEYA_"
@@ -56,7 +57,7 @@ class Config(BaseModel):
     log_cap_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     secrets: list[str] = ["HF_TOKEN", "GITHUB_TOKEN", "GH_TOKEN"]
     state_dir: str = ""
-    request_ttl_s: float = Field(default=24 * 3600, gt=0)
+    request_ttl_s: float = Field(default=24 * 3600, gt=0, le=MAX_TTL.total_seconds())
     signing_key: str = ""
     require_signed_requests: bool = False
     allowed_requesters: str = ""

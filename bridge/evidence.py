@@ -100,19 +100,16 @@ class Shelf:
             [B.done_ref(e.id) for e in entries if e.done in missing]
             + [B.req_ref(e.label, e.id) for e in entries if e.req in missing and e.label]
         )
-        specs = [
-            f"{e.done}:{path}"
-            for e in entries
-            for path in (B.MANIFEST_PATH, f"{B.results_path(e.id)}/result.json")
-        ] + [f"{e.req}:{B.MANIFEST_PATH}" for e in entries if e.req]
-        files = self.read(specs)
+        files = self.read([f"{e.done}:{B.results_path(e.id)}/result.json" for e in entries])
+        found = B.read_manifests(self.bus.repos(), {c for e in entries for c in (e.done, e.req) if c})
+        manifests = {c: m for c, m in found.items() if isinstance(m, Manifest)}
         self.dones = {name: [] for name in wanted}
         for e in entries:  # snapshot entries are sorted by id: oldest first
             assert e.done is not None
-            manifest = B.parse_or_none(Manifest, files.get(f"{e.done}:{B.MANIFEST_PATH}"))
+            manifest = manifests.get(e.done)
             result = B.parse_or_none(RunResult, files.get(f"{e.done}:{B.results_path(e.id)}/result.json"))
             label = manifest.runner if manifest else e.label
-            requested = B.parse_or_none(Manifest, files.get(f"{e.req}:{B.MANIFEST_PATH}")) if e.req else None
+            requested = manifests.get(e.req) if e.req else None
             self.dones[e.preset].append(Done(e.id, e.done, label, manifest, result, e.req, requested))
         return self
 

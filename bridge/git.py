@@ -210,6 +210,20 @@ def read_blobs_in(repos: Sequence[Path], specs: Sequence[str]) -> dict[str, byte
     return found
 
 
+def blob_sizes(repo: Path | str, specs: Sequence[str]) -> dict[str, int]:
+    """`<object>` or `<commit>:<path>` -> size in bytes, for every spec that names a blob here, with one
+    `git cat-file --batch-check`: nothing is read, so a reader can refuse a blob by its size first."""
+    if not specs:
+        return {}
+    text = run(repo, "cat-file", "--batch-check", input="".join(s + "\n" for s in specs).encode()).stdout
+    sizes = {}
+    for spec, line in zip(specs, text.decode(errors="replace").splitlines(), strict=True):
+        parts = line.split()
+        if len(parts) == 3 and parts[1] == "blob":
+            sizes[spec] = int(parts[2])
+    return sizes
+
+
 def ls_tree(repo: Path | str, treeish: str, recursive: bool = False) -> dict[str, tuple[str, str, str]]:
     """path -> (mode, type, sha) of the entries of `treeish` ({} when it is not a tree)."""
     proc = run(repo, "ls-tree", "-z", *(["-r"] if recursive else []), treeish, check=False)

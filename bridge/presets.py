@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
@@ -34,6 +35,15 @@ _EMBEDDED = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 _ENV_REF = re.compile(r"\$\{ENV:([A-Za-z_][A-Za-z0-9_]*)\}")
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9][A-Za-z0-9._-]{0,127})?$")
 _ZOO = re.compile(r"^zoo:[a-z0-9][a-z0-9-]{0,63}$")
+# Patterns are matched whole (re.fullmatch): `$` alone would let a trailing newline through.
+_CONTROL = ("Cc", "Cf", "Cs", "Zl", "Zp")  # control and format characters, lone surrogates, line breaks
+
+
+def _no_controls(raw: str) -> None:
+    """ValueError naming the first control character of `raw` (a newline, an escape, a bidi override)."""
+    for i, char in enumerate(raw):
+        if unicodedata.category(char) in _CONTROL:
+            raise ValueError(f"must not contain control characters (U+{ord(char):04X} at position {i})")
 
 
 class _Base(BaseModel):
@@ -156,6 +166,7 @@ class StrParam(_Base):
             raise ValueError("must be a string")
         if len(raw) > self.max_length:
             raise ValueError(f"must be at most {self.max_length} characters")
+        _no_controls(raw)
         if not re.fullmatch(self.pattern, raw):
             raise ValueError(f"must match the pattern {self.pattern}")
         return raw
@@ -210,8 +221,7 @@ class PathParam(_Base):
     def parse(self, raw: Any) -> str:
         if not isinstance(raw, str) or not raw.strip():
             raise ValueError("must be a non-empty path")
-        if "\x00" in raw or "\n" in raw:
-            raise ValueError("must not contain NUL or newline characters")
+        _no_controls(raw)
         path = PurePosixPath(raw)
         root = PurePosixPath(self.root)
         if path.is_absolute():
@@ -242,9 +252,10 @@ class ModelParam(_Base):
     def parse(self, raw: Any) -> str:
         if not isinstance(raw, str):
             raise ValueError("must be a model reference (zoo:NAME or a model directory name)")
-        if _ZOO.match(raw):
+        _no_controls(raw)
+        if _ZOO.fullmatch(raw):
             return raw
-        if not _MODEL_NAME.match(raw) or ".." in raw.split("/"):
+        if not _MODEL_NAME.fullmatch(raw) or ".." in raw.split("/"):
             raise ValueError(
                 "must be zoo:NAME or a model directory name such as gemma-3-1b (no '..', not absolute)"
             )
@@ -358,7 +369,7 @@ class Preset(BaseModel):
             if label not in self.runners:
                 raise ValueError(f"gate_on names label {label!r}, which is not in runners")
         for pname, spec in self.params.items():
-            if not _PARAM.match(pname):
+            if not _PARAM.fullmatch(pname):
                 raise ValueError(
                     f"parameter name {pname!r} must be lowercase letters, digits and underscores"
                 )
@@ -373,7 +384,7 @@ class Preset(BaseModel):
                 raise ValueError(f"parameter {pname!r} needs a default or `required: true`")
         used = set()
         for element in self.argv:
-            m = _PLACEHOLDER.match(element)
+            m = _PLACEHOLDER.fullmatch(element)
             if m:
                 if m.group(1) not in self.params and m.group(1) not in BUILTINS:
                     raise ValueError(f"argv element {element!r} names no parameter or builtin")
@@ -456,7 +467,7 @@ class Preset(BaseModel):
         """One argv element per template element; model names are resolved on this (runner) host."""
         argv = []
         for element in self.argv:
-            m = _PLACEHOLDER.match(element)
+            m = _PLACEHOLDER.fullmatch(element)
             if not m:
                 argv.append(element)
                 continue

@@ -37,7 +37,7 @@ from bridge import bus as B
 from bridge import git
 from bridge.bus import Bus, Claim, Entry, Manifest, Progress, Update
 from bridge.config import GIT_CREDENTIALS, Config, project_root, secret_file
-from bridge.errors import BusError, InvalidRequest, KakeyaError, Rejected, problems
+from bridge.errors import BusError, InvalidRequest, KakeyaError, Rejected
 from bridge.evidence import apply_baseline
 from bridge.execute import run_preset
 from bridge.host import hardware_for
@@ -466,14 +466,10 @@ class Runner:
     def validate(self, entry: Entry) -> tuple[Manifest, Preset, dict[str, Any]]:
         """The request, re-validated against this runner's own registry; Rejected says why not."""
         assert entry.req is not None
-        raw = git.read_path(self.mirror, entry.req, B.MANIFEST_PATH)
+        manifest = B.read_manifests([self.mirror], [entry.req])[entry.req]  # size-capped, parsed
+        if not isinstance(manifest, Manifest):
+            raise Rejected(f"invalid manifest: {manifest}")
         parents = git.parents(self.mirror, entry.req)
-        if raw is None:
-            raise Rejected(f"invalid manifest: the request commit has no {B.MANIFEST_PATH}")
-        try:
-            manifest = Manifest.model_validate_json(raw)
-        except ValidationError as exc:
-            raise Rejected(f"invalid manifest: {problems(exc, 'manifest', limit=5)}") from None
         for field, want in (("id", entry.id), ("runner", entry.label), ("preset", entry.preset)):
             if getattr(manifest, field) != want:
                 raise Rejected(
