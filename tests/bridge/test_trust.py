@@ -257,6 +257,8 @@ def test_an_h200_runner_without_cuda_refuses_to_start_and_forced_its_results_say
     err = capsys.readouterr().err
     assert "this host lacks the hardware of label(s) h200: label h200 needs CUDA" in err
     assert "--force-labels" in err
+    assert main(["runner", "watch", "--labels", "cpu,h200", "--name", "gpu1", "--remote", url]) == 1
+    assert "this host lacks the hardware of label(s) h200" in capsys.readouterr().err
     with pytest.raises(KakeyaError, match="lacks the hardware of label.s. h200"):
         Runner(url, config=load_config(), name="x", labels=["cpu", "h200"], workdir=tmp_path / "x")
     assert B.Bus(url, world.project).ls_remote().entries[rid].state == "requested"
