@@ -36,6 +36,8 @@ class RunContext(BaseModel):
     subject: str | None = None
     runner_name: str | None = None
     runner_labels: list[str] = []
+    forced_labels: list[str] = []  # labels served without their accelerator (runner --force-labels)
+    signed_by: str | None = None  # the principal the runner signs its done commit as (None: unsigned)
 
 
 class RunResult(BaseModel):
@@ -57,6 +59,8 @@ class RunResult(BaseModel):
     subject: str | None = None
     runner_name: str | None = None
     runner_labels: list[str] = []
+    forced_labels: list[str] = []  # labels served without their accelerator (bridge/host.py hardware_for)
+    signed_by: str | None = None  # the principal the runner signs as; `kakeya gate pr` verifies it
     host: dict[str, Any] = {}
     tools: dict[str, str] = {}
     report: str | None = None

@@ -40,13 +40,14 @@ from bridge.config import GIT_CREDENTIALS, Config, project_root, secret_file
 from bridge.errors import BusError, InvalidRequest, KakeyaError, Rejected
 from bridge.evidence import apply_baseline
 from bridge.execute import run_preset
+from bridge.host import hardware_for
 from bridge.isolation import choose
 from bridge.names import check_label
 from bridge.presence import Beacon, host_facts
 from bridge.presets import Preset, load_registry
 from bridge.progress import Tracker
 from bridge.result import RunContext, RunOutcome, RunResult, not_run
-from bridge.trust import Signers, key_file, signature_problem
+from bridge.trust import Signers, key_file, principal, signature_problem
 
 LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
 CLAIM_WINDOW = 8  # runners pick at random among the oldest few pending requests, so they rarely collide
@@ -144,10 +145,14 @@ class Runner:
         registry: Mapping[str, Preset] | None = None,
         environ: Mapping[str, str] | None = None,
         log: Callable[[str], None] | None = None,
+        force_labels: bool = False,
     ):
         self.config, self.name, self.labels = config, name, [check_label(lb) for lb in labels]
         if not labels:
             raise KakeyaError("a runner needs at least one label (--labels cpu,h200 or KAKEYA_LABELS)")
+        # A label means its hardware: refuse one whose accelerator this host lacks, unless forced (then
+        # every result names the forced labels).
+        self.forced_labels = hardware_for(self.labels, force=force_labels)
         self.registry = dict(registry) if registry is not None else load_registry()
         self.environ = os.environ if environ is None else environ
         self.workdir = workdir.resolve()
@@ -395,7 +400,13 @@ class Runner:
 
     def run_request(self, entry: Entry, lease: Lease, out: Path) -> RunOutcome:
         """Validate, then run; every failure becomes a result (nothing raises past here)."""
-        context = RunContext(request_id=entry.id, runner_name=self.name, runner_labels=self.labels)
+        context = RunContext(
+            request_id=entry.id,
+            runner_name=self.name,
+            runner_labels=self.labels,
+            forced_labels=self.forced_labels,
+            signed_by=principal(self.name, self.labels) if self.sign_key else None,
+        )
         preset_name, params, preset_hash = entry.preset, {}, None
         try:
             manifest, preset, values = self.validate(entry)
