@@ -6,6 +6,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from bridge.caps import Unsafe, atomic_write, read_file
+
 REDACTED = "[REDACTED]"
 
 
@@ -24,13 +26,18 @@ class Redactor:
     def text(self, value: str) -> str:
         return self(value.encode()).decode(errors="replace")
 
-    def scrub_file(self, path: Path) -> None:
-        if not self.secrets or not path.is_file():
+    def scrub_file(self, path: Path, cap: int) -> None:
+        """Redact a file of a run in place (read as bridge/caps.py reads: no link followed, at most `cap` bytes;
+        one that cannot be read so is left for the caps to refuse)."""
+        if not self.secrets:
             return
-        data = path.read_bytes()
+        try:
+            data = read_file(path.parent, path.name, cap)
+        except (Unsafe, OSError):
+            return
         clean = self(data)
         if clean != data:
-            path.write_bytes(clean)
+            atomic_write(path, clean)
 
 
 class CappedLog:
