@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -88,8 +89,16 @@ class CappedLog:
 
 
 def pump(stream: Any, log: CappedLog) -> None:
+    """Copy a program's output stream into `log` until it ends. A log that cannot be written (a full disk) is
+    given up, but the stream is still drained, so the program never blocks on its output."""
+    failed = False
     try:
         for chunk in iter(lambda: stream.read1(65536), b""):
-            log.write(chunk)
+            if not failed:
+                try:
+                    log.write(chunk)
+                except OSError:
+                    failed = True
     finally:
-        log.close()
+        with contextlib.suppress(OSError):
+            log.close()

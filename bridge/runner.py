@@ -176,6 +176,7 @@ class Runner:
         self.tracker: Tracker | None = None  # the request being served: phase, start, its out dir
         self.beacon: Beacon | None = None  # the presence ref, once start_presence() was called
         self.step = "serving the request"  # what serving does now, for the reason of an error done commit
+        self.outcome: RunOutcome | None = None  # the outcome of the request being served, once it ran
         self.paused: str | None = None  # why this runner does not claim now (too little free space), or None
         self.workdir_lock = lock_workdir(self.workdir)  # None: another runner process uses this workdir
         if self.workdir_lock is not None:
@@ -365,7 +366,7 @@ class Runner:
             if self.stopping.is_set():  # nothing has run yet: give the request back
                 lease.stop()
                 return self.release(entry, lease.sha)
-            self.step = "clearing the run directory"
+            self.step, self.outcome = "clearing the run directory", None
             try:
                 return self.finish(entry, lease, out)
             except Exception as exc:  # noqa: BLE001 — whatever the run left or the disk did, a done commit
@@ -380,7 +381,7 @@ class Runner:
         """Run, check the run's files (bridge/caps.py), write the result, commit it and push it."""
         caps.remove(out)
         self.step = "serving the request"
-        outcome = self.run_request(entry, lease, out)
+        outcome = self.outcome = self.run_request(entry, lease, out)
         self.step = "checking the run's files"
         outcome.result.dropped += caps.apply_caps(
             out,
@@ -424,8 +425,14 @@ class Runner:
             served.reason = f"{why}; {lease.lost}"
             return served
         try:
-            context = RunContext(request_id=entry.id, runner_name=self.name, runner_labels=self.labels)
-            outcome = not_run(out, "error", why, preset_name=entry.preset, params={}, context=context)
+            if self.outcome is not None:  # the run's provenance and what was dropped; none of its files
+                result = self.outcome.result.model_copy(
+                    update={"status": "error", "reason": why, "verdict": None, "report": None}
+                )
+                outcome = RunOutcome(out, result, redact=self.outcome.redact)
+            else:
+                context = RunContext(request_id=entry.id, runner_name=self.name, runner_labels=self.labels)
+                outcome = not_run(out, "error", why, preset_name=entry.preset, params={}, context=context)
             prefix = B.results_path(entry.id)
             files = {f"{prefix}/{name}": data for name, data in outcome.files().items()}
             tree = git.tree_with(self.mirror, lease.sha, files, without=prefix)
