@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from pydantic import ValidationError
 
@@ -745,17 +745,17 @@ def mib(n: int) -> str:
     return f"{n / (1 << 20):.0f} MiB"
 
 
-def lock_workdir(workdir: Path) -> int | None:
-    """An exclusive lock on `workdir` held while this runner lives (the descriptor), or None when another
-    runner holds it (two `kakeya run` in one project): only the holder removes stale run directories."""
+def lock_workdir(workdir: Path) -> IO[bytes] | None:
+    """An exclusive lock on `workdir`, held while the returned file is open (while this runner lives), or None
+    when another runner holds it (two `kakeya run` in one project): only the holder removes stale run dirs."""
     workdir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(workdir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    lock = (workdir / "lock").open("ab")
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        os.close(fd)
+        lock.close()
         return None
-    return fd
+    return lock
 
 
 def requesters(config: Config) -> Signers | None:

@@ -25,6 +25,7 @@ from bridge import git as G
 from bridge.client import Client
 from bridge.config import load_config
 from bridge.presence import read_presences
+from bridge.progress import PROGRESS_FILE, Tracker
 from bridge.runner import Runner
 from tests.bridge.bus_support import (
     WRITE_REPORT_PY,
@@ -461,3 +462,31 @@ def test_any_exception_after_a_claim_ends_in_an_error_done_commit_and_watch_goes
     assert json.loads(files["verdict.json"])["error"].startswith("no report to gate")
     assert any("unexpected ValueError: not a KakeyaError; retrying in" in line for line in logged)
     assert hostile.runs("bad-name") == 1 and faults == {"tree": 0, "ls": 0}
+
+
+def test_the_progress_record_never_waits_on_nor_follows_what_a_run_put_at_its_paths(tmp_path: Path):
+    outside = tmp_path / "runner"
+    outside.mkdir()
+    (outside / "stdout.log").write_text("runner-key-material\n")
+    (outside / "progress.json").write_text('{"done": 1, "total": 2, "what": "runner-key-material"}')
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "logs").symlink_to(outside)  # the log tail would read the runner's file
+    os.mkfifo(out / PROGRESS_FILE)  # an open() without O_NONBLOCK waits here for a writer forever
+    records: list = []
+    reader = threading.Thread(target=lambda: records.append(Tracker(out).record()), daemon=True)
+    reader.start()
+    reader.join(30)
+    assert records, "the progress record blocked on a FIFO"
+    assert records[0].workload is None and records[0].log_tail == []
+    (out / PROGRESS_FILE).unlink()
+    os.link(outside / "progress.json", out / PROGRESS_FILE)  # a hard link: another name of the runner's file
+    assert Tracker(out).record().workload is None
+    (out / PROGRESS_FILE).unlink()
+    (out / PROGRESS_FILE).write_text('{"done": 1, "total": 2, "what": "its own"}')
+    (out / "logs").unlink()
+    (out / "logs").mkdir()
+    (out / "logs" / "stdout.log").write_text("a line\n")
+    record = Tracker(out).record()
+    assert record.workload is not None and record.workload.what == "its own"
+    assert record.log_tail == ["stdout: a line"]
