@@ -212,6 +212,8 @@ class Runner:
         """Claim and serve one pending request for our labels (or `request_id`); None if there was none."""
         self.flush_outbox()
         if not self.has_room():
+            if request_id:  # asked for this one (`kakeya run`, `runner once --request`): say why not
+                raise KakeyaError(f"runner {self.name} is {self.paused}; free some space, or lower the floor")
             return None
         snap = self.bus.ls_remote()
         candidates = self.candidates(snap, request_id)

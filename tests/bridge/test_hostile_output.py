@@ -22,6 +22,7 @@ import yaml
 
 from bridge import bus as B
 from bridge import git as G
+from bridge.cli import main
 from bridge.client import Client
 from bridge.config import load_config
 from bridge.presence import read_presences
@@ -490,3 +491,11 @@ def test_the_progress_record_never_waits_on_nor_follows_what_a_run_put_at_its_pa
     record = Tracker(out).record()
     assert record.workload is not None and record.workload.what == "its own"
     assert record.log_tail == ["stdout: a line"]
+
+
+def test_kakeya_run_below_the_floor_says_why_instead_of_waiting(world: Env, monkeypatch, capsys):
+    monkeypatch.setenv("KAKEYA_MIN_FREE", str(1 << 60))
+    assert main(["run", "work", "-p", "tag=floor"]) == 1
+    err = capsys.readouterr().err
+    assert "is not claiming:" in err and "under the floor of" in err and "(min_free_bytes)" in err, err
+    assert world.count() == []
