@@ -43,6 +43,7 @@ REPORT = "report.json"
 MAX_DEPTH = 8  # directories below the run directory
 MAX_PATH = 512  # bytes of a path relative to the run directory (git, PATH_MAX and Windows clients hold it)
 MAX_NAME = 255  # bytes of one name
+DROPPED_LINES = 100  # result.json lists at most this many dropped paths
 GIT_NAMES = (".git", "git~1", ".gitmodules")  # names git (fsck on the bus) refuses in a tree, any case
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)

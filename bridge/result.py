@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 import gates
-from bridge.caps import atomic_write, walk
+from bridge.caps import DROPPED_LINES, atomic_write, walk
 from bridge.host import host_fingerprint, tool_versions
 from bridge.logs import Redactor
 from bridge.page import outcome_heading, run_page
@@ -42,7 +42,7 @@ class RunContext(BaseModel):
 class RunResult(BaseModel):
     """result.json: the provenance and outcome of one run."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
     schema_version: Literal[1] = 1
     status: Status
     reason: str | None = None
@@ -66,6 +66,14 @@ class RunResult(BaseModel):
     network: str | None = None  # host | none
     strays_killed: int | None = None  # processes left behind by the program, killed at its end
     dropped: list[str] = []  # what the run left and the runner did not commit, with why (bridge/caps.py)
+
+    @field_validator("dropped")
+    @classmethod
+    def _few(cls, lines: list[str]) -> list[str]:
+        """At most DROPPED_LINES lines (a run can leave a million FIFOs; result.json stays small)."""
+        if len(lines) <= DROPPED_LINES:
+            return lines
+        return lines[: DROPPED_LINES - 1] + [f"... and {len(lines) - DROPPED_LINES + 1} more, not listed"]
 
 
 def now() -> dt.datetime:

@@ -22,11 +22,13 @@ import yaml
 
 from bridge import bus as B
 from bridge import git as G
+from bridge.caps import DROPPED_LINES, apply_caps
 from bridge.cli import main
 from bridge.client import Client
 from bridge.config import load_config
 from bridge.presence import read_presences
 from bridge.progress import PROGRESS_FILE, Tracker
+from bridge.result import RunResult
 from bridge.runner import Runner
 from tests.bridge.bus_support import (
     WRITE_REPORT_PY,
@@ -499,3 +501,15 @@ def test_kakeya_run_below_the_floor_says_why_instead_of_waiting(world: Env, monk
     err = capsys.readouterr().err
     assert "is not claiming:" in err and "under the floor of" in err and "(min_free_bytes)" in err, err
     assert world.count() == []
+
+
+def test_a_run_that_leaves_thousands_of_fifos_gets_a_short_dropped_list(tmp_path: Path):
+    for i in range(2000):
+        os.mkfifo(tmp_path / f"f{i:04d}")
+    (tmp_path / "kept.txt").write_text("kept")
+    dropped = apply_caps(tmp_path, report_cap=1 << 20, files_cap=1 << 20, result_cap=1 << 20)
+    assert len(dropped) == 2000 and sorted(p.name for p in tmp_path.iterdir()) == ["kept.txt"]
+    result = RunResult(status="succeeded", preset="leave")
+    result.dropped += dropped
+    assert len(result.dropped) == DROPPED_LINES and result.dropped[0] == "f0000: a FIFO, not read"
+    assert result.dropped[-1] == f"... and {2000 - DROPPED_LINES + 1} more, not listed"
