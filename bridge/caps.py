@@ -9,7 +9,7 @@ everything else is deleted from the run's directory (never followed, never read)
     symbolic links        could point at the runner's files (its key)
     hard links            st_nlink > 1: another name of a file that may be the runner's (its key)
     FIFOs, sockets, devices   reading one blocks or reads what is not the run's
-    non-UTF-8 names, control characters, names git refuses (.git)   git, JSON and every client choke on them
+    non-UTF-8 names, control or invisible characters, names git refuses (.git, git~1)   git, JSON, clients
     paths over MAX_PATH bytes, nesting over MAX_DEPTH   git, PATH_MAX and the gate's readers choke on them
     files over the caps   report_cap_bytes, files_cap_bytes, result_cap_bytes (config)
 
@@ -79,8 +79,9 @@ def name_problem(name: str) -> str | None:
     if len(raw) > MAX_NAME:
         return f"its name is longer than {MAX_NAME} bytes"
     if not all(c.isprintable() or c == " " for c in text):
-        return "its name has control characters"
-    if text.rstrip(". ").lower() in GIT_NAMES:
+        return "its name has control or invisible characters"
+    bare = text.lower().split(":")[0].rstrip(". ")  # as NTFS and HFS+ would see it (git's fsck checks both)
+    if bare in GIT_NAMES or bare.startswith("gitmod~"):
         return "git refuses this name in a tree"
     return None
 

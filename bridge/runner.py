@@ -420,6 +420,7 @@ class Runner:
         """The done commit of a request whose serving raised: status error, the reason, built in memory after
         the run's files are removed (a run that filled the disk gets its space back first)."""
         why = f"runner {self.name}: {self.step} failed: {exc.__class__.__name__}: {exc}"
+        why = why.encode("utf-8", "backslashreplace").decode()  # a name that is not UTF-8 in the message
         self.log(f"{entry.id}: {why}")
         self.clear(out, self.workdir / "work" / entry.id)
         served = Served(entry.id, "error", reason=why)

@@ -228,7 +228,7 @@ def test_names_that_are_not_utf8_or_have_control_characters_are_dropped(hostile:
     result, files = serve_hostile(hostile, "bad-name")
     assert result["status"] == "succeeded"
     assert "bad-\\xff-name.txt: its name is not UTF-8" in result["dropped"]
-    assert "ctl\\nname.txt: its name has control characters" in result["dropped"]
+    assert "ctl\\nname.txt: its name has control or invisible characters" in result["dropped"]
     assert ".GIT: git refuses this name in a tree" in result["dropped"]
     assert not [f for f in files if "name" in f or f.lower() == ".git"]
 
