@@ -30,8 +30,9 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 import gates
-from bridge import git, launcher
-from bridge.caps import REPORT, RUNNER_FILES, apply_caps
+from bridge import caps, git, launcher
+from bridge.caps import REPORT, apply_caps
+from bridge.caps import collect as collect_files
 from bridge.config import Config
 from bridge.errors import KakeyaError
 from bridge.host import host_fingerprint, tool_versions
@@ -166,9 +167,12 @@ def run_preset(
         outcome = executor.collect(handle, executor.supervise(handle, should_stop))
         if on_phase is not None:
             on_phase("gating")
-        return gate(outcome, preset)
+        return gate(outcome, preset, config.report_cap_bytes)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        try:  # whatever the run left there, however named or locked
+            caps.remove(scratch)
+        except OSError:
+            pass
 
 
 def _sandbox(checkout: Path, scratch: Path, iso: Isolation) -> Path:
@@ -209,19 +213,6 @@ def _copy_subject(checkout: Path, work: Path) -> None:
             os.symlink(os.readlink(src), dst)
         else:
             shutil.copy2(src, dst)
-
-
-def _collect(run_dir: Path, out_dir: Path) -> None:
-    """Move what a program wrote in its own run directory into out_dir: regular files only (a link could
-    point at the runner's files), never over the runner's own files."""
-    for dirpath, _dirnames, filenames in os.walk(run_dir):
-        for name in filenames:
-            src = Path(dirpath) / name
-            rel = src.relative_to(run_dir).as_posix()
-            if src.is_symlink() or not src.is_file() or rel in RUNNER_FILES:
-                continue
-            (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(src, out_dir / rel)
 
 
 @dataclass(frozen=True)
@@ -368,9 +359,10 @@ class LocalExecutor:
             reason = run.start_error or f"could not start {setup.argv[0]!r}: {status['start_error']}"
             result = RunResult(status="error", reason=reason, started_at=iso_time(run.started), **base)
             return RunOutcome(out_dir, result, redact=setup.redact)
-        if setup.run_dir != out_dir:
-            _collect(setup.run_dir, out_dir)
-        dropped = apply_caps(
+        collected = (
+            collect_files(setup.run_dir, out_dir, config.result_cap_bytes) if setup.run_dir != out_dir else []
+        )
+        dropped = collected + apply_caps(
             out_dir,
             report_cap=config.report_cap_bytes,
             files_cap=config.files_cap_bytes,
@@ -402,12 +394,12 @@ class LocalExecutor:
         return RunOutcome(out_dir, result, redact=setup.redact)
 
 
-def gate(outcome: RunOutcome, preset: Preset) -> RunOutcome:
+def gate(outcome: RunOutcome, preset: Preset, report_cap: int) -> RunOutcome:
     """Check and gate the report of a run that ended (succeeded or failed); a gate that raises keeps the run's
     provenance and says so."""
     result = outcome.result
     report_path = outcome.out_dir / REPORT
-    outcome.redact.scrub_file(report_path)
+    outcome.redact.scrub_file(report_path, report_cap)
     if report_path.is_file():
         result.report = REPORT
     if result.status not in ("succeeded", "failed"):

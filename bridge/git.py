@@ -295,9 +295,11 @@ def write_blobs(repo: Path | str, contents: Sequence[bytes]) -> list[str]:
     return text.split()
 
 
-def tree_with(repo: Path | str, base: str | None, files: Mapping[str, bytes]) -> str:
-    """The tree of `base` (a tree or commit, None for empty) with `files` (posix path -> content) added or
-    replaced."""
+def tree_with(
+    repo: Path | str, base: str | None, files: Mapping[str, bytes], without: str | None = None
+) -> str:
+    """The tree of `base` (a tree or commit, None for empty) without anything at or under the path `without`,
+    with `files` (posix path -> content) added or replaced."""
     for path in files:
         if any(part in ("", ".", "..", ".git") for part in path.split("/")):
             raise KakeyaError(f"refusing to write {path!r} into a commit")
@@ -305,7 +307,13 @@ def tree_with(repo: Path | str, base: str | None, files: Mapping[str, bytes]) ->
     with tempfile.TemporaryDirectory(prefix="kakeya-index-") as tmp:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
         run(repo, "read-tree", *([base] if base else ["--empty"]), env=env)
-        info = b"".join(
+        gone = (
+            run(repo, "ls-tree", "-r", "-z", "--name-only", base, "--", without).stdout
+            if base and without
+            else b""
+        )
+        info = b"".join(f"0 {'0' * 40}\t".encode() + path + b"\0" for path in gone.split(b"\0") if path)
+        info += b"".join(
             f"{FILE_MODE} {sha}\t".encode() + path.encode() + b"\0"
             for path, sha in zip(files, shas, strict=True)
         )

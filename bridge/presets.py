@@ -337,6 +337,8 @@ class Preset(BaseModel):
     secrets: list[str] = []
     report: ReportSpec
     gate: list[Check] = []
+    # more checks on a runner label, e.g. on h200 the report's device must be CUDA (`checks_for`)
+    gate_on: dict[str, list[Check]] = {}
     baseline: BaselineSpec | None = None
     network: Literal["host", "none"] = "host"  # none: a new, empty network namespace where permitted
 
@@ -352,8 +354,20 @@ class Preset(BaseModel):
     def _gate(cls, raw: Any) -> list[Check]:
         return parse_checks(raw)
 
+    @field_validator("gate_on", mode="before")
+    @classmethod
+    def _gate_on(cls, raw: Any) -> dict[str, list[Check]]:
+        if raw is None:
+            return {}
+        if not isinstance(raw, dict):
+            raise ValueError("gate_on must map a runner label to a list of checks")
+        return {str(label): parse_checks(checks) for label, checks in raw.items()}
+
     @model_validator(mode="after")
     def _template(self) -> Preset:
+        for label in self.gate_on:
+            if label not in self.runners:
+                raise ValueError(f"gate_on names label {label!r}, which is not in runners")
         for pname, spec in self.params.items():
             if not _PARAM.fullmatch(pname):
                 raise ValueError(
@@ -387,6 +401,10 @@ class Preset(BaseModel):
                 raise ValueError(f"env name {key!r} is not a valid variable name")
         return self
 
+    def checks_for(self, label: str | None) -> list[Check]:
+        """The gate of a run on runner label `label`: `gate`, then `gate_on[label]`."""
+        return [*self.gate, *self.gate_on.get(label or "", [])]
+
     def allows(self, label: str) -> bool:
         """Whether this preset may run on runner label `label`."""
         return label in self.runners
@@ -404,8 +422,10 @@ class Preset(BaseModel):
     def content_hash(self) -> str:
         """sha256 of the canonical definition: what the runner ran, independent of YAML formatting."""
         # A preset without a baseline (or with the default network) hashes as it did before those existed.
-        exclude = ({"baseline"} if self.baseline is None else set()) | (
-            {"network"} if self.network == "host" else set()
+        exclude = (
+            ({"baseline"} if self.baseline is None else set())
+            | ({"network"} if self.network == "host" else set())
+            | ({"gate_on"} if not self.gate_on else set())
         )
         data = self.model_dump(mode="json", by_alias=True, exclude=exclude)
         if (
@@ -494,6 +514,16 @@ class Preset(BaseModel):
                 for n, s in self.params.items()
             },
             "gate": [c.model_dump(exclude_none=True) for c in self.gate],
+            **(
+                {
+                    "gate_on": {
+                        lb: [c.model_dump(exclude_none=True) for c in checks]
+                        for lb, checks in self.gate_on.items()
+                    }
+                }
+                if self.gate_on
+                else {}
+            ),
             **(
                 {"baseline": self.baseline.model_dump(by_alias=True, exclude_none=True)}
                 if self.baseline

@@ -137,7 +137,23 @@ def test_ids_that_are_not_real_times_are_ignored_by_status_gc_runners_and_gate(w
     assert claims == {B.claim_ref(honest), B.claim_ref(waiting)}
 
     # gate pr: the honest failing run is the evidence; no forged pass under a "newer" id masks it
-    assert main(["gate", "pr", "--subject", head, "--remote", url, "--require", "strict@cpu", "--json"]) == 1
+    assert (
+        main(
+            [
+                "gate",
+                "pr",
+                "--subject",
+                head,
+                "--remote",
+                url,
+                "--require",
+                "strict@cpu",
+                "--json",
+                "--allow-unsigned",
+            ]
+        )
+        == 1
+    )
     out = capsys.readouterr().out
     (outcome,) = json.loads(out)
     assert (outcome["status"], outcome["request_id"]) == ("fail", honest)
@@ -172,7 +188,23 @@ def test_a_result_whose_created_at_is_not_its_id_time_is_not_evidence(world: Env
         f"{B.results_path(rid)}/report.json": json.dumps(report).encode(),
     }
     plant(world.project, url, B.done_ref(rid), req, forged)
-    assert main(["gate", "pr", "--subject", head, "--remote", url, "--require", "strict@cpu", "--json"]) == 1
+    assert (
+        main(
+            [
+                "gate",
+                "pr",
+                "--subject",
+                head,
+                "--remote",
+                url,
+                "--require",
+                "strict@cpu",
+                "--json",
+                "--allow-unsigned",
+            ]
+        )
+        == 1
+    )
     (outcome,) = json.loads(capsys.readouterr().out)
     assert outcome["status"] != "pass", outcome
     if outcome["request_id"] == rid:  # named as the newest, it is refused for its request.json (fails closed)
