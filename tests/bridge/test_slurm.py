@@ -54,6 +54,8 @@ PROGRAM = WRITE_REPORT_PY + textwrap.dedent("""
     with open(os.path.join(os.environ["KAKEYA_RUN_DIR"], "seen.json"), "w") as fh:
         json.dump({"env": dict(os.environ), "started": time.time()}, fh)
     print("stdout line", flush=True)
+    print(os.environ.get("HF_TOKEN", ""), file=sys.stderr, flush=True)
+    sys.stdout.write("x" * int(os.environ.get("FLOOD", "0")))
     time.sleep(seconds)
     write_report()
     sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
@@ -250,12 +252,22 @@ def test_the_environment_is_built_not_inherited_and_no_secret_reaches_slurm(
             assert secret.encode() not in path.read_bytes(), path
     outcome = h.finish(run)
     env = json.loads((run.out_dir / "seen.json").read_text())["env"]
-    assert env["HF_TOKEN"] == secret  # the program got it ...
+    assert env["HF_TOKEN"] == secret  # the program got it (and printed it) ...
+    assert secret in (run.out_dir / "logs" / "stderr.log").read_text()
     assert "RUNNER_ONLY" not in env and "SLURM_CONF" not in env
     assert not (run.spec.control / "job.json").exists()  # ... the job file that held it is gone ...
     outcome.write()
     for path in run.out_dir.rglob("*"):  # ... and no file of the result holds it
         assert not path.is_file() or secret.encode() not in path.read_bytes(), path
+
+
+def test_logs_are_capped_inside_the_job(tmp_path: Path, slurm: Slurm) -> None:
+    h = Harness(tmp_path, slurm, Config(runner_name="slurm-test", labels=["h200"], log_cap_bytes=4096))
+    run = h.start("flood-1", make_preset(tmp_path, env={"FLOOD": "1000000"}))
+    outcome = h.finish(run)
+    assert outcome.result.status == "succeeded", outcome.result.reason
+    log = (run.out_dir / "logs" / "stdout.log").read_text()
+    assert len(log) < 4096 + 200 and "kakeya cut" in log  # 1 MB written, the cap kept
 
 
 def test_a_nonzero_exit_is_the_programs_not_slurms(tmp_path: Path, slurm: Slurm) -> None:
@@ -433,6 +445,24 @@ def test_heartbeats_carry_the_slurm_state_and_a_bus_cancel_scancels(
     assert not world.mark("pend", "started").exists()
     assert world.count() == []
     assert not [j for j in slurm.queue().values() if not j.ended]
+
+
+def test_a_runner_holds_no_more_than_max_in_flight_jobs(world: Env, bus: str, slurm: Slurm) -> None:
+    ids = [request(bus, f"m{i}", seconds=2) for i in range(4)]
+    sr = slurm_runner(world, bus, max_in_flight=2)
+    most = [0]
+
+    def done() -> bool:
+        live = [j for j in slurm.queue().values() if j.name.removeprefix("kakeya-") in ids and not j.ended]
+        most[0] = max(most[0], len(live), len(sr.flights))
+        return len(sr.done) == 4
+
+    try:
+        serve_until(sr, done, 90, "4 requests, 2 at a time")
+    finally:
+        sr.close()
+    assert most[0] == 2
+    assert sorted(world.count()) == ["m0", "m1", "m2", "m3"]
 
 
 def test_a_restarted_runner_adopts_its_jobs_and_a_takeover_runs_nothing_twice(
