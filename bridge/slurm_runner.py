@@ -13,11 +13,10 @@ another runner leaves the job to that runner. Each ended job becomes a done comm
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from bridge import git
+from bridge import caps, git
 from bridge.bus import Entry, Progress
 from bridge.errors import KakeyaError, Rejected
 from bridge.evidence import apply_baseline
@@ -160,12 +159,12 @@ class SlurmRunner:
             elif not adopt and manifest.expires_at < self.runner.now():
                 stop = ("expired", f"expired at {manifest.expires_at.isoformat()} before a runner started it")
             if stop:
-                shutil.rmtree(home, ignore_errors=True)
+                caps.remove(home)  # whatever an earlier run left there, unreadable or not
                 flight.outcome = not_run(out, stop[0], stop[1], preset_name=preset_name, params=params,
                                          context=context, preset_hash=preset.content_hash)  # fmt: skip
                 return
             if not adopt:
-                shutil.rmtree(home, ignore_errors=True)
+                caps.remove(home)  # whatever an earlier run left there, unreadable or not
                 work.parent.mkdir(parents=True, exist_ok=True)
                 git.export(self.runner.mirror, manifest.subject, work)  # the subject's files, no .git
             flight.preset = preset
@@ -214,7 +213,10 @@ class SlurmRunner:
             flight.lease.stop()
         self.flights.pop(flight.entry.id, None)
         if remove:
-            shutil.rmtree(self.jobs_dir / flight.entry.id, ignore_errors=True)
+            try:
+                caps.remove(self.jobs_dir / flight.entry.id)
+            except OSError as exc:
+                self.log(f"{flight.entry.id}: could not remove its job directory: {exc}")
 
     def announce(self) -> None:
         """The runner's presence says what it serves: each request and its job's state (pushed when that
