@@ -310,7 +310,8 @@ class Slurm:
                 ended=_time(kv.get("EndTime", "")),
             )
         proc = self._run(
-            ["sacct", "-c", "-n", "-P", "-j", job_id, "-o", "JobID,State,ExitCode,Start,End,NodeList"]
+            ["sacct", "-c", "-n", "-P", "-j", job_id, "-o", "JobID,State,ExitCode,Start,End,NodeList"],
+            check=False,  # no job completion log here, or it lost the job: Slurm cannot say more
         )
         for line in proc.stdout.splitlines():
             parts = line.split("|")
@@ -341,7 +342,7 @@ class LauncherStatus(BaseModel):
     )
 
 
-def _read(model: type[BaseModel], path: Path) -> Any:
+def read_model(model: type[BaseModel], path: Path) -> Any:
     try:
         return model.model_validate_json(path.read_bytes())
     except (OSError, ValidationError):
@@ -516,8 +517,8 @@ class SlurmExecutor:
             result = RunResult(status="error", reason=run.start_error, **base)
             return RunOutcome(setup.out_dir, result, redact=setup.redact)
         control = run.spec.control
-        status: LauncherStatus | None = _read(LauncherStatus, control / STATUS)
-        alloc: Allocation = _read(Allocation, control / ALLOC) or Allocation()
+        status: LauncherStatus | None = read_model(LauncherStatus, control / STATUS)
+        alloc: Allocation = read_model(Allocation, control / ALLOC) or Allocation()
         end = self.slurm.end(run.job_id)
         job = run.job
         submitted = job.submitted if job else None

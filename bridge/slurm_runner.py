@@ -25,7 +25,17 @@ from bridge.presets import Preset
 from bridge.progress import Tracker
 from bridge.result import RunContext, RunOutcome, not_run
 from bridge.runner import PREFETCH, Lease, Runner, Served
-from bridge.slurm import STATUS, SlurmError, SlurmExecutor, SlurmJob, SlurmRun, job_name
+from bridge.slurm import (
+    ALLOC,
+    STATUS,
+    Allocation,
+    SlurmError,
+    SlurmExecutor,
+    SlurmJob,
+    SlurmRun,
+    job_name,
+    read_model,
+)
 
 
 @dataclass
@@ -170,7 +180,10 @@ class SlurmRunner:
             flight.preset = preset
             setup = self.ex.setup(preset, values, work, out, control, context, self.runner.environ)
             if adopt:
-                job = existing or SlurmJob(job_id="0", name=job_name(entry.id), state="GONE")
+                # Slurm forgot the job (past MinJobAge) but it left its status: the job id from its alloc.json
+                known = read_model(Allocation, control / ALLOC)
+                job_id = known.job_id if known is not None and (known.job_id or "").isdigit() else "0"
+                job = existing or SlurmJob(job_id=job_id, name=job_name(entry.id), state="GONE")
                 flight.run = self.ex.adopt(setup, job)
                 self.log(f"{entry.id}: adopts Slurm job {job.job_id} ({job.describe()})")
             else:

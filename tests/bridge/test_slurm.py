@@ -593,3 +593,30 @@ def test_over_the_bus_a_job_past_its_time_limit_ends_timed_out_within_seconds(
     assert result["status"] == "timed-out", result
     assert 4 <= result["scheduler"]["run_time_s"] <= 8, result["scheduler"]  # the limit, to the second or so
     assert world.count() == []  # the program never finished
+
+
+def test_a_job_slurm_forgot_is_collected_from_its_status_not_run_again(
+    world: Env, bus: str, slurm: Slurm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner died after its job ended and before its done commit; by the time another runner takes the
+    claim, Slurm has forgotten the job (MinJobAge): the job's status file is the result, nothing reruns."""
+    rid = request(bus, "f1", seconds=0, mode="once")
+    first = slurm_runner(world, bus, "slurm-1")
+    control = world.tmp / "jobs" / rid / "control"
+    try:
+        serve_until(
+            first, lambda: rid in first.flights and first.flights[rid].run, 30, "the job's submission"
+        )
+        wait_for(lambda: (control / "launcher.json").is_file(), 60, "the job to end")
+    finally:
+        first.close()  # dies before it saw the end
+    job_id = json.loads((control / "alloc.json").read_text())["job_id"]
+    second = slurm_runner(world, bus, "slurm-2")
+    monkeypatch.setattr(second.ex.slurm, "queue", lambda: {})  # Slurm no longer lists it
+    try:
+        serve_until(second, lambda: second.done, 60, "the takeover to collect the result")
+    finally:
+        second.close()
+    result = results(world, bus, [rid])[rid]
+    assert result["status"] == "succeeded" and result["scheduler"]["job_id"] == job_id
+    assert world.count() == ["f1"]
