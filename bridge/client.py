@@ -48,7 +48,7 @@ def state_dir(config: Config, root: Path) -> Path:
     ignore = path / ".gitignore"
     if not ignore.exists():
         ignore.write_text(
-            "# kakeya state: the embedded bus, runner mirrors and worktrees; never committed\n*\n"
+            "# kakeya state: the embedded bus, runner mirrors and run directories; never committed\n*\n"
         )
     return path
 

@@ -8,14 +8,15 @@ then `KAKEYA_*` environment variables, then command-line flags (applied by the c
     lease_s         claim lease length; heartbeats renew it
     log_cap_bytes   cap for each of stdout.log / stderr.log (head and tail kept)
     secrets         names of environment variables whose values are redacted from everything written
-    state_dir       where the embedded bus, runner mirrors and worktrees live (default: <project>/.kakeya)
+    state_dir       where the embedded bus, runner mirrors and run directories live (default: <project>/.kakeya)
     request_ttl_s   a request expires this long after it is made unless --expires says otherwise
     signing_key     an SSH private key file: the runner signs its claim and done commits, a client its
                     requests (git's gpg.format=ssh); empty = unsigned (the embedded default)
     require_signed_requests  a runner rejects requests not signed by a key of `allowed_requesters`
     allowed_requesters       allowed-signers file of the requesters (relative to the project root)
-    isolation       how a run is kept from the runner (bridge/isolation.py): none | auto | user | userns
-    run_user        the dedicated unprivileged user (name or uid) runs are started as (isolation user)
+    isolation       how a run is kept from the runner (bridge/isolation.py): auto (the default: the strongest
+                    the host offers, bwrap where bubblewrap works) | bwrap | user | userns | none (asked by name)
+    run_user        the dedicated unprivileged user (name or uid) a root runner starts programs as (bwrap, user)
     untrusted_labels  labels whose subjects are untrusted: the runner refuses them without isolation
     report_cap_bytes / files_cap_bytes / result_cap_bytes  caps on report.json, the program's other
                     files, and the whole result: what exceeds is dropped and listed in result.json
@@ -65,7 +66,7 @@ class Config(BaseModel):
     signing_key: str = ""
     require_signed_requests: bool = False
     allowed_requesters: str = ""
-    isolation: Literal["none", "auto", "user", "userns"] = "none"
+    isolation: Literal["none", "auto", "bwrap", "user", "userns"] = "auto"
     run_user: str = "kakeya-run"
     untrusted_labels: list[str] = []
     report_cap_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)

@@ -1,15 +1,20 @@
 """Executing one preset, sandboxed and recorded, and gating its report.
 
-`run_preset` renders the trusted preset's argv (no shell), runs it under bridge/launcher.py (a child
-subreaper that ends every process the run started, setsid or not, at exit, at the time limit and when
-the runner dies) in the checkout, with a scrubbed environment, a private HOME/TMPDIR/caches, the
-isolation of bridge/isolation.py, and stdout/stderr streamed to capped, redacted files; then it caps
-what the run left (bridge/caps.py) and checks and gates the report. It returns the
-`RunOutcome` in memory (nothing a run produced is lost: every path ends in one); `execute` also writes it.
+`run_preset` renders the trusted preset's argv (no shell) into a frozen `RunSetup` (argv, environment,
+the run's copy of the subject, its directories, isolation, caps, time limit, provenance) and hands it to an
+`Executor`: launch, supervise (time limit, cancel, lost lease), collect. `LocalExecutor` runs it under
+bridge/launcher.py (a child subreaper that ends every process the run started, setsid or not, at exit, at
+the time limit and when the runner dies) inside the isolation of bridge/isolation.py (a bubblewrap sandbox
+by default), with a scrubbed environment, a private HOME/TMPDIR/caches and stdout/stderr streamed to
+capped, redacted files, then caps what the run left (bridge/caps.py). `gate` checks and gates the report.
+It returns the `RunOutcome` in memory (nothing a run produced is lost: every path ends in one); `execute`
+also writes it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import json
 import os
 import shutil
@@ -19,16 +24,19 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Protocol
 
 import gates
-from bridge import launcher
-from bridge.caps import REPORT, apply_caps, collect
+from bridge import caps, git, launcher
+from bridge.caps import REPORT, apply_caps
+from bridge.caps import collect as collect_files
 from bridge.config import Config
 from bridge.errors import KakeyaError
 from bridge.host import host_fingerprint, tool_versions
-from bridge.isolation import Isolation, choose
+from bridge.isolation import Isolation, bwrap_argv, choose
 from bridge.logs import CappedLog, Redactor, pump
 from bridge.presets import Preset
 from bridge.proc import kill_tree
@@ -105,9 +113,11 @@ def run_preset(
     context: RunContext | None = None,
     should_stop: Callable[[], str | None] | None = None,
     on_phase: Callable[[str], None] | None = None,
+    executor: Executor | None = None,
 ) -> RunOutcome:
-    """Run `preset` with validated `values` in `checkout`; always returns an RunOutcome (not yet written).
-    `on_phase` hears "running" once the program has started and "gating" once it has ended."""
+    """Run `preset` with validated `values` in `checkout` (by `executor`, a LocalExecutor by default); always
+    returns a RunOutcome (not yet written). `on_phase` hears "running" once the program has started and
+    "gating" once it has ended."""
     environ = os.environ if environ is None else environ
     context = context or RunContext()
     checkout, out_dir = checkout.resolve(), out_dir.resolve()
@@ -128,43 +138,55 @@ def run_preset(
             base.update(isolation=iso.describe, network=iso.network)
             preset_env = preset.render_env(environ)
             redact = Redactor(secret_values(preset, config, environ, preset_env))
-            run_dir = scratch / "out" if iso.uid is not None else out_dir  # where the program writes
+            run_dir = scratch / "out" if iso.private else out_dir  # where the program writes
             builtins = {"python": sys.executable, "report": str(run_dir / REPORT), "run_dir": str(run_dir)}
             argv = preset.render_argv(values, builtins, environ)
         except KakeyaError as exc:
             result = RunResult(status="error", reason=f"could not start: {exc}", **base)
             return RunOutcome(out_dir, result, redact=redact)
         cwd = _sandbox(checkout, scratch, iso)
-        env = build_env(preset_env, environ, cwd, run_dir, context, scratch)
-        return _run(
-            preset,
-            argv,
-            env,
-            cwd,
-            out_dir,
-            run_dir,
-            scratch,
-            iso,
-            config,
-            should_stop,
-            on_phase,
-            base,
-            redact,
+        if iso.kind == "bwrap":
+            iso = dataclasses.replace(iso, wrap=bwrap_argv(iso, scratch, cwd, environ))
+        setup = RunSetup(
+            argv=tuple(argv),
+            env=MappingProxyType(build_env(preset_env, environ, cwd, run_dir, context, scratch)),
+            cwd=cwd,
+            scratch=scratch,
+            run_dir=run_dir,
+            out_dir=out_dir,
+            isolation=iso,
+            timeout_s=preset.timeout_s,
+            config=config,
+            provenance=MappingProxyType({**base, "argv": [redact.text(a) for a in argv]}),
+            redact=redact,
         )
+        executor = executor or LocalExecutor()
+        handle = executor.launch(setup)
+        if on_phase is not None and handle.start_error is None:
+            on_phase("running")
+        outcome = executor.collect(handle, executor.supervise(handle, should_stop))
+        if on_phase is not None:
+            on_phase("gating")
+        return gate(outcome, preset, config.report_cap_bytes)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        try:  # whatever the run left there, however named or locked
+            caps.remove(scratch)
+        except OSError:
+            pass
 
 
 def _sandbox(checkout: Path, scratch: Path, iso: Isolation) -> Path:
-    """The private directories of a run; where it runs. Under isolation 'user' the program gets a copy of
-    the checkout and its own run directory (scratch/out), owned by its user."""
+    """The private directories of a run; where it runs. Under isolation 'user' and 'bwrap' the program gets a
+    copy of the checkout (without .git) and its own run directory (scratch/out), owned by its user."""
     for sub in set(PRIVATE_DIRS.values()):
         (scratch / sub).mkdir(parents=True, exist_ok=True)
-    if iso.uid is None:
+    if not iso.private:
         return checkout
     work, run_dir = scratch / "work", scratch / "out"
-    shutil.copytree(checkout, work, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+    _copy_subject(checkout, work)
     run_dir.mkdir()
+    if iso.uid is None:
+        return work
     scratch.chmod(0o755)
     for top in ("home", "tmp", "work", "out"):
         for dirpath, dirnames, filenames in os.walk(scratch / top):
@@ -173,163 +195,229 @@ def _sandbox(checkout: Path, scratch: Path, iso: Isolation) -> Path:
     return work
 
 
-def _run(
-    preset: Preset,
-    argv: list[str],
-    env: dict[str, str],
-    cwd: Path,
-    out_dir: Path,
-    run_dir: Path,
-    scratch: Path,
-    iso: Isolation,
-    config: Config,
-    should_stop: Callable[[], str | None] | None,
-    on_phase: Callable[[str], None] | None,
-    base: dict[str, Any],
-    redact: Redactor,
-) -> RunOutcome:
-    status_file = scratch / "launcher.json"
-    lifeline_r, lifeline_w = os.pipe()
-    ids = ["--uid", str(iso.uid), "--gid", str(iso.gid)] if iso.uid is not None else []
-    wrapped = [
-        *iso.wrap,
-        sys.executable,
-        "-I",
-        launcher.__file__,
-        "--status",
-        str(status_file),
-        "--lifeline",
-        str(lifeline_r),
-        *ids,
-        "--",
-        *argv,
-    ]
-    base["argv"] = [redact.text(a) for a in argv]
-    started = now()
-    try:
-        proc = subprocess.Popen(
-            wrapped,
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            pass_fds=(lifeline_r,),
-        )
-    except OSError as exc:
-        os.close(lifeline_w)
-        reason = f"could not start {wrapped[0]!r}: {exc}"
-        result = RunResult(status="error", reason=reason, started_at=iso_time(started), **base)
-        return RunOutcome(out_dir, result, redact=redact)
-    finally:
-        os.close(lifeline_r)
-    pumps = [
-        threading.Thread(
-            target=pump,
-            args=(stream, CappedLog(out_dir / "logs" / name, config.log_cap_bytes, redact)),
-            daemon=True,
-        )
-        for stream, name in ((proc.stdout, "stdout.log"), (proc.stderr, "stderr.log"))
-    ]
-    for t in pumps:
-        t.start()
-    if on_phase is not None:
-        on_phase("running")
+def _copy_subject(checkout: Path, work: Path) -> None:
+    """The run's copy of `checkout`, without .git: of a git working tree (`kakeya exec` in a project) the files
+    git tracks or would track (not its venv, state or outputs), of anything else (the runner's export) all."""
+    if not (checkout / ".git").exists():
+        shutil.copytree(checkout, work, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+        return
+    listed = git.run(checkout, "ls-files", "-z", "--cached", "--others", "--exclude-standard").stdout
+    work.mkdir()
+    for raw in filter(None, listed.split(b"\0")):
+        rel = os.fsdecode(raw)
+        src, dst = checkout / rel, work / rel
+        if not src.is_symlink() and not src.is_file():
+            continue  # deleted in the working tree, or a submodule
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():
+            os.symlink(os.readlink(src), dst)
+        else:
+            shutil.copy2(src, dst)
 
-    stopped: tuple[Status, str] | None = None
-    deadline = time.monotonic() + preset.timeout_s
-    while proc.poll() is None:
-        if time.monotonic() > deadline:
-            stopped = ("timed-out", f"killed after the preset's time limit of {preset.timeout_s} s")
-        elif should_stop is not None and (why := should_stop()):
-            stopped = ("cancelled", "cancelled while running") if why == "cancelled" else ("error", why)
-        if stopped:
-            # The launcher reads EOF on its lifeline and ends every process of the run (counting strays);
-            # should it not, the whole tree is killed from here.
-            os.close(lifeline_w)
-            lifeline_w = -1
-            try:
-                proc.wait(timeout=launcher.GRACE_S + 3)
+
+@dataclass(frozen=True)
+class RunSetup:
+    """One run, decided before it starts; what an `Executor` launches. `cwd` holds the run's copy of the subject
+    (or the checkout itself without a private isolation), `scratch` its private directories (HOME, TMPDIR),
+    `run_dir` where the program writes ($KAKEYA_RUN_DIR), `out_dir` where its files are collected;
+    `provenance` is what result.json says of it whatever happens (preset, params, host, tools, argv...)."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: Path
+    scratch: Path
+    run_dir: Path
+    out_dir: Path
+    isolation: Isolation
+    timeout_s: float
+    config: Config  # the caps on logs, the report, the files and the result
+    provenance: Mapping[str, Any]
+    redact: Redactor
+
+
+class Launched(Protocol):
+    start_error: str | None  # why the program could not start (None: it is running)
+
+
+class Executor(Protocol):
+    """Launches, supervises and collects one run (LocalExecutor: a process on this host; a batch scheduler's
+    executor plugs in here). Nothing it does raises for what the program did: every run ends in a RunOutcome."""
+
+    def launch(self, setup: RunSetup) -> Any: ...
+
+    def supervise(
+        self, handle: Any, should_stop: Callable[[], str | None] | None
+    ) -> tuple[Status, str] | None:
+        """Wait for the end: None when the program exited, else why it was ended (time limit, cancel, ...)."""
+        ...
+
+    def collect(self, handle: Any, stopped: tuple[Status, str] | None) -> RunOutcome: ...
+
+
+@dataclass
+class LocalRun:
+    """A run started by LocalExecutor: bridge/launcher.py (in the sandbox) and its program."""
+
+    setup: RunSetup
+    started: dt.datetime
+    status_file: Path
+    proc: subprocess.Popen[bytes] | None = None
+    lifeline: int = -1  # our end of the launcher's lifeline (closed: end the run)
+    pumps: list[threading.Thread] = field(default_factory=list)
+    start_error: str | None = None
+
+
+class LocalExecutor:
+    """The run as a process tree on this host, under bridge/launcher.py, wrapped in the isolation's sandbox."""
+
+    def launch(self, setup: RunSetup) -> LocalRun:
+        iso = setup.isolation
+        run = LocalRun(setup, now(), setup.scratch / "launcher.json")
+        lifeline_r, run.lifeline = os.pipe()
+        ids = ["--uid", str(iso.uid), "--gid", str(iso.gid)] if iso.uid is not None else []
+        wrapped = [
+            *iso.wrap,
+            *(sys.executable, "-I", launcher.__file__, "--status", str(run.status_file)),
+            *("--lifeline", str(lifeline_r), *ids, "--", *setup.argv),
+        ]
+        try:
+            run.proc = subprocess.Popen(
+                wrapped,
+                cwd=setup.cwd,
+                env=dict(setup.env),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=(lifeline_r,),
+            )
+        except OSError as exc:
+            os.close(run.lifeline)
+            run.lifeline, run.start_error = -1, f"could not start {wrapped[0]!r}: {exc}"
+            return run
+        finally:
+            os.close(lifeline_r)
+        logs = setup.out_dir / "logs"
+        cap = setup.config.log_cap_bytes
+        run.pumps = [
+            threading.Thread(
+                target=pump, args=(stream, CappedLog(logs / name, cap, setup.redact)), daemon=True
+            )
+            for stream, name in ((run.proc.stdout, "stdout.log"), (run.proc.stderr, "stderr.log"))
+        ]
+        for t in run.pumps:
+            t.start()
+        return run
+
+    def supervise(
+        self, run: LocalRun, should_stop: Callable[[], str | None] | None
+    ) -> tuple[Status, str] | None:
+        proc = run.proc
+        if proc is None:
+            return None
+        stopped: tuple[Status, str] | None = None
+        timeout_s = run.setup.timeout_s
+        deadline = time.monotonic() + timeout_s
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                stopped = ("timed-out", f"killed after the preset's time limit of {timeout_s:g} s")
+            elif should_stop is not None and (why := should_stop()):
+                stopped = ("cancelled", "cancelled while running") if why == "cancelled" else ("error", why)
+            if stopped:
+                # The launcher reads EOF on its lifeline and ends every process of the run (counting strays);
+                # should it not, the whole tree is killed from here.
+                os.close(run.lifeline)
+                run.lifeline = -1
+                try:
+                    proc.wait(timeout=launcher.GRACE_S + 3)
+                except subprocess.TimeoutExpired:
+                    kill_tree(proc)
+                break
+            try:  # returns as soon as the program exits, not at the next poll
+                proc.wait(timeout=POLL_S)
             except subprocess.TimeoutExpired:
-                kill_tree(proc)
-            break
-        try:  # returns as soon as the program exits, not at the next poll
-            proc.wait(timeout=POLL_S)
-        except subprocess.TimeoutExpired:
-            pass
-    else:
-        # The launcher ended what the program left; anything that escaped it dies with the run.
-        kill_tree(proc, grace_s=0.5)
-    if lifeline_w >= 0:
-        os.close(lifeline_w)
-    for t in pumps:
-        t.join(timeout=5)
-    ended = now()
-    try:
-        status = json.loads(status_file.read_text())
-    except (OSError, ValueError):
-        status = {"exit_code": proc.returncode, "strays": None}
-    if status.get("start_error"):
-        reason = f"could not start {argv[0]!r}: {status['start_error']}"
-        result = RunResult(status="error", reason=reason, started_at=iso_time(started), **base)
-        return RunOutcome(out_dir, result, redact=redact)
-    collected = collect(run_dir, out_dir, config.result_cap_bytes) if run_dir != out_dir else []
-    dropped = collected + apply_caps(
-        out_dir,
-        report_cap=config.report_cap_bytes,
-        files_cap=config.files_cap_bytes,
-        result_cap=config.result_cap_bytes,
-    )
-    base.update(strays_killed=status.get("strays"), dropped=dropped)
-    returncode = status.get("exit_code")
-    returncode = proc.returncode if returncode is None else returncode
-    try:  # it said how the run went; the result says the rest
-        (out_dir / PROGRESS_FILE).unlink(missing_ok=True)
-    except OSError:
-        pass
-    if on_phase is not None:
-        on_phase("gating")
+                pass
+        else:
+            # The launcher ended what the program left; anything that escaped it dies with the run.
+            kill_tree(proc, grace_s=0.5)
+        return stopped
 
-    outcome = RunOutcome(
-        out_dir,
-        RunResult(
+    def collect(self, run: LocalRun, stopped: tuple[Status, str] | None) -> RunOutcome:
+        setup, base = run.setup, dict(run.setup.provenance)
+        out_dir, config = setup.out_dir, setup.config
+        if run.lifeline >= 0:
+            os.close(run.lifeline)
+            run.lifeline = -1
+        for t in run.pumps:
+            t.join(timeout=5)
+        ended = now()
+        try:
+            status = json.loads(run.status_file.read_text())
+        except (OSError, ValueError):
+            status = {"exit_code": run.proc.returncode if run.proc else None, "strays": None}
+        if run.start_error or status.get("start_error"):
+            reason = run.start_error or f"could not start {setup.argv[0]!r}: {status['start_error']}"
+            result = RunResult(status="error", reason=reason, started_at=iso_time(run.started), **base)
+            return RunOutcome(out_dir, result, redact=setup.redact)
+        collected = (
+            collect_files(setup.run_dir, out_dir, config.result_cap_bytes) if setup.run_dir != out_dir else []
+        )
+        dropped = collected + apply_caps(
+            out_dir,
+            report_cap=config.report_cap_bytes,
+            files_cap=config.files_cap_bytes,
+            result_cap=config.result_cap_bytes,
+        )
+        base.update(strays_killed=status.get("strays"), dropped=dropped)
+        returncode = status.get("exit_code")
+        returncode = run.proc.returncode if returncode is None and run.proc else returncode
+        try:  # it said how the run went; the result says the rest
+            (out_dir / PROGRESS_FILE).unlink(missing_ok=True)
+        except OSError:
+            pass
+        result = RunResult(
             status="succeeded",
             exit_code=returncode,
-            started_at=iso_time(started),
+            started_at=iso_time(run.started),
             ended_at=iso_time(ended),
-            duration_s=round((ended - started).total_seconds(), 3),
+            duration_s=round((ended - run.started).total_seconds(), 3),
             **base,
-        ),
-        redact=redact,
-    )
+        )
+        if stopped:
+            result.status, result.reason = stopped
+        elif returncode != 0:
+            result.status, result.reason = "failed", f"exited with code {returncode}"
+        if result.status == "succeeded" and (
+            why := next((d for d in dropped if d.startswith(f"{REPORT} ")), None)
+        ):
+            result.status, result.reason = "error", f"the report was dropped: {why}"
+        return RunOutcome(out_dir, result, redact=setup.redact)
+
+
+def gate(outcome: RunOutcome, preset: Preset, report_cap: int) -> RunOutcome:
+    """Check and gate the report of a run that ended (succeeded or failed); a gate that raises keeps the run's
+    provenance and says so."""
     result = outcome.result
-    report_path = out_dir / "report.json"
-    redact.scrub_file(report_path, config.report_cap_bytes)
-    if stopped:
-        result.status, result.reason = stopped
-    elif returncode != 0:
-        result.status, result.reason = "failed", f"exited with code {returncode}"
+    report_path = outcome.out_dir / REPORT
+    outcome.redact.scrub_file(report_path, report_cap)
     if report_path.is_file():
-        result.report = "report.json"
-    elif result.status == "succeeded" and (
-        why := next((d for d in dropped if d.startswith(f"{REPORT} ")), None)
-    ):
-        result.status, result.reason = "error", f"the report was dropped: {why}"
-    if result.status in ("succeeded", "failed"):
-        try:
-            if not report_path.is_file():
-                raise gates.ReportError(f"the program wrote no report at {report_path} ($KAKEYA_REPORT)")
-            outcome.report = gates.load_report(report_path)
-        except gates.ReportError as exc:
-            if result.status == "succeeded":
-                result.status, result.reason = "error", str(exc)
-        else:
-            outcome.verdict = gates.evaluate(
-                outcome.report,
-                preset.gate,
-                kind=preset.report.kind,
-                schema_version=preset.report.schema_version,
-            )
-            result.verdict = outcome.verdict.status
+        result.report = REPORT
+    if result.status not in ("succeeded", "failed"):
+        return outcome
+    try:
+        if not report_path.is_file():
+            raise gates.ReportError(f"the program wrote no report at {report_path} ($KAKEYA_REPORT)")
+        outcome.report = gates.load_report(report_path)
+    except gates.ReportError as exc:
+        if result.status == "succeeded":
+            result.status, result.reason = "error", str(exc)
+        return outcome
+    try:
+        outcome.verdict = gates.evaluate(
+            outcome.report, preset.gate, kind=preset.report.kind, schema_version=preset.report.schema_version
+        )
+    except Exception as exc:  # noqa: BLE001 — the run's provenance (exit code, argv, times) is kept
+        result.status, result.reason = "error", f"gating failed: {type(exc).__name__}: {exc}"
+    else:
+        result.verdict = outcome.verdict.status
     return outcome

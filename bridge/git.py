@@ -31,6 +31,8 @@ _REPO_VARS = (
     "GIT_NAMESPACE",
     "GIT_PREFIX",
 )
+# Every git call of the bridge looks for hooks here (nowhere): a hook a run planted in a repository never runs.
+NO_HOOKS = ("-c", f"core.hooksPath={os.devnull}")
 FILE_MODE = "100644"
 FILE_MODES = ("100644", "100755")
 
@@ -46,14 +48,14 @@ def run(
     timeout: float | None = 300,
     check: bool = True,
 ) -> subprocess.CompletedProcess[bytes]:
-    """`git <args>` in `cwd`; BusError with git's message when it fails (and `check`)."""
+    """`git <args>` in `cwd` (no hooks: NO_HOOKS); BusError with git's message when it fails (and `check`)."""
     full_env = {k: v for k, v in os.environ.items() if k not in _REPO_VARS}
     full_env.update({**GIT_ENV, **(env or {})})
     try:
         # In a process group of its own: a Ctrl-C at the terminal (or a signal to kakeya's group) reaches
         # kakeya, which finishes what it is doing, never a git helper half-way through a push or a read.
         proc = subprocess.run(
-            ["git", *args],
+            ["git", *NO_HOOKS, *args],
             cwd=cwd,
             input=input,
             capture_output=True,
@@ -379,7 +381,7 @@ def child_commit(
     return commit(repo, tree_with(repo, parent, files), [parent], message, who, sign_key)
 
 
-# --- refs, worktrees and housekeeping in a local repository -----------------------------------------
+# --- refs and housekeeping in a local repository -----------------------------------------
 
 
 def use_credential_store(repo: Path, path: Path) -> None:
@@ -402,19 +404,14 @@ def refs_under(repo: Path, prefix: str) -> dict[str, str]:
     return dict(line.split(" ", 1) for line in text.splitlines())
 
 
-def worktree_add(repo: Path, path: Path, sha: str) -> None:
-    run(repo, "worktree", "add", "--detach", "--force", str(path), sha)
-
-
-def worktree_remove(repo: Path, path: Path) -> None:
-    """Remove the worktree at `path` (its files too, even when git refuses)."""
-    if run(repo, "worktree", "remove", "--force", "--force", str(path), check=False).returncode:
-        shutil.rmtree(path, ignore_errors=True)
-        worktree_prune(repo)
-
-
-def worktree_prune(repo: Path) -> None:
-    run(repo, "worktree", "prune", check=False)
+def export(repo: Path, sha: str, dest: Path) -> None:
+    """The files of commit `sha` written into the new directory `dest`: a plain copy with no .git and no link
+    back into `repo` (git's own checkout-index, which refuses unsafe paths, from a throwaway index)."""
+    dest.mkdir(parents=True)
+    with tempfile.TemporaryDirectory(prefix="kakeya-index-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        run(repo, "read-tree", sha, env=env)
+        run(repo, f"--work-tree={dest}", "checkout-index", "--all", "--force", env=env)
 
 
 def gc_auto(repo: Path) -> None:
@@ -424,9 +421,20 @@ def gc_auto(repo: Path) -> None:
 # --- the network ------------------------------------------------------------------------------------
 
 
+def _pack(url: str, program: str) -> list[str]:
+    """For a bus on this host (a path or file://), its git-upload-pack / git-receive-pack runs here, without our
+    `-c` (git clears it for the other side): started with NO_HOOKS too, no hook of the bus repository runs."""
+    if "://" in url:
+        local = url.startswith("file://")
+    else:
+        colon, slash = url.find(":"), url.find("/")
+        local = colon < 0 or 0 <= slash < colon  # not scp-like host:path
+    return [f"--{program}=git {' '.join(NO_HOOKS)} {program}"] if local else []
+
+
 def ls_remote(store: Path, url: str, patterns: Sequence[str], timeout: float) -> str:
     """`git ls-remote URL PATTERNS...` output; BusError (BusUnreachable in bus.py) says why not."""
-    proc = run(store, "ls-remote", url, *patterns, timeout=timeout, check=False)
+    proc = run(store, "ls-remote", *_pack(url, "upload-pack"), url, *patterns, timeout=timeout, check=False)
     if proc.returncode != 0:
         raise BusError(message(proc.stderr))
     return proc.stdout.decode(errors="replace")
@@ -443,6 +451,7 @@ def fetch(store: Path, url: str, refspecs: Sequence[str], timeout: float) -> str
         "--no-recurse-submodules",
         "-q",
         "--stdin",
+        *_pack(url, "upload-pack"),
         url,
         input="".join(r + "\n" for r in refspecs).encode(),
         timeout=timeout,
@@ -460,6 +469,6 @@ def push(
     if atomic and len(updates) > 1:
         args.append("--atomic")
     args += [f"--force-with-lease={ref}:{expect or ''}" for ref, _, expect in updates]
-    args += [url, *(f"{new or ''}:{ref}" for ref, new, _ in updates)]
+    args += [*_pack(url, "receive-pack"), url, *(f"{new or ''}:{ref}" for ref, new, _ in updates)]
     proc = run(store, *args, timeout=timeout, check=False)
     return proc.stdout.decode(errors="replace"), message(proc.stderr) if proc.returncode != 0 else None

@@ -1,16 +1,27 @@
-"""How a run is kept away from the runner: the identity and namespaces its processes get.
+"""How a run is kept away from the runner: the sandbox, identity and namespaces its processes get.
 
-    none     the run is the runner's user (its environment is scrubbed, its HOME is private, nothing more)
+    bwrap    Linux, bubblewrap installed (Debian/Ubuntu `bubblewrap`, what Flatpak is built on), root or not:
+             new user (non-root runner), PID, IPC and UTS namespaces, `--die-with-parent`; the run sees a
+             read-only system (/usr, /lib*, a few files of /etc, /sys), its own private scratch (its copy of
+             the subject, its run directory, HOME and TMPDIR), the venv and the models directories
+             read-only, and nothing else: the runner's home, state directory, mirror, config, secrets and
+             keys are not there. A root runner also starts the program as `run_user` inside (`nobody` when
+             that user does not exist: inside the sandbox nothing of nobody's is visible, and the program can
+             signal no process outside its PID namespace). When the launcher dies the namespace's init exits
+             and the kernel kills everything left in it.
     user     Linux/macOS, runner started as root: the launcher starts the program as `run_user` (a dedicated
-             unprivileged user, e.g. `useradd --system kakeya-run`, or a bare uid), in a copy of the checkout
-             under a private run directory; the runner's environment (/proc/<pid>/environ), files, git
-             credentials and keys are another user's, so the program cannot read them
+             unprivileged user, e.g. `useradd --system kakeya-run`, or a bare uid) in a copy of the subject
+             under a private run directory; the runner's environment, files, git credentials and keys are
+             another user's, so the program cannot read them (world-readable files stay readable)
     userns   Linux, any user: `unshare --user --pid --fork --mount-proc`: the program cannot see the runner's
-             processes (nor their environment); the runner's files stay readable (use `user` for those)
-    auto     `user` when the runner is root, else `userns` when the kernel allows it, else none
+             processes (nor their environment); the runner's files stay readable and writable (use bwrap)
+    none     the run is the runner's user (its environment is scrubbed, its HOME is private, nothing more):
+             for trusted subjects only, and only when asked for by name
+    auto     the strongest the host offers: bwrap, else user (root with run_user), else userns, else none
 
-`network: none` on a preset adds a new, empty network namespace (`unshare -n`) where permitted.
-What was chosen is recorded in result.json (`isolation`, `network`); `kakeya doctor` shows it.
+`network: none` on a preset adds a new, empty network namespace where permitted. What was chosen is recorded
+in result.json (`isolation`, `network`); `kakeya doctor` shows it. `key_problem` says when a signing key is
+within a run's reach (the runner then refuses to start).
 """
 
 from __future__ import annotations
@@ -19,27 +30,77 @@ import functools
 import os
 import pwd
 import shutil
+import stat
 import subprocess
 import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from bridge.errors import KakeyaError
 
 UNSHARE_USERNS = ["unshare", "--user", "--pid", "--fork", "--mount-proc"]
+NOBODY = "nobody"
+# What of /etc a program may need (names, DNS, TLS roots, time zone, the dynamic linker, alternatives).
+ETC = (
+    "passwd",
+    "group",
+    "nsswitch.conf",
+    "hosts",
+    "host.conf",
+    "resolv.conf",
+    "gai.conf",
+    "services",
+    "protocols",
+    "localtime",
+    "timezone",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "alternatives",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "pki",
+    "crypto-policies",
+    "mime.types",
+    "os-release",
+    "debian_version",
+    "fonts",
+)
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys")
+# Accelerator devices a program may open (those present are bound).
+DEVICES = ("/dev/nvidia*", "/dev/nvidia-caps", "/dev/dri", "/dev/kfd")
+# The launcher inside a root sandbox keeps only these (to become run_user and end what the run left).
+ROOT_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL")
 
 
 @dataclass(frozen=True)
 class Isolation:
-    kind: str  # none | user | userns
-    uid: int | None = None
+    kind: str  # none | user | userns | bwrap
+    uid: int | None = None  # the program's uid when the launcher changes it (a root runner)
     gid: int | None = None
     wrap: list[str] = field(default_factory=list)  # argv prefix (unshare ...) for the launcher
     network: str = "host"  # host | none
+    note: str = ""  # e.g. why uid 65534
 
     @property
     def describe(self) -> str:
-        who = f" (uid {self.uid})" if self.uid is not None else ""
+        who = f" (uid {self.uid}{', ' + self.note if self.note else ''})" if self.uid is not None else ""
         return f"{self.kind}{who}"
+
+    @property
+    def private(self) -> bool:
+        """Does the program get its own copy of the subject and its own run directory (in the scratch)?"""
+        return self.kind in ("user", "bwrap")
+
+    @property
+    def root(self) -> bool:
+        return self.kind in ("user", "bwrap") and self.uid is not None
+
+
+def _is_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
 @functools.cache
@@ -60,6 +121,11 @@ def netns_available(rootless: bool) -> bool:
     return _works("unshare", "--user", "--map-root-user", "--net") if rootless else _works("unshare", "--net")
 
 
+def bwrap_available() -> bool:
+    """bubblewrap is installed and may make a sandbox here (as this user)."""
+    return _works(*_namespaces(_is_root()), *_system_binds(), "--proc", "/proc", "--dev", "/dev", "--")
+
+
 def run_user_ids(name: str) -> tuple[int, int] | None:
     """(uid, gid) of `name` (a user name or a bare uid), None when there is no such user."""
     if name.isdigit():
@@ -77,19 +143,37 @@ def run_user_ids(name: str) -> tuple[int, int] | None:
 
 def choose(mode: str, run_user: str, network_none: bool = False) -> Isolation:
     """The isolation for one run; KakeyaError when `mode` asks for what this host cannot give."""
-    root = hasattr(os, "geteuid") and os.geteuid() == 0
+    root = _is_root()
     ids = run_user_ids(run_user) if root else None
+    if ids is not None and ids[0] == 0:
+        ids = None
     kind = mode
     if mode == "auto":
-        kind = "user" if ids and ids[0] != 0 else ("userns" if userns_available() else "none")
+        if bwrap_available():
+            kind = "bwrap"
+        elif root and ids:
+            kind = "user"
+        else:
+            kind = "userns" if userns_available() else "none"
     wrap: list[str] = []
-    if kind == "user":
+    note = ""
+    if kind == "bwrap":
+        if not bwrap_available():
+            raise KakeyaError(
+                "isolation 'bwrap': bubblewrap is not installed or may not make a sandbox here; install it "
+                "(`apt-get install bubblewrap` / `dnf install bubblewrap`, or scripts/setup-runner.sh), or "
+                "choose isolation auto"
+            )
+        if root and ids is None:
+            nobody = run_user_ids(NOBODY)
+            ids, note = (nobody or (65534, 65534)), f"nobody: no user {run_user!r}"
+    elif kind == "user":
         if not root:
             raise KakeyaError(
                 "isolation 'user' needs the runner to start as root (it then runs each program as "
-                f"{run_user!r}); use isolation 'userns', or start the runner as root"
+                f"{run_user!r}); use isolation 'bwrap' or 'auto', or start the runner as root"
             )
-        if ids is None or ids[0] == 0:
+        if ids is None:
             raise KakeyaError(
                 f"isolation 'user': no user {run_user!r} on this host; create it with "
                 "`useradd --system --no-create-home kakeya-run`, or set run_user / KAKEYA_RUN_USER (a name or a uid)"
@@ -98,18 +182,142 @@ def choose(mode: str, run_user: str, network_none: bool = False) -> Isolation:
         if not userns_available():
             raise KakeyaError(
                 "isolation 'userns': `unshare --user --pid` is not permitted here "
-                "(kernel.unprivileged_userns_clone / a container policy); use isolation 'user' or 'none'"
+                "(kernel.unprivileged_userns_clone / a container policy); use isolation 'bwrap' or 'user'"
             )
         wrap = list(UNSHARE_USERNS)
+    elif kind != "none":
+        raise KakeyaError(f"unknown isolation {mode!r}: none | auto | bwrap | user | userns")
     network = "host"
     if network_none:
-        if kind == "userns":
-            wrap.append("--net")
+        if kind in ("bwrap", "userns"):  # bwrap_argv adds --unshare-net
+            wrap += ["--net"] if kind == "userns" else []
             network = "none"
         elif netns_available(rootless=not root):
             wrap = ["unshare", "--net"] if root else ["unshare", "--user", "--map-root-user", "--net"]
             network = "none"
         else:
             network = "host (network: none is not permitted on this host)"
-    uid, gid = ids if kind == "user" and ids else (None, None)
-    return Isolation(kind, uid, gid, wrap, network)
+    uid, gid = ids if kind in ("user", "bwrap") and ids else (None, None)
+    return Isolation(kind, uid, gid, wrap, network, note)
+
+
+# --- the bubblewrap sandbox ---------------------------------------------------------------------------
+
+
+def _namespaces(root: bool) -> list[str]:
+    argv = ["bwrap", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent"]
+    if root:  # no user namespace (it would map the program to uid 0 outside); the launcher drops to run_user
+        argv += ["--cap-drop", "ALL", *(a for cap in ROOT_CAPS for a in ("--cap-add", cap))]
+    else:
+        argv += ["--unshare-user"]
+    return argv
+
+
+def _system_binds() -> list[str]:
+    argv: list[str] = []
+    for top in SYSTEM:
+        path = Path(top)
+        if path.is_symlink():
+            argv += ["--symlink", os.readlink(path), top]
+        elif path.is_dir():
+            argv += ["--ro-bind", top, top]
+    for name in ETC:
+        if (Path("/etc") / name).exists():
+            argv += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+    return argv
+
+
+def exposed(environ: Mapping[str, str]) -> list[Path]:
+    """What a bwrap sandbox shows read-only besides the system: the venv, its base interpreter, the models
+    directories and the launcher."""
+    from bridge import launcher  # the launcher is standard library only; bound read-only by path
+    from bridge.presets import models_dirs
+
+    paths = [Path(sys.prefix), Path(sys.base_prefix), Path(os.path.realpath(sys.executable)).parent.parent]
+    paths += [d for d in models_dirs(environ) if d.is_dir()]
+    paths.append(Path(launcher.__file__))
+    out: list[Path] = []
+    for p in [q for path in paths for q in (Path(os.path.abspath(path)), Path(os.path.realpath(path)))]:
+        if p.exists() and not _covered(p, [Path(s) for s in SYSTEM]) and p not in out:
+            out.append(p)
+    return out
+
+
+def _covered(path: Path, roots: Iterable[Path]) -> bool:
+    return any(path == r or r in path.parents for r in roots)
+
+
+def bwrap_argv(iso: Isolation, scratch: Path, cwd: Path, environ: Mapping[str, str]) -> list[str]:
+    """bwrap's argv (up to and including `--`) for a run whose every writable file is under `scratch`."""
+    argv = _namespaces(iso.root)
+    if iso.network == "none":
+        argv.append("--unshare-net")
+    argv += _system_binds()
+    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm"]
+    for pattern in DEVICES:
+        for dev in sorted(Path("/").glob(pattern.lstrip("/"))):
+            argv += ["--dev-bind", str(dev), str(dev)]
+    argv += ["--perms", "1777", "--tmpfs", "/tmp"]
+    ro = exposed(environ)
+    made: set[Path] = {Path("/"), Path("/tmp"), Path("/dev"), *(Path(s) for s in SYSTEM)}
+    for target in [*ro, scratch]:
+        for parent in reversed(
+            target.parents
+        ):  # bwrap would make them 0700: the program's uid could not pass
+            if parent not in made and not _covered(parent, [*ro, *(Path(s) for s in SYSTEM)]):
+                argv += ["--perms", "0755", "--dir", str(parent)]
+                made.add(parent)
+    for path in ro:
+        argv += ["--ro-bind", str(path), str(path)]
+    argv += ["--bind", str(scratch), str(scratch), "--chdir", str(cwd), "--"]
+    return argv
+
+
+# --- keys out of reach ------------------------------------------------------------------------------
+
+
+def readable_by(path: Path, uid: int, gid: int) -> bool:
+    """Could `uid` (primary group `gid`, and its supplementary groups) read `path` (every directory above it
+    searchable)?"""
+    try:
+        groups = {gid, *os.getgrouplist(pwd.getpwuid(uid).pw_name, gid)}
+    except KeyError:
+        groups = {gid}
+
+    def allowed(st: os.stat_result, bit: int) -> bool:
+        if st.st_uid == uid:
+            return bool(st.st_mode & (bit << 6))
+        if st.st_gid in groups:
+            return bool(st.st_mode & (bit << 3))
+        return bool(st.st_mode & bit)
+
+    path = Path(os.path.realpath(path))
+    try:
+        if not all(allowed(os.stat(p), stat.S_IXOTH) for p in reversed(path.parents)):
+            return False
+        return allowed(os.stat(path), stat.S_IROTH)
+    except OSError:
+        return False
+
+
+def key_problem(key: str | None, iso: Isolation, environ: Mapping[str, str]) -> str | None:
+    """Why a run could read the signing key `key` under `iso` (None: it cannot, or there is no key)."""
+    if key is None:
+        return None
+    path = Path(os.path.realpath(key))
+    fix = (
+        "run the runner under isolation bwrap (auto where bubblewrap is installed) or, as root, user with a "
+        "dedicated run_user, and keep the key readable by the runner's user alone (chmod 600), outside the "
+        "venv and the models directories"
+    )
+    if iso.kind in ("none", "userns"):
+        why = "runs as the runner's user" if iso.kind == "none" else "sees the runner's files"
+        return f"signing key {path}: under isolation {iso.kind} a run {why} and could read it; {fix}"
+    if iso.kind == "bwrap":
+        inside = [p for p in exposed(environ) if _covered(path, [p])]
+        if inside or _covered(path, [Path(s) for s in SYSTEM]) or str(path).startswith("/etc/"):
+            where = inside[0] if inside else "the system directories"
+            return f"signing key {path} lies under {where}, which the sandbox shows to every run; {fix}"
+    if iso.uid is not None and readable_by(path, iso.uid, iso.gid if iso.gid is not None else iso.uid):
+        return f"signing key {path} is readable by the run user (uid {iso.uid}); {fix}"
+    return None

@@ -1,4 +1,4 @@
-"""The runner: claim a request from the bus, run its preset on a fresh worktree of the subject, push the result.
+"""The runner: claim a request from the bus, run its preset on a fresh export of the subject, push the result.
 
     runner = Runner(url, config=config, name="h200-1", labels=["h200"], workdir=Path(".kakeya/runners/h200-1"))
     runner.once()            # claim and serve one pending request (or `request_id`); None when idle
@@ -40,9 +40,9 @@ from bridge.bus import Bus, Claim, Entry, Manifest, Progress, Update
 from bridge.config import GIT_CREDENTIALS, Config, project_root, secret_file
 from bridge.errors import BusError, InvalidRequest, KakeyaError, Rejected
 from bridge.evidence import apply_baseline
-from bridge.execute import run_preset
+from bridge.execute import Executor, LocalExecutor, run_preset
 from bridge.host import hardware_for
-from bridge.isolation import choose
+from bridge.isolation import choose, key_problem
 from bridge.names import check_label
 from bridge.presence import Beacon, host_facts
 from bridge.presets import Preset, load_registry
@@ -171,11 +171,15 @@ class Runner:
         self.contended = False
         self.outbox_pending = True  # look once at start; then only after a push failed
         self.isolation = choose(config.isolation, config.run_user)
+        self.executor: Executor = LocalExecutor()  # launches, supervises and collects each run
+        problem = key_problem(self.sign_key, self.isolation, self.environ)
+        if problem:
+            raise KakeyaError(f"refusing to start: {problem}")
         untrusted = [lb for lb in self.labels if lb in config.untrusted_labels]
         if untrusted and self.isolation.kind == "none":
             raise KakeyaError(
                 f"label(s) {', '.join(untrusted)} are marked untrusted-subjects (untrusted_labels) and this "
-                "runner has no isolation: set isolation = auto (or user / userns) in its config "
+                "runner has no isolation: set isolation = auto (or bwrap / user / userns) in its config "
                 "(KAKEYA_ISOLATION); `kakeya doctor` says what this host allows"
             )
         self.tracker: Tracker | None = None  # the request being served: phase, start, its out dir
@@ -186,7 +190,7 @@ class Runner:
         self.workdir_lock = lock_workdir(self.workdir)  # None: another runner process uses this workdir
         if self.workdir_lock is not None:
             self.sweep()
-        git.worktree_prune(self.mirror)
+        shutil.rmtree(self.mirror / "worktrees", ignore_errors=True)  # what older runners left: never used
         credentials = secret_file(config, GIT_CREDENTIALS)  # the bus token: in a file, never in os.environ
         if credentials is not None:
             git.use_credential_store(self.mirror, credentials)
@@ -514,7 +518,7 @@ class Runner:
                     context=context,
                     preset_hash=preset_hash,
                 )
-            checkout = self.add_worktree(entry.id, manifest.subject)
+            checkout = self.export_subject(entry.id, manifest.subject)
             try:
                 check_lfs(checkout)
                 self.log(f"{entry.id}: running {preset.name}")
@@ -528,9 +532,10 @@ class Runner:
                     context=context,
                     should_stop=lease.should_stop,
                     on_phase=self.set_phase,
+                    executor=self.executor,
                 )
             finally:
-                self.remove_worktree(checkout)
+                self.clear(checkout)
             return apply_baseline(self.bus, preset, entry.label, outcome)  # a preset's `baseline:`, if any
         except Rejected as exc:
             return not_run(out, "rejected", str(exc), preset_name=preset_name, params=params, context=context)
@@ -639,18 +644,15 @@ class Runner:
             self.beacon.close()
             self.beacon = None
 
-    # --- worktrees ----------------------------------------------------------------------------------
+    # --- the subject --------------------------------------------------------------------------------
 
-    def add_worktree(self, request_id: str, subject: str) -> Path:
+    def export_subject(self, request_id: str, subject: str) -> Path:
+        """The run's own copy of the subject's files: no .git, nothing that points into the mirror (a run that
+        writes there reaches nothing of the runner's)."""
         path = self.workdir / "work" / request_id
-        if path.exists():
-            self.remove_worktree(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        git.worktree_add(self.mirror, path, subject)
+        self.clear(path)
+        git.export(self.mirror, subject, path)
         return path
-
-    def remove_worktree(self, path: Path) -> None:
-        git.worktree_remove(self.mirror, path)
 
     # --- results ------------------------------------------------------------------------------------
 

@@ -288,6 +288,31 @@ say ""
 say "The runner's own secrets go in $SECRETS_DIR (mode 700), never in its environment: e.g."
 say "git-credentials (mode 600) with https://x-access-token:TOKEN@github.com, what it pushes to the bus with."
 
+# --- the sandbox (bubblewrap) -------------------------------------------------------------------------------------
+
+step "sandbox: bubblewrap, which every run is started in (isolation auto)"
+if [ "$OS" != linux ]; then
+  say "macOS: no bubblewrap; runs are started as the dedicated user below"
+elif command -v bwrap >/dev/null 2>&1; then
+  say "bubblewrap installed: $(bwrap --version 2>/dev/null || echo bwrap)"
+else
+  if command -v apt-get >/dev/null 2>&1; then install=(apt-get install -y bubblewrap)
+  elif command -v dnf >/dev/null 2>&1; then install=(dnf install -y bubblewrap)
+  else install=(); fi
+  if [ "${#install[@]}" = 0 ]; then
+    say "bubblewrap is not installed and neither apt-get nor dnf is here: install the package 'bubblewrap' with"
+    say "this system's package manager; until then runs get a weaker isolation (\`kakeya doctor\` says which)"
+  elif [ "$(id -u)" != 0 ]; then
+    say "bubblewrap is not installed: ask an administrator for \`${install[*]}\`; until then runs get a weaker"
+    say "isolation (\`kakeya doctor\` says which)"
+  elif [ "$DRY_RUN" = 1 ]; then
+    say "would run: ${install[*]}"
+  else
+    say "+ ${install[*]}"
+    "${install[@]}" || die "${install[*]} failed: install bubblewrap, then run this script again"
+  fi
+fi
+
 # --- run user (isolation) --------------------------------------------------------------------------------------
 
 step "isolation: runs as a dedicated user ($RUN_USER) where this host allows it"
@@ -307,8 +332,9 @@ elif [ "$OS" = linux ]; then
 else
   say "macOS: make the run user once with System Settings > Users & Groups (a Standard user named $RUN_USER)"
 fi
-say "runner config: isolation = auto, run_user = $RUN_USER (a runner started as root runs each program as"
-say "$RUN_USER; otherwise in a user namespace where permitted; recorded in each result.json)"
+say "runner config: isolation = auto, run_user = $RUN_USER (each run in a bubblewrap sandbox that shows it"
+say "nothing of the runner's; a runner started as root runs each program there as $RUN_USER; without"
+say "bubblewrap: as $RUN_USER, else in a user namespace where permitted; recorded in each result.json)"
 
 # --- doctor -----------------------------------------------------------------------------------------------
 

@@ -66,6 +66,9 @@ def no_gpu_path(tmp_path: Path) -> str:
     # as root the script makes the run user: a stand-in records it, so no test adds a user to this host
     (bindir / "useradd").write_text(f'#!/bin/sh\necho "useradd $*" >> "{bindir}/useradd.calls"\n')
     (bindir / "useradd").chmod(0o755)
+    for tool in ("apt-get", "dnf"):  # and installs bubblewrap where it is missing: recorded, never done
+        (bindir / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> "{bindir}/install.calls"\n')
+        (bindir / tool).chmod(0o755)
     return f"{bindir}:{os.environ['PATH']}"
 
 
@@ -379,6 +382,9 @@ def test_the_run_user_is_made_as_root_and_dry_run_makes_nothing(home, bus, no_gp
         assert calls.read_text().splitlines() == [useradd] and f"+ {useradd}" in proc.stdout
     else:
         assert not calls.exists()
+    if shutil.which("bwrap"):  # the sandbox's package is there: nothing to install
+        assert "bubblewrap installed: bubblewrap " in proc.stdout
+        assert not (Path(no_gpu_path.split(":")[0]) / "install.calls").exists()
     existing = subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout.strip()
     proc = setup(home, *linux_args(bus, "--no-doctor"), "--run-user", existing, path=no_gpu_path)
     assert f"run user exists: {existing} (uid {os.getuid()})" in proc.stdout

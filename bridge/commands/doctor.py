@@ -18,7 +18,7 @@ from bridge.commands._bus import add_remote
 from bridge.config import Config, load_config, project_root
 from bridge.errors import KakeyaError
 from bridge.host import check_accelerator, label_needs
-from bridge.isolation import choose
+from bridge.isolation import bwrap_available, choose, key_problem
 from bridge.presets import load_registry
 
 MIN_GIT = (2, 29)  # fetch --no-write-fetch-head / --stdin
@@ -96,7 +96,12 @@ def isolation_in_force(cfg: Config) -> str:
             f"labels {', '.join(untrusted)} are untrusted-subjects but runs have no isolation; "
             "set isolation = auto (KAKEYA_ISOLATION)"
         )
+    problem = key_problem(cfg.signing_key or None, iso, os.environ)
+    if problem:
+        raise KakeyaError(f"a runner would refuse to start: {problem}")
     extra = f"; runs of untrusted-subjects labels {', '.join(untrusted)} allowed" if untrusted else ""
+    if sys.platform.startswith("linux") and not bwrap_available():
+        extra += "; install bubblewrap (scripts/setup-runner.sh) for the sandbox"
     return f"{iso.describe} (config isolation = {cfg.isolation}){extra}"
 
 

@@ -46,7 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
             "names the forced labels, and presets gate the device their reports ran on)",
         )
         add_remote(p)
-        p.add_argument("--workdir", type=Path, help="mirror and worktrees (default .kakeya/runners/<name>)")
+        p.add_argument(
+            "--workdir", type=Path, help="mirror and run directories (default .kakeya/runners/<name>)"
+        )
         p.add_argument(
             "--lease", type=float, metavar="S", help="claim lease in seconds (default: config lease_s)"
         )

@@ -32,6 +32,9 @@ def world_fixture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Env:
         "KAKEYA_POLL_INTERVAL": "0.2",
         "KAKEYA_LEASE": "3",
         "KAKEYA_RUNNER_NAME": "inproc",
+        # The test programs count runs in files under tmp, outside any sandbox: isolation none, by name
+        # (tests/bridge/test_sandbox.py runs the default, auto, and every isolation the host offers).
+        "KAKEYA_ISOLATION": "none",
         "GIT_AUTHOR_NAME": "Test",
         "GIT_AUTHOR_EMAIL": "t@example.com",
         "GIT_COMMITTER_NAME": "Test",

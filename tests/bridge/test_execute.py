@@ -15,6 +15,7 @@ from bridge.cli import main
 from bridge.config import Config
 from bridge.errors import InvalidRequest
 from bridge.execute import execute
+from bridge.isolation import bwrap_available
 from bridge.logs import CappedLog, Redactor
 from bridge.presets import Preset
 from bridge.result import RunContext, write_outcome
@@ -50,7 +51,9 @@ def checkout(tmp_path):
 
 
 def run(p, checkout, tmp_path, values=None, **kw):
-    kw.setdefault("config", Config())
+    kw.setdefault(
+        "config", Config(isolation="none")
+    )  # pids and paths of the host (the sandbox: test_sandbox.py)
     kw.setdefault("environ", {"PATH": os.environ["PATH"], "HOME": str(tmp_path)})
     return execute(p, p.validate_params(values or {}), checkout, tmp_path / "out", **kw)
 
@@ -192,7 +195,12 @@ def test_fifty_megabytes_of_output_stay_under_the_cap_with_head_and_tail(checkou
     """,
     )
     cap = 1024 * 1024
-    result = run(preset(["{python}", "loud.py"]), checkout, tmp_path, config=Config(log_cap_bytes=cap))
+    result = run(
+        preset(["{python}", "loud.py"]),
+        checkout,
+        tmp_path,
+        config=Config(isolation="none", log_cap_bytes=cap),
+    )
     log = (tmp_path / "out" / "logs" / "stdout.log").read_bytes()
     assert len(log) <= cap + 200
     assert log.startswith(b"HEAD-MARKER") and log.rstrip().endswith(b"TAIL-MARKER")
@@ -324,3 +332,89 @@ def test_exec_as_a_real_subprocess(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("kakeya: error: unknown preset 'nope'")
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_gate_that_raises_keeps_the_runs_provenance(checkout, tmp_path, monkeypatch):
+    import gates
+
+    script(checkout, "ok.py", WRITE_PROBE)
+
+    def broken(*_a, **_k):
+        raise RuntimeError("a gate bug")
+
+    monkeypatch.setattr(gates, "evaluate", broken)
+    result = run(preset(["{python}", "ok.py"]), checkout, tmp_path)
+    assert result.status == "error" and result.reason == "gating failed: RuntimeError: a gate bug"
+    assert result.exit_code == 0 and result.argv == [sys.executable, "ok.py"]
+    assert result.started_at and result.ended_at and result.duration_s is not None
+    saved = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert saved["exit_code"] == 0 and saved["argv"] and saved["started_at"]
+
+
+WRITE_PROBE = """
+    import json, os
+    json.dump({"kind": "probe"}, open(os.environ["KAKEYA_REPORT"], "w"))
+"""
+
+SEE_PY = """
+    import json, os, sys
+    seen = {}
+    for path in sys.argv[1:]:
+        seen[path] = os.path.exists(path)
+    open("written-by-the-run.txt", "w").write("x")
+    seen["files"] = sorted(os.listdir("."))
+    json.dump({"kind": "probe", "seen": seen}, open(os.environ["KAKEYA_REPORT"], "w"))
+"""
+
+
+@pytest.mark.skipif(
+    not bwrap_available(), reason="bubblewrap is not usable here (apt-get install bubblewrap)"
+)
+def test_kakeya_exec_in_the_sandbox_gets_a_copy_of_the_working_tree_and_nothing_beside_it(tmp_path):
+    from tests.bridge.bus_support import git
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / ".gitignore").write_text(".venv/\nout/\n")
+    script(project, "see.py", SEE_PY)
+    git(project, "init", "-q")
+    git(project, "add", "-A")
+    git(project, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "x")
+    (project / "new.txt").write_text("untracked, not ignored")
+    for ignored in (".venv", "out"):
+        (project / ignored).mkdir()
+        (project / ignored / "big").write_text("not copied")
+    beside = tmp_path / "runner-secret"
+    beside.write_text("s")
+    argv = ["{python}", "see.py", str(beside), str(project)]
+    result = run(preset(argv), project, tmp_path, config=Config(isolation="bwrap", run_user="64123"))
+    assert result.status == "succeeded" and result.isolation.startswith("bwrap"), result.reason
+    seen = json.loads((tmp_path / "out" / "report.json").read_text())["seen"]
+    assert seen["files"] == [".gitignore", "new.txt", "see.py", "written-by-the-run.txt"]
+    assert seen[str(beside)] is False and seen[str(project)] is False
+    assert not (project / "written-by-the-run.txt").exists()  # the run wrote in its own copy
+
+
+def test_an_executor_gets_one_frozen_setup_and_its_outcome_is_gated(checkout, tmp_path):
+    import dataclasses
+
+    from bridge.execute import LocalExecutor, RunSetup
+
+    script(checkout, "ok.py", WRITE_PROBE)
+    seen: list[RunSetup] = []
+
+    class Recording(LocalExecutor):
+        def launch(self, setup: RunSetup):
+            seen.append(setup)
+            return super().launch(setup)
+
+    p = preset(["{python}", "ok.py", "{n}"], {"n": {"type": "int", "min": 0, "max": 9, "default": 3}})
+    result = run(p, checkout, tmp_path, executor=Recording())
+    (setup,) = seen
+    assert setup.argv == (sys.executable, "ok.py", "3") and setup.timeout_s == 20
+    assert setup.env["KAKEYA_RUN_DIR"] == str(setup.run_dir) and setup.provenance["params"] == {"n": 3}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setup.timeout_s = 99  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        setup.env["X"] = "y"  # type: ignore[index]
+    assert result.status == "succeeded" and result.exit_code == 0 and result.verdict is not None
