@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.kakeya-installed
 # The venv's tools (kakeya, actionlint, shellcheck) come first for every recipe and test.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: demo test lint install clean torch
+.PHONY: demo test lint install clean torch slurm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,7 +39,17 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	@if [ -d .github/workflows ]; then $(VENV)/bin/actionlint .github/workflows/*.yml; fi
 
-test: lint
+# The Slurm executor's tests bring up a single-node Slurm (tests/bridge/slurm_support.py) from Debian's
+# packages: installed here when root and apt are available; otherwise those tests skip with the reason.
+SLURM_PACKAGES := munge slurmctld slurmd slurm-client
+slurm:
+	@if ! command -v sbatch >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(SLURM_PACKAGES) || \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	      $(SLURM_PACKAGES); }; } >/dev/null 2>&1 || echo "Slurm could not be installed: its tests skip"; \
+	fi
+
+test: lint slurm
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q --cov --cov-report=term
 	$(PY) -m coverage report --include='bridge/*' --fail-under=90 > /dev/null || \
 	  { echo "bridge/ line coverage is under 90 %"; $(PY) -m coverage report --include='bridge/*'; exit 1; }

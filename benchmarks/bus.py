@@ -8,6 +8,9 @@
                watch --poll 0.5` process, over `git daemon` on 127.0.0.1 (median and max of --pickups)
   throughput   wall time for 1 and for 4 runner processes (already polling) to finish 40 requests of a
                preset that sleeps 1 s, pushed to the bus at once (over `git daemon`); speedup = time(1) / time(4)
+  slurm        pickup and throughput (40 requests) through one Slurm runner (a single-node test Slurm with
+               8 slots, tests/bridge/slurm_support.py; needs root and Debian's Slurm packages) vs 4 local
+               runners, measured one after the other on the same bus server
 
 Targets (issue 3): overhead <= 1 s, pickup <= 1.5 s, speedup >= 3.5.
 """
@@ -49,7 +52,7 @@ PROGRAM = textwrap.dedent("""
 PRESET = textwrap.dedent("""
     name: bench
     description: records when it started, sleeps, writes a report
-    runners: [cpu]
+    runners: [cpu, slurm]
     timeout_s: 120
     argv: ["{python}", "bench_program.py", "{tag}", "{seconds}"]
     params:
@@ -122,6 +125,10 @@ class Bench:
         for d in (self.project, self.presets, self.marks):
             d.mkdir(parents=True)
         (self.presets / "bench.yaml").write_text(PRESET)
+        # label `slurm` runs as Slurm jobs (the `slurm` part); `cpu` runs locally
+        (self.project / "kakeya.toml").write_text(
+            '[executors.slurm]\nexecutor = "slurm"\nmax_in_flight = 16\n'
+        )
         (self.project / "bench_program.py").write_text(PROGRAM)
         sh("git", "init", "-q", "-b", "main", cwd=self.project)
         sh("git", "add", "-A", cwd=self.project)
@@ -176,14 +183,14 @@ class Bench:
         os.environ.update(self.env)
         return Client(load_config(self.project), root=self.project, remote=url)
 
-    def runners(self, url: str, count: int, poll: float) -> list[subprocess.Popen[bytes]]:
+    def runners(self, url: str, count: int, poll: float, label: str = "cpu") -> list[subprocess.Popen[bytes]]:
         return [
             subprocess.Popen(
                 kakeya(
                     "runner",
                     "watch",
                     "--labels",
-                    "cpu",
+                    label,
                     "--name",
                     f"bench{i}",
                     "--remote",
@@ -229,17 +236,17 @@ def done_count(client: Client) -> int:
     return sum(1 for e in client.bus.ls_remote().entries.values() if e.done)
 
 
-def pickup(bench: Bench, count: int) -> dict[str, Any]:
+def pickup(bench: Bench, count: int, label: str = "cpu") -> dict[str, Any]:
     url = bench.bus()
     client = bench.client(url)
-    procs = bench.runners(url, 1, 0.5)
+    procs = bench.runners(url, 1, 0.5, label)
     try:
         time.sleep(3)  # the runner is up and polling
         latencies = []
         for i in range(count):
-            client.request("bench", {"tag": f"p{i}"}, "cpu")
+            client.request("bench", {"tag": f"{label}-p{i}"}, label)
             pushed = time.time()
-            mark = bench.marks / f"p{i}"
+            mark = bench.marks / f"{label}-p{i}"
             while not mark.exists() or not mark.read_text():
                 time.sleep(0.01)
             latencies.append(float(mark.read_text()) - pushed)
@@ -257,14 +264,14 @@ def pickup(bench: Bench, count: int) -> dict[str, Any]:
     }
 
 
-def throughput(bench: Bench, runners: int, requests: int, sleep_s: float) -> float:
+def throughput(bench: Bench, runners: int, requests: int, sleep_s: float, label: str = "cpu") -> float:
     """Runners up and polling an empty bus; the requests land in one push; time until all are done."""
     url = bench.bus()
-    staging = G.init_bare(bench.work / f"staging{runners}.git")
+    staging = G.init_bare(bench.work / f"staging{label}{runners}.git")
     local = bench.client(str(staging))
     for i in range(requests):
-        local.request("bench", {"tag": f"t{runners}-{i}", "seconds": str(sleep_s)}, "cpu")
-    procs = bench.runners(url, runners, 0.5)
+        local.request("bench", {"tag": f"t{label}{runners}-{i}", "seconds": str(sleep_s)}, label)
+    procs = bench.runners(url, runners, 0.5, label)
     try:
         time.sleep(3)
         sh("git", "push", "-q", url, "refs/heads/kakeya/*:refs/heads/kakeya/*", cwd=staging)
@@ -275,6 +282,29 @@ def throughput(bench: Bench, runners: int, requests: int, sleep_s: float) -> flo
     finally:
         stop(procs)
     return elapsed
+
+
+def slurm(bench: Bench, root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One Slurm runner (test cluster, 8 slots) vs 4 local runners: pickup latency and throughput."""
+    from tests.bridge.slurm_support import Cluster
+
+    root.mkdir(parents=True)
+    cluster = Cluster(root).start()
+    bench.env.update(cluster.env)
+    try:
+        slurm_pickup = pickup(bench, args.pickups, "slurm")
+        slurm_s = throughput(bench, 1, args.requests, args.sleep, "slurm")
+        local_s = throughput(bench, 4, args.requests, args.sleep, "cpu")
+    finally:
+        cluster.stop()
+    return {
+        "requests": args.requests,
+        "sleep_s": args.sleep,
+        "slurm_pickup": slurm_pickup,
+        "one_slurm_runner_s": slurm_s,
+        "four_local_runners_s": local_s,
+        "slurm_slots": 8,
+    }
 
 
 def main() -> None:
@@ -322,6 +352,9 @@ def main() -> None:
                     "target_speedup": 3.5,
                 }
                 print(json.dumps(result["throughput"]), flush=True)
+            if "slurm" in parts:
+                result["slurm"] = slurm(bench, work / "slurm", args)
+                print(json.dumps(result["slurm"]), flush=True)
         finally:
             bench.close()
         result["host"]["load_avg_after"] = os.getloadavg()

@@ -215,6 +215,8 @@ class Progress(_File):
     elapsed_s: float = Field(ge=0)
     log_tail: list[str] = Field(default=[], max_length=20)  # the last lines of the redacted logs
     workload: WorkloadProgress | None = None
+    # a scheduler's word on the job (bridge/slurm.py): "pending (Resources)", "running on node17"
+    scheduler: str | None = Field(default=None, max_length=200)
 
 
 class Claim(_File):

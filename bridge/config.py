@@ -31,6 +31,10 @@ then `KAKEYA_*` environment variables, then command-line flags (applied by the c
     clock_offset_s  added to this runner's wall clock (tests fake clock skew with it)
     stop_grace_s    after a stop signal, `runner watch` lets the current run go on this long, then ends it
                     (it still ends in a done commit); unset: the run is finished whatever it takes
+    executors       per runner label, how its runs are executed (a TOML table per label):
+                    `[executors.h200] executor = "slurm", partition = "gpu", account = "ml", qos = "",
+                    gpu_type = "h200", sbatch_options = ["--constraint=ib"], max_in_flight = 16`;
+                    a label not listed runs locally (`executor = "local"`)
 """
 
 from __future__ import annotations
@@ -40,15 +44,62 @@ import platform
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from bridge import git
 from bridge.bus import MAX_TTL
 from bridge.errors import InvalidRequest, problems
 
 ENV_PREFIX = "KAKEYA_"
+
+
+# A Slurm name (partition, account, QoS, GPU type): nothing a shell or sbatch's own syntax could read more in.
+_SLURM_NAME = r"^[A-Za-z0-9_.+-]*$"
+# What the Slurm executor sets itself (bridge/slurm.py): a label's sbatch_options may not override it.
+SBATCH_OWN = (
+    "--job-name", "-J", "--output", "-o", "--error", "-e", "--export", "--requeue", "--no-requeue",
+    "--parsable", "--wrap", "--chdir", "-D", "--gres", "--gpus", "-G", "--cpus-per-task", "-c", "--mem",
+    "--time", "-t", "--partition", "-p", "--account", "-A", "--qos", "-q", "--uid", "--gid", "--get-user-env",
+    "--export-file", "--input", "-i", "--open-mode",
+)  # fmt: skip
+
+
+class LocalLabel(BaseModel):
+    """A label whose runs run on the runner's own host (bridge/execute.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    executor: Literal["local"] = "local"
+
+
+class SlurmLabel(BaseModel):
+    """A label whose runs are Slurm jobs (bridge/slurm.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    executor: Literal["slurm"]
+    partition: str = Field(default="", pattern=_SLURM_NAME)
+    account: str = Field(default="", pattern=_SLURM_NAME)
+    qos: str = Field(default="", pattern=_SLURM_NAME)
+    gpu_type: str = Field(default="", pattern=_SLURM_NAME)
+    sbatch_options: list[str] = []
+    max_in_flight: int = Field(default=8, ge=1, le=1000)
+
+    @field_validator("sbatch_options")
+    @classmethod
+    def _options(cls, options: list[str]) -> list[str]:
+        for option in options:
+            name = option.split("=", 1)[0]
+            if not option.startswith("-") or any(c in option for c in "\n\r\0"):
+                raise ValueError(f"sbatch option {option!r} must be one '--name=value' argument")
+            if name in SBATCH_OWN or any(name.startswith(own) and len(own) == 2 for own in SBATCH_OWN):
+                raise ValueError(
+                    f"sbatch option {option!r} is set by Kakeya itself and may not be overridden"
+                )
+        return options
+
+
+LabelExecutor = Annotated[LocalLabel | SlurmLabel, Field(discriminator="executor")]
 
 
 class Config(BaseModel):
@@ -76,6 +127,11 @@ class Config(BaseModel):
     min_free_bytes: int = Field(default=1 << 30, ge=0)
     clock_offset_s: float = 0.0
     stop_grace_s: float | None = Field(default=None, ge=0)
+    executors: dict[str, LabelExecutor] = {}
+
+    def executor_for(self, label: str) -> LocalLabel | SlurmLabel:
+        """How runs of runner label `label` are executed (local unless the config says otherwise)."""
+        return self.executors.get(label, LocalLabel())
 
 
 # Environment variable -> field; lists are comma-separated.

@@ -38,7 +38,7 @@ from bridge.errors import KakeyaError
 from bridge.host import host_fingerprint, tool_versions
 from bridge.isolation import Isolation, bwrap_argv, choose
 from bridge.logs import CappedLog, Redactor, pump
-from bridge.presets import Preset
+from bridge.presets import Preset, Resources
 from bridge.proc import kill_tree
 from bridge.progress import PROGRESS_FILE
 from bridge.result import RunContext, RunOutcome, RunResult, Status, now
@@ -159,6 +159,7 @@ def run_preset(
             config=config,
             provenance=MappingProxyType({**base, "argv": [redact.text(a) for a in argv]}),
             redact=redact,
+            resources=preset.resources,
         )
         executor = executor or LocalExecutor()
         handle = executor.launch(setup)
@@ -233,6 +234,7 @@ class RunSetup:
     config: Config  # the caps on logs, the report, the files and the result
     provenance: Mapping[str, Any]
     redact: Redactor
+    resources: Resources | None = None  # what a scheduler's executor asks for (the preset's `resources`)
 
 
 class Launched(Protocol):
@@ -362,36 +364,53 @@ class LocalExecutor:
         collected = (
             collect_files(setup.run_dir, out_dir, config.result_cap_bytes) if setup.run_dir != out_dir else []
         )
-        dropped = collected + apply_caps(
-            out_dir,
-            report_cap=config.report_cap_bytes,
-            files_cap=config.files_cap_bytes,
-            result_cap=config.result_cap_bytes,
-        )
-        base.update(strays_killed=status.get("strays"), dropped=dropped)
         returncode = status.get("exit_code")
         returncode = run.proc.returncode if returncode is None and run.proc else returncode
-        try:  # it said how the run went; the result says the rest
-            (out_dir / PROGRESS_FILE).unlink(missing_ok=True)
-        except OSError:
-            pass
-        result = RunResult(
-            status="succeeded",
-            exit_code=returncode,
-            started_at=iso_time(run.started),
-            ended_at=iso_time(ended),
-            duration_s=round((ended - run.started).total_seconds(), 3),
-            **base,
-        )
-        if stopped:
-            result.status, result.reason = stopped
-        elif returncode != 0:
-            result.status, result.reason = "failed", f"exited with code {returncode}"
-        if result.status == "succeeded" and (
-            why := next((d for d in dropped if d.startswith(f"{REPORT} ")), None)
-        ):
-            result.status, result.reason = "error", f"the report was dropped: {why}"
-        return RunOutcome(out_dir, result, redact=setup.redact)
+        base["strays_killed"] = status.get("strays")
+        return ended_outcome(setup, base, returncode, run.started, ended, stopped, collected)
+
+
+def ended_outcome(
+    setup: RunSetup,
+    base: dict[str, Any],
+    returncode: int | None,
+    started: dt.datetime,
+    ended: dt.datetime,
+    stopped: tuple[Status, str] | None,
+    collected: list[str] | None = None,
+) -> RunOutcome:
+    """The outcome of a program that ran (whichever executor ran it) and left its files in out_dir, not yet
+    gated: what it left is capped; `stopped` says why it was ended (the time limit, a cancel), if it was;
+    `collected`: what collecting its files from its own run directory dropped."""
+    out_dir, config = setup.out_dir, setup.config
+    dropped = (collected or []) + apply_caps(
+        out_dir,
+        report_cap=config.report_cap_bytes,
+        files_cap=config.files_cap_bytes,
+        result_cap=config.result_cap_bytes,
+    )
+    base["dropped"] = dropped
+    try:  # it said how the run went; the result says the rest
+        (out_dir / PROGRESS_FILE).unlink(missing_ok=True)
+    except OSError:
+        pass
+    result = RunResult(
+        status="succeeded",
+        exit_code=returncode,
+        started_at=iso_time(started),
+        ended_at=iso_time(ended),
+        duration_s=round((ended - started).total_seconds(), 3),
+        **base,
+    )
+    if stopped:
+        result.status, result.reason = stopped
+    elif returncode != 0:
+        result.status, result.reason = "failed", f"exited with code {returncode}"
+    if result.status == "succeeded" and (
+        why := next((d for d in dropped if d.startswith(f"{REPORT} ")), None)
+    ):
+        result.status, result.reason = "error", f"the report was dropped: {why}"
+    return RunOutcome(out_dir, result, redact=setup.redact)
 
 
 def gate(outcome: RunOutcome, preset: Preset, report_cap: int) -> RunOutcome:

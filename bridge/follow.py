@@ -7,7 +7,7 @@ Events (every one has "event", "id" and "at", the time it was seen):
     queued     not claimed yet: "position" in its label's queue (1 = next), "ahead" running, "runners" live
     no-runner  no live runner serves the label (at once, then every `nag_s`); --no-runner-timeout ends the wait
     claimed    "runner" on "host" claimed it at "claimed_at" (again after a takeover)
-    running    a heartbeat's progress: "phase", "elapsed_s", "workload" {done,total,what}, "log_tail"
+    running    a heartbeat's progress: "phase", "elapsed_s", "workload" {done,total,what}, "log_tail", "scheduler" (a Slurm job's state)
     stale      the holder's lease ran out (it may be dead; another runner may take it over)
     cancelling a cancel marker while a runner holds it
     finished   the done commit is on the bus ("done": its sha); the command adds the "verdict" event
@@ -106,7 +106,7 @@ class Follower:
                 takeover_of=claim.takeover_of,
             )
         p = claim.progress
-        if p is not None and self.changed("running", (p.phase, p.at)):
+        if p is not None and self.changed("running", (p.phase, p.at, p.scheduler)):
             yield self.event(
                 "running" if p.phase != "gating" else "gating",
                 runner=claim.runner,
@@ -116,6 +116,7 @@ class Follower:
                 elapsed_s=round(max(p.elapsed_s, (now - p.started_at).total_seconds()), 1),
                 workload=p.workload.model_dump() if p.workload else None,
                 log_tail=p.log_tail,
+                scheduler=p.scheduler,
             )
         stale = claim.lease_until < now
         if self.changed("stale", stale) and stale:

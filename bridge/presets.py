@@ -324,6 +324,16 @@ class BaselineSpec(BaseModel):
         return metric
 
 
+class Resources(BaseModel):
+    """`resources: {gpus: 1, cpus: 8, memory: 64G}`: what a run needs of a node. A scheduler executor
+    (bridge/slurm.py) asks for it (`--gres`, `--cpus-per-task`, `--mem`); the local executor ignores it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    gpus: int = Field(default=0, ge=0, le=64)
+    cpus: int = Field(default=1, ge=1, le=1024)
+    memory: str | None = Field(default=None, pattern=r"^[1-9][0-9]{0,6}[KMGT]?$")  # Slurm's --mem: 64G
+
+
 class Preset(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -341,6 +351,7 @@ class Preset(BaseModel):
     gate_on: dict[str, list[Check]] = {}
     baseline: BaselineSpec | None = None
     network: Literal["host", "none"] = "host"  # none: a new, empty network namespace where permitted
+    resources: Resources | None = None
 
     @field_validator("name")
     @classmethod
@@ -421,11 +432,13 @@ class Preset(BaseModel):
     @property
     def content_hash(self) -> str:
         """sha256 of the canonical definition: what the runner ran, independent of YAML formatting."""
-        # A preset without a baseline (or with the default network) hashes as it did before those existed.
+        # A preset without a baseline or resources (or with the default network) hashes as it did before
+        # those existed.
         exclude = (
             ({"baseline"} if self.baseline is None else set())
             | ({"network"} if self.network == "host" else set())
             | ({"gate_on"} if not self.gate_on else set())
+            | ({"resources"} if self.resources is None else set())
         )
         data = self.model_dump(mode="json", by_alias=True, exclude=exclude)
         if (

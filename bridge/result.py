@@ -41,6 +41,21 @@ class RunContext(BaseModel):
     signed_by: str | None = None  # the principal the runner signs its done commit as (None: unsigned)
 
 
+class SchedulerJob(BaseModel):
+    """Where a scheduler ran the program (bridge/slurm.py): result.json's `scheduler`."""
+
+    model_config = ConfigDict(extra="forbid")
+    scheduler: Literal["slurm"] = "slurm"
+    job_id: str
+    state: str | None = None  # Slurm's final state
+    partition: str | None = None
+    node: str | None = None
+    gpus: list[str] = []  # the allocated GPUs' indices on the node
+    gpu_names: list[str] = []  # their names, where nvidia-smi answered inside the job
+    queue_wait_s: float | None = None
+    run_time_s: float | None = None
+
+
 class RunResult(BaseModel):
     """result.json: the provenance and outcome of one run."""
 
@@ -78,6 +93,8 @@ class RunResult(BaseModel):
         if len(lines) <= DROPPED_LINES:
             return lines
         return lines[: DROPPED_LINES - 1] + [f"... and {len(lines) - DROPPED_LINES + 1} more, not listed"]
+
+    scheduler: SchedulerJob | None = None  # a scheduler's job ran it (bridge/slurm.py)
 
 
 def now() -> dt.datetime:

@@ -71,9 +71,17 @@ class Served:
 class Lease(threading.Thread):
     """Keeps a claim alive while the request is served: heartbeats, cancel markers, takeovers."""
 
-    def __init__(self, runner: Runner, request_id: str, sha: str, claim: Claim):
+    def __init__(
+        self,
+        runner: Runner,
+        request_id: str,
+        sha: str,
+        claim: Claim,
+        progress: Callable[[], Progress | None] | None = None,
+    ):
         super().__init__(name=f"lease-{request_id}", daemon=True)
         self.runner, self.id, self.sha, self.claim = runner, request_id, sha, claim
+        self.progress = progress or runner.progress  # what its heartbeats carry (one per claim in flight)
         self.cancelled = False
         self.lost: str | None = None
         self.lock = threading.Lock()  # held by a heartbeat, and by the result's final push
@@ -90,7 +98,7 @@ class Lease(threading.Thread):
             try:
                 self.check()
                 if not self.lost and waited >= next_beat:
-                    progress = self.runner.progress()  # reads the run's files: never under the lock
+                    progress = self.progress()  # reads the run's files: never under the lock
                     with self.lock:
                         if not self.lost and not self._halt.is_set():
                             self.heartbeat(progress)
@@ -152,7 +160,9 @@ class Runner:
             raise KakeyaError("a runner needs at least one label (--labels cpu,h200 or KAKEYA_LABELS)")
         # A label means its hardware: refuse one whose accelerator this host lacks, unless forced (then
         # every result names the forced labels).
-        self.forced_labels = hardware_for(self.labels, force=force_labels)
+        # a label whose runs are scheduler jobs (config executors) has its hardware on the nodes, not here
+        local = [lb for lb in self.labels if config.executor_for(lb).executor == "local"]
+        self.forced_labels = hardware_for(local, force=force_labels)
         self.registry = dict(registry) if registry is not None else load_registry()
         self.environ = os.environ if environ is None else environ
         self.workdir = workdir.resolve()

@@ -22,9 +22,11 @@ from typing import Any
 
 from bridge.client import default_remote, outcome_words, resolve_remote, state_dir
 from bridge.commands._bus import add_remote, config_and_root, say_bus
-from bridge.config import Config
-from bridge.errors import Interrupted
+from bridge.config import Config, SlurmLabel
+from bridge.errors import Interrupted, InvalidRequest
 from bridge.runner import Runner
+from bridge.slurm import SlurmExecutor
+from bridge.slurm_runner import SlurmRunner
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -76,6 +78,22 @@ def make_runner(args: argparse.Namespace, config: Config, root: Path, url: str, 
     return runner
 
 
+def slurm_runner(args: argparse.Namespace, config: Config, root: Path, runner: Runner) -> SlurmRunner | None:
+    """A SlurmRunner when the runner's label is a Slurm label in the config (`executors`); None otherwise."""
+    slurm = [(lb, ex) for lb in runner.labels if isinstance(ex := config.executor_for(lb), SlurmLabel)]
+    if not slurm:
+        return None
+    if len(runner.labels) != 1 or args.mode != "watch":
+        raise InvalidRequest(
+            f"label {slurm[0][0]} runs as Slurm jobs: serve it with `kakeya runner watch --labels {slurm[0][0]}` "
+            "(one Slurm label per runner)"
+        )
+    label, executor = slurm[0]
+    # the jobs' files (control, out, checkout) on the filesystem the nodes share, found by any runner
+    jobs_dir = state_dir(config, root) / "slurm-jobs"
+    return SlurmRunner(runner, label, SlurmExecutor(executor, config), jobs_dir)
+
+
 def handle_signals(runner: Runner, grace_s: float | None = None) -> dict[int, Any]:
     """First SIGTERM/SIGINT: stop after the current request (after `grace_s`, end it: it still ends in a done
     commit). Second: end the current run now. Returns the handlers it replaced."""
@@ -108,10 +126,14 @@ def run(args: argparse.Namespace) -> int:
     url = resolve_remote(remote, root, config)
     say_bus(remote, url)
     runner = make_runner(args, config, root, url, labels)
+    scheduled = slurm_runner(args, config, root, runner)
     previous = handle_signals(runner, config.stop_grace_s)
     runner.start_presence()  # kakeya/runners/<name>: `kakeya runners`, and `kakeya wait` knows we are here
     try:
-        if args.mode == "watch":
+        if scheduled is not None:
+            scheduled.watch()
+            served = None
+        elif args.mode == "watch":
             runner.watch()
             served = None
         else:

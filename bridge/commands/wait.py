@@ -110,7 +110,8 @@ def show(e: dict[str, Any]) -> None:
         w = e["workload"]
         work = f"  {bar(w['done'], w['total'])}{' ' + w['what'] if w['what'] else ''}" if w else ""
         last = f"  | {e['log_tail'][-1]}" if e["log_tail"] else ""
-        line = f"{kind}{work}  elapsed {clock(e['elapsed_s'])}{last}"
+        where = f" ({e['scheduler']})" if e.get("scheduler") else ""
+        line = f"{kind}{where}{work}  elapsed {clock(e['elapsed_s'])}{last}"
     elif kind == "stale":
         line = (
             f"the lease of {e['runner']} ran out at {e['lease_until'][11:19]}: it may have died; "

@@ -1,0 +1,567 @@
+"""Runs as Slurm jobs, through Slurm's own command-line clients (no libslurm: the `-o`/`-P` formats used
+here are stable from Slurm 22.05 to 25.x).
+
+    sbatch --parsable --no-requeue --job-name=kakeya-<request id> --export=NONE ...  submit
+    squeue -h -t all -u <user> -o FORMAT                                              all our jobs, one call
+    scontrol -o show job ID   (then sacct -c -P)                                      how an ended job ended
+    scancel ID                                                                        cancel, time limit
+
+A job's files live in a control directory on the filesystem the runner and the nodes share: job.sh (the
+batch script: it only execs bridge/slurm_job.py), job.json (the program's argv, cwd and environment,
+mode 600, deleted by the job as it starts: nothing secret reaches sbatch's environment or slurmctld),
+alloc.json (what Slurm allocated), launcher.json (the program's exit status, bridge/launcher.py),
+slurm.out (Slurm's own words about the job). The program's outcome is the launcher's status file; Slurm's
+state says what happened only when that file is missing (node failure, out of memory, preemption, an
+administrator's scancel).
+
+The runner enforces the preset's time limit itself, counted from the job's start (RUNNING), with scancel to
+the second; `--time` (whole minutes, checked every ~30 s) is only a backstop.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import pwd
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from bridge.caps import REPORT
+from bridge.config import Config, SlurmLabel
+from bridge.errors import KakeyaError
+from bridge.execute import PRIVATE_DIRS, RunSetup, build_env, ended_outcome, secret_values
+from bridge.host import host_fingerprint, tool_versions
+from bridge.isolation import Isolation
+from bridge.logs import Redactor
+from bridge.presets import Preset, Resources
+from bridge.result import RunContext, RunOutcome, RunResult, SchedulerJob, Status, iso, now
+
+PREFIX = "kakeya-"
+JOB_SCRIPT, JOB_SPEC, ALLOC, STATUS, SLURM_OUT = (
+    "job.sh",
+    "job.json",
+    "alloc.json",
+    "launcher.json",
+    "slurm.out",
+)
+# The variables sbatch itself runs with (never the runner's whole environment).
+SUBMIT_ENV = ("PATH", "SLURM_CONF", "HOME", "USER", "LOGNAME", "LANG", "TZ")
+SQUEUE_FORMAT = "%i|%T|%r|%N|%P|%V|%S|%j"  # the name last: it is the only field that could hold a '|'
+ENDED = {
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
+    "DEADLINE", "REVOKED",
+}  # fmt: skip
+# What Slurm's state means when the program could not say how it ended (no launcher status).
+LOST = {
+    "NODE_FAIL": "its node failed",
+    "OUT_OF_MEMORY": "it ran out of memory",
+    "PREEMPTED": "it was preempted",
+    "BOOT_FAIL": "its node failed to boot",
+    "CANCELLED": "it was cancelled outside Kakeya (scancel)",
+    "TIMEOUT": "Slurm's --time backstop ended it",
+    "DEADLINE": "it passed its deadline",
+    "FAILED": "its batch script failed",
+    "COMPLETED": "it left no exit status",
+}
+
+
+class SlurmError(KakeyaError):
+    """A Slurm client failed or Slurm could not be reached (the message carries its own words)."""
+
+
+def job_name(request_id: str) -> str:
+    return PREFIX + request_id
+
+
+def _time(value: str) -> dt.datetime | None:
+    """Slurm's local `2026-11-25T13:24:06` (or N/A, Unknown, None) as an aware datetime."""
+    try:
+        return dt.datetime.fromisoformat(value).astimezone()
+    except ValueError:
+        return None
+
+
+class SlurmJob(BaseModel):
+    """One line of squeue: a job as Slurm sees it now."""
+
+    model_config = ConfigDict(frozen=True)
+    job_id: str
+    name: str
+    state: str
+    reason: str = ""
+    node: str = ""
+    partition: str = ""
+    submitted: dt.datetime | None = None
+    started: dt.datetime | None = None
+
+    @classmethod
+    def parse(cls, line: str) -> SlurmJob | None:
+        parts = line.split("|", 7)
+        if len(parts) != 8 or not parts[0].isdigit():
+            return None
+        job_id, state, reason, node, partition, submitted, started, name = parts
+        running = state not in ("PENDING", "CONFIGURING")
+        return cls(
+            job_id=job_id,
+            name=name,
+            state=state.split()[0],
+            reason="" if reason in ("None", "(null)") else reason,
+            node=node,
+            partition=partition,
+            submitted=_time(submitted),
+            started=_time(started) if running else None,
+        )
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED
+
+    @property
+    def running(self) -> bool:
+        return self.state == "RUNNING"
+
+    def describe(self) -> str:
+        """What a heartbeat says: `pending (Resources)`, `running on node1`, `completing on node1`."""
+        if self.state == "PENDING":
+            return f"pending ({self.reason})" if self.reason else "pending"
+        where = f" on {self.node}" if self.node else ""
+        return f"{self.state.lower().replace('_', ' ')}{where}"
+
+
+class JobEnd(BaseModel):
+    """How an ended job ended, from `scontrol -o show job` (or `sacct -c` once slurmctld forgot it)."""
+
+    model_config = ConfigDict(frozen=True)
+    job_id: str
+    state: str
+    exit_code: str = ""  # code:signal
+    reason: str = ""
+    node: str = ""
+    started: dt.datetime | None = None
+    ended: dt.datetime | None = None
+
+    def describe(self) -> str:
+        why = LOST.get(self.state, f"it ended {self.state}")
+        where = f" on {self.node}" if self.node else ""
+        extra = f", reason {self.reason}" if self.reason and self.reason != "None" else ""
+        return f"Slurm job {self.job_id} ended {self.state}{where} ({why}{extra})"
+
+
+class Allocation(BaseModel):
+    """alloc.json: what the job saw of its allocation (written inside the job by bridge/slurm_job.py)."""
+
+    model_config = ConfigDict(extra="ignore")
+    job_id: str | None = None
+    node: str | None = None
+    partition: str | None = None
+    gpus: list[str] = []
+    cuda_visible_devices: str | None = None
+    gpu_names: list[str] = []
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One run to submit: the program and where its files go."""
+
+    request_id: str
+    control: Path  # the job's own files (shared filesystem)
+    run_dir: Path  # where the program writes (logs/, report.json)
+    cwd: Path
+    argv: list[str]
+    env: dict[str, str]
+    timeout_s: int
+    log_cap_bytes: int
+    resources: Resources | None
+
+
+def sbatch_argv(spec: JobSpec, label: SlurmLabel) -> list[str]:
+    """The submit command: everything Kakeya decides, then the label's own options."""
+    backstop_min = math.ceil(spec.timeout_s / 60) + 2
+    argv = [
+        "sbatch",
+        "--parsable",
+        "--no-requeue",
+        f"--job-name={job_name(spec.request_id)}",
+        "--export=NONE",
+        f"--chdir={spec.control}",
+        f"--output={spec.control / SLURM_OUT}",
+        f"--time={backstop_min}",
+    ]
+    for flag, value in (("--partition", label.partition), ("--account", label.account), ("--qos", label.qos)):
+        if value:
+            argv.append(f"{flag}={value}")
+    res = spec.resources
+    if res is not None:
+        if res.gpus:
+            argv.append(f"--gres=gpu:{label.gpu_type + ':' if label.gpu_type else ''}{res.gpus}")
+        argv.append(f"--cpus-per-task={res.cpus}")
+        if res.memory:
+            argv.append(f"--mem={res.memory}")
+    return [*argv, *label.sbatch_options, str(spec.control / JOB_SCRIPT)]
+
+
+def write_job(spec: JobSpec) -> None:
+    """The control directory's job.sh and job.json (mode 600: the environment may hold secrets)."""
+    spec.control.mkdir(parents=True, exist_ok=True)
+    for name in (STATUS, ALLOC, SLURM_OUT):
+        (spec.control / name).unlink(missing_ok=True)
+    job_py = Path(__file__).resolve().with_name("slurm_job.py")
+    script = f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -I {shlex.quote(str(job_py))} "
+    script += f"{shlex.quote(str(spec.control))}\n"
+    (spec.control / JOB_SCRIPT).write_text(script)
+    data = {
+        "argv": spec.argv,
+        "cwd": str(spec.cwd),
+        "env": spec.env,
+        "run_dir": str(spec.run_dir),
+        "log_cap_bytes": spec.log_cap_bytes,
+    }
+    fd = os.open(spec.control / JOB_SPEC, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+
+
+def parse_keyvalues(line: str) -> dict[str, str]:
+    """`scontrol -o` output: space-separated Key=Value pairs (values without spaces but the last few)."""
+    out: dict[str, str] = {}
+    for item in line.split():
+        key, sep, value = item.partition("=")
+        if sep:
+            out[key] = value
+    return out
+
+
+class Slurm:
+    """Slurm's clients, run with a minimal environment; each call either answers or raises SlurmError."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None, timeout_s: float = 60.0):
+        environ = os.environ if environ is None else environ
+        self.env = {k: environ[k] for k in SUBMIT_ENV if k in environ}
+        self.timeout_s = timeout_s
+        self.user = pwd.getpwuid(os.geteuid()).pw_name
+
+    def _run(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+        try:
+            proc = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                timeout=self.timeout_s,
+            )
+        except FileNotFoundError:
+            raise SlurmError(
+                f"{argv[0]} is not installed here (Slurm's client commands are needed)"
+            ) from None
+        except subprocess.TimeoutExpired:
+            raise SlurmError(f"{argv[0]} did not answer in {self.timeout_s:g} s: is slurmctld up?") from None
+        if check and proc.returncode:
+            words = (proc.stderr or proc.stdout).strip().splitlines()
+            raise SlurmError(f"{' '.join(argv[:2])} failed: {words[-1] if words else proc.returncode}")
+        return proc
+
+    def submit(self, spec: JobSpec, label: SlurmLabel) -> str:
+        """Submit the run; its job id."""
+        write_job(spec)
+        out = self._run(sbatch_argv(spec, label)).stdout.strip()
+        job_id = out.split(";")[0]
+        if not job_id.isdigit():
+            raise SlurmError(f"sbatch printed no job id: {out!r}")
+        return job_id
+
+    def queue(self) -> dict[str, SlurmJob]:
+        """All of this user's Kakeya jobs Slurm still knows, by job name (one squeue); where a name has several
+        jobs, the live one, else the newest."""
+        out = self._run(["squeue", "-h", "-t", "all", "-u", self.user, "-o", SQUEUE_FORMAT]).stdout
+        jobs: dict[str, SlurmJob] = {}
+        for line in out.splitlines():
+            job = SlurmJob.parse(line)
+            if job is None or not job.name.startswith(PREFIX):
+                continue
+            old = jobs.get(job.name)
+            if old is None or (not old.ended, int(old.job_id)) < (not job.ended, int(job.job_id)):
+                jobs[job.name] = job
+        return jobs
+
+    def end(self, job_id: str) -> JobEnd | None:
+        """How job `job_id` ended (None: Slurm does not know it any more)."""
+        proc = self._run(["scontrol", "-o", "show", "job", job_id], check=False)
+        if proc.returncode == 0 and proc.stdout.strip():
+            kv = parse_keyvalues(proc.stdout)
+            return JobEnd(
+                job_id=job_id,
+                state=kv.get("JobState", "UNKNOWN"),
+                exit_code=kv.get("ExitCode", ""),
+                reason=kv.get("Reason", ""),
+                node=kv.get("NodeList", ""),
+                started=_time(kv.get("StartTime", "")),
+                ended=_time(kv.get("EndTime", "")),
+            )
+        proc = self._run(
+            ["sacct", "-c", "-n", "-P", "-j", job_id, "-o", "JobID,State,ExitCode,Start,End,NodeList"],
+            check=False,  # no job completion log here, or it lost the job: Slurm cannot say more
+        )
+        for line in proc.stdout.splitlines():
+            parts = line.split("|")
+            if len(parts) == 6 and parts[0] == job_id:
+                return JobEnd(
+                    job_id=job_id,
+                    state=parts[1].split()[0],
+                    exit_code=parts[2],
+                    node=parts[5],
+                    started=_time(parts[3]),
+                    ended=_time(parts[4]),
+                )
+        return None
+
+    def cancel(self, job_id: str) -> None:
+        self._run(["scancel", job_id])
+
+
+class LauncherStatus(BaseModel):
+    """launcher.json (bridge/launcher.py), as the job left it."""
+
+    model_config = ConfigDict(extra="ignore")
+    exit_code: int | None = None
+    strays: int | None = None
+    start_error: str | None = None
+    lost: str | None = (
+        None  # bridge/slurm_job.py: the launcher was killed, so the program's status is unknown
+    )
+
+
+def read_model(model: type[BaseModel], path: Path) -> Any:
+    try:
+        return model.model_validate_json(path.read_bytes())
+    except (OSError, ValidationError):
+        return None
+
+
+@dataclass
+class SlurmRun:
+    """One run's job, as the runner follows it (the Executor seam's handle)."""
+
+    setup: RunSetup
+    spec: JobSpec
+    job_id: str
+    job: SlurmJob | None = None  # the last squeue line seen
+    stopped: tuple[Status, str] | None = None  # the runner ended it: status, reason
+    start_error: str | None = None  # the Executor seam's: why it could not be submitted
+
+    @property
+    def name(self) -> str:
+        return job_name(self.spec.request_id)
+
+    @property
+    def out_dir(self) -> Path:
+        return self.setup.out_dir
+
+    def describe(self) -> str:
+        """The heartbeat's words for it: `pending (Resources)`, `running on node1`."""
+        return self.job.describe() if self.job is not None else "submitted"
+
+
+class SlurmExecutor:
+    """Runs presets as Slurm jobs for one label (bridge/execute.py's Executor seam: launch, supervise,
+    collect), and, for a runner with many jobs in flight, `poll` (one squeue for all), `stop` (scancel) and
+    `adopt` (a job a previous runner submitted)."""
+
+    def __init__(self, label: SlurmLabel, config: Config, slurm: Slurm | None = None, poll_s: float = 1.0):
+        self.label, self.config, self.poll_s = label, config, poll_s
+        self.slurm = slurm or Slurm()
+
+    def setup(
+        self,
+        preset: Preset,
+        values: Mapping[str, Any],
+        checkout: Path,
+        out_dir: Path,
+        control: Path,
+        context: RunContext,
+        environ: Mapping[str, str] | None = None,
+    ) -> RunSetup:
+        """The run, decided (nothing submitted): `control` (on the shared filesystem) holds the job's own
+        files and the program's private HOME/TMPDIR; KakeyaError where the preset cannot render."""
+        environ = os.environ if environ is None else environ
+        checkout, out_dir, control = checkout.resolve(), out_dir.resolve(), control.resolve()
+        (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+        preset_env = preset.render_env(environ)
+        redact = Redactor(secret_values(preset, self.config, environ, preset_env))
+        builtins = {"python": sys.executable, "report": str(out_dir / REPORT), "run_dir": str(out_dir)}
+        argv = preset.render_argv(values, builtins, environ)
+        env = build_env(preset_env, environ, checkout, out_dir, context, control)
+        for sub in set(PRIVATE_DIRS.values()):
+            (control / sub).mkdir(parents=True, exist_ok=True)
+        provenance = dict(
+            preset=preset.name,
+            preset_hash=preset.content_hash,
+            params=dict(values),
+            host=host_fingerprint(),
+            tools=tool_versions(),
+            isolation="none (a Slurm job)",
+            network="host",
+            argv=[redact.text(a) for a in argv],
+            **context.model_dump(),
+        )
+        return RunSetup(
+            argv=tuple(argv),
+            env=MappingProxyType(env),
+            cwd=checkout,
+            scratch=control,
+            run_dir=out_dir,
+            out_dir=out_dir,
+            isolation=Isolation("none"),
+            timeout_s=preset.timeout_s,
+            config=self.config,
+            provenance=MappingProxyType(provenance),
+            redact=redact,
+            resources=preset.resources,
+        )
+
+    def _spec(self, setup: RunSetup) -> JobSpec:
+        return JobSpec(
+            request_id=str(setup.provenance.get("request_id") or f"local-{os.getpid()}-{id(setup)}"),
+            control=setup.scratch,
+            run_dir=setup.run_dir,
+            cwd=setup.cwd,
+            argv=list(setup.argv),
+            env=dict(setup.env),
+            timeout_s=math.ceil(setup.timeout_s),
+            log_cap_bytes=setup.config.log_cap_bytes,
+            resources=setup.resources,
+        )
+
+    def launch(self, setup: RunSetup) -> SlurmRun:
+        """Submit the run's job (a SlurmRun with `start_error` when sbatch refused it)."""
+        spec = self._spec(setup)
+        try:
+            return SlurmRun(setup, spec, self.slurm.submit(spec, self.label))
+        except SlurmError as exc:
+            return SlurmRun(setup, spec, "", start_error=f"could not submit the Slurm job: {exc}")
+
+    def adopt(self, setup: RunSetup, job: SlurmJob) -> SlurmRun:
+        """Follow a job a previous runner submitted (found by its name) instead of submitting another."""
+        return SlurmRun(setup, self._spec(setup), job.job_id, job=job)
+
+    def supervise(
+        self, run: SlurmRun, should_stop: Callable[[], str | None] | None
+    ) -> tuple[Status, str] | None:
+        """Follow one job to its end (a runner with many jobs calls `poll` instead)."""
+        while run.start_error is None and not self.ended(run):
+            why = should_stop() if should_stop is not None else None
+            if why and run.stopped is None:
+                self.stop(
+                    run, *(("cancelled", "cancelled while running") if why == "cancelled" else ("error", why))
+                )
+            time.sleep(self.poll_s)
+            try:
+                self.poll([run])
+            except SlurmError:  # unreachable is not gone: look again
+                pass
+        return run.stopped
+
+    def poll(self, runs: list[SlurmRun], clock: dt.datetime | None = None) -> None:
+        """One squeue for every run: each run's `job` is updated, and a job past its preset's time limit
+        (counted from when it started running) is cancelled and marked timed-out."""
+        runs = [r for r in runs if r.start_error is None]
+        if not runs:
+            return
+        jobs = self.slurm.queue()
+        clock = clock or now()
+        for run in runs:
+            job = jobs.get(run.name)
+            if job is None or job.job_id != run.job_id:  # Slurm forgot it (or another job has the name)
+                gone = {"state": "GONE"}
+                run.job = (
+                    run.job.model_copy(update=gone)
+                    if run.job
+                    else SlurmJob(job_id=run.job_id, name=run.name, **gone)
+                )
+                continue
+            run.job = job
+            limit = run.spec.timeout_s
+            started = job.started
+            if job.running and started and run.stopped is None and (clock - started).total_seconds() >= limit:
+                self.stop(run, "timed-out", f"killed after the preset's time limit of {limit} s")
+
+    def stop(self, run: SlurmRun, status: Status, reason: str) -> None:
+        """End the run's job (scancel): a cancel on the bus, the time limit, the runner stopping."""
+        if run.stopped is None:
+            run.stopped = (status, reason)
+        self.slurm.cancel(run.job_id)
+
+    @staticmethod
+    def ended(run: SlurmRun) -> bool:
+        return run.start_error is not None or (
+            run.job is not None and (run.job.ended or run.job.state == "GONE")
+        )
+
+    def collect(self, run: SlurmRun, stopped: tuple[Status, str] | None = None) -> RunOutcome:
+        """The outcome of an ended job (not yet gated): the program's own exit status where the launcher
+        wrote it, else what Slurm says happened; provenance from Slurm and the job's alloc.json."""
+        setup, base = run.setup, dict(run.setup.provenance)
+        stopped = stopped or run.stopped
+        if run.start_error is not None:
+            result = RunResult(status="error", reason=run.start_error, **base)
+            return RunOutcome(setup.out_dir, result, redact=setup.redact)
+        control = run.spec.control
+        status: LauncherStatus | None = read_model(LauncherStatus, control / STATUS)
+        alloc: Allocation = read_model(Allocation, control / ALLOC) or Allocation()
+        end = self.slurm.end(run.job_id)
+        job = run.job
+        submitted = job.submitted if job else None
+        started = (end.started if end else None) or (job.started if job else None)
+        ended = (end.ended if end else None) or now()
+        base["scheduler"] = SchedulerJob(
+            job_id=run.job_id,
+            state=end.state if end else None,
+            partition=alloc.partition or (job.partition if job else None),
+            node=alloc.node or (end.node if end else None) or (job.node if job else None),
+            gpus=alloc.gpus,
+            gpu_names=alloc.gpu_names,
+            queue_wait_s=round((started - submitted).total_seconds(), 3) if started and submitted else None,
+            run_time_s=round((ended - started).total_seconds(), 3) if started else None,
+        )
+        killed_by_slurm = (
+            stopped is None
+            and end is not None
+            and end.state not in ("COMPLETED", "FAILED")
+            and status is not None
+            and (status.exit_code or 0) < 0
+        )  # the program was signalled as Slurm ended the job (an admin's scancel, preemption, OOM)
+        if status is not None and status.start_error is None and status.lost is None and not killed_by_slurm:
+            base["strays_killed"] = status.strays
+            return ended_outcome(setup, base, status.exit_code, started or ended, ended, stopped)
+        if stopped is not None:
+            state, reason = stopped
+        elif status is not None and status.start_error is not None:
+            state, reason = "error", f"could not start {setup.argv[0]!r}: {status.start_error}"
+        elif status is not None and status.lost is not None:
+            state, reason = (
+                "error",
+                f"Slurm job {run.job_id}: {status.lost}; the program's exit status is unknown",
+            )
+        elif killed_by_slurm and end is not None and status is not None:
+            state, reason = (
+                "error",
+                f"{end.describe()}; the program was killed by signal {-(status.exit_code or 0)}",
+            )
+        elif end is None:
+            state, reason = "error", f"Slurm job {run.job_id} is gone and left no exit status"
+        else:
+            state, reason = "error", end.describe()
+        times = {"started_at": iso(started)} if started else {}
+        result = RunResult(status=state, reason=reason, ended_at=iso(ended), **times, **base)
+        return RunOutcome(setup.out_dir, result, redact=setup.redact)

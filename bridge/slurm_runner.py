@@ -1,0 +1,250 @@
+"""A runner whose label's runs are Slurm jobs: up to `max_in_flight` claims at once, each with its own lease
+and heartbeat (carrying the job's Slurm state), one squeue per poll for all of them.
+
+    SlurmRunner(runner, label, executor, jobs_dir).watch()
+
+It takes claims the way `Runner.once` does (candidates, claim, takeover of an expired lease), then submits
+the request's job, or, when Slurm already has a job named kakeya-<id> (this runner restarted, or it took the
+request over from a runner that died), adopts that job instead of running the request twice. A job's files
+(control dir, out dir, checkout) live in `jobs_dir/<id>/`, on the filesystem the runner and the nodes
+share, so whichever runner adopts the job finds them. A cancel on the bus scancels the job; a lease lost to
+another runner leaves the job to that runner. Each ended job becomes a done commit, as `Runner.serve`'s do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from bridge import caps, git
+from bridge.bus import Entry, Progress
+from bridge.errors import KakeyaError, Rejected
+from bridge.evidence import apply_baseline
+from bridge.execute import gate
+from bridge.presets import Preset
+from bridge.progress import Tracker
+from bridge.result import RunContext, RunOutcome, not_run
+from bridge.runner import PREFETCH, Lease, Runner, Served
+from bridge.slurm import (
+    ALLOC,
+    STATUS,
+    Allocation,
+    SlurmError,
+    SlurmExecutor,
+    SlurmJob,
+    SlurmRun,
+    job_name,
+    read_model,
+)
+
+
+@dataclass
+class Flight:
+    """One claim this runner holds."""
+
+    entry: Entry
+    lease: Lease | None
+    tracker: Tracker
+    run: SlurmRun | None = None
+    outcome: RunOutcome | None = None  # decided without a job (rejected, expired, cancelled before it ran)
+    preset: Preset | None = None
+
+    def progress(self) -> Progress | None:
+        record = self.tracker.record()
+        return record.model_copy(update={"scheduler": self.run.describe() if self.run else None})
+
+
+class SlurmRunner:
+    def __init__(self, runner: Runner, label: str, executor: SlurmExecutor, jobs_dir: Path):
+        self.runner, self.label, self.ex = runner, label, executor
+        self.jobs_dir = jobs_dir.resolve()
+        self.flights: dict[str, Flight] = {}
+        self.done: list[Served] = []
+        self.serving: str | None = None  # what the presence says now
+
+    @property
+    def max_in_flight(self) -> int:
+        return self.ex.label.max_in_flight
+
+    def log(self, msg: str) -> None:
+        self.runner.log(msg)
+
+    # --- the loop -----------------------------------------------------------------------------------
+
+    def watch(self, poll_s: float | None = None) -> None:
+        """Serve until the runner is told to stop. The jobs in flight go on in Slurm: their leases lapse and
+        the runner that next takes their claims (this one restarted, or another) adopts them."""
+        poll_s = poll_s or self.runner.config.poll_interval_s
+        self.log(
+            f"watching {self.runner.bus.url} for {self.label} (Slurm, up to {self.max_in_flight} in flight)"
+        )
+        try:
+            while not self.runner.stopping.is_set():
+                try:
+                    self.step()
+                except KakeyaError as exc:
+                    self.log(f"{exc}; retrying")
+                self.runner.stopping.wait(poll_s)
+        finally:
+            self.close()
+        left = (
+            f"; {len(self.flights)} Slurm job(s) go on, for the next runner to adopt" if self.flights else ""
+        )
+        self.log(f"stopped{left}")
+
+    def step(self) -> None:
+        """One poll: take claims while there is room, one squeue for every job, cancels and lost leases,
+        then a done commit for each ended job."""
+        runner = self.runner
+        runner.flush_outbox()
+        if not runner.stopping.is_set() and len(self.flights) < self.max_in_flight:
+            self.fill()
+        for flight in list(self.flights.values()):
+            if flight.outcome is not None:
+                self.deliver(flight, flight.outcome)
+        runs = [f.run for f in self.flights.values() if f.run is not None]
+        try:
+            self.ex.poll(runs)
+        except SlurmError as exc:  # unreachable is not gone: keep every lease, decide nothing
+            self.log(f"Slurm did not answer ({exc}); the jobs are left as they are")
+            return
+        for flight in list(self.flights.values()):
+            run, lease = flight.run, flight.lease
+            if run is None or lease is None:
+                continue
+            if lease.lost:  # another runner holds the claim now: the job is its to follow
+                self.log(f"{flight.entry.id}: {lease.lost}; leaving Slurm job {run.job_id} to it")
+                self.drop(flight)
+                continue
+            why = lease.should_stop()
+            if why and run.stopped is None and not self.ex.ended(run):
+                status = "cancelled" if why == "cancelled" else "error"
+                self.log(f"{flight.entry.id}: {why}: scancel {run.job_id}")
+                self.ex.stop(run, status, "cancelled while running" if status == "cancelled" else why)
+            if self.ex.ended(run) and flight.preset is not None:
+                flight.tracker.phase = "gating"
+                outcome = gate(self.ex.collect(run), flight.preset, self.runner.config.report_cap_bytes)
+                self.deliver(flight, apply_baseline(runner.bus, flight.preset, self.label, outcome))
+        self.announce()
+
+    def fill(self) -> None:
+        runner = self.runner
+        snap = runner.bus.ls_remote()
+        candidates = [(e, old) for e, old in runner.candidates(snap, None) if e.id not in self.flights]
+        candidates = [(e, old) for e, old in candidates if e.label == self.label]
+        runner.prefetch([e for e, _ in candidates[:PREFETCH]])
+        queue: dict[str, SlurmJob] | None = None
+        for entry, old in candidates:
+            if len(self.flights) >= self.max_in_flight or runner.stopping.is_set():
+                return
+            claimed = runner.claim(entry, old)
+            if not claimed:
+                continue
+            if queue is None:
+                queue = self.ex.slurm.queue()
+            self.begin(entry, *claimed, queue)
+
+    # --- one claim ----------------------------------------------------------------------------------
+
+    def begin(self, entry: Entry, sha: str, claim: object, queue: dict[str, SlurmJob]) -> None:
+        """Start following a claim: submit its job, or adopt the one Slurm already has by its name."""
+        home = self.jobs_dir / entry.id
+        out, control, work = home / "out", home / "control", home / "work"
+        flight = Flight(entry, None, Tracker(out))
+        flight.lease = Lease(self.runner, entry.id, sha, claim, progress=flight.progress)  # type: ignore[arg-type]
+        self.flights[entry.id] = flight
+        flight.lease.start()
+        context = RunContext(
+            request_id=entry.id, runner_name=self.runner.name, runner_labels=self.runner.labels
+        )
+        preset_name, params = entry.preset, {}
+        try:
+            manifest, preset, values = self.runner.validate(entry)
+            context.subject, preset_name, params = manifest.subject, preset.name, values
+            existing = queue.get(job_name(entry.id))
+            adopt = existing is not None or (control / STATUS).is_file()
+            stop = None
+            if not adopt and (flight.lease.cancelled or entry.cancel):
+                stop = ("cancelled", "cancelled before it started")
+            elif not adopt and manifest.expires_at < self.runner.now():
+                stop = ("expired", f"expired at {manifest.expires_at.isoformat()} before a runner started it")
+            if stop:
+                caps.remove(home)  # whatever an earlier run left there, unreadable or not
+                flight.outcome = not_run(out, stop[0], stop[1], preset_name=preset_name, params=params,
+                                         context=context, preset_hash=preset.content_hash)  # fmt: skip
+                return
+            if not adopt:
+                caps.remove(home)  # whatever an earlier run left there, unreadable or not
+                work.parent.mkdir(parents=True, exist_ok=True)
+                git.export(self.runner.mirror, manifest.subject, work)  # the subject's files, no .git
+            flight.preset = preset
+            setup = self.ex.setup(preset, values, work, out, control, context, self.runner.environ)
+            if adopt:
+                # Slurm forgot the job (past MinJobAge) but it left its status: the job id from its alloc.json
+                known = read_model(Allocation, control / ALLOC)
+                job_id = known.job_id if known is not None and (known.job_id or "").isdigit() else "0"
+                job = existing or SlurmJob(job_id=job_id, name=job_name(entry.id), state="GONE")
+                flight.run = self.ex.adopt(setup, job)
+                self.log(f"{entry.id}: adopts Slurm job {job.job_id} ({job.describe()})")
+            else:
+                flight.run = self.ex.launch(setup)
+                self.log(f"{entry.id}: submitted Slurm job {flight.run.job_id or flight.run.start_error}")
+            flight.tracker.phase = "running"
+        except Rejected as exc:
+            flight.outcome = not_run(
+                out, "rejected", str(exc), preset_name=preset_name, params=params, context=context
+            )
+        except Exception as exc:  # noqa: BLE001 — any failure at any step still ends in a done commit
+            flight.outcome = not_run(
+                out, "error", f"runner {self.runner.name}: {exc}", preset_name=preset_name, params=params,
+                context=context,
+            )  # fmt: skip
+
+    def deliver(self, flight: Flight, outcome: RunOutcome) -> None:
+        """Write the outcome and push the done commit (as `Runner.serve` does), then forget the flight."""
+        runner, entry, lease = self.runner, flight.entry, flight.lease
+        assert lease is not None
+        result = outcome.write()
+        flight.tracker.phase = "pushing"
+        served = Served(entry.id, result.status, result.verdict, result.reason)
+        tree = runner.result_tree(entry, lease.sha, outcome.out_dir) if not lease.lost else ""
+        staged = runner.stage(entry.id, lease.sha, tree) if not lease.lost else None
+        with lease.lock:
+            if not lease.lost:
+                served.done = runner.done_commit(entry, lease, tree, result)
+                served.pushed = runner.push_done(entry.id, lease.sha, served.done)
+        if staged:
+            runner.unstage(*staged)
+        if served.done is None:
+            self.log(f"{entry.id}: {lease.lost}; its result is not pushed")
+            served.reason = lease.lost
+        self.done.append(served)
+        self.drop(flight, remove=served.pushed)
+
+    def drop(self, flight: Flight, remove: bool = False) -> None:
+        if flight.lease is not None:
+            flight.lease.stop()
+        self.flights.pop(flight.entry.id, None)
+        if remove:
+            try:
+                caps.remove(self.jobs_dir / flight.entry.id)
+            except OSError as exc:
+                self.log(f"{flight.entry.id}: could not remove its job directory: {exc}")
+
+    def announce(self) -> None:
+        """The runner's presence says what it serves: each request and its job's state (pushed when that
+        changes, not at every poll)."""
+        beacon = self.runner.beacon
+        shown = [
+            f"{i} ({f.run.describe() if f.run else 'starting'})" for i, f in sorted(self.flights.items())
+        ]
+        serving = ", ".join(shown)[:2000] or None
+        if beacon is not None and serving != self.serving:
+            beacon.serving(serving)
+        self.serving = serving
+
+    def close(self) -> None:
+        """Stop every lease thread (the jobs go on; a restarted runner adopts them)."""
+        for flight in list(self.flights.values()):
+            if flight.lease is not None:
+                flight.lease.stop()

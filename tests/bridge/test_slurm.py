@@ -1,0 +1,622 @@
+"""The Slurm executor (bridge/slurm.py) against a real single-node Slurm with 8 fake GPUs (slurm_support.py):
+submit, GPUs as the preset's `resources` ask, the time limit to the second, cancels, a node failure, and
+the hostile cases (a job name with Slurm's field separator, secrets in the environment, a program that
+forges its exit status). Without root or Slurm's packages the cluster tests skip with the reason."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bridge import bus as B
+from bridge import git as G
+from bridge.client import Client
+from bridge.config import Config, SlurmLabel, load_config
+from bridge.errors import InvalidRequest
+from bridge.execute import gate
+from bridge.presets import Preset
+from bridge.result import RunContext, RunOutcome
+from bridge.runner import Runner
+from bridge.slurm import (
+    JobSpec,
+    Slurm,
+    SlurmExecutor,
+    SlurmJob,
+    SlurmRun,
+    job_name,
+    sbatch_argv,
+)
+from bridge.slurm_runner import SlurmRunner
+from tests.bridge.bus_support import (
+    PRESETS,
+    WRITE_REPORT_PY,
+    Daemon,
+    Env,
+    done_result,
+    git,
+    stop,
+    wait_for,
+)
+from tests.bridge.slurm_support import GPU_TYPE, GPUS, PARTITION, Cluster, ClusterUnavailable
+
+PROGRAM = WRITE_REPORT_PY + textwrap.dedent("""
+    import sys, time
+    seconds = float(sys.argv[1])
+    with open(os.path.join(os.environ["KAKEYA_RUN_DIR"], "seen.json"), "w") as fh:
+        json.dump({"env": dict(os.environ), "started": time.time()}, fh)
+    print("stdout line", flush=True)
+    print(os.environ.get("HF_TOKEN", ""), file=sys.stderr, flush=True)
+    sys.stdout.write("x" * int(os.environ.get("FLOOD", "0")))
+    time.sleep(seconds)
+    write_report()
+    sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
+""")
+
+
+@pytest.fixture(name="cluster", scope="session")
+def cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    cluster = Cluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+    except ClusterUnavailable as exc:
+        pytest.skip(f"no test Slurm: {exc}")
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(name="slurm")
+def slurm_fixture(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[Slurm]:
+    """The cluster's clients, with every job of an earlier test cancelled and the node back up."""
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    if not cluster.alive("slurmd"):
+        cluster.start_slurmd()
+    cluster.run("scontrol", "update", f"nodename={'node1'}", "state=resume", check=False)
+    yield Slurm()
+    cluster.run("scancel", "-u", "root", check=False)
+
+
+def make_preset(tmp: Path, **extra: object) -> Preset:
+    (tmp / "prog.py").write_text(PROGRAM)
+    data = {
+        "name": "gpujob",
+        "description": "a Slurm test program",
+        "runners": ["h200"],
+        "timeout_s": 60,
+        "argv": ["{python}", "prog.py", "{seconds}", "{code}"],
+        "params": {
+            "seconds": {"type": "float", "min": 0, "max": 600, "default": 0},
+            "code": {"type": "int", "min": 0, "max": 9, "default": 0},
+        },
+        "report": {"kind": "probe", "schema_version": 1},
+        "resources": {"gpus": 1},
+        **extra,
+    }
+    return Preset.model_validate(data)
+
+
+LABEL = SlurmLabel(executor="slurm", partition=PARTITION, gpu_type=GPU_TYPE)
+
+
+class Harness:
+    def __init__(self, tmp: Path, slurm: Slurm, config: Config | None = None, label: SlurmLabel = LABEL):
+        self.tmp = tmp
+        self.config = config or Config(runner_name="slurm-test", labels=["h200"])
+        self.ex = SlurmExecutor(label, self.config, slurm)
+        self.presets: dict[str, Preset] = {}
+
+    def start(
+        self, rid: str, preset: Preset, environ: dict[str, str] | None = None, **values: object
+    ) -> SlurmRun:
+        params = preset.validate_params(values)
+        setup = self.ex.setup(
+            preset,
+            params,
+            self.tmp,
+            self.tmp / "runs" / rid / "out",
+            self.tmp / "runs" / rid / "control",
+            RunContext(request_id=rid, runner_name="slurm-test", runner_labels=["h200"]),
+            environ={"PATH": "/usr/bin:/bin", **(environ or {})},
+        )
+        self.presets[rid] = preset
+        return self.ex.launch(setup)
+
+    def wait(self, runs: list[SlurmRun], timeout: float = 60, until: str = "ended") -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.ex.poll(runs)
+            if all(self.ex.ended(r) if until == "ended" else r.job and r.job.state == until for r in runs):
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"not {until} in {timeout} s: {[r.describe() for r in runs]}")
+
+    def finish(self, run: SlurmRun) -> RunOutcome:
+        self.wait([run])
+        return gate(self.ex.collect(run), self.presets[run.spec.request_id], self.config.report_cap_bytes)
+
+
+# -- without a cluster ---------------------------------------------------------------------------------
+
+
+def test_sbatch_argv_asks_for_what_the_preset_and_label_say(tmp_path: Path) -> None:
+    label = SlurmLabel(
+        executor="slurm",
+        partition="gpu",
+        account="ml",
+        qos="high",
+        gpu_type="h200",
+        sbatch_options=["--constraint=ib"],
+    )
+    preset = make_preset(tmp_path, resources={"gpus": 2, "cpus": 8, "memory": "64G"}, timeout_s=90)
+    spec = JobSpec("r1", tmp_path / "c", tmp_path / "o", tmp_path, ["x"], {}, 90, 1024, preset.resources)
+    argv = sbatch_argv(spec, label)
+    for want in (
+        "--no-requeue",
+        "--job-name=kakeya-r1",
+        "--export=NONE",
+        "--partition=gpu",
+        "--account=ml",
+        "--qos=high",
+        "--gres=gpu:h200:2",
+        "--cpus-per-task=8",
+        "--mem=64G",
+        "--time=4",  # the backstop: whole minutes above the preset's limit
+        "--constraint=ib",
+    ):
+        assert want in argv
+    assert argv[-1] == str(tmp_path / "c" / "job.sh")
+
+
+@pytest.mark.parametrize(
+    "option",
+    ["--export=ALL", "-Jother", "--job-name=x", "--requeue", "--time=9999", "--wrap=sh", "constraint"],
+)
+def test_a_label_cannot_override_what_kakeya_sets(option: str) -> None:
+    with pytest.raises(ValueError, match="sbatch option"):
+        SlurmLabel(executor="slurm", sbatch_options=[option])
+
+
+def test_label_names_are_plain(tmp_path: Path) -> None:
+    (tmp_path / "kakeya.toml").write_text('[executors.h200]\nexecutor = "slurm"\npartition = "gpu --uid=0"\n')
+    from bridge.config import load_config
+
+    with pytest.raises(InvalidRequest, match="partition"):
+        load_config(tmp_path, environ={})
+    (tmp_path / "kakeya.toml").write_text('[executors.h200]\nexecutor = "slurm"\npartition = "gpu"\n')
+    config = load_config(tmp_path, environ={})
+    assert config.executor_for("h200") == SlurmLabel(executor="slurm", partition="gpu")
+    assert config.executor_for("cpu").executor == "local"
+
+
+def test_resources_are_validated_like_other_preset_fields(tmp_path: Path) -> None:
+    for bad in ({"gpus": -1}, {"memory": "64G; rm -rf /"}, {"cpus": 0}, {"gpu": 1}):
+        with pytest.raises(ValueError):
+            make_preset(tmp_path, resources=bad)
+    # a preset without resources hashes as before resources existed
+    plain = make_preset(tmp_path, resources=None)
+    assert "resources" not in json.dumps(plain.model_dump(exclude_none=True))
+    assert plain.content_hash != make_preset(tmp_path).content_hash
+
+
+def test_a_job_name_with_the_field_separator_parses_whole() -> None:
+    job = SlurmJob.parse("17|PENDING|Resources||gpu|2026-11-25T13:24:04|N/A|kakeya-a|b|c")
+    assert job is not None
+    assert (job.job_id, job.name, job.describe()) == ("17", "kakeya-a|b|c", "pending (Resources)")
+    running = SlurmJob.parse("18|RUNNING|None|node1|gpu|2026-11-25T13:24:04|2026-11-25T13:24:06|kakeya-x")
+    assert running is not None and running.describe() == "running on node1" and running.started is not None
+    assert SlurmJob.parse("garbage") is None
+
+
+# -- against the cluster -------------------------------------------------------------------------------
+
+
+def test_gpus_match_resources_and_provenance_is_recorded(tmp_path: Path, slurm: Slurm) -> None:
+    h = Harness(tmp_path, slurm)
+    run = h.start("gpus-2", make_preset(tmp_path, resources={"gpus": 2, "cpus": 1}), seconds=0.5)
+    outcome = h.finish(run)
+    result = outcome.result
+    assert result.status == "succeeded", result.reason
+    seen = json.loads((run.out_dir / "seen.json").read_text())["env"]
+    assert seen["CUDA_VISIBLE_DEVICES"] == "0,1"
+    sched = result.scheduler
+    assert sched is not None
+    assert (sched.job_id, sched.node, sched.partition, sched.state) == (
+        run.job_id,
+        "node1",
+        PARTITION,
+        "COMPLETED",
+    )
+    assert len(sched.gpus) == 2 and sched.queue_wait_s is not None and sched.run_time_s is not None
+    assert (run.out_dir / "logs" / "stdout.log").read_text() == "stdout line\n"
+    assert job_name("gpus-2") in slurm.queue()
+
+
+def test_the_environment_is_built_not_inherited_and_no_secret_reaches_slurm(
+    tmp_path: Path, slurm: Slurm, cluster: Cluster
+) -> None:
+    h = Harness(tmp_path, slurm)
+    preset = make_preset(tmp_path, env={"HF_TOKEN": "${ENV:HF_TOKEN}"}, secrets=["HF_TOKEN"])
+    secret = "hf_s3cr3t_value_123456"
+    run = h.start("env-1", preset, environ={"HF_TOKEN": secret, "RUNNER_ONLY": "leak"}, seconds=0.2)
+    h.wait([run], until="RUNNING", timeout=30)
+    for path in cluster.root.rglob("*"):  # slurmctld's state (script, environment), logs, spool
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+    outcome = h.finish(run)
+    env = json.loads((run.out_dir / "seen.json").read_text())["env"]
+    assert env["HF_TOKEN"] == secret  # the program got it (and printed it) ...
+    assert secret in (run.out_dir / "logs" / "stderr.log").read_text()
+    assert "RUNNER_ONLY" not in env and "SLURM_CONF" not in env
+    assert not (run.spec.control / "job.json").exists()  # ... the job file that held it is gone ...
+    outcome.write()
+    for path in run.out_dir.rglob("*"):  # ... and no file of the result holds it
+        assert not path.is_file() or secret.encode() not in path.read_bytes(), path
+
+
+def test_logs_are_capped_inside_the_job(tmp_path: Path, slurm: Slurm) -> None:
+    h = Harness(tmp_path, slurm, Config(runner_name="slurm-test", labels=["h200"], log_cap_bytes=4096))
+    run = h.start("flood-1", make_preset(tmp_path, env={"FLOOD": "1000000"}))
+    outcome = h.finish(run)
+    assert outcome.result.status == "succeeded", outcome.result.reason
+    log = (run.out_dir / "logs" / "stdout.log").read_text()
+    assert len(log) < 4096 + 200 and "kakeya cut" in log  # 1 MB written, the cap kept
+
+
+def test_a_nonzero_exit_is_the_programs_not_slurms(tmp_path: Path, slurm: Slurm) -> None:
+    h = Harness(tmp_path, slurm)
+    outcome = h.finish(h.start("exit-3", make_preset(tmp_path), code=3))
+    assert (outcome.result.status, outcome.result.exit_code) == ("failed", 3)
+
+
+def test_the_time_limit_counts_from_running_and_ends_within_seconds(tmp_path: Path, slurm: Slurm) -> None:
+    h = Harness(tmp_path, slurm)
+    run = h.start("late-1", make_preset(tmp_path, timeout_s=3), seconds=120)
+    outcome = h.finish(run)
+    result = outcome.result
+    assert result.status == "timed-out", result.reason
+    started = json.loads((run.out_dir / "seen.json").read_text())["started"]
+    assert result.scheduler is not None and result.scheduler.run_time_s is not None
+    assert 3 <= result.scheduler.run_time_s <= 6, result.scheduler
+    assert time.time() - started < 20
+
+
+def test_cancel_a_pending_and_a_running_job(tmp_path: Path, slurm: Slurm) -> None:
+    h = Harness(tmp_path, slurm)
+    preset = make_preset(tmp_path, resources={"gpus": GPUS})
+    first = h.start("hog-1", preset, seconds=60)
+    h.wait([first], until="RUNNING", timeout=30)
+    second = h.start("hog-2", preset, seconds=60)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not second.describe().startswith("pending ("):
+        h.ex.poll([second])
+        time.sleep(0.2)
+    assert second.job is not None and second.job.state == "PENDING"
+    assert second.describe() in ("pending (Resources)", "pending (Priority)"), second.describe()
+    for run in (second, first):
+        h.ex.stop(run, "cancelled", "cancelled on the bus")
+    outcomes = [h.finish(r) for r in (first, second)]
+    assert [o.result.status for o in outcomes] == ["cancelled", "cancelled"]
+    assert not (second.out_dir / "seen.json").exists()  # the pending one never ran
+
+
+def test_an_admin_scancel_ends_in_an_error_naming_it(tmp_path: Path, slurm: Slurm, cluster: Cluster) -> None:
+    h = Harness(tmp_path, slurm)
+    run = h.start("admin-1", make_preset(tmp_path), seconds=60)
+    h.wait([run], until="RUNNING", timeout=30)
+    cluster.run("scancel", run.job_id)
+    outcome = h.finish(run)
+    # the launcher wrote that the program died of SIGTERM; Slurm says who sent it
+    assert outcome.result.status == "error", outcome.result
+    assert "CANCELLED" in (outcome.result.reason or "") and "outside Kakeya" in (outcome.result.reason or "")
+
+
+FORGER = WRITE_REPORT_PY + textwrap.dedent("""
+    import json, os, signal
+    write_report()
+    # the job's control directory is HOME's parent: forge the launcher's status, then kill the launcher
+    with open(os.path.join(os.environ["HOME"], "..", "launcher.json"), "w") as fh:
+        json.dump({"exit_code": 0, "strays": 0, "start_error": None}, fh)
+    os.kill(os.getppid(), signal.SIGKILL)
+""")
+
+
+def test_a_program_that_forges_its_status_and_kills_the_launcher_does_not_succeed(
+    tmp_path: Path, slurm: Slurm
+) -> None:
+    h = Harness(tmp_path, slurm)
+    (tmp_path / "forger.py").write_text(FORGER)
+    preset = make_preset(tmp_path, argv=["{python}", "forger.py"], params={})
+    outcome = h.finish(h.start("forge-1", preset))
+    assert outcome.result.status == "error", outcome.result
+    assert "launcher was killed" in (outcome.result.reason or "")
+
+
+# -- a Slurm runner over a real bus --------------------------------------------------------------------
+
+
+@pytest.fixture(name="bus")
+def bus_fixture(world: Env, daemon: Daemon, slurm: Slurm) -> str:
+    """A bus with the `gpuwork` preset (work.py on label h200, one GPU)."""
+    gpuwork = {"name": "gpuwork", **PRESETS["work"], "runners": ["h200"], "resources": {"gpus": 1}}
+    (world.presets / "gpuwork.yaml").write_text(yaml.safe_dump(gpuwork))
+    return daemon.repo()
+
+
+def slurm_runner(world: Env, url: str, name: str = "slurm-1", max_in_flight: int = 10) -> SlurmRunner:
+    """A runner whose label h200 is a Slurm label (no GPU here: the hardware is the cluster's)."""
+    label = LABEL.model_copy(update={"max_in_flight": max_in_flight})
+    config = load_config().model_copy(update={"executors": {"h200": label}})
+    runner = Runner(url, config=config, name=name, labels=["h200"], workdir=world.tmp / "runners" / name)
+    return SlurmRunner(runner, "h200", SlurmExecutor(label, config, Slurm()), world.tmp / "jobs")
+
+
+def request(url: str, tag: str, seconds: float = 0, mode: str = "sleep") -> str:
+    client = Client(load_config(), remote=url)
+    return client.request("gpuwork", {"tag": tag, "mode": mode, "seconds": seconds}, "h200").id
+
+
+def serve_until(sr: SlurmRunner, cond: Callable[[], object], timeout: float, what: str) -> None:
+    def once() -> object:
+        sr.step()
+        return cond()
+
+    wait_for(once, timeout, what, step=0.3)
+
+
+def results(world: Env, url: str, ids: list[str]) -> dict[str, dict]:
+    store = world.tmp / "store.git"
+    G.init_bare(store)
+    return {rid: done_result(store, url, rid) for rid in ids}
+
+
+def test_ten_one_gpu_requests_on_eight_gpus_run_eight_at_once_exactly_once(
+    world: Env, bus: str, slurm: Slurm
+) -> None:
+    ids = [request(bus, f"t{i}", seconds=6) for i in range(10)]
+    sr = slurm_runner(world, bus)
+    most = [0]
+    pending_seen = set()
+
+    def all_done() -> bool:
+        jobs = [j for j in slurm.queue().values() if j.name.removeprefix("kakeya-") in ids]
+        running = sum(1 for j in jobs if j.running)
+        most[0] = max(most[0], running)
+        pending_seen.update(j.describe() for j in jobs if j.state == "PENDING")
+        return len(sr.done) == 10
+
+    try:
+        serve_until(sr, all_done, 120, "10 Slurm runs")
+    finally:
+        sr.close()
+    assert most[0] == GPUS, most  # 8 at once, never more
+    assert any(p.startswith("pending (") for p in pending_seen), pending_seen
+    assert sorted(world.count()) == sorted(f"t{i}" for i in range(10))  # each ran exactly once
+    done = results(world, bus, ids)
+    assert {r["status"] for r in done.values()} == {"succeeded"}
+    assert len({r["scheduler"]["job_id"] for r in done.values()}) == 10
+    assert all(r["scheduler"]["gpus"] and r["scheduler"]["node"] == "node1" for r in done.values())
+
+
+def test_heartbeats_carry_the_slurm_state_and_a_bus_cancel_scancels(
+    world: Env, bus: str, slurm: Slurm
+) -> None:
+    hog = {"name": "hog", **PRESETS["work"], "runners": ["h200"], "resources": {"gpus": GPUS}}
+    (world.presets / "hog.yaml").write_text(yaml.safe_dump(hog))
+    client = Client(load_config(), remote=bus)
+    running = client.request("hog", {"tag": "run", "mode": "sleep", "seconds": 120}, "h200").id
+    sr = slurm_runner(world, bus)
+    try:
+        serve_until(sr, lambda: world.mark("run", "started").exists(), 60, "the first job to start")
+        pending = client.request("hog", {"tag": "pend", "mode": "sleep", "seconds": 120}, "h200").id
+
+        def states() -> dict[str, str | None]:
+            out = {}
+            for rid in (running, pending):
+                entry = client.entry(rid)
+                client.ensure([entry], ("claim",), in_store=True)
+                path = f"{entry.claim}:{B.CLAIM_PATH}"
+                claim = B.Claim.model_validate_json(client.local_files([path])[path] or b"")
+                out[rid] = claim.progress.scheduler if claim.progress else None
+            return out
+
+        serve_until(
+            sr,
+            lambda: (
+                (s := states())[running] == "running on node1" and (s[pending] or "").startswith("pending (")
+            ),
+            30,
+            "heartbeats with Slurm states",
+        )
+        for rid in (pending, running):
+            client.cancel(rid, "test")
+        serve_until(sr, lambda: len(sr.done) == 2, 60, "both cancelled")
+    finally:
+        sr.close()
+    done = results(world, bus, [running, pending])
+    assert done[running]["status"] == "cancelled" and done[pending]["status"] == "cancelled"
+    assert not world.mark("pend", "started").exists()
+    assert world.count() == []
+    assert not [j for j in slurm.queue().values() if not j.ended]
+
+
+def test_a_runner_holds_no_more_than_max_in_flight_jobs(world: Env, bus: str, slurm: Slurm) -> None:
+    ids = [request(bus, f"m{i}", seconds=2) for i in range(4)]
+    sr = slurm_runner(world, bus, max_in_flight=2)
+    most = [0]
+
+    def done() -> bool:
+        live = [j for j in slurm.queue().values() if j.name.removeprefix("kakeya-") in ids and not j.ended]
+        most[0] = max(most[0], len(live), len(sr.flights))
+        return len(sr.done) == 4
+
+    try:
+        serve_until(sr, done, 90, "4 requests, 2 at a time")
+    finally:
+        sr.close()
+    assert most[0] == 2
+    assert sorted(world.count()) == ["m0", "m1", "m2", "m3"]
+
+
+def test_a_restarted_runner_adopts_its_jobs_and_a_takeover_runs_nothing_twice(
+    world: Env, bus: str, slurm: Slurm
+) -> None:
+    ids = [request(bus, f"a{i}", seconds=8, mode="once") for i in range(3)]
+    first = slurm_runner(world, bus, "slurm-1")
+    try:
+        serve_until(
+            first, lambda: all(world.mark(f"a{i}", "first").exists() for i in range(3)), 60, "3 jobs running"
+        )
+    finally:
+        first.close()  # the runner dies: its leases stop beating, its jobs go on
+    jobs = {j.name: j.job_id for j in slurm.queue().values()}
+    # the same runner restarted, and a second one: whoever takes a claim over adopts the job by its name
+    again, other = slurm_runner(world, bus, "slurm-1"), slurm_runner(world, bus, "slurm-2")
+    try:
+        serve_until(
+            again,
+            lambda: (other.step(), len(again.done) + len(other.done) == 3)[1],
+            90,
+            "the adopted jobs to end",
+        )
+    finally:
+        again.close()
+        other.close()
+    done = results(world, bus, ids)
+    assert {r["status"] for r in done.values()} == {"succeeded"}
+    assert sorted(world.count()) == ["a0", "a1", "a2"]  # each program ran once
+    assert {r["scheduler"]["job_id"] for r in done.values()} == {jobs[f"kakeya-{rid}"] for rid in ids}
+    assert len([j for j in slurm.queue().values() if j.name.removeprefix("kakeya-") in ids]) == 3
+
+
+def test_a_node_failure_under_a_runner_ends_in_an_error_done_commit(
+    world: Env, bus: str, slurm: Slurm, cluster: Cluster
+) -> None:
+    rid = request(bus, "nf", seconds=110)
+    sr = slurm_runner(world, bus)
+    try:
+        serve_until(sr, lambda: world.mark("nf", "started").exists(), 60, "the job to start")
+        cluster.kill_slurmd()
+        serve_until(sr, lambda: sr.done, 120, "the node failure to end the request")
+    finally:
+        sr.close()
+        cluster.kill_job_processes()
+        cluster.start_slurmd()
+    result = results(world, bus, [rid])[rid]
+    assert result["status"] == "error" and "NODE_FAIL" in result["reason"] and "node1" in result["reason"]
+
+
+def test_a_runner_process_killed_mid_run_is_restarted_and_adopts_its_job(
+    world: Env, bus: str, slurm: Slurm, cluster: Cluster
+) -> None:
+    """`kakeya runner watch` on a Slurm label (kakeya.toml's executors), SIGKILLed while its job runs; the
+    restarted process adopts the job by its name; the program ran once; `kakeya runners` showed its state."""
+    (world.project / "kakeya.toml").write_text(
+        f'[executors.h200]\nexecutor = "slurm"\npartition = "{PARTITION}"\ngpu_type = "{GPU_TYPE}"\n'
+    )
+    git(world.project, "add", "kakeya.toml")
+    git(world.project, "commit", "-q", "-m", "slurm label")
+    rid = request(bus, "k1", seconds=8, mode="once")
+
+    def start() -> subprocess.Popen[bytes]:
+        log = (world.tmp / "slurm-runner.log").open("ab")
+        argv = [sys.executable, "-m", "bridge.cli", "runner", "watch", "--labels", "h200", "--name", "s1"]
+        return subprocess.Popen(
+            [*argv, "--remote", bus], cwd=world.project, stdout=log, stderr=subprocess.STDOUT
+        )
+
+    waiter = subprocess.Popen(
+        [sys.executable, "-m", "bridge.cli", "wait", rid, "--remote", bus],
+        cwd=world.project,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    first = start()
+    try:
+        wait_for(lambda: world.mark("k1", "first").exists(), 60, "the job to start")
+        job_id = slurm.queue()[job_name(rid)].job_id
+        # the job's files are in the state directory (shared with the nodes), where any runner finds them
+        assert (world.project / ".kakeya" / "slurm-jobs" / rid / "control" / "alloc.json").is_file()
+
+        def runners() -> str:
+            argv = [sys.executable, "-m", "bridge.cli", "runners", "--remote", bus]
+            out = subprocess.run(argv, cwd=world.project, capture_output=True, text=True).stdout
+            return out if f"{rid} (running on node1)" in out else ""
+
+        wait_for(runners, 30, "`kakeya runners` to show the job running on node1", step=0.5)
+    finally:
+        stop(first, signal.SIGKILL)
+    assert not slurm.queue()[job_name(rid)].ended  # the job goes on without its runner
+    second = start()
+    try:
+        wait_for(lambda: B.Bus(bus, world.project).ls_remote().entries[rid].done, 90, "the adopted job's end")
+    finally:
+        stop(second)
+    waited, _ = waiter.communicate(timeout=60)
+    assert "(running on node1)" in waited, waited  # `kakeya wait` showed the job's Slurm state
+    result = results(world, bus, [rid])[rid]
+    assert result["status"] == "succeeded" and result["scheduler"]["job_id"] == job_id
+    assert world.count() == ["k1"]
+    assert "adopts Slurm job" in (world.tmp / "slurm-runner.log").read_text()
+
+
+def test_over_the_bus_a_job_past_its_time_limit_ends_timed_out_within_seconds(
+    world: Env, bus: str, slurm: Slurm
+) -> None:
+    quick = {
+        "name": "quick",
+        **PRESETS["work"],
+        "runners": ["h200"],
+        "timeout_s": 4,
+        "resources": {"gpus": 1},
+    }
+    (world.presets / "quick.yaml").write_text(yaml.safe_dump(quick))
+    rid = (
+        Client(load_config(), remote=bus)
+        .request("quick", {"tag": "tl", "mode": "sleep", "seconds": 100}, "h200")
+        .id
+    )
+    sr = slurm_runner(world, bus)
+    try:
+        serve_until(sr, lambda: sr.done, 60, "the time limit")
+    finally:
+        sr.close()
+    result = results(world, bus, [rid])[rid]
+    assert result["status"] == "timed-out", result
+    assert 4 <= result["scheduler"]["run_time_s"] <= 8, result["scheduler"]  # the limit, to the second or so
+    assert world.count() == []  # the program never finished
+
+
+def test_a_job_slurm_forgot_is_collected_from_its_status_not_run_again(
+    world: Env, bus: str, slurm: Slurm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner died after its job ended and before its done commit; by the time another runner takes the
+    claim, Slurm has forgotten the job (MinJobAge): the job's status file is the result, nothing reruns."""
+    rid = request(bus, "f1", seconds=0, mode="once")
+    first = slurm_runner(world, bus, "slurm-1")
+    control = world.tmp / "jobs" / rid / "control"
+    try:
+        serve_until(
+            first, lambda: rid in first.flights and first.flights[rid].run, 30, "the job's submission"
+        )
+        wait_for(lambda: (control / "launcher.json").is_file(), 60, "the job to end")
+    finally:
+        first.close()  # dies before it saw the end
+    job_id = json.loads((control / "alloc.json").read_text())["job_id"]
+    second = slurm_runner(world, bus, "slurm-2")
+    monkeypatch.setattr(second.ex.slurm, "queue", lambda: {})  # Slurm no longer lists it
+    try:
+        serve_until(second, lambda: second.done, 60, "the takeover to collect the result")
+    finally:
+        second.close()
+    result = results(world, bus, [rid])[rid]
+    assert result["status"] == "succeeded" and result["scheduler"]["job_id"] == job_id
+    assert world.count() == ["f1"]
