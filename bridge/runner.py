@@ -542,6 +542,7 @@ class Runner:
                     context=context,
                     should_stop=lease.should_stop,
                     on_phase=self.set_phase,
+                    on_run_dir=self.set_run_dir,
                     executor=self.executor,
                 )
             finally:
@@ -601,6 +602,10 @@ class Runner:
     def set_phase(self, phase: str) -> None:
         if self.tracker is not None:
             self.tracker.phase = phase
+
+    def set_run_dir(self, run_dir: Path) -> None:
+        if self.tracker is not None:
+            self.tracker.run_dir = run_dir
 
     def progress(self) -> Progress | None:
         """The progress record of the request being served (None when none is), for its heartbeats."""

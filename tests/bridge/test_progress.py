@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from bridge import bus as B
@@ -165,7 +166,13 @@ def test_a_waiting_client_sees_queued_claimed_running_done(world: Env, daemon: D
     assert any(ln.startswith("| ") and "cpu_count" in ln for ln in text)  # the verdict table
 
 
-def test_status_shows_progress_elapsed_and_the_holders_liveness(world: Env, daemon: Daemon, capsys):
+@pytest.mark.parametrize("isolation", ["none", "auto"])
+def test_status_shows_progress_elapsed_and_the_holders_liveness(
+    world: Env, daemon: Daemon, capsys, monkeypatch: pytest.MonkeyPatch, isolation: str
+):
+    """Under the default sandbox too (auto: bwrap where installed), whose program writes its progress file in
+    its own run directory, not in the directory the runner commits."""
+    monkeypatch.setenv("KAKEYA_ISOLATION", isolation)
     with_steps(world)
     url = daemon.repo()
     runner = runner_process(world, url, "r1", "--poll", "0.2", "--lease", "3")
