@@ -152,7 +152,7 @@ class Client:
         self.url = resolve_remote(self.remote, self.root, config)
         self.in_repo = git.is_repo(self.root)
         store = self.root if self.in_repo else git.init_bare(state_dir(config, self.root) / "client.git")
-        self.bus = Bus(self.url, store)
+        self.bus = Bus(self.url, store, config.git_timeout_s)
 
     @property
     def bus_dir(self) -> Path | None:
@@ -199,9 +199,20 @@ class Client:
             self.who(),
             key_file(self.config.signing_key),
         )
-        if not self.bus.swap([Update(B.req_ref(label, rid), sha, None)], atomic=False):
+        updates = [Update(B.req_ref(label, rid), sha, None)]
+        if not self.bus.ls_remote(B.LAYOUT_PREFIX).layouts:  # a new bus: say which layout it speaks
+            updates.append(Update(B.layout_ref(), self.layout_marker(), None))
+        if not self.bus.swap(updates[:1], atomic=False):
             raise BusError(f"request id {rid} is already taken on the bus; try again")
+        if len(updates) > 1:
+            self.bus.push(updates[1:])  # another client may have written it first: either is fine
         return manifest
+
+    def layout_marker(self) -> str:
+        """The commit the layout marker ref (`B.layout_ref`) points at: a root commit that says the layout."""
+        text = f"kakeya bus layout {B.LAYOUT} (kakeya >= {B.LAYOUT_KAKEYA[B.LAYOUT]})\n"
+        tree = git.tree_with(self.bus.store, None, {".kakeya/layout.txt": text.encode()})
+        return git.commit(self.bus.store, tree, [], text, "kakeya <kakeya@kakeya.invalid>")
 
     def subject(self, rev: str | None, allow_dirty: bool) -> tuple[str, str | None]:
         """(subject sha, HEAD it snapshots or None): REV, or HEAD when the tree is clean, or a snapshot."""
@@ -254,11 +265,12 @@ class Client:
 
     # --- reading the bus ----------------------------------------------------------------------------
 
-    def entry(self, request_id: str) -> Entry:
-        """One request's refs, from one ls-remote of just its refs."""
+    def entry(self, request_id: str, label: str | None = None) -> Entry:
+        """One request's refs, from one prefix-scoped listing of just its refs (and of the live requests of
+        `label`, or of every label when it is not known)."""
         B.id_time(request_id)
         snap = self.bus.ls_remote(
-            f"{B.PREFIX}req/*/{request_id}",
+            B.req_ref(label, request_id) if label else B.REQ_PREFIX,
             B.claim_ref(request_id),
             B.done_ref(request_id),
             B.cancel_ref(request_id),
@@ -277,26 +289,21 @@ class Client:
     ) -> None:
         """Fetch (one round trip) the given refs of `entries` whose commits are not here yet (in the store or,
         unless `in_store`, in a local bus)."""
-        wanted = {getattr(e, k): (e, k) for e in entries for k in kinds if getattr(e, k)}
-        missing = set(wanted) - git.present(self.bus.store, list(wanted))
-        local = self.bus.local_dir()
-        if missing and local is not None and not in_store:
-            missing -= git.present(local, list(missing))
-        self.bus.fetch(
-            [
-                B.req_ref(e.label or "", e.id) if k == "req" else f"{B.PREFIX}{k}/{e.id}"
-                for e, k in (wanted[sha] for sha in sorted(missing))
-            ]
-        )
+        wanted = sorted({sha for e in entries for k in kinds if (sha := getattr(e, k))})
+        self.bus.fetch_ids(wanted, "commits", in_store=in_store)
 
     def repo_with(self, sha: str) -> Path:
         """The local repository that has `sha`: the store, or a local bus."""
         return git.repo_having(self.bus.repos(), sha)
 
-    def status(self, fetch: bool = False) -> list[Row]:
-        """Every request on the bus from one ls-remote; verdicts and leases for commits already here
-        (`fetch` fetches the missing done commits first: one more round trip)."""
-        snap = self.bus.ls_remote()
+    def status(self, fetch: bool = False, everything: bool = False, recent_days: int = 2) -> list[Row]:
+        """The live requests and those finished in the last `recent_days` days (by id date; `everything`:
+        every done ref) from one prefix-scoped listing; verdicts and leases for commits already here (`fetch`
+        fetches the missing done commits first: one more round trip)."""
+        today = B.utcnow()
+        days = sorted({f"{today - dt.timedelta(days=d):%Y%m%d}" for d in range(recent_days)})
+        done = [B.DONE_PREFIX] if everything else [B.DONE_PREFIX + day for day in days]
+        snap = self.bus.ls_remote(*B.LIVE, *done)
         entries = list(snap.entries.values())
         if fetch:
             self.ensure(entries, ("done", "claim"))  # a done request's claim is its done commit: no extra
@@ -316,7 +323,7 @@ class Client:
                 specs[e.id] = f"{e.claim}:{B.CLAIM_PATH}"
             elif e.req:
                 specs[e.id] = f"{e.req}:{B.MANIFEST_PATH}"
-        manifests = {e.id: f"{e.req}:{B.MANIFEST_PATH}" for e in entries if e.req}
+        manifests = {e.id: f"{e.req or e.done}:{B.MANIFEST_PATH}" for e in entries if e.req or e.done}
         found = self.local_files(list(specs.values()) + list(manifests.values()))
         now = B.utcnow()
         rows = []
@@ -331,7 +338,7 @@ class Client:
                 e.id,
                 B.request_state(e, now, manifest=manifest, claim=claim, result_status=status),
                 e.preset,
-                e.label,
+                e.label or (manifest.runner if manifest else None),
                 created.isoformat(timespec="milliseconds"),
                 round((now - created).total_seconds(), 3),
                 subject=manifest.subject if manifest else None,
@@ -353,8 +360,10 @@ class Client:
         """The done commit of `request_id`, once there is one (polls with ls-remote)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         poll_s = poll_s or self.config.poll_interval_s
+        label = None
         while True:
-            entry = self.entry(request_id)
+            entry = self.entry(request_id, label)
+            label = entry.label or label
             if entry.done:
                 return entry.done
             if deadline is not None and time.monotonic() >= deadline:
@@ -426,7 +435,7 @@ class Client:
         `kakeya status` and `gate pr`). Result side refs left behind (refs/kakeya-stage/<id>/...) of done or
         vanished requests go too, whatever their age. Returns the refs deleted (or that would be)."""
         cutoff = B.utcnow() - dt.timedelta(days=older_than_days)
-        snap = self.bus.ls_remote()
+        snap = self.bus.ls_remote(*B.LIVE, B.DONE_PREFIX, *([B.SUBJECT_PREFIX] if archive_done else []))
         entries = [e for e in snap.entries.values() if e.done and e.created_at < cutoff]
         # side refs a runner could not delete after its done push (B.stage_ref): useless once the request
         # is done (the done commit holds the result) or gone; a request still running keeps its own
@@ -446,8 +455,20 @@ class Client:
             )
             if sha
         ]
+        # a cancel marker left behind by a request that finished (or went) meanwhile
+        updates += [
+            Update(B.cancel_ref(e.id), None, e.cancel)
+            for e in snap.entries.values()
+            if e.cancel and not e.req and not e.claim and not e.done
+        ]
         if archive_done:  # the archive ref is created in the same atomic push that deletes the done ref
             updates += [Update(B.archive_ref(e.id), e.done, None) for e in entries]
+            updates += [  # and the index refs go with it: gate pr reads what is not archived
+                Update(B.subject_ref(subject, e.id), None, sha)
+                for e in entries
+                if e.id in snap.index
+                for subject, sha in [snap.index[e.id]]
+            ]
         if dry_run:
             return [u.ref for u in stale + updates if u.new is None]
         deleted = self._delete(stale)
@@ -460,6 +481,53 @@ class Client:
                 deleted += [u.ref for u in chunk if u.new is None and status.get(u.ref, (False, ""))[0]]
             return deleted
         return deleted + self._delete(updates)
+
+    def migrate(self, dry_run: bool = False) -> list[str]:
+        """Upgrade a bus of layout 1 (everything under refs/heads/kakeya/) to layout 2: each claim, done, cancel
+        and presence ref moves under refs/kakeya/, each done result is indexed under its subject, and the
+        request, claim and cancel refs of finished requests go; then the layout marker is written. Every
+        update is leased on the sha seen, so a runner of layout 1 that moves a claim meanwhile loses that
+        lease (it stops), never a result; run it again (idempotent) until it moves nothing. Returns the refs
+        written or deleted (or that would be)."""
+        snap = self.bus.ls_remote(*B.OLD_PREFIXES, *B.LIVE, B.DONE_PREFIX, B.SUBJECT_PREFIX, check=False)
+        old = B.Snapshot.parse(
+            "".join(f"{sha}\t{B.NS}{ref[len(B.PREFIX) :]}\n" for ref, sha in snap.old.items())
+        )
+        updates: list[Update] = []
+        dones = [e for e in old.entries.values() if e.done]
+        self.bus.fetch_ids([e.done for e in dones if e.done], "done results")
+        files = self.local_files([f"{e.done}:{B.MANIFEST_PATH}" for e in dones])
+        for e in old.entries.values():
+            now = snap.entries.get(e.id)
+            for kind in ("claim", "done", "cancel"):
+                sha = getattr(e, kind)
+                if sha is None:
+                    continue
+                ref = f"{B.NS}{kind}/{e.id}"
+                keep = kind == "done" or not e.done  # a finished request keeps only its done ref
+                if keep and (now is None or getattr(now, kind) is None):
+                    updates.append(Update(ref, sha, None))
+                updates.append(Update(f"{B.PREFIX}{kind}/{e.id}", None, sha))
+            if e.done:
+                manifest = B.parse_or_none(Manifest, files.get(f"{e.done}:{B.MANIFEST_PATH}"))
+                if manifest is not None and e.id not in snap.index:
+                    updates.append(Update(B.subject_ref(manifest.subject, e.id), e.done, None))
+                if now is not None and now.req:
+                    updates.append(Update(B.req_ref(now.label or "", e.id), None, now.req))
+        for name, sha in old.runners.items():
+            if name not in snap.runners:
+                updates.append(Update(B.runner_ref(name), sha, None))
+            updates.append(Update(f"{B.PREFIX}runners/{name}", None, sha))
+        if str(B.LAYOUT) not in snap.layouts:
+            updates.append(Update(B.layout_ref(), None if dry_run else self.layout_marker(), None))
+        if dry_run:
+            return [u.ref for u in updates]
+        written: list[str] = []
+        for i in range(0, len(updates), GC_CHUNK):
+            chunk = updates[i : i + GC_CHUNK]
+            status = self.bus.push(chunk)
+            written += [u.ref for u in chunk if status.get(u.ref, (False, ""))[0]]
+        return written
 
     def _delete(self, updates: list[Update]) -> list[str]:
         """Push ref deletions in chunks (each leased on its sha); the refs that went."""

@@ -2,7 +2,7 @@
 preset's `baseline: {from: previous-pass, ...}`).
 
     shelf = Shelf(bus)                       # e.g. Shelf(client.bus)
-    shelf.load(["probe"])                    # one ls-remote, at most one fetch, one `git cat-file --batch`
+    shelf.load(["probe"], subject=sha)       # one prefix-scoped listing, one fetch by id, one batch read
     outcome = judge(shelf, subject, Requirement("probe", "cpu"), registry["probe"])
     outcome.status                           # pass | fail | missing | mismatch
     shelf.previous_pass(preset, "cpu", before=request_id)   # (done result, report) or None
@@ -25,7 +25,7 @@ from typing import Any, Literal
 import gates
 from bridge import bus as B
 from bridge import git, trust
-from bridge.bus import Bus, Manifest, Snapshot
+from bridge.bus import Bus, Entry, Manifest, Snapshot
 from bridge.errors import InvalidRequest, KakeyaError
 from bridge.names import REQUIREMENT_RE
 from bridge.presets import Preset, get_preset
@@ -79,18 +79,20 @@ class Shelf:
         self.signers = signers  # the trusted base's allowed signers: evidence must be signed by one of them
         self.dones: dict[str, list[Done]] = {}  # preset -> its done results, oldest first
 
-    def load(self, presets: Iterable[str], snap: Snapshot | None = None) -> Shelf:
-        """Read every done result of `presets` on the bus (one ls-remote unless `snap`, one fetch of what is
-        not here yet, one batch read)."""
+    def load(self, presets: Iterable[str], snap: Snapshot | None = None, subject: str | None = None) -> Shelf:
+        """Read the done results of `presets`: with `subject`, those indexed under it (refs/kakeya/by-subject/
+        <subject>/, what `gate pr` needs), else every done ref of them (for baselines). One prefix-scoped
+        listing unless `snap`, one fetch by object id of what is not here yet, one batch read."""
         wanted = set(presets)
-        snap = snap if snap is not None else self.bus.ls_remote()
-        entries = [e for e in snap.entries.values() if e.done and e.preset in wanted]
-        missing = {e.done for e in entries} | {e.req for e in entries if e.req}
-        for repo in self.bus.repos():
-            missing -= git.present(repo, sorted(missing))
-        self.bus.fetch(
-            [B.done_ref(e.id) for e in entries if e.done in missing]
-            + [B.req_ref(e.label, e.id) for e in entries if e.req in missing and e.label]
+        if snap is None:
+            snap = self.bus.ls_remote(f"{B.SUBJECT_PREFIX}{subject}/" if subject else B.DONE_PREFIX)
+        if subject is not None:
+            found = [Entry(rid, done=sha) for rid, (subj, sha) in snap.index.items() if subj == subject]
+        else:
+            found = [e for e in snap.entries.values() if e.done]
+        entries = sorted((e for e in found if e.preset in wanted), key=lambda e: e.id)
+        self.bus.fetch_ids(
+            [e.done for e in entries if e.done] + [e.req for e in entries if e.req], "done results"
         )
         specs = [
             f"{e.done}:{path}"
@@ -98,8 +100,8 @@ class Shelf:
             for path in (B.MANIFEST_PATH, f"{B.results_path(e.id)}/result.json")
         ] + [f"{e.req}:{B.MANIFEST_PATH}" for e in entries if e.req]
         files = self.read(specs)
-        self.dones = {name: [] for name in wanted}
-        for e in entries:  # snapshot entries are sorted by id: oldest first
+        self.dones.update({name: [] for name in wanted})
+        for e in entries:  # oldest first
             assert e.done is not None
             manifest = B.parse_or_none(Manifest, files.get(f"{e.done}:{B.MANIFEST_PATH}"))
             result = B.parse_or_none(RunResult, files.get(f"{e.done}:{B.results_path(e.id)}/result.json"))
@@ -454,8 +456,13 @@ def regate_evidence(shelf: Shelf, done: Done, subject: str, req: Requirement, pr
 def gate_subject(
     shelf: Shelf, subject: str, requirements: Sequence[Requirement], registry: Mapping[str, Preset]
 ) -> list[Outcome]:
-    """Judge every requirement for `subject` (a full sha): one ls-remote and at most one fetch in all."""
-    shelf.load({r.preset for r in requirements})
+    """Judge every requirement for `subject` (a full sha) from the results indexed under it (a preset with a
+    baseline also reads its other done results, to find the previous pass)."""
+    presets = {r.preset for r in requirements}
+    with_baseline = {p for p in presets if registry[p].baseline is not None}
+    shelf.load(presets - with_baseline, subject=subject)
+    if with_baseline:
+        shelf.load(with_baseline)
     return [judge(shelf, subject, r, registry[r.preset]) for r in requirements]
 
 
