@@ -84,10 +84,16 @@ class Shelf:
         <subject>/, what `gate pr` needs), else every done ref of them (for baselines). One prefix-scoped
         listing unless `snap`, one fetch by object id of what is not here yet, one batch read."""
         wanted = set(presets)
-        if snap is None:
-            snap = self.bus.ls_remote(f"{B.SUBJECT_PREFIX}{subject}/" if subject else B.DONE_PREFIX)
+        if snap is None:  # the live requests too: a done result for a request still pending is checked on it
+            snap = self.bus.ls_remote(
+                f"{B.SUBJECT_PREFIX}{subject}/" if subject else B.DONE_PREFIX, B.REQ_PREFIX
+            )
         if subject is not None:
-            found = [Entry(rid, done=sha) for rid, (subj, sha) in snap.index.items() if subj == subject]
+            found = [
+                Entry(rid, e.label if (e := snap.entries.get(rid)) else None, e.req if e else None, done=sha)
+                for rid, (subj, sha) in snap.index.items()
+                if subj == subject
+            ]
         else:
             found = [e for e in snap.entries.values() if e.done]
         entries = sorted((e for e in found if e.preset in wanted), key=lambda e: e.id)

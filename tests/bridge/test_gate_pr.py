@@ -24,6 +24,7 @@ from tests.bridge.bus_support import (
     git,
     make_runner,
     manifest_dict,
+    move_done,
     push_raw_request,
 )
 
@@ -58,22 +59,17 @@ class Bus:
         repo = self.env.project
         sha = G.child_commit(repo, parent, files, "edited after the run", "Mallory <m@example.com>")
         expect = self.done(rid) if replace else None
-        store = B.Bus(self.url, self.env.project)
-        assert store.swap([B.Update(B.done_ref(rid), sha, expect)], atomic=False)
-        # and, as anyone with push access could, index it under every subject its files name
+        assert (
+            expect is not None or B.done_ref(rid) not in B.Bus(self.url, repo).ls_remote(B.done_ref(rid)).refs
+        )
+        # as anyone with push access could, it is indexed under every subject its files name
         named = set()
         for path in (B.MANIFEST_PATH, f"{B.results_path(rid)}/result.json"):
             try:
                 named.add(json.loads(G.read_path(repo, sha, path) or b"{}").get("subject"))
             except ValueError:
                 pass
-        index = store.ls_remote(B.SUBJECT_PREFIX).index
-        updates = [B.Update(B.subject_ref(s, rid), sha, None) for s in named if isinstance(s, str)]
-        if rid in index:
-            old_subject, old_sha = index[rid]
-            updates = [u for u in updates if u.ref != B.subject_ref(old_subject, rid)]
-            updates.append(B.Update(B.subject_ref(old_subject, rid), sha, old_sha))
-        assert not updates or store.swap(updates, atomic=False)
+        move_done(self.url, repo, rid, sha, tuple(s for s in named if isinstance(s, str)))
         return sha
 
 
@@ -345,11 +341,8 @@ def test_a_done_commit_pushed_for_another_commit_does_not_count(world: Env, bus:
     o = outcomes(capsys)["work@cpu"]
     assert (o["status"], o["request_id"]) == ("mismatch", other)
     # ... until the bogus results are gone: then the original evidence passes for the commit it ran.
-    store = B.Bus(bus.url, world.project)
-    index = store.ls_remote(B.SUBJECT_PREFIX).refs
-    assert store.swap(
-        [B.Update(ref, None, sha) for ref, sha in index.items() if ref.endswith((forged, other, third))]
-    )
+    for i in (forged, other, third):
+        move_done(bus.url, world.project, i, None)
     assert gate(bus, first, "work@cpu") == 0
     assert capsys.readouterr().out == f"✓ work@cpu: pass — {rid}\n"
 
