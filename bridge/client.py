@@ -495,7 +495,8 @@ class Client:
         )
         updates: list[Update] = []
         dones = [e for e in old.entries.values() if e.done]
-        self.bus.fetch_ids([e.done for e in dones if e.done], "done results")
+        # every commit it pushes must be in the store (a push packs from there), and the done results are read
+        self.bus.fetch_ids(sorted(set(snap.old.values())), "layout 1 commits", in_store=True)
         files = self.local_files([f"{e.done}:{B.MANIFEST_PATH}" for e in dones])
         for e in old.entries.values():
             now = snap.entries.get(e.id)

@@ -284,57 +284,6 @@ def manifest_dict(
     ).model_dump(mode="json")
 
 
-class Relay:
-    """A TCP relay in front of a `git daemon` that counts the bytes each way (what a command costs on the wire):
-    `relay.url("bus.git")`, `relay.reset()`, `relay.down` (server to client) and `relay.up`."""
-
-    def __init__(self, port: int):
-        import threading
-
-        self.target = port
-        self.up = self.down = 0
-        self.lock = threading.Lock()
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def url(self, name: str = "bus.git") -> str:
-        return f"git://127.0.0.1:{self.port}/{name}"
-
-    def reset(self) -> None:
-        with self.lock:
-            self.up = self.down = 0
-
-    def _accept(self) -> None:
-        import threading
-
-        while True:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self.target))
-            for a, b, way in ((client, upstream, "up"), (upstream, client, "down")):
-                threading.Thread(target=self._pipe, args=(a, b, way), daemon=True).start()
-
-    def _pipe(self, src: socket.socket, dst: socket.socket, way: str) -> None:
-        try:
-            while data := src.recv(65536):
-                with self.lock:
-                    setattr(self, way, getattr(self, way) + len(data))
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            try:
-                dst.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
-
-    def close(self) -> None:
-        self.server.close()
-
-
 def move_done(
     url: str, store: Path, request_id: str, sha: str | None, subjects: tuple[str, ...] = ()
 ) -> None:
