@@ -30,10 +30,16 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import os
 import secrets
+import shutil
 import socket
+import subprocess
 import sys
+import tempfile
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -190,3 +196,199 @@ def write_history(
         input="".join(f"delete {ref}\n" for ref in G.refs_under(bus, "refs/kakeya-import/")).encode(),
     )
     return {"subjects": {runs: subjects[i] for i, runs in enumerate(runs_per_subject)}, "ids": ids}
+
+
+# --- the measurements --------------------------------------------------------------------------------
+
+PROGRAM = (
+    "import json, os\n"
+    "json.dump({'kind': 'bench', 'schema_version': 1}, open(os.environ['KAKEYA_REPORT'], 'w'))\n"
+    "print('ran')\n"
+)
+PRESET = {
+    "name": "bench",
+    "description": "writes a report",
+    "runners": ["cpu"],
+    "timeout_s": 120,
+    "argv": ["{python}", "bench_program.py"],
+    "report": {"kind": "bench", "schema_version": 1},
+}
+
+
+def sh(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(args), cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def kakeya(*args: str) -> list[str]:
+    return [sys.executable, "-m", "bridge.cli", *args]
+
+
+@contextlib.contextmanager
+def git_daemon(base: Path) -> Iterator[int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [
+            "git",
+            "daemon",
+            "--reuseaddr",
+            "--export-all",
+            "--enable=receive-pack",
+            "--informative-errors",
+            f"--base-path={base}",
+            "--listen=127.0.0.1",
+            f"--port={port}",
+            str(base),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def measure_size(work: Path, size: int) -> dict[str, Any]:
+    """Every operation on a bus of `size` finished requests: {op: {"bytes", "seconds", "rc"}}."""
+    import yaml
+
+    served = work / "served"
+    bus = G.init_bare(served / "bus.git")
+    project, presets = work / "project", work / "presets"
+    presets.mkdir(parents=True)
+    (presets / "bench.yaml").write_text(yaml.safe_dump(PRESET))
+    project.mkdir()
+    (project / "bench_program.py").write_text(PROGRAM)
+    (project / ".gitignore").write_text("/out/\n/.kakeya/\n")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("KAKEYA_")},
+        "KAKEYA_PRESETS": str(presets),
+        "KAKEYA_RUNNER_NAME": "bench",
+        "GIT_AUTHOR_NAME": "B",
+        "GIT_AUTHOR_EMAIL": "b@x",
+        "GIT_COMMITTER_NAME": "B",
+        "GIT_COMMITTER_EMAIL": "b@x",
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+    }
+    for args in (("init", "-q", "-b", "main"), ("add", "-A"), ("commit", "-qm", "project")):
+        sh("git", *args, cwd=project, env=env)
+    sh("git", "push", "-q", str(bus), "main", cwd=project, env=env)
+    out: dict[str, Any] = {}
+    with git_daemon(served) as port:
+        relay = Relay(port)
+        url = relay.url()
+
+        def op(name: str, *argv: str, cwd: Path = project) -> subprocess.CompletedProcess[str]:
+            relay.reset()
+            t0 = time.perf_counter()
+            proc = sh(*argv, cwd=cwd, env=env)
+            out[name] = {
+                "bytes": relay.up + relay.down,
+                "bytes_down": relay.down,
+                "seconds": round(time.perf_counter() - t0, 3),
+                "rc": proc.returncode,
+            }
+            if proc.returncode not in (0, 1):
+                out[name]["stderr"] = proc.stderr[-500:]
+            return proc
+
+        # one real run: the template of the history
+        rid = sh(*kakeya("request", "bench", "--runner", "cpu", "--remote", url), cwd=project, env=env)
+        real = rid.stdout.strip()
+        sh(*kakeya("runner", "once", "--labels", "cpu", "--remote", url), cwd=project, env=env)
+        t0 = time.perf_counter()
+        made = write_history(bus, template(bus, G.refs_under(bus, B.DONE_PREFIX)[B.done_ref(real)]), size - 1)
+        out["write_history_s"] = round(time.perf_counter() - t0, 2)
+        runner = ("runner", "once", "--labels", "cpu", "--name", "bench", "--remote", url)
+        sh(*kakeya(*runner), cwd=project, env=env)  # the runner's mirror exists: what follows is a warm poll
+        op("poll", *kakeya(*runner))
+        new = op("request", *kakeya("request", "bench", "--runner", "cpu", "--remote", url)).stdout.strip()
+        op("pickup", *kakeya(*runner))
+        op("wait", *kakeya("wait", new, "--remote", url, "--out", str(work / "w")))
+        op("status", *kakeya("status", "--remote", url))
+        op("status_all", *kakeya("status", "--all", "--remote", url))
+        op("runners", *kakeya("runners", "--remote", url))
+        fake = made["ids"][-1]
+        op("results", *kakeya("results", fake, "--remote", url, "--out", str(work / "r")))
+        for runs, subject in sorted(made["subjects"].items()):
+            ci = work / f"ci-{runs}"
+            sh("git", "clone", "-q", "--depth", "1", url, str(ci), cwd=work, env=env)
+            gate = kakeya("gate", "pr", "--subject", subject, "--require", "bench@cpu", "--remote", url)
+            op(f"gate_cold_{runs}_runs", *gate, cwd=ci)
+            op(f"gate_warm_{runs}_runs", *gate, cwd=ci)
+        op("clone", "git", "clone", "-q", url, str(work / "teammate"), cwd=work)
+        op("fetch_noop", "git", "fetch", "-q", cwd=work / "teammate")
+        op("gc", *kakeya("bus", "gc", "--older-than", "30", "--remote", url))
+        out["refs_on_bus"] = len(G.refs_under(bus, "refs/"))
+        # history into the ledger: what is left in refs is the last 3 days; the pushes' ref advertisement
+        # (receive-pack has no ref-prefix) shrinks with it
+        op("compact", *kakeya("bus", "compact", "--older-than", "3", "--remote", url))
+        out["refs_on_bus_after_compact"] = len(G.refs_under(bus, "refs/"))
+        op("poll_after_compact", *kakeya(*runner))
+        new = op("request_after_compact", *kakeya("request", "bench", "--runner", "cpu", "--remote", url))
+        op("pickup_after_compact", *kakeya(*runner))
+        old = made["ids"][0]
+        op("results_from_ledger", *kakeya("results", old, "--remote", url, "--out", str(work / "l")))
+        ci = work / "ci-ledger"
+        sh("git", "clone", "-q", "--depth", "1", url, str(ci), cwd=work, env=env)
+        subject = made["subjects"][50]
+        gate = kakeya("gate", "pr", "--subject", subject, "--require", "bench@cpu", "--remote", url)
+        op("gate_cold_50_runs_after_compact", *gate, cwd=ci)
+        op("status_all_after_compact", *kakeya("status", "--all", "--remote", url))
+        _ = new
+        relay.close()
+    return out
+
+
+def main() -> None:
+    import argparse
+    import platform
+
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--sizes", default="100,1000,10000", help="finished requests per bus (comma-separated)"
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bus_scale.json")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    result: dict[str, Any] = {
+        "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "load_avg_before": os.getloadavg()},
+        "git": G.version(),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "sizes": {},
+    }
+    for size in sizes:
+        work = Path(tempfile.mkdtemp(prefix=f"kakeya-bus-scale-{size}-"))
+        try:
+            result["sizes"][str(size)] = measure_size(work, size)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        print(json.dumps({size: result["sizes"][str(size)]}), flush=True)
+    small, large = result["sizes"][str(sizes[0])], result["sizes"][str(sizes[-1])]
+    result["growth"] = {
+        name: {
+            "bytes": round(large[name]["bytes"] / max(small[name]["bytes"], 1), 2),
+            "seconds": round(large[name]["seconds"] / max(small[name]["seconds"], 1e-3), 2),
+        }
+        for name in small
+        if isinstance(small[name], dict) and name in large
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["growth"], indent=2))
+
+
+if __name__ == "__main__":
+    main()

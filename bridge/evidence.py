@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import gates
 from bridge import bus as B
-from bridge import git, trust
+from bridge import git, ledger, trust
 from bridge.bus import Bus, Entry, Manifest, Snapshot
 from bridge.errors import InvalidRequest, KakeyaError
 from bridge.names import REQUIREMENT_RE
@@ -85,15 +85,26 @@ class Shelf:
         listing unless `snap`, one fetch by object id of what is not here yet, one batch read."""
         wanted = set(presets)
         if snap is None:  # the live requests too: a done result for a request still pending is checked on it
-            snap = self.bus.ls_remote(
-                f"{B.SUBJECT_PREFIX}{subject}/" if subject else B.DONE_PREFIX, B.REQ_PREFIX
+            where = (
+                [f"{B.SUBJECT_PREFIX}{subject}/", ledger.subject_shard(subject)]
+                if subject
+                else [B.DONE_PREFIX]
             )
+            snap = self.bus.ls_remote(*where, B.REQ_PREFIX)
         if subject is not None:
             found = [
                 Entry(rid, e.label if (e := snap.entries.get(rid)) else None, e.req if e else None, done=sha)
                 for rid, (subj, sha) in snap.index.items()
                 if subj == subject
             ]
+            shard = snap.refs.get(ledger.subject_shard(subject))
+            if shard is not None:  # and those moved into the ledger (one small tree, fetched by id)
+                known = {e.id for e in found}
+                found += [
+                    e
+                    for e in ledger.as_entries(ledger.read_shard(self.bus, shard, subject)).values()
+                    if e.id not in known
+                ]
         else:
             found = [e for e in snap.entries.values() if e.done]
         entries = sorted((e for e in found if e.preset in wanted), key=lambda e: e.id)

@@ -6,6 +6,7 @@ checked against a real run."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -264,3 +265,58 @@ def test_migrate_upgrades_an_old_bus_once_and_a_live_claim_is_honoured(world: En
     assert world.count() == ["old", "live"]
     final = all_refs(bus_dir)
     assert B.claim_ref(live) not in final and B.req_ref("cpu", live) not in final
+
+
+def test_compact_moves_old_results_into_the_ledger_and_every_reader_still_finds_them(
+    world: Env, daemon: Daemon, capsys
+):
+    url = daemon.repo()
+    bus_dir = daemon.base / "bus.git"
+    real = served(url, world, tag="real")
+    made = write_history(bus_dir, template(bus_dir, all_refs(bus_dir)[B.done_ref(real)]), 40, (1, 5))
+    ids = made["ids"] + [real]
+    cutoff = B.utcnow().timestamp() - 3 * 86400
+    old = {rid for rid in ids if B.id_time(rid).timestamp() < cutoff}
+    assert 20 < len(old) < len(ids)
+    assert main(["bus", "compact", "--remote", url, "--dry-run"]) == 0
+    assert f"would move {2 * len(old)} refs into the ledger" in capsys.readouterr().out
+    assert main(["bus", "compact", "--remote", url]) == 0
+    assert f"moved {2 * len(old)} refs into the ledger" in capsys.readouterr().out
+    refs = all_refs(bus_dir)
+    # only the recent results keep refs; the ledger and its shard refs hold the rest
+    assert {r.rsplit("/", 1)[1] for r in refs if r.startswith(B.DONE_PREFIX)} == set(ids) - old
+    assert not any(r.endswith(tuple(old)) for r in refs)
+    ledger = refs["refs/kakeya/ledger"]
+    kept = set(G.out(bus_dir, "rev-list", ledger).split())
+    # the done commits stay reachable (a gc of the bus keeps them) and are indexed by date, subject and preset
+    G.run(bus_dir, "gc", "--prune=now", "--quiet")
+    for rid in old:
+        done = json.loads(G.read_path(bus_dir, ledger, f"date/{rid[:8]}/{rid}") or b"{}")["done"]
+        assert done in kept and G.read_path(bus_dir, done, f"{B.results_path(rid)}/result.json")
+    tree = G.ls_tree(bus_dir, ledger, recursive=True)
+    assert {p.split("/")[0] for p in tree} == {"date", "subject", "preset"}
+    assert (
+        max(len(G.ls_tree(bus_dir, f"{ledger}:date/{d}")) for d in G.ls_tree(bus_dir, f"{ledger}:date"))
+        < 3000
+    )
+    assert main(["bus", "compact", "--remote", url]) == 0  # nothing left to move
+    assert "moved 0 refs" in capsys.readouterr().out
+    # a fresh clone (none of these objects): gate pr, results and status --all find the moved results
+    other = world.tmp / "other"
+    git(world.tmp, "clone", "-q", str(world.project), str(other))
+    os.chdir(other)
+    subject5 = made["subjects"][5]
+    five = sorted(
+        rid for rid in made["ids"] if G.read_path(bus_dir, ledger, f"subject/{subject5[:2]}/{subject5}/{rid}")
+    )
+    assert five and set(five) <= old
+    assert main(["gate", "pr", "--subject", subject5, "--require", "work@cpu", "--remote", url]) == 0
+    assert capsys.readouterr().out == f"✓ work@cpu: pass — {max(five)}\n"
+    moved = min(old)
+    assert main(["results", moved, "--remote", url, "--out", str(world.tmp / "moved")]) == 0
+    assert json.loads((world.tmp / "moved" / "result.json").read_text())["request_id"] == moved
+    capsys.readouterr()
+    assert main(["status", "--remote", url, "--all", "--json"]) == 0
+    assert {r["id"] for r in json.loads(capsys.readouterr().out)} == set(ids)
+    assert main(["status", "--remote", url, "--json"]) == 0  # recent only: nothing from the ledger
+    assert not {r["id"] for r in json.loads(capsys.readouterr().out)} & old
