@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 from bridge import bus as B  # noqa: E402
 from bridge import git as G  # noqa: E402
+from tests.bridge.bus_support import WRITE_REPORT_PY  # noqa: E402
 
 # --- the relay ---------------------------------------------------------------------------------------
 
@@ -77,7 +78,11 @@ class Relay:
                 client, _ = self.server.accept()
             except OSError:
                 return
-            upstream = socket.create_connection(("127.0.0.1", self.target))
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:  # the daemon is gone (the end of a measurement)
+                client.close()
+                continue
             for a, b, way in ((client, upstream, "up"), (upstream, client, "down")):
                 threading.Thread(target=self._pipe, args=(a, b, way), daemon=True).start()
 
@@ -200,18 +205,15 @@ def write_history(
 
 # --- the measurements --------------------------------------------------------------------------------
 
-PROGRAM = (
-    "import json, os\n"
-    "json.dump({'kind': 'bench', 'schema_version': 1}, open(os.environ['KAKEYA_REPORT'], 'w'))\n"
-    "print('ran')\n"
-)
+PROGRAM = WRITE_REPORT_PY + "write_report()\nprint('ran')\n"  # a valid probe report naming its subject
 PRESET = {
     "name": "bench",
-    "description": "writes a report",
+    "description": "writes a probe report",
     "runners": ["cpu"],
     "timeout_s": 120,
     "argv": ["{python}", "bench_program.py"],
-    "report": {"kind": "bench", "schema_version": 1},
+    "report": {"kind": "probe", "schema_version": 1},
+    "gate": [{"check": "min", "path": "/probe/cpu_count", "value": 1}],
 }
 
 
@@ -298,8 +300,8 @@ def measure_size(work: Path, size: int) -> dict[str, Any]:
                 "seconds": round(time.perf_counter() - t0, 3),
                 "rc": proc.returncode,
             }
-            if proc.returncode not in (0, 1):
-                out[name]["stderr"] = proc.stderr[-500:]
+            if proc.returncode != 0:
+                out[name]["output"] = (proc.stdout + proc.stderr)[-300:]
             return proc
 
         # one real run: the template of the history
@@ -312,6 +314,27 @@ def measure_size(work: Path, size: int) -> dict[str, Any]:
         runner = ("runner", "once", "--labels", "cpu", "--name", "bench", "--remote", url)
         sh(*kakeya(*runner), cwd=project, env=env)  # the runner's mirror exists: what follows is a warm poll
         op("poll", *kakeya(*runner))
+        os.environ.update({k: env[k] for k in ("KAKEYA_PRESETS", "KAKEYA_RUNNER_NAME")})
+        from bridge.config import load_config
+        from bridge.runner import Runner
+
+        watcher = Runner(
+            url, config=load_config(project), name="watcher", labels=["cpu"], workdir=work / "w1"
+        )
+        watcher.once()
+
+        def watch_poll(
+            name: str = "poll_watch",
+        ) -> None:  # one poll of `runner watch` (no presence push: that is every 2 leases)
+            relay.reset()
+            t0 = time.perf_counter()
+            watcher.once()
+            out["poll_watch"] = {
+                "bytes": relay.up + relay.down,
+                "seconds": round(time.perf_counter() - t0, 3),
+            }
+
+        watch_poll()
         new = op("request", *kakeya("request", "bench", "--runner", "cpu", "--remote", url)).stdout.strip()
         op("pickup", *kakeya(*runner))
         op("wait", *kakeya("wait", new, "--remote", url, "--out", str(work / "w")))
@@ -335,6 +358,7 @@ def measure_size(work: Path, size: int) -> dict[str, Any]:
         op("compact", *kakeya("bus", "compact", "--older-than", "3", "--remote", url))
         out["refs_on_bus_after_compact"] = len(G.refs_under(bus, "refs/"))
         op("poll_after_compact", *kakeya(*runner))
+        watch_poll("poll_watch_after_compact")
         new = op("request_after_compact", *kakeya("request", "bench", "--runner", "cpu", "--remote", url))
         op("pickup_after_compact", *kakeya(*runner))
         old = made["ids"][0]

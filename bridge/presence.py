@@ -140,7 +140,8 @@ class Beacon(threading.Thread):
             tree = git.tree_with(self.store, None, {PRESENCE_PATH: presence.dump()})
             message = f"kakeya presence {presence.name}: {presence.state}"
             sha = git.commit(self.store, tree, [], message, self.who, self.sign_key)
-            expect = self.sha
+            # our last push; at start whatever is there (a restart, or a namesake): one listing, not a failed push
+            expect = self.sha if self.sha is not None else self.bus.ls_remote(self.ref).refs.get(self.ref)
             for _ in range(2):  # our last push, else whatever is there (a restart, or a namesake)
                 if self.bus.swap([Update(self.ref, sha, expect)], atomic=False):
                     self.sha = sha
