@@ -462,6 +462,29 @@ def _ls_refs_answer(data: bytes) -> str:
     return "".join(out)
 
 
+def _read_until_flush(sock: socket.socket) -> bytes:
+    """pkt-lines from `sock` up to and including the first flush packet (or an ERR packet, or the end)."""
+    data = b""
+    i = 0
+    while True:
+        while len(data) < i + 4:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return data
+            data += chunk
+        size = int(data[i : i + 4], 16)
+        if size == 0:
+            return data[: i + 4]
+        while len(data) < i + max(size, 4):
+            chunk = sock.recv(65536)
+            if not chunk:
+                return data
+            data += chunk
+        if data[i + 4 : i + 8] == b"ERR ":
+            return data[: i + size]
+        i += max(size, 4)
+
+
 def _git_daemon_ls_refs(url: str, prefixes: Sequence[str], timeout: float) -> str:
     m = re.fullmatch(r"git://(\[[^\]]+\]|[^/:]+)(?::(\d+))?(/.*)", url)
     if not m:
@@ -470,9 +493,11 @@ def _git_daemon_ls_refs(url: str, prefixes: Sequence[str], timeout: float) -> st
     hello = f"git-upload-pack {path}\0host={host}{f':{port}' if m.group(2) else ''}\0\0version=2\0"
     try:
         with socket.create_connection((host.strip("[]"), port), timeout=timeout) as sock:
-            sock.sendall(_pkt(hello) + _ls_refs_request(prefixes))
+            sock.sendall(_pkt(hello))
+            chunks = [_read_until_flush(sock)]  # the capability advertisement (or the daemon's ERR)
+            _pkt_lines(chunks[0])
+            sock.sendall(_ls_refs_request(prefixes))
             sock.shutdown(socket.SHUT_WR)
-            chunks = []
             while chunk := sock.recv(65536):
                 chunks.append(chunk)
     except TimeoutError:

@@ -320,3 +320,34 @@ def test_compact_moves_old_results_into_the_ledger_and_every_reader_still_finds_
     assert {r["id"] for r in json.loads(capsys.readouterr().out)} == set(ids)
     assert main(["status", "--remote", url, "--json"]) == 0  # recent only: nothing from the ledger
     assert not {r["id"] for r in json.loads(capsys.readouterr().out)} & old
+
+
+def test_listing_errors_and_time_limits_say_what_was_asked(world: Env, daemon: Daemon, tmp_path):
+    missing = f"git://127.0.0.1:{daemon.port}/nope.git"
+    with pytest.raises(B.BusUnreachable, match=r"listing refs/kakeya/claim/.*nope.git"):
+        B.Bus(missing, world.project).ls_remote(B.CLAIM_PREFIX)
+    # a server that accepts and never answers: the time limit names what was being listed
+    import socket
+
+    silent = socket.create_server(("127.0.0.1", 0))
+    try:
+        url = f"git://127.0.0.1:{silent.getsockname()[1]}/bus.git"
+        with pytest.raises(B.BusUnreachable, match=r"listing refs/kakeya/runners/.*timed out after 1 s"):
+            B.Bus(url, world.project, timeout_s=1).ls_remote(B.RUNNERS_PREFIX)
+    finally:
+        silent.close()
+    # a local bus is asked through `git upload-pack`: the same scoped answer as over git://
+    url = daemon.repo()
+    served(url, world)
+    local = B.Bus(str(daemon.base / "bus.git"), world.project).list([B.DONE_PREFIX])
+    assert local == B.Bus(url, world.project).list([B.DONE_PREFIX]) and local.count("\n") == 1
+
+
+def test_an_idle_watch_backs_off_and_a_served_request_resets_it():
+    from bridge.runner import IDLE_CAP, idle_wait
+
+    waits = [idle_wait(0.5, n) for n in range(40)]
+    assert waits[:11] == [0.5] * 11  # the first ten idle polls at the poll interval
+    assert all(a <= b for a, b in zip(waits, waits[1:], strict=False))  # then slower and slower
+    assert waits[-1] == 0.5 * IDLE_CAP  # up to IDLE_CAP times the interval
+    assert idle_wait(10.0, 40) == 30.0 and idle_wait(60.0, 40) == 60.0  # never past 30 s unless poll_s is
