@@ -74,7 +74,12 @@ def test_history_written_by_fast_import_has_the_shape_of_a_real_run(world: Env, 
             for c in chain
         ]
 
-    assert shape(fake_done, fake) == shape(real_done, real)
+    def collapsed(chain: list[tuple[list[str], int]]) -> list[tuple[list[str], int]]:
+        """Heartbeats (claim commits on the claim) as one claim: a real run has as many as its time took."""
+        return [c for i, c in enumerate(chain) if i == 0 or c != chain[i - 1]]
+
+    assert collapsed(shape(fake_done, fake)) == collapsed(shape(real_done, real))
+    assert len(shape(fake_done, fake)) == 3  # done, claim, request
     # and the files are as valid as a real run's: the same models read them
     result = RunResult.model_validate_json(
         G.read_path(bus_dir, fake_done, f"{B.results_path(fake)}/result.json") or b""
