@@ -34,7 +34,8 @@ from bridge.trust import Signers
 
 SUMMARY_CAP = 1024 * 1024  # GitHub refuses a job summary (the whole $GITHUB_STEP_SUMMARY file) over 1 MiB
 Status = Literal["pass", "fail", "missing", "mismatch", "untrusted"]
-NOT_RAN = ("expired", "cancelled", "rejected")  # done results whose runner ran nothing
+NOT_RAN = ("expired", "cancelled", "rejected")
+BATCH = 16  # done results read at a time when looking for a baseline, newest first  # done results whose runner ran nothing
 MARK = {"pass": "✓", "fail": "✗", "missing": "✗", "mismatch": "✗", "untrusted": "✗"}
 
 
@@ -78,6 +79,7 @@ class Shelf:
         self.bus = bus
         self.signers = signers  # the trusted base's allowed signers: evidence must be signed by one of them
         self.dones: dict[str, list[Done]] = {}  # preset -> its done results, oldest first
+        self.later: dict[str, list[Entry]] = {}  # preset -> older done refs not read yet (baselines)
 
     def load(self, presets: Iterable[str], snap: Snapshot | None = None, subject: str | None = None) -> Shelf:
         """Read the done results of `presets`: with `subject`, those indexed under it (refs/kakeya/by-subject/
@@ -108,6 +110,28 @@ class Shelf:
         else:
             found = [e for e in snap.entries.values() if e.done]
         entries = sorted((e for e in found if e.preset in wanted), key=lambda e: e.id)
+        self.dones.update({name: [] for name in wanted})
+        if subject is None:  # for baselines, newest first: a batch now, older ones when asked (`more`)
+            for name in wanted:
+                self.later[name] = [e for e in entries if e.preset == name]
+                self.more(name)
+            return self
+        self.dones.update(self.done_results(entries))
+        return self
+
+    def more(self, preset: str) -> bool:
+        """Read the next (older) batch of `preset`'s done results not read yet; False when none is left."""
+        rest = self.later.get(preset, [])
+        if not rest:
+            return False
+        batch, self.later[preset] = rest[-BATCH:], rest[:-BATCH]
+        older = self.done_results(batch).get(preset, [])
+        self.dones[preset] = older + self.dones.get(preset, [])
+        return True
+
+    def done_results(self, entries: Sequence[Entry]) -> dict[str, list[Done]]:
+        """`entries` (oldest first) read as done results, by preset: one fetch by object id of what is not here
+        yet, one batch read."""
         self.bus.fetch_ids(
             [e.done for e in entries if e.done] + [e.req for e in entries if e.req], "done results"
         )
@@ -117,15 +141,15 @@ class Shelf:
             for path in (B.MANIFEST_PATH, f"{B.results_path(e.id)}/result.json")
         ] + [f"{e.req}:{B.MANIFEST_PATH}" for e in entries if e.req]
         files = self.read(specs)
-        self.dones.update({name: [] for name in wanted})
+        out: dict[str, list[Done]] = {}
         for e in entries:  # oldest first
             assert e.done is not None
             manifest = B.parse_or_none(Manifest, files.get(f"{e.done}:{B.MANIFEST_PATH}"))
             result = B.parse_or_none(RunResult, files.get(f"{e.done}:{B.results_path(e.id)}/result.json"))
             label = manifest.runner if manifest else e.label
             requested = B.parse_or_none(Manifest, files.get(f"{e.req}:{B.MANIFEST_PATH}")) if e.req else None
-            self.dones[e.preset].append(Done(e.id, e.done, label, manifest, result, e.req, requested))
-        return self
+            out.setdefault(e.preset, []).append(Done(e.id, e.done, label, manifest, result, e.req, requested))
+        return out
 
     def read(self, specs: Sequence[str]) -> dict[str, bytes]:
         """`<sha>:<path>` -> content, for the ones found in any of the local repositories."""
@@ -153,8 +177,21 @@ class Shelf:
         """The newest run of `preset` on `label` (with the same `params`, when given: a run of another model
         or context length is no baseline) created before request `before` that passed: it succeeded, its
         runner's verdict was pass (so it had no regression either) and its report still passes the checks of
-        this registry. Failing, errored and unreadable runs are skipped, never used as a baseline."""
-        for done in self.of(preset.name, label):
+        this registry. Failing, errored and unreadable runs are skipped, never used as a baseline. Reads
+        older batches only while no pass is found."""
+        checked = 0
+        while True:
+            found = self._pass_among(self.of(preset.name, label)[checked:], preset, before, params)
+            if found is not None:
+                return found
+            checked = len(self.of(preset.name, label))
+            if not self.more(preset.name):
+                return None
+
+    def _pass_among(
+        self, dones: Sequence[Done], preset: Preset, before: str | None, params: dict[str, Any] | None
+    ) -> tuple[Done, dict[str, Any]] | None:
+        for done in dones:
             r = done.result
             if (
                 (before is not None and done.id >= before)

@@ -356,3 +356,20 @@ def test_an_idle_watch_backs_off_and_a_served_request_resets_it():
     assert all(a <= b for a, b in zip(waits, waits[1:], strict=False))  # then slower and slower
     assert waits[-1] == 0.5 * IDLE_CAP  # up to IDLE_CAP times the interval
     assert idle_wait(10.0, 40) == 30.0 and idle_wait(60.0, 40) == 60.0  # never past 30 s unless poll_s is
+
+
+def test_a_baseline_is_looked_for_newest_first_a_batch_at_a_time(world: Env, daemon: Daemon):
+    url = daemon.repo()
+    bus_dir = daemon.base / "bus.git"
+    real = served(url, world, tag="real")
+    made = write_history(bus_dir, template(bus_dir, all_refs(bus_dir)[B.done_ref(real)]), 40, (1,))
+    ids = sorted(made["ids"] + [real])
+    shelf = E.Shelf(client(url).bus).load(["work"])
+    assert [d.id for d in shelf.of("work", None)] == ids[::-1][: E.BATCH]  # only the newest batch was read
+    preset = load_registry()["work"]
+    newest = shelf.previous_pass(preset, "cpu")
+    assert newest is not None and newest[0].id == ids[-1] and len(shelf.of("work", None)) == E.BATCH
+    found = shelf.previous_pass(preset, "cpu", before=ids[2])  # a pass older than two more batches
+    assert found is not None and found[0].id == ids[1]
+    assert len(shelf.of("work", None)) == len(ids)  # 16 + 16 + the last 9: read only as far as needed
+    assert shelf.previous_pass(preset, "cpu", before=ids[0]) is None  # nothing older: none found
