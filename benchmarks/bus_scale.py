@@ -137,6 +137,20 @@ def _commit(
     return f":{mark}"
 
 
+def request_json(template: bytes, rid: str, subject: str) -> bytes:
+    """The template's request.json for request `rid` on `subject`: made at its id's time, same time to live."""
+    made = B.Manifest.model_validate_json(template)
+    created = B.id_time(rid)
+    return made.model_copy(
+        update={
+            "id": rid,
+            "subject": subject,
+            "created_at": created,
+            "expires_at": created + (made.expires_at - made.created_at),
+        }
+    ).dump()
+
+
 def write_history(
     bus: Path, tpl: dict[str, Any], count: int, runs_per_subject: tuple[int, ...] = (1, 50)
 ) -> dict[str, Any]:
@@ -181,7 +195,7 @@ def write_history(
             mark + 1,
             tmp,
             subject,
-            {B.MANIFEST_PATH: swap(tpl["request"])},
+            {B.MANIFEST_PATH: request_json(tpl["request"], rid, subject)},
             f"kakeya request {rid}",
             when,
         )
@@ -346,7 +360,17 @@ def measure_size(work: Path, size: int) -> dict[str, Any]:
         for runs, subject in sorted(made["subjects"].items()):
             ci = work / f"ci-{runs}"
             sh("git", "clone", "-q", "--depth", "1", url, str(ci), cwd=work, env=env)
-            gate = kakeya("gate", "pr", "--subject", subject, "--require", "bench@cpu", "--remote", url)
+            gate = kakeya(
+                "gate",
+                "pr",
+                "--subject",
+                subject,
+                "--require",
+                "bench@cpu",
+                "--remote",
+                url,
+                "--allow-unsigned",
+            )
             op(f"gate_cold_{runs}_runs", *gate, cwd=ci)
             op(f"gate_warm_{runs}_runs", *gate, cwd=ci)
         op("clone", "git", "clone", "-q", url, str(work / "teammate"), cwd=work)
@@ -366,7 +390,9 @@ def measure_size(work: Path, size: int) -> dict[str, Any]:
         ci = work / "ci-ledger"
         sh("git", "clone", "-q", "--depth", "1", url, str(ci), cwd=work, env=env)
         subject = made["subjects"][50]
-        gate = kakeya("gate", "pr", "--subject", subject, "--require", "bench@cpu", "--remote", url)
+        gate = kakeya(
+            "gate", "pr", "--subject", subject, "--require", "bench@cpu", "--remote", url, "--allow-unsigned"
+        )
         op("gate_cold_50_runs_after_compact", *gate, cwd=ci)
         op("status_all_after_compact", *kakeya("status", "--all", "--remote", url))
         _ = new

@@ -28,16 +28,25 @@ import random
 import re
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Literal, NamedTuple, TypeVar
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, ValidationError
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from bridge import git
-from bridge.errors import BusError, BusUnreachable, KakeyaError
-from bridge.names import LABEL_RE, NAME, RUNNER_NAME_RE, SHA_PATTERN
+from bridge.errors import BusError, BusUnreachable, KakeyaError, problems
+from bridge.names import LABEL, LABEL_RE, NAME, RUNNER_NAME_RE, SHA_PATTERN
 
 PREFIX = "refs/heads/kakeya/"  # the trigger namespace: request branches only
 REQ_PREFIX = PREFIX + "req/"
@@ -56,10 +65,25 @@ MANIFEST_PATH = ".kakeya/request.json"
 CLAIM_PATH = ".kakeya/claim.json"
 CANCEL_PATH = ".kakeya/cancel.json"
 RESULTS_DIR = ".kakeya/results"
-ID_RE = re.compile(rf"^(\d{{8}}T\d{{6}}\.\d{{3}}Z)-({NAME})-([0-9a-f]{{6}})$")
+ID_RE = re.compile(rf"^(\d{{8}}T\d{{6}}\.\d{{3}}Z)-({NAME})-([0-9a-f]{{6}})\Z")
+ID_EPOCH = dt.datetime(2020, 1, 1, tzinfo=dt.UTC)  # no request is older than this
+ID_SKEW = dt.timedelta(days=1)  # how far ahead of this machine's clock an id's time may be (clocks differ)
+ID_RULE = (
+    "expected e.g. 20260614T101502.123Z-probe-a1b2c3: a UTC time from 2020 on and at most a day ahead "
+    "of now, a preset name, six hex digits"
+)
+CREATED_AT_SLACK = dt.timedelta(seconds=60)  # how far a manifest's created_at may be from its id's time
+MAX_TTL = dt.timedelta(days=7)  # the longest a request may wait for a runner (expires_at - created_at)
+MANIFEST_MAX_BYTES = 64 * 1024  # a request.json larger than this is refused unread
 
 
 # --- ids and refs -----------------------------------------------------------------------------------
+
+
+class RequestId(NamedTuple):
+    time: dt.datetime  # when the request was made (UTC, milliseconds)
+    preset: str
+    suffix: str  # six random hex digits: two requests of the same millisecond differ
 
 
 def new_id(preset: str, now: dt.datetime | None = None) -> str:
@@ -68,18 +92,34 @@ def new_id(preset: str, now: dt.datetime | None = None) -> str:
     return f"{now:%Y%m%dT%H%M%S}.{now.microsecond // 1000:03d}Z-{preset}-{secrets.token_hex(3)}"
 
 
-def id_time(request_id: str) -> dt.datetime:
-    m = ID_RE.match(request_id)
+def parse_id(request_id: str, now: dt.datetime | None = None) -> RequestId | None:
+    """`request_id` as (time, preset, suffix), or None when it is not a request id: the whole text in the
+    form `new_id` makes, a real calendar time, not before ID_EPOCH nor more than ID_SKEW ahead of `now`.
+    Every reader of the bus goes through this: an id that does not parse is ignored, never trusted."""
+    m = ID_RE.fullmatch(request_id)
     if not m:
-        raise KakeyaError(
-            f"{request_id!r} is not a request id (expected e.g. 20260614T101502.123Z-probe-a1b2c3)"
-        )
-    return dt.datetime.strptime(m.group(1), "%Y%m%dT%H%M%S.%fZ").replace(tzinfo=dt.UTC)
+        return None
+    try:
+        made = dt.datetime.strptime(m.group(1), "%Y%m%dT%H%M%S.%fZ").replace(tzinfo=dt.UTC)
+    except ValueError:  # 00000000T000000.000Z, a 13th month, a 61st second
+        return None
+    if not ID_EPOCH <= made <= (now or utcnow()) + ID_SKEW:
+        return None
+    return RequestId(made, m.group(2), m.group(3))
+
+
+def id_time(request_id: str) -> dt.datetime:
+    """When `request_id` was made; KakeyaError when it is not a request id (a user's typo). Ids from the
+    bus never raise here: `Snapshot.parse` keeps only the ones `parse_id` accepts."""
+    parsed = parse_id(request_id)
+    if parsed is None:
+        raise KakeyaError(f"{request_id!r} is not a request id ({ID_RULE})")
+    return parsed.time
 
 
 def id_preset(request_id: str) -> str:
-    m = ID_RE.match(request_id)
-    return m.group(2) if m else ""
+    parsed = parse_id(request_id)
+    return parsed.preset if parsed else ""
 
 
 def req_ref(label: str, request_id: str) -> str:
@@ -149,16 +189,38 @@ class Manifest(_File):
     """.kakeya/request.json: what was asked for. `params` are raw, as given; the runner re-validates."""
 
     schema_version: Literal[1] = 1
-    id: str = Field(pattern=ID_RE.pattern)
+    id: str
     preset: str
     params: dict[str, JsonValue] = {}
     subject: str = Field(pattern=SHA_PATTERN)
-    runner: str = Field(pattern=LABEL_RE.pattern)
+    runner: str = Field(pattern=f"^{LABEL}$")  # pydantic's regex: `$` is the end of the text
     requester: str
-    created_at: AwareDatetime
-    expires_at: AwareDatetime
+    created_at: AwareDatetime  # the time of `id`, within CREATED_AT_SLACK
+    expires_at: AwareDatetime  # after created_at, at most MAX_TTL after it
     nonce: str
     snapshot_of: str | None = None  # the HEAD a dirty working tree was snapshotted on
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, value: str) -> str:
+        if parse_id(value) is None:
+            raise ValueError(f"{value!r} is not a request id ({ID_RULE})")
+        return value
+
+    @model_validator(mode="after")
+    def _times(self) -> Manifest:
+        made = id_time(self.id)
+        if abs(self.created_at - made) > CREATED_AT_SLACK:
+            raise ValueError(
+                f"created_at {self.created_at.isoformat()} is not the time of its id {self.id} "
+                f"({made.isoformat()}, {CREATED_AT_SLACK.total_seconds():g} s allowed)"
+            )
+        if not self.created_at < self.expires_at <= self.created_at + MAX_TTL:
+            raise ValueError(
+                f"expires_at {self.expires_at.isoformat()} must be after created_at "
+                f"{self.created_at.isoformat()} and at most {MAX_TTL.days} days after it"
+            )
+        return self
 
 
 class WorkloadProgress(_File):
@@ -220,6 +282,33 @@ def parse_or_none(cls: type[_M], data: bytes | None) -> _M | None:
         return cls.model_validate_json(data)
     except ValidationError:
         return None
+
+
+def _manifest(data: bytes) -> Manifest | str:
+    try:
+        return Manifest.model_validate_json(data)
+    except ValidationError as exc:
+        return problems(exc, "manifest", limit=5)
+
+
+def read_manifests(repos: Sequence[Path | str], commits: Iterable[str]) -> dict[str, Manifest | str]:
+    """commit -> the Manifest its .kakeya/request.json holds, or why there is none (missing, larger than
+    MANIFEST_MAX_BYTES, invalid), from the first of the local `repos` that has the file. Sizes are asked
+    first (`git.blob_sizes`): a request.json over the cap is never read."""
+    found: dict[str, Manifest | str] = {}
+    rest = {f"{c}:{MANIFEST_PATH}": c for c in commits}
+    for repo in repos:
+        sizes = git.blob_sizes(repo, list(rest))
+        blobs = git.read_blobs(repo, [s for s, n in sizes.items() if n <= MANIFEST_MAX_BYTES])
+        for spec, size in sizes.items():
+            found[rest.pop(spec)] = (
+                _manifest(blobs.get(spec, b""))
+                if size <= MANIFEST_MAX_BYTES
+                else f"{MANIFEST_PATH} is {size} bytes, over the {MANIFEST_MAX_BYTES}-byte cap"
+            )
+    for commit in rest.values():
+        found[commit] = f"commit {commit[:12]} has no {MANIFEST_PATH}"
+    return found
 
 
 # --- the state of the bus from one ls-remote ---------------------------------------------------------
@@ -324,14 +413,14 @@ class Snapshot:
                 kind == "by-subject"
                 and len(parts) == 3
                 and re.fullmatch(SHA_PATTERN, parts[1])
-                and ID_RE.match(rid)
+                and parse_id(rid) is not None
             ):
                 snap.index[rid] = (parts[1], sha)
                 continue
             shape_ok = (len(parts) == 3 and kind == "req" and LABEL_RE.match(parts[1])) or (
                 len(parts) == 2 and kind in ("claim", "done", "cancel")
             )
-            if not shape_ok or not ID_RE.match(rid):
+            if not shape_ok or parse_id(rid) is None:
                 snap.ignored.append(ref)
                 continue
             entry = entries.setdefault(rid, Entry(rid))

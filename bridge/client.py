@@ -177,6 +177,12 @@ class Client:
         preset = get_preset(registry if registry is not None else load_registry(), preset_name)
         preset.check_runs_on(check_label(label))
         preset.validate_params(raw)
+        ttl_s = expires_s or self.config.request_ttl_s
+        if ttl_s > B.MAX_TTL.total_seconds():
+            raise InvalidRequest(
+                f"--expires {age(ttl_s)} is too long: a request waits for a runner at most "
+                f"{age(B.MAX_TTL.total_seconds())}; give --expires 7d or less"
+            )
         subject_sha, snapshot_of = self.subject(subject, allow_dirty)
         now = B.utcnow()
         rid = B.new_id(preset.name, now)
@@ -188,7 +194,7 @@ class Client:
             runner=label,
             requester=self.requester(),
             created_at=now,
-            expires_at=now + dt.timedelta(seconds=expires_s or self.config.request_ttl_s),
+            expires_at=now + dt.timedelta(seconds=ttl_s),
             nonce=secrets.token_hex(8),
             snapshot_of=snapshot_of,
         )
@@ -334,16 +340,15 @@ class Client:
                 specs[e.id] = f"{e.done}:{B.results_path(e.id)}/result.json"
             elif e.claim:
                 specs[e.id] = f"{e.claim}:{B.CLAIM_PATH}"
-            elif e.req:
-                specs[e.id] = f"{e.req}:{B.MANIFEST_PATH}"
-        manifests = {e.id: f"{e.req or e.done}:{B.MANIFEST_PATH}" for e in entries if e.req or e.done}
-        found = self.local_files(list(specs.values()) + list(manifests.values()))
+        found = self.local_files(list(specs.values()))
+        # a finished request's commit went with its ref: its done commit holds the same request.json
+        manifests = B.read_manifests(self.bus.repos(), [c for e in entries if (c := e.req or e.done)])
         now = B.utcnow()
         rows = []
         for e in entries:
             created = e.created_at
             data = found.get(specs.get(e.id, ""))
-            manifest = B.parse_or_none(Manifest, found.get(manifests.get(e.id, "")))
+            manifest = m if isinstance(m := manifests.get(e.req or e.done or ""), Manifest) else None
             result = B.parse_or_none(RunResult, data) if e.done else None
             claim = B.parse_or_none(Claim, data) if e.claim and not e.done else None
             status = result.status if result else None
@@ -510,7 +515,7 @@ class Client:
         dones = [e for e in old.entries.values() if e.done]
         # every commit it pushes must be in the store (a push packs from there), and the done results are read
         self.bus.fetch_ids(sorted(set(snap.old.values())), "layout 1 commits", in_store=True)
-        files = self.local_files([f"{e.done}:{B.MANIFEST_PATH}" for e in dones])
+        manifests = B.read_manifests(self.bus.repos(), [e.done for e in dones if e.done])
         for e in old.entries.values():
             now = snap.entries.get(e.id)
             for kind in ("claim", "done", "cancel"):
@@ -523,8 +528,8 @@ class Client:
                     updates.append(Update(ref, sha, None))
                 updates.append(Update(f"{B.PREFIX}{kind}/{e.id}", None, sha))
             if e.done:
-                manifest = B.parse_or_none(Manifest, files.get(f"{e.done}:{B.MANIFEST_PATH}"))
-                if manifest is not None and e.id not in snap.index:
+                manifest = manifests.get(e.done)
+                if isinstance(manifest, Manifest) and e.id not in snap.index:
                     updates.append(Update(B.subject_ref(manifest.subject, e.id), e.done, None))
                 if now is not None and now.req:
                     updates.append(Update(B.req_ref(now.label or "", e.id), None, now.req))
@@ -560,17 +565,15 @@ class Client:
         shards = {ref: sha for ref, sha in snap.refs.items() if ref.startswith(L.SHARD_PREFIX)}
         store = self.bus.store
         self.bus.fetch_ids([e.done for e in old if e.done] + ([tip] if tip else []), "done results", True)
-        specs = [
-            f"{e.done}:{p}" for e in old for p in (B.MANIFEST_PATH, f"{B.results_path(e.id)}/result.json")
-        ]
-        files = git.read_blobs(store, specs)
+        files = git.read_blobs(store, [f"{e.done}:{B.results_path(e.id)}/result.json" for e in old])
+        manifests = B.read_manifests([store], [e.done for e in old if e.done])
         deleted: list[str] = []
         for i in range(0, len(old), L.CHUNK):
             chunk = old[i : i + L.CHUNK]
             entries = []
             for e in chunk:
                 assert e.done is not None
-                m = B.parse_or_none(Manifest, files.get(f"{e.done}:{B.MANIFEST_PATH}"))
+                m = m if isinstance(m := manifests.get(e.done), Manifest) else None
                 r = B.parse_or_none(RunResult, files.get(f"{e.done}:{B.results_path(e.id)}/result.json"))
                 subject = (
                     index[e.id][0]

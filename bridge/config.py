@@ -24,6 +24,10 @@ then `KAKEYA_*` environment variables, then command-line flags (applied by the c
                     files, never in its environment nor passed to a run: `git-credentials` (git's
                     credential-store format, e.g. https://x-access-token:TOKEN@github.com) is what the
                     runner's git pushes to the bus with
+    min_free_bytes  a runner claims no request while the file system of its state directory has less free space
+                    than this (it says so in its presence, and claims again once there is room); 0 = no floor.
+                    Default 1 GiB: ten times the default result cap (a run's out dir, its logs and checkout,
+                    and the mirror's objects for its done commit all land there before the result is pushed)
     clock_offset_s  added to this runner's wall clock (tests fake clock skew with it)
     stop_grace_s    after a stop signal, `runner watch` lets the current run go on this long, then ends it
                     (it still ends in a done commit); unset: the run is finished whatever it takes
@@ -41,6 +45,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bridge import git
+from bridge.bus import MAX_TTL
 from bridge.errors import InvalidRequest, problems
 
 ENV_PREFIX = "KAKEYA_"
@@ -58,7 +63,7 @@ class Config(BaseModel):
     log_cap_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     secrets: list[str] = ["HF_TOKEN", "GITHUB_TOKEN", "GH_TOKEN"]
     state_dir: str = ""
-    request_ttl_s: float = Field(default=24 * 3600, gt=0)
+    request_ttl_s: float = Field(default=24 * 3600, gt=0, le=MAX_TTL.total_seconds())
     signing_key: str = ""
     require_signed_requests: bool = False
     allowed_requesters: str = ""
@@ -69,6 +74,7 @@ class Config(BaseModel):
     files_cap_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
     result_cap_bytes: int = Field(default=100 * 1024 * 1024, ge=64 * 1024)
     secrets_dir: str = ""
+    min_free_bytes: int = Field(default=1 << 30, ge=0)
     clock_offset_s: float = 0.0
     stop_grace_s: float | None = Field(default=None, ge=0)
 
@@ -93,6 +99,7 @@ _ENV_FIELDS = {
     "KAKEYA_FILES_CAP": "files_cap_bytes",
     "KAKEYA_RESULT_CAP": "result_cap_bytes",
     "KAKEYA_SECRETS_DIR": "secrets_dir",
+    "KAKEYA_MIN_FREE": "min_free_bytes",
     "KAKEYA_CLOCK_OFFSET": "clock_offset_s",
     "KAKEYA_STOP_GRACE": "stop_grace_s",
 }

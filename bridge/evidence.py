@@ -1,23 +1,29 @@
 """Evidence on the bus: the run that proves a commit (for `kakeya gate pr`) and the previous pass (for a
 preset's `baseline: {from: previous-pass, ...}`).
 
-    shelf = Shelf(bus)                       # e.g. Shelf(client.bus)
+    shelf = Shelf(bus, signers)              # signers: the trusted base's allowed signers (None: unsigned allowed)
     shelf.load(["probe"], subject=sha)       # one prefix-scoped listing, one fetch by id, one batch read
-    outcome = judge(shelf, subject, Requirement("probe", "cpu"), registry["probe"])
-    outcome.status                           # pass | fail | missing | mismatch
+    req = Requirement.parse("niah-ladder@h200 samples>=5", registry)   # typed pins, checked once
+    outcome = judge(shelf, subject, req, registry["niah-ladder"])
+    outcome.status, outcome.trust, outcome.ignored   # pass | fail | missing | mismatch; "signed by r1@h200"; ...
     shelf.previous_pass(preset, "cpu", before=request_id)   # (done result, report) or None
 
-Nothing a runner or a requester wrote is taken on trust: the newest done result that names the subject
-(in its request or its result) and ran something (an expired, cancelled or rejected one counts only
-when no run did) must agree everywhere — request.json, result.json and report.json name
-the subject, the done commit descends from it and changes nothing outside .kakeya/ — and its report is
-gated again with the checks of this machine's preset registry; the runner's verdict is ignored.
+Nothing a runner or a requester wrote is taken on trust. The evidence is the newest done result that names
+the subject (in its request or its result) and is a trusted, executed run of the requirement: the runner's
+signed done commit for its label (when the shelf has signers), a run that ran (not expired, cancelled or
+rejected), agreeing everywhere — request.json, result.json and report.json name the subject, the done commit
+descends from it, was made on its request commit and changes nothing outside .kakeya/, it ran this
+registry's preset definition (when signed) — with parameters that meet the requirement's pins. Its report is
+gated again with the checks of this machine's preset registry for the label it ran on (`gate` and
+`gate_on`); the runner's verdict is ignored. Every newer result that names the subject but is no such run is
+listed as ignored, with why (`Ignored`): none of them can mask the evidence.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import operator
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -26,17 +32,19 @@ import gates
 from bridge import bus as B
 from bridge import git, ledger, trust
 from bridge.bus import Bus, Entry, Manifest, Snapshot
+from bridge.config import project_root
 from bridge.errors import InvalidRequest, KakeyaError
-from bridge.names import REQUIREMENT_RE
+from bridge.host import accelerator_words
+from bridge.names import PIN_RE, REQUIREMENT_RE
 from bridge.presets import Preset, get_preset
 from bridge.result import RunOutcome, RunResult
-from bridge.trust import Signers
+from bridge.trust import UNSIGNED, Signers, trust_words
 
 SUMMARY_CAP = 1024 * 1024  # GitHub refuses a job summary (the whole $GITHUB_STEP_SUMMARY file) over 1 MiB
-Status = Literal["pass", "fail", "missing", "mismatch", "untrusted"]
-NOT_RAN = ("expired", "cancelled", "rejected")
-BATCH = 16  # done results read at a time when looking for a baseline, newest first  # done results whose runner ran nothing
-MARK = {"pass": "✓", "fail": "✗", "missing": "✗", "mismatch": "✗", "untrusted": "✗"}
+Status = Literal["pass", "fail", "missing", "mismatch"]
+NOT_RAN = ("expired", "cancelled", "rejected")  # done results whose runner ran nothing
+BATCH = 16  # done results read at a time when looking for a baseline, newest first
+MARK = {"pass": "✓", "fail": "✗", "missing": "✗", "mismatch": "✗"}
 
 
 # --- done results -----------------------------------------------------------------------------------
@@ -135,19 +143,16 @@ class Shelf:
         self.bus.fetch_ids(
             [e.done for e in entries if e.done] + [e.req for e in entries if e.req], "done results"
         )
-        specs = [
-            f"{e.done}:{path}"
-            for e in entries
-            for path in (B.MANIFEST_PATH, f"{B.results_path(e.id)}/result.json")
-        ] + [f"{e.req}:{B.MANIFEST_PATH}" for e in entries if e.req]
-        files = self.read(specs)
+        files = self.read([f"{e.done}:{B.results_path(e.id)}/result.json" for e in entries])
+        found = B.read_manifests(self.bus.repos(), {c for e in entries for c in (e.done, e.req) if c})
+        manifests = {c: m for c, m in found.items() if isinstance(m, Manifest)}
         out: dict[str, list[Done]] = {}
         for e in entries:  # oldest first
             assert e.done is not None
-            manifest = B.parse_or_none(Manifest, files.get(f"{e.done}:{B.MANIFEST_PATH}"))
+            manifest = manifests.get(e.done)
             result = B.parse_or_none(RunResult, files.get(f"{e.done}:{B.results_path(e.id)}/result.json"))
             label = manifest.runner if manifest else e.label
-            requested = B.parse_or_none(Manifest, files.get(f"{e.req}:{B.MANIFEST_PATH}")) if e.req else None
+            requested = manifests.get(e.req) if e.req else None
             out.setdefault(e.preset, []).append(Done(e.id, e.done, label, manifest, result, e.req, requested))
         return out
 
@@ -177,8 +182,9 @@ class Shelf:
         """The newest run of `preset` on `label` (with the same `params`, when given: a run of another model
         or context length is no baseline) created before request `before` that passed: it succeeded, its
         runner's verdict was pass (so it had no regression either) and its report still passes the checks of
-        this registry. Failing, errored and unreadable runs are skipped, never used as a baseline. Reads
-        older batches only while no pass is found."""
+        this registry; with signers, it is also a runner's signed done commit made on its request (a forged
+        baseline could otherwise fail a genuine run, or hide its regression). Failing, errored, unreadable and
+        untrusted runs are skipped, never used as a baseline. Older batches are read only while none is found."""
         checked = 0
         while True:
             found = self._pass_among(self.of(preset.name, label)[checked:], preset, before, params)
@@ -201,6 +207,7 @@ class Shelf:
                 or r.request_id != done.id
                 or r.preset != preset.name
                 or (params is not None and r.params != params)
+                or (self.signers is not None and not self.trusted(done))
             ):
                 continue
             raw = self.report(done)
@@ -208,15 +215,26 @@ class Shelf:
                 report = gates.parse_report(raw, "report.json") if raw is not None else None
             except gates.ReportError:
                 continue
-            if report is not None and regate(report, preset).passed:
+            if report is not None and regate(report, preset, done.label).passed:
                 return done, report
         return None
 
+    def trusted(self, done: Done) -> bool:
+        """Whether `done` is a runner's signed done commit for its label, made on its request commit."""
+        assert self.signers is not None
+        repo = self.repo_with(done.sha)
+        _, problem = trust.signed_done(repo, done.sha, None, done.label, self.signers)  # yes or no: no walk
+        return problem is None and trust.request_problem(repo, done.id, done.sha, done.req) is None
 
-def regate(report: dict[str, Any], preset: Preset) -> gates.Verdict:
-    """The report gated with `preset`'s checks, kind and schema version (no baseline)."""
+
+def regate(report: dict[str, Any], preset: Preset, label: str | None) -> gates.Verdict:
+    """The report of a run on runner label `label` gated with `preset`'s checks for that label (`gate`, then
+    `gate_on[label]`: e.g. on h200 its models ran on CUDA), kind and schema version (no baseline)."""
     return gates.evaluate(
-        report, preset.gate, kind=preset.report.kind, schema_version=preset.report.schema_version
+        report,
+        preset.checks_for(label),
+        kind=preset.report.kind,
+        schema_version=preset.report.schema_version,
     )
 
 
@@ -260,16 +278,29 @@ def compare_to_previous(
     )
 
 
+def gate_for_label(preset: Preset, label: str | None, outcome: RunOutcome) -> RunOutcome:
+    """The run's verdict with the preset's checks for runner label `label` (`gate_on`), as `kakeya gate pr`
+    gates it; a preset without them, or a run without a verdict, is returned as it is."""
+    if not preset.gate_on.get(label or "") or outcome.verdict is None or outcome.report is None:
+        return outcome
+    verdict = regate(outcome.report, preset, label)
+    return replace(
+        outcome, result=outcome.result.model_copy(update={"verdict": verdict.status}), verdict=verdict
+    )
+
+
 def apply_baseline(bus: Bus, preset: Preset, label: str | None, outcome: RunOutcome) -> RunOutcome:
-    """After the runner gated a run: compare its report with the previous pass on the bus, record the
-    comparison in the verdict, and fail the verdict on a regression (in memory; the outcome is written
-    once, afterwards). A preset without `baseline:` or a run without a verdict is returned as it is. The
-    bus being unreachable is recorded, never raised: a run is not lost for want of its baseline."""
+    """After the runner gated a run: gate it for its runner label (`gate_for_label`), then compare its report
+    with the previous pass on the bus, record the comparison in the verdict, and fail the verdict on a
+    regression (in memory; the outcome is written once, afterwards). A preset without `baseline:` or a run
+    without a verdict is not compared. The bus being unreachable is recorded, never raised: a run is not
+    lost for want of its baseline."""
+    outcome = gate_for_label(preset, label, outcome)
     result = outcome.result
     if preset.baseline is None or outcome.verdict is None or outcome.report is None:
         return outcome
-    try:
-        shelf = Shelf(bus).load([preset.name])
+    try:  # the runner's trusted checkout names the runners whose passes may be a baseline
+        shelf = Shelf(bus, trust.trusted_signers(project_root())).load([preset.name])
         baseline, comparison = compare_to_previous(
             shelf, preset, label, result.request_id, outcome.report, result.params
         )
@@ -289,23 +320,142 @@ def apply_baseline(bus: Bus, preset: Preset, label: str | None, outcome: RunOutc
 
 # --- evidence for a commit ---------------------------------------------------------------------------
 
+Op = Literal["==", ">=", "<=", ">", "<"]
+_ORDER: dict[str, Callable[[Any, Any], bool]] = {
+    ">=": operator.ge,
+    "<=": operator.le,
+    ">": operator.gt,
+    "<": operator.lt,
+}
+_ORDERED_TYPES = ("int", "float", "int_list")  # parameter types that take >=, <=, >, <
+
+
+@dataclass(frozen=True)
+class Pin:
+    """A requirement's parameter pin, `samples>=5`: the run's value of `param` must meet `op value`.
+
+    ==            the value, whole (an int_list: the same items in the same order)
+    >= <= > <     int and float parameters; for an int_list, EVERY item must meet it (`contexts>=65536`:
+                  no rung below 65536), i.e. `>=`/`>` bound its smallest item and `<=`/`<` its largest
+    """
+
+    param: str
+    op: Op
+    value: Any  # typed by the preset's parameter: int, float, str, bool, or a tuple of ints (int_list ==)
+
+    def met_by(self, seen: Any) -> bool:
+        if self.op == "==":
+            if isinstance(seen, bool) or isinstance(self.value, bool):
+                return seen is self.value
+            return (tuple(seen) if isinstance(seen, list) else seen) == self.value
+        items = seen if isinstance(seen, list) else [seen]
+        numbers = all(isinstance(i, (int, float)) and not isinstance(i, bool) for i in items)
+        return bool(items) and numbers and all(_ORDER[self.op](i, self.value) for i in items)
+
+    def __str__(self) -> str:
+        value = self.value
+        if isinstance(value, tuple):
+            text = ",".join(str(v) for v in value)
+        elif isinstance(value, bool):
+            text = "true" if value else "false"
+        else:
+            text = str(value)
+        return f"{self.param}{self.op}{text}"
+
 
 @dataclass(frozen=True)
 class Requirement:
+    """What must pass: a preset, on a runner label (None: any), with its parameters pinned (none: any
+    allowed values). Written `niah-ladder@h200 contexts>=65536 samples>=5`; parsed once, typed against the
+    preset's parameters (`parse`)."""
+
     preset: str
     label: str | None = None
+    pins: tuple[Pin, ...] = ()
 
     @classmethod
-    def parse(cls, text: str) -> Requirement:
-        m = REQUIREMENT_RE.match(text.strip())
+    def parse(cls, text: str, registry: Mapping[str, Preset]) -> Requirement:
+        """`PRESET[@LABEL] [PARAM OP VALUE ...]`, checked against `registry`: the preset exists, may run on
+        the label, and each pin names one of its parameters with an operator its type takes and a value it
+        allows. InvalidRequest says what is wrong."""
+        m = REQUIREMENT_RE.fullmatch(text.strip())
         if not m:
             raise InvalidRequest(
-                f"requirement {text!r} must look like PRESET or PRESET@LABEL, e.g. probe@cpu"
+                f"requirement {text!r} must look like PRESET, PRESET@LABEL or PRESET@LABEL PARAM>=VALUE ... "
+                "(operators == >= <= > <, no spaces inside a pin), e.g. probe@cpu or "
+                "'niah-ladder@h200 samples>=5'"
             )
-        return cls(m.group(1), m.group(2))
+        name, label = m.group(1), m.group(2)
+        preset = get_preset(registry, name)
+        where = f"{name}@{label}" if label else name
+        if label is not None:
+            try:
+                preset.check_runs_on(label)
+            except InvalidRequest as exc:
+                raise InvalidRequest(f"requirement {where}: {exc}") from None
+        pins: list[Pin] = []
+        for token in m.group(3).split():
+            pm = PIN_RE.fullmatch(token)
+            assert pm is not None  # REQUIREMENT_RE matched it
+            param, op, raw = pm.group(1), pm.group(2), pm.group(3)
+            spec = preset.params.get(param)
+            if spec is None:
+                raise InvalidRequest(
+                    f"requirement {where}: preset {name} has no parameter {param!r} "
+                    f"(its parameters: {', '.join(sorted(preset.params)) or 'none'})"
+                )
+            if any(p.param == param and p.op == op for p in pins):
+                raise InvalidRequest(f"requirement {where}: {param}{op} is pinned twice")
+            if op != "==" and spec.type not in _ORDERED_TYPES:
+                raise InvalidRequest(
+                    f"requirement {where}: {token}: parameter {param} is {spec.type}; it takes == only"
+                )
+            try:
+                value = spec.parse(raw)
+            except ValueError as exc:
+                raise InvalidRequest(f"requirement {where}: {token}: {param} {exc}") from None
+            if isinstance(value, list):
+                if op != "==" and len(value) != 1:
+                    raise InvalidRequest(
+                        f"requirement {where}: {token}: {op} takes one number (it bounds every item)"
+                    )
+                value = tuple(value) if op == "==" else value[0]
+            pins.append(Pin(param, op, value))  # type: ignore[arg-type]  # op is one of Op
+        return cls(name, label, tuple(pins))
+
+    def unmet(self, params: Mapping[str, Any]) -> list[str]:
+        """The pins a run's parameters do not meet, each saying what the run had."""
+        out = []
+        for pin in self.pins:
+            if pin.param not in params:
+                out.append(f"{pin}: it has no {pin.param}")
+            elif not pin.met_by(params[pin.param]):
+                seen = params[pin.param]
+                shown = ",".join(map(str, seen)) if isinstance(seen, list) else json.dumps(seen)
+                out.append(f"{pin}: it ran {pin.param}={shown}")
+        return out
 
     def __str__(self) -> str:
-        return f"{self.preset}@{self.label}" if self.label else self.preset
+        head = f"{self.preset}@{self.label}" if self.label else self.preset
+        return " ".join([head, *(str(p) for p in self.pins)])
+
+
+IgnoredKind = Literal["untrusted", "not-run", "mismatch", "pins"]
+
+
+@dataclass(frozen=True)
+class Ignored:
+    """A done result that names the subject but is no evidence, and why: `untrusted` (not a runner's signed
+    done commit for its label: unsigned, bad or unknown key, edited, key not allowed for the label),
+    `not-run` (expired, cancelled, rejected), `mismatch` (it does not belong to the subject or request, or
+    ran another preset definition), `pins` (its parameters do not meet the requirement's pins)."""
+
+    id: str
+    kind: IgnoredKind
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.kind}): {self.reason}"
 
 
 @dataclass
@@ -318,12 +468,43 @@ class Outcome:
     evidence: Done | None = None
     verdict: gates.Verdict | None = None  # the re-gated verdict, when the report could be gated
     notes: list[str] = field(default_factory=list)
+    trust: str | None = None  # of the evidence: `signed by RUNNER@LABELS` or `unsigned (allowed)`
+    ignored: list[Ignored] = field(default_factory=list)  # newer results that name the subject, not used
 
     @property
     def passed(self) -> bool:
         return self.status == "pass"
 
+    @property
+    def accelerator(self) -> str | None:
+        """The evidence's accelerator, as its result.json's host fingerprint records it."""
+        r = self.evidence.result if self.evidence else None
+        return accelerator_words(r.host.get("accelerator")) if r else None
+
+    @property
+    def forced(self) -> list[str]:
+        """The labels the evidence's runner served without their hardware (`runner --force-labels`)."""
+        r = self.evidence.result if self.evidence else None
+        return list(r.forced_labels) if r else []
+
+    def facts(self) -> list[str]:
+        """What a row says of the evidence besides its verdict: who signed it, forced labels, accelerator."""
+        out = [self.trust] if self.trust else []
+        if self.forced:
+            out.append(f"labels forced without their hardware: {', '.join(self.forced)}")
+        if self.evidence is not None:
+            out.append(f"accelerator: {self.accelerator or 'none'}")
+        return out
+
+    def line(self) -> str:
+        """One line for `kakeya gate pr`, then one per ignored result."""
+        what = self.evidence.id if self.evidence and self.passed else "; ".join(self.reasons)
+        facts = self.facts()
+        head = " · ".join([f"{MARK[self.status]} {self.requirement}: {self.status} — {what}", *facts])
+        return "\n".join([head, *(f"    ignored {i}" for i in self.ignored)])
+
     def as_dict(self) -> dict[str, Any]:
+        r = self.evidence.result if self.evidence else None
         return {
             "requirement": str(self.requirement),
             "status": self.status,
@@ -331,74 +512,78 @@ class Outcome:
             "notes": self.notes,
             "request_id": self.evidence.id if self.evidence else None,
             "done": self.evidence.sha if self.evidence else None,
-            "runner": self.evidence.result.runner_name if self.evidence and self.evidence.result else None,
+            "runner": r.runner_name if r else None,
+            "trust": self.trust,
+            "forced_labels": self.forced,
+            "accelerator": r.host.get("accelerator") if r else None,
+            "ignored": [{"request_id": i.id, "kind": i.kind, "reason": i.reason} for i in self.ignored],
             "verdict": self.verdict.model_dump(mode="json") if self.verdict else None,
         }
 
 
 def check_requirements(texts: Sequence[str], registry: Mapping[str, Preset]) -> list[Requirement]:
-    """Parsed, each naming a preset of `registry` and a label it may run on; duplicates dropped."""
+    """Parsed (`Requirement.parse`), each naming a preset of `registry`, a label it may run on and pins its
+    parameters take; duplicates dropped."""
     out: list[Requirement] = []
     for text in texts:
-        req = Requirement.parse(text)
-        preset = get_preset(registry, req.preset)
-        if req.label is not None:
-            try:
-                preset.check_runs_on(req.label)
-            except InvalidRequest as exc:
-                raise InvalidRequest(f"requirement {req}: {exc}") from None
+        req = Requirement.parse(text, registry)
         if req not in out:
             out.append(req)
     return out
 
 
 def judge(shelf: Shelf, subject: str, req: Requirement, preset: Preset) -> Outcome:
-    """The newest done result of `req` that names `subject` and ran (else the newest that did not), verified
-    and re-gated."""
+    """The newest trusted, executed done result of `req` that names `subject`, verified and re-gated. The
+    newer ones that name it but are no evidence (untrusted, not run, not belonging to it, not meeting the
+    pins) are listed as ignored, with why: none of them can mask the evidence."""
     candidates = shelf.of(req.preset, req.label)
-    named = [d for d in candidates if d.names(subject)]
-    # An outcome in which nothing ran (expired, cancelled, rejected) never masks a run that did.
-    done = next((d for d in named if not d.result or d.result.status not in NOT_RAN), None)
-    done = done or next(iter(named), None)
-    if done is None:
-        why = f"no {req} result on the bus names {subject[:12]}"
-        if candidates:
-            other = candidates[0]
-            why += f" (the newest, {other.id}, is for {(other.subject or 'an unknown commit')[:12]})"
-        return Outcome(req, "missing", [why])
-    r = done.result
-    if (
-        r is not None
-        and r.subject is None
-        and r.status != "succeeded"
-        and done.manifest is not None
-        and done.manifest.subject == subject
-    ):  # rejected or expired: the runner ran nothing for the subject
-        return Outcome(
-            req,
-            "fail",
-            [f"{done.id}: the run was {r.status}" + (f": {r.reason}" if r.reason else "")],
-            evidence=done,
-        )
+    ignored: list[Ignored] = []
+    for done in (d for d in candidates if d.names(subject)):
+        signer, why = screen(shelf, done, subject, req, preset)
+        if why is not None:
+            ignored.append(why)
+            continue
+        outcome = regate_evidence(shelf, done, subject, req, preset)
+        outcome.trust = trust_words(signer) if shelf.signers is not None else UNSIGNED
+        outcome.ignored = ignored
+        return outcome
+    why = f"no trusted, executed {req} run on the bus names {subject[:12]}"
+    if ignored:
+        why += f" ({len(ignored)} result(s) ignored)"
+    elif candidates:
+        other = candidates[0]
+        why += f" (the newest, {other.id}, is for {(other.subject or 'an unknown commit')[:12]})"
+    return Outcome(req, "missing", [why], ignored=ignored)
+
+
+def screen(
+    shelf: Shelf, done: Done, subject: str, req: Requirement, preset: Preset
+) -> tuple[str | None, Ignored | None]:
+    """(the principal that signed it, None) when `done` is evidence for `req` on `subject`: a runner's signed
+    done commit for its label (when the shelf has signers), a run that executed, belonging to the subject and
+    its request, of this registry's preset definition (when signed), with parameters that meet the pins.
+    (None, why not) otherwise."""
+    signer = None
     if shelf.signers is not None:
         repo = shelf.repo_with(done.sha)
-        problem = trust.signed_done_problem(repo, done.sha, subject, done.label, shelf.signers)
+        signer, problem = trust.signed_done(repo, done.sha, subject, done.label, shelf.signers)
         if problem:
-            return Outcome(req, "untrusted", [f"{done.id}: {problem}"], evidence=done)
+            return None, Ignored(done.id, "untrusted", problem)
+    r = done.result
+    if r is not None and r.status in NOT_RAN:
+        return None, Ignored(done.id, "not-run", f"{r.status}: {r.reason}" if r.reason else r.status)
     problems = provenance(shelf, done, subject, req, preset)
-    if shelf.signers is not None and done.result and done.result.preset_hash != preset.content_hash:
+    if shelf.signers is not None and r and r.preset_hash != preset.content_hash:
         problems.append(
-            f"preset mismatch: it ran preset definition {done.result.preset_hash or 'unknown'}, the trusted "
+            f"preset mismatch: it ran preset definition {r.preset_hash or 'unknown'}, the trusted "
             f"registry has {preset.content_hash}"
         )
     if problems:
-        return Outcome(
-            req,
-            "mismatch",
-            [f"{done.id} does not belong to {subject[:12]}: {p}" for p in problems],
-            evidence=done,
-        )
-    return regate_evidence(shelf, done, subject, req, preset)
+        return None, Ignored(done.id, "mismatch", f"does not belong to {subject[:12]}: {'; '.join(problems)}")
+    assert r is not None  # provenance found it
+    if unmet := req.unmet(r.params):
+        return None, Ignored(done.id, "pins", f"its parameters do not meet {req}: {'; '.join(unmet)}")
+    return signer, None
 
 
 def provenance(shelf: Shelf, done: Done, subject: str, req: Requirement, preset: Preset) -> list[str]:
@@ -489,7 +674,7 @@ def regate_evidence(shelf: Shelf, done: Done, subject: str, req: Requirement, pr
             evidence=done,
             notes=notes,
         )
-    verdict = regate(report, preset)
+    verdict = regate(report, preset, done.label)
     if preset.baseline is not None:
         params = done.result.params if done.result else None
         verdict = verdict.with_comparison(
@@ -523,8 +708,11 @@ def gate_subject(
 # --- the job summary ---------------------------------------------------------------------------------
 
 
-def _cell(text: str, limit: int = 400) -> str:
+def _cell(text: str, limit: int = 400, code: bool = False) -> str:
+    """`text` for one line of a markdown table or list: no newline, no `|`; outside a code span (`code`) no
+    `<` either, so that what a result.json says cannot open HTML (a `</details>`) in the job summary."""
     text = text.replace("|", "\\|").replace("\n", " ")
+    text = text if code else text.replace("<", "&lt;")
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -536,7 +724,7 @@ def summary_table(subject: str, outcomes: Sequence[Outcome], limit: int = SUMMAR
     head = [
         f"**Evidence for `{subject}`: {'✓ pass' if ok else '✗ fail'}** ({met} of {len(outcomes)} "
         f"requirement{'' if len(outcomes) == 1 else 's'} met)\n\n",
-        "| | requirement | status | evidence | details |\n|---|---|---|---|---|\n",
+        "| | requirement | status | evidence | trust | details |\n|---|---|---|---|---|---|\n",
     ]
     rows = []
     for o in outcomes:
@@ -550,13 +738,25 @@ def summary_table(subject: str, outcomes: Sequence[Outcome], limit: int = SUMMAR
                 else ""
             )
         )
-        if o.notes:
-            details += (" — " if details else "") + "; ".join(o.notes)
-        rows.append(f"| {MARK[o.status]} | `{o.requirement}` | {o.status} | {ev} | {_cell(details)} |\n")
+        extra = o.notes + o.facts()[1 if o.trust else 0 :]
+        if o.ignored:
+            extra.append(f"ignored: {', '.join(f'{i.id} ({i.kind})' for i in o.ignored)}")
+        if extra:
+            details += (" — " if details else "") + "; ".join(extra)
+        rows.append(
+            f"| {MARK[o.status]} | `{_cell(str(o.requirement), 200, code=True)}` | {o.status} | {ev} | "
+            f"{_cell(o.trust or '—', 200)} | {_cell(details)} |\n"
+        )
     sections = [
         f"\n<details><summary>{o.requirement}: {o.status}</summary>\n\n{o.verdict.to_markdown()}\n</details>\n"
         for o in outcomes
         if o.verdict is not None and not o.passed
+    ] + [
+        f"\n<details><summary>{o.requirement}: {len(o.ignored)} result(s) ignored</summary>\n\n"
+        + "".join(f"- `{i.id}` ({i.kind}): {_cell(i.reason, 2000)}\n" for i in o.ignored)
+        + "</details>\n"
+        for o in outcomes
+        if o.ignored
     ]
     blocks = head + rows + sections
     out: list[str] = []

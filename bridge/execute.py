@@ -24,7 +24,7 @@ from typing import Any
 
 import gates
 from bridge import launcher
-from bridge.caps import REPORT, RUNNER_FILES, apply_caps
+from bridge.caps import REPORT, apply_caps, collect
 from bridge.config import Config
 from bridge.errors import KakeyaError
 from bridge.host import host_fingerprint, tool_versions
@@ -173,19 +173,6 @@ def _sandbox(checkout: Path, scratch: Path, iso: Isolation) -> Path:
     return work
 
 
-def _collect(run_dir: Path, out_dir: Path) -> None:
-    """Move what a program wrote in its own run directory into out_dir: regular files only (a link could
-    point at the runner's files), never over the runner's own files."""
-    for dirpath, _dirnames, filenames in os.walk(run_dir):
-        for name in filenames:
-            src = Path(dirpath) / name
-            rel = src.relative_to(run_dir).as_posix()
-            if src.is_symlink() or not src.is_file() or rel in RUNNER_FILES:
-                continue
-            (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(src, out_dir / rel)
-
-
 def _run(
     preset: Preset,
     argv: list[str],
@@ -287,9 +274,8 @@ def _run(
         reason = f"could not start {argv[0]!r}: {status['start_error']}"
         result = RunResult(status="error", reason=reason, started_at=iso_time(started), **base)
         return RunOutcome(out_dir, result, redact=redact)
-    if run_dir != out_dir:
-        _collect(run_dir, out_dir)
-    dropped = apply_caps(
+    collected = collect(run_dir, out_dir, config.result_cap_bytes) if run_dir != out_dir else []
+    dropped = collected + apply_caps(
         out_dir,
         report_cap=config.report_cap_bytes,
         files_cap=config.files_cap_bytes,
@@ -319,7 +305,7 @@ def _run(
     )
     result = outcome.result
     report_path = out_dir / "report.json"
-    redact.scrub_file(report_path)
+    redact.scrub_file(report_path, config.report_cap_bytes)
     if stopped:
         result.status, result.reason = stopped
     elif returncode != 0:

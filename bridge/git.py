@@ -211,6 +211,20 @@ def read_blobs_in(repos: Sequence[Path], specs: Sequence[str]) -> dict[str, byte
     return found
 
 
+def blob_sizes(repo: Path | str, specs: Sequence[str]) -> dict[str, int]:
+    """`<object>` or `<commit>:<path>` -> size in bytes, for every spec that names a blob here, with one
+    `git cat-file --batch-check`: nothing is read, so a reader can refuse a blob by its size first."""
+    if not specs:
+        return {}
+    text = run(repo, "cat-file", "--batch-check", input="".join(s + "\n" for s in specs).encode()).stdout
+    sizes = {}
+    for spec, line in zip(specs, text.decode(errors="replace").splitlines(), strict=True):
+        parts = line.split()
+        if len(parts) == 3 and parts[1] == "blob":
+            sizes[spec] = int(parts[2])
+    return sizes
+
+
 def ls_tree(repo: Path | str, treeish: str, recursive: bool = False) -> dict[str, tuple[str, str, str]]:
     """path -> (mode, type, sha) of the entries of `treeish` ({} when it is not a tree)."""
     proc = run(repo, "ls-tree", "-z", *(["-r"] if recursive else []), treeish, check=False)
@@ -280,9 +294,11 @@ def write_blobs(repo: Path | str, contents: Sequence[bytes]) -> list[str]:
     return text.split()
 
 
-def tree_with(repo: Path | str, base: str | None, files: Mapping[str, bytes]) -> str:
-    """The tree of `base` (a tree or commit, None for empty) with `files` (posix path -> content) added or
-    replaced."""
+def tree_with(
+    repo: Path | str, base: str | None, files: Mapping[str, bytes], without: str | None = None
+) -> str:
+    """The tree of `base` (a tree or commit, None for empty) without anything at or under the path `without`,
+    with `files` (posix path -> content) added or replaced."""
     for path in files:
         if any(part in ("", ".", "..", ".git") for part in path.split("/")):
             raise KakeyaError(f"refusing to write {path!r} into a commit")
@@ -290,7 +306,13 @@ def tree_with(repo: Path | str, base: str | None, files: Mapping[str, bytes]) ->
     with tempfile.TemporaryDirectory(prefix="kakeya-index-") as tmp:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
         run(repo, "read-tree", *([base] if base else ["--empty"]), env=env)
-        info = b"".join(
+        gone = (
+            run(repo, "ls-tree", "-r", "-z", "--name-only", base, "--", without).stdout
+            if base and without
+            else b""
+        )
+        info = b"".join(f"0 {'0' * 40}\t".encode() + path + b"\0" for path in gone.split(b"\0") if path)
+        info += b"".join(
             f"{FILE_MODE} {sha}\t".encode() + path.encode() + b"\0"
             for path, sha in zip(files, shas, strict=True)
         )

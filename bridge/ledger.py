@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from bridge import bus as B
 from bridge import git
@@ -35,13 +35,20 @@ CHUNK = 400  # done commits per ledger commit (its parents) and per push
 class LedgerEntry(_File):
     """One finished request in the ledger's index."""
 
-    id: str = Field(pattern=B.ID_RE.pattern)
+    id: str
     done: str = Field(pattern=SHA_PATTERN)
     subject: str | None = Field(default=None, pattern=SHA_PATTERN)
     label: str | None = None
     preset: str
     status: str | None = None
     verdict: str | None = None
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, value: str) -> str:
+        if B.parse_id(value) is None:
+            raise ValueError(f"{value!r} is not a request id")
+        return value
 
 
 def subject_shard(subject: str) -> str:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from bridge.caps import Unsafe, atomic_write, read_file
 
 REDACTED = "[REDACTED]"
 
@@ -24,13 +27,18 @@ class Redactor:
     def text(self, value: str) -> str:
         return self(value.encode()).decode(errors="replace")
 
-    def scrub_file(self, path: Path) -> None:
-        if not self.secrets or not path.is_file():
+    def scrub_file(self, path: Path, cap: int) -> None:
+        """Redact a file of a run in place (read as bridge/caps.py reads: no link followed, at most `cap` bytes;
+        one that cannot be read so is left for the caps to refuse)."""
+        if not self.secrets:
             return
-        data = path.read_bytes()
+        try:
+            data = read_file(path.parent, path.name, cap)
+        except (Unsafe, OSError):
+            return
         clean = self(data)
         if clean != data:
-            path.write_bytes(clean)
+            atomic_write(path, clean)
 
 
 class CappedLog:
@@ -81,8 +89,16 @@ class CappedLog:
 
 
 def pump(stream: Any, log: CappedLog) -> None:
+    """Copy a program's output stream into `log` until it ends. A log that cannot be written (a full disk) is
+    given up, but the stream is still drained, so the program never blocks on its output."""
+    failed = False
     try:
         for chunk in iter(lambda: stream.read1(65536), b""):
-            log.write(chunk)
+            if not failed:
+                try:
+                    log.write(chunk)
+                except OSError:
+                    failed = True
     finally:
-        log.close()
+        with contextlib.suppress(OSError):
+            log.close()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import gates
+from bridge.host import accelerator_words
 
 if TYPE_CHECKING:
     from bridge.result import RunResult
@@ -40,6 +41,14 @@ def outcome_heading(status: str, verdict: str | None) -> str:
     if status == "succeeded" and verdict == "fail":
         return "ran, gate failed"
     return status + (f" — verdict {verdict}" if verdict else "")
+
+
+def signed_words(signed_by: str | None) -> str:
+    """Who the runner signed the run's done commit as (`kakeya gate pr` verifies it against the trusted
+    base's allowed signers), or that it is unsigned and counts only where unsigned evidence is allowed."""
+    if signed_by:
+        return f"signed by {signed_by}"
+    return "unsigned (allowed only on the embedded bus, or with --allow-unsigned)"
 
 
 def _e(value: Any) -> str:
@@ -111,12 +120,19 @@ def run_page(result: RunResult, out_dir: Path, verdict: gates.Verdict | None) ->
         "subject": result.subject,
         "runner": result.runner_name,
         "labels": ", ".join(result.runner_labels) or None,
+        "signed": signed_words(result.signed_by),
+        "forced labels": (
+            f"{', '.join(result.forced_labels)}: served without their hardware (--force-labels)"
+            if result.forced_labels
+            else None
+        ),
+        "accelerator": accelerator_words(result.host.get("accelerator")) or "none",
         "exit code": result.exit_code,
         "started": result.started_at,
         "ended": result.ended_at,
         "duration s": result.duration_s,
         "preset hash": result.preset_hash,
-        **{f"host {k}": v for k, v in result.host.items()},
+        **{f"host {k}": v for k, v in result.host.items() if k != "accelerator"},
         **{f"tool {k}": v for k, v in result.tools.items()},
     }
     parts.append("<h2>Provenance</h2>")

@@ -53,6 +53,7 @@ class Presence(_File):
     every_s: float = Field(gt=0, le=24 * 3600)  # how often it is refreshed
     state: Literal["idle", "serving", "stopped"]
     serving: str | None = None  # the request it is serving
+    paused: str | None = Field(default=None, max_length=500)  # why it claims nothing now (a full disk)
 
     def live_until(self) -> dt.datetime:
         return self.seen_at + dt.timedelta(seconds=STALE_AFTER * self.every_s)
@@ -83,6 +84,7 @@ class Beacon(threading.Thread):
         accelerator: str,
         version: str,
         log: Callable[[str], None],
+        paused: str | None = None,
     ):
         super().__init__(name=f"presence-{name}", daemon=True)
         if not RUNNER_NAME_RE.match(name):
@@ -103,6 +105,7 @@ class Beacon(threading.Thread):
             seen_at=now,
             every_s=every_s,
             state="idle",
+            paused=paused,
         )
         self.sha: str | None = None  # what we last pushed
         self._wake = threading.Event()
@@ -121,6 +124,12 @@ class Beacon(threading.Thread):
             self.presence = self.presence.model_copy(
                 update={"state": "serving" if request_id else "idle", "serving": request_id}
             )
+        self._wake.set()
+
+    def pause(self, why: str | None) -> None:
+        """Say (at once, from the thread) why the runner claims nothing now; None: it claims again."""
+        with self._lock:
+            self.presence = self.presence.model_copy(update={"paused": why})
         self._wake.set()
 
     def close(self) -> None:

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
@@ -34,6 +35,15 @@ _EMBEDDED = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 _ENV_REF = re.compile(r"\$\{ENV:([A-Za-z_][A-Za-z0-9_]*)\}")
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9][A-Za-z0-9._-]{0,127})?$")
 _ZOO = re.compile(r"^zoo:[a-z0-9][a-z0-9-]{0,63}$")
+# Patterns are matched whole (re.fullmatch): `$` alone would let a trailing newline through.
+_CONTROL = ("Cc", "Cf", "Cs", "Zl", "Zp")  # control and format characters, lone surrogates, line breaks
+
+
+def _no_controls(raw: str) -> None:
+    """ValueError naming the first control character of `raw` (a newline, an escape, a bidi override)."""
+    for i, char in enumerate(raw):
+        if unicodedata.category(char) in _CONTROL:
+            raise ValueError(f"must not contain control characters (U+{ord(char):04X} at position {i})")
 
 
 class _Base(BaseModel):
@@ -156,6 +166,7 @@ class StrParam(_Base):
             raise ValueError("must be a string")
         if len(raw) > self.max_length:
             raise ValueError(f"must be at most {self.max_length} characters")
+        _no_controls(raw)
         if not re.fullmatch(self.pattern, raw):
             raise ValueError(f"must match the pattern {self.pattern}")
         return raw
@@ -210,8 +221,7 @@ class PathParam(_Base):
     def parse(self, raw: Any) -> str:
         if not isinstance(raw, str) or not raw.strip():
             raise ValueError("must be a non-empty path")
-        if "\x00" in raw or "\n" in raw:
-            raise ValueError("must not contain NUL or newline characters")
+        _no_controls(raw)
         path = PurePosixPath(raw)
         root = PurePosixPath(self.root)
         if path.is_absolute():
@@ -242,9 +252,10 @@ class ModelParam(_Base):
     def parse(self, raw: Any) -> str:
         if not isinstance(raw, str):
             raise ValueError("must be a model reference (zoo:NAME or a model directory name)")
-        if _ZOO.match(raw):
+        _no_controls(raw)
+        if _ZOO.fullmatch(raw):
             return raw
-        if not _MODEL_NAME.match(raw) or ".." in raw.split("/"):
+        if not _MODEL_NAME.fullmatch(raw) or ".." in raw.split("/"):
             raise ValueError(
                 "must be zoo:NAME or a model directory name such as gemma-3-1b (no '..', not absolute)"
             )
@@ -326,6 +337,8 @@ class Preset(BaseModel):
     secrets: list[str] = []
     report: ReportSpec
     gate: list[Check] = []
+    # more checks on a runner label, e.g. on h200 the report's device must be CUDA (`checks_for`)
+    gate_on: dict[str, list[Check]] = {}
     baseline: BaselineSpec | None = None
     network: Literal["host", "none"] = "host"  # none: a new, empty network namespace where permitted
 
@@ -341,10 +354,22 @@ class Preset(BaseModel):
     def _gate(cls, raw: Any) -> list[Check]:
         return parse_checks(raw)
 
+    @field_validator("gate_on", mode="before")
+    @classmethod
+    def _gate_on(cls, raw: Any) -> dict[str, list[Check]]:
+        if raw is None:
+            return {}
+        if not isinstance(raw, dict):
+            raise ValueError("gate_on must map a runner label to a list of checks")
+        return {str(label): parse_checks(checks) for label, checks in raw.items()}
+
     @model_validator(mode="after")
     def _template(self) -> Preset:
+        for label in self.gate_on:
+            if label not in self.runners:
+                raise ValueError(f"gate_on names label {label!r}, which is not in runners")
         for pname, spec in self.params.items():
-            if not _PARAM.match(pname):
+            if not _PARAM.fullmatch(pname):
                 raise ValueError(
                     f"parameter name {pname!r} must be lowercase letters, digits and underscores"
                 )
@@ -359,7 +384,7 @@ class Preset(BaseModel):
                 raise ValueError(f"parameter {pname!r} needs a default or `required: true`")
         used = set()
         for element in self.argv:
-            m = _PLACEHOLDER.match(element)
+            m = _PLACEHOLDER.fullmatch(element)
             if m:
                 if m.group(1) not in self.params and m.group(1) not in BUILTINS:
                     raise ValueError(f"argv element {element!r} names no parameter or builtin")
@@ -375,6 +400,10 @@ class Preset(BaseModel):
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
                 raise ValueError(f"env name {key!r} is not a valid variable name")
         return self
+
+    def checks_for(self, label: str | None) -> list[Check]:
+        """The gate of a run on runner label `label`: `gate`, then `gate_on[label]`."""
+        return [*self.gate, *self.gate_on.get(label or "", [])]
 
     def allows(self, label: str) -> bool:
         """Whether this preset may run on runner label `label`."""
@@ -393,8 +422,10 @@ class Preset(BaseModel):
     def content_hash(self) -> str:
         """sha256 of the canonical definition: what the runner ran, independent of YAML formatting."""
         # A preset without a baseline (or with the default network) hashes as it did before those existed.
-        exclude = ({"baseline"} if self.baseline is None else set()) | (
-            {"network"} if self.network == "host" else set()
+        exclude = (
+            ({"baseline"} if self.baseline is None else set())
+            | ({"network"} if self.network == "host" else set())
+            | ({"gate_on"} if not self.gate_on else set())
         )
         data = self.model_dump(mode="json", by_alias=True, exclude=exclude)
         if (
@@ -436,7 +467,7 @@ class Preset(BaseModel):
         """One argv element per template element; model names are resolved on this (runner) host."""
         argv = []
         for element in self.argv:
-            m = _PLACEHOLDER.match(element)
+            m = _PLACEHOLDER.fullmatch(element)
             if not m:
                 argv.append(element)
                 continue
@@ -483,6 +514,16 @@ class Preset(BaseModel):
                 for n, s in self.params.items()
             },
             "gate": [c.model_dump(exclude_none=True) for c in self.gate],
+            **(
+                {
+                    "gate_on": {
+                        lb: [c.model_dump(exclude_none=True) for c in checks]
+                        for lb, checks in self.gate_on.items()
+                    }
+                }
+                if self.gate_on
+                else {}
+            ),
             **(
                 {"baseline": self.baseline.model_dump(by_alias=True, exclude_none=True)}
                 if self.baseline

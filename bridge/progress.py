@@ -3,12 +3,15 @@
 The runner tracks the phase (checkout, running, gating, pushing) and when serving began; each heartbeat
 adds the last lines of the run's redacted logs and the workload's own progress: the JSON file named by
 KAKEYA_PROGRESS in the run's environment (`{"done": 3, "total": 5, "what": "rung 3 of 5"}`), read capped,
-and ignored when it is missing, huge or malformed (it never fails a run).
+and ignored when it is missing, huge, malformed or not a regular file (it never fails a run). Nothing here
+blocks: a FIFO or a link at either path is refused at open (bridge/caps.py), and the runner builds the record
+before it takes its lease's lock.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +19,7 @@ from pydantic import ValidationError
 
 from bridge import bus as B
 from bridge.bus import Progress, WorkloadProgress
+from bridge.caps import Unsafe, open_regular, read_capped, read_file
 
 PROGRESS_FILE = "progress.json"  # under the run's out dir; KAKEYA_PROGRESS names it; removed after the run
 PROGRESS_CAP = 4096  # bytes; a bigger progress file is ignored
@@ -39,19 +43,17 @@ class Tracker:
             started_at=self.started_at,
             at=now,
             elapsed_s=round((now - self.started_at).total_seconds(), 1),
-            log_tail=log_tail(self.out / "logs"),
+            log_tail=log_tail(self.out),
             workload=read_workload(self.out / PROGRESS_FILE),
         )
 
 
 def read_workload(path: Path) -> WorkloadProgress | None:
-    """The workload's progress file, or None when it is missing, over PROGRESS_CAP or not a valid record."""
+    """The workload's progress file, or None when it is missing, not a regular file (a FIFO, a link: never
+    waited on nor followed, bridge/caps.py), over PROGRESS_CAP or not a valid record."""
     try:
-        with path.open("rb") as fh:
-            data = fh.read(PROGRESS_CAP + 1)
-    except OSError:
-        return None
-    if len(data) > PROGRESS_CAP:
+        data = read_file(path.parent, path.name, PROGRESS_CAP)
+    except (Unsafe, OSError):
         return None
     try:
         return WorkloadProgress.model_validate_json(data)
@@ -59,15 +61,16 @@ def read_workload(path: Path) -> WorkloadProgress | None:
         return None
 
 
-def log_tail(logs: Path) -> list[str]:
-    """The last lines of stdout.log then stderr.log (already redacted as they were written), each cut short."""
+def log_tail(out: Path) -> list[str]:
+    """The last lines of logs/stdout.log then logs/stderr.log under `out` (already redacted as they were
+    written), each cut short; read as bridge/caps.py reads a run's files."""
     lines: list[str] = []
     for name in ("stdout.log", "stderr.log"):
         try:
-            with (logs / name).open("rb") as fh:
-                fh.seek(max(0, fh.seek(0, 2) - TAIL_BYTES))
-                text = fh.read().decode(errors="replace")
-        except OSError:
+            with open_regular(out, f"logs/{name}") as fd:
+                os.lseek(fd, max(0, os.lseek(fd, 0, os.SEEK_END) - TAIL_BYTES), os.SEEK_SET)
+                text = read_capped(fd, TAIL_BYTES).decode(errors="replace")
+        except (Unsafe, OSError):
             continue
         kept = [ln.rstrip() for ln in text.splitlines()[1 if len(text) >= TAIL_BYTES else 0 :] if ln.strip()]
         lines += [f"{name.split('.')[0]}: {ln[:LINE_CAP]}" for ln in kept[-TAIL_LINES:]]

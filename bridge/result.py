@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 import gates
+from bridge.caps import DROPPED_LINES, atomic_write, walk
 from bridge.host import host_fingerprint, tool_versions
 from bridge.logs import Redactor
 from bridge.page import outcome_heading, run_page
@@ -36,12 +37,14 @@ class RunContext(BaseModel):
     subject: str | None = None
     runner_name: str | None = None
     runner_labels: list[str] = []
+    forced_labels: list[str] = []  # labels served without their accelerator (runner --force-labels)
+    signed_by: str | None = None  # the principal the runner signs its done commit as (None: unsigned)
 
 
 class RunResult(BaseModel):
     """result.json: the provenance and outcome of one run."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
     schema_version: Literal[1] = 1
     status: Status
     reason: str | None = None
@@ -57,6 +60,8 @@ class RunResult(BaseModel):
     subject: str | None = None
     runner_name: str | None = None
     runner_labels: list[str] = []
+    forced_labels: list[str] = []  # labels served without their accelerator (bridge/host.py hardware_for)
+    signed_by: str | None = None  # the principal the runner signs as; `kakeya gate pr` verifies it
     host: dict[str, Any] = {}
     tools: dict[str, str] = {}
     report: str | None = None
@@ -64,7 +69,15 @@ class RunResult(BaseModel):
     isolation: str | None = None  # none | user (uid N) | userns: bridge/isolation.py
     network: str | None = None  # host | none
     strays_killed: int | None = None  # processes left behind by the program, killed at its end
-    dropped: list[str] = []  # files over the caps (bridge/caps.py), not committed
+    dropped: list[str] = []  # what the run left and the runner did not commit, with why (bridge/caps.py)
+
+    @field_validator("dropped")
+    @classmethod
+    def _few(cls, lines: list[str]) -> list[str]:
+        """At most DROPPED_LINES lines (a run can leave a million FIFOs; result.json stays small)."""
+        if len(lines) <= DROPPED_LINES:
+            return lines
+        return lines[: DROPPED_LINES - 1] + [f"... and {len(lines) - DROPPED_LINES + 1} more, not listed"]
 
 
 def now() -> dt.datetime:
@@ -85,19 +98,36 @@ class RunOutcome:
     verdict: gates.Verdict | None = None
     redact: Redactor = field(default_factory=lambda: Redactor([]))
 
+    def files(self) -> dict[str, bytes]:
+        """The runner's own files of this outcome, in memory: verdict.json (always the runner's: one that says
+        why there is none when nothing was gated), result.json, summary.md and report.html, redacted."""
+        out = self.out_dir
+        verdict = self.verdict or no_verdict(self.result)
+        texts = {
+            "verdict.json": verdict.model_dump_json(indent=2) + "\n",
+            "result.json": self.result.model_dump_json(indent=2) + "\n",
+            "summary.md": summary_markdown(self.result, out, self.verdict, self.report),
+            "report.html": run_page(self.result, out, self.verdict),
+        }
+        return {name: self.redact.text(text).encode() for name, text in texts.items()}
+
     def write(self) -> RunResult:
-        """Write verdict.json, result.json, summary.md and report.html (each once) and redact every file; the result."""
+        """Write verdict.json, result.json, summary.md and report.html (each once, over whatever the program put
+        there) and redact every file; the result. Run it on a directory the caps have checked (bridge/caps.py)."""
         out = self.out_dir
         out.mkdir(parents=True, exist_ok=True)
-        if self.verdict is not None:
-            atomic_write(out / "verdict.json", self.verdict.model_dump_json(indent=2) + "\n")
-        atomic_write(out / "result.json", self.redact.text(self.result.model_dump_json(indent=2)) + "\n")
-        summary = summary_markdown(self.result, out, self.verdict, self.report)
-        atomic_write(out / "summary.md", self.redact.text(summary))
-        atomic_write(out / "report.html", self.redact.text(run_page(self.result, out, self.verdict)))
-        for path in out.rglob("*"):
-            self.redact.scrub_file(path)
+        for name, data in self.files().items():
+            atomic_write(out / name, data)
+        for rel, size in walk(out).files.items():
+            self.redact.scrub_file(out / rel, size)
         return self.result
+
+
+def no_verdict(result: RunResult) -> gates.Verdict:
+    """verdict.json of a run whose report was not gated: it says why."""
+    why = f"the run ended {result.status}" + (f" ({result.reason})" if result.reason else "")
+    what = "no report to gate" if result.report is None else "the report was not gated"
+    return gates.Verdict(status="error", error=f"{what}: {why}")
 
 
 def not_run(
@@ -128,12 +158,6 @@ def not_run(
 def write_outcome(out_dir: Path, status: Status, reason: str, **kw: Any) -> RunResult:
     """Record (write) an outcome where nothing ran; see `not_run`."""
     return not_run(out_dir, status, reason, **kw).write()
-
-
-def atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def _fmt(value: Any) -> str:
@@ -241,7 +265,7 @@ def summary_markdown(
     ]
     lines += ["| | |", "|---|---|"] + [f"| {k} | {_fmt(v)} |" for k, v in rows if v is not None] + [""]
     if result.dropped:
-        lines += ["## Dropped (over the caps)", ""] + [f"- {d}" for d in result.dropped] + [""]
+        lines += ["## Dropped (not committed)", ""] + [f"- {d}" for d in result.dropped] + [""]
     if result.params:
         lines += ["## Parameters", "", "| name | value |", "|---|---|"]
         lines += [f"| {k} | `{_fmt(v)}` |" for k, v in result.params.items()] + [""]
@@ -253,7 +277,7 @@ def summary_markdown(
         lines += ["## Gate", "", verdict.to_markdown(), ""]
     if result.status in NOT_SUCCEEDED:
         lines += stderr_tail(out_dir)
-    plots = sorted(p.relative_to(out_dir).as_posix() for p in out_dir.rglob("*.png"))
+    plots = sorted(rel for rel in walk(out_dir).files if rel.endswith(".png"))
     if plots:
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     logs = [p for p in ("logs/stdout.log", "logs/stderr.log") if (out_dir / p).is_file()]

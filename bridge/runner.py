@@ -22,6 +22,7 @@ commit.
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import os
 import platform
 import random
@@ -32,24 +33,25 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from pydantic import ValidationError
 
 from bridge import bus as B
-from bridge import git
+from bridge import caps, git
 from bridge.bus import Bus, Claim, Entry, Manifest, Progress, Update
 from bridge.config import GIT_CREDENTIALS, Config, project_root, secret_file
-from bridge.errors import BusError, InvalidRequest, KakeyaError, Rejected, problems
+from bridge.errors import BusError, InvalidRequest, KakeyaError, Rejected
 from bridge.evidence import apply_baseline
 from bridge.execute import run_preset
+from bridge.host import hardware_for
 from bridge.isolation import choose
 from bridge.names import check_label
 from bridge.presence import Beacon, host_facts
 from bridge.presets import Preset, load_registry
 from bridge.progress import Tracker
 from bridge.result import RunContext, RunOutcome, RunResult, not_run
-from bridge.trust import Signers, key_file, signature_problem
+from bridge.trust import Signers, key_file, principal, signature_problem
 
 LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
 CLAIM_WINDOW = 8  # runners pick at random among the oldest few pending requests, so they rarely collide
@@ -91,9 +93,10 @@ class Lease(threading.Thread):
             try:
                 self.check()
                 if not self.lost and waited >= next_beat:
+                    progress = self.runner.progress()  # reads the run's files: never under the lock
                     with self.lock:
                         if not self.lost and not self._halt.is_set():
-                            self.heartbeat()
+                            self.heartbeat(progress)
                     next_beat = waited + self.beat_s
             except KakeyaError as exc:  # the bus is unreachable for now: keep running, keep trying
                 self.runner.log(f"{self.id}: heartbeat/check failed, will retry: {exc}")
@@ -106,10 +109,8 @@ class Lease(threading.Thread):
         if current != self.sha:
             self.lost = f"lease lost: {self.runner.holder(self.id, current)}"
 
-    def heartbeat(self) -> None:
-        claim = heartbeat_claim(
-            self.claim, self.runner.config.lease_s, self.runner.progress(), self.runner.now()
-        )
+    def heartbeat(self, progress: Progress | None) -> None:
+        claim = heartbeat_claim(self.claim, self.runner.config.lease_s, progress, self.runner.now())
         sha = git.child_commit(
             self.runner.mirror,
             self.sha,
@@ -147,10 +148,14 @@ class Runner:
         registry: Mapping[str, Preset] | None = None,
         environ: Mapping[str, str] | None = None,
         log: Callable[[str], None] | None = None,
+        force_labels: bool = False,
     ):
         self.config, self.name, self.labels = config, name, [check_label(lb) for lb in labels]
         if not labels:
             raise KakeyaError("a runner needs at least one label (--labels cpu,h200 or KAKEYA_LABELS)")
+        # A label means its hardware: refuse one whose accelerator this host lacks, unless forced (then
+        # every result names the forced labels).
+        self.forced_labels = hardware_for(self.labels, force=force_labels)
         self.registry = dict(registry) if registry is not None else load_registry()
         self.environ = os.environ if environ is None else environ
         self.workdir = workdir.resolve()
@@ -178,6 +183,12 @@ class Runner:
             )
         self.tracker: Tracker | None = None  # the request being served: phase, start, its out dir
         self.beacon: Beacon | None = None  # the presence ref, once start_presence() was called
+        self.step = "serving the request"  # what serving does now, for the reason of an error done commit
+        self.outcome: RunOutcome | None = None  # the outcome of the request being served, once it ran
+        self.paused: str | None = None  # why this runner does not claim now (too little free space), or None
+        self.workdir_lock = lock_workdir(self.workdir)  # None: another runner process uses this workdir
+        if self.workdir_lock is not None:
+            self.sweep()
         git.worktree_prune(self.mirror)
         credentials = secret_file(config, GIT_CREDENTIALS)  # the bus token: in a file, never in os.environ
         if credentials is not None:
@@ -208,6 +219,10 @@ class Runner:
     def once(self, request_id: str | None = None) -> Served | None:
         """Claim and serve one pending request for our labels (or `request_id`); None if there was none."""
         self.flush_outbox()
+        if not self.has_room():
+            if request_id:  # asked for this one (`kakeya run`, `runner once --request`): say why not
+                raise KakeyaError(f"runner {self.name} is {self.paused}; free some space, or lower the floor")
+            return None
         if request_id:
             B.id_time(request_id)
             snap = self.bus.ls_remote(
@@ -354,43 +369,115 @@ class Runner:
         return sha, claim
 
     def serve(self, entry: Entry, sha: str, claim: Claim) -> Served:
+        """Run a claimed request and push its done commit. Any exception after the claim ends in an `error` done
+        commit that says what failed (`fail`): a run cannot leave the request claimed and unfinished."""
         out = self.workdir / "runs" / entry.id
         self.tracker = Tracker(out)
         if self.beacon is not None:
             self.beacon.serving(entry.id)
         lease = Lease(self, entry.id, sha, claim)
         lease.start()
-        shutil.rmtree(out, ignore_errors=True)
         try:
             if self.stopping.is_set():  # nothing has run yet: give the request back
                 lease.stop()
                 return self.release(entry, lease.sha)
-            result = self.run_request(entry, lease, out).write()
-            self.set_phase("pushing")  # the lease keeps beating through commit and push
-            served = Served(entry.id, result.status, result.verdict, result.reason)
-            # The lease keeps beating while the result is committed and its objects are pushed ahead (however
-            # long that takes); the final commit goes on the last beat, in a push of a few small objects.
-            tree = self.result_tree(entry, lease.sha, out) if not lease.lost else ""
-            staged = self.stage(entry.id, lease.sha, tree) if not lease.lost else None
-            with lease.lock:
-                if not lease.lost:
-                    served.done = self.done_commit(entry, lease, tree, result)
-                    served.pushed = self.push_done(entry.id, lease.sha, served.done, entry)
-            lease.stop()
-            if staged:
-                self.unstage(*staged)
-            if served.done is None:
-                self.log(f"{entry.id}: {lease.lost}; its result is not pushed (kept in {out})")
-                served.reason = lease.lost
-                return served
-            if served.pushed:
-                shutil.rmtree(out, ignore_errors=True)
-            return served
+            self.step, self.outcome = "clearing the run directory", None
+            try:
+                return self.finish(entry, lease, out)
+            except Exception as exc:  # noqa: BLE001 — whatever the run left or the disk did, a done commit
+                return self.fail(entry, lease, out, exc)
         finally:
             lease.stop()
             self.tracker = None
             if self.beacon is not None:
                 self.beacon.serving(None)
+
+    def finish(self, entry: Entry, lease: Lease, out: Path) -> Served:
+        """Run, check the run's files (bridge/caps.py), write the result, commit it and push it."""
+        caps.remove(out)
+        self.step = "serving the request"
+        outcome = self.outcome = self.run_request(entry, lease, out)
+        self.step = "checking the run's files"
+        outcome.result.dropped += caps.apply_caps(
+            out,
+            report_cap=self.config.report_cap_bytes,
+            files_cap=self.config.files_cap_bytes,
+            result_cap=self.config.result_cap_bytes,
+        )
+        self.step = "writing the result"
+        result = outcome.write()
+        self.set_phase("pushing")  # the lease keeps beating through commit and push
+        served = Served(entry.id, result.status, result.verdict, result.reason)
+        # The lease keeps beating while the result is committed and its objects are pushed ahead (however
+        # long that takes); the final commit goes on the last beat, in a push of a few small objects.
+        self.step = "committing the result"
+        tree = self.result_tree(entry, lease.sha, out) if not lease.lost else ""
+        staged = self.stage(entry.id, lease.sha, tree) if not lease.lost else None
+        with lease.lock:
+            if not lease.lost:
+                served.done = self.done_commit(entry, lease, tree, result)
+                self.step = "pushing the result"
+                served.pushed = self.push_done(entry.id, lease.sha, served.done, entry)
+        lease.stop()
+        if staged:
+            self.unstage(*staged)
+        if served.done is None:
+            self.log(f"{entry.id}: {lease.lost}; its result is not pushed (kept in {out})")
+            served.reason = lease.lost
+            return served
+        if served.pushed:
+            self.clear(out)
+        return served
+
+    def fail(self, entry: Entry, lease: Lease, out: Path, exc: Exception) -> Served:
+        """The done commit of a request whose serving raised: status error, the reason, built in memory after
+        the run's files are removed (a run that filled the disk gets its space back first)."""
+        why = f"runner {self.name}: {self.step} failed: {exc.__class__.__name__}: {exc}"
+        why = why.encode("utf-8", "backslashreplace").decode()  # a name that is not UTF-8 in the message
+        self.log(f"{entry.id}: {why}")
+        self.clear(out, self.workdir / "work" / entry.id)
+        served = Served(entry.id, "error", reason=why)
+        if lease.lost:
+            served.reason = f"{why}; {lease.lost}"
+            return served
+        try:
+            if self.outcome is not None:  # the run's provenance and what was dropped; none of its files
+                result = self.outcome.result.model_copy(
+                    update={"status": "error", "reason": why, "verdict": None, "report": None}
+                )
+                outcome = RunOutcome(out, result, redact=self.outcome.redact)
+            else:
+                context = RunContext(request_id=entry.id, runner_name=self.name, runner_labels=self.labels)
+                outcome = not_run(out, "error", why, preset_name=entry.preset, params={}, context=context)
+            prefix = B.results_path(entry.id)
+            files = {f"{prefix}/{name}": data for name, data in outcome.files().items()}
+            tree = git.tree_with(self.mirror, lease.sha, files, without=prefix)
+            with lease.lock:
+                if lease.lost:
+                    served.reason = f"{why}; {lease.lost}"
+                    return served
+                served.done = self.done_commit(entry, lease, tree, outcome.result)
+                served.pushed = self.push_done(entry.id, lease.sha, served.done, entry)
+        except Exception as again:  # noqa: BLE001 — the claim expires and another runner takes the request over
+            self.log(f"{entry.id}: could not record that either ({again}); the claim will expire")
+        return served
+
+    def clear(self, *paths: Path) -> None:
+        """Remove a run's directories; what cannot be removed now is left for the next start (`sweep`)."""
+        for path in paths:
+            try:
+                caps.remove(path)
+            except OSError as exc:
+                self.log(f"could not remove {path}: {exc}")
+
+    def sweep(self) -> None:
+        """Remove what runs of an earlier start of this runner left (runs/*, work/*): a crash, a full disk."""
+        for top in ("runs", "work"):
+            folder = self.workdir / top
+            left = sorted(folder.iterdir()) if folder.is_dir() else []
+            if left:
+                self.log(f"removing {len(left)} stale director{'y' if len(left) == 1 else 'ies'} in {folder}")
+                self.clear(*left)
 
     def release(self, entry: Entry, sha: str) -> Served:
         released = self.bus.swap([Update(B.claim_ref(entry.id), None, sha)])
@@ -403,7 +490,13 @@ class Runner:
 
     def run_request(self, entry: Entry, lease: Lease, out: Path) -> RunOutcome:
         """Validate, then run; every failure becomes a result (nothing raises past here)."""
-        context = RunContext(request_id=entry.id, runner_name=self.name, runner_labels=self.labels)
+        context = RunContext(
+            request_id=entry.id,
+            runner_name=self.name,
+            runner_labels=self.labels,
+            forced_labels=self.forced_labels,
+            signed_by=principal(self.name, self.labels) if self.sign_key else None,
+        )
         preset_name, params, preset_hash = entry.preset, {}, None
         try:
             manifest, preset, values = self.validate(entry)
@@ -463,14 +556,10 @@ class Runner:
     def validate(self, entry: Entry) -> tuple[Manifest, Preset, dict[str, Any]]:
         """The request, re-validated against this runner's own registry; Rejected says why not."""
         assert entry.req is not None
-        raw = git.read_path(self.mirror, entry.req, B.MANIFEST_PATH)
+        manifest = B.read_manifests([self.mirror], [entry.req])[entry.req]  # size-capped, parsed
+        if not isinstance(manifest, Manifest):
+            raise Rejected(f"invalid manifest: {manifest}")
         parents = git.parents(self.mirror, entry.req)
-        if raw is None:
-            raise Rejected(f"invalid manifest: the request commit has no {B.MANIFEST_PATH}")
-        try:
-            manifest = Manifest.model_validate_json(raw)
-        except ValidationError as exc:
-            raise Rejected(f"invalid manifest: {problems(exc, 'manifest', limit=5)}") from None
         for field, want in (("id", entry.id), ("runner", entry.label), ("preset", entry.preset)):
             if getattr(manifest, field) != want:
                 raise Rejected(
@@ -515,6 +604,23 @@ class Runner:
             self.log(f"no progress record this time: {exc}")
             return None
 
+    def has_room(self) -> bool:
+        """Is there config min_free_bytes free where this runner works? If not, it claims nothing and says why
+        (log, presence) until there is again: a full disk would fail every request it took."""
+        floor = self.config.min_free_bytes
+        free = shutil.disk_usage(self.workdir).free if floor else 0
+        paused = (
+            f"not claiming: {mib(free)} free in {self.workdir}, under the floor of {mib(floor)} (min_free_bytes)"
+            if free < floor
+            else None
+        )
+        if paused != self.paused:
+            self.log(paused or "claiming again: there is room on the disk")
+            self.paused = paused
+            if self.beacon is not None:
+                self.beacon.pause(paused)
+        return paused is None
+
     def start_presence(self) -> None:
         """Keep kakeya/runners/<name> up to date (bridge/presence.py) until stop_presence()."""
         if self.beacon is None:
@@ -531,6 +637,7 @@ class Runner:
                 accelerator=acc,
                 version=version,
                 log=self.log,
+                paused=self.paused,
             )
             self.beacon.start()
 
@@ -556,14 +663,12 @@ class Runner:
     # --- results ------------------------------------------------------------------------------------
 
     def result_tree(self, entry: Entry, claim_sha: str, out: Path) -> str:
-        """The claim's tree plus the run's files under .kakeya/results/<id>/ (the slow part of committing)."""
+        """The claim's tree without anything the request put under .kakeya/results/<id>/, plus the run's files
+        there (read as bridge/caps.py reads: the caps have removed what cannot be committed)."""
         prefix = B.results_path(entry.id)
-        files = {
-            f"{prefix}/{p.relative_to(out).as_posix()}": p.read_bytes()
-            for p in sorted(out.rglob("*"))
-            if p.is_file() and not p.is_symlink() and ".git" not in p.relative_to(out).parts
-        }  # git refuses a tree entry named .git
-        return git.tree_with(self.mirror, claim_sha, files)
+        found = caps.read_tree(out, 2 * self.config.result_cap_bytes + 4 * self.config.log_cap_bytes)
+        files = {f"{prefix}/{rel}": data for rel, data in found.items()}
+        return git.tree_with(self.mirror, claim_sha, files, without=prefix)
 
     def stage(self, request_id: str, claim_sha: str, tree: str) -> tuple[str, str] | None:
         """Push the result's objects to a side ref (B.stage_ref) without holding the lease's lock, so heartbeats
@@ -601,7 +706,7 @@ class Runner:
         last sha), request and cancel refs deleted. Kept locally if the bus cannot be reached, and pushed by a
         later `once`."""
         try:
-            pushed = self.bus.swap(self.finish(request_id, claim_sha, done_sha, entry), atomic=True)
+            pushed = self.bus.swap(self.done_push(request_id, claim_sha, done_sha, entry), atomic=True)
         except KakeyaError as exc:
             git.update_ref(self.mirror, f"refs/kakeya/outbox/{request_id}", done_sha)
             self.outbox_pending = True
@@ -617,11 +722,12 @@ class Runner:
             git.gc_auto(self.mirror)
         return pushed
 
-    def finish(self, request_id: str, claim_sha: str, done_sha: str, entry: Entry | None) -> list[Update]:
+    def done_push(self, request_id: str, claim_sha: str, done_sha: str, entry: Entry | None) -> list[Update]:
         """The done push of `done_sha` for `request_id`: the request, claim and cancel refs as the bus holds
         them now (one prefix-scoped listing), the subject from the done commit's request and result."""
         label = entry.label if entry is not None else None
-        manifest = B.parse_or_none(Manifest, git.read_path(self.mirror, done_sha, B.MANIFEST_PATH))
+        m = B.read_manifests([self.mirror], [done_sha]).get(done_sha)
+        manifest = m if isinstance(m, Manifest) else None
         label = label or (manifest.runner if manifest else None)
         result = B.parse_or_none(
             RunResult, git.read_path(self.mirror, done_sha, f"{B.results_path(request_id)}/result.json")
@@ -648,7 +754,7 @@ class Runner:
             request_id = ref.rsplit("/", 1)[1]
             claim_sha = git.parents(self.mirror, done_sha)[0]
             # raises while the bus is still unreachable
-            pushed = self.bus.swap(self.finish(request_id, claim_sha, done_sha, None), atomic=True)
+            pushed = self.bus.swap(self.done_push(request_id, claim_sha, done_sha, None), atomic=True)
             self.log(
                 f"{request_id}: delayed result pushed"
                 if pushed
@@ -668,14 +774,36 @@ class Runner:
             try:
                 served = self.once()
                 backoff = 0.0
-            except KakeyaError as exc:
+            except Exception as exc:  # noqa: BLE001 — one request, or the bus, never ends the loop
                 backoff = min(max(backoff * 2, poll_s), max_backoff_s)
-                self.log(f"{exc}; retrying in {poll_s + backoff:.1f} s")
+                what = (
+                    str(exc)
+                    if isinstance(exc, KakeyaError)
+                    else f"unexpected {exc.__class__.__name__}: {exc}"
+                )
+                self.log(f"{what}; retrying in {poll_s + backoff:.1f} s")
                 served = None
             idle = idle + 1 if served is None and not self.contended else 0
             if served is None and not self.contended:
                 self.stopping.wait(idle_wait(poll_s, idle) + backoff)
         self.log("stopped")
+
+
+def mib(n: int) -> str:
+    return f"{n / (1 << 20):.0f} MiB"
+
+
+def lock_workdir(workdir: Path) -> IO[bytes] | None:
+    """An exclusive lock on `workdir`, held while the returned file is open (while this runner lives), or None
+    when another runner holds it (two `kakeya run` in one project): only the holder removes stale run dirs."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    lock = (workdir / "lock").open("ab")
+    try:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        return None
+    return lock
 
 
 def requesters(config: Config) -> Signers | None:

@@ -10,7 +10,10 @@ A runner may also require signed requests (`require_signed_requests`), checked a
 allowed-requesters file (the same format; the principal is any name, labels are not used).
 
     signers = Signers.load(Path(".github/kakeya-allowed-signers"))
-    signed_done_problem(repo, done_sha, stop=subject, label="h200", signers=signers)   # None: trusted
+    signed_done(repo, done_sha, stop=subject, label="h200", signers=signers)   # ("gpu-box-1@h200+cpu", None): trusted
+
+Without the file, evidence on a shared bus is refused (`evidence_signers`) unless unsigned evidence is
+explicitly allowed (`--allow-unsigned`); the embedded bus needs no keys.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from bridge.names import LABEL
 
 ALLOWED_SIGNERS = ".github/kakeya-allowed-signers"
 PRINCIPAL_RE = re.compile(rf"^([A-Za-z0-9][A-Za-z0-9._-]*)@({LABEL}(?:\+{LABEL})*)$")
+EDIT_DEPTH = 8  # commits looked at below a done commit that is not signed, for an edited signed one
 _KEY_TYPES = ("ssh-ed25519", "ssh-rsa", "ecdsa-sha2-", "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-")
 
 
@@ -104,43 +108,57 @@ def signature_problem(repo: Path | str, sha: str, signers: Signers, what: str) -
     )
 
 
-def signed_done_problem(
+def signed_done(
     repo: Path | str, done: str, stop: str | None, label: str | None, signers: Signers
-) -> str | None:
-    """Why `done` is not a runner's signed done commit for runner label `label` (None: it is). `stop` is the
-    subject: commits below it are not looked at when telling an edit after the run from an unsigned forgery."""
+) -> tuple[str | None, str | None]:
+    """(principal, None) when `done` is a runner's signed done commit for runner label `label`, signed by that
+    principal; (None, why not) otherwise. `stop` is the subject: commits below it are not looked at when
+    telling an edit after the run from an unsigned forgery."""
     ok, code, who, key = git.verify_commit(repo, done, signers.path)
     if ok:
         served = signers.labels.get(who, frozenset())
         if label is not None and label not in served:
-            return (
+            return None, (
                 f"key not allowed for this label: {done[:12]} is signed by {who}, which may serve "
                 f"{', '.join(sorted(served)) or 'no label'}, not {label}"
             )
-        return None
-    for older in git.first_parents(repo, done, stop)[1:] if stop else []:
+        return who, None
+    # A few commits down is enough to tell an edit on top of the runner's signed commit (it only changes
+    # the reason, never the refusal), and keeps a long forged chain from costing a verify per commit.
+    for older in git.first_parents(repo, done, stop, limit=EDIT_DEPTH)[1:] if stop else []:
         good, _, runner, _ = git.verify_commit(repo, older, signers.path)
         if good:
-            return (
+            return None, (
                 f"edited after the run: the done ref is {done[:12]}, not runner {runner}'s signed commit "
                 f"{older[:12]} (commits were added or rewritten after it)"
             )
     if code == "N":
-        return f"unsigned: done commit {done[:12]} has no signature and no runner signed a commit for this request"
-    if code == "B":
-        return f"bad signature: done commit {done[:12]} does not match its signature"
-    return f"unknown key: done commit {done[:12]} is signed by {key or 'a key'}, which is not in {signers.path.name}"
+        why = f"unsigned: done commit {done[:12]} has no signature and no runner signed a commit for this request"
+    elif code == "B":
+        why = f"bad signature: done commit {done[:12]} does not match its signature"
+    else:
+        why = f"unknown key: done commit {done[:12]} is signed by {key or 'a key'}, which is not in {signers.path.name}"
+    return None, why
+
+
+def done_signer(
+    repo: Path | str, request_id: str, done: str, req: str | None, label: str | None, signers: Signers
+) -> tuple[str | None, str | None]:
+    """(the principal that signed it, None) when done commit `done` is evidence of request `request_id` (its
+    request commit `req`, on runner label `label`); (None, why not): not the runner's signed commit, or not
+    made on that request."""
+    manifest = found if isinstance(found := B.read_manifests([repo], [done])[done], B.Manifest) else None
+    label = label or (manifest.runner if manifest else None)
+    who, problem = signed_done(repo, done, manifest.subject if manifest else None, label, signers)
+    problem = problem or request_problem(repo, request_id, done, req)
+    return (None, problem) if problem else (who, None)
 
 
 def done_problem(
     repo: Path | str, request_id: str, done: str, req: str | None, label: str | None, signers: Signers
 ) -> str | None:
-    """Why done commit `done` is not evidence of request `request_id` (its request commit `req`, on runner
-    label `label`): not the runner's signed commit, or not made on that request. None: it is."""
-    manifest = B.parse_or_none(B.Manifest, git.read_path(repo, done, B.MANIFEST_PATH))
-    label = label or (manifest.runner if manifest else None)
-    problem = signed_done_problem(repo, done, manifest.subject if manifest else None, label, signers)
-    return problem or request_problem(repo, request_id, done, req)
+    """Why done commit `done` is not evidence of request `request_id` (None: it is); see `done_signer`."""
+    return done_signer(repo, request_id, done, req, label, signers)[1]
 
 
 def request_problem(repo: Path | str, request_id: str, done: str, req: str | None) -> str | None:
@@ -155,8 +173,38 @@ def request_problem(repo: Path | str, request_id: str, done: str, req: str | Non
 
 def trusted_signers(root: Path, path: Path | None = None) -> Signers | None:
     """The allowed signers of the trusted base: `path`, else <root>/ALLOWED_SIGNERS when it exists, else None
-    (no file: evidence is accepted unsigned, as in the embedded default)."""
+    (no file: see `evidence_signers`, which decides whether unsigned evidence may count)."""
     if path is not None:
         return Signers.load(path)
     default = root / ALLOWED_SIGNERS
     return Signers.load(default) if default.is_file() else None
+
+
+UNSIGNED = "unsigned (allowed)"  # what a row says of evidence that was not (and need not be) signed
+
+
+def evidence_signers(
+    root: Path, path: Path | None, *, bus: str, embedded: bool, allow_unsigned: bool
+) -> Signers | None:
+    """Who must have signed the evidence on `bus`: the trusted base's allowed signers (`trusted_signers`).
+    Without a file, evidence counts unsigned only on the embedded bus (`embedded`: nobody else can write it)
+    or when the caller said so (`allow_unsigned`); on a shared bus anyone with push access could forge it,
+    so InvalidRequest gives the steps to add the file."""
+    signers = trusted_signers(root, path)
+    if signers is not None or embedded or allow_unsigned:
+        return signers
+    raise InvalidRequest(
+        f"no allowed-signers file ({root / ALLOWED_SIGNERS}): evidence on the shared bus {bus} must be signed "
+        "by a runner, or anyone with push access could forge it. To add one: (1) on each runner make a key, "
+        "`ssh-keygen -t ed25519 -N '' -f ~/.config/kakeya/signing-key` (scripts/setup-runner.sh does this), "
+        'and set `signing_key = "~/.config/kakeya/signing-key"` in its kakeya.toml (or KAKEYA_SIGNING_KEY); '
+        f"(2) add its line to {ALLOWED_SIGNERS} on the trusted base branch, "
+        '`RUNNER@LABEL[+LABEL...] namespaces="git" ssh-ed25519 AAAA...` (`kakeya doctor` on the runner prints '
+        "it); (3) request the runs again, so that signed runners serve them. Or pass --allow-unsigned to "
+        "accept unsigned evidence (docs/runners.md, Trust)"
+    )
+
+
+def trust_words(signer: str | None) -> str:
+    """What a row says of its evidence: `signed by RUNNER@LABELS`, or `unsigned (allowed)`."""
+    return f"signed by {signer}" if signer else UNSIGNED

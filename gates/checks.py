@@ -1,5 +1,12 @@
 """Gate checks: as declared under `gate:` in a preset (`Check`, `parse_checks`), and run over a report
-(`run_check` -> `CheckResult`: the decisive value seen, where, and one reason)."""
+(`run_check` -> `CheckResult`: the decisive value seen, where, and one reason).
+
+    min / max / between   numbers (the worst of a `*` fan-out decides)
+    eq                    a JSON value
+    all_true              every value is true
+    match                 every value is a string that the regular expression (value) matches whole, e.g.
+                          {check: match, path: /environment/device, value: "cuda:[^,]*(, cuda:[^,]*)*"}
+"""
 
 from __future__ import annotations
 
@@ -20,7 +27,7 @@ class Check(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    check: Literal["min", "max", "eq", "between", "all_true"]
+    check: Literal["min", "max", "eq", "between", "all_true", "match"]
     path: str
     value: Any = None
 
@@ -51,6 +58,15 @@ class Check(BaseModel):
                 raise ValueError(f"check 'eq' at {self.path} needs a value")
             if isinstance(self.value, float) and not is_number(self.value):
                 raise ValueError(f"check 'eq' at {self.path} needs a finite value, got {self.value!r}")
+        elif self.check == "match":
+            try:
+                ok = isinstance(self.value, str) and re.compile(self.value) is not None
+            except re.error:
+                ok = False
+            if not ok:
+                raise ValueError(
+                    f"check 'match' at {self.path} needs a regular expression (a string), got {self.value!r}"
+                )
         elif self.value is not None:
             raise ValueError(f"check 'all_true' at {self.path} takes no value")
         return self
@@ -94,6 +110,8 @@ def threshold_text(check: str, threshold: Any) -> str:
         return f"in [{fmt(threshold[0])}, {fmt(threshold[1])}]"
     if check == "eq":
         return f"= {fmt(threshold)}"
+    if check == "match":
+        return f"matches /{threshold}/"
     return "all true"
 
 
@@ -132,6 +150,13 @@ def run_check(report: Any, check: Check) -> CheckResult:
     elif check.check == "eq":
         i = next((k for k, (_, v) in enumerate(matches) if not json_equal(v, check.value)), 0)
         ok = json_equal(matches[i][1], check.value)
+    elif check.check == "match":  # every value a string that the whole expression matches
+
+        def matched(v: Any) -> bool:
+            return isinstance(v, str) and re.fullmatch(check.value, v) is not None
+
+        i = next((k for k, (_, v) in enumerate(matches) if not matched(v)), 0)
+        ok = matched(matches[i][1])
     else:
         i = next((k for k, (_, v) in enumerate(matches) if v is not True), 0)
         ok = matches[i][1] is True

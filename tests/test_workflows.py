@@ -472,6 +472,8 @@ def pr_gate(tmp_path: Path, remote: Path, subject: str) -> tuple[subprocess.Comp
         "KAKEYA_REMOTE": str(remote),
         "GITHUB_STEP_SUMMARY": str(summary),
         "GITHUB_RUN_ID": "777",
+        "ALLOW_UNSIGNED": "true",  # the repository ships no allowed-signers file: its setting allows unsigned
+        **({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}),
     }
     proc = subprocess.run(
         ["bash", str(ROOT / ".github" / "scripts" / "pr-gate.sh")],
@@ -583,6 +585,8 @@ def test_pr_gate_passes_the_allowed_signers_of_the_base_checkout(tmp_path, signe
     stand_in.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {tmp_path}/argv\npwd > {tmp_path}/cwd\n")
     stand_in.chmod(0o755)
     env = {"PATH": os.environ["PATH"], "SUBJECT": SHA, "KAKEYA": str(stand_in)}
+    if not signed:  # the repository's setting KAKEYA_ALLOW_UNSIGNED=true: gate pr is told so
+        env["ALLOW_UNSIGNED"] = "true"
     proc = subprocess.run(
         ["bash", str(base / ".github" / "scripts" / "pr-gate.sh")],
         cwd=head,
@@ -599,6 +603,7 @@ def test_pr_gate_passes_the_allowed_signers_of_the_base_checkout(tmp_path, signe
     if signed:
         i = argv.index("--allowed-signers")
         assert argv[i + 1] == str(base.resolve() / ".github" / "kakeya-allowed-signers")
+        assert "--allow-unsigned" not in argv
     else:
-        assert "--allowed-signers" not in argv
+        assert "--allowed-signers" not in argv and "--allow-unsigned" in argv
     assert "evil" not in " ".join(argv)

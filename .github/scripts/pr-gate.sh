@@ -5,10 +5,14 @@
 # how to ask for it) to the job summary. Exit: that of `kakeya gate pr` (0 pass, 1 fail), 2 when the
 # requirements file is not valid.
 #
-# Evidence counts only as a runner's signed done commit when the base has .github/kakeya-allowed-signers.
+# Evidence counts only as a runner's signed done commit, checked against the base's
+# .github/kakeya-allowed-signers. Without that file the check fails and says how to add one, unless the
+# repository variable KAKEYA_ALLOW_UNSIGNED is `true` (unsigned evidence, which anyone with push access
+# could forge, then counts; each row says `unsigned (allowed)`).
 #
 # Environment: SUBJECT (the PR's head sha), KAKEYA_REMOTE (the repository), GITHUB_TOKEN (read), PR
-# (the pull request number, for the instructions), KAKEYA (how to run kakeya; default `kakeya`).
+# (the pull request number, for the instructions), KAKEYA (how to run kakeya; default `kakeya`),
+# ALLOW_UNSIGNED (`true`: pass --allow-unsigned).
 set -uo pipefail
 
 HARNESS=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
@@ -35,9 +39,11 @@ fi
 args=()
 while read -r entry; do args+=(--require "$entry"); done <<<"$required"
 # Who may sign evidence: the allowed-signers file of the BASE checkout (this one), never the PR's head,
-# which could list its own key. Without one, unsigned evidence is accepted (docs/runners.md).
+# which could list its own key. Without one, `kakeya gate pr` refuses, unless unsigned evidence is allowed
+# by the repository's own setting (docs/runners.md, Trust).
 signers=$HARNESS/.github/kakeya-allowed-signers
 if [ -f "$signers" ]; then args+=(--allowed-signers "$signers"); fi
+if [ "${ALLOW_UNSIGNED:-}" = true ]; then args+=(--allow-unsigned); fi
 
 table=$(mktemp)
 "${KAKEYA[@]}" gate pr --subject "$SUBJECT" "${args[@]}" --summary "$table"
@@ -47,6 +53,9 @@ rc=$?
   cat "$table" 2>/dev/null
   printf '\n'
 } >>"$SUMMARY"
+if [ "$rc" = 2 ]; then
+  echo "::error::kakeya gate pr refused to judge the evidence for $SUBJECT (the job summary says why and what to do)"
+fi
 if [ "$rc" = 1 ]; then
   echo "::error::evidence for $SUBJECT is missing or failing (the job summary has the table and how to ask for it)"
   {
@@ -54,9 +63,10 @@ if [ "$rc" = 1 ]; then
     printf 'A maintainer with push access requests each run for this commit, from a clone of the repository:\n\n'
     printf '```sh\n'
     printf 'git fetch origin%s   # the PR head\n' "${PR:+ pull/$PR/head}"
-    while read -r entry; do
-      printf 'kakeya request %s --runner %s --subject %s --wait --remote origin\n' "${entry%@*}" "${entry#*@}" "$SUBJECT"
-    done <<<"$required"
+    python3 .github/scripts/required.py .github/kakeya-required.yml --request-args |
+      while read -r request; do
+        printf 'kakeya request %s --subject %s --wait --remote origin\n' "$request" "$SUBJECT"
+      done
     # shellcheck disable=SC2016  # literal backquotes: markdown
     printf '```\n\nthen re-runs this check (Re-run jobs, or `gh run rerun --failed %s`).\n' "${GITHUB_RUN_ID:-RUN_ID}"
   } >>"$SUMMARY"

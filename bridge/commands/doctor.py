@@ -17,6 +17,7 @@ from bridge.client import default_remote, describe_bus, resolve_remote, state_di
 from bridge.commands._bus import add_remote
 from bridge.config import Config, load_config, project_root
 from bridge.errors import KakeyaError
+from bridge.host import check_accelerator, label_needs
 from bridge.isolation import choose
 from bridge.presets import load_registry
 
@@ -24,13 +25,6 @@ MIN_GIT = (2, 29)  # fetch --no-write-fetch-head / --stdin
 
 
 NEGATIVE_REFSPEC = f"^refs/heads/{B.PREFIX.removeprefix('refs/heads/')}*"  # ^refs/heads/kakeya/*
-
-# What a label's hardware check runs (in this Python): CUDA devices for GPU labels, Metal for mac labels.
-CUDA_PY = (
-    "import torch; n = torch.cuda.device_count() if torch.cuda.is_available() else 0; "
-    "print(', '.join(torch.cuda.get_device_name(i) for i in range(n)))"
-)
-METAL_PY = "import mlx.core as mx; print(mx.metal.is_available() and mx.metal.device_info().get('device_name', 'metal'))"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,33 +37,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "for a clone whose owner does not serve or inspect the bus",
     )
     parser.set_defaults(func=run)
-
-
-def label_kind(label: str) -> str:
-    """'cpu' (no accelerator check), 'mac' (Metal) or 'gpu' (CUDA), from the label's name."""
-    if label == "cpu" or label.startswith("cpu-"):
-        return "cpu"
-    return "mac" if label.startswith("mac") else "gpu"
-
-
-def check_accelerator(label: str) -> str:
-    """The accelerator a runner label promises is visible to this Python (and to the engine)."""
-    kind = label_kind(label)
-    code, what = (CUDA_PY, "CUDA") if kind == "gpu" else (METAL_PY, "Metal")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    devices = proc.stdout.strip()
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise KakeyaError(
-            f"label {label} needs {what}, but the check failed ({last}); install "
-            + ("the CUDA build of torch (scripts/setup-runner.sh --torch cuda)" if kind == "gpu" else "mlx")
-        )
-    if not devices or devices == "False":
-        raise KakeyaError(
-            f"label {label} needs {what}, but no {what} device is visible"
-            + (" (nvidia-smi, CUDA_VISIBLE_DEVICES, the driver)" if kind == "gpu" else "")
-        )
-    return f"{what}: {devices}"
 
 
 def check_models() -> str:
@@ -235,7 +202,12 @@ def run(args: argparse.Namespace) -> int:
     def signing() -> str:
         cfg = state.get("config") or load_config(root)
         allowed = trust.trusted_signers(root)
-        trusted = f"; {trust.ALLOWED_SIGNERS}: {len(allowed.labels)} runner(s)" if allowed else ""
+        trusted = (
+            f"; {trust.ALLOWED_SIGNERS}: {len(allowed.labels)} runner(s)"
+            if allowed
+            else f"; no {trust.ALLOWED_SIGNERS}: `kakeya gate pr` refuses a shared bus's evidence until it "
+            "lists the runners (or --allow-unsigned)"
+        )
         key = trust.key_file(cfg.signing_key)
         if key is None:
             return (
@@ -265,8 +237,9 @@ def run(args: argparse.Namespace) -> int:
         failed += not report(name, check)
     cfg = state.get("config")
     labels = cfg.labels if isinstance(cfg, Config) else []
-    accelerated = [lb for lb in labels if label_kind(lb) != "cpu"]
-    for label in accelerated:  # what each label promises: its accelerator, visible from here
+    accelerated = [lb for lb in labels if label_needs(lb) is not None]
+    # what each label promises: its accelerator, visible from here (the check a runner makes at its start)
+    for label in accelerated:
         failed += not report(label, lambda lb=label: check_accelerator(lb))
     if accelerated:
         failed += not report("models", check_models)

@@ -1,10 +1,14 @@
 """`kakeya gate check REPORT (--preset NAME | --checks FILE)`, `kakeya gate compare NEW BASE --metric PATH ...`
-and `kakeya gate pr --subject SHA --require PRESET[@LABEL] ... [--remote R] [--summary FILE]`.
+and `kakeya gate pr --subject SHA --require 'PRESET[@LABEL] [PARAM OP VALUE ...]' ... [--remote R]
+[--summary FILE] [--allow-unsigned]`.
 
 check and compare print a table (or `--json`) and exit 0 pass, 1 fail, 2 error (the report could not be
 evaluated). pr finds the evidence the bus holds for a commit and re-gates it (bridge/evidence.py): exit 0
 when every requirement passes, 1 when evidence is missing, belongs to another commit or fails, 2 when a
-requirement names an unknown preset or a label the preset does not run on.
+requirement names an unknown preset, a label the preset does not run on or a pin its parameters do not
+take, or when a shared bus has no allowed-signers file and --allow-unsigned is not given (the message says
+how to add one). Each line says who signed the evidence (`signed by RUNNER@LABELS`, or `unsigned
+(allowed)`), its accelerator, and the newer results that were ignored and why.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from bridge import evidence
 from bridge.commands._bus import add_remote, client
 from bridge.errors import InvalidRequest
 from bridge.names import SHA_PATTERN
-from bridge.trust import ALLOWED_SIGNERS, trusted_signers
+from bridge.trust import ALLOWED_SIGNERS, evidence_signers
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -91,8 +95,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--require",
         action="append",
         required=True,
-        metavar="PRESET[@LABEL]",
-        help="evidence that must pass (repeatable); without @LABEL a run on any label counts",
+        metavar="'PRESET[@LABEL] [PARAM OP VALUE ...]'",
+        help="evidence that must pass (repeatable); without @LABEL a run on any label counts; pins "
+        "(operators == >= <= > <; a list parameter's every item must meet >= <= > <) make a run whose "
+        "parameters do not meet them no evidence, e.g. 'niah-ladder@h200 contexts>=65536 samples>=5'",
     )
     pr.add_argument(
         "--summary",
@@ -106,7 +112,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=Path,
         metavar="FILE",
         help=f"accept only done commits signed by these runners (default: {ALLOWED_SIGNERS} of this "
-        "checkout, the trusted base, when it exists; without one, unsigned evidence is accepted)",
+        "checkout, the trusted base, when it exists; without one, a shared bus is refused unless "
+        "--allow-unsigned)",
+    )
+    pr.add_argument(
+        "--allow-unsigned",
+        action="store_true",
+        help="with no allowed-signers file, accept unsigned evidence on a shared bus (anyone with push "
+        "access could forge it); the embedded bus never needs keys",
     )
     add_remote(pr)
     pr.set_defaults(func=run_pr)
@@ -177,14 +190,21 @@ def run_pr(args: argparse.Namespace) -> int:
     subject = args.subject.strip().lower()
     if not re.fullmatch(SHA_PATTERN, subject):
         subject = c.rev_parse(args.subject)
-    signers = trusted_signers(c.root, args.allowed_signers)
+    try:
+        signers = evidence_signers(
+            c.root, args.allowed_signers, bus=c.url, embedded=not c.remote, allow_unsigned=args.allow_unsigned
+        )
+    except InvalidRequest as exc:
+        if args.summary:  # the job summary says what to do, not only the job log
+            with args.summary.open("a") as fh:
+                fh.write(f"**Evidence for `{subject}`: ✗ refused**\n\n{exc}\n")
+        raise
     outcomes = evidence.gate_subject(evidence.Shelf(c.bus, signers), subject, requirements, registry)
     if args.json:
         print(evidence.evidence_json(outcomes))
     else:
         for o in outcomes:
-            what = o.evidence.id if o.evidence and o.passed else "; ".join(o.reasons)
-            print(f"{evidence.MARK[o.status]} {o.requirement}: {o.status} — {what}")
+            print(o.line())
     if args.summary and not evidence.append_summary(args.summary, subject, outcomes):
         print(
             f"kakeya: warning: {args.summary} is already at its 1 MiB limit; nothing appended",

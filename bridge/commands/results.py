@@ -2,7 +2,9 @@
 (result.json, report.json, verdict.json, summary.md, report.html, logs/) into DIR (default out/<id>). Exit 0 once
 written, whatever the outcome.
 
---verify writes them only if the done commit is a runner's signed commit for its request.
+--verify writes them only if the done commit is a runner's signed commit for its request, and says who
+signed it (`signed by RUNNER@LABELS`); with no allowed-signers file it is refused on a shared bus unless
+--allow-unsigned (then, as on the embedded bus, it says `unsigned (allowed)`).
 --link-base URL (a repository's web address, e.g. https://github.com/ORG/kakeya) makes summary.md's links
 absolute: logs to URL/blob/<done>/.kakeya/results/<id>/..., plots to URL/raw/<done>/...; for a page where
 relative links cannot resolve, such as a GitHub job summary."""
@@ -14,9 +16,9 @@ from pathlib import Path
 
 from bridge import bus as B
 from bridge.commands._bus import add_remote, client, out_dir, report
-from bridge.errors import InvalidRequest
+from bridge.errors import KakeyaError
 from bridge.result import absolute_links
-from bridge.trust import ALLOWED_SIGNERS, trusted_signers
+from bridge.trust import ALLOWED_SIGNERS, UNSIGNED, done_signer, evidence_signers, trust_words
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,6 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--allowed-signers", type=Path, metavar="FILE", help="the allowed-signers file")
     parser.add_argument(
+        "--allow-unsigned",
+        action="store_true",
+        help="--verify with no allowed-signers file on a shared bus: accept it unsigned",
+    )
+    parser.add_argument(
         "--link-base",
         metavar="URL",
         help="make summary.md's links absolute under this repository web address",
@@ -44,11 +51,23 @@ def run(args: argparse.Namespace) -> int:
     out = out_dir(c.root, args.out, args.id)
     signers = None
     if args.verify:
-        signers = trusted_signers(c.root, args.allowed_signers)
-        if signers is None:
-            raise InvalidRequest(f"--verify needs --allowed-signers FILE or {ALLOWED_SIGNERS} in {c.root}")
-    done = c.entry(args.id).done if args.link_base else None
-    result = c.results(args.id, out, done, signers=signers)
+        signers = evidence_signers(
+            c.root, args.allowed_signers, bus=c.url, embedded=not c.remote, allow_unsigned=args.allow_unsigned
+        )
+    entry = c.entry(args.id) if args.link_base or signers is not None else None
+    done = entry.done if entry is not None and args.link_base else None
+    # Verifying reads the entry again, with its request commit: a done sha alone would skip the replay check.
+    result = c.results(args.id, out, None if signers is not None else done, signers=signers)
+    if args.verify:
+        words = UNSIGNED
+        if signers is not None and entry is not None and entry.done is not None:
+            who, problem = done_signer(
+                c.repo_with(entry.done), args.id, entry.done, entry.req, entry.label, signers
+            )
+            if problem:  # the done ref moved while it was read
+                raise KakeyaError(f"{args.id}: its results are not trusted: {problem}")
+            words = trust_words(who)
+        print(f"{args.id}: {words}")
     if done is not None:
         base, where = args.link_base.rstrip("/"), f"{done}/{B.results_path(args.id)}/"
         summary = out / "summary.md"

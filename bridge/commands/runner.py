@@ -6,6 +6,10 @@ current one (a claim whose run has not started is released); a second signal, or
 `stop_grace_s` (KAKEYA_STOP_GRACE) after the first, kills the run, which still ends in a done commit.
 git helpers run in process groups of their own, so a Ctrl-C reaches only kakeya. Exit 130 after SIGINT
 (one line on stderr), 0 after SIGTERM (a service stop).
+
+A label means hardware: a runner refuses to start with a label whose accelerator this host lacks (the check
+`kakeya doctor` makes per label, bridge/host.py) unless `--force-labels`, and then every result names the
+forced labels.
 """
 
 from __future__ import annotations
@@ -35,6 +39,12 @@ def register(sub: argparse._SubParsersAction) -> None:
             "--labels", metavar="L1,L2", help="labels this runner serves (default: config / KAKEYA_LABELS)"
         )
         p.add_argument("--name", help="runner name (default: config / KAKEYA_RUNNER_NAME / hostname)")
+        p.add_argument(
+            "--force-labels",
+            action="store_true",
+            help="serve labels whose accelerator this host lacks (refused otherwise; every result then "
+            "names the forced labels, and presets gate the device their reports ran on)",
+        )
         add_remote(p)
         p.add_argument("--workdir", type=Path, help="mirror and worktrees (default .kakeya/runners/<name>)")
         p.add_argument(
@@ -53,7 +63,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 def make_runner(args: argparse.Namespace, config: Config, root: Path, url: str, labels: list[str]) -> Runner:
     name = args.name or config.runner_name
     workdir = args.workdir or state_dir(config, root) / "runners" / name
-    return Runner(url, config=config, name=name, labels=labels, workdir=workdir)
+    runner = Runner(
+        url, config=config, name=name, labels=labels, workdir=workdir, force_labels=args.force_labels
+    )
+    if runner.forced_labels:
+        runner.log(
+            f"warning: serving {', '.join(runner.forced_labels)} without the hardware (--force-labels); "
+            "every result says so"
+        )
+    return runner
 
 
 def handle_signals(runner: Runner, grace_s: float | None = None) -> dict[int, Any]:

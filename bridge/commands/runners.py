@@ -55,6 +55,7 @@ def table(seen: list[Seen], now: dt.datetime) -> str:
         if p is None:
             cells.append((s.name, state, "-", "-", "-", "-", "-", "-"))
             continue
+        state += f" ({p.paused})" if p.paused else ""  # e.g. not claiming: too little free space
         seen_ago = age((now - p.seen_at).total_seconds()) + " ago"
         cells.append(
             (s.name, state, ",".join(p.labels), p.host, p.accelerator, p.version, seen_ago, p.serving or "-")

@@ -33,7 +33,7 @@ BENCH_PY = WRITE_REPORT_PY + textwrap.dedent("""
 BENCH = {
     "name": "bench",
     "description": "a benchmark with a metric that must not regress",
-    "runners": ["cpu", "gpu"],
+    "runners": ["cpu", "cpu-b"],
     "timeout_s": 60,
     "argv": ["{python}", "bench.py", "{size}"],
     "params": {"size": {"type": "int", "min": 1, "max": 8, "default": 1}},
@@ -49,7 +49,7 @@ def bench_fixture(world: Env, monkeypatch) -> Env:
     (world.project / "bench.py").write_text(BENCH_PY)
     git(world.project, "add", "bench.py")
     git(world.project, "commit", "-qm", "bench")
-    monkeypatch.setenv("KAKEYA_LABELS", "cpu,gpu")
+    monkeypatch.setenv("KAKEYA_LABELS", "cpu,cpu-b")
     return world
 
 
@@ -135,11 +135,11 @@ def test_previous_pass_baseline_over_a_series_of_runs(bench: Env, capsys):
     assert (verdict["baseline"]["run"], verdict["comparison"]["base"]) == (second, 95)
 
     # 6. the same preset on another runner label has its own history
-    code, _, verdict, _ = run(bench, capsys, 1, label="gpu")
+    code, _, verdict, _ = run(bench, capsys, 1, label="cpu-b")
     assert (
         code == 0
         and verdict["comparison"] is None
-        and "no previous pass of bench on gpu" in verdict["baseline"]["note"]
+        and "no previous pass of bench on cpu-b" in verdict["baseline"]["note"]
     )
 
     # 7. a run with other parameters is no baseline for this one (nor this one for them)
@@ -167,7 +167,7 @@ def test_gate_pr_fails_a_regression_the_runner_did_not_record(bench: Env, capsys
     assert main(["gate", "pr", "--subject", head, "--require", "bench@cpu"]) == 1
     assert capsys.readouterr().out == (
         f"✗ bench@cpu: fail — {rid}: baseline: /probe/memory_bytes: 50 vs baseline 100, "
-        "50 % worse; exceeds the allowed 10 % regression\n"
+        "50 % worse; exceeds the allowed 10 % regression · unsigned (allowed) · accelerator: none\n"
     )
 
 

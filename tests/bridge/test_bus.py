@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from bridge import bus as B
 from bridge import git as G
@@ -47,9 +48,106 @@ def test_ids_sort_by_time_and_carry_the_preset():
         B.id_time("20260614-probe")
     assert len({B.new_id("p", t0) for _ in range(200)}) == 200  # the random suffix separates same-ms ids
     assert N.check_label("mac-m4") == "mac-m4"
-    for bad in ("", "H200", "a/b", "a..b", "-x"):
+    for bad in ("", "H200", "a/b", "a..b", "-x", "cpu\n"):
         with pytest.raises(KakeyaError, match="runner label"):
             N.check_label(bad)
+    for regex, good in ((N.NAME_RE, "probe"), (N.LABEL_RE, "h200"), (N.RUNNER_NAME_RE, "gpu-1.lab")):
+        assert regex.match(good) and not regex.match(good + "\n")  # matched whole: `$` would take a newline
+
+
+def test_ids_are_parsed_not_pattern_matched():
+    now = dt.datetime(2026, 6, 14, 12, 0, tzinfo=dt.UTC)
+    good = "20260614T101502.123Z-niah-ladder-a1b2c3"
+    made = dt.datetime(2026, 6, 14, 10, 15, 2, 123000, tzinfo=dt.UTC)
+    assert B.parse_id(good, now) == B.RequestId(made, "niah-ladder", "a1b2c3")
+    assert B.parse_id("20260615T115959.999Z-p-000001", now) is not None  # a clock up to a day ahead of ours
+    assert B.parse_id("20200101T000000.000Z-p-000001", now) is not None
+    assert B.parse_id("20260615T120000.001Z-p-000001", now) is None  # more than a day ahead
+    for bad in (
+        "00000000T000000.000Z-probe-abcdef",  # no such date: strptime used to raise for every reader
+        "99991231T235959.999Z-probe-abcdef",  # the far future: it would always be the newest evidence
+        "20261301T000000.000Z-probe-abcdef",  # a 13th month
+        "20260230T000000.000Z-probe-abcdef",  # 30 February
+        "20260614T236000.000Z-probe-abcdef",  # minute 60
+        "20260614T235960.000Z-probe-abcdef",  # second 60
+        "20191231T235959.999Z-probe-abcdef",  # before there were requests
+        good + "\n",
+        "\n" + good,
+        good + "0",
+        good.replace("a1b2c3", "A1B2C3"),
+        good.replace("niah-ladder", "Niah"),
+        good.replace(".123Z", ".1234Z"),
+        "",
+    ):
+        assert B.parse_id(bad, now) is None, bad
+        assert B.id_preset(bad) == ""
+        with pytest.raises(KakeyaError, match="not a request id"):
+            B.id_time(bad)
+    # every reader gets its ids through Snapshot.parse: the ones that do not parse are ignored
+    later = B.new_id("probe", B.utcnow() + dt.timedelta(days=2))
+    refs = [B.req_ref("cpu", "00000000T000000.000Z-probe-abcdef"), B.done_ref(later), B.claim_ref(good)]
+    snap = B.Snapshot.parse("".join(f"{'a' * 40}\t{ref}\n" for ref in refs))
+    assert list(snap.entries) == [good] and snap.ignored == refs[:2]
+    assert snap.entries[good].created_at == made
+
+
+def manifest_fields(now: dt.datetime) -> dict:
+    return {
+        "id": B.new_id("probe", now),
+        "preset": "probe",
+        "subject": "a" * 40,
+        "runner": "cpu",
+        "requester": "t@example.com",
+        "created_at": now,
+        "expires_at": now + dt.timedelta(hours=1),
+        "nonce": "n",
+    }
+
+
+def test_a_manifest_is_bound_to_its_id_time_and_expires_within_seven_days():
+    now = B.utcnow()
+    base = manifest_fields(now)
+    B.Manifest(**base)
+    B.Manifest(**{**base, "created_at": now + dt.timedelta(seconds=59)})  # clocks and rounding: a minute
+    B.Manifest(**{**base, "expires_at": now + dt.timedelta(days=7)})  # the longest wait
+    for change, rule in (
+        ({"created_at": now - dt.timedelta(minutes=2)}, "is not the time of its id"),
+        ({"created_at": now + dt.timedelta(days=365)}, "is not the time of its id"),
+        ({"expires_at": now}, "must be after created_at"),
+        ({"expires_at": now - dt.timedelta(hours=1)}, "must be after created_at"),
+        ({"expires_at": now + dt.timedelta(days=7, milliseconds=1)}, "at most 7 days after it"),
+        ({"expires_at": now + dt.timedelta(days=365)}, "at most 7 days after it"),
+        ({"id": "00000000T000000.000Z-probe-abcdef"}, "is not a request id"),
+        ({"id": B.new_id("probe", now + dt.timedelta(days=3))}, "is not a request id"),
+        ({"runner": "cpu\n"}, "runner"),
+    ):
+        with pytest.raises(ValidationError, match=rule):
+            B.Manifest(**{**base, **change})
+
+
+def test_a_request_json_over_the_cap_is_refused_by_its_size_unread(repo: Path, tmp_path: Path, monkeypatch):
+    manifest = B.Manifest(**manifest_fields(B.utcnow()))
+    text = manifest.dump()
+    at_cap = text + b" " * (B.MANIFEST_MAX_BYTES - len(text))  # valid JSON, exactly the cap
+    commits = {
+        name: G.child_commit(repo, head(repo), {B.MANIFEST_PATH: data}, name, "K <k@x>")
+        for name, data in (("good", text), ("at_cap", at_cap), ("over", at_cap + b" "), ("junk", b"{no"))
+    }
+    read: list[str] = []
+    real = G.read_blobs
+    monkeypatch.setattr(G, "read_blobs", lambda r, specs: read.extend(specs) or real(r, specs))
+    empty = G.init_bare(tmp_path / "empty.git")  # a repository without the objects comes first: skipped
+    found = B.read_manifests([empty, repo], [*commits.values(), head(repo)])
+    assert found[commits["good"]] == manifest and found[commits["at_cap"]] == manifest
+    over = f"{commits['over']}:{B.MANIFEST_PATH}"
+    assert found[commits["over"]] == ".kakeya/request.json is 65537 bytes, over the 65536-byte cap"
+    assert over not in read and f"{commits['at_cap']}:{B.MANIFEST_PATH}" in read  # sized, never read
+    assert str(found[commits["junk"]]).startswith("manifest: Invalid JSON")
+    assert found[head(repo)] == f"commit {head(repo)[:12]} has no .kakeya/request.json"
+    assert G.blob_sizes(repo, [over, f"{head(repo)}:a.txt", f"{head(repo)}:dir", "1" * 40]) == {
+        over: 65537,
+        f"{head(repo)}:a.txt": 2,
+    }
 
 
 def test_snapshot_parses_every_kind_and_ignores_malformed_refs():

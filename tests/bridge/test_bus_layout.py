@@ -90,8 +90,23 @@ def test_history_written_by_fast_import_has_the_shape_of_a_real_run(world: Env, 
     B.Claim.model_validate_json(G.read_path(bus_dir, fake_done, B.CLAIM_PATH) or b"")
     # `gate pr`, `results` and `status` treat them as real: the subject with 50 runs passes on its newest
     newest = max(rid for rid in made["ids"] if refs.get(B.subject_ref(subject50, rid)))
-    assert main(["gate", "pr", "--subject", subject50, "--require", "work@cpu", "--remote", url]) == 0
-    assert capsys.readouterr().out == f"✓ work@cpu: pass — {newest}\n"
+    assert (
+        main(
+            [
+                "gate",
+                "pr",
+                "--subject",
+                subject50,
+                "--require",
+                "work@cpu",
+                "--remote",
+                url,
+                "--allow-unsigned",
+            ]
+        )
+        == 0
+    )
+    assert capsys.readouterr().out.startswith(f"✓ work@cpu: pass — {newest} · unsigned (allowed)")
     assert main(["results", fake, "--remote", url, "--out", str(world.tmp / "fake")]) == 0
     assert json.loads((world.tmp / "fake" / "result.json").read_text())["request_id"] == fake
     capsys.readouterr()
@@ -259,8 +274,11 @@ def test_migrate_upgrades_an_old_bus_once_and_a_live_claim_is_honoured(world: En
     assert marker
     assert main(["bus", "migrate", "--remote", url]) == 0  # idempotent
     assert "updated 0 refs" in capsys.readouterr().out
-    assert main(["gate", "pr", "--subject", head, "--require", "work@cpu", "--remote", url]) == 0
-    assert capsys.readouterr().out == f"✓ work@cpu: pass — {finished}\n"
+    assert (
+        main(["gate", "pr", "--subject", head, "--require", "work@cpu", "--remote", url, "--allow-unsigned"])
+        == 0
+    )
+    assert capsys.readouterr().out.startswith(f"✓ work@cpu: pass — {finished} · unsigned (allowed)")
     # the old runner's claim is a claim: a runner of layout 2 waits out its lease, then takes it over, once
     runner = make_runner(url, world, name="new")
     assert runner.once() is None  # first sight of the claim: its lease runs on this runner's clock
@@ -315,8 +333,23 @@ def test_compact_moves_old_results_into_the_ledger_and_every_reader_still_finds_
         rid for rid in made["ids"] if G.read_path(bus_dir, ledger, f"subject/{subject5[:2]}/{subject5}/{rid}")
     )
     assert five and set(five) <= old
-    assert main(["gate", "pr", "--subject", subject5, "--require", "work@cpu", "--remote", url]) == 0
-    assert capsys.readouterr().out == f"✓ work@cpu: pass — {max(five)}\n"
+    assert (
+        main(
+            [
+                "gate",
+                "pr",
+                "--subject",
+                subject5,
+                "--require",
+                "work@cpu",
+                "--remote",
+                url,
+                "--allow-unsigned",
+            ]
+        )
+        == 0
+    )
+    assert capsys.readouterr().out.startswith(f"✓ work@cpu: pass — {max(five)} · unsigned (allowed)")
     moved = min(old)
     assert main(["results", moved, "--remote", url, "--out", str(world.tmp / "moved")]) == 0
     assert json.loads((world.tmp / "moved" / "result.json").read_text())["request_id"] == moved

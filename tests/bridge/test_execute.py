@@ -13,6 +13,7 @@ import pytest
 
 from bridge.cli import main
 from bridge.config import Config
+from bridge.errors import InvalidRequest
 from bridge.execute import execute
 from bridge.logs import CappedLog, Redactor
 from bridge.presets import Preset
@@ -72,7 +73,7 @@ def test_injection_values_arrive_as_one_literal_argument(checkout, tmp_path):
         f"; touch {canary}",
         f"$(touch {canary})",
         f"`touch {canary}`",
-        f"a\ntouch {canary}",
+        f"a touch {canary}",
         "--help",
         f"x' ; touch {canary} '",
         f"| touch {canary}",
@@ -82,6 +83,8 @@ def test_injection_values_arrive_as_one_literal_argument(checkout, tmp_path):
         report = json.loads((tmp_path / "out" / "report.json").read_text())
         assert report["argv"] == [value], value
         assert result.status == "succeeded"
+    with pytest.raises(InvalidRequest, match="control characters"):  # a newline never gets this far
+        p.validate_params({"v": f"a\ntouch {canary}"})
     assert not canary.exists()
 
 

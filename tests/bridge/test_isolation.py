@@ -457,7 +457,7 @@ def test_report_and_result_caps_drop_and_list(tmp_path: Path):
     (tmp_path / "link").symlink_to("/etc/passwd")
     dropped = apply_caps(tmp_path, report_cap=1024, files_cap=100_000, result_cap=3000)
     assert dropped == [
-        "link: not a regular file",
+        "link: a symbolic link, not followed",
         "report.json (2000 bytes): over the report cap of 1024 bytes",
         "b.txt (5000 bytes): over the cap of 3000 bytes on the whole result",
     ]

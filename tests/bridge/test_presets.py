@@ -83,6 +83,17 @@ def test_numeric_bounds(name, low, high, under, over):
         ("data", "c", "a/../../b", r"'\.\.'"),
         ("model", "gemma-3-1b", "../../secret", "model directory name"),
         ("model", "zoo:tiny-drafter", "/abs/model", "model directory name"),
+        # matched whole: a trailing newline (which a `$` lets through) or any control character is refused
+        ("model", "zoo:tiny-hybrid", "zoo:tiny-hybrid\n", r"control characters \(U\+000A at position 15\)"),
+        ("model", "gemma-3-1b", "gemma-3-1b\n", "control characters"),
+        ("model", "org/gemma", "org/gemma\r", "control characters"),
+        ("tag", "abc", "abc\n", r"control characters \(U\+000A"),
+        ("tag", "abc", "a\x1bc", r"control characters \(U\+001B"),
+        ("data", "a.txt", "a.txt\n", "control characters"),
+        ("data", "a.txt", "a\x00.txt", r"U\+0000"),
+        ("data", "a.txt", "\u202etxt.exe", r"U\+202E"),  # a bidi override
+        ("data", "a.txt", "a\u2028b", r"U\+2028"),  # a line separator
+        ("policy", "hybrid", "hybrid\n", "one of"),
     ],
 )
 def test_types_accept_and_reject(name, good, bad, rule):
@@ -91,6 +102,17 @@ def test_types_accept_and_reject(name, good, bad, rule):
     with pytest.raises(InvalidRequest, match=rule) as err:
         preset.validate_params({name: bad})
     assert f"parameter {name}=" in str(err.value) and "preset demo" in str(err.value)
+
+
+def test_control_characters_are_refused_whatever_the_pattern_allows():
+    loose = make_preset(
+        params={"s": {"type": "str", "pattern": "(?s).+", "max_length": 10, "default": "x"}},
+        argv=["prog", "{s}"],
+    )
+    assert loose.validate_params({"s": "a b-c"})["s"] == "a b-c"
+    for bad in ("a\nb", "ab\n", "a\x7fb", "a\x85b", "a\u200fb", "\ud800"):
+        with pytest.raises(InvalidRequest, match=r"preset demo: parameter s=.* must not contain control"):
+            loose.validate_params({"s": bad})
 
 
 def test_absolute_path_under_absolute_root_is_accepted():

@@ -70,8 +70,8 @@ def test_request_runner_results_end_to_end_over_git_daemon(world: Env, daemon: D
     assert main(["runner", "once", "--labels", "cpu", "--remote", url, "--request", rid]) == 0
     assert "nothing to do" in capsys.readouterr().out
     other = Client(load_config(), remote=url).request("work", {}, "cpu", subject="HEAD").id
-    assert main(["runner", "once", "--labels", "gpu", "--remote", url, "--request", other]) == 1
-    assert "is for runner label 'cpu'; this runner serves gpu" in capsys.readouterr().err
+    assert main(["runner", "once", "--labels", "cpu-b", "--remote", url, "--request", other]) == 1
+    assert "is for runner label 'cpu'; this runner serves cpu-b" in capsys.readouterr().err
     assert main(["runner", "once", "--labels", "cpu", "--remote", url, "--request", B.new_id("work")]) == 1
     assert world.count() == ["e2e"]
     # worktrees are removed after the run; the mirror keeps no per-request refs
@@ -204,9 +204,9 @@ def test_rejections_end_in_done_commits_and_run_nothing(world: Env):
     cases[raw("work", lambda r: manifest_dict(r, "work", other))] = "is not the request commit's parent"
     # a preset this runner's own registry does not allow on its label (the requester's registry said yes)
     lenient = dict(load_registry())
-    lenient["cpuonly"] = lenient["cpuonly"].model_copy(update={"runners": ["cpu", "gpu"]})
-    cases[client.request("cpuonly", {}, "gpu", registry=lenient).id] = "may not run on runner label 'gpu'"
-    runner = make_runner(url, world, labels=("cpu", "gpu"))
+    lenient["cpuonly"] = lenient["cpuonly"].model_copy(update={"runners": ["cpu", "cpu-b"]})
+    cases[client.request("cpuonly", {}, "cpu-b", registry=lenient).id] = "may not run on runner label 'cpu-b'"
+    runner = make_runner(url, world, labels=("cpu", "cpu-b"))
     served = [runner.once() for _ in range(len(cases))]
     assert runner.once() is None
     assert {s.id: s.status for s in served if s} == {rid: "rejected" for rid in cases}

@@ -42,8 +42,16 @@ def keys_fixture(tmp_path: Path) -> dict[str, Path]:
 
 
 def signed_runner(env: Env, url: str, name: str, labels: tuple[str, ...], key: Path, **config) -> Runner:
+    """A runner signing with `key`; labels whose hardware this host lacks (gpu) are forced."""
     cfg = load_config().model_copy(update={"signing_key": str(key), **config})
-    return Runner(url, config=cfg, name=name, labels=list(labels), workdir=env.tmp / "runners" / name)
+    return Runner(
+        url,
+        config=cfg,
+        name=name,
+        labels=list(labels),
+        workdir=env.tmp / "runners" / name,
+        force_labels=True,
+    )
 
 
 def test_signed_evidence_passes_and_every_forgery_fails_for_its_own_reason(
@@ -59,7 +67,7 @@ def test_signed_evidence_passes_and_every_forgery_fails_for_its_own_reason(
     git(world.project, "commit", "-qm", "allowed signers")
     first = git(world.project, "rev-parse", "HEAD")
     bus = Bus(world, url=daemon.repo())
-    bus.runner = signed_runner(world, bus.url, "r1", ("cpu", "gpu"), keys["r1"])
+    bus.runner = signed_runner(world, bus.url, "r1", ("cpu",), keys["r1"])
     rid = bus.run("work", tag="a")
     done = bus.done(rid)
     signers = world.project / ALLOWED_SIGNERS
@@ -68,16 +76,22 @@ def test_signed_evidence_passes_and_every_forgery_fails_for_its_own_reason(
     for sha in (done, G.parents(world.project, done)[0]):
         ok, code, who, _ = G.verify_commit(world.project, sha, signers)
         assert (ok, code, who) == (True, "G", "r1@cpu+gpu")
+    signed = f"✓ work@cpu: pass — {rid} · signed by r1@cpu+gpu · accelerator: none\n"
     assert gate(bus, first, "work@cpu") == 0
-    assert capsys.readouterr().out == f"✓ work@cpu: pass — {rid}\n"
+    assert capsys.readouterr().out == signed
     out = world.tmp / "res"
     assert main(["results", rid, "--verify", "--remote", bus.url, "--out", str(out)]) == 0
     assert json.loads((out / "result.json").read_text())["status"] == "succeeded"
-    capsys.readouterr()
+    assert capsys.readouterr().out.startswith(f"{rid}: signed by r1@cpu+gpu\n")
+    # the run's own page says whom the runner signed as
+    assert "<td>signed</td><td>signed by r1@cpu</td>" in (out / "report.html").read_text()
 
     def judged(subject: str, requirement: str = "work@cpu") -> dict:
+        """The one ignored result of a requirement with no evidence left."""
         assert gate(bus, subject, requirement, as_json=True) == 1
-        return outcomes(capsys)[requirement]
+        o = outcomes(capsys)[requirement]
+        assert (o["status"], o["request_id"], len(o["ignored"])) == ("missing", None, 1), o
+        return o["ignored"][0]
 
     # 1. A report edited after the run: one more commit on the done ref (the checks would still pass).
     prefix = B.results_path(rid)
@@ -87,16 +101,16 @@ def test_signed_evidence_passes_and_every_forgery_fails_for_its_own_reason(
     }
     bus.push_done(rid, done, edited, replace=True)
     o = judged(first)
-    assert o["status"] == "untrusted"
-    assert o["reasons"] == [
-        f"{rid}: edited after the run: the done ref is {bus.done(rid)[:12]}, not runner r1@cpu+gpu's signed "
+    assert (o["request_id"], o["kind"]) == (rid, "untrusted")
+    assert o["reason"] == (
+        f"edited after the run: the done ref is {bus.done(rid)[:12]}, not runner r1@cpu+gpu's signed "
         f"commit {done[:12]} (commits were added or rewritten after it)"
-    ]
+    )
     assert main(["results", rid, "--verify", "--remote", bus.url, "--out", str(out)]) == 1
     assert "its results are not trusted: edited after the run" in capsys.readouterr().err
     # ... or the done commit rewritten in place on the runner's signed claim: the same refusal
     bus.push_done(rid, G.parents(world.project, done)[0], edited, replace=True)
-    assert judged(first)["reasons"][0].startswith(f"{rid}: edited after the run: ")
+    assert judged(first)["reason"].startswith("edited after the run: ")
     move_done(bus.url, world.project, rid, done)
     assert gate(bus, first, "work@cpu") == 0
     capsys.readouterr()
@@ -123,21 +137,19 @@ def test_signed_evidence_passes_and_every_forgery_fails_for_its_own_reason(
 
     never = forge(None)
     o = judged(second)
-    assert (o["status"], o["request_id"]) == ("untrusted", never)
-    assert o["reasons"] == [
-        f"{never}: unsigned: done commit {bus.done(never)[:12]} has no signature and no runner signed a commit "
+    assert (o["request_id"], o["kind"]) == (never, "untrusted")
+    assert o["reason"] == (
+        f"unsigned: done commit {bus.done(never)[:12]} has no signature and no runner signed a commit "
         "for this request"
-    ]
+    )
     move_done(bus.url, world.project, never, None)
 
     # 3. A done commit signed by a key that is not in the allowed signers.
     unknown = forge(keys["stranger"])
     o = judged(second)
-    assert (o["status"], o["request_id"]) == ("untrusted", unknown)
-    assert o["reasons"][0].startswith(
-        f"{unknown}: unknown key: done commit {bus.done(unknown)[:12]} is signed by SHA256:"
-    )
-    assert o["reasons"][0].endswith(f"which is not in {Path(ALLOWED_SIGNERS).name}")
+    assert (o["request_id"], o["kind"]) == (unknown, "untrusted")
+    assert o["reason"].startswith(f"unknown key: done commit {bus.done(unknown)[:12]} is signed by SHA256:")
+    assert o["reason"].endswith(f"which is not in {Path(ALLOWED_SIGNERS).name}")
     move_done(bus.url, world.project, unknown, None)
 
     # 4. A runner key signing for a label it may not serve: r2 (gpu only) really runs a cpu request.
@@ -146,11 +158,11 @@ def test_signed_evidence_passes_and_every_forgery_fails_for_its_own_reason(
     served = rogue.once(request_id=cpu_run)
     assert served is not None and served.pushed and served.status == "succeeded"
     o = judged(second)
-    assert (o["status"], o["request_id"]) == ("untrusted", cpu_run)
-    assert o["reasons"] == [
-        f"{cpu_run}: key not allowed for this label: {bus.done(cpu_run)[:12]} is signed by r2@gpu, which may "
+    assert (o["request_id"], o["kind"]) == (cpu_run, "untrusted")
+    assert o["reason"] == (
+        f"key not allowed for this label: {bus.done(cpu_run)[:12]} is signed by r2@gpu, which may "
         "serve gpu, not cpu"
-    ]
+    )
     move_done(bus.url, world.project, cpu_run, None)
 
     # 5. A replayed done commit: the runner's signed pass for the first commit, as the done ref of a request
@@ -158,25 +170,18 @@ def test_signed_evidence_passes_and_every_forgery_fails_for_its_own_reason(
     replay = bus.client.request("work", {}, "cpu").id
     move_done(bus.url, world.project, replay, done, (second,))
     o = judged(second)
-    assert (o["status"], o["request_id"]) == ("mismatch", replay)
-    assert any(
-        r.startswith(
-            f"{replay} does not belong to {second[:12]}: request mismatch: done commit {done[:12]} was not made "
-            f"on the request commit"
-        )
-        for r in o["reasons"]
-    ), o["reasons"]
-    assert (
-        f"{replay} does not belong to {second[:12]}: its request names subject {first}, not {second}"
-        in o["reasons"]
+    assert (o["request_id"], o["kind"]) == (replay, "mismatch")
+    assert o["reason"].startswith(
+        f"does not belong to {second[:12]}: its request names subject {first}, not "
     )
+    assert f"request mismatch: done commit {done[:12]} was not made on the request commit" in o["reason"]
     assert main(["results", replay, "--verify", "--remote", bus.url, "--out", str(out)]) == 1
     assert "request mismatch" in capsys.readouterr().err
 
     # each refusal above was its own: with the replay gone, the genuine signed run passes for the commit it ran
     move_done(bus.url, world.project, replay, None)
     assert gate(bus, first, "work@cpu") == 0
-    assert capsys.readouterr().out == f"✓ work@cpu: pass — {rid}\n"
+    assert capsys.readouterr().out == signed
 
 
 def test_signed_requests_only_run_when_a_requester_signed_them(
