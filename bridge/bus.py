@@ -139,6 +139,12 @@ def subject_ref(subject: str, request_id: str) -> str:
     return f"{SUBJECT_PREFIX}{subject}/{request_id}"
 
 
+def indexed_subject(*named: str | None) -> str | None:
+    """The first of `named` that is a commit sha (a subject an index ref or ledger path can carry); a result
+    may name anything at all."""
+    return next((s for s in named if s and re.fullmatch(SHA_PATTERN, s)), None)
+
+
 def layout_ref(version: int = LAYOUT) -> str:
     return f"{LAYOUT_PREFIX}{version}"
 

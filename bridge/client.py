@@ -578,7 +578,7 @@ class Client:
                 subject = (
                     index[e.id][0]
                     if e.id in index
-                    else (r.subject if r else None) or (m.subject if m else None)
+                    else B.indexed_subject(m.subject if m else None, r.subject if r else None)
                 )
                 entries.append(
                     L.LedgerEntry(

@@ -732,7 +732,10 @@ class Runner:
         result = B.parse_or_none(
             RunResult, git.read_path(self.mirror, done_sha, f"{B.results_path(request_id)}/result.json")
         )
-        subject = (result.subject if result else None) or (manifest.subject if manifest else None)
+        # the request's subject (validated with its manifest); a result's only when it is a sha at all
+        subject = B.indexed_subject(
+            manifest.subject if manifest else None, result.subject if result else None
+        )
         index = [B.subject_ref(subject, request_id)] if subject else []
         wanted = [B.cancel_ref(request_id)] + ([B.req_ref(label, request_id)] if label else [])
         refs = self.bus.ls_remote(*wanted, *index).refs

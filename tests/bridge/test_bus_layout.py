@@ -5,6 +5,7 @@ checked against a real run."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import time
@@ -406,3 +407,26 @@ def test_a_baseline_is_looked_for_newest_first_a_batch_at_a_time(world: Env, dae
     assert found is not None and found[0].id == ids[1]
     assert len(shelf.of("work", None)) == len(ids)  # 16 + 16 + the last 9: read only as far as needed
     assert shelf.previous_pass(preset, "cpu", before=ids[0]) is None  # nothing older: none found
+
+
+def test_compact_takes_in_a_forged_done_result_without_trusting_what_it_names(
+    world: Env, daemon: Daemon, capsys
+):
+    """A done ref anyone pushed, whose result.json names a 'subject' that is no commit (and could be no ref name)
+    and that has no request.json: compaction takes it in (dated, by preset), indexes it under no subject, and
+    never fails on it."""
+    url = daemon.repo()
+    bus_dir = daemon.base / "bus.git"
+    head = git(world.project, "rev-parse", "HEAD")
+    served(url, world)  # a real, recent one (stays in refs)
+    rid = B.new_id("work", B.utcnow() - dt.timedelta(days=5))
+    junk = json.dumps({"request_id": rid, "subject": "</details><img src=x>", "status": "succeeded"}).encode()
+    forged = G.child_commit(bus_dir, head, {f"{B.results_path(rid)}/result.json": junk}, "forged", "M <m@x>")
+    G.update_ref(bus_dir, B.done_ref(rid), forged)
+    assert main(["bus", "compact", "--remote", url]) == 0
+    assert "moved 1 refs into the ledger" in capsys.readouterr().out
+    ledger = all_refs(bus_dir)["refs/kakeya/ledger"]
+    paths = sorted(G.ls_tree(bus_dir, ledger, recursive=True))
+    assert paths == [f"date/{rid[:8]}/{rid}", f"preset/work/-/{rid[:6]}/{rid}"]
+    entry = json.loads(G.read_path(bus_dir, ledger, paths[0]) or b"{}")
+    assert (entry["done"], entry["subject"], entry["label"]) == (forged, None, None)

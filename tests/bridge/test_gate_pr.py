@@ -69,7 +69,9 @@ class Bus:
                 named.add(json.loads(G.read_path(repo, sha, path) or b"{}").get("subject"))
             except ValueError:
                 pass
-        move_done(self.url, repo, rid, sha, tuple(s for s in named if isinstance(s, str)))
+        move_done(
+            self.url, repo, rid, sha, tuple(s for s in named if isinstance(s, str) and B.indexed_subject(s))
+        )
         return sha
 
 
