@@ -187,7 +187,7 @@ class Bench:
             files = G.read_dir(self.world.project, entry.done, B.results_path(rid))
             result = json.loads(files.get("result.json", b"{}"))
             if result.get("params", {}).get("mode") == mode and result.get("exit_code") is not None:
-                history = G.out(self.world.project, "log", "--format=%s", entry.done, f"^{entry.req}")
+                history = G.out(self.world.project, "log", "--format=%s", entry.done)
                 count += 1 + history.count(" takes over ")
         return count
 
