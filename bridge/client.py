@@ -489,7 +489,7 @@ class Client:
             ]
         if dry_run:
             return [u.ref for u in stale + updates if u.new is None]
-        deleted = self._delete(stale)
+        deleted = self._push_chunks(stale)
         if archive_done:
             self.ensure(entries, ("done",), in_store=True)  # pushing the archive ref needs its commit here
             for i in range(0, len(entries), GC_CHUNK):
@@ -498,7 +498,7 @@ class Client:
                 status = self.bus.push(chunk, atomic=True)
                 deleted += [u.ref for u in chunk if u.new is None and status.get(u.ref, (False, ""))[0]]
             return deleted
-        return deleted + self._delete(updates)
+        return deleted + self._push_chunks(updates)
 
     def migrate(self, dry_run: bool = False) -> list[str]:
         """Upgrade a bus of layout 1 (everything under refs/heads/kakeya/) to layout 2: each claim, done, cancel
@@ -541,12 +541,7 @@ class Client:
             updates.append(Update(B.layout_ref(), None if dry_run else self.layout_marker(), None))
         if dry_run:
             return [u.ref for u in updates]
-        written: list[str] = []
-        for i in range(0, len(updates), GC_CHUNK):
-            chunk = updates[i : i + GC_CHUNK]
-            status = self.bus.push(chunk)
-            written += [u.ref for u in chunk if status.get(u.ref, (False, ""))[0]]
-        return written
+        return self._push_chunks(updates)
 
     def compact(self, older_than_days: float, dry_run: bool = False) -> list[str]:
         """Move the done results made before the cutoff into the ledger (bridge/ledger.py): per chunk one
@@ -615,14 +610,14 @@ class Client:
             deleted += [u.ref for u in updates if u.new is None]
         return deleted
 
-    def _delete(self, updates: list[Update]) -> list[str]:
-        """Push ref deletions in chunks (each leased on its sha); the refs that went."""
-        deleted: list[str] = []
+    def _push_chunks(self, updates: list[Update]) -> list[str]:
+        """Push ref updates (deletions, moves) in chunks, each leased on its sha; the refs the bus took."""
+        done: list[str] = []
         for i in range(0, len(updates), GC_CHUNK):
             chunk = updates[i : i + GC_CHUNK]
             status = self.bus.push(chunk)
-            deleted += [u.ref for u in chunk if status.get(u.ref, (False, ""))[0]]
-        return deleted
+            done += [u.ref for u in chunk if status.get(u.ref, (False, ""))[0]]
+        return done
 
 
 def row_dict(row: Row) -> dict[str, Any]:
