@@ -46,6 +46,7 @@ from bridge.evidence import apply_baseline
 from bridge.execute import Executor, LocalExecutor, run_preset
 from bridge.host import hardware_for
 from bridge.isolation import choose, key_problem
+from bridge.lease import Lease
 from bridge.names import check_label
 from bridge.presence import Beacon, host_facts
 from bridge.presets import Preset, load_registry
@@ -69,79 +70,6 @@ class Served:
     reason: str | None = None
     done: str | None = None  # the done commit, when pushed
     pushed: bool = False
-
-
-class Lease(threading.Thread):
-    """Keeps a claim alive while the request is served: heartbeats, cancel markers, takeovers."""
-
-    def __init__(
-        self,
-        runner: Runner,
-        request_id: str,
-        sha: str,
-        claim: Claim,
-        progress: Callable[[], Progress | None] | None = None,
-    ):
-        super().__init__(name=f"lease-{request_id}", daemon=True)
-        self.runner, self.id, self.sha, self.claim = runner, request_id, sha, claim
-        self.progress = progress or runner.progress  # what its heartbeats carry (one per claim in flight)
-        self.cancelled = False
-        self.lost: str | None = None
-        self.lock = threading.Lock()  # held by a heartbeat, and by the result's final push
-        self._halt = threading.Event()
-        lease_s = runner.config.lease_s
-        self.tick_s = min(max(runner.config.poll_interval_s, 2.0), lease_s / 3)  # cancel/takeover checks
-        self.beat_s = lease_s / 3
-
-    def run(self) -> None:
-        next_beat = self.beat_s
-        waited = 0.0
-        while not self._halt.wait(self.tick_s) and not self.lost:
-            waited += self.tick_s
-            try:
-                self.check()
-                if not self.lost and waited >= next_beat:
-                    progress = self.progress()  # reads the run's files: never under the lock
-                    with self.lock:
-                        if not self.lost and not self._halt.is_set():
-                            self.heartbeat(progress)
-                    next_beat = waited + self.beat_s
-            except KakeyaError as exc:  # the bus is unreachable for now: keep running, keep trying
-                self.runner.log(f"{self.id}: heartbeat/check failed, will retry: {exc}")
-
-    def check(self) -> None:
-        snap = self.runner.bus.ls_remote(B.claim_ref(self.id), B.cancel_ref(self.id))
-        if B.cancel_ref(self.id) in snap.refs:
-            self.cancelled = True
-        current = snap.refs.get(B.claim_ref(self.id))
-        if current != self.sha:
-            self.lost = f"lease lost: {self.runner.holder(self.id, current)}"
-
-    def heartbeat(self, progress: Progress | None) -> None:
-        claim = heartbeat_claim(self.claim, self.runner.config.lease_s, progress, self.runner.now())
-        sha = git.child_commit(
-            self.runner.mirror,
-            self.sha,
-            {B.CLAIM_PATH: claim.dump()},
-            f"kakeya heartbeat {self.id} #{claim.heartbeat} by {self.runner.name}",
-            self.runner.who,
-            self.runner.sign_key,
-        )
-        if self.runner.bus.swap([Update(B.claim_ref(self.id), sha, self.sha)]):
-            self.sha, self.claim = sha, claim
-        else:
-            self.lost = f"lease lost: {self.runner.holder(self.id, None)}"
-
-    def should_stop(self) -> str | None:
-        if self.lost:
-            return self.lost
-        if self.cancelled:
-            return "cancelled"
-        return self.runner.abort_reason
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join()
 
 
 class Runner:
@@ -834,18 +762,6 @@ def requesters(config: Config) -> Signers | None:
         raise KakeyaError("require_signed_requests needs `allowed_requesters`: an allowed-signers file")
     path = Path(config.allowed_requesters).expanduser()
     return Signers.load(path if path.is_absolute() else project_root() / path, runners=False)
-
-
-def heartbeat_claim(claim: Claim, lease_s: float, progress: Progress | None, now: dt.datetime) -> Claim:
-    """The claim a heartbeat pushes: one more beat, a lease from `now` (this runner's clock), and the progress
-    record."""
-    return claim.model_copy(
-        update={
-            "heartbeat": claim.heartbeat + 1,
-            "lease_until": now + dt.timedelta(seconds=lease_s),
-            "progress": progress,
-        }
-    )
 
 
 IDLE_CAP = 8  # an idle `watch` polls at most this many times slower than its poll interval

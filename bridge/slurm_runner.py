@@ -21,10 +21,11 @@ from bridge.bus import Entry, Progress
 from bridge.errors import KakeyaError, Rejected
 from bridge.evidence import apply_baseline
 from bridge.execute import gate
+from bridge.lease import Lease
 from bridge.presets import Preset
 from bridge.progress import Tracker
 from bridge.result import RunContext, RunOutcome, not_run
-from bridge.runner import PREFETCH, Lease, Runner, Served
+from bridge.runner import PREFETCH, Runner, Served
 from bridge.slurm import (
     ALLOC,
     STATUS,
