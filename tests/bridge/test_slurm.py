@@ -112,6 +112,8 @@ class Harness:
         self.config = config or Config(runner_name="slurm-test", labels=["h200"])
         self.ex = SlurmExecutor(label, self.config, slurm)
         self.presets: dict[str, Preset] = {}
+        self.runs = tmp.with_name(tmp.name + "-runs")  # beside the subject, not in it
+        tmp.chmod(0o755)  # as a runner's export is (pytest's are 0700: the sandbox's root could not enter)
 
     def start(
         self, rid: str, preset: Preset, environ: dict[str, str] | None = None, **values: object
@@ -120,9 +122,9 @@ class Harness:
         setup = self.ex.setup(
             preset,
             params,
-            self.tmp,
-            self.tmp / "runs" / rid / "out",
-            self.tmp / "runs" / rid / "control",
+            self.tmp,  # the subject: the job copies it into the run's own sandbox/work
+            self.runs / rid / "out",
+            self.runs / rid / "control",
             RunContext(request_id=rid, runner_name="slurm-test", runner_labels=["h200"]),
             environ={"PATH": "/usr/bin:/bin", **(environ or {})},
         )
@@ -321,22 +323,109 @@ def test_an_admin_scancel_ends_in_an_error_naming_it(tmp_path: Path, slurm: Slur
 FORGER = WRITE_REPORT_PY + textwrap.dedent("""
     import json, os, signal
     write_report()
-    # the job's control directory is HOME's parent: forge the launcher's status, then kill the launcher
+    # the launcher's status is written in the sandbox's top (HOME's parent): forge it, then kill the launcher
     with open(os.path.join(os.environ["HOME"], "..", "launcher.json"), "w") as fh:
         json.dump({"exit_code": 0, "strays": 0, "start_error": None}, fh)
     os.kill(os.getppid(), signal.SIGKILL)
 """)
 
 
+@pytest.mark.parametrize("isolation", ["none", "auto"])
 def test_a_program_that_forges_its_status_and_kills_the_launcher_does_not_succeed(
-    tmp_path: Path, slurm: Slurm
+    tmp_path: Path, slurm: Slurm, isolation: str
 ) -> None:
-    h = Harness(tmp_path, slurm)
+    config = Config(runner_name="slurm-test", labels=["h200"], isolation=isolation)  # type: ignore[arg-type]
+    h = Harness(tmp_path, slurm, config)
     (tmp_path / "forger.py").write_text(FORGER)
     preset = make_preset(tmp_path, argv=["{python}", "forger.py"], params={})
-    outcome = h.finish(h.start("forge-1", preset))
-    assert outcome.result.status == "error", outcome.result
-    assert "launcher was killed" in (outcome.result.reason or "")
+    run = h.start("forge-1", preset)
+    outcome = h.finish(run)
+    result = outcome.result
+    if result.isolation and result.isolation.startswith("bwrap"):
+        # the run user may not write beside its own directories: the forgery never got written
+        assert result.status == "failed", result
+        assert "Permission denied" in (run.out_dir / "logs" / "stderr.log").read_text()
+    else:
+        assert result.isolation == "none (a Slurm job)", result.isolation
+        assert result.status == "error", result
+        assert "launcher was killed" in (result.reason or "")
+
+
+SNOOP = WRITE_REPORT_PY + textwrap.dedent("""
+    import json, os, subprocess, sys
+    seen = {}
+    for name, path in json.loads(sys.argv[1]).items():
+        try:
+            seen[name] = sorted(os.listdir(path)) if os.path.isdir(path) else open(path).read()
+        except OSError as exc:
+            seen[name] = type(exc).__name__
+    seen["job_env"] = {k: v for k, v in os.environ.items() if k.startswith("SLURM")}
+    # a daemon in a session of its own, left behind: it must die with the job
+    subprocess.Popen(["setsid", sys.executable, "-c", "import time; time.sleep(300)", sys.argv[2]],
+                     start_new_session=True, stdin=subprocess.DEVNULL)
+    with open(os.path.join(os.environ["KAKEYA_RUN_DIR"], "snoop.json"), "w") as fh:
+        json.dump(seen, fh)
+    write_report()
+""")
+
+
+def _processes_with(token: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and token.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_the_program_runs_in_the_nodes_sandbox_and_nothing_it_leaves_outlives_the_job(
+    tmp_path: Path, slurm: Slurm
+) -> None:
+    """Where the node has bubblewrap, the job's program runs in the sandbox a local run gets: it cannot read the
+    runner's state directory or key, nor the job's own files (alloc.json, the env file job.json); a setsid'd
+    daemon it leaves dies with the job; result.json says `bwrap (...) (a Slurm job)`."""
+    from bridge.isolation import bwrap_available
+
+    if not bwrap_available():
+        pytest.skip("bubblewrap cannot make a sandbox here (the job then runs under isolation none)")
+    state = tmp_path.with_name(tmp_path.name + "-state")  # the runner's state directory, and its key
+    state.mkdir()
+    (state / "signing.key").write_text("PRIVATE KEY")
+    (state / "signing.key").chmod(0o644)  # readable by anyone: only the sandbox keeps it out of reach
+    h = Harness(tmp_path, slurm, Config(runner_name="slurm-test", labels=["h200"], isolation="auto"))
+    control = h.runs / "snoop-1" / "control"
+    targets = {
+        "state": str(state),
+        "key": str(state / "signing.key"),
+        "control": str(control),
+        "alloc": str(control / "alloc.json"),
+        "job_env_file": str(control / "job.json"),
+        "runs": str(h.runs),
+    }
+    (tmp_path / "snoop.py").write_text(SNOOP)
+    token = f"kakeya-daemon-{time.time_ns()}"
+    preset = make_preset(
+        tmp_path,
+        argv=["{python}", "snoop.py", json.dumps(targets), token],
+        params={},
+        env={"HF_TOKEN": "${ENV:HF_TOKEN}"},
+        secrets=["HF_TOKEN"],
+    )
+    run = h.start("snoop-1", preset, environ={"HF_TOKEN": "hf_job_env_secret_0042"})
+    outcome = h.finish(run)
+    result = outcome.result
+    assert result.status == "succeeded", result.reason
+    assert (result.isolation or "").startswith("bwrap (") and result.isolation.endswith(" (a Slurm job)")
+    seen = json.loads((run.out_dir / "snoop.json").read_text())
+    assert seen["state"] == "FileNotFoundError" and seen["key"] == "FileNotFoundError", seen
+    assert seen["alloc"] == "FileNotFoundError" and seen["job_env_file"] == "FileNotFoundError", seen
+    assert seen["control"] == ["sandbox"], seen  # of the job's control directory, only its own part
+    assert seen["runs"] == ["snoop-1"], seen
+    assert (control / "alloc.json").is_file()  # it was there all along, outside the sandbox
+    assert result.strays_killed and result.strays_killed >= 1  # the daemon, ended by the launcher
+    assert _processes_with(token) == []  # and nothing of it is left on the node
 
 
 # -- a Slurm runner over a real bus --------------------------------------------------------------------
