@@ -344,6 +344,33 @@ class Slurm:
     def cancel(self, job_id: str) -> None:
         self._run(["scancel", job_id])
 
+    def check(self, label: SlurmLabel) -> str:
+        """`kakeya doctor`'s line for a Slurm label: squeue answers, the partition exists (sinfo) and sbatch
+        would take a job with the label's partition, account, QoS and GPU type (`--test-only`: nothing runs).
+        SlurmError says what does not."""
+        self._run(["squeue", "-h", "-u", self.user, "-o", "%i"])
+        part = ["-p", label.partition] if label.partition else []
+        rows = [
+            r.split("|") for r in self._run(["sinfo", "-h", *part, "-o", "%P|%a|%D|%G"]).stdout.splitlines()
+        ]
+        rows = [
+            r for r in rows if len(r) == 4 and (not label.partition or r[0].rstrip("*") == label.partition)
+        ]
+        if not rows:
+            raise SlurmError(
+                f"partition {label.partition!r} does not exist (`sinfo -h -p {label.partition}` lists none)"
+                if label.partition
+                else "Slurm has no default partition: set the label's `partition`"
+            )
+        name, avail, nodes, gres = rows[0]
+        spec = JobSpec("doctor", Path("/"), Path("/"), Path("/"), [], {}, 60, 0, Resources(gpus=1))
+        argv = [a for a in sbatch_argv(spec, label)[:-1] if not a.startswith(("--chdir", "--output"))]
+        self._run(["sbatch", "--test-only", *argv[1:], "--wrap=true"])
+        return (
+            f"Slurm label: partition {name.rstrip('*')} ({avail}, {nodes} node(s), {gres}); squeue answers; "
+            "sbatch --test-only takes a 1-GPU job (the GPUs are the nodes', not checked on this host)"
+        )
+
 
 class LauncherStatus(BaseModel):
     """launcher.json (bridge/launcher.py), as the job left it."""

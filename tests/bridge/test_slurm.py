@@ -709,3 +709,29 @@ def test_a_job_slurm_forgot_is_collected_from_its_status_not_run_again(
     result = results(world, bus, [rid])[rid]
     assert result["status"] == "succeeded" and result["scheduler"]["job_id"] == job_id
     assert world.count() == ["f1"]
+
+
+def test_doctor_checks_a_slurm_label_through_slurm_not_local_cuda(
+    world: Env, slurm: Slurm, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bridge.cli import main
+
+    monkeypatch.setenv("KAKEYA_LABELS", "h200")
+    monkeypatch.setattr("bridge.commands.doctor.check_engine", lambda: "not checked here")
+
+    def doctor(**label: str) -> str:
+        lines = "".join(f'{k} = "{v}"\n' for k, v in label.items())
+        (world.project / "kakeya.toml").write_text(f'[executors.h200]\nexecutor = "slurm"\n{lines}')
+        main(["doctor"])
+        out = capsys.readouterr().out
+        return next(line for line in out.splitlines() if line[6:].startswith("h200 "))
+
+    line = doctor(partition=PARTITION, gpu_type=GPU_TYPE)
+    assert line.startswith("ok    h200     Slurm label: partition gpu (up, 1 node(s), gpu:h200:8)"), line
+    assert "CUDA" not in line  # this host has no GPU; the label's GPUs are the cluster's
+    line = doctor(partition="nopart")
+    assert line == "FAIL  h200     partition 'nopart' does not exist (`sinfo -h -p nopart` lists none)", line
+    line = doctor(partition=PARTITION, gpu_type="a100")  # no such GPU in the partition: sbatch says so
+    assert line.startswith("FAIL  h200     sbatch --test-only failed: "), line
+    monkeypatch.setenv("SLURM_CONF", str(world.tmp / "missing.conf"))
+    assert doctor(partition=PARTITION).startswith("FAIL  h200     squeue -h failed: ")
