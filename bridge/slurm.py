@@ -414,6 +414,11 @@ class SlurmRun:
         """The heartbeat's words for it: `pending (Resources)`, `running on node1`."""
         return self.job.describe() if self.job is not None else "submitted"
 
+    @property
+    def queued(self) -> bool:
+        """Is the job still waiting in Slurm's queue (submitted, pending, or its node still booting)?"""
+        return self.start_error is None and (self.job is None or self.job.state in ("PENDING", "CONFIGURING"))
+
 
 class SlurmExecutor:
     """Runs presets as Slurm jobs for one label (bridge/execute.py's Executor seam: launch, supervise,

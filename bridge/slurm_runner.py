@@ -49,9 +49,16 @@ class Flight:
     outcome: RunOutcome | None = None  # decided without a job (rejected, expired, cancelled before it ran)
     preset: Preset | None = None
 
+    @property
+    def phase(self) -> str:
+        """The tracker's phase, except that a job still in Slurm's queue is `queued`, not running."""
+        queued = self.tracker.phase == "running" and self.run is not None and self.run.queued
+        return "queued" if queued else self.tracker.phase
+
     def progress(self) -> Progress | None:
         record = self.tracker.record()
-        return record.model_copy(update={"scheduler": self.run.describe() if self.run else None})
+        scheduler = self.run.describe() if self.run else None
+        return record.model_copy(update={"phase": self.phase, "scheduler": scheduler})
 
 
 class SlurmRunner:
@@ -232,16 +239,18 @@ class SlurmRunner:
                 self.log(f"{flight.entry.id}: could not remove its job directory: {exc}")
 
     def announce(self) -> None:
-        """The runner's presence says what it serves: each request and its job's state (pushed when that
-        changes, not at every poll)."""
+        """The runner's presence says what it serves: each request, its phase and its job's state
+        (`r1 queued (pending (Resources))`, `r2 running (running on node1)`; pushed when that changes, not at
+        every poll)."""
         beacon = self.runner.beacon
         shown = [
-            f"{i} ({f.run.describe() if f.run else 'starting'})" for i, f in sorted(self.flights.items())
+            f"{i} {f.phase} ({f.run.describe() if f.run else 'starting'})"
+            for i, f in sorted(self.flights.items())
         ]
         serving = ", ".join(shown)[:2000] or None
         if beacon is not None and serving != self.serving:
             beacon.serving(serving)
-        self.serving = serving
+            self.serving = serving  # what the presence was told
 
     def close(self) -> None:
         """Stop every lease thread (the jobs go on; a restarted runner adopts them)."""

@@ -513,22 +513,45 @@ def test_heartbeats_carry_the_slurm_state_and_a_bus_cancel_scancels(
                 client.ensure([entry], ("claim",), in_store=True)
                 path = f"{entry.claim}:{B.CLAIM_PATH}"
                 claim = B.Claim.model_validate_json(client.local_files([path])[path] or b"")
-                out[rid] = claim.progress.scheduler if claim.progress else None
+                p = claim.progress
+                out[rid] = f"{p.phase} ({p.scheduler})" if p else None
             return out
 
         serve_until(
             sr,
             lambda: (
-                (s := states())[running] == "running on node1" and (s[pending] or "").startswith("pending (")
+                (s := states())[running] == "running (running on node1)"
+                and (s[pending] or "").startswith(
+                    "queued (pending ("
+                )  # waiting in Slurm's queue: not running
             ),
             30,
             "heartbeats with Slurm states",
         )
+        # what a person sees: `kakeya wait` and `kakeya runners` say the pending job is queued
+        cli = [sys.executable, "-m", "bridge.cli"]
+        waited = subprocess.run(
+            [*cli, "wait", pending, "--remote", bus, "--timeout", "3"],
+            cwd=world.project,
+            capture_output=True,
+            text=True,
+        ).stdout
+        assert "queued (pending (" in waited and "running (pending" not in waited, waited
+        sr.runner.start_presence()
+
+        def runners() -> str:
+            argv = [*cli, "runners", "--remote", bus]
+            out = subprocess.run(argv, cwd=world.project, capture_output=True, text=True).stdout
+            return out if f"{pending} queued (pending (" in out else ""
+
+        serve_until(sr, runners, 30, "`kakeya runners` to show the pending job queued")
+        assert f"{running} running (running on node1)" in runners()
         for rid in (pending, running):
             client.cancel(rid, "test")
         serve_until(sr, lambda: len(sr.done) == 2, 60, "both cancelled")
     finally:
         sr.close()
+        sr.runner.stop_presence()
     done = results(world, bus, [running, pending])
     assert done[running]["status"] == "cancelled" and done[pending]["status"] == "cancelled"
     assert not world.mark("pend", "started").exists()
@@ -638,7 +661,7 @@ def test_a_runner_process_killed_mid_run_is_restarted_and_adopts_its_job(
         def runners() -> str:
             argv = [sys.executable, "-m", "bridge.cli", "runners", "--remote", bus]
             out = subprocess.run(argv, cwd=world.project, capture_output=True, text=True).stdout
-            return out if f"{rid} (running on node1)" in out else ""
+            return out if f"{rid} running (running on node1)" in out else ""
 
         wait_for(runners, 30, "`kakeya runners` to show the job running on node1", step=0.5)
     finally:
