@@ -758,3 +758,67 @@ def test_doctor_checks_a_slurm_label_through_slurm_not_local_cuda(
     assert line.startswith("FAIL  h200     sbatch --test-only failed: "), line
     monkeypatch.setenv("SLURM_CONF", str(world.tmp / "missing.conf"))
     assert doctor(partition=PARTITION).startswith("FAIL  h200     squeue -h failed: ")
+
+
+def slurm_label_in_project(world: Env) -> None:
+    """The project's kakeya.toml maps label h200 to the test cluster (what `kakeya runner` processes read)."""
+    (world.project / "kakeya.toml").write_text(
+        f'[executors.h200]\nexecutor = "slurm"\npartition = "{PARTITION}"\ngpu_type = "{GPU_TYPE}"\n'
+    )
+    git(world.project, "add", "kakeya.toml")
+    git(world.project, "commit", "-q", "-m", "slurm label")
+
+
+def test_runner_once_on_a_slurm_label_serves_one_request_through_slurm(
+    world: Env, bus: str, slurm: Slurm
+) -> None:
+    slurm_label_in_project(world)
+    first, second = request(bus, "o1", seconds=1), request(bus, "o2", seconds=1)
+    argv = [sys.executable, "-m", "bridge.cli", "runner", "once", "--labels", "h200", "--remote", bus]
+    proc = subprocess.run(argv, cwd=world.project, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    served = proc.stdout.split(":")[0]
+    assert served in (first, second) and ": succeeded, verdict pass" in proc.stdout, proc.stdout
+    assert "submitted Slurm job" in proc.stderr, proc.stderr
+    result = results(world, bus, [served])[served]
+    assert result["status"] == "succeeded" and result["scheduler"]["node"] == "node1"
+    assert job_name(served) in slurm.queue()  # it was Slurm's job
+    assert len(world.count()) == 1  # one request, not both
+    other = second if served == first else first
+    assert not B.Bus(bus, world.project).ls_remote().entries[other].claim  # the other one untouched
+    # asked for by id: that one
+    proc = subprocess.run([*argv, "--request", other], cwd=world.project, capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.startswith(f"{other}: "), proc.stdout + proc.stderr
+    assert sorted(world.count()) == ["o1", "o2"]
+
+
+def test_runner_watch_drains_at_a_first_sigterm_and_scancels_at_a_second(
+    world: Env, bus: str, slurm: Slurm
+) -> None:
+    slurm_label_in_project(world)
+    ids = [request(bus, f"s{i}", seconds=110) for i in range(2)]
+    argv = [sys.executable, "-m", "bridge.cli", "runner", "watch", "--labels", "h200", "--name", "s1"]
+    log = (world.tmp / "watch.log").open("wb")
+    proc = subprocess.Popen([*argv, "--remote", bus], cwd=world.project, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(
+            lambda: all(world.mark(f"s{i}", "started").exists() for i in range(2)), 60, "both jobs to run"
+        )
+        late = request(bus, "late", seconds=0)
+        proc.send_signal(signal.SIGTERM)  # the first: no new request; the jobs in flight are followed
+        time.sleep(3)
+        assert proc.poll() is None, (world.tmp / "watch.log").read_text()
+        live = {j.name for j in slurm.queue().values() if j.running}
+        assert {job_name(r) for r in ids} <= live  # still running in Slurm
+        proc.send_signal(signal.SIGTERM)  # the second: scancel them; each ends in a done commit
+        assert proc.wait(60) == 0
+    finally:
+        stop(proc, signal.SIGKILL)
+        log.close()
+    done = results(world, bus, ids)
+    for rid in ids:
+        assert done[rid]["status"] == "error", done[rid]
+        assert "stopped by SIGTERM" in done[rid]["reason"], done[rid]["reason"]
+        assert slurm.queue()[job_name(rid)].state == "CANCELLED"
+    assert world.count() == []  # neither program finished
+    assert not B.Bus(bus, world.project).ls_remote().entries[late].claim  # nothing new was claimed
