@@ -290,14 +290,6 @@ def throughput(bench: Bench, runners: int, requests: int, sleep_s: float, label:
     return elapsed
 
 
-def slurm_version() -> dict[str, str]:
-    try:
-        out = subprocess.run(["sbatch", "--version"], capture_output=True, text=True, timeout=10).stdout
-    except OSError:
-        return {}
-    return {"slurm": out.split()[-1]} if out.strip() else {}
-
-
 def slurm(bench: Bench, root: Path, args: argparse.Namespace) -> dict[str, Any]:
     """One Slurm runner (test cluster, 8 slots) vs 4 local runners: pickup latency and throughput."""
     from tests.bridge.slurm_support import Cluster
@@ -305,6 +297,7 @@ def slurm(bench: Bench, root: Path, args: argparse.Namespace) -> dict[str, Any]:
     root.mkdir(parents=True)
     cluster = Cluster(root).start()
     bench.env.update(cluster.env)
+    version = cluster.run("sbatch", "--version").strip()
     try:
         slurm_pickup = pickup(bench, args.pickups, "slurm")
         slurm_s = throughput(bench, 1, args.requests, args.sleep, "slurm")
@@ -318,6 +311,7 @@ def slurm(bench: Bench, root: Path, args: argparse.Namespace) -> dict[str, Any]:
         "one_slurm_runner_s": slurm_s,
         "four_local_runners_s": local_s,
         "slurm_slots": 8,
+        "slurm_version": version,
     }
 
 
@@ -350,7 +344,7 @@ def main() -> None:
                 "cpus": os.cpu_count(),
                 "load_avg_before": os.getloadavg(),  # 1, 5, 15 min: other work on the machine meanwhile
             },
-            "tools": {**tool_versions(), **slurm_version()},
+            "tools": tool_versions(),
             "isolation": ISOLATION,
             "command": " ".join([Path(sys.executable).name, *sys.argv]),
         }
