@@ -756,8 +756,11 @@ def test_doctor_checks_a_slurm_label_through_slurm_not_local_cuda(
     assert line == "FAIL  h200     partition 'nopart' does not exist (`sinfo -h -p nopart` lists none)", line
     line = doctor(partition=PARTITION, gpu_type="a100")  # no such GPU in the partition: sbatch says so
     assert line.startswith("FAIL  h200     sbatch --test-only failed: "), line
-    monkeypatch.setenv("SLURM_CONF", str(world.tmp / "missing.conf"))
-    assert doctor(partition=PARTITION).startswith("FAIL  h200     squeue -h failed: ")
+    monkeypatch.setattr("bridge.commands.doctor.check_git", lambda: "not checked here")
+    with monkeypatch.context() as m:
+        m.setenv("PATH", str(world.tmp))  # a login node without Slurm's clients
+        line = doctor(partition=PARTITION)
+    assert line == "FAIL  h200     squeue is not installed here (Slurm's client commands are needed)", line
 
 
 def slurm_label_in_project(world: Env) -> None:
