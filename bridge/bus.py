@@ -1,16 +1,22 @@
-"""The git bus: requests, claims, results and cancels as refs under refs/heads/kakeya/.
+"""The git bus (layout 2): only request branches under refs/heads (a push there triggers Actions); claims,
+results, cancels, presence, the per-subject index and the layout marker under refs/kakeya/, which no clone
+or `git fetch` of a teammate sees.
 
-    kakeya/req/<label>/<id>   request commit: parent = the subject; adds .kakeya/request.json
-    kakeya/claim/<id>         claim commit on top of the request (then heartbeats, then the done commit);
-                              adds .kakeya/claim.json; created only if absent
-    kakeya/done/<id>          result commit on top of the claim; adds .kakeya/results/<id>/...
-    kakeya/cancel/<id>        cancel marker on top of the request; adds .kakeya/cancel.json
-    kakeya/runners/<name>     a runner's presence: a one-commit history with .kakeya/presence.json
-                              (bridge/presence.py), replaced as the runner goes on
+    refs/heads/kakeya/req/<label>/<id>   request commit: parent = the subject; adds .kakeya/request.json
+    refs/kakeya/claim/<id>               claim commit on top of the request (then heartbeats); adds
+                                         .kakeya/claim.json; created only if absent
+    refs/kakeya/done/<id>                result commit on top of the claim; adds .kakeya/results/<id>/...
+    refs/kakeya/by-subject/<sha>/<id>    the same done commit, indexed under the subject it ran
+    refs/kakeya/cancel/<id>              cancel marker on top of the request; adds .kakeya/cancel.json
+    refs/kakeya/runners/<name>           a runner's presence (bridge/presence.py)
+    refs/kakeya/layout/<n>               the bus layout's version (LAYOUT); a client of another layout stops
 
-One `git ls-remote` gives the state of every request (`Bus.ls_remote` -> `Snapshot`). Every write is
-a compare-and-swap push (`--force-with-lease=<ref>:<expected>`, empty = the ref must not exist), so
-two writers can never both win; `Bus.swap` retries transient failures and tells a lost race from a
+The done push is one atomic push that creates the done ref and its index ref and deletes the request, claim
+and cancel refs (the done commit has the request and every claim commit as ancestors): the live namespaces
+hold only live work. Every read asks for the refs under a few prefixes (`Bus.ls_remote`: protocol v2
+`ref-prefix`, so the bytes are those of the refs asked for), and objects are fetched by id (`Bus.fetch_ids`).
+Every write is a compare-and-swap push (`--force-with-lease=<ref>:<expected>`, empty = the ref must not
+exist), so two writers can never both win; `Bus.swap` retries transient failures and tells a lost race from a
 won one by looking at what the bus holds afterwards. Commits are built by bridge/git.py straight into an
 object store (the user's repository or a runner's mirror): no working tree, index or branch is touched.
 """
@@ -42,7 +48,19 @@ from bridge import git
 from bridge.errors import BusError, BusUnreachable, KakeyaError, problems
 from bridge.names import LABEL, LABEL_RE, NAME, RUNNER_NAME_RE, SHA_PATTERN
 
-PREFIX = "refs/heads/kakeya/"
+PREFIX = "refs/heads/kakeya/"  # the trigger namespace: request branches only
+REQ_PREFIX = PREFIX + "req/"
+NS = "refs/kakeya/"  # everything else the bus holds
+CLAIM_PREFIX = NS + "claim/"
+DONE_PREFIX = NS + "done/"
+CANCEL_PREFIX = NS + "cancel/"
+RUNNERS_PREFIX = NS + "runners/"
+SUBJECT_PREFIX = NS + "by-subject/"
+LAYOUT_PREFIX = NS + "layout/"
+LAYOUT = 2  # this kakeya reads and writes bus layout 2
+LAYOUT_KAKEYA = {2: "0.2"}  # the first kakeya version that speaks each layout
+OLD_PREFIXES = tuple(PREFIX + k for k in ("claim/", "done/", "cancel/", "runners/"))  # layout 1
+LIVE = (REQ_PREFIX, CLAIM_PREFIX, CANCEL_PREFIX)  # the requests not finished yet
 MANIFEST_PATH = ".kakeya/request.json"
 CLAIM_PATH = ".kakeya/claim.json"
 CANCEL_PATH = ".kakeya/cancel.json"
@@ -105,15 +123,30 @@ def id_preset(request_id: str) -> str:
 
 
 def req_ref(label: str, request_id: str) -> str:
-    return f"{PREFIX}req/{label}/{request_id}"
+    return f"{REQ_PREFIX}{label}/{request_id}"
 
 
 def claim_ref(request_id: str) -> str:
-    return f"{PREFIX}claim/{request_id}"
+    return f"{CLAIM_PREFIX}{request_id}"
 
 
 def done_ref(request_id: str) -> str:
-    return f"{PREFIX}done/{request_id}"
+    return f"{DONE_PREFIX}{request_id}"
+
+
+def subject_ref(subject: str, request_id: str) -> str:
+    """The index ref of a done result under the subject it ran (what `gate pr` reads)."""
+    return f"{SUBJECT_PREFIX}{subject}/{request_id}"
+
+
+def indexed_subject(*named: str | None) -> str | None:
+    """The first of `named` that is a commit sha (a subject an index ref or ledger path can carry); a result
+    may name anything at all."""
+    return next((s for s in named if s and re.fullmatch(SHA_PATTERN, s)), None)
+
+
+def layout_ref(version: int = LAYOUT) -> str:
+    return f"{LAYOUT_PREFIX}{version}"
 
 
 ARCHIVE_PREFIX = "refs/kakeya-archive/"  # outside refs/heads: no clone fetches it, no status or gate reads it
@@ -133,11 +166,11 @@ def stage_ref(request_id: str, sha: str) -> str:
 
 
 def cancel_ref(request_id: str) -> str:
-    return f"{PREFIX}cancel/{request_id}"
+    return f"{CANCEL_PREFIX}{request_id}"
 
 
 def runner_ref(name: str) -> str:
-    return f"{PREFIX}runners/{name}"
+    return f"{RUNNERS_PREFIX}{name}"
 
 
 def results_path(request_id: str) -> str:
@@ -346,40 +379,86 @@ def request_state(
 class Snapshot:
     refs: dict[str, str]
     entries: dict[str, Entry]
-    ignored: list[str]  # refs under the prefix that are not bus refs (malformed names)
+    ignored: list[str]  # refs under the bus prefixes that are not bus refs (malformed names)
     runners: dict[str, str] = field(default_factory=dict)  # runner name -> its presence commit
+    index: dict[str, tuple[str, str]] = field(
+        default_factory=dict
+    )  # id -> (subject, done) of by-subject refs
+    layouts: list[str] = field(default_factory=list)  # the versions the layout marker refs name
+    old: dict[str, str] = field(
+        default_factory=dict
+    )  # refs of layout 1 (refs/heads/kakeya/{claim,done,...}/)
 
     @classmethod
     def parse(cls, text: str) -> Snapshot:
-        refs: dict[str, str] = {}
-        entries: dict[str, Entry] = {}
-        ignored: list[str] = []
-        runners: dict[str, str] = {}
+        snap = cls({}, {}, [])
+        entries = snap.entries
         for line in text.splitlines():
             sha, _, ref = line.partition("\t")
-            if not ref.startswith(PREFIX) or not re.fullmatch(SHA_PATTERN, sha):
+            if not re.fullmatch(SHA_PATTERN, sha):
                 continue
-            refs[ref] = sha
-            parts = ref[len(PREFIX) :].split("/")
+            if ref.startswith(LAYOUT_PREFIX):
+                snap.layouts.append(ref[len(LAYOUT_PREFIX) :])
+                continue
+            if ref.startswith(OLD_PREFIXES):
+                snap.old[ref] = sha
+                continue
+            if ref.startswith(PREFIX) and not ref.startswith(REQ_PREFIX):
+                snap.ignored.append(ref)  # nothing but requests lives under refs/heads
+                continue
+            if ref.startswith(REQ_PREFIX):
+                parts = ref[len(PREFIX) :].split("/")
+            elif ref.startswith(NS):
+                parts = ref[len(NS) :].split("/")
+            else:
+                continue
+            snap.refs[ref] = sha
             kind, rid = parts[0], parts[-1]
             if kind == "runners" and len(parts) == 2 and RUNNER_NAME_RE.match(rid):
-                runners[rid] = sha
+                snap.runners[rid] = sha
+                continue
+            if (
+                kind == "by-subject"
+                and len(parts) == 3
+                and re.fullmatch(SHA_PATTERN, parts[1])
+                and parse_id(rid) is not None
+            ):
+                snap.index[rid] = (parts[1], sha)
                 continue
             shape_ok = (len(parts) == 3 and kind == "req" and LABEL_RE.match(parts[1])) or (
                 len(parts) == 2 and kind in ("claim", "done", "cancel")
             )
             if not shape_ok or parse_id(rid) is None:
-                ignored.append(ref)
+                snap.ignored.append(ref)
                 continue
             entry = entries.setdefault(rid, Entry(rid))
             if kind == "req":
                 if entry.req is not None:  # the same id under two labels: keep the first, flag the second
-                    ignored.append(ref)
+                    snap.ignored.append(ref)
                     continue
                 entry.label, entry.req = parts[1], sha
             else:
                 setattr(entry, kind, sha)
-        return cls(refs, dict(sorted(entries.items())), ignored, dict(sorted(runners.items())))
+        snap.entries = dict(sorted(entries.items()))
+        snap.runners = dict(sorted(snap.runners.items()))
+        return snap
+
+    def check_layout(self, url: str) -> None:
+        """BusError when the bus is of another layout than this kakeya's: newer (upgrade kakeya) or layout 1
+        (`kakeya bus migrate`)."""
+        other = sorted(v for v in self.layouts if v != str(LAYOUT))
+        if other and str(LAYOUT) not in self.layouts:
+            need = other[-1]
+            raise BusError(
+                f"the bus at {url} has bus layout {need}; this kakeya speaks layout {LAYOUT}: "
+                f"upgrade kakeya to a version for bus layout {need} or newer"
+            )
+        if self.old and str(LAYOUT) not in self.layouts:
+            raise BusError(
+                f"the bus at {url} has the old bus layout 1 ({len(self.old)} refs such as {next(iter(self.old))}); "
+                f"this kakeya speaks layout {LAYOUT} (kakeya >= {LAYOUT_KAKEYA[LAYOUT]}): run "
+                "`kakeya bus migrate` once, after every runner runs this version"
+            )
 
 
 # --- the remote -------------------------------------------------------------------------------------
@@ -414,30 +493,57 @@ class Bus:
         local = self.local_dir()
         return [Path(self.store)] + ([local] if local is not None else [])
 
-    def ls_remote(self, *refs: str) -> Snapshot:
-        """The bus refs (all of them, or just `refs`) in one round trip."""
+    def list(self, prefixes: Sequence[str]) -> str:
+        """The refs under `prefixes`, as `git ls-remote` prints them, in one round trip that carries only those."""
         try:
-            text = git.ls_remote(self.store, self.url, refs or (PREFIX + "*",), self.timeout_s)
+            return git.ls_refs(self.store, self.url, prefixes, self.timeout_s)
         except BusError as exc:
-            raise BusUnreachable(f"cannot reach the bus at {self.url}: {exc}") from None
-        return Snapshot.parse(text)
+            raise BusUnreachable(
+                f"cannot reach the bus at {self.url} (listing {', '.join(prefixes)}): {exc}"
+            ) from None
+
+    def ls_remote(self, *prefixes: str, check: bool = True) -> Snapshot:
+        """The bus refs under `prefixes` (an exact ref is a prefix too; default: every request and runner, not
+        the index) in one prefix-scoped round trip, with the layout marker checked (`check`)."""
+        wanted = prefixes or (*LIVE, DONE_PREFIX, RUNNERS_PREFIX)
+        snap = Snapshot.parse(self.list([*wanted, LAYOUT_PREFIX, *OLD_PREFIXES]))
+        if check:
+            snap.check_layout(self.url)
+        return snap
 
     def stage_refs(self) -> dict[str, str]:
         """The result side refs on the bus (`stage_ref`), ref -> sha."""
-        try:
-            text = git.ls_remote(self.store, self.url, (STAGE_PREFIX + "*",), self.timeout_s)
-        except BusError as exc:
-            raise BusUnreachable(f"cannot reach the bus at {self.url}: {exc}") from None
+        text = self.list([STAGE_PREFIX])
         return {ref: sha for sha, _, ref in (line.partition("\t") for line in text.splitlines()) if ref}
 
     def fetch(self, refspecs: Sequence[str]) -> None:
         """Fetch `refspecs` ('src' for objects only, '+src:dst' to keep a local ref) into the store, in one go."""
         if not refspecs:
             return
-        msg = git.fetch(self.store, self.url, refspecs, self.timeout_s)
+        try:
+            msg = git.fetch(self.store, self.url, refspecs, self.timeout_s)
+        except BusError as exc:  # a time limit: say what was being fetched
+            raise BusUnreachable(f"fetching {', '.join(refspecs[:3])} from {self.url}: {exc}") from None
         if msg is not None:
             cls = BusError if "couldn't find remote ref" in msg else BusUnreachable
             raise cls(f"cannot fetch from the bus at {self.url}: {msg}")
+
+    def fetch_ids(self, shas: Sequence[str], what: str = "objects", in_store: bool = False) -> None:
+        """Fetch the commits `shas` (objects only) that no local repository of the bus (the store, with
+        `in_store`) has yet, by object id in one round trip (never a named refspec each: the server matches
+        those one by one)."""
+        missing = sorted(set(shas))
+        for repo in self.repos()[:1] if in_store else self.repos():
+            missing = sorted(set(missing) - git.present(repo, missing))
+        if not missing:
+            return
+        try:
+            msg = git.fetch(self.store, self.url, missing, self.timeout_s)
+        except BusError as exc:  # a time limit: say what was being fetched
+            raise BusUnreachable(f"fetching {len(missing)} {what} from {self.url}: {exc}") from None
+        if msg is not None:
+            cls = BusError if "not our ref" in msg or "upload-pack" in msg else BusUnreachable
+            raise cls(f"cannot fetch {len(missing)} {what} from the bus at {self.url}: {msg}")
 
     def push(self, updates: Sequence[Update], atomic: bool = False) -> dict[str, tuple[bool, str]]:
         """One leased push; ref -> (accepted, git's summary). BusUnreachable when nothing got through."""

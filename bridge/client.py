@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from bridge import bus as B
 from bridge import git
+from bridge import ledger as L
 from bridge.bus import Bus, CancelMarker, Claim, Entry, Manifest, Update
 from bridge.config import Config, project_root
 from bridge.errors import BusError, InvalidRequest, KakeyaError, problems
@@ -152,7 +153,7 @@ class Client:
         self.url = resolve_remote(self.remote, self.root, config)
         self.in_repo = git.is_repo(self.root)
         store = self.root if self.in_repo else git.init_bare(state_dir(config, self.root) / "client.git")
-        self.bus = Bus(self.url, store)
+        self.bus = Bus(self.url, store, config.git_timeout_s)
 
     @property
     def bus_dir(self) -> Path | None:
@@ -205,9 +206,20 @@ class Client:
             self.who(),
             key_file(self.config.signing_key),
         )
-        if not self.bus.swap([Update(B.req_ref(label, rid), sha, None)], atomic=False):
+        updates = [Update(B.req_ref(label, rid), sha, None)]
+        if not self.bus.ls_remote(B.LAYOUT_PREFIX).layouts:  # a new bus: say which layout it speaks
+            updates.append(Update(B.layout_ref(), self.layout_marker(), None))
+        if not self.bus.swap(updates[:1], atomic=False):
             raise BusError(f"request id {rid} is already taken on the bus; try again")
+        if len(updates) > 1:
+            self.bus.push(updates[1:])  # another client may have written it first: either is fine
         return manifest
+
+    def layout_marker(self) -> str:
+        """The commit the layout marker ref (`B.layout_ref`) points at: a root commit that says the layout."""
+        text = f"kakeya bus layout {B.LAYOUT} (kakeya >= {B.LAYOUT_KAKEYA[B.LAYOUT]})\n"
+        tree = git.tree_with(self.bus.store, None, {".kakeya/layout.txt": text.encode()})
+        return git.commit(self.bus.store, tree, [], text, "kakeya <kakeya@kakeya.invalid>")
 
     def subject(self, rev: str | None, allow_dirty: bool) -> tuple[str, str | None]:
         """(subject sha, HEAD it snapshots or None): REV, or HEAD when the tree is clean, or a snapshot."""
@@ -260,16 +272,23 @@ class Client:
 
     # --- reading the bus ----------------------------------------------------------------------------
 
-    def entry(self, request_id: str) -> Entry:
-        """One request's refs, from one ls-remote of just its refs."""
+    def entry(self, request_id: str, label: str | None = None) -> Entry:
+        """One request's refs, from one prefix-scoped listing of just its refs (and of the live requests of
+        `label`, or of every label when it is not known)."""
         B.id_time(request_id)
         snap = self.bus.ls_remote(
-            f"{B.PREFIX}req/*/{request_id}",
+            B.req_ref(label, request_id) if label else B.REQ_PREFIX,
             B.claim_ref(request_id),
             B.done_ref(request_id),
             B.cancel_ref(request_id),
+            L.date_shard(request_id),
         )
         entry = snap.entries.get(request_id)
+        shard = snap.refs.get(L.date_shard(request_id))
+        if entry is None and shard is not None:  # finished long ago: its done ref went into the ledger
+            entry = L.as_entries(e for e in L.read_shard(self.bus, shard) if e.id == request_id).get(
+                request_id
+            )
         if entry is None:
             raise KakeyaError(f"no request {request_id} on the bus at {self.url}")
         return entry
@@ -283,27 +302,28 @@ class Client:
     ) -> None:
         """Fetch (one round trip) the given refs of `entries` whose commits are not here yet (in the store or,
         unless `in_store`, in a local bus)."""
-        wanted = {getattr(e, k): (e, k) for e in entries for k in kinds if getattr(e, k)}
-        missing = set(wanted) - git.present(self.bus.store, list(wanted))
-        local = self.bus.local_dir()
-        if missing and local is not None and not in_store:
-            missing -= git.present(local, list(missing))
-        self.bus.fetch(
-            [
-                B.req_ref(e.label or "", e.id) if k == "req" else f"{B.PREFIX}{k}/{e.id}"
-                for e, k in (wanted[sha] for sha in sorted(missing))
-            ]
-        )
+        wanted = sorted({sha for e in entries for k in kinds if (sha := getattr(e, k))})
+        self.bus.fetch_ids(wanted, "commits", in_store=in_store)
 
     def repo_with(self, sha: str) -> Path:
         """The local repository that has `sha`: the store, or a local bus."""
         return git.repo_having(self.bus.repos(), sha)
 
-    def status(self, fetch: bool = False) -> list[Row]:
-        """Every request on the bus from one ls-remote; verdicts and leases for commits already here
-        (`fetch` fetches the missing done commits first: one more round trip)."""
-        snap = self.bus.ls_remote()
-        entries = list(snap.entries.values())
+    def status(self, fetch: bool = False, everything: bool = False, recent_days: int = 2) -> list[Row]:
+        """The live requests and those finished in the last `recent_days` days (by id date; `everything`:
+        every done ref) from one prefix-scoped listing; verdicts and leases for commits already here (`fetch`
+        fetches the missing done commits first: one more round trip)."""
+        today = B.utcnow()
+        days = sorted({f"{today - dt.timedelta(days=d):%Y%m%d}" for d in range(recent_days)})
+        done = [B.DONE_PREFIX] if everything else [B.DONE_PREFIX + day for day in days]
+        snap = self.bus.ls_remote(*B.LIVE, *done, *([L.SHARD_PREFIX + "date/"] if everything else []))
+        if everything:  # the history in the ledger too: every day's shard, fetched by object id in one go
+            shards = sorted(sha for ref, sha in snap.refs.items() if ref.startswith(L.SHARD_PREFIX))
+            self.bus.fetch_ids(shards, "ledger shards")
+            for sha in shards:
+                for rid, e in L.as_entries(L.read_shard(self.bus, sha)).items():
+                    snap.entries.setdefault(rid, e)
+        entries = sorted(snap.entries.values(), key=lambda e: e.id)
         if fetch:
             self.ensure(entries, ("done", "claim"))  # a done request's claim is its done commit: no extra
         return self.rows(entries)
@@ -321,13 +341,14 @@ class Client:
             elif e.claim:
                 specs[e.id] = f"{e.claim}:{B.CLAIM_PATH}"
         found = self.local_files(list(specs.values()))
-        manifests = B.read_manifests(self.bus.repos(), [e.req for e in entries if e.req])
+        # a finished request's commit went with its ref: its done commit holds the same request.json
+        manifests = B.read_manifests(self.bus.repos(), [c for e in entries if (c := e.req or e.done)])
         now = B.utcnow()
         rows = []
         for e in entries:
             created = e.created_at
             data = found.get(specs.get(e.id, ""))
-            manifest = m if isinstance(m := manifests.get(e.req or ""), Manifest) else None
+            manifest = m if isinstance(m := manifests.get(e.req or e.done or ""), Manifest) else None
             result = B.parse_or_none(RunResult, data) if e.done else None
             claim = B.parse_or_none(Claim, data) if e.claim and not e.done else None
             status = result.status if result else None
@@ -335,7 +356,7 @@ class Client:
                 e.id,
                 B.request_state(e, now, manifest=manifest, claim=claim, result_status=status),
                 e.preset,
-                e.label,
+                e.label or (manifest.runner if manifest else None),
                 created.isoformat(timespec="milliseconds"),
                 round((now - created).total_seconds(), 3),
                 subject=manifest.subject if manifest else None,
@@ -357,8 +378,10 @@ class Client:
         """The done commit of `request_id`, once there is one (polls with ls-remote)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         poll_s = poll_s or self.config.poll_interval_s
+        label = None
         while True:
-            entry = self.entry(request_id)
+            entry = self.entry(request_id, label)
+            label = entry.label or label
             if entry.done:
                 return entry.done
             if deadline is not None and time.monotonic() >= deadline:
@@ -430,7 +453,7 @@ class Client:
         `kakeya status` and `gate pr`). Result side refs left behind (refs/kakeya-stage/<id>/...) of done or
         vanished requests go too, whatever their age. Returns the refs deleted (or that would be)."""
         cutoff = B.utcnow() - dt.timedelta(days=older_than_days)
-        snap = self.bus.ls_remote()
+        snap = self.bus.ls_remote(*B.LIVE, B.DONE_PREFIX, *([B.SUBJECT_PREFIX] if archive_done else []))
         entries = [e for e in snap.entries.values() if e.done and e.created_at < cutoff]
         # side refs a runner could not delete after its done push (B.stage_ref): useless once the request
         # is done (the done commit holds the result) or gone; a request still running keeps its own
@@ -450,8 +473,20 @@ class Client:
             )
             if sha
         ]
+        # a cancel marker left behind by a request that finished (or went) meanwhile
+        updates += [
+            Update(B.cancel_ref(e.id), None, e.cancel)
+            for e in snap.entries.values()
+            if e.cancel and not e.req and not e.claim and not e.done
+        ]
         if archive_done:  # the archive ref is created in the same atomic push that deletes the done ref
             updates += [Update(B.archive_ref(e.id), e.done, None) for e in entries]
+            updates += [  # and the index refs go with it: gate pr reads what is not archived
+                Update(B.subject_ref(subject, e.id), None, sha)
+                for e in entries
+                if e.id in snap.index
+                for subject, sha in [snap.index[e.id]]
+            ]
         if dry_run:
             return [u.ref for u in stale + updates if u.new is None]
         deleted = self._delete(stale)
@@ -464,6 +499,121 @@ class Client:
                 deleted += [u.ref for u in chunk if u.new is None and status.get(u.ref, (False, ""))[0]]
             return deleted
         return deleted + self._delete(updates)
+
+    def migrate(self, dry_run: bool = False) -> list[str]:
+        """Upgrade a bus of layout 1 (everything under refs/heads/kakeya/) to layout 2: each claim, done, cancel
+        and presence ref moves under refs/kakeya/, each done result is indexed under its subject, and the
+        request, claim and cancel refs of finished requests go; then the layout marker is written. Every
+        update is leased on the sha seen, so a runner of layout 1 that moves a claim meanwhile loses that
+        lease (it stops), never a result; run it again (idempotent) until it moves nothing. Returns the refs
+        written or deleted (or that would be)."""
+        snap = self.bus.ls_remote(*B.OLD_PREFIXES, *B.LIVE, B.DONE_PREFIX, B.SUBJECT_PREFIX, check=False)
+        old = B.Snapshot.parse(
+            "".join(f"{sha}\t{B.NS}{ref[len(B.PREFIX) :]}\n" for ref, sha in snap.old.items())
+        )
+        updates: list[Update] = []
+        dones = [e for e in old.entries.values() if e.done]
+        # every commit it pushes must be in the store (a push packs from there), and the done results are read
+        self.bus.fetch_ids(sorted(set(snap.old.values())), "layout 1 commits", in_store=True)
+        manifests = B.read_manifests(self.bus.repos(), [e.done for e in dones if e.done])
+        for e in old.entries.values():
+            now = snap.entries.get(e.id)
+            for kind in ("claim", "done", "cancel"):
+                sha = getattr(e, kind)
+                if sha is None:
+                    continue
+                ref = f"{B.NS}{kind}/{e.id}"
+                keep = kind == "done" or not e.done  # a finished request keeps only its done ref
+                if keep and (now is None or getattr(now, kind) is None):
+                    updates.append(Update(ref, sha, None))
+                updates.append(Update(f"{B.PREFIX}{kind}/{e.id}", None, sha))
+            if e.done:
+                manifest = manifests.get(e.done)
+                if isinstance(manifest, Manifest) and e.id not in snap.index:
+                    updates.append(Update(B.subject_ref(manifest.subject, e.id), e.done, None))
+                if now is not None and now.req:
+                    updates.append(Update(B.req_ref(now.label or "", e.id), None, now.req))
+        for name, sha in old.runners.items():
+            if name not in snap.runners:
+                updates.append(Update(B.runner_ref(name), sha, None))
+            updates.append(Update(f"{B.PREFIX}runners/{name}", None, sha))
+        if str(B.LAYOUT) not in snap.layouts:
+            updates.append(Update(B.layout_ref(), None if dry_run else self.layout_marker(), None))
+        if dry_run:
+            return [u.ref for u in updates]
+        written: list[str] = []
+        for i in range(0, len(updates), GC_CHUNK):
+            chunk = updates[i : i + GC_CHUNK]
+            status = self.bus.push(chunk)
+            written += [u.ref for u in chunk if status.get(u.ref, (False, ""))[0]]
+        return written
+
+    def compact(self, older_than_days: float, dry_run: bool = False) -> list[str]:
+        """Move the done results made before the cutoff into the ledger (bridge/ledger.py): per chunk one
+        atomic push moves the ledger (leased on the tip seen), sets the shard refs it touched and deletes the
+        chunk's done and index refs. Returns the refs deleted (or that would be)."""
+        cutoff = B.utcnow() - dt.timedelta(days=older_than_days)
+        snap = self.bus.ls_remote(B.DONE_PREFIX, B.SUBJECT_PREFIX, L.LEDGER_REF, L.SHARD_PREFIX)
+        old = [e for e in snap.entries.values() if e.done and e.created_at < cutoff]
+        index = {rid: (subject, sha) for rid, (subject, sha) in snap.index.items()}
+        doomed = [B.done_ref(e.id) for e in old] + [
+            B.subject_ref(index[e.id][0], e.id) for e in old if e.id in index
+        ]
+        if dry_run or not old:
+            return doomed
+        tip = snap.refs.get(L.LEDGER_REF)
+        shards = {ref: sha for ref, sha in snap.refs.items() if ref.startswith(L.SHARD_PREFIX)}
+        store = self.bus.store
+        self.bus.fetch_ids([e.done for e in old if e.done] + ([tip] if tip else []), "done results", True)
+        files = git.read_blobs(store, [f"{e.done}:{B.results_path(e.id)}/result.json" for e in old])
+        manifests = B.read_manifests([store], [e.done for e in old if e.done])
+        deleted: list[str] = []
+        for i in range(0, len(old), L.CHUNK):
+            chunk = old[i : i + L.CHUNK]
+            entries = []
+            for e in chunk:
+                assert e.done is not None
+                m = m if isinstance(m := manifests.get(e.done), Manifest) else None
+                r = B.parse_or_none(RunResult, files.get(f"{e.done}:{B.results_path(e.id)}/result.json"))
+                subject = (
+                    index[e.id][0]
+                    if e.id in index
+                    else B.indexed_subject(m.subject if m else None, r.subject if r else None)
+                )
+                entries.append(
+                    L.LedgerEntry(
+                        id=e.id,
+                        done=e.done,
+                        subject=subject,
+                        label=m.runner if m else None,
+                        preset=e.preset,
+                        status=r.status if r else None,
+                        verdict=r.verdict if r else None,
+                    )
+                )
+            tree = L.tree_with_entries(store, tip, entries)
+            parents = ([tip] if tip else []) + [e.done for e in chunk if e.done]
+            new = git.commit(store, tree, parents, f"kakeya ledger: {len(chunk)} done results", self.who())
+            touched = {
+                "/".join(p.split("/")[:2]) for e in entries for p in L.paths(e) if not p.startswith("preset/")
+            }
+            moved = L.shard_refs(store, tree, touched)
+            updates = [Update(L.LEDGER_REF, new, tip)]
+            updates += [Update(ref, sha, shards.get(ref)) for ref, sha in moved.items()]
+            updates += [Update(B.done_ref(e.id), None, e.done) for e in chunk]
+            updates += [
+                Update(B.subject_ref(*index[e.id][:1], e.id), None, index[e.id][1])
+                for e in chunk
+                if e.id in index
+            ]
+            if not self.bus.swap(updates, atomic=True):
+                raise BusError(
+                    "the ledger or a done ref moved while compacting; run `kakeya bus compact` again"
+                )
+            tip = new
+            shards.update(moved)
+            deleted += [u.ref for u in updates if u.new is None]
+        return deleted
 
     def _delete(self, updates: list[Update]) -> list[str]:
         """Push ref deletions in chunks (each leased on its sha); the refs that went."""

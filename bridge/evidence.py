@@ -2,7 +2,7 @@
 preset's `baseline: {from: previous-pass, ...}`).
 
     shelf = Shelf(bus, signers)              # signers: the trusted base's allowed signers (None: unsigned allowed)
-    shelf.load(["probe"])                    # one ls-remote, at most one fetch, one `git cat-file --batch`
+    shelf.load(["probe"], subject=sha)       # one prefix-scoped listing, one fetch by id, one batch read
     req = Requirement.parse("niah-ladder@h200 samples>=5", registry)   # typed pins, checked once
     outcome = judge(shelf, subject, req, registry["niah-ladder"])
     outcome.status, outcome.trust, outcome.ignored   # pass | fail | missing | mismatch; "signed by r1@h200"; ...
@@ -30,8 +30,8 @@ from typing import Any, Literal
 
 import gates
 from bridge import bus as B
-from bridge import git, trust
-from bridge.bus import Bus, Manifest, Snapshot
+from bridge import git, ledger, trust
+from bridge.bus import Bus, Entry, Manifest, Snapshot
 from bridge.config import project_root
 from bridge.errors import InvalidRequest, KakeyaError
 from bridge.host import accelerator_words
@@ -43,6 +43,7 @@ from bridge.trust import UNSIGNED, Signers, trust_words
 SUMMARY_CAP = 1024 * 1024  # GitHub refuses a job summary (the whole $GITHUB_STEP_SUMMARY file) over 1 MiB
 Status = Literal["pass", "fail", "missing", "mismatch"]
 NOT_RAN = ("expired", "cancelled", "rejected")  # done results whose runner ran nothing
+BATCH = 16  # done results read at a time when looking for a baseline, newest first
 MARK = {"pass": "✓", "fail": "✗", "missing": "✗", "mismatch": "✗"}
 
 
@@ -86,32 +87,74 @@ class Shelf:
         self.bus = bus
         self.signers = signers  # the trusted base's allowed signers: evidence must be signed by one of them
         self.dones: dict[str, list[Done]] = {}  # preset -> its done results, oldest first
+        self.later: dict[str, list[Entry]] = {}  # preset -> older done refs not read yet (baselines)
 
-    def load(self, presets: Iterable[str], snap: Snapshot | None = None) -> Shelf:
-        """Read every done result of `presets` on the bus (one ls-remote unless `snap`, one fetch of what is
-        not here yet, one batch read)."""
+    def load(self, presets: Iterable[str], snap: Snapshot | None = None, subject: str | None = None) -> Shelf:
+        """Read the done results of `presets`: with `subject`, those indexed under it (refs/kakeya/by-subject/
+        <subject>/, what `gate pr` needs), else every done ref of them (for baselines). One prefix-scoped
+        listing unless `snap`, one fetch by object id of what is not here yet, one batch read."""
         wanted = set(presets)
-        snap = snap if snap is not None else self.bus.ls_remote()
-        entries = [e for e in snap.entries.values() if e.done and e.preset in wanted]
-        missing = {e.done for e in entries} | {e.req for e in entries if e.req}
-        for repo in self.bus.repos():
-            missing -= git.present(repo, sorted(missing))
-        self.bus.fetch(
-            [B.done_ref(e.id) for e in entries if e.done in missing]
-            + [B.req_ref(e.label, e.id) for e in entries if e.req in missing and e.label]
+        if snap is None:  # the live requests too: a done result for a request still pending is checked on it
+            where = (
+                [f"{B.SUBJECT_PREFIX}{subject}/", ledger.subject_shard(subject)]
+                if subject
+                else [B.DONE_PREFIX]
+            )
+            snap = self.bus.ls_remote(*where, B.REQ_PREFIX)
+        if subject is not None:
+            found = [
+                Entry(rid, e.label if (e := snap.entries.get(rid)) else None, e.req if e else None, done=sha)
+                for rid, (subj, sha) in snap.index.items()
+                if subj == subject
+            ]
+            shard = snap.refs.get(ledger.subject_shard(subject))
+            if shard is not None:  # and those moved into the ledger (one small tree, fetched by id)
+                known = {e.id for e in found}
+                found += [
+                    e
+                    for e in ledger.as_entries(ledger.read_shard(self.bus, shard, subject)).values()
+                    if e.id not in known
+                ]
+        else:
+            found = [e for e in snap.entries.values() if e.done]
+        entries = sorted((e for e in found if e.preset in wanted), key=lambda e: e.id)
+        self.dones.update({name: [] for name in wanted})
+        if subject is None:  # for baselines, newest first: a batch now, older ones when asked (`more`)
+            for name in wanted:
+                self.later[name] = [e for e in entries if e.preset == name]
+                self.more(name)
+            return self
+        self.dones.update(self.done_results(entries))
+        return self
+
+    def more(self, preset: str) -> bool:
+        """Read the next (older) batch of `preset`'s done results not read yet; False when none is left."""
+        rest = self.later.get(preset, [])
+        if not rest:
+            return False
+        batch, self.later[preset] = rest[-BATCH:], rest[:-BATCH]
+        older = self.done_results(batch).get(preset, [])
+        self.dones[preset] = older + self.dones.get(preset, [])
+        return True
+
+    def done_results(self, entries: Sequence[Entry]) -> dict[str, list[Done]]:
+        """`entries` (oldest first) read as done results, by preset: one fetch by object id of what is not here
+        yet, one batch read."""
+        self.bus.fetch_ids(
+            [e.done for e in entries if e.done] + [e.req for e in entries if e.req], "done results"
         )
         files = self.read([f"{e.done}:{B.results_path(e.id)}/result.json" for e in entries])
         found = B.read_manifests(self.bus.repos(), {c for e in entries for c in (e.done, e.req) if c})
         manifests = {c: m for c, m in found.items() if isinstance(m, Manifest)}
-        self.dones = {name: [] for name in wanted}
-        for e in entries:  # snapshot entries are sorted by id: oldest first
+        out: dict[str, list[Done]] = {}
+        for e in entries:  # oldest first
             assert e.done is not None
             manifest = manifests.get(e.done)
             result = B.parse_or_none(RunResult, files.get(f"{e.done}:{B.results_path(e.id)}/result.json"))
             label = manifest.runner if manifest else e.label
             requested = manifests.get(e.req) if e.req else None
-            self.dones[e.preset].append(Done(e.id, e.done, label, manifest, result, e.req, requested))
-        return self
+            out.setdefault(e.preset, []).append(Done(e.id, e.done, label, manifest, result, e.req, requested))
+        return out
 
     def read(self, specs: Sequence[str]) -> dict[str, bytes]:
         """`<sha>:<path>` -> content, for the ones found in any of the local repositories."""
@@ -141,8 +184,20 @@ class Shelf:
         runner's verdict was pass (so it had no regression either) and its report still passes the checks of
         this registry; with signers, it is also a runner's signed done commit made on its request (a forged
         baseline could otherwise fail a genuine run, or hide its regression). Failing, errored, unreadable and
-        untrusted runs are skipped, never used as a baseline."""
-        for done in self.of(preset.name, label):
+        untrusted runs are skipped, never used as a baseline. Older batches are read only while none is found."""
+        checked = 0
+        while True:
+            found = self._pass_among(self.of(preset.name, label)[checked:], preset, before, params)
+            if found is not None:
+                return found
+            checked = len(self.of(preset.name, label))
+            if not self.more(preset.name):
+                return None
+
+    def _pass_among(
+        self, dones: Sequence[Done], preset: Preset, before: str | None, params: dict[str, Any] | None
+    ) -> tuple[Done, dict[str, Any]] | None:
+        for done in dones:
             r = done.result
             if (
                 (before is not None and done.id >= before)
@@ -640,8 +695,13 @@ def regate_evidence(shelf: Shelf, done: Done, subject: str, req: Requirement, pr
 def gate_subject(
     shelf: Shelf, subject: str, requirements: Sequence[Requirement], registry: Mapping[str, Preset]
 ) -> list[Outcome]:
-    """Judge every requirement for `subject` (a full sha): one ls-remote and at most one fetch in all."""
-    shelf.load({r.preset for r in requirements})
+    """Judge every requirement for `subject` (a full sha) from the results indexed under it (a preset with a
+    baseline also reads its other done results, to find the previous pass)."""
+    presets = {r.preset for r in requirements}
+    with_baseline = {p for p in presets if registry[p].baseline is not None}
+    shelf.load(presets - with_baseline, subject=subject)
+    if with_baseline:
+        shelf.load(with_baseline)
     return [judge(shelf, subject, r, registry[r.preset]) for r in requirements]
 
 

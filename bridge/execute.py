@@ -113,11 +113,13 @@ def run_preset(
     context: RunContext | None = None,
     should_stop: Callable[[], str | None] | None = None,
     on_phase: Callable[[str], None] | None = None,
+    on_run_dir: Callable[[Path], None] | None = None,
     executor: Executor | None = None,
 ) -> RunOutcome:
     """Run `preset` with validated `values` in `checkout` (by `executor`, a LocalExecutor by default); always
     returns a RunOutcome (not yet written). `on_phase` hears "running" once the program has started and
-    "gating" once it has ended."""
+    "gating" once it has ended; `on_run_dir` hears where the program writes ($KAKEYA_RUN_DIR: its progress
+    file is there) before it starts."""
     environ = os.environ if environ is None else environ
     context = context or RunContext()
     checkout, out_dir = checkout.resolve(), out_dir.resolve()
@@ -162,6 +164,8 @@ def run_preset(
             resources=preset.resources,
         )
         executor = executor or LocalExecutor()
+        if on_run_dir is not None:
+            on_run_dir(run_dir)
         handle = executor.launch(setup)
         if on_phase is not None and handle.start_error is None:
             on_phase("running")

@@ -58,15 +58,16 @@ class Follower:
     def events(self) -> Iterator[dict[str, Any]]:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         B.id_time(self.id)
-        while True:
-            snap = self.c.bus.ls_remote()
-            entry = snap.entries.get(self.id)
-            if entry is None or entry.req is None and entry.done is None:
+        label = None
+        while True:  # each look lists only this request's refs (and its label's queue while it is queued)
+            entry = self.c.entry(self.id, label)
+            label = entry.label or label
+            if entry.req is None and entry.done is None:
                 raise KakeyaError(f"no request {self.id} on the bus at {self.c.url}")
             if entry.done:
                 yield self.event("finished", done=entry.done)
                 return
-            yield from self.look(snap, entry)
+            yield from self.look(entry)
             if deadline is not None and time.monotonic() >= deadline:
                 raise KakeyaError(
                     f"timed out after {self.timeout:g} s waiting for {self.id} (state: {entry.state})"
@@ -85,9 +86,12 @@ class Follower:
         self.last[kind] = key
         return True
 
-    def look(self, snap: Snapshot, entry: Entry) -> Iterator[dict[str, Any]]:
+    def look(self, entry: Entry) -> Iterator[dict[str, Any]]:
         now = B.utcnow()
         if entry.claim is None:
+            snap = self.c.bus.ls_remote(
+                f"{B.REQ_PREFIX}{entry.label}/", B.CLAIM_PREFIX, B.CANCEL_PREFIX, B.RUNNERS_PREFIX
+            )
             yield from self.queued(snap, entry, now)
             return
         self.no_runner_since = None

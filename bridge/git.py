@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -433,11 +434,133 @@ def _pack(url: str, program: str) -> list[str]:
 
 
 def ls_remote(store: Path, url: str, patterns: Sequence[str], timeout: float) -> str:
-    """`git ls-remote URL PATTERNS...` output; BusError (BusUnreachable in bus.py) says why not."""
+    """`git ls-remote URL PATTERNS...` output; BusError (BusUnreachable in bus.py) says why not. The patterns
+    are matched by the client: the server sends every ref it has (`ls_refs` sends only some)."""
     proc = run(store, "ls-remote", *_pack(url, "upload-pack"), url, *patterns, timeout=timeout, check=False)
     if proc.returncode != 0:
         raise BusError(message(proc.stderr))
     return proc.stdout.decode(errors="replace")
+
+
+def _pkt(data: bytes | str) -> bytes:
+    raw = data.encode() if isinstance(data, str) else data
+    return f"{len(raw) + 4:04x}".encode() + raw
+
+
+def _ls_refs_request(prefixes: Sequence[str]) -> bytes:
+    """A protocol v2 `ls-refs` command asking only for refs under `prefixes` (then a flush)."""
+    return (
+        _pkt("command=ls-refs\n")
+        + _pkt("agent=kakeya\n")
+        + b"0001"
+        + b"".join(_pkt(f"ref-prefix {p}\n") for p in prefixes)
+        + b"0000"
+    )
+
+
+def _pkt_lines(data: bytes) -> list[bytes | None]:
+    """The pkt-lines of `data` (None for a flush, delim or response-end packet); raises on a server's ERR."""
+    lines: list[bytes | None] = []
+    i = 0
+    while i + 4 <= len(data):
+        size = int(data[i : i + 4], 16)
+        if size < 4:
+            lines.append(None)
+            i += 4
+            continue
+        line = data[i + 4 : i + size]
+        if line.startswith(b"ERR "):
+            raise BusError(line[4:].decode(errors="replace").strip())
+        lines.append(line)
+        i += size
+    return lines
+
+
+def _ls_refs_answer(data: bytes) -> str:
+    """The refs of an upload-pack v2 conversation (capability advertisement, then the ls-refs answer) as
+    `git ls-remote` prints them."""
+    lines = _pkt_lines(data)
+    if not lines or lines[0] != b"version 2\n":
+        raise BusError("the bus does not speak git protocol version 2")
+    flush = lines.index(None)  # the end of the capability advertisement
+    out = []
+    for line in lines[flush + 1 :]:
+        if line is None:
+            break
+        sha, _, ref = line.decode(errors="replace").rstrip("\n").partition(" ")
+        out.append(f"{sha}\t{ref.split(' ', 1)[0]}\n")
+    return "".join(out)
+
+
+def _read_until_flush(sock: socket.socket) -> bytes:
+    """pkt-lines from `sock` up to and including the first flush packet (or an ERR packet, or the end)."""
+    data = b""
+    i = 0
+    while True:
+        while len(data) < i + 4:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return data
+            data += chunk
+        size = int(data[i : i + 4], 16)
+        if size == 0:
+            return data[: i + 4]
+        while len(data) < i + max(size, 4):
+            chunk = sock.recv(65536)
+            if not chunk:
+                return data
+            data += chunk
+        if data[i + 4 : i + 8] == b"ERR ":
+            return data[: i + size]
+        i += max(size, 4)
+
+
+def _git_daemon_ls_refs(url: str, prefixes: Sequence[str], timeout: float) -> str:
+    m = re.fullmatch(r"git://(\[[^\]]+\]|[^/:]+)(?::(\d+))?(/.*)", url)
+    if not m:
+        raise BusError(f"{url} is not a git:// URL")
+    host, port, path = m.group(1), int(m.group(2) or 9418), m.group(3)
+    hello = f"git-upload-pack {path}\0host={host}{f':{port}' if m.group(2) else ''}\0\0version=2\0"
+    try:
+        with socket.create_connection((host.strip("[]"), port), timeout=timeout) as sock:
+            sock.sendall(_pkt(hello))
+            chunks = [_read_until_flush(sock)]  # the capability advertisement (or the daemon's ERR)
+            _pkt_lines(chunks[0])
+            sock.sendall(_ls_refs_request(prefixes))
+            sock.shutdown(socket.SHUT_WR)
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+    except TimeoutError:
+        raise BusError(f"listing {', '.join(prefixes)} timed out after {timeout:.0f} s") from None
+    except OSError as exc:
+        raise BusError(f"cannot connect to {host}:{port}: {exc}") from None
+    return _ls_refs_answer(b"".join(chunks))
+
+
+def ls_refs(store: Path, url: str, prefixes: Sequence[str], timeout: float) -> str:
+    """The refs under `prefixes` as `git ls-remote` prints them, asking the server for only those (protocol v2
+    `ls-refs` with `ref-prefix`; `git ls-remote URL PATTERN` downloads every ref and filters on the client).
+    git:// and local repositories (a path or file://) are asked directly; other transports fall back to a
+    full `git ls-remote`, filtered here."""
+    path = url.removeprefix("file://") if url.startswith("file://") else url
+    if url.startswith("git://"):
+        return _git_daemon_ls_refs(url, prefixes, timeout)
+    if "://" not in path and not re.match(r"^[^/]+:", path):
+        proc = run(
+            store,
+            "upload-pack",
+            "--strict",
+            path,
+            input=_ls_refs_request(prefixes),
+            env={"GIT_PROTOCOL": "version=2"},
+            timeout=timeout,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise BusError(message(proc.stderr))
+        return _ls_refs_answer(proc.stdout)
+    text = ls_remote(store, url, (), timeout)
+    return "".join(ln + "\n" for ln in text.splitlines() if ln.partition("\t")[2].startswith(tuple(prefixes)))
 
 
 def fetch(store: Path, url: str, refspecs: Sequence[str], timeout: float) -> str | None:

@@ -1,6 +1,6 @@
 """Runner presence: which runners are alive, for which labels, and what they serve.
 
-Each runner (`kakeya runner once|watch`) keeps `kakeya/runners/<name>` up to date: a single root commit
+Each runner (`kakeya runner once|watch`) keeps `refs/kakeya/runners/<name>` up to date: a single root commit
 (no history piles up) holding .kakeya/presence.json, replaced when the runner starts, every `every_s`
 seconds, when it starts or ends serving a request, and when it stops. A presence is live while
 `seen_at + STALE_AFTER * every_s` has not passed and the runner has not said it stopped; after that it ages
@@ -149,7 +149,8 @@ class Beacon(threading.Thread):
             tree = git.tree_with(self.store, None, {PRESENCE_PATH: presence.dump()})
             message = f"kakeya presence {presence.name}: {presence.state}"
             sha = git.commit(self.store, tree, [], message, self.who, self.sign_key)
-            expect = self.sha
+            # our last push; at start whatever is there (a restart, or a namesake): one listing, not a failed push
+            expect = self.sha if self.sha is not None else self.bus.ls_remote(self.ref).refs.get(self.ref)
             for _ in range(2):  # our last push, else whatever is there (a restart, or a namesake)
                 if self.bus.swap([Update(self.ref, sha, expect)], atomic=False):
                     self.sha = sha
@@ -205,15 +206,10 @@ def read_presences(bus: Bus, refs: Mapping[str, str], signers: Signers | None = 
     not here yet in one round trip; with `signers`, a presence must be signed by a runner key allowed for
     every label it claims."""
     repos = bus.repos()
-    have: set[str] = set()
-    for repo in repos:
-        have |= git.present(repo, [s for s in refs.values() if s not in have])
-    missing = [n for n, s in refs.items() if s not in have]
-    if missing:
-        try:
-            bus.fetch([B.runner_ref(n) for n in missing])
-        except KakeyaError:  # moved meanwhile: those show as malformed until the next look
-            pass
+    try:
+        bus.fetch_ids(list(refs.values()), "presences")  # by object id, only those not here yet
+    except KakeyaError:  # moved meanwhile: those show as malformed until the next look
+        pass
     found = git.read_blobs_in(repos, [f"{s}:{PRESENCE_PATH}" for s in refs.values()])
     seen = []
     for name, sha in refs.items():

@@ -35,6 +35,7 @@ class Tracker:
     out: Path
     phase: str = "checkout"
     started_at: dt.datetime = field(default_factory=B.utcnow)
+    run_dir: Path | None = None  # where the program writes its progress file, when not `out` (a sandbox)
 
     def record(self) -> Progress:
         now = B.utcnow()
@@ -44,7 +45,7 @@ class Tracker:
             at=now,
             elapsed_s=round((now - self.started_at).total_seconds(), 1),
             log_tail=log_tail(self.out),
-            workload=read_workload(self.out / PROGRESS_FILE),
+            workload=read_workload((self.run_dir or self.out) / PROGRESS_FILE),
         )
 
 

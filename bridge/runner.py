@@ -4,14 +4,17 @@
     runner.once()            # claim and serve one pending request (or `request_id`); None when idle
     runner.watch()           # the same in a loop until stop()
 
-Claim = create kakeya/claim/<id> only if absent. While the request is served (run, commit and push) a
+Claim = create refs/kakeya/claim/<id> only if absent. While the request is served (run, commit and push) a
 `Lease` thread heartbeats (fast-forwards the claim) and watches for a cancel marker or a takeover. A
 lease is judged expired by how long this runner has seen the claim unchanged on its own monotonic clock
 (longer than the claim's lease_s), never by comparing another host's timestamp with ours, so clock skew
 cannot run a request twice; a runner that finds an expired lease takes it over with a lease on the sha
 it saw. The result's objects are pushed first to a side ref while the lease keeps beating (a big result
 cannot outlast the lease); then one small atomic push moves the claim to the done commit (leased on this
-runner's last claim sha) and creates the done ref: a runner that lost its lease can never push a result.
+runner's last claim sha), creates the done ref and its by-subject index ref, and deletes the request, claim
+and cancel refs: a runner that lost its lease can never push a result, and finished work leaves the live
+namespaces. A poll asks only for the request branches of the runner's labels and the live claims and
+cancels (prefix-scoped), and fetches what it needs by object id.
 Presets come from the runner's own registry, never from the request commit. Every outcome ends in a done
 commit.
 """
@@ -28,7 +31,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -167,7 +170,7 @@ class Runner:
         self.environ = os.environ if environ is None else environ
         self.workdir = workdir.resolve()
         self.mirror = git.init_bare(self.workdir / "mirror.git")
-        self.bus = Bus(url, self.mirror)
+        self.bus = Bus(url, self.mirror, config.git_timeout_s)
         self.who = f"kakeya runner {name} <{name}@kakeya.invalid>"
         self.sign_key = key_file(config.signing_key)
         self.requesters = requesters(config)
@@ -234,7 +237,15 @@ class Runner:
             if request_id:  # asked for this one (`kakeya run`, `runner once --request`): say why not
                 raise KakeyaError(f"runner {self.name} is {self.paused}; free some space, or lower the floor")
             return None
-        snap = self.bus.ls_remote()
+        if request_id:
+            B.id_time(request_id)
+            snap = self.bus.ls_remote(
+                B.REQ_PREFIX, B.claim_ref(request_id), B.done_ref(request_id), B.cancel_ref(request_id)
+            )
+        else:
+            snap = self.bus.ls_remote(
+                *(f"{B.REQ_PREFIX}{label}/" for label in self.labels), B.CLAIM_PREFIX, B.CANCEL_PREFIX
+            )
         candidates = self.candidates(snap, request_id)
         self.contended = False
         self.prefetch([e for e, _ in candidates[:PREFETCH]])
@@ -249,17 +260,12 @@ class Runner:
 
     def prefetch(self, entries: list[Entry]) -> None:
         """Fetch the requests we may claim (and their subjects) in one go; a backlog costs one fetch, not one each."""
-        missing = [e for e in entries if e.req and not git.has_object(self.mirror, e.req)]
+        shas = [e.req for e in entries if e.req]
+        missing = sorted(set(shas) - git.present(self.mirror, shas))
         if missing:
+            self.bus.fetch_ids(missing, "requests", in_store=True)
             # One local ref, moved to a fetched request, keeps the subjects' history as `have`s for the next fetch.
-            self.bus.fetch(
-                [
-                    f"+{B.req_ref(e.label or '', e.id)}:refs/kakeya/last"
-                    if i == 0
-                    else B.req_ref(e.label or "", e.id)
-                    for i, e in enumerate(missing)
-                ]
-            )
+            git.update_ref(self.mirror, "refs/kakeya/last", missing[0])
 
     def candidates(
         self, snap: B.Snapshot, request_id: str | None
@@ -267,6 +273,8 @@ class Runner:
         """Requests we may claim, oldest first: unclaimed ones, and claimed ones whose lease has expired."""
         if request_id:
             entry = snap.entries.get(request_id)
+            if entry is not None and entry.done:  # finished (its request ref went with the done push)
+                return []
             if entry is None or entry.req is None:
                 raise KakeyaError(f"no request {request_id} on the bus at {self.bus.url}")
             if entry.label not in self.labels:
@@ -274,7 +282,7 @@ class Runner:
                     f"request {request_id} is for runner label {entry.label!r}; "
                     f"this runner serves {', '.join(self.labels)}"
                 )
-            pool = [] if entry.done else [entry]
+            pool = [entry]
         else:
             pool = [e for e in snap.entries.values() if e.req and not e.done and e.label in self.labels]
         self._learn_leases([e for e in pool if e.claim])
@@ -306,7 +314,7 @@ class Runner:
         if not unknown:
             return
         try:
-            self.bus.fetch([B.claim_ref(e.id) for e in unknown])
+            self.bus.fetch_ids([e.claim for e in unknown if e.claim], "claims", in_store=True)
         except BusError as exc:  # a claim moved or went away meanwhile: look again next time
             self.log(f"could not read claims: {exc}")
             return
@@ -329,14 +337,14 @@ class Runner:
     def holder(self, request_id: str, sha: str | None) -> str:
         """Who holds the claim now, for messages."""
         try:
-            if sha is None:
-                sha = self.bus.ls_remote(B.claim_ref(request_id)).refs.get(B.claim_ref(request_id))
+            snap = self.bus.ls_remote(B.claim_ref(request_id), B.done_ref(request_id))
+            if B.done_ref(request_id) in snap.refs:
+                return "the request was finished by another runner"
+            sha = snap.refs.get(B.claim_ref(request_id))
             if sha is None:
                 return "the claim was deleted"
-            self.bus.fetch([B.claim_ref(request_id)])
+            self.bus.fetch_ids([sha], "the claim", in_store=True)
             raw = git.read_path(self.mirror, sha, B.CLAIM_PATH)
-            if git.read_path(self.mirror, sha, f"{B.results_path(request_id)}/result.json") is not None:
-                return "the request was finished by another runner"
             return f"taken over by runner {Claim.model_validate_json(raw or b'').runner}"
         except (KakeyaError, ValidationError):
             return f"the claim is now {sha or 'gone'}"
@@ -423,7 +431,7 @@ class Runner:
             if not lease.lost:
                 served.done = self.done_commit(entry, lease, tree, result)
                 self.step = "pushing the result"
-                served.pushed = self.push_done(entry.id, lease.sha, served.done)
+                served.pushed = self.push_done(entry.id, lease.sha, served.done, entry)
         lease.stop()
         if staged:
             self.unstage(*staged)
@@ -463,7 +471,7 @@ class Runner:
                     served.reason = f"{why}; {lease.lost}"
                     return served
                 served.done = self.done_commit(entry, lease, tree, outcome.result)
-                served.pushed = self.push_done(entry.id, lease.sha, served.done)
+                served.pushed = self.push_done(entry.id, lease.sha, served.done, entry)
         except Exception as again:  # noqa: BLE001 — the claim expires and another runner takes the request over
             self.log(f"{entry.id}: could not record that either ({again}); the claim will expire")
         return served
@@ -542,6 +550,7 @@ class Runner:
                     context=context,
                     should_stop=lease.should_stop,
                     on_phase=self.set_phase,
+                    on_run_dir=self.set_run_dir,
                     executor=self.executor,
                 )
             finally:
@@ -601,6 +610,10 @@ class Runner:
     def set_phase(self, phase: str) -> None:
         if self.tracker is not None:
             self.tracker.phase = phase
+
+    def set_run_dir(self, run_dir: Path) -> None:
+        if self.tracker is not None:
+            self.tracker.run_dir = run_dir
 
     def progress(self) -> Progress | None:
         """The progress record of the request being served (None when none is), for its heartbeats."""
@@ -705,11 +718,12 @@ class Runner:
         message = f"kakeya done {entry.id}: {result.status}{verdict}\n\n{result.reason or ''}".rstrip() + "\n"
         return git.commit(self.mirror, tree, [lease.sha], message, self.who, self.sign_key)
 
-    def push_done(self, request_id: str, claim_sha: str, done_sha: str) -> bool:
-        """Atomically: claim (leased on our last sha) -> done commit, done ref created. Kept locally if the bus
-        cannot be reached, and pushed by a later `once`."""
+    def push_done(self, request_id: str, claim_sha: str, done_sha: str, entry: Entry | None = None) -> bool:
+        """One atomic push (`done_updates`): the done ref and its index ref created, the claim (leased on our
+        last sha), request and cancel refs deleted. Kept locally if the bus cannot be reached, and pushed by a
+        later `once`."""
         try:
-            pushed = self.bus.swap(done_updates(request_id, claim_sha, done_sha), atomic=True)
+            pushed = self.bus.swap(self.done_push(request_id, claim_sha, done_sha, entry), atomic=True)
         except KakeyaError as exc:
             git.update_ref(self.mirror, f"refs/kakeya/outbox/{request_id}", done_sha)
             self.outbox_pending = True
@@ -725,6 +739,33 @@ class Runner:
             git.gc_auto(self.mirror)
         return pushed
 
+    def done_push(self, request_id: str, claim_sha: str, done_sha: str, entry: Entry | None) -> list[Update]:
+        """The done push of `done_sha` for `request_id`: the request, claim and cancel refs as the bus holds
+        them now (one prefix-scoped listing), the subject from the done commit's request and result."""
+        label = entry.label if entry is not None else None
+        m = B.read_manifests([self.mirror], [done_sha]).get(done_sha)
+        manifest = m if isinstance(m, Manifest) else None
+        label = label or (manifest.runner if manifest else None)
+        result = B.parse_or_none(
+            RunResult, git.read_path(self.mirror, done_sha, f"{B.results_path(request_id)}/result.json")
+        )
+        # the request's subject (validated with its manifest); a result's only when it is a sha at all
+        subject = B.indexed_subject(
+            manifest.subject if manifest else None, result.subject if result else None
+        )
+        index = [B.subject_ref(subject, request_id)] if subject else []
+        wanted = [B.cancel_ref(request_id)] + ([B.req_ref(label, request_id)] if label else [])
+        refs = self.bus.ls_remote(*wanted, *index).refs
+        updates = done_updates(
+            request_id,
+            claim_sha,
+            done_sha,
+            subject=subject,
+            drop={ref: sha for ref in wanted if (sha := refs.get(ref))},
+        )
+        # an index ref someone put there first is replaced (leased on what was seen), never a reason to fail
+        return [replace(u, expect=refs.get(u.ref)) if u.ref in index else u for u in updates]
+
     def flush_outbox(self) -> None:
         """Push results that an earlier attempt could not deliver."""
         if not self.outbox_pending:
@@ -733,7 +774,7 @@ class Runner:
             request_id = ref.rsplit("/", 1)[1]
             claim_sha = git.parents(self.mirror, done_sha)[0]
             # raises while the bus is still unreachable
-            pushed = self.bus.swap(done_updates(request_id, claim_sha, done_sha), atomic=True)
+            pushed = self.bus.swap(self.done_push(request_id, claim_sha, done_sha, None), atomic=True)
             self.log(
                 f"{request_id}: delayed result pushed"
                 if pushed
@@ -747,7 +788,7 @@ class Runner:
     def watch(self, poll_s: float | None = None, max_backoff_s: float = 60.0) -> None:
         """Serve requests until stop(): poll every `poll_s`, back off (doubling) while the bus fails."""
         poll_s = poll_s or self.config.poll_interval_s
-        backoff = 0.0
+        backoff, idle = 0.0, 0
         self.log(f"watching {self.bus.url} for {', '.join(self.labels)} every {poll_s:g} s")
         while not self.stopping.is_set():
             try:
@@ -762,8 +803,9 @@ class Runner:
                 )
                 self.log(f"{what}; retrying in {poll_s + backoff:.1f} s")
                 served = None
+            idle = idle + 1 if served is None and not self.contended else 0
             if served is None and not self.contended:
-                self.stopping.wait(poll_s + backoff)
+                self.stopping.wait(idle_wait(poll_s, idle) + backoff)
         self.log("stopped")
 
 
@@ -806,18 +848,37 @@ def heartbeat_claim(claim: Claim, lease_s: float, progress: Progress | None, now
     )
 
 
+IDLE_CAP = 8  # an idle `watch` polls at most this many times slower than its poll interval
+
+
+def idle_wait(poll_s: float, idle: int) -> float:
+    """How long an idle `watch` waits before its next poll: `poll_s`, growing by half with each idle poll in a
+    row after the tenth, up to IDLE_CAP times `poll_s` (and never past 30 s unless `poll_s` is longer)."""
+    if idle <= 10:
+        return poll_s
+    return min(poll_s * 1.5 ** (idle - 10), max(poll_s, min(poll_s * IDLE_CAP, 30.0)))
+
+
 def presence_every(config: Config) -> float:
-    """How often a runner refreshes its presence: half a lease (30 s by default)."""
-    return max(config.lease_s / 2, 1.0)
+    """How often an unchanged presence is refreshed: two leases (2 min by default); a change of state
+    (serving, idle, stopped) is published at once."""
+    return max(config.lease_s * 2, 1.0)
 
 
-def done_updates(request_id: str, claim_sha: str, done_sha: str) -> list[Update]:
-    """The result push: the claim (leased on the runner's last claim sha) moves to the done commit, and the
-    done ref is created (it must not exist): a runner that lost its lease can never push a result."""
-    return [
-        Update(B.claim_ref(request_id), done_sha, claim_sha),
+def done_updates(
+    request_id: str, claim_sha: str, done_sha: str, subject: str | None = None, drop: Mapping[str, str] = {}
+) -> list[Update]:
+    """The result push, atomic: the claim (leased on the runner's last claim sha) is deleted and the done ref
+    created (it must not exist), so a runner that lost its lease can never push a result; the index ref under
+    the subject is created and the request and cancel refs in `drop` (ref -> the sha seen) are deleted. The
+    done commit descends from the request and every claim commit, so nothing is lost with them."""
+    updates = [
+        Update(B.claim_ref(request_id), None, claim_sha),
         Update(B.done_ref(request_id), done_sha, None),
     ]
+    if subject:
+        updates.append(Update(B.subject_ref(subject, request_id), done_sha, None))
+    return updates + [Update(ref, None, sha) for ref, sha in drop.items()]
 
 
 def check_lfs(checkout: Path) -> None:

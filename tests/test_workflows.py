@@ -378,7 +378,7 @@ def job(
 
 def done_ids(remote: Path) -> set[str]:
     out = subprocess.run(
-        ["git", "for-each-ref", "--format=%(refname:lstrip=4)", "refs/heads/kakeya/done/"],
+        ["git", "for-each-ref", "--format=%(refname:lstrip=3)", "refs/kakeya/done/"],
         cwd=remote,
         capture_output=True,
         text=True,

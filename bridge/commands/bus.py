@@ -1,7 +1,14 @@
-"""`kakeya bus gc --older-than DAYS [--archive-done] [--dry-run]`: delete the req/claim/cancel refs of finished
-requests (their done refs keep the whole history); with --archive-done, also move their done refs to
-refs/kakeya-archive/done/<id>: kept on the bus, but fetched by no clone and read by no status or gate. Result
-side refs a runner left behind (refs/kakeya-stage/<id>/...) go too once their request is done or gone."""
+"""`kakeya bus gc --older-than DAYS [--archive-done] [--dry-run]`: delete what finished requests left behind
+(a done push deletes the request and claim refs itself; a cancel marker pushed after it, result side refs a
+runner left, refs/kakeya-stage/<id>/..., and the refs of layout 1 stay until gc); with --archive-done, also
+move their done refs to refs/kakeya-archive/done/<id> (kept on the bus, read by no status or gate) and
+delete their by-subject index refs.
+
+`kakeya bus compact [--older-than DAYS] [--dry-run]`: move done results older than DAYS (3) into the ledger
+(bridge/ledger.py): their done and index refs go, the ledger keeps them reachable and indexed.
+
+`kakeya bus migrate [--dry-run]`: upgrade a bus of layout 1 (everything under refs/heads/kakeya/) to layout 2
+(bridge/bus.py); idempotent, and safe while runners of this version work."""
 
 from __future__ import annotations
 
@@ -25,6 +32,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     gc.add_argument("--dry-run", action="store_true", help="list what would be deleted")
     add_remote(gc)
     gc.set_defaults(func=run_gc)
+    compact = verbs.add_parser("compact", help="move old done results into the ledger (out of refs)")
+    compact.add_argument(
+        "--older-than", type=float, default=3.0, metavar="DAYS", help="done results made before this (3)"
+    )
+    compact.add_argument("--dry-run", action="store_true", help="list the refs that would go")
+    add_remote(compact)
+    compact.set_defaults(func=run_compact)
+    migrate = verbs.add_parser("migrate", help="upgrade a bus of layout 1 to this kakeya's layout")
+    migrate.add_argument("--dry-run", action="store_true", help="list what would be written or deleted")
+    add_remote(migrate)
+    migrate.set_defaults(func=run_migrate)
 
 
 def run_gc(args: argparse.Namespace) -> int:
@@ -32,4 +50,20 @@ def run_gc(args: argparse.Namespace) -> int:
     for ref in refs:
         print(ref)
     print(f"{'would delete' if args.dry_run else 'deleted'} {len(refs)} refs")
+    return 0
+
+
+def run_migrate(args: argparse.Namespace) -> int:
+    refs = client(args).migrate(dry_run=args.dry_run)
+    for ref in refs:
+        print(ref)
+    print(f"{'would update' if args.dry_run else 'updated'} {len(refs)} refs")
+    return 0
+
+
+def run_compact(args: argparse.Namespace) -> int:
+    refs = client(args).compact(args.older_than, dry_run=args.dry_run)
+    for ref in refs:
+        print(ref)
+    print(f"{'would move' if args.dry_run else 'moved'} {len(refs)} refs into the ledger")
     return 0

@@ -1,4 +1,4 @@
-"""`kakeya runners [--all] [--json]`: the runners whose presence refs (kakeya/runners/<name>) are on the bus.
+"""`kakeya runners [--all] [--json]`: the runners whose presence refs (refs/kakeya/runners/<name>) are on the bus.
 
 Lists live runners (idle or serving) and presences that cannot be trusted (malformed, or not signed by a
 runner key of the project's allowed-signers file for their labels: shown, never counted as serving a
@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     c = client(args)
-    snap = c.bus.ls_remote(f"{B.PREFIX}runners/*")
+    snap = c.bus.ls_remote(B.RUNNERS_PREFIX)
     now = B.utcnow()
     seen = read_presences(c.bus, snap.runners, trusted_signers(c.root) if c.in_repo else None)
     shown = [s for s in seen if args.all or s.state(now) not in ("stopped", "stale")]

@@ -1,4 +1,5 @@
-"""`kakeya status [ID] [--json] [--fetch]`: one request, or a table of all of them, from one ls-remote.
+"""`kakeya status [ID] [--json] [--fetch] [--all]`: one request, or a table of the live requests and those of
+the last two days (by id date; --all: every done request still in refs), from one prefix-scoped listing.
 
 Verdicts show for done commits this machine already has (or that a local bus holds); --fetch first
 fetches the missing ones (one more round trip). `status ID` fetches what that one request needs.
@@ -24,6 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--fetch", action="store_true", help="fetch done commits not yet here to show every verdict"
     )
+    parser.add_argument("--all", action="store_true", help="every finished request, not just recent ones")
     add_remote(parser)
     parser.set_defaults(func=run)
 
@@ -63,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
                 if value not in (None, {}):
                     print(f"{key:<11}{json.dumps(value) if isinstance(value, dict) else value}")
         return 0
-    rows = c.status(fetch=args.fetch)
+    rows = c.status(fetch=args.fetch, everything=args.all)
     if args.json:
         print(json.dumps([row_dict(r) for r in rows], indent=2))
     elif rows:

@@ -285,3 +285,16 @@ def manifest_dict(
         expires_at=now + dt.timedelta(seconds=ttl_s),
         nonce="n",
     ).model_dump(mode="json")
+
+
+def move_done(
+    url: str, store: Path, request_id: str, sha: str | None, subjects: tuple[str, ...] = ()
+) -> None:
+    """Point the done ref of `request_id` and every index ref of it at `sha` (None deletes them), and index it
+    under `subjects` too, as anyone with push access to the bus could."""
+    bus = B.Bus(url, store)
+    snap = bus.ls_remote(B.done_ref(request_id), B.SUBJECT_PREFIX)
+    refs = {ref: old for ref, old in snap.refs.items() if ref.endswith("/" + request_id)}
+    wanted = set(refs) | {B.done_ref(request_id)} | {B.subject_ref(s, request_id) for s in subjects}
+    updates = [B.Update(ref, sha, refs.get(ref)) for ref in sorted(wanted) if refs.get(ref) != sha]
+    assert not updates or bus.swap(updates, atomic=False)

@@ -58,14 +58,19 @@ def test_request_runner_results_end_to_end_over_git_daemon(world: Env, daemon: D
     assert result["subject"] == git(world.project, "rev-parse", "HEAD") and result["preset"] == "work"
     assert json.loads((world.project / "res" / "report.json").read_text())["subject"] == result["subject"]
     assert world.count() == ["e2e"]
-    # the done commit descends from the claim, the request and the subject; the claim ref moved to it
-    snap = B.Bus(url, world.project).ls_remote()
+    # the done push deleted the request and claim refs and indexed the result under its subject; the done
+    # commit descends from the claim, the request and the subject
+    snap = B.Bus(url, world.project).ls_remote(*B.LIVE, B.DONE_PREFIX, B.SUBJECT_PREFIX)
     entry = snap.entries[rid]
-    assert entry.claim == entry.done
-    assert G.is_ancestor(world.project, entry.req, entry.done)
+    assert (entry.req, entry.claim, entry.cancel) == (None, None, None) and entry.done
+    assert snap.index == {rid: (result["subject"], entry.done)}
+    assert set(snap.refs) == {B.done_ref(rid), B.subject_ref(result["subject"], rid)}
+    assert G.parents(world.project, G.parents(world.project, entry.done)[0]) != []
+    assert G.read_path(world.project, entry.done, B.CLAIM_PATH) is not None
     assert main(["runner", "once", "--labels", "cpu", "--remote", url, "--request", rid]) == 0
     assert "nothing to do" in capsys.readouterr().out
-    assert main(["runner", "once", "--labels", "cpu-b", "--remote", url, "--request", rid]) == 1
+    other = Client(load_config(), remote=url).request("work", {}, "cpu", subject="HEAD").id
+    assert main(["runner", "once", "--labels", "cpu-b", "--remote", url, "--request", other]) == 1
     assert "is for runner label 'cpu'; this runner serves cpu-b" in capsys.readouterr().err
     assert main(["runner", "once", "--labels", "cpu", "--remote", url, "--request", B.new_id("work")]) == 1
     assert world.count() == ["e2e"]

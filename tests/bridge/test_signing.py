@@ -18,7 +18,7 @@ from bridge.errors import InvalidRequest
 from bridge.isolation import bwrap_available
 from bridge.runner import Runner
 from bridge.trust import ALLOWED_SIGNERS, Signers, principal, signers_line
-from tests.bridge.bus_support import Daemon, Env, git
+from tests.bridge.bus_support import Daemon, Env, git, move_done
 from tests.bridge.test_gate_pr import Bus, commit, gate, outcomes
 
 
@@ -118,8 +118,7 @@ def test_signed_evidence_passes_and_every_forgery_fails_for_its_own_reason(
     # ... or the done commit rewritten in place on the runner's signed claim: the same refusal
     bus.push_done(rid, G.parents(world.project, done)[0], edited, replace=True)
     assert judged(first)["reason"].startswith("edited after the run: ")
-    store = B.Bus(bus.url, world.project)
-    assert store.swap([B.Update(B.done_ref(rid), done, bus.done(rid))])
+    move_done(bus.url, world.project, rid, done)
     assert gate(bus, first, "work@cpu") == 0
     capsys.readouterr()
 
@@ -140,7 +139,7 @@ def test_signed_evidence_passes_and_every_forgery_fails_for_its_own_reason(
         sha = G.child_commit(
             world.project, req, files, "forged", "Mallory <m@x>", str(sign_key) if sign_key else None
         )
-        assert store.swap([B.Update(B.done_ref(fid), sha, None)], atomic=False)
+        move_done(bus.url, world.project, fid, sha, (second,))
         return fid
 
     never = forge(None)
@@ -150,7 +149,7 @@ def test_signed_evidence_passes_and_every_forgery_fails_for_its_own_reason(
         f"unsigned: done commit {bus.done(never)[:12]} has no signature and no runner signed a commit "
         "for this request"
     )
-    assert store.swap([B.Update(B.done_ref(never), None, bus.done(never))])
+    move_done(bus.url, world.project, never, None)
 
     # 3. A done commit signed by a key that is not in the allowed signers.
     unknown = forge(keys["stranger"])
@@ -158,7 +157,7 @@ def test_signed_evidence_passes_and_every_forgery_fails_for_its_own_reason(
     assert (o["request_id"], o["kind"]) == (unknown, "untrusted")
     assert o["reason"].startswith(f"unknown key: done commit {bus.done(unknown)[:12]} is signed by SHA256:")
     assert o["reason"].endswith(f"which is not in {Path(ALLOWED_SIGNERS).name}")
-    assert store.swap([B.Update(B.done_ref(unknown), None, bus.done(unknown))])
+    move_done(bus.url, world.project, unknown, None)
 
     # 4. A runner key signing for a label it may not serve: r2 (gpu only) really runs a cpu request.
     rogue = signed_runner(world, bus.url, "r2", ("cpu",), keys["r2"])
@@ -171,12 +170,12 @@ def test_signed_evidence_passes_and_every_forgery_fails_for_its_own_reason(
         f"key not allowed for this label: {bus.done(cpu_run)[:12]} is signed by r2@gpu, which may "
         "serve gpu, not cpu"
     )
-    assert store.swap([B.Update(B.done_ref(cpu_run), None, bus.done(cpu_run))])
+    move_done(bus.url, world.project, cpu_run, None)
 
     # 5. A replayed done commit: the runner's signed pass for the first commit, as the done ref of a request
     #    for the second commit.
     replay = bus.client.request("work", {}, "cpu").id
-    assert store.swap([B.Update(B.done_ref(replay), done, None)], atomic=False)
+    move_done(bus.url, world.project, replay, done, (second,))
     o = judged(second)
     assert (o["request_id"], o["kind"]) == (replay, "mismatch")
     assert o["reason"].startswith(
@@ -187,7 +186,7 @@ def test_signed_evidence_passes_and_every_forgery_fails_for_its_own_reason(
     assert "request mismatch" in capsys.readouterr().err
 
     # each refusal above was its own: with the replay gone, the genuine signed run passes for the commit it ran
-    assert store.swap([B.Update(B.done_ref(replay), None, done)])
+    move_done(bus.url, world.project, replay, None)
     assert gate(bus, first, "work@cpu") == 0
     assert capsys.readouterr().out == signed
 

@@ -1,0 +1,444 @@
+"""The bus at a team's scale (issue 27): what each hot path costs, in bytes on the wire and seconds, on buses
+holding 100, 1,000 and 10,000 finished requests. Not a test: it measures, it asserts nothing.
+
+    python benchmarks/bus_scale.py --sizes 100,1000,10000 --out benchmarks/results/bus_scale.json
+
+Each bus starts from a real run (a `kakeya runner` serves a real request over `git daemon`); its done
+result is the template of the history, written with one `git fast-import` in exactly the shape real runs
+leave (`write_history`: request commit on the subject, claim commit, done commit with the same files, a done
+ref and a by-subject index ref; no request or claim ref), spread over subjects of 1 and of 50 runs.
+tests/bridge/test_bus_layout.py checks those shapes against a real run. Every command talks to `git daemon`
+through `Relay`, a TCP relay that counts the bytes each way.
+
+  poll         an idle `runner once` (nothing to do)
+  request      `kakeya request` (one new live request)
+  pickup       `runner once` that claims, runs and pushes that request (seconds: the whole serve)
+  wait         one look of `kakeya wait` at a finished request (the listing and the done commit)
+  status       `kakeya status` (live + recent)
+  runners      `kakeya runners`
+  results      `kakeya results ID` into a fresh clone
+  gate_cold    `kakeya gate pr` in a fresh depth-1 clone (as pr-gate.yml runs it), subject with 1 / 50 runs
+  gate_warm    the same again in the same clone
+  clone        a teammate's `git clone` of the bus and a no-op `git fetch`
+  gc           `kakeya bus gc --older-than 30`
+
+Growth per operation = its cost at the largest size / at the smallest (the target: within 2x).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bridge import bus as B  # noqa: E402
+from bridge import git as G  # noqa: E402
+from tests.bridge.bus_support import WRITE_REPORT_PY  # noqa: E402
+
+# --- the relay ---------------------------------------------------------------------------------------
+
+
+class Relay:
+    """A TCP relay in front of `git daemon` on 127.0.0.1:`port` that counts the bytes each way: `url(name)`,
+    `reset()`, then `down` (server to client) and `up`."""
+
+    def __init__(self, port: int):
+        self.target = port
+        self.up = self.down = 0
+        self.lock = threading.Lock()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self, name: str = "bus.git") -> str:
+        return f"git://127.0.0.1:{self.port}/{name}"
+
+    def reset(self) -> None:
+        with self.lock:
+            self.up = self.down = 0
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:  # the daemon is gone (the end of a measurement)
+                client.close()
+                continue
+            for a, b, way in ((client, upstream, "up"), (upstream, client, "down")):
+                threading.Thread(target=self._pipe, args=(a, b, way), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, way: str) -> None:
+        try:
+            while data := src.recv(65536):
+                with self.lock:
+                    setattr(self, way, getattr(self, way) + len(data))
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+# --- history in the shape real runs leave -------------------------------------------------------------
+
+
+def template(bus: Path, done: str) -> dict[str, Any]:
+    """What `write_history` copies from a real done commit: its request, claim and result files, and the
+    commits between it and its subject."""
+    chain = G.out(bus, "rev-list", "--first-parent", done).split()
+    manifest = json.loads(G.read_path(bus, done, B.MANIFEST_PATH) or b"{}")
+    subject, rid = manifest["subject"], manifest["id"]
+    chain = chain[: chain.index(subject)]
+    results = G.read_dir(bus, done, B.results_path(rid))
+    return {
+        "id": rid,
+        "subject": subject,
+        "depth": len(chain),  # done, the claim commits, the request
+        "request": G.read_path(bus, chain[-1], B.MANIFEST_PATH),
+        "claim": G.read_path(bus, done, B.CLAIM_PATH),
+        "results": results,
+    }
+
+
+def _commit(
+    stream: list[bytes], mark: int, ref: str, parent: str, files: dict[str, bytes], msg: str, when: int
+) -> str:
+    text = msg.encode()
+    stream.append(
+        f"commit {ref}\nmark :{mark}\ncommitter kakeya <k@kakeya.invalid> {when} +0000\ndata {len(text)}\n".encode()
+        + text
+        + f"\nfrom {parent}\n".encode()
+        + b"".join(f"M 100644 inline {p}\ndata {len(d)}\n".encode() + d + b"\n" for p, d in files.items())
+        + b"\n"
+    )
+    return f":{mark}"
+
+
+def request_json(template: bytes, rid: str, subject: str) -> bytes:
+    """The template's request.json for request `rid` on `subject`: made at its id's time, same time to live."""
+    made = B.Manifest.model_validate_json(template)
+    created = B.id_time(rid)
+    return made.model_copy(
+        update={
+            "id": rid,
+            "subject": subject,
+            "created_at": created,
+            "expires_at": created + (made.expires_at - made.created_at),
+        }
+    ).dump()
+
+
+def write_history(
+    bus: Path, tpl: dict[str, Any], count: int, runs_per_subject: tuple[int, ...] = (1, 50)
+) -> dict[str, Any]:
+    """`count` finished requests like the template, written with `git fast-import`: per request a request
+    commit on its subject, a claim commit and a done commit with the template's files (its id and subject
+    replaced), a done ref and a by-subject index ref, and no request or claim ref (as a done push leaves it).
+    The subjects are new commits on the template's subject: the first get `runs_per_subject` runs each, every
+    other request a subject of its own. Ids are spread over the last 30 days, oldest first.
+    Returns {"subjects": {runs: subject sha}, "ids": [...]}."""
+    now = B.utcnow().replace(microsecond=0)
+    when = int(now.timestamp())
+    plan = [runs for runs in runs_per_subject] + [1] * max(0, count - sum(runs_per_subject))
+    stream: list[bytes] = []
+    salt = secrets.token_hex(4)  # a second history on the same bus gets subjects of its own
+    for i in range(len(plan)):
+        ref = f"refs/kakeya-import/s/{i:07d}"
+        _commit(
+            stream,
+            i + 1,
+            ref,
+            tpl["subject"],
+            {f"subject-{i}.txt": f"{i} {salt}\n".encode()},
+            f"subject {i}",
+            when,
+        )
+    G.run(bus, "fast-import", "--quiet", "--force", input=b"".join(stream))
+    made = G.refs_under(bus, "refs/kakeya-import/s/")
+    subjects = [made[f"refs/kakeya-import/s/{i:07d}"] for i in range(len(plan))]
+    quota = [s for s, runs in zip(subjects, plan, strict=True) for _ in range(runs)][:count]
+    old_id, old_subject = tpl["id"].encode(), tpl["subject"].encode()
+    stream, mark, ids = [], 0, []
+    for i, subject in enumerate(quota):
+        rid = B.new_id(B.id_preset(tpl["id"]), now - dt.timedelta(seconds=30 * 86400 * (count - i) / count))
+        ids.append(rid)
+
+        def swap(data: bytes, rid: str = rid, subject: str = subject) -> bytes:
+            return data.replace(old_id, rid.encode()).replace(old_subject, subject.encode())
+
+        tmp = "refs/kakeya-import/tmp"
+        req = _commit(
+            stream,
+            mark + 1,
+            tmp,
+            subject,
+            {B.MANIFEST_PATH: request_json(tpl["request"], rid, subject)},
+            f"kakeya request {rid}",
+            when,
+        )
+        claim = _commit(
+            stream, mark + 2, tmp, req, {B.CLAIM_PATH: swap(tpl["claim"])}, f"kakeya claims {rid}", when
+        )
+        files = {f"{B.results_path(rid)}/{p}": swap(d) for p, d in tpl["results"].items()}
+        done = _commit(stream, mark + 3, tmp, claim, files, f"kakeya done {rid}", when)
+        mark += 3
+        stream.append(f"reset {B.done_ref(rid)}\nfrom {done}\n\n".encode())
+        stream.append(f"reset {B.subject_ref(subject, rid)}\nfrom {done}\n\n".encode())
+    G.run(bus, "fast-import", "--quiet", "--force", input=b"".join(stream))
+    G.run(
+        bus,
+        "update-ref",
+        "--stdin",
+        input="".join(f"delete {ref}\n" for ref in G.refs_under(bus, "refs/kakeya-import/")).encode(),
+    )
+    return {"subjects": {runs: subjects[i] for i, runs in enumerate(runs_per_subject)}, "ids": ids}
+
+
+# --- the measurements --------------------------------------------------------------------------------
+
+PROGRAM = WRITE_REPORT_PY + "write_report()\nprint('ran')\n"  # a valid probe report naming its subject
+PRESET = {
+    "name": "bench",
+    "description": "writes a probe report",
+    "runners": ["cpu"],
+    "timeout_s": 120,
+    "argv": ["{python}", "bench_program.py"],
+    "report": {"kind": "probe", "schema_version": 1},
+    "gate": [{"check": "min", "path": "/probe/cpu_count", "value": 1}],
+}
+
+
+def sh(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(args), cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def kakeya(*args: str) -> list[str]:
+    return [sys.executable, "-m", "bridge.cli", *args]
+
+
+@contextlib.contextmanager
+def git_daemon(base: Path) -> Iterator[int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [
+            "git",
+            "daemon",
+            "--reuseaddr",
+            "--export-all",
+            "--enable=receive-pack",
+            "--informative-errors",
+            f"--base-path={base}",
+            "--listen=127.0.0.1",
+            f"--port={port}",
+            str(base),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def measure_size(work: Path, size: int) -> dict[str, Any]:
+    """Every operation on a bus of `size` finished requests: {op: {"bytes", "seconds", "rc"}}."""
+    import yaml
+
+    served = work / "served"
+    bus = G.init_bare(served / "bus.git")
+    project, presets = work / "project", work / "presets"
+    presets.mkdir(parents=True)
+    (presets / "bench.yaml").write_text(yaml.safe_dump(PRESET))
+    project.mkdir()
+    (project / "bench_program.py").write_text(PROGRAM)
+    (project / ".gitignore").write_text("/out/\n/.kakeya/\n")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("KAKEYA_")},
+        "KAKEYA_PRESETS": str(presets),
+        "KAKEYA_RUNNER_NAME": "bench",
+        "GIT_AUTHOR_NAME": "B",
+        "GIT_AUTHOR_EMAIL": "b@x",
+        "GIT_COMMITTER_NAME": "B",
+        "GIT_COMMITTER_EMAIL": "b@x",
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+    }
+    for args in (("init", "-q", "-b", "main"), ("add", "-A"), ("commit", "-qm", "project")):
+        sh("git", *args, cwd=project, env=env)
+    sh("git", "push", "-q", str(bus), "main", cwd=project, env=env)
+    out: dict[str, Any] = {}
+    with git_daemon(served) as port:
+        relay = Relay(port)
+        url = relay.url()
+
+        def op(name: str, *argv: str, cwd: Path = project) -> subprocess.CompletedProcess[str]:
+            relay.reset()
+            t0 = time.perf_counter()
+            proc = sh(*argv, cwd=cwd, env=env)
+            out[name] = {
+                "bytes": relay.up + relay.down,
+                "bytes_down": relay.down,
+                "seconds": round(time.perf_counter() - t0, 3),
+                "rc": proc.returncode,
+            }
+            if proc.returncode != 0:
+                out[name]["output"] = (proc.stdout + proc.stderr)[-300:]
+            return proc
+
+        # one real run: the template of the history
+        rid = sh(*kakeya("request", "bench", "--runner", "cpu", "--remote", url), cwd=project, env=env)
+        real = rid.stdout.strip()
+        sh(*kakeya("runner", "once", "--labels", "cpu", "--remote", url), cwd=project, env=env)
+        t0 = time.perf_counter()
+        made = write_history(bus, template(bus, G.refs_under(bus, B.DONE_PREFIX)[B.done_ref(real)]), size - 1)
+        out["write_history_s"] = round(time.perf_counter() - t0, 2)
+        runner = ("runner", "once", "--labels", "cpu", "--name", "bench", "--remote", url)
+        sh(*kakeya(*runner), cwd=project, env=env)  # the runner's mirror exists: what follows is a warm poll
+        op("poll", *kakeya(*runner))
+        os.environ.update({k: env[k] for k in ("KAKEYA_PRESETS", "KAKEYA_RUNNER_NAME")})
+        from bridge.config import load_config
+        from bridge.runner import Runner
+
+        watcher = Runner(
+            url, config=load_config(project), name="watcher", labels=["cpu"], workdir=work / "w1"
+        )
+        watcher.once()
+
+        def watch_poll(
+            name: str = "poll_watch",
+        ) -> None:  # one poll of `runner watch` (no presence push: that is every 2 leases)
+            relay.reset()
+            t0 = time.perf_counter()
+            watcher.once()
+            out["poll_watch"] = {
+                "bytes": relay.up + relay.down,
+                "seconds": round(time.perf_counter() - t0, 3),
+            }
+
+        watch_poll()
+        new = op("request", *kakeya("request", "bench", "--runner", "cpu", "--remote", url)).stdout.strip()
+        op("pickup", *kakeya(*runner))
+        op("wait", *kakeya("wait", new, "--remote", url, "--out", str(work / "w")))
+        op("status", *kakeya("status", "--remote", url))
+        op("status_all", *kakeya("status", "--all", "--remote", url))
+        op("runners", *kakeya("runners", "--remote", url))
+        fake = made["ids"][-1]
+        op("results", *kakeya("results", fake, "--remote", url, "--out", str(work / "r")))
+        for runs, subject in sorted(made["subjects"].items()):
+            ci = work / f"ci-{runs}"
+            sh("git", "clone", "-q", "--depth", "1", url, str(ci), cwd=work, env=env)
+            gate = kakeya(
+                "gate",
+                "pr",
+                "--subject",
+                subject,
+                "--require",
+                "bench@cpu",
+                "--remote",
+                url,
+                "--allow-unsigned",
+            )
+            op(f"gate_cold_{runs}_runs", *gate, cwd=ci)
+            op(f"gate_warm_{runs}_runs", *gate, cwd=ci)
+        op("clone", "git", "clone", "-q", url, str(work / "teammate"), cwd=work)
+        op("fetch_noop", "git", "fetch", "-q", cwd=work / "teammate")
+        op("gc", *kakeya("bus", "gc", "--older-than", "30", "--remote", url))
+        out["refs_on_bus"] = len(G.refs_under(bus, "refs/"))
+        # history into the ledger: what is left in refs is the last 3 days; the pushes' ref advertisement
+        # (receive-pack has no ref-prefix) shrinks with it
+        op("compact", *kakeya("bus", "compact", "--older-than", "3", "--remote", url))
+        out["refs_on_bus_after_compact"] = len(G.refs_under(bus, "refs/"))
+        op("poll_after_compact", *kakeya(*runner))
+        watch_poll("poll_watch_after_compact")
+        new = op("request_after_compact", *kakeya("request", "bench", "--runner", "cpu", "--remote", url))
+        op("pickup_after_compact", *kakeya(*runner))
+        old = made["ids"][0]
+        op("results_from_ledger", *kakeya("results", old, "--remote", url, "--out", str(work / "l")))
+        ci = work / "ci-ledger"
+        sh("git", "clone", "-q", "--depth", "1", url, str(ci), cwd=work, env=env)
+        subject = made["subjects"][50]
+        gate = kakeya(
+            "gate", "pr", "--subject", subject, "--require", "bench@cpu", "--remote", url, "--allow-unsigned"
+        )
+        op("gate_cold_50_runs_after_compact", *gate, cwd=ci)
+        op("status_all_after_compact", *kakeya("status", "--all", "--remote", url))
+        _ = new
+        relay.close()
+    return out
+
+
+def main() -> None:
+    import argparse
+    import platform
+
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--sizes", default="100,1000,10000", help="finished requests per bus (comma-separated)"
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bus_scale.json")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    result: dict[str, Any] = {
+        "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "load_avg_before": os.getloadavg()},
+        "git": G.version(),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "sizes": {},
+    }
+    for size in sizes:
+        work = Path(tempfile.mkdtemp(prefix=f"kakeya-bus-scale-{size}-"))
+        try:
+            result["sizes"][str(size)] = measure_size(work, size)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        print(json.dumps({size: result["sizes"][str(size)]}), flush=True)
+    small, large = result["sizes"][str(sizes[0])], result["sizes"][str(sizes[-1])]
+    result["growth"] = {
+        name: {
+            "bytes": round(large[name]["bytes"] / max(small[name]["bytes"], 1), 2),
+            "seconds": round(large[name]["seconds"] / max(small[name]["seconds"], 1e-3), 2),
+        }
+        for name in small
+        if isinstance(small[name], dict) and name in large
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["growth"], indent=2))
+
+
+if __name__ == "__main__":
+    main()
