@@ -242,7 +242,7 @@ class WorkloadProgress(_File):
 class Progress(_File):
     """The progress record a runner puts on its claim at each heartbeat."""
 
-    phase: Literal["checkout", "running", "gating", "pushing"]
+    phase: Literal["checkout", "queued", "running", "gating", "pushing"]  # queued: in a scheduler's queue
     started_at: AwareDatetime  # when the request's serving began on this runner
     at: AwareDatetime  # when this record was made
     elapsed_s: float = Field(ge=0)

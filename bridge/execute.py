@@ -146,7 +146,7 @@ def run_preset(
         except KakeyaError as exc:
             result = RunResult(status="error", reason=f"could not start: {exc}", **base)
             return RunOutcome(out_dir, result, redact=redact)
-        cwd = _sandbox(checkout, scratch, iso)
+        cwd = private_dirs(checkout, scratch, iso)
         if iso.kind == "bwrap":
             iso = dataclasses.replace(iso, wrap=bwrap_argv(iso, scratch, cwd, environ))
         setup = RunSetup(
@@ -180,7 +180,7 @@ def run_preset(
             pass
 
 
-def _sandbox(checkout: Path, scratch: Path, iso: Isolation) -> Path:
+def private_dirs(checkout: Path, scratch: Path, iso: Isolation) -> Path:
     """The private directories of a run; where it runs. Under isolation 'user' and 'bwrap' the program gets a
     copy of the checkout (without .git) and its own run directory (scratch/out), owned by its user."""
     for sub in set(PRIVATE_DIRS.values()):
@@ -188,7 +188,7 @@ def _sandbox(checkout: Path, scratch: Path, iso: Isolation) -> Path:
     if not iso.private:
         return checkout
     work, run_dir = scratch / "work", scratch / "out"
-    _copy_subject(checkout, work)
+    copy_subject(checkout, work)
     run_dir.mkdir()
     if iso.uid is None:
         return work
@@ -200,7 +200,7 @@ def _sandbox(checkout: Path, scratch: Path, iso: Isolation) -> Path:
     return work
 
 
-def _copy_subject(checkout: Path, work: Path) -> None:
+def copy_subject(checkout: Path, work: Path) -> None:
     """The run's copy of `checkout`, without .git: of a git working tree (`kakeya exec` in a project) the files
     git tracks or would track (not its venv, state or outputs), of anything else (the runner's export) all."""
     if not (checkout / ".git").exists():

@@ -8,6 +8,8 @@ Events (every one has "event", "id" and "at", the time it was seen):
     no-runner  no live runner serves the label (at once, then every `nag_s`); --no-runner-timeout ends the wait
     claimed    "runner" on "host" claimed it at "claimed_at" (again after a takeover)
     running    a heartbeat's progress: "phase", "elapsed_s", "workload" {done,total,what}, "log_tail", "scheduler" (a Slurm job's state)
+    queued     (also) claimed, and its job waits in the scheduler's queue: a heartbeat's progress as `running`'s,
+               with "phase": "queued" and "scheduler" ("pending (Resources)")
     stale      the holder's lease ran out (it may be dead; another runner may take it over)
     cancelling a cancel marker while a runner holds it
     finished   the done commit is on the bus ("done": its sha); the command adds the "verdict" event
@@ -112,7 +114,7 @@ class Follower:
         p = claim.progress
         if p is not None and self.changed("running", (p.phase, p.at, p.scheduler)):
             yield self.event(
-                "running" if p.phase != "gating" else "gating",
+                p.phase if p.phase in ("queued", "gating") else "running",
                 runner=claim.runner,
                 phase=p.phase,
                 started_at=iso(p.started_at),

@@ -1,6 +1,6 @@
 """Progress of a request while a runner serves it: the record heartbeats put on the claim, and how it reads.
 
-The runner tracks the phase (checkout, running, gating, pushing) and when serving began; each heartbeat
+The runner tracks the phase (checkout, queued in a scheduler's queue, running, gating, pushing) and when serving began; each heartbeat
 adds the last lines of the run's redacted logs and the workload's own progress: the JSON file named by
 KAKEYA_PROGRESS in the run's environment (`{"done": 3, "total": 5, "what": "rung 3 of 5"}`), read capped,
 and ignored when it is missing, huge, malformed or not a regular file (it never fails a run). Nothing here

@@ -7,10 +7,14 @@ here are stable from Slurm 22.05 to 25.x).
     scancel ID                                                                        cancel, time limit
 
 A job's files live in a control directory on the filesystem the runner and the nodes share: job.sh (the
-batch script: it only execs bridge/slurm_job.py), job.json (the program's argv, cwd and environment,
-mode 600, deleted by the job as it starts: nothing secret reaches sbatch's environment or slurmctld),
-alloc.json (what Slurm allocated), launcher.json (the program's exit status, bridge/launcher.py),
-slurm.out (Slurm's own words about the job). The program's outcome is the launcher's status file; Slurm's
+batch script: it only execs bridge/slurm_job.py), job.json (the program's argv and environment, the
+isolation asked for, mode 600, deleted by the job as it starts: nothing secret reaches sbatch's environment
+or slurmctld), alloc.json (what Slurm allocated, and the isolation the node gave), launcher.json (the
+program's exit status, bridge/launcher.py), slurm.out (Slurm's own words about the job), and sandbox/: the
+program's own private directories (its copy of the subject in work/, its run directory out/, HOME, TMPDIR),
+the only part of the control directory a sandboxed program sees. Where the compute node has bubblewrap the
+program runs in the same sandbox a local run gets (bridge/isolation.py, chosen on the node); the runner
+collects what it left in sandbox/out as a local run's is collected. The program's outcome is the launcher's status file; Slurm's
 state says what happened only when that file is missing (node failure, out of memory, preemption, an
 administrator's scancel).
 
@@ -38,9 +42,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from bridge.caps import REPORT
+from bridge.caps import collect as collect_files
 from bridge.config import Config, SlurmLabel
 from bridge.errors import KakeyaError
-from bridge.execute import PRIVATE_DIRS, RunSetup, build_env, ended_outcome, secret_values
+from bridge.execute import RunSetup, build_env, ended_outcome, secret_values
 from bridge.host import host_fingerprint, tool_versions
 from bridge.isolation import Isolation
 from bridge.logs import Redactor
@@ -48,13 +53,15 @@ from bridge.presets import Preset, Resources
 from bridge.result import RunContext, RunOutcome, RunResult, SchedulerJob, Status, iso, now
 
 PREFIX = "kakeya-"
-JOB_SCRIPT, JOB_SPEC, ALLOC, STATUS, SLURM_OUT = (
+JOB_SCRIPT, JOB_SPEC, ALLOC, STATUS, SLURM_OUT, SANDBOX = (
     "job.sh",
     "job.json",
     "alloc.json",
     "launcher.json",
     "slurm.out",
+    "sandbox",  # the program's private directories: HOME, TMPDIR, work (its copy of the subject), out
 )
+ON_NODE = " (a Slurm job)"  # how result.json's `isolation` says the node chose it
 # The variables sbatch itself runs with (never the runner's whole environment).
 SUBMIT_ENV = ("PATH", "SLURM_CONF", "HOME", "USER", "LOGNAME", "LANG", "TZ")
 SQUEUE_FORMAT = "%i|%T|%r|%N|%P|%V|%S|%j"  # the name last: it is the only field that could hold a '|'
@@ -168,6 +175,8 @@ class Allocation(BaseModel):
     gpus: list[str] = []
     cuda_visible_devices: str | None = None
     gpu_names: list[str] = []
+    isolation: str | None = None  # what the node gave the program (bridge/isolation.py's describe)
+    network: str | None = None
 
 
 @dataclass(frozen=True)
@@ -175,14 +184,17 @@ class JobSpec:
     """One run to submit: the program and where its files go."""
 
     request_id: str
-    control: Path  # the job's own files (shared filesystem)
-    run_dir: Path  # where the program writes (logs/, report.json)
-    cwd: Path
+    control: Path  # the job's own files (shared filesystem); the program's private ones under SANDBOX
+    checkout: Path  # the runner's export of the subject, which the job copies into SANDBOX/work
+    out_dir: Path  # where the job writes the logs (the runner collects SANDBOX/out into it)
     argv: list[str]
     env: dict[str, str]
     timeout_s: int
     log_cap_bytes: int
     resources: Resources | None
+    isolation: str = "auto"  # config isolation and run_user: the node chooses with them (isolation.choose)
+    run_user: str = "kakeya-run"
+    network_none: bool = False
 
 
 def sbatch_argv(spec: JobSpec, label: SlurmLabel) -> list[str]:
@@ -222,10 +234,13 @@ def write_job(spec: JobSpec) -> None:
     (spec.control / JOB_SCRIPT).write_text(script)
     data = {
         "argv": spec.argv,
-        "cwd": str(spec.cwd),
+        "checkout": str(spec.checkout),
         "env": spec.env,
-        "run_dir": str(spec.run_dir),
+        "out_dir": str(spec.out_dir),
         "log_cap_bytes": spec.log_cap_bytes,
+        "isolation": spec.isolation,
+        "run_user": spec.run_user,
+        "network_none": spec.network_none,
     }
     fd = os.open(spec.control / JOB_SPEC, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -329,6 +344,33 @@ class Slurm:
     def cancel(self, job_id: str) -> None:
         self._run(["scancel", job_id])
 
+    def check(self, label: SlurmLabel) -> str:
+        """`kakeya doctor`'s line for a Slurm label: squeue answers, the partition exists (sinfo) and sbatch
+        would take a job with the label's partition, account, QoS and GPU type (`--test-only`: nothing runs).
+        SlurmError says what does not."""
+        self._run(["squeue", "-h", "-u", self.user, "-o", "%i"])
+        part = ["-p", label.partition] if label.partition else []
+        rows = [
+            r.split("|") for r in self._run(["sinfo", "-h", *part, "-o", "%P|%a|%D|%G"]).stdout.splitlines()
+        ]
+        rows = [
+            r for r in rows if len(r) == 4 and (not label.partition or r[0].rstrip("*") == label.partition)
+        ]
+        if not rows:
+            raise SlurmError(
+                f"partition {label.partition!r} does not exist (`sinfo -h -p {label.partition}` lists none)"
+                if label.partition
+                else "Slurm has no default partition: set the label's `partition`"
+            )
+        name, avail, nodes, gres = rows[0]
+        spec = JobSpec("doctor", Path("/"), Path("/"), Path("/"), [], {}, 60, 0, Resources(gpus=1))
+        argv = [a for a in sbatch_argv(spec, label)[:-1] if not a.startswith(("--chdir", "--output"))]
+        self._run(["sbatch", "--test-only", *argv[1:], "--wrap=true"])
+        return (
+            f"Slurm label: partition {name.rstrip('*')} ({avail}, {nodes} node(s), {gres}); squeue answers; "
+            "sbatch --test-only takes a 1-GPU job (the GPUs are the nodes', not checked on this host)"
+        )
+
 
 class LauncherStatus(BaseModel):
     """launcher.json (bridge/launcher.py), as the job left it."""
@@ -372,6 +414,11 @@ class SlurmRun:
         """The heartbeat's words for it: `pending (Resources)`, `running on node1`."""
         return self.job.describe() if self.job is not None else "submitted"
 
+    @property
+    def queued(self) -> bool:
+        """Is the job still waiting in Slurm's queue (submitted, pending, or its node still booting)?"""
+        return self.start_error is None and (self.job is None or self.job.state in ("PENDING", "CONFIGURING"))
+
 
 class SlurmExecutor:
     """Runs presets as Slurm jobs for one label (bridge/execute.py's Executor seam: launch, supervise,
@@ -393,24 +440,26 @@ class SlurmExecutor:
         environ: Mapping[str, str] | None = None,
     ) -> RunSetup:
         """The run, decided (nothing submitted): `control` (on the shared filesystem) holds the job's own
-        files and the program's private HOME/TMPDIR; KakeyaError where the preset cannot render."""
+        files, and under SANDBOX the program's private directories, which the job makes on the node (the
+        program runs in `SANDBOX/work`, its copy of `checkout`, and writes in `SANDBOX/out`, whatever
+        isolation the node gives it); KakeyaError where the preset cannot render."""
         environ = os.environ if environ is None else environ
         checkout, out_dir, control = checkout.resolve(), out_dir.resolve(), control.resolve()
+        scratch = control / SANDBOX
+        cwd, run_dir = scratch / "work", scratch / "out"
         (out_dir / "logs").mkdir(parents=True, exist_ok=True)
         preset_env = preset.render_env(environ)
         redact = Redactor(secret_values(preset, self.config, environ, preset_env))
-        builtins = {"python": sys.executable, "report": str(out_dir / REPORT), "run_dir": str(out_dir)}
+        builtins = {"python": sys.executable, "report": str(run_dir / REPORT), "run_dir": str(run_dir)}
         argv = preset.render_argv(values, builtins, environ)
-        env = build_env(preset_env, environ, checkout, out_dir, context, control)
-        for sub in set(PRIVATE_DIRS.values()):
-            (control / sub).mkdir(parents=True, exist_ok=True)
+        env = build_env(preset_env, environ, cwd, run_dir, context, scratch)
         provenance = dict(
             preset=preset.name,
             preset_hash=preset.content_hash,
             params=dict(values),
             host=host_fingerprint(),
             tools=tool_versions(),
-            isolation="none (a Slurm job)",
+            isolation=f"not chosen: the job never started{ON_NODE}",  # the node chooses (alloc.json)
             network="host",
             argv=[redact.text(a) for a in argv],
             **context.model_dump(),
@@ -418,11 +467,13 @@ class SlurmExecutor:
         return RunSetup(
             argv=tuple(argv),
             env=MappingProxyType(env),
-            cwd=checkout,
-            scratch=control,
-            run_dir=out_dir,
+            cwd=checkout,  # the runner's export: the job copies it into SANDBOX/work
+            scratch=scratch,
+            run_dir=run_dir,
             out_dir=out_dir,
-            isolation=Isolation("none"),
+            isolation=Isolation(
+                self.config.isolation, network="none" if preset.network == "none" else "host"
+            ),
             timeout_s=preset.timeout_s,
             config=self.config,
             provenance=MappingProxyType(provenance),
@@ -433,14 +484,17 @@ class SlurmExecutor:
     def _spec(self, setup: RunSetup) -> JobSpec:
         return JobSpec(
             request_id=str(setup.provenance.get("request_id") or f"local-{os.getpid()}-{id(setup)}"),
-            control=setup.scratch,
-            run_dir=setup.run_dir,
-            cwd=setup.cwd,
+            control=setup.scratch.parent,
+            checkout=setup.cwd,
+            out_dir=setup.out_dir,
             argv=list(setup.argv),
             env=dict(setup.env),
             timeout_s=math.ceil(setup.timeout_s),
             log_cap_bytes=setup.config.log_cap_bytes,
             resources=setup.resources,
+            isolation=setup.isolation.kind,
+            run_user=setup.config.run_user,
+            network_none=setup.isolation.network == "none",
         )
 
     def launch(self, setup: RunSetup) -> SlurmRun:
@@ -520,6 +574,8 @@ class SlurmExecutor:
         status: LauncherStatus | None = read_model(LauncherStatus, control / STATUS)
         alloc: Allocation = read_model(Allocation, control / ALLOC) or Allocation()
         end = self.slurm.end(run.job_id)
+        if alloc.isolation:  # what the node gave the program
+            base.update(isolation=alloc.isolation + ON_NODE, network=alloc.network or "host")
         job = run.job
         submitted = job.submitted if job else None
         started = (end.started if end else None) or (job.started if job else None)
@@ -541,9 +597,15 @@ class SlurmExecutor:
             and status is not None
             and (status.exit_code or 0) < 0
         )  # the program was signalled as Slurm ended the job (an admin's scancel, preemption, OOM)
+        # what the program left in its own run directory, however it ended (a killed run's too)
+        collected = (
+            collect_files(setup.run_dir, setup.out_dir, setup.config.result_cap_bytes)
+            if setup.run_dir.is_dir()
+            else []
+        )
         if status is not None and status.start_error is None and status.lost is None and not killed_by_slurm:
             base["strays_killed"] = status.strays
-            return ended_outcome(setup, base, status.exit_code, started or ended, ended, stopped)
+            return ended_outcome(setup, base, status.exit_code, started or ended, ended, stopped, collected)
         if stopped is not None:
             state, reason = stopped
         elif status is not None and status.start_error is not None:
@@ -563,5 +625,6 @@ class SlurmExecutor:
         else:
             state, reason = "error", end.describe()
         times = {"started_at": iso(started)} if started else {}
+        base["dropped"] = collected
         result = RunResult(status=state, reason=reason, ended_at=iso(ended), **times, **base)
         return RunOutcome(setup.out_dir, result, redact=setup.redact)

@@ -2,20 +2,27 @@
 
     PYTHON -I bridge/slurm_job.py CONTROL_DIR
 
-It reads CONTROL_DIR/job.json (the program's argv, cwd, environment, log cap, run dir) and deletes it (the
-environment, secrets included, never passes through Slurm: slurmctld stores a job's script and submit
-environment), records what Slurm allocated (CONTROL_DIR/alloc.json: job id, node, GPUs, their names where
-nvidia-smi answers), then runs the program under bridge/launcher.py (which writes CONTROL_DIR/launcher.json,
-the exit status the runner reads) with stdout/stderr capped into RUN_DIR/logs. At SIGTERM (scancel, the time
-limit) it closes the launcher's lifeline: the launcher ends the program's whole tree and still writes its
-status.
+It reads CONTROL_DIR/job.json (the program's argv and environment, the subject's export, the log cap, the
+isolation asked for) and deletes it (the environment, secrets included, never passes through Slurm:
+slurmctld stores a job's script and submit environment). On the node it chooses the isolation as a local
+run does (bridge/isolation.py's `choose`: a bubblewrap sandbox where the node has bubblewrap) and makes the
+program's private directories in CONTROL_DIR/sandbox (its own copy of the subject in work/, its run
+directory out/, HOME, TMPDIR; owned by the run user under a root job), records what Slurm allocated and the
+isolation (CONTROL_DIR/alloc.json: job id, node, GPUs, their names where nvidia-smi answers), then runs the
+program under bridge/launcher.py inside that sandbox (the launcher writes its exit status in the sandbox,
+moved to CONTROL_DIR/launcher.json, the status the runner reads, once the launcher has exited) with
+stdout/stderr capped into OUT_DIR/logs. A sandboxed program sees nothing of CONTROL_DIR but sandbox/, nor
+the runner's state directory, keys or the job's files. At SIGTERM (scancel, the time limit) it closes the
+launcher's lifeline: the launcher ends the program's whole tree (setsid'd daemons included) and still
+writes its status.
 
-Standard library only, run with `python -I` by path: bridge/logs.py is loaded from beside this file.
+Run with `python -I` by path: the subject's PYTHONPATH never reaches it; Kakeya's own modules are imported
+from beside this file.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import dataclasses
 import json
 import os
 import shutil
@@ -26,16 +33,15 @@ import threading
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # Kakeya's own modules, never the subject's (`python -I`)
+
+from bridge import launcher, logs  # noqa: E402
+from bridge.errors import KakeyaError  # noqa: E402
+from bridge.execute import copy_subject, private_dirs  # noqa: E402
+from bridge.isolation import bwrap_argv, choose  # noqa: E402
+
 # What Slurm tells the job about its allocation, passed on to the program.
 ALLOCATION_VARS = ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_GPUS", "GPU_DEVICE_ORDINAL", "SLURM_JOB_ID")
-
-
-def _logs_module():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("kakeya_logs", HERE / "logs.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def gpu_names() -> list[str]:
@@ -54,14 +60,21 @@ def gpu_names() -> list[str]:
     return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
 
 
+def write_status(path: Path, data: dict[str, object]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
+
+
 def main(argv: list[str]) -> int:
     control = Path(argv[1])
     spec_path = control / "job.json"
     spec = json.loads(spec_path.read_text())
     spec_path.unlink()
+    status = control / "launcher.json"
     env: dict[str, str] = dict(spec["env"])
     env.update({k: os.environ[k] for k in ALLOCATION_VARS if k in os.environ})
-    alloc = {
+    alloc: dict[str, object] = {
         "job_id": os.environ.get("SLURM_JOB_ID"),
         "node": os.environ.get("SLURMD_NODENAME"),
         "partition": os.environ.get("SLURM_JOB_PARTITION"),
@@ -69,8 +82,22 @@ def main(argv: list[str]) -> int:
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "gpu_names": gpu_names(),
     }
+    scratch = control / "sandbox"
+    try:  # the isolation a local run would get on this node, and the program's own directories
+        iso = choose(spec["isolation"], spec["run_user"], network_none=bool(spec["network_none"]))
+        cwd = private_dirs(Path(spec["checkout"]), scratch, iso)
+        if cwd != scratch / "work":  # no private copy under this isolation: the same paths all the same
+            copy_subject(Path(spec["checkout"]), scratch / "work")
+            (scratch / "out").mkdir()
+            cwd = scratch / "work"
+    except (KakeyaError, OSError) as exc:
+        (control / "alloc.json").write_text(json.dumps(alloc))
+        write_status(status, {"exit_code": None, "start_error": f"the node's sandbox: {exc}"})
+        return 0
+    if iso.kind == "bwrap":
+        iso = dataclasses.replace(iso, wrap=bwrap_argv(iso, scratch, cwd, env))
+    alloc.update(isolation=iso.describe, network=iso.network)
     (control / "alloc.json").write_text(json.dumps(alloc))
-    logs = _logs_module()
     lifeline_r, lifeline_w = os.pipe()
     stop = threading.Event()
 
@@ -81,10 +108,15 @@ def main(argv: list[str]) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
-    launcher = [sys.executable, "-I", str(HERE / "launcher.py"), "--status", str(control / "launcher.json")]
+    inner = scratch / "launcher.json"  # in the sandbox (the launcher is inside); moved out once it exits
+    ids = ["--uid", str(iso.uid), "--gid", str(iso.gid)] if iso.uid is not None else []
     proc = subprocess.Popen(
-        [*launcher, "--lifeline", str(lifeline_r), "--", *spec["argv"]],
-        cwd=spec["cwd"],
+        [
+            *iso.wrap,
+            *(sys.executable, "-I", launcher.__file__, "--status", str(inner)),
+            *("--lifeline", str(lifeline_r), *ids, "--", *spec["argv"]),
+        ],
+        cwd=cwd,
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -92,7 +124,7 @@ def main(argv: list[str]) -> int:
         pass_fds=(lifeline_r,),
     )
     os.close(lifeline_r)
-    log_dir = Path(spec["run_dir"]) / "logs"
+    log_dir = Path(spec["out_dir"]) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     pumps = [
         threading.Thread(
@@ -113,13 +145,13 @@ def main(argv: list[str]) -> int:
         t.join()
     if not stop.is_set():
         os.close(lifeline_w)
-    if proc.returncode != 0:  # the launcher itself was killed: whatever status file is there is not its word
-        status = control / "launcher.json"
-        tmp = status.with_name(status.name + ".tmp")
-        tmp.write_text(
-            json.dumps({"exit_code": None, "lost": f"the launcher was killed ({proc.returncode})"})
-        )
-        tmp.replace(status)
+    try:
+        word = json.loads(inner.read_text()) if proc.returncode == 0 else None
+    except (OSError, ValueError):
+        word = None
+    if word is None:  # the launcher (or its sandbox) was killed: whatever it left is not its word
+        word = {"exit_code": None, "lost": f"the launcher was killed ({proc.returncode})"}
+    write_status(status, word)
     return 0
 
 

@@ -1,7 +1,8 @@
 """A runner whose label's runs are Slurm jobs: up to `max_in_flight` claims at once, each with its own lease
 and heartbeat (carrying the job's Slurm state), one squeue per poll for all of them.
 
-    SlurmRunner(runner, label, executor, jobs_dir).watch()
+    SlurmRunner(runner, label, executor, jobs_dir).watch()     # until stopped
+    SlurmRunner(runner, label, executor, jobs_dir).once()      # one request: submit, follow, done commit
 
 It takes claims the way `Runner.once` does (candidates, claim, takeover of an expired lease), then submits
 the request's job, or, when Slurm already has a job named kakeya-<id> (this runner restarted, or it took the
@@ -9,10 +10,16 @@ request over from a runner that died), adopts that job instead of running the re
 (control dir, out dir, checkout) live in `jobs_dir/<id>/`, on the filesystem the runner and the nodes
 share, so whichever runner adopts the job finds them. A cancel on the bus scancels the job; a lease lost to
 another runner leaves the job to that runner. Each ended job becomes a done commit, as `Runner.serve`'s do.
+
+Stopping (`runner.stop()`, a first SIGTERM/SIGINT) takes no new claim and follows the jobs in flight to their
+done commits; `runner.abort()` (a second signal, or `stop_grace_s` after the first) scancels them, and each
+still ends in a done commit saying why. A runner that dies (SIGKILL, a crash) leaves its jobs running in
+Slurm: the next runner to take their claims adopts them.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,9 +57,16 @@ class Flight:
     outcome: RunOutcome | None = None  # decided without a job (rejected, expired, cancelled before it ran)
     preset: Preset | None = None
 
+    @property
+    def phase(self) -> str:
+        """The tracker's phase, except that a job still in Slurm's queue is `queued`, not running."""
+        queued = self.tracker.phase == "running" and self.run is not None and self.run.queued
+        return "queued" if queued else self.tracker.phase
+
     def progress(self) -> Progress | None:
         record = self.tracker.record()
-        return record.model_copy(update={"scheduler": self.run.describe() if self.run else None})
+        scheduler = self.run.describe() if self.run else None
+        return record.model_copy(update={"phase": self.phase, "scheduler": scheduler})
 
 
 class SlurmRunner:
@@ -73,32 +87,57 @@ class SlurmRunner:
     # --- the loop -----------------------------------------------------------------------------------
 
     def watch(self, poll_s: float | None = None) -> None:
-        """Serve until the runner is told to stop. The jobs in flight go on in Slurm: their leases lapse and
+        """Serve until the runner is told to stop, then follow the jobs in flight to their done commits (or,
+        once aborted, scancel them). Should this process die, its jobs go on in Slurm: their leases lapse and
         the runner that next takes their claims (this one restarted, or another) adopts them."""
-        poll_s = poll_s or self.runner.config.poll_interval_s
         self.log(
             f"watching {self.runner.bus.url} for {self.label} (Slurm, up to {self.max_in_flight} in flight)"
         )
+        self.follow(poll_s, until_idle=False)
+
+    def once(self, request_id: str | None = None, poll_s: float | None = None) -> Served | None:
+        """Claim one pending request for the label (or `request_id`), submit its job (or adopt the one Slurm
+        has), follow it to its end and push its done commit; None when there was nothing to claim."""
+        self.runner.flush_outbox()
+        if not self.runner.has_room():
+            if request_id:
+                raise KakeyaError(f"runner {self.runner.name} is {self.runner.paused}")
+            return None
+        self.fill(request_id, room=1)
+        self.follow(poll_s, until_idle=True)
+        return self.done[-1] if self.done else None
+
+    def follow(self, poll_s: float | None, until_idle: bool) -> None:
+        """Poll until there is nothing in flight and either `until_idle` or the runner stops."""
+        poll_s = poll_s or self.runner.config.poll_interval_s
+        stopping = self.runner.stopping
         try:
-            while not self.runner.stopping.is_set():
+            while self.flights or not (until_idle or stopping.is_set()):
                 try:
-                    self.step()
+                    self.step(fill=not until_idle)
                 except KakeyaError as exc:
                     self.log(f"{exc}; retrying")
-                self.runner.stopping.wait(poll_s)
+                if not self.flights and (until_idle or stopping.is_set()):
+                    break
+                if stopping.is_set():  # following the jobs in flight to their end: the event is set already
+                    time.sleep(poll_s)
+                else:
+                    stopping.wait(poll_s)
         finally:
             self.close()
+        if until_idle:
+            return
         left = (
             f"; {len(self.flights)} Slurm job(s) go on, for the next runner to adopt" if self.flights else ""
         )
         self.log(f"stopped{left}")
 
-    def step(self) -> None:
-        """One poll: take claims while there is room, one squeue for every job, cancels and lost leases,
-        then a done commit for each ended job."""
+    def step(self, fill: bool = True) -> None:
+        """One poll: take claims while there is room (unless not `fill`, or stopping), one squeue for every
+        job, cancels, the runner's abort and lost leases, then a done commit for each ended job."""
         runner = self.runner
         runner.flush_outbox()
-        if not runner.stopping.is_set() and len(self.flights) < self.max_in_flight:
+        if fill and not runner.stopping.is_set() and len(self.flights) < self.max_in_flight:
             self.fill()
         for flight in list(self.flights.values()):
             if flight.outcome is not None:
@@ -128,15 +167,18 @@ class SlurmRunner:
                 self.deliver(flight, apply_baseline(runner.bus, flight.preset, self.label, outcome))
         self.announce()
 
-    def fill(self) -> None:
+    def fill(self, request_id: str | None = None, room: int | None = None) -> None:
+        """Claim pending requests of the label (or `request_id`) while fewer than `room` (max_in_flight) are
+        in flight."""
         runner = self.runner
+        room = self.max_in_flight if room is None else room
         snap = runner.bus.ls_remote()
-        candidates = [(e, old) for e, old in runner.candidates(snap, None) if e.id not in self.flights]
+        candidates = [(e, old) for e, old in runner.candidates(snap, request_id) if e.id not in self.flights]
         candidates = [(e, old) for e, old in candidates if e.label == self.label]
         runner.prefetch([e for e, _ in candidates[:PREFETCH]])
         queue: dict[str, SlurmJob] | None = None
         for entry, old in candidates:
-            if len(self.flights) >= self.max_in_flight or runner.stopping.is_set():
+            if len(self.flights) >= room or runner.stopping.is_set():
                 return
             claimed = runner.claim(entry, old)
             if not claimed:
@@ -233,16 +275,18 @@ class SlurmRunner:
                 self.log(f"{flight.entry.id}: could not remove its job directory: {exc}")
 
     def announce(self) -> None:
-        """The runner's presence says what it serves: each request and its job's state (pushed when that
-        changes, not at every poll)."""
+        """The runner's presence says what it serves: each request, its phase and its job's state
+        (`r1 queued (pending (Resources))`, `r2 running (running on node1)`; pushed when that changes, not at
+        every poll)."""
         beacon = self.runner.beacon
         shown = [
-            f"{i} ({f.run.describe() if f.run else 'starting'})" for i, f in sorted(self.flights.items())
+            f"{i} {f.phase} ({f.run.describe() if f.run else 'starting'})"
+            for i, f in sorted(self.flights.items())
         ]
         serving = ", ".join(shown)[:2000] or None
         if beacon is not None and serving != self.serving:
             beacon.serving(serving)
-        self.serving = serving
+            self.serving = serving  # what the presence was told
 
     def close(self) -> None:
         """Stop every lease thread (the jobs go on; a restarted runner adopts them)."""

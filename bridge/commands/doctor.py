@@ -15,11 +15,12 @@ from bridge import bus as B
 from bridge import git, trust
 from bridge.client import default_remote, describe_bus, resolve_remote, state_dir
 from bridge.commands._bus import add_remote
-from bridge.config import Config, load_config, project_root
+from bridge.config import Config, SlurmLabel, load_config, project_root
 from bridge.errors import KakeyaError
 from bridge.host import check_accelerator, label_needs
 from bridge.isolation import bwrap_available, choose, key_problem
 from bridge.presets import load_registry
+from bridge.slurm import Slurm
 
 MIN_GIT = (2, 29)  # fetch --no-write-fetch-head / --stdin
 
@@ -242,10 +243,16 @@ def run(args: argparse.Namespace) -> int:
         failed += not report(name, check)
     cfg = state.get("config")
     labels = cfg.labels if isinstance(cfg, Config) else []
+    executors = {lb: cfg.executor_for(lb) for lb in labels} if isinstance(cfg, Config) else {}
     accelerated = [lb for lb in labels if label_needs(lb) is not None]
-    # what each label promises: its accelerator, visible from here (the check a runner makes at its start)
-    for label in accelerated:
-        failed += not report(label, lambda lb=label: check_accelerator(lb))
+    # what each label promises, checked from here as a runner checks it at its start: a local label's
+    # accelerator; a Slurm label's hardware is the cluster's, so Slurm itself (squeue, sinfo, sbatch)
+    for label in labels:
+        ex = executors[label]
+        if isinstance(ex, SlurmLabel):
+            failed += not report(label, lambda ex=ex: Slurm().check(ex))
+        elif label in accelerated:
+            failed += not report(label, lambda lb=label: check_accelerator(lb))
     if accelerated:
         failed += not report("models", check_models)
     print("all checks passed" if not failed else f"{failed} check(s) failed")

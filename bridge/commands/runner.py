@@ -1,7 +1,10 @@
 """`kakeya runner once [--request ID]` and `kakeya runner watch [--poll S]`: serve requests from the bus.
 
 once claims one pending request for the runner's labels (or the one named) and executes it; watch
-does so in a loop, backing off while the bus fails. SIGTERM/SIGINT: take no new request, finish the
+does so in a loop, backing off while the bus fails. On a Slurm label (config `executors`) each request is a
+Slurm job (bridge/slurm_runner.py): once submits one and follows it to its done commit; watch holds up to
+max_in_flight, and after a first stop signal follows those to their done commits, a second one scancels them
+(each still ends in a done commit saying so). SIGTERM/SIGINT: take no new request, finish the
 current one (a claim whose run has not started is released); a second signal, or the end of
 `stop_grace_s` (KAKEYA_STOP_GRACE) after the first, kills the run, which still ends in a done commit.
 git helpers run in process groups of their own, so a Ctrl-C reaches only kakeya. Exit 130 after SIGINT
@@ -83,7 +86,7 @@ def slurm_runner(args: argparse.Namespace, config: Config, root: Path, runner: R
     slurm = [(lb, ex) for lb in runner.labels if isinstance(ex := config.executor_for(lb), SlurmLabel)]
     if not slurm:
         return None
-    if len(runner.labels) != 1 or args.mode != "watch":
+    if len(runner.labels) != 1:
         raise InvalidRequest(
             f"label {slurm[0][0]} runs as Slurm jobs: serve it with `kakeya runner watch --labels {slurm[0][0]}` "
             "(one Slurm label per runner)"
@@ -131,8 +134,7 @@ def run(args: argparse.Namespace) -> int:
     runner.start_presence()  # kakeya/runners/<name>: `kakeya runners`, and `kakeya wait` knows we are here
     try:
         if scheduled is not None:
-            scheduled.watch()
-            served = None
+            served = scheduled.watch() if args.mode == "watch" else scheduled.once(request_id=args.request)
         elif args.mode == "watch":
             runner.watch()
             served = None

@@ -91,7 +91,7 @@ def show(e: dict[str, Any]) -> None:
     """One line per event, for a person."""
     at = e["at"][11:19]
     kind = e["event"]
-    if kind == "queued":
+    if kind == "queued" and "position" in e:  # not claimed yet (claimed, a scheduler's queue: below)
         where = f"position {e['position']} in the {e['label']} queue" + (
             f", {e['ahead']} running" if e["ahead"] else ""
         )
@@ -106,7 +106,7 @@ def show(e: dict[str, Any]) -> None:
     elif kind == "claimed":
         took = f", taking over from {e['takeover_of']}" if e["takeover_of"] else ""
         line = f"claimed by {e['runner']} on {e['host']} at {e['claimed_at'][11:19]}{took}"
-    elif kind in ("running", "gating"):
+    elif kind in ("running", "gating", "queued"):
         w = e["workload"]
         work = f"  {bar(w['done'], w['total'])}{' ' + w['what'] if w['what'] else ''}" if w else ""
         last = f"  | {e['log_tail'][-1]}" if e["log_tail"] else ""

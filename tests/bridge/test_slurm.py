@@ -112,6 +112,8 @@ class Harness:
         self.config = config or Config(runner_name="slurm-test", labels=["h200"])
         self.ex = SlurmExecutor(label, self.config, slurm)
         self.presets: dict[str, Preset] = {}
+        self.runs = tmp.with_name(tmp.name + "-runs")  # beside the subject, not in it
+        tmp.chmod(0o755)  # as a runner's export is (pytest's are 0700: the sandbox's root could not enter)
 
     def start(
         self, rid: str, preset: Preset, environ: dict[str, str] | None = None, **values: object
@@ -120,9 +122,9 @@ class Harness:
         setup = self.ex.setup(
             preset,
             params,
-            self.tmp,
-            self.tmp / "runs" / rid / "out",
-            self.tmp / "runs" / rid / "control",
+            self.tmp,  # the subject: the job copies it into the run's own sandbox/work
+            self.runs / rid / "out",
+            self.runs / rid / "control",
             RunContext(request_id=rid, runner_name="slurm-test", runner_labels=["h200"]),
             environ={"PATH": "/usr/bin:/bin", **(environ or {})},
         )
@@ -321,22 +323,109 @@ def test_an_admin_scancel_ends_in_an_error_naming_it(tmp_path: Path, slurm: Slur
 FORGER = WRITE_REPORT_PY + textwrap.dedent("""
     import json, os, signal
     write_report()
-    # the job's control directory is HOME's parent: forge the launcher's status, then kill the launcher
+    # the launcher's status is written in the sandbox's top (HOME's parent): forge it, then kill the launcher
     with open(os.path.join(os.environ["HOME"], "..", "launcher.json"), "w") as fh:
         json.dump({"exit_code": 0, "strays": 0, "start_error": None}, fh)
     os.kill(os.getppid(), signal.SIGKILL)
 """)
 
 
+@pytest.mark.parametrize("isolation", ["none", "auto"])
 def test_a_program_that_forges_its_status_and_kills_the_launcher_does_not_succeed(
-    tmp_path: Path, slurm: Slurm
+    tmp_path: Path, slurm: Slurm, isolation: str
 ) -> None:
-    h = Harness(tmp_path, slurm)
+    config = Config(runner_name="slurm-test", labels=["h200"], isolation=isolation)  # type: ignore[arg-type]
+    h = Harness(tmp_path, slurm, config)
     (tmp_path / "forger.py").write_text(FORGER)
     preset = make_preset(tmp_path, argv=["{python}", "forger.py"], params={})
-    outcome = h.finish(h.start("forge-1", preset))
-    assert outcome.result.status == "error", outcome.result
-    assert "launcher was killed" in (outcome.result.reason or "")
+    run = h.start("forge-1", preset)
+    outcome = h.finish(run)
+    result = outcome.result
+    if result.isolation and result.isolation.startswith("bwrap"):
+        # the run user may not write beside its own directories: the forgery never got written
+        assert result.status == "failed", result
+        assert "Permission denied" in (run.out_dir / "logs" / "stderr.log").read_text()
+    else:
+        assert result.isolation == "none (a Slurm job)", result.isolation
+        assert result.status == "error", result
+        assert "launcher was killed" in (result.reason or "")
+
+
+SNOOP = WRITE_REPORT_PY + textwrap.dedent("""
+    import json, os, subprocess, sys
+    seen = {}
+    for name, path in json.loads(sys.argv[1]).items():
+        try:
+            seen[name] = sorted(os.listdir(path)) if os.path.isdir(path) else open(path).read()
+        except OSError as exc:
+            seen[name] = type(exc).__name__
+    seen["job_env"] = {k: v for k, v in os.environ.items() if k.startswith("SLURM")}
+    # a daemon in a session of its own, left behind: it must die with the job
+    subprocess.Popen(["setsid", sys.executable, "-c", "import time; time.sleep(300)", sys.argv[2]],
+                     start_new_session=True, stdin=subprocess.DEVNULL)
+    with open(os.path.join(os.environ["KAKEYA_RUN_DIR"], "snoop.json"), "w") as fh:
+        json.dump(seen, fh)
+    write_report()
+""")
+
+
+def _processes_with(token: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and token.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_the_program_runs_in_the_nodes_sandbox_and_nothing_it_leaves_outlives_the_job(
+    tmp_path: Path, slurm: Slurm
+) -> None:
+    """Where the node has bubblewrap, the job's program runs in the sandbox a local run gets: it cannot read the
+    runner's state directory or key, nor the job's own files (alloc.json, the env file job.json); a setsid'd
+    daemon it leaves dies with the job; result.json says `bwrap (...) (a Slurm job)`."""
+    from bridge.isolation import bwrap_available
+
+    if not bwrap_available():
+        pytest.skip("bubblewrap cannot make a sandbox here (the job then runs under isolation none)")
+    state = tmp_path.with_name(tmp_path.name + "-state")  # the runner's state directory, and its key
+    state.mkdir()
+    (state / "signing.key").write_text("PRIVATE KEY")
+    (state / "signing.key").chmod(0o644)  # readable by anyone: only the sandbox keeps it out of reach
+    h = Harness(tmp_path, slurm, Config(runner_name="slurm-test", labels=["h200"], isolation="auto"))
+    control = h.runs / "snoop-1" / "control"
+    targets = {
+        "state": str(state),
+        "key": str(state / "signing.key"),
+        "control": str(control),
+        "alloc": str(control / "alloc.json"),
+        "job_env_file": str(control / "job.json"),
+        "runs": str(h.runs),
+    }
+    (tmp_path / "snoop.py").write_text(SNOOP)
+    token = f"kakeya-daemon-{time.time_ns()}"
+    preset = make_preset(
+        tmp_path,
+        argv=["{python}", "snoop.py", json.dumps(targets), token],
+        params={},
+        env={"HF_TOKEN": "${ENV:HF_TOKEN}"},
+        secrets=["HF_TOKEN"],
+    )
+    run = h.start("snoop-1", preset, environ={"HF_TOKEN": "hf_job_env_secret_0042"})
+    outcome = h.finish(run)
+    result = outcome.result
+    assert result.status == "succeeded", result.reason
+    assert (result.isolation or "").startswith("bwrap (") and result.isolation.endswith(" (a Slurm job)")
+    seen = json.loads((run.out_dir / "snoop.json").read_text())
+    assert seen["state"] == "FileNotFoundError" and seen["key"] == "FileNotFoundError", seen
+    assert seen["alloc"] == "FileNotFoundError" and seen["job_env_file"] == "FileNotFoundError", seen
+    assert seen["control"] == ["sandbox"], seen  # of the job's control directory, only its own part
+    assert seen["runs"] == ["snoop-1"], seen
+    assert (control / "alloc.json").is_file()  # it was there all along, outside the sandbox
+    assert result.strays_killed and result.strays_killed >= 1  # the daemon, ended by the launcher
+    assert _processes_with(token) == []  # and nothing of it is left on the node
 
 
 # -- a Slurm runner over a real bus --------------------------------------------------------------------
@@ -424,22 +513,45 @@ def test_heartbeats_carry_the_slurm_state_and_a_bus_cancel_scancels(
                 client.ensure([entry], ("claim",), in_store=True)
                 path = f"{entry.claim}:{B.CLAIM_PATH}"
                 claim = B.Claim.model_validate_json(client.local_files([path])[path] or b"")
-                out[rid] = claim.progress.scheduler if claim.progress else None
+                p = claim.progress
+                out[rid] = f"{p.phase} ({p.scheduler})" if p else None
             return out
 
         serve_until(
             sr,
             lambda: (
-                (s := states())[running] == "running on node1" and (s[pending] or "").startswith("pending (")
+                (s := states())[running] == "running (running on node1)"
+                and (s[pending] or "").startswith(
+                    "queued (pending ("
+                )  # waiting in Slurm's queue: not running
             ),
             30,
             "heartbeats with Slurm states",
         )
+        # what a person sees: `kakeya wait` and `kakeya runners` say the pending job is queued
+        cli = [sys.executable, "-m", "bridge.cli"]
+        waited = subprocess.run(
+            [*cli, "wait", pending, "--remote", bus, "--timeout", "3"],
+            cwd=world.project,
+            capture_output=True,
+            text=True,
+        ).stdout
+        assert "queued (pending (" in waited and "running (pending" not in waited, waited
+        sr.runner.start_presence()
+
+        def runners() -> str:
+            argv = [*cli, "runners", "--remote", bus]
+            out = subprocess.run(argv, cwd=world.project, capture_output=True, text=True).stdout
+            return out if f"{pending} queued (pending (" in out else ""
+
+        serve_until(sr, runners, 30, "`kakeya runners` to show the pending job queued")
+        assert f"{running} running (running on node1)" in runners()
         for rid in (pending, running):
             client.cancel(rid, "test")
         serve_until(sr, lambda: len(sr.done) == 2, 60, "both cancelled")
     finally:
         sr.close()
+        sr.runner.stop_presence()
     done = results(world, bus, [running, pending])
     assert done[running]["status"] == "cancelled" and done[pending]["status"] == "cancelled"
     assert not world.mark("pend", "started").exists()
@@ -549,7 +661,7 @@ def test_a_runner_process_killed_mid_run_is_restarted_and_adopts_its_job(
         def runners() -> str:
             argv = [sys.executable, "-m", "bridge.cli", "runners", "--remote", bus]
             out = subprocess.run(argv, cwd=world.project, capture_output=True, text=True).stdout
-            return out if f"{rid} (running on node1)" in out else ""
+            return out if f"{rid} running (running on node1)" in out else ""
 
         wait_for(runners, 30, "`kakeya runners` to show the job running on node1", step=0.5)
     finally:
@@ -620,3 +732,96 @@ def test_a_job_slurm_forgot_is_collected_from_its_status_not_run_again(
     result = results(world, bus, [rid])[rid]
     assert result["status"] == "succeeded" and result["scheduler"]["job_id"] == job_id
     assert world.count() == ["f1"]
+
+
+def test_doctor_checks_a_slurm_label_through_slurm_not_local_cuda(
+    world: Env, slurm: Slurm, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bridge.cli import main
+
+    monkeypatch.setenv("KAKEYA_LABELS", "h200")
+    monkeypatch.setattr("bridge.commands.doctor.check_engine", lambda: "not checked here")
+
+    def doctor(**label: str) -> str:
+        lines = "".join(f'{k} = "{v}"\n' for k, v in label.items())
+        (world.project / "kakeya.toml").write_text(f'[executors.h200]\nexecutor = "slurm"\n{lines}')
+        main(["doctor"])
+        out = capsys.readouterr().out
+        return next(line for line in out.splitlines() if line[6:].startswith("h200 "))
+
+    line = doctor(partition=PARTITION, gpu_type=GPU_TYPE)
+    assert line.startswith("ok    h200     Slurm label: partition gpu (up, 1 node(s), gpu:h200:8)"), line
+    assert "CUDA" not in line  # this host has no GPU; the label's GPUs are the cluster's
+    line = doctor(partition="nopart")
+    assert line == "FAIL  h200     partition 'nopart' does not exist (`sinfo -h -p nopart` lists none)", line
+    line = doctor(partition=PARTITION, gpu_type="a100")  # no such GPU in the partition: sbatch says so
+    assert line.startswith("FAIL  h200     sbatch --test-only failed: "), line
+    monkeypatch.setattr("bridge.commands.doctor.check_git", lambda: "not checked here")
+    with monkeypatch.context() as m:
+        m.setenv("PATH", str(world.tmp))  # a login node without Slurm's clients
+        line = doctor(partition=PARTITION)
+    assert line == "FAIL  h200     squeue is not installed here (Slurm's client commands are needed)", line
+
+
+def slurm_label_in_project(world: Env) -> None:
+    """The project's kakeya.toml maps label h200 to the test cluster (what `kakeya runner` processes read)."""
+    (world.project / "kakeya.toml").write_text(
+        f'[executors.h200]\nexecutor = "slurm"\npartition = "{PARTITION}"\ngpu_type = "{GPU_TYPE}"\n'
+    )
+    git(world.project, "add", "kakeya.toml")
+    git(world.project, "commit", "-q", "-m", "slurm label")
+
+
+def test_runner_once_on_a_slurm_label_serves_one_request_through_slurm(
+    world: Env, bus: str, slurm: Slurm
+) -> None:
+    slurm_label_in_project(world)
+    first, second = request(bus, "o1", seconds=1), request(bus, "o2", seconds=1)
+    argv = [sys.executable, "-m", "bridge.cli", "runner", "once", "--labels", "h200", "--remote", bus]
+    proc = subprocess.run(argv, cwd=world.project, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    served = proc.stdout.split(":")[0]
+    assert served in (first, second) and ": succeeded, verdict pass" in proc.stdout, proc.stdout
+    assert "submitted Slurm job" in proc.stderr, proc.stderr
+    result = results(world, bus, [served])[served]
+    assert result["status"] == "succeeded" and result["scheduler"]["node"] == "node1"
+    assert job_name(served) in slurm.queue()  # it was Slurm's job
+    assert len(world.count()) == 1  # one request, not both
+    other = second if served == first else first
+    assert not B.Bus(bus, world.project).ls_remote().entries[other].claim  # the other one untouched
+    # asked for by id: that one
+    proc = subprocess.run([*argv, "--request", other], cwd=world.project, capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.startswith(f"{other}: "), proc.stdout + proc.stderr
+    assert sorted(world.count()) == ["o1", "o2"]
+
+
+def test_runner_watch_drains_at_a_first_sigterm_and_scancels_at_a_second(
+    world: Env, bus: str, slurm: Slurm
+) -> None:
+    slurm_label_in_project(world)
+    ids = [request(bus, f"s{i}", seconds=110) for i in range(2)]
+    argv = [sys.executable, "-m", "bridge.cli", "runner", "watch", "--labels", "h200", "--name", "s1"]
+    log = (world.tmp / "watch.log").open("wb")
+    proc = subprocess.Popen([*argv, "--remote", bus], cwd=world.project, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(
+            lambda: all(world.mark(f"s{i}", "started").exists() for i in range(2)), 60, "both jobs to run"
+        )
+        late = request(bus, "late", seconds=0)
+        proc.send_signal(signal.SIGTERM)  # the first: no new request; the jobs in flight are followed
+        time.sleep(3)
+        assert proc.poll() is None, (world.tmp / "watch.log").read_text()
+        live = {j.name for j in slurm.queue().values() if j.running}
+        assert {job_name(r) for r in ids} <= live  # still running in Slurm
+        proc.send_signal(signal.SIGTERM)  # the second: scancel them; each ends in a done commit
+        assert proc.wait(60) == 0
+    finally:
+        stop(proc, signal.SIGKILL)
+        log.close()
+    done = results(world, bus, ids)
+    for rid in ids:
+        assert done[rid]["status"] == "error", done[rid]
+        assert "stopped by SIGTERM" in done[rid]["reason"], done[rid]["reason"]
+        assert slurm.queue()[job_name(rid)].state == "CANCELLED"
+    assert world.count() == []  # neither program finished
+    assert not B.Bus(bus, world.project).ls_remote().entries[late].claim  # nothing new was claimed
