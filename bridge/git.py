@@ -8,15 +8,20 @@ and `commit-tree` straight into an object store; no working tree, index or branc
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import select
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import IO
 
 from bridge.errors import BusError, KakeyaError
 
@@ -50,8 +55,6 @@ def run(
     check: bool = True,
 ) -> subprocess.CompletedProcess[bytes]:
     """`git <args>` in `cwd` (no hooks: NO_HOOKS); BusError with git's message when it fails (and `check`)."""
-    full_env = {k: v for k, v in os.environ.items() if k not in _REPO_VARS}
-    full_env.update({**GIT_ENV, **(env or {})})
     try:
         # In a process group of its own: a Ctrl-C at the terminal (or a signal to kakeya's group) reaches
         # kakeya, which finishes what it is doing, never a git helper half-way through a push or a read.
@@ -60,7 +63,7 @@ def run(
             cwd=cwd,
             input=input,
             capture_output=True,
-            env=full_env,
+            env=_env(env),
             timeout=timeout,
             process_group=0,
         )
@@ -71,6 +74,13 @@ def run(
     if check and proc.returncode != 0:
         raise BusError(f"git {' '.join(args[:2])} failed: {message(proc.stderr)}")
     return proc
+
+
+def _env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """The environment of every git we start: ours without the variables that would redirect it, plus GIT_ENV."""
+    full = {k: v for k, v in os.environ.items() if k not in _REPO_VARS}
+    full.update({**GIT_ENV, **(env or {})})
+    return full
 
 
 def out(cwd: Path | str, *args: str, input: bytes | None = None, env: Mapping[str, str] | None = None) -> str:
@@ -459,13 +469,18 @@ def _ls_refs_request(prefixes: Sequence[str]) -> bytes:
 
 
 def _pkt_lines(data: bytes) -> list[bytes | None]:
-    """The pkt-lines of `data` (None for a flush, delim or response-end packet); raises on a server's ERR."""
+    """The pkt-lines of `data` (None for a flush; a delim or response-end packet is left out, so that only a
+    flush ends a list); raises on a server's ERR."""
     lines: list[bytes | None] = []
     i = 0
     while i + 4 <= len(data):
-        size = int(data[i : i + 4], 16)
+        try:
+            size = int(data[i : i + 4], 16)
+        except ValueError:
+            raise BusError(f"the bus sent a malformed packet ({data[i : i + 4]!r})") from None
         if size < 4:
-            lines.append(None)
+            if size == 0:
+                lines.append(None)
             i += 4
             continue
         line = data[i + 4 : i + size]
@@ -482,6 +497,8 @@ def _ls_refs_answer(data: bytes) -> str:
     lines = _pkt_lines(data)
     if not lines or lines[0] != b"version 2\n":
         raise BusError("the bus does not speak git protocol version 2")
+    if None not in lines:
+        raise BusError("the bus's capability advertisement was cut short")
     flush = lines.index(None)  # the end of the capability advertisement
     out = []
     for line in lines[flush + 1 :]:
@@ -489,24 +506,27 @@ def _ls_refs_answer(data: bytes) -> str:
             break
         sha, _, ref = line.decode(errors="replace").rstrip("\n").partition(" ")
         out.append(f"{sha}\t{ref.split(' ', 1)[0]}\n")
+    else:  # no flush: the connection ended half-way, and a ref missing from a list must never look absent
+        raise BusError("the bus's list of refs was cut short")
     return "".join(out)
 
 
-def _read_until_flush(sock: socket.socket) -> bytes:
-    """pkt-lines from `sock` up to and including the first flush packet (or an ERR packet, or the end)."""
+def _read_until_flush(recv: Callable[[], bytes]) -> bytes:
+    """pkt-lines read with `recv` (b'' at the end) up to and including the first flush packet (or a
+    response-end packet, which a remote helper adds after every answer, or an ERR packet, or the end)."""
     data = b""
     i = 0
     while True:
         while len(data) < i + 4:
-            chunk = sock.recv(65536)
+            chunk = recv()
             if not chunk:
                 return data
             data += chunk
         size = int(data[i : i + 4], 16)
-        if size == 0:
+        if size in (0, 2):
             return data[: i + 4]
         while len(data) < i + max(size, 4):
-            chunk = sock.recv(65536)
+            chunk = recv()
             if not chunk:
                 return data
             data += chunk
@@ -524,7 +544,9 @@ def _git_daemon_ls_refs(url: str, prefixes: Sequence[str], timeout: float) -> st
     try:
         with socket.create_connection((host.strip("[]"), port), timeout=timeout) as sock:
             sock.sendall(_pkt(hello))
-            chunks = [_read_until_flush(sock)]  # the capability advertisement (or the daemon's ERR)
+            chunks = [
+                _read_until_flush(lambda: sock.recv(65536))
+            ]  # the capability advertisement (or the daemon's ERR)
             _pkt_lines(chunks[0])
             sock.sendall(_ls_refs_request(prefixes))
             sock.shutdown(socket.SHUT_WR)
@@ -537,14 +559,121 @@ def _git_daemon_ls_refs(url: str, prefixes: Sequence[str], timeout: float) -> st
     return _ls_refs_answer(b"".join(chunks))
 
 
+_SAID_V0: set[str] = set()
+
+
+def _http_ls_refs(store: Path, url: str, prefixes: Sequence[str], timeout: float) -> str:
+    """`ls_refs` over http(s), through git's own remote helper (`git remote-https`, as git itself speaks
+    protocol v2 over HTTP: its `stateless-connect` command), with the store's config (its credential helper)
+    and no hooks. A server that speaks only v0/v1 answers `fallback`: then the helper's `list` (the full
+    advertisement it already holds), filtered here, said once per bus on stderr."""
+    scheme = url.partition("://")[0]
+    argv = ["git", *NO_HOOKS, "-c", "protocol.version=2", f"remote-{scheme}", url, url]
+    deadline = time.monotonic() + timeout
+    pending = b""
+
+    def recv() -> bytes:
+        nonlocal pending
+        if pending:
+            chunk, pending = pending, b""
+            return chunk
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([stdout], [], [], left)[0]:
+            raise TimeoutError
+        return os.read(stdout, 65536)
+
+    def line() -> bytes:
+        nonlocal pending
+        data = b""
+        while b"\n" not in data and (chunk := recv()):
+            data += chunk
+        first, _, pending = data.partition(b"\n")
+        return first
+
+    with tempfile.TemporaryFile() as err:
+        try:
+            proc = subprocess.Popen(
+                argv,
+                cwd=store,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                env=_env(None),
+                process_group=0,
+            )
+        except OSError as exc:
+            raise BusError(f"cannot run git: {exc}") from None
+        assert proc.stdin is not None and proc.stdout is not None
+        stdout = proc.stdout.fileno()
+        try:
+            proc.stdin.write(b"stateless-connect git-upload-pack\n")
+            proc.stdin.flush()
+            if line() == b"fallback":  # the server spoke v0/v1: every ref came already
+                proc.stdin.write(b"list\n")
+                proc.stdin.flush()
+                refs = []
+                while text := line().decode(errors="replace"):
+                    value, _, ref = text.partition(" ")
+                    if re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", value):
+                        refs.append((value, ref.split(" ", 1)[0]))
+                if not refs and proc.poll() is not None:
+                    raise BusError(message(_read(err)))
+                if url not in _SAID_V0:
+                    _SAID_V0.add(url)
+                    print(
+                        f"kakeya: the bus at {re.sub(r'//[^/@]*@', '//', url)} speaks only git protocol v0/v1:"
+                        " every listing downloads every ref (a server with protocol v2 sends only those asked)",
+                        file=sys.stderr,
+                    )
+                return "".join(f"{sha}\t{ref}\n" for sha, ref in refs if ref.startswith(tuple(prefixes)))
+            caps = _read_until_flush(recv)  # the capability advertisement
+            if not caps:
+                raise BusError(message(_read(err)))
+            _pkt_lines(caps)
+            proc.stdin.write(_ls_refs_request(prefixes))
+            proc.stdin.flush()
+            answer = _read_until_flush(recv)
+            proc.stdin.close()
+            try:
+                return _ls_refs_answer(caps + answer)
+            except (
+                BusError
+            ) as exc:  # the helper's own words (curl's, the server's) say why, when it gave some
+                said = _read(err)
+                raise BusError(f"{exc}: {message(said)}" if said.strip() else str(exc)) from None
+        except TimeoutError:
+            with contextlib.suppress(OSError):  # git and its helper, in their own process group
+                os.killpg(proc.pid, signal.SIGKILL)
+            raise BusError(f"listing {', '.join(prefixes)} timed out after {timeout:.0f} s") from None
+        except OSError as exc:  # the helper died under us (a broken pipe)
+            raise BusError(message(_read(err)) if proc.poll() is not None else str(exc)) from None
+        finally:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(OSError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            proc.stdout.close()
+
+
+def _read(file: IO[bytes]) -> bytes:
+    file.seek(0)
+    return file.read()
+
+
 def ls_refs(store: Path, url: str, prefixes: Sequence[str], timeout: float) -> str:
     """The refs under `prefixes` as `git ls-remote` prints them, asking the server for only those (protocol v2
     `ls-refs` with `ref-prefix`; `git ls-remote URL PATTERN` downloads every ref and filters on the client).
-    git:// and local repositories (a path or file://) are asked directly; other transports fall back to a
-    full `git ls-remote`, filtered here."""
+    git:// and local repositories (a path or file://) are asked directly, http(s) through git's remote helper;
+    ssh falls back to a full `git ls-remote`, filtered here."""
     path = url.removeprefix("file://") if url.startswith("file://") else url
     if url.startswith("git://"):
         return _git_daemon_ls_refs(url, prefixes, timeout)
+    if url.startswith(("http://", "https://")):
+        return _http_ls_refs(store, url, prefixes, timeout)
     if "://" not in path and not re.match(r"^[^/]+:", path):
         proc = run(
             store,

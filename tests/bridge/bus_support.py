@@ -7,6 +7,7 @@ to $COUNTER — the side effect that counts executions — and writes a valid pr
 from __future__ import annotations
 
 import datetime as dt
+import http.server
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -172,6 +174,91 @@ class Daemon:
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(10)
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    # no SO_REUSEADDR: port 0 then never hands out a port that a lingering connection of an earlier test holds
+    allow_reuse_address = False
+    request_queue_size = 64
+
+
+class HttpGit:
+    """`git http-backend` (smart HTTP) behind a small threaded HTTP server on 127.0.0.1, serving the bare
+    repositories under `base` with push enabled; `v2=False` drops the client's Git-Protocol header, as a server
+    that speaks only protocol v0 does. Counts the requests it answered (`requests`)."""
+
+    def __init__(self, base: Path, v2: bool = True):
+        self.base, self.v2, self.requests = base, v2, 0
+        base.mkdir(parents=True, exist_ok=True)
+        self.server = _Server(("127.0.0.1", 0), self._handler())
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def repo(self, name: str = "bus.git", port: int | None = None) -> str:
+        G.init_bare(self.base / name)
+        G.run(self.base / name, "config", "http.receivepack", "true")
+        return f"http://127.0.0.1:{port or self.port}/{name}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _handler(self) -> type[http.server.BaseHTTPRequestHandler]:
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self._cgi(b"")
+
+            def do_POST(self) -> None:
+                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                    body = b""
+                    while size := int(self.rfile.readline().split(b";")[0], 16):
+                        body += self.rfile.read(size)
+                        self.rfile.readline()
+                    self.rfile.readline()
+                else:
+                    body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self._cgi(body)
+
+            def _cgi(self, body: bytes) -> None:
+                outer.requests += 1
+                path, _, query = self.path.partition("?")
+                env = {
+                    **{k: v for k, v in os.environ.items() if not k.startswith("GIT_")},
+                    "GIT_PROJECT_ROOT": str(outer.base),
+                    "GIT_HTTP_EXPORT_ALL": "1",
+                    "REQUEST_METHOD": self.command,
+                    "PATH_INFO": path,
+                    "QUERY_STRING": query,
+                    "CONTENT_TYPE": self.headers.get("Content-Type", ""),
+                    "CONTENT_LENGTH": str(len(body)),
+                    "REMOTE_ADDR": "127.0.0.1",
+                    "HTTP_CONTENT_ENCODING": self.headers.get("Content-Encoding", ""),
+                }
+                if outer.v2 and self.headers.get("Git-Protocol"):
+                    env["GIT_PROTOCOL"] = self.headers["Git-Protocol"]
+                proc = subprocess.run(["git", "http-backend"], input=body, capture_output=True, env=env)
+                head, _, content = proc.stdout.partition(b"\r\n\r\n")
+                status, headers = 200, []
+                for line in head.decode(errors="replace").splitlines():
+                    name, _, value = line.partition(":")
+                    if name.lower() == "status":
+                        status = int(value.split()[0])
+                    elif name:
+                        headers.append((name, value.strip()))
+                self.send_response(status)
+                for name, value in headers:
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(content)))
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(content)
+
+        return Handler
 
 
 def wait_for(cond: Callable[[], object], timeout: float, what: str, step: float = 0.05) -> object:

@@ -1,5 +1,5 @@
 """Fixtures shared by the bridge tests: `world` (a committed project with test presets; cwd = the project)
-and `daemon` (`git daemon` serving bare repositories). Helpers live in bus_support.py."""
+`daemon` (`git daemon` serving bare repositories) and `httpgit` (the same over smart HTTP). Helpers live in bus_support.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.bridge.bus_support import PRESETS, WORK_PY, Daemon, Env, git
+from tests.bridge.bus_support import PRESETS, WORK_PY, Daemon, Env, HttpGit, git
 
 
 @pytest.fixture(name="world")
@@ -56,3 +56,10 @@ def daemon_fixture(tmp_path: Path) -> Iterator[Daemon]:
     d = Daemon(tmp_path / "served").start()
     yield d
     d.stop()
+
+
+@pytest.fixture(name="httpgit")
+def httpgit_fixture(tmp_path: Path) -> Iterator[HttpGit]:
+    h = HttpGit(tmp_path / "http")
+    yield h
+    h.stop()

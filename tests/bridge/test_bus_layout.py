@@ -21,7 +21,7 @@ from bridge.client import Client
 from bridge.config import load_config
 from bridge.presets import load_registry
 from bridge.result import RunResult
-from tests.bridge.bus_support import Daemon, Env, git, make_runner
+from tests.bridge.bus_support import Daemon, Env, HttpGit, git, make_runner
 
 
 def client(url: str) -> Client:
@@ -39,10 +39,17 @@ def all_refs(bus_dir) -> dict[str, str]:
     return {ref: sha for ref, sha in G.refs_under(bus_dir, "refs/").items()}
 
 
-@pytest.fixture(name="relay")
-def relay_fixture(daemon: Daemon):
-    relay = Relay(daemon.port)
-    yield relay
+@pytest.fixture(name="relayed", params=["http", "git"])
+def relayed_fixture(request: pytest.FixtureRequest, daemon: Daemon):
+    """A bus served by `git daemon` or by smart HTTP (`git http-backend`): (its URL, the URL through a relay
+    that counts the bytes, its directory, the relay)."""
+    if request.param == "git":
+        relay = Relay(daemon.port)
+        yield daemon.repo(), relay.url(), daemon.base / "bus.git", relay
+    else:
+        http: HttpGit = request.getfixturevalue("httpgit")
+        relay = Relay(http.port)
+        yield http.repo(), http.repo(port=relay.port), http.base / "bus.git", relay
     relay.close()
 
 
@@ -116,12 +123,11 @@ def test_history_written_by_fast_import_has_the_shape_of_a_real_run(world: Env, 
     assert {r["id"] for r in rows} == set(made["ids"]) | {real}
 
 
-def test_reads_cost_the_same_bytes_whatever_the_history(world: Env, daemon: Daemon, relay: Relay, capsys):
+def test_reads_cost_the_same_bytes_whatever_the_history(world: Env, relayed, capsys):
     """A runner's idle poll, a look at one request, the runners list and the gate of a subject with one run
-    are prefix-scoped: after 400 more finished requests they move the same bytes; a full listing grows."""
-    bus_dir = daemon.base / "bus.git"
-    direct = daemon.repo()
-    url = relay.url()
+    are prefix-scoped, over git:// and over http alike: after 400 more finished requests they move the same
+    bytes; a full listing grows."""
+    direct, url, bus_dir, relay = relayed
     real = served(direct, world, tag="real")
     tpl = template(bus_dir, all_refs(bus_dir)[B.done_ref(real)])
     subject = write_history(bus_dir, tpl, 20, (1,))["subjects"][1]
