@@ -10,7 +10,9 @@ from bridge.presets import get_preset, load_registry
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("presets", help="list the preset allowlist, or show one preset")
-    parser.add_argument("action", nargs="?", choices=["list", "show"], default="list")
+    parser.add_argument(
+        "action", nargs="?", choices=["list", "show"], default="list", help="list (default) or show NAME"
+    )
     parser.add_argument("name", nargs="?", help="preset name (with show)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=run)
