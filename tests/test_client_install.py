@@ -163,7 +163,7 @@ def test_the_wheel_alone_requests_shows_fetches_and_gates(tmp_path: Path, monkey
     assert "succeeded" in kakeya(project, "status", rid, "--remote", bus)
     kakeya(project, "results", rid, "--remote", bus, "--out", str(tmp_path / "res"))
     assert "pass" in kakeya(
-        project, "gate", "check", str(tmp_path / "res" / "report.json"), "--preset", "hello"
+        project, "gate", "check", str(tmp_path / "res" / rid / "report.json"), "--preset", "hello"
     )
     # outside any checkout: the presets installed with the package
     outside = tmp_path / "elsewhere"

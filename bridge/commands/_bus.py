@@ -117,7 +117,7 @@ def report(
     if as_json:
         emit(event("verdict", request_id, **outcome(result, out)))
         return exit_code(result)
-    print(verdict_line(request_id or out.name, result))
+    print(verdict_line(request_id or "exec", result))
     try:
         if summary:
             print((out / "summary.md").read_text().rstrip())

@@ -26,11 +26,11 @@ def run(args: argparse.Namespace) -> int:
 
             raise InvalidRequest("kakeya presets show needs a preset NAME")
         info = get_preset(registry, args.name).summary()
-        print(json.dumps(info, indent=2) if args.json else _describe(info))
+        print(json.dumps(info) if args.json else _describe(info))
         return 0
     infos = [p.summary() for p in registry.values()]
     if args.json:
-        print(json.dumps(infos, indent=2))
+        print(json.dumps(infos))
         return 0
     for info in infos:
         params = ", ".join(f"{n}={_default(p)}" for n, p in info["params"].items()) or "no parameters"

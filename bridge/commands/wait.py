@@ -12,12 +12,12 @@ Exit 0 pass, 1 fail or any other outcome (cancelled, expired), 2 rejected, 3 no 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
 from bridge.client import Client
 from bridge.commands._bus import add_id, add_json, add_remote, add_summary, client, emit, out_dir, report
+from bridge.errors import Interrupted
 from bridge.follow import Follower
 from bridge.progress import bar, clock
 
@@ -44,7 +44,7 @@ def add_wait_args(parser: argparse.ArgumentParser, prefix: str = "") -> None:
         metavar="S",
         help=f"{prefix}give up (exit 3) when no live runner has served the label for S seconds",
     )
-    add_json(parser, prefix)
+    add_json(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,13 +64,11 @@ def follow(c: Client, request_id: str, args: argparse.Namespace) -> int:
                 return 1
             say(event)
             done = event.get("done")
-    except KeyboardInterrupt:
-        print(
-            f"kakeya: stopped waiting; {request_id} goes on (`kakeya wait {request_id}` to follow it again, "
-            f"`kakeya cancel {request_id}` to cancel it)",
-            file=sys.stderr,
-        )
-        return 130
+    except KeyboardInterrupt:  # (with --json, main prints it as an `interrupted` error object too)
+        raise Interrupted(
+            f"stopped waiting; {request_id} goes on (`kakeya wait {request_id}` to follow it again, "
+            f"`kakeya cancel {request_id}` to cancel it)"
+        ) from None
     out = out_dir(c.root, args.out, request_id)
     result = c.results(request_id, out, done)
     return report(request_id, result, out, as_json=args.json, summary=getattr(args, "summary", False))
