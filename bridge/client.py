@@ -323,6 +323,8 @@ class Client:
         `not-found`, `ambiguous-id` (naming the candidates) or `bad-id`."""
         if B.parse_id(text) is not None:
             return text
+        if B.ID_RE.fullmatch(text):  # shaped as a whole id, but not one (a 13th month, far in the future)
+            raise KakeyaError(f"{text!r} is not a request id ({B.ID_RULE})", code="bad-id")
         if re.fullmatch(r"\d{8}[0-9A-Za-z._-]*", text):
             shard = L.date_shard(text)
             scoped = (B.CLAIM_PREFIX + text, B.DONE_PREFIX + text, B.CANCEL_PREFIX + text)
