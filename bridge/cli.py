@@ -40,6 +40,9 @@ COMMANDS = [
 EXAMPLES = {
     "presets": "kakeya presets show niah-smoke --json",
     "exec": "kakeya exec probe -p repeat=2 --json",
+    "gate": "kakeya gate check out/ID/report.json --json",
+    "runner": "kakeya runner watch --labels cpu",
+    "bus": "kakeya bus gc --older-than 30 --dry-run",
     "gate check": "kakeya gate check out/ID/report.json            # the preset from the report's kind",
     "gate compare": "kakeya gate compare new.json base.json --metric /summary/tok_s --max-regression 5",
     "gate pr": "kakeya gate pr --subject HEAD --require 'niah-smoke@cpu' --json",

@@ -55,9 +55,10 @@ def test_every_verb_has_json_help_with_an_example_and_helped_positionals():
     assert {"exec", "run", "results", "cancel", "doctor", "bus gc", "gate check", "wait"} <= dict(
         leaves
     ).keys()
-    for path, p in leaves:
+    for path, p in verbs(parser):
         last = p.format_help().rstrip().splitlines()[-1]
         assert last.strip().startswith(f"kakeya {path}"), f"`kakeya {path} --help` ends with {last!r}"
+    for path, p in leaves:
         for action in p._actions:
             if not action.option_strings:
                 assert action.help, f"`kakeya {path}`: positional {action.dest} has no help"
