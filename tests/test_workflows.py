@@ -144,16 +144,23 @@ def test_pr_gate_checks_out_the_base_and_never_the_head():
     # the workflow file comes from the base (a PR cannot rewrite its check), and a merge queue is gated too
     assert "pull_request_target" in wf["on"] and "merge_group" in wf["on"]
     assert "pull_request" not in wf["on"] and "push" not in wf["on"]
-    assert wf["permissions"] == {"contents": "read", "pull-requests": "read"}
+    # the token writes nothing but pull-request comments (the evidence comment)
+    assert wf["permissions"] == {"contents": "read", "pull-requests": "write"}
     text = (WORKFLOWS / "pr-gate.yml").read_text()
     assert "head.ref" not in text and "head.repo" not in text and "merge_group.head_sha" not in text
     job = wf["jobs"]["gate"]
     co = checkout(job)
     assert co["ref"].startswith("${{ github.event.pull_request.base.sha")
     assert "head" not in co["ref"] and co["persist-credentials"] is False
-    gate = steps(job)[-1]
+    gate = next(s for s in steps(job) if s.get("id") == "gate")
     assert gate["run"] == "bash harness/.github/scripts/pr-gate.sh"
     assert gate["env"]["SUBJECT"].startswith("${{ github.event.pull_request.head.sha")
+    assert gate["env"]["BASE"] == "${{ github.event.pull_request.base.sha }}"
+    # the comment: after the gate (also when it failed), on pull requests only, from the base's script
+    post = steps(job)[-1]
+    assert post["run"] == "bash harness/.github/scripts/pr-comment.sh"
+    assert "!cancelled()" in post["if"] and "github.event_name == 'pull_request_target'" in post["if"]
+    assert post["env"]["GH_TOKEN"] == "${{ github.token }}"
 
 
 def test_a_merge_queue_entry_is_gated_on_its_prs_head(tmp_path):
