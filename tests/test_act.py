@@ -240,7 +240,11 @@ class World:
         self.runs = 0
 
     def env(self) -> dict[str, str]:
-        keep = {k: v for k, v in os.environ.items() if not k.startswith(("KAKEYA_", "GITHUB_", "GH_", "ACT"))}
+        keep = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("KAKEYA_", "GITHUB_", "GH_", "ACT", "RUNNER_"))
+        }
         return {
             **keep,
             "HOME": str(self.home),

@@ -50,6 +50,7 @@ def bus_fixture(world: Env) -> Bus:
     (world.project / "bench.py").write_text(BENCH_PY)
     for name, extra in (
         ("bench", {}),
+        ("flag", {"gate": [{"check": "eq", "path": "/probe/os", "value": "test"}]}),
         (
             "guarded",
             {"baseline": {"from": "previous-pass", "metric": "/probe/cpu_count", "max_regression_pct": 10}},
@@ -184,3 +185,36 @@ def test_metrics_are_the_baseline_metric_else_the_gates_single_numbers():
     data["baseline"] = {"from": "previous-pass", "metric": "/probe/cpu_count", "max_regression_pct": 5}
     assert comment.metrics(Preset.model_validate(data), "cpu") == [("/probe/cpu_count", True, 5.0, None)]
     assert PRESETS  # the shared test presets are untouched
+
+
+def test_significance_is_the_noise_test_else_the_tolerance_else_unknown():
+    import gates
+
+    def change(tolerance=None, **kw):
+        c = gates.Comparison(
+            status="pass", metric="/m", max_regression_pct=0, higher_is_better=True, reason="", **kw
+        )
+        return comment.Change("p@cpu", "/m", None, c, tolerance)
+
+    assert change(new=1, base=2, change_pct=-50, regression_pct=50, p_value=0.01).significant() == (
+        "yes (p = 0.01)"
+    )
+    assert (
+        change(new=1, base=2, change_pct=-50, regression_pct=50, p_value=0.2).significant() == "no (p = 0.2)"
+    )
+    assert change(5.0, new=1, base=2, change_pct=-50, regression_pct=50).significant() == (
+        "yes (tolerance 5 %)"
+    )
+    assert change(new=1, base=2, change_pct=-50, regression_pct=50).significant() == "— (one sample)"
+    assert change(base=2).significant() == "—"  # no new value: nothing to say
+
+
+def test_a_preset_whose_gate_checks_no_number_says_so(world: Env, bus: Bus, capsys):
+    base = set_value(world, 2)
+    rc, text = write_comment(bus, base, "--base", base, require="flag@cpu")
+    assert rc == 1 and "no evidence to compare yet" in text
+    bus.run("flag")
+    rc, text = write_comment(bus, base, "--base", base, require="flag@cpu")
+    assert rc == 0, text
+    assert "| `flag@cpu` | — | — | — | — | — | its gate checks no single number |" in text
+    capsys.readouterr()
