@@ -98,6 +98,8 @@ def test_the_comment_compares_with_the_base_branchs_latest_trusted_run_and_links
     assert f"![plots/curve.png](https://github.com/org/kakeya/raw/{where}/plots/curve.png)" in text
     assert "x](javascript:alert(1)).png" in bus.files(head_run)  # committed by the run, but
     assert "javascript" not in text  # a plot name that is not a plain path is left out
+    # A base given as a short sha (a rev of this repository) is the same base.
+    assert write_comment(bus, head, "--base", base[:10])[1].count(row) == 1
     # Without a web address for the bus (a local path): plain ids, no links.
     rc, text = write_comment(bus, head, "--base", base)
     assert rc == 0 and "https://" not in text and "plot `plots/curve.png`" in text
