@@ -24,6 +24,7 @@ class ModelNotFoundError(FileNotFoundError):
 class Model(Protocol):
     """What `load` returns on every backend: a tokenizer, the model's geometry, and sessions."""
 
+    backend: Backend
     geometry: Geometry
     eos_ids: frozenset[int]
 

@@ -413,6 +413,8 @@ class QuantizedKV(KV):
 class MLXModel(Tokenized):
     """An mlx-lm causal LM with its tokenizer, run on one device; makes policy-cached sessions."""
 
+    backend = "mlx"
+
     def __init__(
         self, model: nn.Module, config: dict[str, Any], tokenizer: Any = None, path: Path | None = None
     ):

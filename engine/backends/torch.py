@@ -574,6 +574,8 @@ class TorchModel(Tokenized):
     between graphs). Outputs stay exact in float32 (tests/engine/test_batch.py, with dynamo's `eager`
     backend: on a cpu inductor compiles for minutes, for no gain at these sizes)."""
 
+    backend = "torch"
+
     def __init__(
         self, model: Any, tokenizer: Any = None, path: Path | None = None, compile: bool | str = False
     ) -> None:

@@ -8,14 +8,28 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PlainSerializer, PlainValidator, WithJsonSchema
 from tqdm import tqdm
 
+from engine.drafters.spec import DrafterSpec
 from engine.geometry import ITEMSIZE
 from engine.policy import Policy, parse_policy
 from engine.progress import report_progress
+
+
+def _drafter(value: Any) -> DrafterSpec:
+    return value if isinstance(value, DrafterSpec) else DrafterSpec.parse(str(value))
+
+
+# A config field holding a parsed drafter spec, written to reports as its string (`diffusion:zoo:tiny-dlm:steps=4`).
+Drafter = Annotated[
+    DrafterSpec,
+    PlainValidator(_drafter),
+    PlainSerializer(str, return_type=str),
+    WithJsonSchema({"type": "string"}),
+]
 
 
 class ModelConfig(BaseModel):

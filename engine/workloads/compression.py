@@ -10,7 +10,7 @@ Computed, not measured, from the model's config and the cache policy with the en
                 + the drafter's weights, held once and amortised over all B x S tokens
     net bytes per token = net / (B x S);   compression ratio = full / net
 
-as the seeds' table does (its drafter, a diffusion proposer, holds no K/V; pass `--drafter none
+as the seeds' table does (its drafter, a diffusion drafter, holds no K/V; pass `--drafter none
 --drafter-weights BYTES` for such a drafter). The drafter's weights are its parameter count (read from
 its safetensors headers) times the table's dtype size; its cache is sink_window(sink, window) of the
 policy (full when the policy is full). The cross-check loads the models and prefills `--check-lens`

@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 from transformers import Gemma3ForCausalLM
 
-from engine.drafters.block import BlockConfig, BlockDrafter, BlockDrafterModel
+from engine.drafters.block.config import BlockConfig
+from engine.drafters.block.torch import BlockDrafter, BlockDrafterModel
 from engine.models import resolve
 from engine.zoo import corpus, tokenizer
 from engine.zoo.train import greedy
@@ -314,7 +315,7 @@ A block drafter (engine/drafters/block.py, DFlash-style) for `{VERIFIER}`: it re
 states {rc.target_layers} (0 = embeddings, 6 = after the final norm) of every committed position, projected
 into its own cached context K/V, and proposes up to {rc.block_size} tokens in one forward from
 [last token, MASK x k]. Not a transformers model: load it with
-`engine.drafters.block.load_block_drafter("zoo:tiny-block-drafter")`.
+`engine.drafters.load.load_block_drafter("zoo:tiny-block-drafter")`.
 
 ## Architecture
 

@@ -1,4 +1,4 @@
-"""Gemma 4's assistant as a drafter (engine/drafters/gemma4_assistant.py): it proposes what transformers'
+"""Gemma 4's assistant as a drafter (engine/drafters/gemma4_assistant/): it proposes what transformers'
 own assisted generation proposes, and speculative decoding with it is exactly greedy under every policy,
 after the windows wrap."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.decode import Stop, generate
-from engine.drafters.gemma4_assistant import Gemma4AssistantDrafter
+from engine.drafters.gemma4_assistant.torch import Gemma4AssistantDrafter
 from engine.policy import Policy, full, hybrid, sink_window
 from engine.speculative import speculative_generate
 from tests.engine.tiny_models import gemma4, gemma4_assistant, prompt

@@ -212,7 +212,7 @@ def gemma4_assistant(seed: int = 1, sliding_window: int = 8) -> torch.nn.Module:
     head_dim), hidden size 32, backbone hidden size 64."""
     from transformers import Gemma4AssistantConfig
 
-    from engine.drafters.gemma4_assistant import assistant_model
+    from engine.drafters.gemma4_assistant.torch import assistant_model
 
     torch.manual_seed(seed)
     text = {

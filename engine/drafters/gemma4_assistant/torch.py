@@ -41,8 +41,8 @@ draft); here the assistant sees only committed positions, through the cache's ow
 Not supported: quantized K/V policies (`...:q8`) and batched sessions (rows > 1), refused on creation.
 
 transformers 5.23's `Gemma4TextConfig.kv_sharing_modes` rejects a config whose layers are all shared
-(the assistant's own), so constructing or loading an assistant raises; `assistant_model_class` /
-`load_gemma4_assistant` build it with that one property answering "reuse" for every layer.
+(the assistant's own), so constructing or loading an assistant raises; `assistant_model` /
+`load_assistant_model` build it with that one property answering "reuse" for every layer.
 """
 
 from __future__ import annotations
@@ -57,9 +57,7 @@ import torch
 
 from engine.backends.torch import KV, TorchSession
 from engine.cache import visible_mask
-from engine.geometry import FULL_ATTENTION, SLIDING_ATTENTION
-
-MODEL_TYPE = "gemma4_assistant"
+from engine.drafters.gemma4_assistant.config import MODEL_TYPE, shared_layers
 
 
 @contextlib.contextmanager
@@ -90,27 +88,12 @@ def assistant_model(config: Any) -> Any:
         return Gemma4AssistantForCausalLM(config).eval()
 
 
-def load_gemma4_assistant_model(path: Path, device: torch.device, dtype: torch.dtype) -> Any:
+def load_assistant_model(path: Path, device: torch.device, dtype: torch.dtype) -> Any:
     from transformers import Gemma4AssistantForCausalLM
 
     with all_shared_kv():
         model = Gemma4AssistantForCausalLM.from_pretrained(str(path), dtype=dtype)
     return model.to(device).eval()
-
-
-def shared_layers(config: Any) -> dict[str, int]:
-    """The verifier layers whose K/V the assistant reads, by layer kind: the "store" layers of a config
-    with KV-shared layers, else the last layer of each kind."""
-    types = list(config.layer_types)
-    modes = list(config.kv_sharing_modes)
-    stored = {types[i]: i for i, mode in enumerate(modes) if mode == "store"}
-    last = {t: i for i, t in enumerate(types)}
-    out = stored or last
-    if set(out) != {FULL_ATTENTION, SLIDING_ATTENTION}:
-        raise ValueError(
-            f"Gemma 4's assistant reads one full and one sliding attention layer; this verifier has {set(out)}"
-        )
-    return out
 
 
 class Gemma4AssistantDrafter:
@@ -197,14 +180,3 @@ class Gemma4AssistantDrafter:
 
     def accept(self, n: int, committed: Sequence[int]) -> None:
         """Nothing to roll back: the assistant keeps no state between blocks but the observed features."""
-
-
-def load_gemma4_assistant(name: str, verifier: TorchSession) -> Gemma4AssistantDrafter:
-    """An assistant drafter from a model reference (a directory; engine.models.resolve) for `verifier`,
-    loaded on the verifier's device in its dtype."""
-    from engine.models import resolve
-
-    owner = verifier.owner
-    return Gemma4AssistantDrafter(
-        load_gemma4_assistant_model(resolve(name), owner.device, owner.dtype), verifier
-    )
