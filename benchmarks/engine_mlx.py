@@ -46,7 +46,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper  # noqa: E402
 
 import engine  # noqa: E402
 from benchmarks import shapes  # noqa: E402
-from engine.backends.mlx import MLXModel  # noqa: E402
+from engine.backends.mlx.session import MLXModel  # noqa: E402
 from engine.drafters.load import load_block_drafter  # noqa: E402
 from engine.report import environment  # noqa: E402
 from engine.workloads.cli import first_divergence  # noqa: E402

@@ -152,7 +152,7 @@ def study(config: Config) -> dict[str, Any]:
     f = restoration.FTheta(
         pairs[0][0].features().shape[1], config.rank, geo.kv_heads, geo.head_dim, len(types)
     )
-    scaling = float(restoration._attention_modules(model)[0].scaling)
+    scaling = float(model.attention_modules()[0].scaling)
     result = restoration.train_ftheta(
         f,
         pairs,
@@ -221,7 +221,7 @@ def study(config: Config) -> dict[str, Any]:
                         session = (
                             model.session(policy)
                             if supply is None
-                            else restoration.RestoredSession(model, policy, supply)  # type: ignore[arg-type]
+                            else restoration.restored_session(model, policy, supply)  # type: ignore[arg-type]
                         )
                         tokens = engine.generate(session, ids, stop).tokens
                         if name == "oracle":

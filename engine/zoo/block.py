@@ -28,9 +28,11 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 from transformers import Gemma3ForCausalLM
 
+import engine
 from engine.drafters.block.config import BlockConfig
 from engine.drafters.block.torch import BlockDrafter, BlockDrafterModel
 from engine.models import resolve
+from engine.policy import full
 from engine.zoo import corpus, tokenizer
 from engine.zoo.train import greedy
 
@@ -259,9 +261,6 @@ def train(recipe: Recipe, out: Path, command: str, log=print) -> Record:
 
 
 def evaluate(drafter: BlockDrafter, recipe: Recipe, k: int = 8) -> list[EvalRecord]:
-    import engine
-    from engine.policy import full
-
     verifier = engine.load(VERIFIER)
     smoke = recipe.steps < 100
     n_code, n_hay, new = (2, 2, 16) if smoke else (32, 16, 128)

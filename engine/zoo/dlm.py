@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
+from transformers import AutoModelForCausalLM
 
 from engine.drafters.diffusion.config import DiffusionConfig
 from engine.drafters.diffusion.torch import TinyDLM, save_model
@@ -100,8 +101,6 @@ SMOKE = RECIPE.model_copy(
 @torch.no_grad()
 def distill_pool(spec: Distill, seed: int, log) -> list[list[int]]:
     """<bos> + code prompt + the verifier's greedy continuation (full cache), one list per row."""
-    from transformers import AutoModelForCausalLM
-
     verifier = AutoModelForCausalLM.from_pretrained(resolve(spec.verifier), dtype=torch.float32).eval()
     pool: list[list[int]] = []
     for plen in spec.prompt_lens:

@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from engine.backends.torch import TorchModel
+from engine.backends.torch.session import TorchModel
 
 VOCAB = 256
 # The tiny linear-attention hybrids' geometry (Qwen3.5, Qwen3-Next): 2 K/V heads of 16, gated delta-net

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import DiffusionGemmaForBlockDiffusion
 
 from engine.drafters.diffusion.config import DiffusionConfig
 
@@ -54,6 +55,4 @@ class DiffusionGemmaModel:
 def load_model(path: Path, context: int = 64) -> DiffusionGemmaModel:
     """A DiffusionGemma directory (config model_type "diffusion_gemma") as the drafter's model, on the cpu
     in its stored dtype (transformers)."""
-    from transformers import DiffusionGemmaForBlockDiffusion
-
     return DiffusionGemmaModel(DiffusionGemmaForBlockDiffusion.from_pretrained(str(path)), context)
