@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
@@ -54,9 +54,9 @@ HUMANEVAL_STYLE = [
 
 
 class Config(cli.ModelConfig):
-    policy: str
+    policy: cli.PolicyField
     drafter: cli.Drafter
-    drafter_policy: str
+    drafter_policy: cli.PolicyField
     k: int = Field(ge=1)
     prompts: int = Field(ge=1)
     prompt_source: str
@@ -65,7 +65,9 @@ class Config(cli.ModelConfig):
     repeats: int = Field(ge=1)
     seed: int
     min_speedup: float = Field(ge=0)
-    batches: list[int] = Field(default=[1, 8, 32], min_length=1)  # batch sizes of the batched greedy runs
+    batches: list[Annotated[int, Field(ge=1)]] = Field(
+        default=[1, 8, 32], min_length=1
+    )  # batch sizes of the batched greedy runs
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -176,7 +178,7 @@ def _best(runs: list[Any]) -> Any:
 def throughput(config: Config) -> dict[str, Any]:
 
     t0 = time.perf_counter()
-    policy = engine.parse_policy(config.policy)
+    policy = config.policy
     model = engine.load(config.model, config.backend, config.dtype, config.device)
     source = config.prompt_source
     if source == "auto":
@@ -186,7 +188,7 @@ def throughput(config: Config) -> dict[str, Any]:
         config.drafter,
         model,
         k=config.k,
-        policy=engine.parse_policy(config.drafter_policy),
+        policy=config.drafter_policy,
         dtype=config.dtype,
         device=config.device,
         probe=texts[0],
@@ -401,36 +403,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         policy = engine.parse_policy(args.policy)
         drafter = parse_drafter(args.drafter)
-        dpolicy = args.drafter_policy
-        if dpolicy == "auto":
-            dpolicy = str(drafter_policy(policy))
-        engine.parse_policy(dpolicy)
+        dpolicy = drafter_policy(policy) if args.drafter_policy == "auto" else args.drafter_policy
         cli.set_threads(args.threads)
         cli.check_device(args.backend, args.device)
     except ValueError as exc:
         parser.error(str(exc))
-    if min(args.batches) < 1:
-        parser.error("--batches must be >= 1")
-    if args.k < 1 or args.prompts < 1 or args.repeats < 1 or args.new_tokens < 2 or args.prompt_tokens < 2:
-        parser.error("--k, --prompts and --repeats must be >= 1, --new-tokens and --prompt-tokens >= 2")
-    config = Config(
-        model=args.model,
-        backend=args.backend,
-        dtype=args.dtype,
-        device=args.device,
-        policy=str(policy),
-        drafter=drafter,
-        drafter_policy=dpolicy,
-        k=args.k,
-        prompts=args.prompts,
-        prompt_source=args.prompt_source,
-        prompt_tokens=args.prompt_tokens,
-        new_tokens=args.new_tokens,
-        repeats=args.repeats,
-        seed=args.seed,
-        min_speedup=args.min_speedup,
-        batches=args.batches,
-    )
+    config = cli.make_config(parser, Config, args, policy=policy, drafter=drafter, drafter_policy=dpolicy)
     report, png = plots.write_plotted(args.out, "throughput", throughput(config), draw, "tok_s", args.plot)
     s = report["summary"]
     for i, r in enumerate(report["prompts"]):
