@@ -38,7 +38,9 @@ def _formatter(unit: gates.tables.Unit) -> Any:
     from matplotlib.ticker import FuncFormatter, ScalarFormatter
 
     if unit:
-        return FuncFormatter(lambda v, _pos: gates.tables.human(float(v), unit))
+        return FuncFormatter(
+            lambda v, _pos: gates.tables.human(int(v) if float(v).is_integer() else float(v), unit)
+        )
     plain = ScalarFormatter(useOffset=False)
     plain.set_scientific(False)
     return plain
