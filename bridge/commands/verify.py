@@ -3,7 +3,8 @@
 The DSSE envelope's signature must be by a key of the allowed signers (default: .github/kakeya-allowed-signers
 of this checkout, as `kakeya gate pr` uses), whose principal may serve the run's label; the payload must be
 a Kakeya in-toto statement. The files it names (report.json, result.json, verdict.json) are compared with
-their sha256 in DIR, by default the folder FILE is in when it holds result.json. Exit 0 verified, 1 not."""
+their sha256 in DIR, by default the folder FILE is in when it holds result.json. Exit 0 verified, 1 not
+(the line says why), 2 unusable input (no allowed-signers file, no FILE). docs/evidence.md."""
 
 from __future__ import annotations
 
