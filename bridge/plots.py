@@ -46,7 +46,9 @@ def _formatter(unit: gates.tables.Unit) -> Any:
     return plain
 
 
-def _panel(ax: Any, table: gates.tables.Built, plot: gates.tables.Plot) -> None:
+def _panel(
+    ax: Any, table: gates.tables.Built, plot: gates.tables.Plot, threshold: float | None = None
+) -> None:
     (xcol, xs), *_ = table.series(plot.x) or [(None, [])]
     ys = [s for name in plot.y for s in table.series(name)]
     groups = [table.series(name)[0][1] for name in plot.series if table.series(name)]
@@ -86,6 +88,10 @@ def _panel(ax: Any, table: gates.tables.Built, plot: gates.tables.Plot) -> None:
                         lw=1.2,
                         label=f"gate: {_plain(col.name, 40)} {threshold_text(check.check, check.value)}",
                     )
+    if threshold is not None and plot.threshold:
+        what = f"gate: {_plain(plot.threshold_label or plot.threshold, 60)} ({threshold:g})"
+        ax.axhline(threshold, color="black", ls="--", lw=1.2, label=what)
+        drawn.add((threshold, "min"))
     if categorical:
         ax.set_xticks(positions, [_plain(str(x), 20) for x in xs], rotation=30, ha="right", fontsize=8)
     elif xs:
@@ -123,8 +129,8 @@ def judged_plots(tables: Sequence[gates.tables.Built], title: str) -> dict[str, 
         fig, axes = plt.subplots(
             1, len(table.plots), figsize=(max(7.5, 5.2 * len(table.plots)), 4.6), squeeze=False
         )
-        for ax, plot in zip(axes[0], table.plots, strict=True):
-            _panel(ax, table, plot)
+        for ax, plot, threshold in zip(axes[0], table.plots, table.thresholds, strict=True):
+            _panel(ax, table, plot, threshold)
         fig.suptitle(f"{_plain(title, 160)}\n{_plain(table.title)}", fontsize=9)
         fig.tight_layout()
         buf = io.BytesIO()

@@ -43,12 +43,12 @@ def human(value: Any, unit: Unit = "") -> str:
         return f"{size:.0f} B" if i == 0 else f"{size:.1f}".removesuffix(".0") + f" {BYTE_UNITS[i]}"
     if unit == "tokens" and value >= 1024 and value % 1024 == 0:
         return f"{value / 1048576:g}M" if value % 1048576 == 0 else f"{value / 1024:g}K"
-    if isinstance(value, int):
-        return f"{value:,}"
     if unit == "tok/s":
         return f"{value:,.1f}"
     if unit == "x":
         return f"{value:,.0f}×" if abs(value) >= 100 else f"{value:.2f}×"
+    if isinstance(value, int):
+        return f"{value:,}"
     if abs(value) >= 1000:
         return f"{value:,.0f}"
     text = f"{value:.3g}"
@@ -65,6 +65,9 @@ class Plot(BaseModel):
     ylabel: str
     xlabel: str | None = None  # default: the x column's name
     series: list[str] = []
+    # a report pointer to the number a summary check compares these values with (throughput's min_speedup)
+    threshold: str | None = None
+    threshold_label: str = ""  # what the check compares with it
     log_x: bool = False
     log_y: bool = False
 
@@ -149,7 +152,17 @@ TABLES: dict[str, list[Table]] = {
                 ("acceptance length", "/speculative/acceptance_length"),
                 ("exact", "/exact"),
             ],
-            [{"x": "#", "y": ["{key} decode tok/s"], "ylabel": "decode tok/s", "xlabel": "prompt"}],
+            [
+                {"x": "#", "y": ["{key} decode tok/s"], "ylabel": "decode tok/s", "xlabel": "prompt"},
+                {
+                    "x": "#",
+                    "y": ["speedup"],
+                    "ylabel": "speculative / greedy decode tok/s",
+                    "xlabel": "prompt",
+                    "threshold": "/summary/min_speedup",
+                    "threshold_label": "overall speedup ≥ min_speedup",
+                },
+            ],
         ),
         _t(
             "Batched greedy decoding",
@@ -264,6 +277,7 @@ class Built(BaseModel):
     rows: list[list[Cell]]
     more: int = 0
     plots: list[Plot] = []
+    thresholds: list[float | None] = []  # each plot's `threshold`, read from the report
 
     def head(self) -> list[str]:
         return [c.head() for c in self.columns]
@@ -345,7 +359,13 @@ def build(report: dict[str, Any], table: Table, checks: list[Check]) -> Built | 
         rows=rows,
         more=max(0, len(items) - MAX_ROWS),
         plots=table.plots,
+        thresholds=[_number(report, p.threshold) for p in table.plots],
     )
+
+
+def _number(report: dict[str, Any], pointer: str | None) -> float | None:
+    value = _get(report, pointer) if pointer else None
+    return value if is_number(value) else None
 
 
 def results_tables(report: dict[str, Any], checks: Sequence[Check | CheckResult] = ()) -> list[Built]:

@@ -139,6 +139,8 @@ def test_throughput_and_compression_show_methods_and_batch_by_length(tmp_path: P
     assert f"| {T.human(first['speculative']['acceptance_length'])} | yes ✓ |" in summary
     assert re.search(r"\| yes ✓ \|", summary)  # exactness, judged per prompt
     assert "### Batched greedy decoding" in summary and (out / "results-2.png").is_file()
+    decoding = T.results_tables(report)[0]  # its speedup panel draws the min_speedup the gate compares with
+    assert decoding.thresholds == [None, report["summary"]["min_speedup"]]
 
     out, report = exec_run("compression-table", tmp_path, capsys)
     summary = (out / "summary.md").read_text()
