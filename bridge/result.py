@@ -123,8 +123,13 @@ class RunOutcome:
         out = self.out_dir
         verdict = self.verdict or no_verdict(self.result)
         # the report as the runner commits it (redacted): a secret must not reach a plot's pixels either
-        report = json.loads(self.redact.text(json.dumps(self.report))) if self.report is not None else None
-        pngs = judged_plots(report, self.result, self.verdict) if report is not None else {}
+        report, pngs = self.report, {}
+        if report is not None:
+            try:
+                report = json.loads(self.redact.text(json.dumps(report, ensure_ascii=False)))
+                pngs = judged_plots(report, self.result, self.verdict)
+            except ValueError:  # redacting broke the JSON: the tables' text is redacted below, no plots
+                pass
         texts = {
             "verdict.json": verdict.model_dump_json(indent=2) + "\n",
             "result.json": self.result.model_dump_json(indent=2) + "\n",
