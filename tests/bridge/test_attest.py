@@ -59,7 +59,13 @@ def test_a_signed_runs_attestation_verifies_offline_and_every_forgery_fails(
     (world.project / ALLOWED_SIGNERS).parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(signers, world.project / ALLOWED_SIGNERS)
     assert main(["verify", str(dest), "--files", str(out)]) == 0
-    capsys.readouterr()
+    assert "files match their digests" in capsys.readouterr().out
+    assert (
+        main(["verify", str(dest)]) == 0
+    )  # alone, away from the results: the signature only, and it says so
+    assert "files not compared (no results folder; --files DIR)" in capsys.readouterr().out
+    assert main(["verify", str(dest), "--allowed-signers", str(world.tmp / "none")]) == 2
+    assert "no allowed-signers file" in capsys.readouterr().err
 
     def refused(data: bytes | str, files: Path | None = None) -> str:
         forged = world.tmp / "forged.json"
