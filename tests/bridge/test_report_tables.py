@@ -196,3 +196,23 @@ def test_a_hostile_report_cannot_open_html_in_the_job_summary():
 
     md = "\n".join(tables_markdown([table]))
     assert "<" not in md.replace("&lt;", "") and "a\\|b c" in md and "| 3 GiB |" in md
+
+
+def test_a_secret_in_the_report_reaches_no_table_and_no_plot(niah: Path, monkeypatch: pytest.MonkeyPatch):
+    from bridge.logs import Redactor
+    from bridge.result import RunOutcome, RunResult
+
+    report = json.loads((niah / "report.json").read_text())
+    report["environment"]["device"] = "cpu hunter2-token"
+    verdict = gates.evaluate(report, load_registry()["niah-smoke"].gate)
+    result = RunResult.model_validate_json((niah / "result.json").read_text())
+    drawn: list[tuple[list[T.Built], str]] = []
+    monkeypatch.setattr(plots, "judged_plots", lambda tables, title: drawn.append((tables, title)) or {})
+    files = RunOutcome(niah, result, report, verdict, Redactor(["hunter2-token"])).files()
+    ((tables, title),) = drawn
+    assert title.endswith("device cpu [REDACTED]") and tables[0].rows
+    assert b"hunter2" not in b"".join(files.values())
+    # a secret that redaction cannot take out of the JSON without breaking it (a number): no plot at all
+    drawn.clear()
+    files = RunOutcome(niah, result, report, verdict, Redactor(["0.0, "])).files()
+    assert drawn == [] and "## Results" in files["summary.md"].decode()
