@@ -34,6 +34,7 @@ COMMANDS = [
     "runners",
     "bus",
     "doctor",
+    "verify",
 ]
 
 # The example each verb's --help ends with (a verb whose module sets its own epilog keeps it).
@@ -59,6 +60,7 @@ EXAMPLES = {
     "bus compact": "kakeya bus compact --older-than 3 --json",
     "bus migrate": "kakeya bus migrate --dry-run",
     "doctor": "kakeya doctor --json",
+    "verify": "kakeya verify results/ID/attestation.json --json",
     "mcp": "kakeya mcp",
     "evidence": "kakeya evidence HEAD --request-missing --wait --json",
 }

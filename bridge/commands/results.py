@@ -8,13 +8,16 @@ signed it (`signed by RUNNER@LABELS`); with no allowed-signers file it is refuse
 --allow-unsigned (then, as on the embedded bus, it says `unsigned (allowed)`).
 --link-base URL (a repository's web address, e.g. https://github.com/ORG/kakeya) makes summary.md's links
 absolute: logs to URL/blob/<done>/.kakeya/results/<id>/..., plots to URL/raw/<done>/...; for a page where
-relative links cannot resolve, such as a GitHub job summary."""
+relative links cannot resolve, such as a GitHub job summary.
+--attestation [FILE] writes the runner's signed in-toto attestation of the run (bridge/attest.py), committed
+in its done commit, to FILE as well; `kakeya verify FILE` checks it offline (docs/evidence.md)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from bridge import attest
 from bridge import bus as B
 from bridge.commands._bus import (
     add_id,
@@ -56,6 +59,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="URL",
         help="make summary.md's links absolute under this repository web address",
     )
+    parser.add_argument(
+        "--attestation",
+        nargs="?",
+        const="",
+        metavar="FILE",
+        help="also write the runner's signed in-toto attestation of the run (a DSSE envelope) to FILE "
+        "(default: attestation.json in the results); `kakeya verify FILE` checks it offline",
+    )
     add_remote(parser)
     parser.set_defaults(func=run)
 
@@ -88,8 +99,16 @@ def run(args: argparse.Namespace) -> int:
         base, where = args.link_base.rstrip("/"), f"{done}/{B.results_path(args.id)}/"
         summary = out / "summary.md"
         summary.write_text(absolute_links(summary.read_text(), f"{base}/blob/{where}", f"{base}/raw/{where}"))
+    attestation = None
+    if args.attestation is not None:
+        attestation = attest.hand_out(out, Path(args.attestation) if args.attestation else None)
     if args.json:
-        emit(event("verdict", args.id, **outcome(result, out), **({"trust": words} if args.verify else {})))
-    else:
-        report(args.id, result, out, summary=args.summary)
+        extra = {"trust": words} if args.verify else {}
+        if attestation is not None:
+            extra["attestation"] = str(attestation)
+        emit(event("verdict", args.id, **outcome(result, out), **extra))
+        return 0
+    if attestation is not None:
+        print(f"attestation: {attestation}")
+    report(args.id, result, out, summary=args.summary)
     return 0

@@ -18,9 +18,9 @@ from bridge.errors import EXIT_CODES, KakeyaError, WaitTimeout
 from tests.bridge.bus_support import Env, free_port, git
 
 ROOT = Path(__file__).resolve().parents[2]
-# verbs whose --json another part of issue 33 adds (act: `runner once --json`), or that have no output to
-# shape (`mcp` speaks the MCP protocol on stdout)
-NO_JSON = {"runner once", "runner watch", "mcp"}
+# verbs with no output to shape: `runner watch` serves until stopped (its log on stderr), `mcp` speaks the MCP
+# protocol on stdout
+NO_JSON = {"runner watch", "mcp"}
 
 
 def call(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[dict[str, Any]], str]:
