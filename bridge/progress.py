@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from pydantic import ValidationError
 
@@ -96,6 +98,22 @@ def describe(progress: Progress, now: dt.datetime | None = None) -> str:
         parts.append(bar(w.done, w.total) + (f" {w.what}" if w.what else ""))
     parts.append(f"elapsed {clock(elapsed)}")
     return "  ".join(parts)
+
+
+def say(line: str, stream: TextIO | None = None) -> None:
+    """Write `line` to stderr (or `stream`), never failing the caller: when the reader is gone (EPIPE: a
+    `| head` that ended, a `| tee` stopped by the same Ctrl-C; EIO: its terminal closed) the stream is pointed
+    at /dev/null and what follows is dropped. A runner's log line is a courtesy; the run it tells of is not."""
+    stream = stream or sys.stderr
+    try:
+        print(line, file=stream, flush=True)
+    except (OSError, ValueError):  # ValueError: the stream was closed
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, stream.fileno())
+            os.close(null)
+        except (OSError, ValueError):
+            pass
 
 
 def clock(seconds: float) -> str:
