@@ -3,15 +3,34 @@ doctor on an embedded bus, an unsigned request refused up front (real bus, real 
 
 from __future__ import annotations
 
+import fcntl
+import os
+import re
 import signal
+import struct
 import subprocess
 import sys
+import termios
+import textwrap
+import threading
+from pathlib import Path
+
+import yaml
 
 from bridge import bus as B
 from bridge.client import Client
 from bridge.config import load_config
 from bridge.presence import read_presences
-from tests.bridge.bus_support import Daemon, Env, done_result, stop, wait_for
+from tests.bridge.bus_support import (
+    WRITE_REPORT_PY,
+    Daemon,
+    Env,
+    done_result,
+    git,
+    runner_process,
+    stop,
+    wait_for,
+)
 
 
 def piped_runner(
@@ -88,3 +107,102 @@ def test_ctrl_c_on_runner_watch_piped_to_tee_finishes_the_run(world: Env, daemon
     assert code == 130  # stopped by Ctrl-C, after the request it held was done
     assert world.count() == ["a"] and left_refs(url, world) == []
     assert f"{rid}: running work" in (world.tmp / "log").read_text()  # what tee got before it left
+
+
+# Counts to N like a real workload: KAKEYA_PROGRESS with long words, its own tqdm-style bar on stderr (\r
+# frames, as tqdm writes to a file) and a long line on stdout at each step.
+BARS_PY = WRITE_REPORT_PY + textwrap.dedent("""
+    import sys, time
+
+    n = int(sys.argv[1])
+    for i in range(n):
+        time.sleep(0.7)
+        with open(os.environ["KAKEYA_PROGRESS"] + ".tmp", "w") as fh:
+            json.dump({"done": i + 1, "total": n, "what": f"rung {i + 1} of {n} " + "w" * 150}, fh)
+        os.replace(os.environ["KAKEYA_PROGRESS"] + ".tmp", os.environ["KAKEYA_PROGRESS"])
+        print(f"line {i + 1} " + "x" * 300, flush=True)
+        filled = "#" * (10 * (i + 1) // n)
+        sys.stderr.write(f"\\rrungs: {100 * (i + 1) // n:3d}%|{filled:<10}| {i + 1}/{n} [00:0{i}<00:01, 1.4it/s]")
+        sys.stderr.flush()
+    write_report()
+""")
+BARS = {
+    "name": "bars",
+    "description": "counts, telling its progress three ways",
+    "runners": ["cpu"],
+    "timeout_s": 60,
+    "argv": ["{python}", "bars.py", "{n}"],
+    "params": {"n": {"type": "int", "min": 1, "max": 20, "default": 5}},
+    "report": {"kind": "probe", "schema_version": 1},
+}
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def pty_process(argv: list[str], cwd: Path, columns: int) -> tuple[subprocess.Popen, int]:
+    """`argv` with its stdout and stderr on a terminal `columns` wide (a pty); returns it and the master fd."""
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_COLOR")}
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=slave, stderr=slave, env={**env, "TERM": "xterm"})
+    os.close(slave)
+    return proc, master
+
+
+def read_all(fd: int) -> str:
+    chunks = []
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:  # EIO: the other side closed
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(fd)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_progress_is_one_bar_on_a_terminal_and_short_plain_lines_elsewhere(world: Env, daemon: Daemon):
+    (world.presets / "bars.yaml").write_text(yaml.safe_dump(BARS))
+    (world.project / "bars.py").write_text(BARS_PY)
+    git(world.project, "add", "-A")
+    git(world.project, "commit", "-q", "-m", "bars")
+    url = daemon.repo()
+    rid = Client(load_config(), remote=url).request("bars", {"n": 6}, "cpu").id
+    wait = [sys.executable, "-m", "bridge.cli", "wait", rid, "--remote", url]
+    term, master = pty_process([*wait, "--out", "tty-out"], world.project, 80)
+    screen: list[str] = []
+    reader = threading.Thread(target=lambda: screen.append(read_all(master)), daemon=True)
+    reader.start()
+    plain = subprocess.Popen(
+        [*wait, "--out", "plain-out"],
+        cwd=world.project,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "COLUMNS": "100"},
+    )
+    runner = runner_process(world, url, "r1", "--poll", "0.2", "--lease", "3")
+    try:
+        lines = plain.communicate(timeout=90)[0].splitlines()
+        assert plain.returncode == 0 and term.wait(30) == 0
+    finally:
+        stop(runner)
+    reader.join(10)
+    # plain: a line per heartbeat, our bar, never the workload's own, never past the width
+    progress = [ln for ln in lines if " running " in ln]
+    assert len(progress) >= 3 and all(len(ln) <= 100 for ln in progress), progress
+    assert all(re.search(r" running  \[#+-*\] (\d)/6 rung \1 of 6 w+\u2026$", ln) for ln in progress[1:]), (
+        progress
+    )
+    assert not any("%|" in ln for ln in lines)  # tqdm's bar from the log tail
+    assert lines[-1].startswith("summary: ")
+    # terminal: one bar redrawn in place; no log echo; nothing past 80 columns
+    out = ANSI.sub("", screen[0])
+    rows = [r for r in re.split(r"[\r\n]", out) if "elapsed" in r]  # each drawing of the bar
+    assert rows and all(len(r) <= 80 for r in rows), [r for r in rows if len(r) > 80]
+    assert "\u2501" in out and "rung " in out and "elapsed" in out  # rich's bar, the workload's words
+    assert "line 1 xxx" not in out and "%|" not in out and "stdout:" not in out
+    bars = [r for r in out.split("\n") if "\u2501" in r]  # each redraw is on the same row: no new line
+    assert len(bars) == 1, bars
+    assert "done: " in out and f"{rid}: bars succeeded, verdict pass" in out
