@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from bridge import bus as B
+from bridge.cli import main
 from bridge.client import Client
 from bridge.config import load_config
 from bridge.presence import read_presences
@@ -27,6 +28,7 @@ from tests.bridge.bus_support import (
     Env,
     done_result,
     git,
+    make_runner,
     runner_process,
     stop,
     wait_for,
@@ -206,3 +208,24 @@ def test_progress_is_one_bar_on_a_terminal_and_short_plain_lines_elsewhere(world
     bars = [r for r in out.split("\n") if "\u2501" in r]  # each redraw is on the same row: no new line
     assert len(bars) == 1, bars
     assert "done: " in out and f"{rid}: bars succeeded, verdict pass" in out
+
+
+def test_doctor_says_the_embedded_bus_has_no_runner_and_how_to_share_one(world: Env, monkeypatch, capsys):
+    monkeypatch.setattr("bridge.commands.doctor.check_engine", lambda: "not checked here")
+
+    def runners_line() -> str:
+        main(["doctor"])
+        return next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("ok    runners "))
+
+    line = runners_line()
+    assert "the bus is the embedded one" in line and "no runner can see it" in line
+    assert "kakeya runner watch --remote URL" in line and "KAKEYA_REMOTE" in line
+    runner = make_runner(str(world.project / ".kakeya" / "bus.git"), world, "here")
+    runner.start_presence()  # a runner of this project on this host: it does see the embedded bus
+    try:
+        wait_for(lambda: runner.beacon and runner.beacon.sha, 20, "the presence")
+        line = runners_line()
+    finally:
+        runner.stop_presence()
+    assert "1 live runner(s): here (cpu)" in line and "no runner can see it" not in line
+    assert "no runner can see it" in runners_line()  # stopped: gone again
