@@ -548,8 +548,17 @@ EOF
     SERVICE_HINT="launchctl gui/$uid needs a logged-in GUI session of $(id -un) (log in once on the Mac, or enable automatic login)"
     if [ "$DRY_RUN" = 1 ]; then
       say "would run: launchctl bootout gui/$uid/$AGENT (if loaded)"
-    else
+    elif launchctl print "gui/$uid/$AGENT" >/dev/null 2>&1; then
+      # the agent gets SIGTERM: its runner finishes the current run (KAKEYA_STOP_GRACE), launchd kills it only
+      # after ExitTimeOut; the new agent starts once the old one is gone
+      say "+ launchctl bootout gui/$uid/$AGENT (a run in progress finishes first: up to $((GRACE + 60)) s)"
       launchctl bootout "gui/$uid/$AGENT" 2>/dev/null || true
+      waited=0
+      while launchctl print "gui/$uid/$AGENT" >/dev/null 2>&1; do
+        [ "$waited" -lt $((GRACE + 60)) ] || die "the runner agent $AGENT is still loaded after $waited s"
+        sleep 1
+        waited=$((waited + 1))
+      done
     fi
     run launchctl enable "gui/$uid/$AGENT"
     run launchctl bootstrap "gui/$uid" "$PLIST"

@@ -455,3 +455,31 @@ def test_the_stop_grace_reaches_the_launch_agent_and_the_unit(home, bus, no_gpu_
     assert "Environment=KAKEYA_STOP_GRACE=900" in unit and "TimeoutStopSec=960" in unit
     bad = setup(home, *mac, path=no_gpu_path, env={"KAKEYA_STOP_GRACE": "5m"}, check=False)
     assert bad.returncode == 1 and "KAKEYA_STOP_GRACE must be a number of seconds" in bad.stderr
+
+
+def test_rerunning_setup_on_a_mac_waits_for_the_old_agent_to_finish_its_run(home, bus, no_gpu_path, tmp_path):
+    """launchctl stand-in: the agent stays loaded 2 s after bootout (its runner finishing the current run);
+    the new agent is bootstrapped only once the old one is gone, never over it."""
+    bindir = Path(no_gpu_path.split(":")[0])
+    calls, loaded = bindir / "calls", tmp_path / "loaded"
+    (bindir / "launchctl").write_text(
+        f'#!/bin/sh\necho "launchctl $1" >> "{calls}"\n'
+        f'case $1 in\n  print) [ -e "{loaded}" ] ;;\n'
+        f'  bootout) (sleep 2; rm -f "{loaded}") >/dev/null 2>&1 & ;;\n'
+        f'  bootstrap) touch "{loaded}" ;;\nesac\n'
+    )
+    (bindir / "launchctl").chmod(0o755)
+    args = ["--os", "macos", "--venv", str(VENV), "--skip-install", "--remote", str(bus), "--service"]
+    setup(home, *args, "--no-doctor", path=no_gpu_path)
+    assert calls.read_text().split("\n")[:-1] == [
+        "launchctl print",
+        "launchctl enable",
+        "launchctl bootstrap",
+    ]
+    calls.unlink()
+    proc = setup(home, *args, "--no-doctor", path=no_gpu_path)
+    seen = calls.read_text().splitlines()
+    assert seen[:3] == ["launchctl print", "launchctl bootout", "launchctl print"]
+    assert seen[-2:] == ["launchctl enable", "launchctl bootstrap"]
+    assert seen.count("launchctl print") >= 3  # polled while the old agent finished (2 s)
+    assert "a run in progress finishes first: up to 360 s" in proc.stdout
