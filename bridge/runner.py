@@ -585,6 +585,7 @@ class Runner:
                 version=version,
                 log=self.log,
                 paused=self.paused,
+                require_signed_requests=self.requesters is not None,
             )
             self.beacon.start()
 

@@ -18,10 +18,12 @@ from pathlib import Path
 import yaml
 
 from bridge import bus as B
+from bridge import git as G
 from bridge.cli import main
 from bridge.client import Client
 from bridge.config import load_config
-from bridge.presence import read_presences
+from bridge.presence import PRESENCE_PATH, read_presences
+from bridge.runner import Runner
 from tests.bridge.bus_support import (
     WRITE_REPORT_PY,
     Daemon,
@@ -33,6 +35,7 @@ from tests.bridge.bus_support import (
     stop,
     wait_for,
 )
+from tests.bridge.test_signing import allow, keygen
 
 
 def piped_runner(
@@ -229,3 +232,52 @@ def test_doctor_says_the_embedded_bus_has_no_runner_and_how_to_share_one(world: 
         runner.stop_presence()
     assert "1 live runner(s): here (cpu)" in line and "no runner can see it" not in line
     assert "no runner can see it" in runners_line()  # stopped: gone again
+
+
+def test_an_unsigned_request_to_runners_that_take_only_signed_ones_is_refused_up_front(
+    world: Env, daemon: Daemon, monkeypatch, capsys
+):
+    url = daemon.repo()
+    alice = keygen(world.tmp / "alice")
+    requesters = allow(world.tmp / "requesters", ("alice@example.com", alice))
+    strict = load_config().model_copy(
+        update={"require_signed_requests": True, "allowed_requesters": str(requesters)}
+    )
+    bus = B.Bus(url, world.project)
+
+    def presence(name: str) -> str:
+        sha = bus.ls_remote(B.RUNNERS_PREFIX).runners[name]
+        bus.fetch_ids([sha], "presence")
+        return (G.read_path(world.project, sha, PRESENCE_PATH) or b"").decode()
+
+    def start(name: str, config) -> Runner:
+        runner = Runner(url, config=config, name=name, labels=["cpu"], workdir=world.tmp / "runners" / name)
+        runner.start_presence()
+        wait_for(lambda: runner.beacon and runner.beacon.sha, 20, f"{name}'s presence")
+        return runner
+
+    request = ["request", "work", "--runner", "cpu", "--remote", url]
+    runners = [start("s1", strict), start("s2", strict)]
+    try:
+        assert '"require_signed_requests": true' in presence("s1")
+        assert main(request) == 2  # nothing pushed: no request sits there until a runner rejects it
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err == (
+            "kakeya: error: the runners of label cpu (s1, s2) take only signed requests, and this one would be "
+            "unsigned: set signing_key (KAKEYA_SIGNING_KEY) to your SSH key, listed in their "
+            "allowed_requesters file, and request again"
+        )
+        assert not bus.ls_remote(B.REQ_PREFIX).entries
+        monkeypatch.setenv("KAKEYA_SIGNING_KEY", str(alice))  # signed: it goes to them
+        assert main(request) == 0
+        signed = capsys.readouterr().out.strip()
+        monkeypatch.delenv("KAKEYA_SIGNING_KEY")
+        assert main([*request[:3], "gpu", *request[4:]]) == 0  # no live runner there: queued as ever
+        runners.append(start("open", load_config()))  # one live runner takes unsigned requests: not refused
+        assert "require_signed_requests" not in presence("open")  # read as before by older clients
+        assert main(request) == 0
+    finally:
+        for runner in runners:
+            runner.stop_presence()
+    served = runners[0].once(request_id=signed)
+    assert served is not None and (served.status, served.verdict) == ("succeeded", "pass")
