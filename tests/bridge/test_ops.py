@@ -4,6 +4,7 @@ doctor on an embedded bus, an unsigned request refused up front (real bus, real 
 from __future__ import annotations
 
 import fcntl
+import io
 import os
 import re
 import signal
@@ -21,8 +22,10 @@ from bridge import bus as B
 from bridge import git as G
 from bridge.cli import main
 from bridge.client import Client
+from bridge.commands.wait import line as wait_line
 from bridge.config import load_config
 from bridge.presence import PRESENCE_PATH, read_presences
+from bridge.progress import View, say
 from bridge.runner import Runner
 from tests.bridge.bus_support import (
     WRITE_REPORT_PY,
@@ -281,3 +284,60 @@ def test_an_unsigned_request_to_runners_that_take_only_signed_ones_is_refused_up
             runner.stop_presence()
     served = runners[0].once(request_id=signed)
     assert served is not None and (served.status, served.verdict) == ("succeeded", "pass")
+
+
+def progress_event(done: int, what: str, tail: list[str]) -> dict:
+    return {
+        "event": "running",
+        "at": "2026-01-01T00:00:07.000+00:00",
+        "elapsed_s": 7.0,
+        "workload": {"done": done, "total": 4, "what": what},
+        "log_tail": tail,
+        "scheduler": None,
+    }
+
+
+def test_the_view_in_process_narrow_terminal_workload_bars_and_a_reader_gone(monkeypatch):
+    """The same rules in process, at their edges: a 40-column terminal, each kind of workload bar, EPIPE."""
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 40, 0, 0))
+    monkeypatch.setenv(
+        "COLUMNS", "40"
+    )  # in process rich sizes the terminal of stdout: pytest's, not this one
+    monkeypatch.setenv("TERM", "xterm")
+    with open(slave, "w") as term:
+        view = View(wait_line, term)
+        assert view.live
+        view.show(progress_event(1, "rung " + "w" * 100, ["stdout: a line of the run's own"]))
+        at = "2026-01-01T00:00:07.500+00:00"
+        view.show({"event": "stale", "at": at, "runner": "r1", "lease_until": "2026-01-01T00:00:05+00:00"})
+        view.show(progress_event(2, "rung " + "w" * 100, ["stdout: a line of the run's own"]))
+        view.show({"event": "finished", "at": "2026-01-01T00:00:08.000+00:00", "id": "x", "done": "f" * 40})
+        view.close()
+    out = ANSI.sub("", read_all(master))
+    drawn = [r for r in re.split(r"[\r\n]", out) if "elapsed" in r]
+    assert drawn and all(len(r) <= 40 for r in drawn) and "2/4" in out, drawn
+    assert "a line of the run's own" not in out and "00:00:08 done: ffffffffffff" in out
+    assert "00:00:07 the lease of r1 ran out at 00:00:05" in out  # a line above the bar
+    plain = io.StringIO()
+    monkeypatch.setenv("COLUMNS", "89")
+    view = View(wait_line, plain)
+    assert not view.live
+    bars = [
+        "stderr: 50%|#####     | 2/4 [00:02<00:02]",
+        "stderr: \u2588\u2588\u258c  2/4",
+        "stdout: [####----------] 2",
+    ]
+    view.show(progress_event(2, "rung 2", ["stdout: last real line", *bars]))
+    view.show(progress_event(3, "rung 3", bars))
+    assert plain.getvalue().splitlines() == [
+        "00:00:07 running  [##########----------] 2/4 rung 2  elapsed 0:07  | stdout: last real l\u2026",
+        "00:00:07 running  [###############-----] 3/4 rung 3  elapsed 0:07",
+    ]
+    # a reader that left: the line is dropped, the stream pointed at /dev/null, nothing raised
+    read, write = os.pipe()
+    os.close(read)
+    with open(write, "w") as gone:
+        say("one", gone)
+        say("two", gone)
+        assert os.path.samestat(os.fstat(gone.fileno()), os.stat(os.devnull))
