@@ -11,6 +11,7 @@ before it takes its lease's lock.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import re
 import shutil
@@ -137,13 +138,21 @@ class View:
     PLAIN_COLUMNS). `line` puts any event in words (`progress_line` for progress events)."""
 
     def __init__(self, line: Callable[[dict[str, Any]], str], stream: TextIO | None = None):
-        from rich.console import Console
-
         self.line, self.stream = line, stream or sys.stdout
-        self.console = Console(file=self.stream, highlight=False)
-        self.live = self.console.is_terminal and not self.console.is_dumb_terminal
         self.bar: Any = None  # rich.progress.Progress while a progress event is shown on a terminal
         self.task: Any = None
+
+    @functools.cached_property
+    def console(self) -> Any:
+        """rich's Console on the stream, made when first needed (`--json` never imports rich)."""
+        from rich.console import Console
+
+        return Console(file=self.stream, highlight=False)
+
+    @property
+    def live(self) -> bool:
+        """Is the stream a terminal that can redraw a bar in place?"""
+        return bool(self.console.is_terminal and not self.console.is_dumb_terminal)
 
     def show(self, e: dict[str, Any]) -> None:
         if not is_progress(e):
