@@ -79,7 +79,7 @@ def test_the_wheel_alone_requests_shows_fetches_and_gates(tmp_path: Path, monkey
     names = zipfile.ZipFile(wheel).namelist()
     # no zoo weights in a client install; the engine's C kernel source and the presets are there
     assert not [n for n in names if n.startswith("engine/zoo/models/") or n.endswith(".safetensors")]
-    assert "engine/backends/kv_kernels.c" in names and "kakeya_presets/niah-smoke.yaml" in names
+    assert "engine/backends/torch/kv_kernels.c" in names and "kakeya_presets/niah-smoke.yaml" in names
     # the engine extras' editable install (`make`, setup-runner.sh; the engine tests) reads them from here
     assert {"tiny-hybrid", "tiny-drafter"} <= set(zoo_models())
     # 2. a fresh venv: the wheel, and links to its dependencies only
