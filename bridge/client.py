@@ -34,6 +34,7 @@ from bridge.config import Config, project_root
 from bridge.errors import BusError, InvalidRequest, KakeyaError, problems
 from bridge.names import check_label
 from bridge.page import outcome_words
+from bridge.presence import refuse_unsigned
 from bridge.presets import Preset, get_preset, load_registry
 from bridge.result import RunResult
 from bridge.trust import Signers, done_problem, key_file
@@ -177,6 +178,7 @@ class Client:
         preset = get_preset(registry if registry is not None else load_registry(), preset_name)
         preset.check_runs_on(check_label(label))
         preset.validate_params(raw)
+        refuse_unsigned(self.bus, label, self.config.signing_key, self.root)  # bridge/presence.py
         ttl_s = expires_s or self.config.request_ttl_s
         if ttl_s > B.MAX_TTL.total_seconds():
             raise InvalidRequest(

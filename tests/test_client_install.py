@@ -3,7 +3,7 @@ that has no torch or mlx, requests, shows status, fetches results and gates them
 with the presets of the checkout it runs in; outside any checkout it uses the presets installed with it.
 
 Offline and quick: the wheel is built with --no-build-isolation (setuptools of this venv) and installed with
---no-index --no-deps; its dependencies (pydantic, PyYAML, jsonschema and theirs, nothing else) are made
+--no-index --no-deps; its dependencies (pydantic, PyYAML, jsonschema, rich and theirs, nothing else) are made
 importable in the fresh venv by a .pth file over links to exactly those distributions of this venv."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -24,10 +25,11 @@ import yaml
 from bridge import git as G
 from bridge.config import load_config
 from bridge.runner import Runner
+from engine.models import zoo_models
 from tests.bridge.bus_support import WORK_PY, git
 
 ROOT = Path(__file__).resolve().parent.parent
-DEPS = ("pydantic", "PyYAML", "jsonschema")
+DEPS = ("pydantic", "PyYAML", "jsonschema", "rich")
 
 
 def closure(names: tuple[str, ...]) -> set[str]:
@@ -74,6 +76,12 @@ def test_the_wheel_alone_requests_shows_fetches_and_gates(tmp_path: Path, monkey
         [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(src)], check=True
     )
     (wheel,) = wheels.glob("kakeya-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    # no zoo weights in a client install; the engine's C kernel source and the presets are there
+    assert not [n for n in names if n.startswith("engine/zoo/models/") or n.endswith(".safetensors")]
+    assert "engine/backends/torch/kv_kernels.c" in names and "kakeya_presets/niah-smoke.yaml" in names
+    # the engine extras' editable install (`make`, setup-runner.sh; the engine tests) reads them from here
+    assert {"tiny-hybrid", "tiny-drafter"} <= set(zoo_models())
     # 2. a fresh venv: the wheel, and links to its dependencies only
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
@@ -162,6 +170,7 @@ def test_the_wheel_alone_requests_shows_fetches_and_gates(tmp_path: Path, monkey
     assert served is not None and served.pushed and served.verdict == "pass"
     assert "succeeded" in kakeya(project, "status", rid, "--remote", bus)
     kakeya(project, "results", rid, "--remote", bus, "--out", str(tmp_path / "res"))
+    assert f"{rid}: hello succeeded" in kakeya(project, "wait", rid, "--remote", bus)  # rich is installed
     assert "pass" in kakeya(
         project, "gate", "check", str(tmp_path / "res" / "report.json"), "--preset", "hello"
     )
