@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import datetime as dt
 import getpass
+import hashlib
+import json
 import platform
 import re
 import secrets
 import time
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from bridge import bus as B
 from bridge import git
@@ -34,11 +37,52 @@ from bridge.config import Config, project_root
 from bridge.errors import BusError, InvalidRequest, KakeyaError, problems
 from bridge.names import check_label
 from bridge.page import outcome_words
+from bridge.presence import read_presences
 from bridge.presets import Preset, get_preset, load_registry
 from bridge.result import RunResult
-from bridge.trust import Signers, done_problem, key_file
+from bridge.trust import Signers, done_problem, key_file, trusted_signers
 
 GC_CHUNK = 500
+IDEM_PREFIX = B.NS + "idem/"  # refs/kakeya/idem/<sha256 of the key>: the request a key made
+IDEM_PATH = ".kakeya/idempotency.json"
+
+
+def idem_ref(key_sha256: str) -> str:
+    return f"{IDEM_PREFIX}{key_sha256}"
+
+
+class Idempotency(B._File):
+    """.kakeya/idempotency.json, on a child of the request commit that `idem_ref` points at: which request
+    a key made and a hash of its content (a retry must match it)."""
+
+    schema_version: Literal[1] = 1
+    key: str = Field(min_length=1, max_length=200)
+    key_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    content_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    id: str = ""
+
+    @classmethod
+    def of(cls, key: str, content: Mapping[str, Any]) -> Idempotency:
+        if not key or len(key) > 200 or any(unicodedata.category(c) in ("Cc", "Cf") for c in key):
+            raise InvalidRequest(
+                f"idempotency key {key[:40]!r} must be 1 to 200 printable characters (e.g. a UUID)"
+            )
+        canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
+        return cls(
+            key=key,
+            key_sha256=hashlib.sha256(key.encode()).hexdigest(),
+            content_sha256=hashlib.sha256(canonical.encode()).hexdigest(),
+        )
+
+
+def runner_labels(spec: str | Sequence[str]) -> list[str]:
+    """'h200,h100' (or a list) -> the labels in order, each valid and given once."""
+    labels = [lb.strip() for lb in spec.split(",")] if isinstance(spec, str) else [lb.strip() for lb in spec]
+    if not labels or len(set(labels)) != len(labels):
+        raise InvalidRequest(
+            f"--runner {','.join(labels)!r} must name each runner label once, e.g. h200,h100"
+        )
+    return [check_label(lb) for lb in labels]
 
 
 def state_dir(config: Config, root: Path) -> Path:
@@ -166,17 +210,26 @@ class Client:
         self,
         preset_name: str,
         raw: Mapping[str, Any],
-        label: str,
+        label: str | Sequence[str],
         *,
         subject: str | None = None,
         expires_s: float | None = None,
         allow_dirty: bool = False,
         registry: Mapping[str, Preset] | None = None,
+        idempotency_key: str | None = None,
     ) -> Manifest:
-        """Validate against the local registry, build the request commit on the subject, push it."""
+        """Validate against the local registry, build the request commit on the subject, push it.
+
+        `label`: one runner label, or several in order of preference ('h200,h100'): the first with a live
+        runner wins, none live: the first. `expires_s`: a request no runner has started by then ends as
+        `expired` (the manifest's expires_at, at most MAX_TTL). `idempotency_key`: a retry with the same key
+        and the same content (preset, parameters, labels, subject) returns the first request, queued, running
+        or done; other content under the same key is refused (`IDEM_PREFIX`)."""
         preset = get_preset(registry if registry is not None else load_registry(), preset_name)
-        preset.check_runs_on(check_label(label))
-        preset.validate_params(raw)
+        labels = runner_labels(label)
+        for each in labels:
+            preset.check_runs_on(each)
+        values = preset.validate_params(raw)
         ttl_s = expires_s or self.config.request_ttl_s
         if ttl_s > B.MAX_TTL.total_seconds():
             raise InvalidRequest(
@@ -184,6 +237,19 @@ class Client:
                 f"{age(B.MAX_TTL.total_seconds())}; give --expires 7d or less"
             )
         subject_sha, snapshot_of = self.subject(subject, allow_dirty)
+        idem = None
+        if idempotency_key is not None:
+            content = {"preset": preset.name, "params": values, "labels": labels}
+            content["subject"] = (
+                f"snapshot of {snapshot_of}: tree {git.out(self.bus.store, 'rev-parse', subject_sha + '^{tree}')}"
+                if snapshot_of
+                else subject_sha
+            )
+            idem = Idempotency.of(idempotency_key, content)
+            first = self.idempotent(idem)
+            if first is not None:
+                return first
+        chosen = self.pick_label(labels)
         now = B.utcnow()
         rid = B.new_id(preset.name, now)
         manifest = Manifest(
@@ -191,7 +257,7 @@ class Client:
             preset=preset.name,
             params=dict(raw),
             subject=subject_sha,
-            runner=label,
+            runner=chosen,
             requester=self.requester(),
             created_at=now,
             expires_at=now + dt.timedelta(seconds=ttl_s),
@@ -202,17 +268,54 @@ class Client:
             self.bus.store,
             subject_sha,
             {B.MANIFEST_PATH: manifest.dump()},
-            f"kakeya request {rid}: {preset.name} on {label}",
+            f"kakeya request {rid}: {preset.name} on {chosen}",
             self.who(),
             key_file(self.config.signing_key),
         )
-        updates = [Update(B.req_ref(label, rid), sha, None)]
+        updates = [Update(B.req_ref(chosen, rid), sha, None)]
+        if idem is not None:  # the request and its key in one atomic push: of two retries, one wins
+            idem.id = rid
+            marker = git.child_commit(
+                self.bus.store, sha, {IDEM_PATH: idem.dump()}, f"kakeya idempotency key of {rid}", self.who()
+            )
+            updates.append(Update(idem_ref(idem.key_sha256), marker, None))
         if not self.bus.ls_remote(B.LAYOUT_PREFIX).layouts:  # a new bus: say which layout it speaks
-            updates.append(Update(B.layout_ref(), self.layout_marker(), None))
-        if not self.bus.swap(updates[:1], atomic=False):
+            self.bus.push([Update(B.layout_ref(), self.layout_marker(), None)])  # either writer's is fine
+        if not self.bus.swap(updates, atomic=True):
+            first = self.idempotent(idem) if idem is not None else None
+            if first is not None:  # a concurrent retry with the same key pushed first
+                return first
             raise BusError(f"request id {rid} is already taken on the bus; try again")
-        if len(updates) > 1:
-            self.bus.push(updates[1:])  # another client may have written it first: either is fine
+        return manifest
+
+    def pick_label(self, labels: Sequence[str]) -> str:
+        """The first of `labels` a live runner serves (one listing of the presences); none: the first."""
+        if len(labels) == 1:
+            return labels[0]
+        snap = self.bus.ls_remote(B.RUNNERS_PREFIX)
+        now = B.utcnow()
+        seen = read_presences(self.bus, snap.runners, trusted_signers(self.root) if self.in_repo else None)
+        return next((lb for lb in labels if any(s.serves(lb, now) for s in seen)), labels[0])
+
+    def idempotent(self, idem: Idempotency) -> Manifest | None:
+        """The request made earlier with `idem`'s key (from its one index ref), or None when there is none;
+        InvalidRequest when that request was made with other content."""
+        ref = idem_ref(idem.key_sha256)
+        sha = self.bus.ls_remote(ref).refs.get(ref)
+        if sha is None:
+            return None
+        self.bus.fetch_ids([sha], "the idempotency key's request")
+        first = B.parse_or_none(
+            Idempotency, self.local_files([f"{sha}:{IDEM_PATH}"]).get(f"{sha}:{IDEM_PATH}")
+        )
+        manifest = B.read_manifests(self.bus.repos(), [sha]).get(sha)
+        if first is None or not isinstance(manifest, Manifest) or manifest.id != first.id:
+            raise BusError(f"the idempotency key's ref {ref} on the bus is not a request's; delete it")
+        if first.content_sha256 != idem.content_sha256:
+            raise InvalidRequest(
+                f"idempotency key {idem.key!r} was used for request {first.id} with other content "
+                f"(preset, parameters, runner labels or subject differ); use a new key for a new request"
+            )
         return manifest
 
     def layout_marker(self) -> str:
