@@ -19,6 +19,7 @@ COMMANDS = [
     "presets",
     "exec",
     "gate",
+    "evidence",
     "request",
     "status",
     "results",
