@@ -30,6 +30,7 @@ COMMANDS = [
     "runners",
     "bus",
     "doctor",
+    "mcp",
 ]
 
 
