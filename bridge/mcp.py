@@ -26,6 +26,7 @@ import anyio.to_thread
 import mcp_types as T
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from bridge import bus as B
@@ -450,9 +451,11 @@ def build(tools: Tools) -> Server:
         )
 
     async def read(ctx: Any, params: T.ReadResourceRequestParams) -> T.ReadResourceResult:
-        return T.ReadResourceResult(
-            contents=await anyio.to_thread.run_sync(read_resource, tools, str(params.uri))
-        )
+        try:
+            contents = await anyio.to_thread.run_sync(read_resource, tools, str(params.uri))
+        except KakeyaError as exc:  # an error the client sees with its message, not "internal error"
+            raise MCPError(T.INVALID_PARAMS, f"{type(exc).__name__}: {exc}") from None
+        return T.ReadResourceResult(contents=contents)
 
     return Server(
         "kakeya",

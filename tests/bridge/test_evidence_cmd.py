@@ -10,12 +10,24 @@ from pathlib import Path
 
 import pytest
 
+from bridge import bus as B
 from bridge.cli import main
+from bridge.client import Client
 from bridge.commands.evidence import params_for
+from bridge.config import load_config
 from bridge.errors import InvalidRequest
 from bridge.evidence import Requirement
 from bridge.presets import load_registry
-from tests.bridge.bus_support import Daemon, Env, git, runner_process, stop
+from tests.bridge.bus_support import (
+    Daemon,
+    Env,
+    git,
+    manifest_dict,
+    push_raw_request,
+    runner_process,
+    stop,
+    wait_for,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUIRED = "required:\n  - work@cpu tag==ev\n  - cpuonly@cpu seconds>=0.5\n"
@@ -47,6 +59,16 @@ def test_evidence_requests_what_is_missing_and_waits_for_all(world: Env, daemon:
         "cpuonly@cpu seconds>=0.5": "missing",
     }
 
+    # live requests for the subject that would not provide the evidence: never taken as pending
+    c = Client(load_config(), remote=url)
+    c.request("work", {"tag": "ev"}, "gpu", subject=head)  # another label
+    c.request("work", {"tag": "zz"}, "cpu", subject=head)  # the pin not met
+    late = c.request("cpuonly", {"seconds": 0.5}, "cpu", subject=head, expires_s=0.5)
+    wait_for(lambda: c.status_one(late.id).state == "expired", 30, "a request to expire")
+    forged = B.new_id("cpuonly")  # parameters the preset does not take
+    push_raw_request(
+        url, world.project, "cpu", forged, manifest_dict(forged, "cpuonly", head, params={"seconds": "lots"})
+    )
     assert main([*base, "--request-missing"]) == 1
     requested = [e for e in events(capsys) if e["event"] == "requested"]
     assert [(e["requirement"], e["params"], e["runner"]) for e in requested] == [
@@ -57,6 +79,8 @@ def test_evidence_requests_what_is_missing_and_waits_for_all(world: Env, daemon:
     again = events(capsys)
     assert {(e["event"], e["id"]) for e in again[:-1]} == {("pending", e["id"]) for e in requested}
 
+    assert main([*base[:-1], "--wait", "--timeout", "1"]) != 0  # no runner: a timeout, said
+    assert "timed out after 1 s waiting for" in capsys.readouterr().err
     runner = runner_process(world, url, "w1")
     try:
         assert main([*base, "--wait", "--timeout", "120"]) == 0

@@ -24,7 +24,7 @@ pytest.importorskip("mcp")
 from mcp import Client, StdioServerParameters  # noqa: E402
 
 from bridge.errors import InvalidRequest  # noqa: E402
-from bridge.mcp import TOOLS, input_schema  # noqa: E402
+from bridge.mcp import TOOLS, Tools, build, input_schema  # noqa: E402
 from bridge.presets import load_registry  # noqa: E402
 from tests.bridge.bus_support import WRITE_REPORT_PY, Daemon, Env, git, runner_process, stop  # noqa: E402
 
@@ -201,3 +201,115 @@ def test_an_mcp_client_drives_kakeya_mcp_over_stdio(world: Env, daemon: Daemon):
     assert json.loads(got["resource"].contents[0].text)["verdict"] == "pass"
     assert json.loads(got["preset"].contents[0].text)["params"]["properties"]["mode"]["enum"] == [
         "count", "sleep", "once"]  # fmt: skip
+
+
+def test_the_tools_and_resources_in_process(world: Env, daemon: Daemon):
+    """The same server, connected in process (the SDK's direct dispatcher): the tools the stdio test does
+    not call, evidence_for requesting and following with progress, idempotent retries, resources."""
+    write_plot_preset(world)
+    git(world.project, "add", "-A")
+    git(world.project, "commit", "-qm", "plot")
+    head = git(world.project, "rev-parse", "HEAD")
+    url = daemon.repo()
+    progress: list[str] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append(message or "")
+
+    async def script(client: Any) -> dict[str, Any]:
+        got: dict[str, Any] = {}
+        for name, args in (
+            ("presets", {}),
+            ("preset", {"name": "plot"}),
+            ("queued", {"preset": "work", "runner": ["gpu", "cpu"], "idempotency_key": "k", "queue_timeout_s": 600}),
+            ("again", {"preset": "work", "runner": ["gpu", "cpu"], "idempotency_key": "k"}),
+            ("other", {"preset": "work", "params": {"tag": "zz"}, "runner": ["gpu", "cpu"], "idempotency_key": "k"}),
+        ):  # fmt: skip
+            got[name] = await client.call_tool(
+                "request" if name in ("queued", "again", "other") else name, args
+            )
+        queued = got["queued"].structured_content["id"]
+        got["waited"] = await client.call_tool(
+            "request", {"preset": "work", "runner": "gpu", "wait": True, "timeout_s": 0.5}
+        )  # no gpu runner: the wait times out, the request stays
+        got["one"] = await client.call_tool("status", {"id": queued})
+        got["bad_arg"] = await client.call_tool("status", {"id": 5})
+        got["cancel"] = await client.call_tool("cancel", {"id": queued, "reason": "test"})
+        got["status"] = await client.call_tool("status", {})
+        got["unknown"] = await client.call_tool("nope", {})
+        runner = runner_process(world, url, "p1")
+        try:
+            got["evidence"] = await client.call_tool(
+                "evidence_for",
+                {"subject": head, "require": ["plot@cpu"], "request_missing": True, "wait": True,
+                 "allow_unsigned": True},
+                progress_callback=on_progress,
+            )  # fmt: skip
+            rid = got["evidence"].structured_content["requested"]["plot@cpu"]
+            got["wait"] = await client.call_tool("wait", {"id": rid, "timeout_s": 60})
+            got["results"] = await client.call_tool("results", {"id": rid})
+            got["gate"] = await client.call_tool(
+                "gate_pr", {"subject": head, "require": ["plot@cpu", "work@gpu"], "allow_unsigned": True}
+            )
+            got["runners"] = await client.call_tool("runners", {"all": True})
+        finally:
+            stop(runner)
+        got["resources"] = [str(r.uri) for r in (await client.list_resources()).resources]
+        got["templates"] = [
+            t.uri_template for t in (await client.list_resource_templates()).resource_templates
+        ]
+        got["presets_doc"] = await client.read_resource("kakeya://presets")
+        got["preset_doc"] = await client.read_resource("kakeya://presets/plot")
+        got["result_doc"] = await client.read_resource(f"kakeya://results/{rid}")
+        try:
+            await client.read_resource("kakeya://elsewhere")
+        except Exception as exc:  # noqa: BLE001 - the SDK's error for a failed read
+            got["bad_resource"] = str(exc)
+        return got
+
+    async def connect() -> dict[str, Any]:
+        async with Client(build(Tools(remote=url))) as client:
+            return await script(client)
+
+    got = anyio.run(connect)
+    assert [p["name"] for p in got["presets"].structured_content["presets"]] == [
+        "cpuonly",
+        "plot",
+        "strict",
+        "work",
+    ]
+    assert got["preset"].structured_content["params"] == {
+        "type": "object", "properties": {}, "required": [], "additionalProperties": False}  # fmt: skip
+    queued = got["queued"].structured_content
+    assert queued["runner"] == "gpu"  # no live runner yet: the first label
+    assert got["again"].structured_content["id"] == queued["id"]
+    assert got["other"].is_error and f"was used for request {queued['id']}" in got["other"].content[0].text
+    assert got["cancel"].structured_content == {"id": queued["id"], "was": "requested", "cancelled": True}
+    waited = got["waited"]
+    assert waited.is_error and "timed out after 0.5 s waiting for" in waited.content[0].text
+    assert got["one"].structured_content["state"] == "requested"
+    assert (
+        got["bad_arg"].is_error
+        and "tool status: id: Input should be a valid string" in got["bad_arg"].content[0].text
+    )
+    assert sorted(r["state"] for r in got["status"].structured_content["requests"]) == [
+        "cancelled",
+        "requested",
+    ]
+    assert got["unknown"].is_error and "unknown tool 'nope'" in got["unknown"].content[0].text
+    evidence = got["evidence"].structured_content
+    assert evidence["passed"] is True and evidence["pending"] == {}
+    rid = evidence["requested"]["plot@cpu"]
+    assert any(m.startswith(f"{rid}: running") for m in progress) and progress[-1] == f"{rid}: done"
+    assert got["wait"].structured_content["verdict"] == "pass"
+    assert any(c.type == "image" for c in got["wait"].content)
+    assert any(c.type == "image" for c in got["results"].content)
+    gate = got["gate"].structured_content
+    assert gate["passed"] is False and [o["status"] for o in gate["outcomes"]] == ["pass", "missing"]
+    assert json.loads(got["preset_doc"].contents[0].text)["name"] == "plot"
+    assert "p1" in [r["name"] for r in got["runners"].structured_content["runners"]]
+    assert f"kakeya://results/{rid}" in got["resources"]
+    assert got["templates"] == ["kakeya://presets/{name}", "kakeya://results/{id}"]
+    assert len(json.loads(got["presets_doc"].contents[0].text)) == 4
+    assert got["result_doc"].contents[1].mime_type == "text/markdown"
+    assert "unknown resource 'kakeya://elsewhere'" in got["bad_resource"]

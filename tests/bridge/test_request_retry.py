@@ -6,8 +6,6 @@ request; a forged key ref is refused), the runner label fallback (`--runner gpu,
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 
 import pytest
@@ -55,15 +53,36 @@ def test_a_retried_request_returns_the_first_id_queued_running_and_done(world: E
 
 
 def test_concurrent_retries_make_one_request(world: Env, daemon: Daemon):
+    """Six clients at once with one key (a barrier lines them up): one request on the bus, one id for all."""
     url = daemon.repo()
-    argv = [sys.executable, "-m", "bridge.cli", "request", "work", "-p", "tag=c", "--runner", "cpu",
-            "--remote", url, "--idempotency-key", "same-key", "--json"]  # fmt: skip
-    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(4)]
-    outs = [p.communicate(timeout=120) for p in procs]
-    assert [p.returncode for p in procs] == [0] * 4, [o[1] for o in outs]
-    ids = {json.loads(o[0])["id"] for o in outs}
+    Client(load_config(), remote=url).request("work", {"tag": "warm"}, "cpu")  # the layout marker is there
+    barrier = threading.Barrier(6)
+    ids: list[str] = []
+
+    def retry() -> None:
+        c = Client(load_config(), remote=url)
+        barrier.wait()
+        ids.append(c.request("work", {"tag": "c"}, "cpu", idempotency_key="same-key").id)
+
+    threads = [threading.Thread(target=retry) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
     c = Client(load_config(), remote=url)
-    assert len(ids) == 1 and requests_on(c) == sorted(ids)
+    assert len(ids) == 6 and len(set(ids)) == 1
+    assert len(requests_on(c)) == 2 and ids[0] in requests_on(c)  # the warm-up and one
+
+
+def test_a_snapshot_retried_is_the_same_request(world: Env, daemon: Daemon):
+    """--allow-dirty makes a new snapshot commit each time: the same files are the same content."""
+    c = Client(load_config(), remote=daemon.repo())
+    (world.project / "notes.txt").write_text("draft")
+    first = c.request("work", {}, "cpu", allow_dirty=True, idempotency_key="snap")
+    assert c.request("work", {}, "cpu", allow_dirty=True, idempotency_key="snap").id == first.id
+    (world.project / "notes.txt").write_text("draft 2")
+    with pytest.raises(InvalidRequest, match=f"request {first.id} with other content"):
+        c.request("work", {}, "cpu", allow_dirty=True, idempotency_key="snap")
 
 
 def test_a_forged_key_ref_is_refused_not_trusted(world: Env, daemon: Daemon):
