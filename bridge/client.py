@@ -554,7 +554,8 @@ class Client:
         """Delete the req/claim/cancel refs of finished requests older than the cutoff; done refs stay, or with
         `archive_done` move to refs/kakeya-archive/done/<id> (kept, but out of every clone's fetch and of
         `kakeya status` and `gate pr`). Result side refs left behind (refs/kakeya-stage/<id>/...) of done or
-        vanished requests go too, whatever their age. Returns the refs deleted (or that would be)."""
+        vanished requests go too, whatever their age, and the idempotency keys of requests older than the
+        cutoff (`stale_keys`). Returns the refs deleted (or that would be)."""
         cutoff = B.utcnow() - dt.timedelta(days=older_than_days)
         snap = self.bus.ls_remote(*B.LIVE, B.DONE_PREFIX, *([B.SUBJECT_PREFIX] if archive_done else []))
         entries = [e for e in snap.entries.values() if e.done and e.created_at < cutoff]
@@ -565,6 +566,7 @@ class Client:
             for ref, sha in self.bus.stage_refs().items()
             if (e := snap.entries.get(ref[len(B.STAGE_PREFIX) :].split("/")[0])) is None or e.done
         ]
+        stale += self.stale_keys(cutoff, {rid for rid, e in snap.entries.items() if e.req and not e.done})
         updates = [
             Update(ref, None, sha)
             for e in entries
@@ -602,6 +604,21 @@ class Client:
                 deleted += [u.ref for u in chunk if u.new is None and status.get(u.ref, (False, ""))[0]]
             return deleted
         return deleted + self._push_chunks(updates)
+
+    def stale_keys(self, cutoff: dt.datetime, live: set[str]) -> list[Update]:
+        """Deletions of the idempotency key refs (`IDEM_PREFIX`) of requests made before `cutoff` that are not
+        live (a retry after that makes a new request), and of key refs that name no request."""
+        text = self.bus.list([IDEM_PREFIX])
+        refs = {ref: sha for sha, _, ref in (line.partition("\t") for line in text.splitlines()) if ref}
+        self.bus.fetch_ids(sorted(set(refs.values())), "idempotency keys")
+        found = self.local_files([f"{sha}:{IDEM_PATH}" for sha in refs.values()])
+        out = []
+        for ref, sha in refs.items():
+            key = B.parse_or_none(Idempotency, found.get(f"{sha}:{IDEM_PATH}"))
+            made = B.parse_id(key.id) if key is not None else None
+            if key is None or made is None or (made.time < cutoff and key.id not in live):
+                out.append(Update(ref, None, sha))
+        return out
 
     def migrate(self, dry_run: bool = False) -> list[str]:
         """Upgrade a bus of layout 1 (everything under refs/heads/kakeya/) to layout 2: each claim, done, cancel

@@ -49,7 +49,19 @@ def test_a_retried_request_returns_the_first_id_queued_running_and_done(world: E
     # the CLI: the same key prints the same id, and a new key makes a new request
     assert main(["request", "work", "-p", "tag=a", "-p", "mode=sleep", "-p", "seconds=2", "--runner", "cpu",
                  "--remote", c.url, "--idempotency-key", "k-1"]) == 0  # fmt: skip
-    assert c.request("work", {"tag": "a"}, "cpu", idempotency_key="k-2").id != first.id
+    second = c.request("work", {"tag": "a"}, "cpu", idempotency_key="k-2")
+    assert second.id != first.id
+    # `bus gc` forgets the keys of finished requests older than its cutoff, never those of live ones
+    keys = {Idempotency.of(k, {}).key_sha256: k for k in ("k-1", "k-2")}
+    gone = [r for r in c.gc(0) if r.startswith(IDEM_PREFIX)]
+    assert [keys[r.removeprefix(IDEM_PREFIX)] for r in gone] == ["k-1"]
+    assert c.request("work", {"tag": "a"}, "cpu", idempotency_key="k-2").id == second.id
+    assert c.request(
+        "work", {"tag": "a", "mode": "sleep", "seconds": 2}, "cpu", idempotency_key="k-1"
+    ).id not in (
+        first.id,
+        second.id,
+    )
 
 
 def test_concurrent_retries_make_one_request(world: Env, daemon: Daemon):
@@ -99,6 +111,7 @@ def test_a_forged_key_ref_is_refused_not_trusted(world: Env, daemon: Daemon):
     with pytest.raises(InvalidRequest, match="must be 1 to 200 printable characters"):
         c.request("work", {"tag": "x"}, "cpu", idempotency_key="a\nb")
     assert requests_on(c) == [other.id]
+    assert c.gc(30) == [IDEM_PREFIX + idem.key_sha256]  # a key ref that names no request is junk
 
 
 def test_runner_labels_fall_back_to_the_first_with_a_live_runner(world: Env, daemon: Daemon):
