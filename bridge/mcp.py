@@ -223,14 +223,11 @@ class Tools:
             "expires_at": manifest.expires_at.isoformat(),
         }
         if args.wait:
-            self.follow(c, [manifest.id], args.timeout_s, progress)
-            out["result"] = self.result(c, manifest.id)
+            out["result"] = self.outcome(c, manifest.id, args.timeout_s, progress)
         return out
 
     def wait(self, args: WaitArgs, progress: Progress) -> Any:
-        c = self.client()
-        self.follow(c, [args.id], args.timeout_s, progress)
-        return self.result(c, args.id)
+        return self.outcome(self.client(), args.id, args.timeout_s, progress)
 
     def status(self, args: StatusArgs, progress: Progress) -> Any:
         c = self.client()
@@ -288,9 +285,20 @@ class Tools:
 
     # --- shared ------------------------------------------------------------------------------------
 
-    def follow(self, c: Client, ids: list[str], timeout: float | None, progress: Progress) -> None:
-        for event in ev.follow_all(c, ids, timeout):
-            progress(event)
+    def follow(self, c: Client, ids: list[str], timeout: float | None, progress: Progress) -> dict[str, Any]:
+        """Follow `ids` to their ends, each event a progress notification; the last event."""
+        last: dict[str, Any] = {}
+        for last in ev.follow_all(c, ids, timeout):
+            progress(last)
+        return last
+
+    def outcome(self, c: Client, rid: str, timeout: float | None, progress: Progress) -> dict[str, Any]:
+        """Follow one request to its end: its results when it finished, else how it ended (a request that
+        expired or was cancelled before any runner claimed it has no results: its state says so)."""
+        last = self.follow(c, [rid], timeout, progress)
+        if last.get("event") == "finished":
+            return self.result(c, rid)
+        return {"id": rid, "state": last.get("event"), "ended": last}
 
     def result(self, c: Client, rid: str) -> dict[str, Any]:
         """Fetch a finished request's files into out/<id> (as `kakeya results`) and say what they hold."""
@@ -430,10 +438,14 @@ def build(tools: Tools) -> Server:
         def work() -> T.CallToolResult:
             try:
                 content, data = tools.call(params.name, params.arguments or {}, progress)
-            except KakeyaError as exc:
-                return T.CallToolResult(content=[text(f"{type(exc).__name__}: {exc}")], is_error=True)
+            except KakeyaError as exc:  # the message names the problem; `code` and `hint` where it has them
+                error = {"error": type(exc).__name__, "message": str(exc)}
+                error.update({k: v for k in ("code", "hint") if (v := getattr(exc, k, None))})
+                return T.CallToolResult(
+                    content=[text(f"{type(exc).__name__}: {exc}")], structured_content=error, is_error=True
+                )
             done = data.get("result") if params.name == "request" else data
-            if params.name in ("request", "wait", "results") and done:
+            if params.name in ("request", "wait", "results") and done and "line" in done:
                 content += result_content(done)
             return T.CallToolResult(content=content, structured_content=data)
 
