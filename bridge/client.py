@@ -467,6 +467,10 @@ class Client:
             )
             if result:
                 row.verdict, row.reason, row.holder = result.verdict, result.reason, result.runner_name
+            elif row.state == "expired" and manifest is not None:  # unclaimed past its queue timeout
+                row.reason = (
+                    f"no runner started it before {manifest.expires_at.isoformat(timespec='seconds')}"
+                )
             elif claim:
                 row.holder = claim.runner
                 row.holder_live = claim.lease_until >= now

@@ -23,6 +23,7 @@ import yaml
 pytest.importorskip("mcp")
 from mcp import Client, StdioServerParameters  # noqa: E402
 
+from bridge.cli import main  # noqa: E402
 from bridge.errors import InvalidRequest  # noqa: E402
 from bridge.mcp import TOOLS, Tools, build, input_schema  # noqa: E402
 from bridge.presets import load_registry  # noqa: E402
@@ -272,6 +273,7 @@ def test_the_tools_and_resources_in_process(world: Env, daemon: Daemon):
             return await script(client)
 
     got = anyio.run(connect)
+    assert main(["mcp", "--project", str(world.tmp / "nowhere")]) == 2
     assert [p["name"] for p in got["presets"].structured_content["presets"]] == [
         "cpuonly",
         "plot",

@@ -143,6 +143,7 @@ def test_a_request_past_its_queue_timeout_expires_and_never_runs(world: Env, dae
     rid = event["id"]
     assert event["runner"] == "cpu" and B.parse_id(rid) is not None
     wait_for(lambda: c.status_one(rid).state == "expired", 30, "the request to expire")
+    assert "no runner started it before" in (c.status_one(rid).reason or "")
     served = make_runner(url, world).once()
     assert served is not None and served.id == rid
     row = c.status_one(rid)
