@@ -52,27 +52,21 @@ def idem_ref(key_sha256: str) -> str:
 
 
 class Idempotency(B._File):
-    """.kakeya/idempotency.json, on a child of the request commit that `idem_ref` points at: which request
-    a key made and a hash of its content (a retry must match it)."""
+    """.kakeya/idempotency.json, on a child of the request commit that `idem_ref` points at: the request a key
+    made and the runner labels it was asked for (the rest of its content is its request.json)."""
 
     schema_version: Literal[1] = 1
-    key: str = Field(min_length=1, max_length=200)
     key_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    content_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    id: str = ""
+    labels: list[str] = Field(min_length=1, max_length=32)
+    id: str
 
-    @classmethod
-    def of(cls, key: str, content: Mapping[str, Any]) -> Idempotency:
+    @staticmethod
+    def key_hash(key: str) -> str:
         if not key or len(key) > 200 or any(unicodedata.category(c) in ("Cc", "Cf") for c in key):
             raise InvalidRequest(
                 f"idempotency key {key[:40]!r} must be 1 to 200 printable characters (e.g. a UUID)"
             )
-        canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
-        return cls(
-            key=key,
-            key_sha256=hashlib.sha256(key.encode()).hexdigest(),
-            content_sha256=hashlib.sha256(canonical.encode()).hexdigest(),
-        )
+        return hashlib.sha256(key.encode()).hexdigest()
 
 
 def runner_labels(spec: str | Sequence[str]) -> list[str]:
@@ -237,16 +231,12 @@ class Client:
                 f"{age(B.MAX_TTL.total_seconds())}; give --expires 7d or less"
             )
         subject_sha, snapshot_of = self.subject(subject, allow_dirty)
-        idem = None
+        key: str | None = None
+        content: str | None = None
         if idempotency_key is not None:
-            content = {"preset": preset.name, "params": values, "labels": labels}
-            content["subject"] = (
-                f"snapshot of {snapshot_of}: tree {git.out(self.bus.store, 'rev-parse', subject_sha + '^{tree}')}"
-                if snapshot_of
-                else subject_sha
-            )
-            idem = Idempotency.of(idempotency_key, content)
-            first = self.idempotent(idem)
+            key = Idempotency.key_hash(idempotency_key)
+            content = self.content(preset, values, labels, subject_sha, snapshot_of)
+            first = self.idempotent(idempotency_key, preset, content)
             if first is not None:
                 return first
         chosen = self.pick_label(labels)
@@ -273,18 +263,19 @@ class Client:
             key_file(self.config.signing_key),
         )
         updates = [Update(B.req_ref(chosen, rid), sha, None)]
-        if idem is not None:  # the request and its key in one atomic push: of two retries, one wins
-            idem.id = rid
-            marker = git.child_commit(
-                self.bus.store, sha, {IDEM_PATH: idem.dump()}, f"kakeya idempotency key of {rid}", self.who()
+        if key is not None:  # the request and its key in one atomic push: of two retries, one wins
+            marker = Idempotency(key_sha256=key, labels=labels, id=rid).dump()
+            idem = git.child_commit(
+                self.bus.store, sha, {IDEM_PATH: marker}, f"kakeya key of {rid}", self.who()
             )
-            updates.append(Update(idem_ref(idem.key_sha256), marker, None))
+            updates.append(Update(idem_ref(key), idem, None))
         if not self.bus.ls_remote(B.LAYOUT_PREFIX).layouts:  # a new bus: say which layout it speaks
             self.bus.push([Update(B.layout_ref(), self.layout_marker(), None)])  # either writer's is fine
         if not self.bus.swap(updates, atomic=True):
-            first = self.idempotent(idem) if idem is not None else None
-            if first is not None:  # a concurrent retry with the same key pushed first
-                return first
+            if idempotency_key is not None and content is not None:  # a concurrent retry pushed first
+                first = self.idempotent(idempotency_key, preset, content)
+                if first is not None:
+                    return first
             raise BusError(f"request id {rid} is already taken on the bus; try again")
         return manifest
 
@@ -297,10 +288,29 @@ class Client:
         seen = read_presences(self.bus, snap.runners, trusted_signers(self.root) if self.in_repo else None)
         return next((lb for lb in labels if any(s.serves(lb, now) for s in seen)), labels[0])
 
-    def idempotent(self, idem: Idempotency) -> Manifest | None:
-        """The request made earlier with `idem`'s key (from its one index ref), or None when there is none;
-        InvalidRequest when that request was made with other content."""
-        ref = idem_ref(idem.key_sha256)
+    def content(
+        self,
+        preset: Preset,
+        values: Mapping[str, Any],
+        labels: Sequence[str],
+        subject: str,
+        snapshot_of: str | None,
+    ) -> str:
+        """What an idempotent retry must match, hashed: the preset, its typed parameters, the runner labels in
+        order and the subject (a snapshot of a dirty tree: its files, not the new commit each one makes)."""
+        shown = subject
+        if snapshot_of:
+            tree = git.out(self.repo_with(subject), "rev-parse", subject + "^{tree}")
+            shown = f"snapshot of {snapshot_of}: tree {tree}"
+        content = {"preset": preset.name, "params": dict(values), "labels": list(labels), "subject": shown}
+        return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+    def idempotent(self, given: str, preset: Preset, content: str) -> Manifest | None:
+        """The request made earlier with the key hashed `key` (its one ref, `idem_ref`), or None when there is
+        none. Its content is read from its own request.json, never taken on trust from the key's file:
+        InvalidRequest when it differs from `content`, BusError when the key's ref names no request."""
+        key = Idempotency.key_hash(given)
+        ref = idem_ref(key)
         sha = self.bus.ls_remote(ref).refs.get(ref)
         if sha is None:
             return None
@@ -309,12 +319,28 @@ class Client:
             Idempotency, self.local_files([f"{sha}:{IDEM_PATH}"]).get(f"{sha}:{IDEM_PATH}")
         )
         manifest = B.read_manifests(self.bus.repos(), [sha]).get(sha)
-        if first is None or not isinstance(manifest, Manifest) or manifest.id != first.id:
+        if (
+            first is None
+            or first.key_sha256 != key
+            or not isinstance(manifest, Manifest)
+            or manifest.id != first.id
+            or manifest.runner not in first.labels
+        ):
             raise BusError(f"the idempotency key's ref {ref} on the bus is not a request's; delete it")
-        if first.content_sha256 != idem.content_sha256:
+        try:
+            same = manifest.preset == preset.name and content == self.content(
+                preset,
+                preset.validate_params(manifest.params),
+                first.labels,
+                manifest.subject,
+                manifest.snapshot_of,
+            )
+        except InvalidRequest:  # parameters this registry does not take: not the same request
+            same = False
+        if not same:
             raise InvalidRequest(
-                f"idempotency key {idem.key!r} was used for request {first.id} with other content "
-                f"(preset, parameters, runner labels or subject differ); use a new key for a new request"
+                f"idempotency key {given!r} was used for request {first.id} with other content (preset, "
+                "parameters, runner labels or subject differ); use a new key for a new request"
             )
         return manifest
 

@@ -14,7 +14,7 @@ from bridge import bus as B
 from bridge import git as G
 from bridge.bus import Update
 from bridge.cli import main
-from bridge.client import IDEM_PREFIX, Client, Idempotency
+from bridge.client import IDEM_PATH, IDEM_PREFIX, Client, Idempotency
 from bridge.config import load_config
 from bridge.errors import BusError, InvalidRequest
 from tests.bridge.bus_support import Daemon, Env, make_runner, wait_for
@@ -52,7 +52,7 @@ def test_a_retried_request_returns_the_first_id_queued_running_and_done(world: E
     second = c.request("work", {"tag": "a"}, "cpu", idempotency_key="k-2")
     assert second.id != first.id
     # `bus gc` forgets the keys of finished requests older than its cutoff, never those of live ones
-    keys = {Idempotency.of(k, {}).key_sha256: k for k in ("k-1", "k-2")}
+    keys = {Idempotency.key_hash(k): k for k in ("k-1", "k-2")}
     gone = [r for r in c.gc(0) if r.startswith(IDEM_PREFIX)]
     assert [keys[r.removeprefix(IDEM_PREFIX)] for r in gone] == ["k-1"]
     assert c.request("work", {"tag": "a"}, "cpu", idempotency_key="k-2").id == second.id
@@ -98,20 +98,30 @@ def test_a_snapshot_retried_is_the_same_request(world: Env, daemon: Daemon):
 
 
 def test_a_forged_key_ref_is_refused_not_trusted(world: Env, daemon: Daemon):
-    """An idempotency ref someone pointed at a commit that is not a request's key marker (here: another
-    request's plain request commit) names no request: refused, never read as the first id."""
+    """A key ref someone pushed is read against the request it names, never trusted: one that names no
+    request (a plain request commit) is refused, and one whose key file names the right request but claims
+    other labels than that request's cannot make a retry of other content return it."""
     c = Client(load_config(), remote=daemon.repo())
     other = c.request("work", {"tag": "x"}, "cpu")
-    idem = Idempotency.of("k-forged", {})
-    c.bus.push(
-        [Update(IDEM_PREFIX + idem.key_sha256, c.bus.ls_remote(B.REQ_PREFIX).entries[other.id].req, None)]
-    )
+    req = c.bus.ls_remote(B.REQ_PREFIX).entries[other.id].req
+    assert req is not None
+    plain = Idempotency.key_hash("k-plain")
+    c.bus.push([Update(IDEM_PREFIX + plain, req, None)])
     with pytest.raises(BusError, match="is not a request's; delete it"):
-        c.request("work", {"tag": "x"}, "cpu", idempotency_key="k-forged")
+        c.request("work", {"tag": "x"}, "cpu", idempotency_key="k-plain")
+    forged = Idempotency.key_hash("k-forged")
+    marker = Idempotency(key_sha256=forged, labels=["cpu"], id=other.id).dump()
+    sha = G.child_commit(c.bus.store, req, {IDEM_PATH: marker}, "forged", "M <m@example.com>")
+    c.bus.push([Update(IDEM_PREFIX + forged, sha, None)])
+    with pytest.raises(
+        InvalidRequest, match=f"'k-forged' was used for request {other.id} with other content"
+    ):
+        c.request("work", {"tag": "y"}, "cpu", idempotency_key="k-forged")  # its manifest says tag x
+    assert c.request("work", {"tag": "x"}, "cpu", idempotency_key="k-forged").id == other.id  # same content
     with pytest.raises(InvalidRequest, match="must be 1 to 200 printable characters"):
         c.request("work", {"tag": "x"}, "cpu", idempotency_key="a\nb")
     assert requests_on(c) == [other.id]
-    assert c.gc(30) == [IDEM_PREFIX + idem.key_sha256]  # a key ref that names no request is junk
+    assert IDEM_PREFIX + plain in c.gc(30)  # a key ref that names no request is junk
 
 
 def test_runner_labels_fall_back_to_the_first_with_a_live_runner(world: Env, daemon: Daemon):
