@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from bridge import bus as B
 from bridge import evidence
-from bridge.bus import Manifest
+from bridge.bus import Entry, Manifest
 from bridge.client import Client
 from bridge.commands._bus import add_remote, client
 from bridge.commands.wait import add_wait_args, show
@@ -226,32 +226,51 @@ def request_missing(
     return made
 
 
+class _Stopped(Exception):
+    """Raised in a follower's thread once the reader has stopped reading (`follow_all`)."""
+
+
+class _Follower(Follower):
+    """A Follower that ends at its next look once `stop` is set: no thread keeps polling for a reader gone."""
+
+    def __init__(self, c: Client, rid: str, stop: threading.Event, **kw: Any):
+        super().__init__(c, rid, **kw)
+        self.stop = stop
+
+    def look(self, entry: Entry) -> Iterator[dict[str, Any]]:
+        if self.stop.is_set():
+            raise _Stopped
+        yield from super().look(entry)
+
+
 def follow_all(
     c: Client, ids: Sequence[str], timeout: float | None = None, no_runner_timeout: float | None = None
 ) -> Iterator[dict[str, Any]]:
     """The events of every request in `ids`, followed at once (one thread each), as they come; each event
-    carries its request's "id", each request ends with its "finished" event. An error while following one
-    (a timeout, no live runner) ends the stream and is raised once the others have been told to stop."""
-    events: queue.Queue[tuple[str, dict[str, Any] | BaseException | None]] = queue.Queue()
+    carries its request's "id", each request ends with its last event ("finished", or how it ended). An error
+    while following one (a timeout, no live runner) is raised once read; the other threads then stop at their
+    next look."""
+    events: queue.Queue[dict[str, Any] | BaseException | None] = queue.Queue()
     stop = threading.Event()
 
     def follow(rid: str) -> None:
         try:
-            for event in Follower(c, rid, timeout=timeout, no_runner_timeout=no_runner_timeout).events():
-                events.put((rid, event))
-                if stop.is_set():
-                    return
+            for event in _Follower(
+                c, rid, stop, timeout=timeout, no_runner_timeout=no_runner_timeout
+            ).events():
+                events.put(event)
+        except _Stopped:
+            pass
         except BaseException as exc:  # noqa: BLE001 — handed to the reader, which raises it
-            events.put((rid, exc))
-        events.put((rid, None))
+            events.put(exc)
+        events.put(None)
 
-    threads = [threading.Thread(target=follow, args=(rid,), daemon=True) for rid in ids]
-    for t in threads:
-        t.start()
-    left = len(threads)
+    for rid in ids:
+        threading.Thread(target=follow, args=(rid,), daemon=True).start()
+    left = len(ids)
     try:
         while left:
-            _, item = events.get()
+            item = events.get()
             if item is None:
                 left -= 1
             elif isinstance(item, BaseException):

@@ -6,6 +6,7 @@ passing; a requirements file that is not valid, and pins no value can meet, are 
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -13,9 +14,9 @@ import pytest
 from bridge import bus as B
 from bridge.cli import main
 from bridge.client import Client
-from bridge.commands.evidence import params_for
+from bridge.commands.evidence import follow_all, params_for
 from bridge.config import load_config
-from bridge.errors import InvalidRequest
+from bridge.errors import InvalidRequest, KakeyaError
 from bridge.evidence import Requirement
 from bridge.presets import load_registry
 from tests.bridge.bus_support import (
@@ -119,3 +120,14 @@ def test_a_bad_requirements_file_and_unmeetable_pins_are_refused(world: Env, cap
     ladder = Requirement.parse("niah-ladder@h200 contexts>=65536 samples>5", shipped)
     assert params_for(ladder, shipped["niah-ladder"]) == {"contexts": [65536], "samples": 6}
     assert params_for(Requirement.parse("work seconds<1.5", registry), registry["work"])["seconds"] < 1.5
+
+
+def test_following_several_stops_them_all_when_one_fails(world: Env, daemon: Daemon):
+    """One follower fails (no such request): the error is raised, and the follower of a request that no
+    runner will ever claim stops polling instead of running on in its thread."""
+    c = Client(load_config(), remote=daemon.repo())
+    queued = c.request("work", {}, "cpu")
+    before = threading.active_count()
+    with pytest.raises(KakeyaError, match="no request"):
+        list(follow_all(c, [queued.id, B.new_id("work")]))
+    wait_for(lambda: threading.active_count() == before, 20, "the other follower to stop")
