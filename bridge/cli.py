@@ -19,6 +19,7 @@ COMMANDS = [
     "presets",
     "exec",
     "gate",
+    "evidence",
     "request",
     "status",
     "results",
@@ -29,6 +30,7 @@ COMMANDS = [
     "runners",
     "bus",
     "doctor",
+    "mcp",
     "verify",
 ]
 

@@ -3,7 +3,7 @@ that has no torch or mlx, requests, shows status, fetches results and gates them
 with the presets of the checkout it runs in; outside any checkout it uses the presets installed with it.
 
 Offline and quick: the wheel is built with --no-build-isolation (setuptools of this venv) and installed with
---no-index --no-deps; its dependencies (pydantic, PyYAML, jsonschema, rich and theirs, nothing else) are made
+--no-index --no-deps; its dependencies (pydantic, PyYAML, jsonschema, rich, mcp and theirs, nothing else) are made
 importable in the fresh venv by a .pth file over links to exactly those distributions of this venv."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
 
 from bridge import git as G
 from bridge.config import load_config
@@ -29,23 +30,26 @@ from engine.models import zoo_models
 from tests.bridge.bus_support import WORK_PY, git
 
 ROOT = Path(__file__).resolve().parent.parent
-DEPS = ("pydantic", "PyYAML", "jsonschema", "rich")
+DEPS = ("pydantic", "PyYAML", "jsonschema", "rich", "mcp")
 
 
 def closure(names: tuple[str, ...]) -> set[str]:
-    """The installed distributions `names` need (them included), without extras."""
-    seen: set[str] = set()
-    todo = list(names)
+    """The installed distributions `names` need (them included), for this platform and Python, with the
+    extras a requirement names (pyjwt[crypto]: cryptography too)."""
+    seen: set[tuple[str, str]] = set()
+    todo = [(name, "") for name in names]
     while todo:
-        dist = md.distribution(todo.pop())
-        name = dist.metadata["Name"]
-        if name.lower() in seen:
+        name, extra = todo.pop()
+        dist = md.distribution(name)
+        key = (dist.metadata["Name"].lower(), extra)
+        if key in seen:
             continue
-        seen.add(name.lower())
-        for req in dist.requires or []:
-            if "extra ==" not in req:
-                todo.append(re.split(r"[ ;<>=!~\[(]", req, maxsplit=1)[0])
-    return seen
+        seen.add(key)
+        for text in dist.requires or []:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": extra}):
+                todo += [(req.name, "")] + [(req.name, e) for e in req.extras]
+    return {name for name, _ in seen}
 
 
 def link_deps(target: Path) -> None:
@@ -125,7 +129,8 @@ def test_the_wheel_alone_requests_shows_fetches_and_gates(tmp_path: Path, monkey
         [
             py,
             "-c",
-            "import bridge, importlib.util as u; print(bridge.__file__, u.find_spec('torch'), u.find_spec('mlx'))",
+            "import bridge, bridge.mcp, importlib.util as u; "
+            "print(bridge.__file__, u.find_spec('torch'), u.find_spec('mlx'))",
         ],
         cwd=tmp_path,
         env=env,
