@@ -31,7 +31,7 @@ from bridge import evidence
 from bridge.bus import Entry, Manifest
 from bridge.client import Client
 from bridge.commands._bus import add_remote, client
-from bridge.commands.wait import add_wait_args, show
+from bridge.commands.wait import add_wait_args, line
 from bridge.errors import InvalidRequest, problems
 from bridge.evidence import Outcome, Requirement, Shelf
 from bridge.follow import Follower
@@ -301,8 +301,7 @@ def run(args: argparse.Namespace) -> int:
             if emit is not None:
                 emit(event)
             else:
-                print(f"{event['id']}: ", end="")
-                show(event)
+                print(f"{event['id']}: {line(event)}", flush=True)
         outcomes = judge(c, subject, reqs, registry, signers)
     if emit is not None:
         emit({"event": "evidence", "subject": subject, "outcomes": [o.as_dict() for o in outcomes]})
