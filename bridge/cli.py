@@ -19,6 +19,8 @@ COMMANDS = [
     "presets",
     "exec",
     "gate",
+    "history",
+    "bisect",
     "request",
     "status",
     "results",

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import operator
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -93,37 +93,45 @@ class Shelf:
         """Read the done results of `presets`: with `subject`, those indexed under it (refs/kakeya/by-subject/
         <subject>/, what `gate pr` needs), else every done ref of them (for baselines). One prefix-scoped
         listing unless `snap`, one fetch by object id of what is not here yet, one batch read."""
+        if subject is not None:
+            return self.load_subjects(presets, [subject], snap)
         wanted = set(presets)
         if snap is None:  # the live requests too: a done result for a request still pending is checked on it
-            where = (
-                [f"{B.SUBJECT_PREFIX}{subject}/", ledger.subject_shard(subject)]
-                if subject
-                else [B.DONE_PREFIX]
+            snap = self.bus.ls_remote(B.DONE_PREFIX, B.REQ_PREFIX)
+        entries = sorted(
+            (e for e in snap.entries.values() if e.done and e.preset in wanted), key=lambda e: e.id
+        )
+        self.dones.update({name: [] for name in wanted})
+        for name in wanted:  # for baselines, newest first: a batch now, older ones when asked (`more`)
+            self.later[name] = [e for e in entries if e.preset == name]
+            self.more(name)
+        return self
+
+    def load_subjects(
+        self, presets: Iterable[str], subjects: Sequence[str], snap: Snapshot | None = None
+    ) -> Shelf:
+        """Read the done results of `presets` indexed under any of `subjects` (refs/kakeya/by-subject/<sha>/,
+        and the ledger's subject shards of those moved into it): one listing scoped to those prefixes unless
+        `snap`, one fetch by object id of what is not here yet, one batch read (`kakeya history` and
+        `kakeya bisect` read a whole branch at once)."""
+        wanted, among = set(presets), set(subjects)
+        shards = sorted({ledger.subject_shard(s) for s in among})
+        if snap is None:  # the live requests too: a done result for a request still pending is checked on it
+            snap = self.bus.ls_remote(
+                *(f"{B.SUBJECT_PREFIX}{s}/" for s in sorted(among)), *shards, B.REQ_PREFIX
             )
-            snap = self.bus.ls_remote(*where, B.REQ_PREFIX)
-        if subject is not None:
-            found = [
-                Entry(rid, e.label if (e := snap.entries.get(rid)) else None, e.req if e else None, done=sha)
-                for rid, (subj, sha) in snap.index.items()
-                if subj == subject
-            ]
-            shard = snap.refs.get(ledger.subject_shard(subject))
-            if shard is not None:  # and those moved into the ledger (one small tree, fetched by id)
-                known = {e.id for e in found}
-                found += [
-                    e
-                    for e in ledger.as_entries(ledger.read_shard(self.bus, shard, subject)).values()
-                    if e.id not in known
-                ]
-        else:
-            found = [e for e in snap.entries.values() if e.done]
+        found = [
+            Entry(rid, e.label if (e := snap.entries.get(rid)) else None, e.req if e else None, done=sha)
+            for rid, (subj, sha) in snap.index.items()
+            if subj in among
+        ]
+        known = {e.id for e in found}
+        for ref in (s for s in shards if s in snap.refs):  # those moved into the ledger: a shard's small tree
+            mine = [s for s in among if ledger.subject_shard(s) == ref]  # (one subject: only its directory)
+            moved = ledger.read_shard(self.bus, snap.refs[ref], mine[0] if len(mine) == 1 else "")
+            found += ledger.as_entries(e for e in moved if e.subject in among and e.id not in known).values()
         entries = sorted((e for e in found if e.preset in wanted), key=lambda e: e.id)
         self.dones.update({name: [] for name in wanted})
-        if subject is None:  # for baselines, newest first: a batch now, older ones when asked (`more`)
-            for name in wanted:
-                self.later[name] = [e for e in entries if e.preset == name]
-                self.more(name)
-            return self
         self.dones.update(self.done_results(entries))
         return self
 
@@ -538,15 +546,12 @@ def judge(shelf: Shelf, subject: str, req: Requirement, preset: Preset) -> Outco
     pins) are listed as ignored, with why: none of them can mask the evidence."""
     candidates = shelf.of(req.preset, req.label)
     ignored: list[Ignored] = []
-    for done in (d for d in candidates if d.names(subject)):
-        signer, why = screen(shelf, done, subject, req, preset)
-        if why is not None:
-            ignored.append(why)
+    for found in judged_runs(shelf, subject, req, preset):
+        if isinstance(found, Ignored):
+            ignored.append(found)
             continue
-        outcome = regate_evidence(shelf, done, subject, req, preset)
-        outcome.trust = trust_words(signer) if shelf.signers is not None else UNSIGNED
-        outcome.ignored = ignored
-        return outcome
+        found.ignored = ignored
+        return found
     why = f"no trusted, executed {req} run on the bus names {subject[:12]}"
     if ignored:
         why += f" ({len(ignored)} result(s) ignored)"
@@ -554,6 +559,20 @@ def judge(shelf: Shelf, subject: str, req: Requirement, preset: Preset) -> Outco
         other = candidates[0]
         why += f" (the newest, {other.id}, is for {(other.subject or 'an unknown commit')[:12]})"
     return Outcome(req, "missing", [why], ignored=ignored)
+
+
+def judged_runs(shelf: Shelf, subject: str, req: Requirement, preset: Preset) -> Iterator[Outcome | Ignored]:
+    """Every done result of `req` that names `subject`, newest first: each trusted, executed run of it
+    verified and re-gated (an Outcome), each other one Ignored, with why (`kakeya history` keeps every run
+    of a subject, `judge` the newest)."""
+    for done in (d for d in shelf.of(req.preset, req.label) if d.names(subject)):
+        signer, why = screen(shelf, done, subject, req, preset)
+        if why is not None:
+            yield why
+            continue
+        outcome = regate_evidence(shelf, done, subject, req, preset)
+        outcome.trust = trust_words(signer) if shelf.signers is not None else UNSIGNED
+        yield outcome
 
 
 def screen(
