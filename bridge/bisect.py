@@ -283,9 +283,16 @@ class Bisect:
         return out
 
     def start(self, commits: list[str]) -> Iterator[dict[str, Any]]:
+        """Request `commits`, unless a request for one is pending on the bus (followed) or its evidence
+        arrived meanwhile (used); pending requests are looked for first, so that one finishing between the
+        two looks is seen by the second."""
         pending = self.pending_on_bus(commits)
+        shelf = Shelf(self.c.bus, self.signers).load_subjects([self.req.preset], commits)
         for commit in commits:
             p = self.probe(commit)
+            if (found := self.judge(shelf, commit, None)) is not None:
+                yield {**self.decide(commit, *found), "reused": True}
+                continue
             if commit in pending:
                 p.request_id, p.requested = pending[commit], False
                 self.save()
