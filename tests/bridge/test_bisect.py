@@ -10,6 +10,7 @@ import math
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -33,10 +34,12 @@ def bisect_process(env: Env, url: str, *args: str) -> subprocess.Popen[str]:
     )
 
 
-def bisect(env: Env, url: str, *args: str) -> tuple[int, list[dict]]:
-    proc = bisect_process(env, url, *args)
-    out, _ = proc.communicate(timeout=120)
-    return proc.returncode, [json.loads(line) for line in out.splitlines()]
+def bisect(capsys, url: str, *args: str, as_json: bool = True) -> tuple[int, list[dict] | str]:
+    """`kakeya bisect ...` in this process (a runner process serves it): exit code, events (or the text)."""
+    capsys.readouterr()
+    code = main(["bisect", *args, "--remote", url, "--allow-unsigned", *(["--json"] if as_json else [])])
+    out = capsys.readouterr().out
+    return code, [json.loads(line) for line in out.splitlines()] if as_json else out
 
 
 def branch(env: Env, n: int, planted: int, speed: int) -> list[str]:
@@ -63,12 +66,14 @@ def bus_fixture(world: Env) -> Bus:
     return Bus(world)
 
 
-def test_bisect_finds_the_planted_failure_in_log2_runs_then_again_from_evidence_alone(world: Env, bus: Bus):
+def test_bisect_finds_the_planted_failure_in_log2_runs_then_again_from_evidence_alone(
+    world: Env, bus: Bus, capsys
+):
     c = branch(world, 8, planted=5, speed=30)  # c5 fails the gate (min 50)
     runner = runner_process(world, bus.url, "r1")
     try:
         code, events = bisect(
-            world, bus.url, "--good", c[0], "--bad", c[8], "--require", "bench@cpu", "--verdict"
+            capsys, bus.url, "--good", c[0], "--bad", c[8], "--require", "bench@cpu", "--verdict"
         )
     finally:
         stop(runner)
@@ -91,20 +96,41 @@ def test_bisect_finds_the_planted_failure_in_log2_runs_then_again_from_evidence_
 
     # the same command again: answered from the state, nothing requested
     code, events = bisect(
-        world, bus.url, "--good", c[0], "--bad", c[8], "--require", "bench@cpu", "--verdict"
+        capsys, bus.url, "--good", c[0], "--bad", c[8], "--require", "bench@cpu", "--verdict"
     )
     assert code == 0 and events[-1]["commit"] == c[5] and len(events) == 2
     # forgotten, then bisected anew with no runner at all: the evidence on the bus answers it
     assert main(["bisect", "--reset", "--remote", bus.url]) == 0
-    code, events = bisect(
-        world, bus.url, "--good", c[0], "--bad", c[8], "--require", "bench@cpu", "--verdict"
+    code, text = bisect(
+        capsys, bus.url, "--good", c[0], "--bad", c[8], "--require", "bench@cpu", as_json=False
     )
-    assert code == 0 and events[-1]["commit"] == c[5] and events[-1]["requested"] == 0
-    assert {e["commit"] for e in events if e.get("reused")} == {c[4], c[5], c[6]}
+    assert code == 0 and f"first bad commit: {c[5]} c5" in text and "runs requested: 0" in text
+    assert f"{c[4][:12]} good: {verdicts[c[4]][1]} (reused)" in text
+    assert (
+        f"  bad run: {last['bad_run']}" in text
+        and f"  last good: {c[4][:12]}, run {verdicts[c[4]][1]}" in text
+    )
     assert len(world.count()) == 3 and len(requests_on_bus(bus.url, world.project)) == 3
 
 
-def test_a_commit_that_does_not_build_is_skipped_and_existing_evidence_saves_runs(world: Env, bus: Bus):
+def test_skipped_commits_next_to_the_first_bad_one_leave_it_ambiguous(world: Env, bus: Bus, capsys):
+    c = [commit(world, "good", speed=100), commit(world, "c1 breaks the build", broken=True)]
+    c.append(commit(world, "c2 fixes it, slowly", speed=30, broken=False))
+    runner = runner_process(world, bus.url, "r1")
+    try:
+        code, text = bisect(
+            capsys, bus.url, "--good", c[0], "--bad", c[2], "--require", "bench@cpu", as_json=False
+        )
+    finally:
+        stop(runner)
+    assert code == 1  # like git bisect: the first bad commit is one of the skipped ones or the bad one
+    assert f"{c[1][:12]} skip: " in text and "status failed" in text
+    assert f"the first bad commit is one of:\n  {c[1]}\n  {c[2]}" in text
+
+
+def test_a_commit_that_does_not_build_is_skipped_and_existing_evidence_saves_runs(
+    world: Env, bus: Bus, capsys
+):
     c = [commit(world, "good", speed=100)]
     c.append(commit(world, "c1 breaks the build", broken=True))
     c.append(commit(world, "c2 fixes it", broken=False))
@@ -113,7 +139,7 @@ def test_a_commit_that_does_not_build_is_skipped_and_existing_evidence_saves_run
     bus.run(c[6])  # evidence that c6 is bad is on the bus already
     runner = runner_process(world, bus.url, "r1")
     try:
-        code, events = bisect(world, bus.url, "--good", c[0], "--bad", c[7], "--require", "bench@cpu")
+        code, events = bisect(capsys, bus.url, "--good", c[0], "--bad", c[7], "--require", "bench@cpu")
     finally:
         stop(runner)
     assert code == 0 and events[-1]["commit"] == c[3]
@@ -126,12 +152,12 @@ def test_a_commit_that_does_not_build_is_skipped_and_existing_evidence_saves_run
     assert events[-1]["requested"] == 3 and events[-1]["good"] == c[2]
 
 
-def test_a_slowed_metric_with_two_requests_in_flight_on_two_runners(world: Env, bus: Bus):
+def test_a_slowed_metric_with_two_requests_in_flight_on_two_runners(world: Env, bus: Bus, capsys):
     c = branch(world, 8, planted=3, speed=80)  # 20 % slower from c3 on, still passing the gate
     runners = [runner_process(world, bus.url, name) for name in ("r1", "r2")]
     try:
         code, events = bisect(
-            world, bus.url, "--good", c[0], "--bad", c[8], "--require", "bench@cpu",
+            capsys, bus.url, "--good", c[0], "--bad", c[8], "--require", "bench@cpu",
             "--metric", "/probe/cpu_count", "--threshold", "90", "--max-in-flight", "2",
         )  # fmt: skip
     finally:
@@ -145,7 +171,7 @@ def test_a_slowed_metric_with_two_requests_in_flight_on_two_runners(world: Env, 
     assert {e["commit"]: e["value"] for e in events if e["event"] == "bad"}[c[3]] == 80
 
 
-def test_an_interrupted_bisect_resumes_with_the_requests_already_made(world: Env, bus: Bus, monkeypatch):
+def test_an_interrupted_bisect_resumes_with_the_requests_already_made(world: Env, bus: Bus, capsys):
     c = branch(world, 8, planted=5, speed=30)
     args = ("--good", c[0], "--bad", c[8], "--require", "bench@cpu")
     proc = bisect_process(world, bus.url, *args)  # no runner yet: its first request waits
@@ -159,6 +185,12 @@ def test_an_interrupted_bisect_resumes_with_the_requests_already_made(world: Env
     assert state["probes"][c[4]]["request_id"] == first and state["requested"] == 1
     # another bisect with other arguments is refused while this one is unfinished
     assert main(["bisect", "--good", c[1], "--bad", c[8], "--require", "bench@cpu", "--remote", bus.url]) == 2
+    # restarted, still with no runner: it waits on the request it made, then is killed outright
+    proc = bisect_process(world, bus.url, *args)
+    assert proc.stdout is not None and json.loads(proc.stdout.readline())["event"] == "start"
+    time.sleep(1)  # several polls
+    assert stop(proc, signal.SIGKILL) == -signal.SIGKILL
+    assert proc.stdout.read() == "" and list(requests_on_bus(bus.url, world.project)) == [first]
     # meanwhile someone requested c6 with the same parameters (followed, not requested again), and c7 with
     # other ones (no evidence for this bisect's question: never followed)
     other = bus.client.request("bench", {"seed": "0"}, "cpu", subject=c[6]).id
@@ -168,7 +200,7 @@ def test_an_interrupted_bisect_resumes_with_the_requests_already_made(world: Env
 
     runner = runner_process(world, bus.url, "r1")
     try:
-        code, events = bisect(world, bus.url, *args)
+        code, events = bisect(capsys, bus.url, *args)
     finally:
         stop(runner)
     assert code == 0 and events[-1]["commit"] == c[5]
