@@ -212,3 +212,26 @@ def test_an_interrupted_bisect_resumes_with_the_requests_already_made(world: Env
     on_bus = requests_on_bus(bus.url, world.project)
     assert sorted(on_bus.values()) == sorted([c[4], c[5], c[6], c[7]])  # no duplicate request
     assert first in on_bus and sorted(world.count()) == sorted([c[4], c[5], c[6], c[7]])
+
+
+def test_bisect_refuses_what_it_cannot_bisect(world: Env, bus: Bus, capsys):
+    c = branch(world, 2, planted=2, speed=30)
+
+    def refused(*args: str) -> str:
+        capsys.readouterr()
+        assert main(["bisect", *args, "--remote", bus.url, "--allow-unsigned"]) == 2
+        return capsys.readouterr().err
+
+    both = ("--good", c[0], "--bad", c[2])
+    assert "give --good REV" in refused("--good", c[0], "--require", "bench@cpu")
+    assert "needs --threshold" in refused(*both, "--require", "bench@cpu", "--metric", "/probe/cpu_count")
+    assert "goes with --metric" in refused(*both, "--require", "bench@cpu", "--threshold", "3")
+    assert "at least 1" in refused(*both, "--require", "bench@cpu", "--max-in-flight", "0")
+    assert "not an ancestor" in refused("--good", c[2], "--bad", c[0], "--require", "bench@cpu")
+    assert "nothing to bisect" in refused("--good", c[1], "--bad", c[1], "--require", "bench@cpu")
+    assert "name the runner label" in refused(*both, "--require", "bench")
+    # runs whose parameters do not meet the requirement's pins would be no evidence: refused up front
+    assert "make no evidence" in refused(*both, "--require", "bench@cpu seed>=5", "-p", "seed=1")
+    (world.project / ".kakeya" / "bisect.json").write_text('{"version": 9}')  # not a state: say how to go on
+    assert "kakeya bisect --reset" in refused(*both, "--require", "bench@cpu")
+    assert world.count() == [] and requests_on_bus(bus.url, world.project) == {}

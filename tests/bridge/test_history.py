@@ -14,9 +14,11 @@ import yaml
 
 from bridge import bus as B
 from bridge import git as G
+from bridge import history as H
 from bridge.cli import main
 from bridge.client import Client
 from bridge.config import load_config
+from bridge.errors import InvalidRequest
 from tests.bridge.bus_support import WRITE_REPORT_PY, Env, git, make_runner, move_done
 
 # The subject's own code decides the metric: speed.txt, plus a jitter the `seed` parameter picks (repeated
@@ -151,12 +153,25 @@ def test_history_table_json_plot_page_and_the_noise_decision(world: Env, bus: Bu
     assert (
         main(["history", "bench@cpu", "--metric", "/probe/*", "--remote", bus.url, "--allow-unsigned"]) == 2
     )
+    # the done results moved into the ledger (kakeya bus compact): the same history, read from its shards
+    assert bus.client.compact(0)
+    left = B.Bus(bus.url, world.project).ls_remote(B.SUBJECT_PREFIX).index
+    assert set(left) <= {rid}  # (at most Mallory's second index ref of one id: compact moves one per id)
+    code, out = history(bus, capsys, "bench@cpu", "--branch", "main", "--json")
+    assert json.loads(out)["points"] == h["points"]
 
 
 def test_history_refuses_what_it_cannot_show(world: Env, bus: Bus, capsys):
     assert main(["history", "bench@gpu", "--remote", bus.url, "--allow-unsigned"]) == 2  # not a label of it
     assert main(["history", "bench@cpu", "--branch", "nope", "--remote", bus.url, "--allow-unsigned"]) == 2
     assert main(["history", "--remote", bus.url]) == 2  # neither a requirement nor --publish
+    assert main(["history", "bench@cpu", "--limit", "0", "--remote", bus.url]) == 2
+    assert main(["history", "cpuonly@cpu", "--remote", bus.url, "--allow-unsigned"]) == 2  # no gated number
+    assert "give --metric" in capsys.readouterr().err
+    assert main(["history", "--publish", "--remote", bus.url, "--allow-unsigned"]) == 2  # nothing required
+    assert "has no .github/kakeya-required.yml" in capsys.readouterr().err
+    with pytest.raises(InvalidRequest, match="not a valid branch name"):
+        H.publish(world.project, {"index.html": b""}, "a..b", "Test <t@example.com>")
     # a shared bus without an allowed-signers file: unsigned runs are not shown unless allowed
     assert main(["history", "bench@cpu", "--remote", bus.url]) == 2
     assert "allowed-signers" in capsys.readouterr().err
