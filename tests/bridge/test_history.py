@@ -6,6 +6,7 @@ committed to a branch without touching the working tree."""
 from __future__ import annotations
 
 import json
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from bridge.cli import main
 from bridge.client import Client
 from bridge.config import load_config
 from bridge.errors import InvalidRequest
+from bridge.trust import ALLOWED_SIGNERS, signers_line
 from tests.bridge.bus_support import WRITE_REPORT_PY, Env, git, make_runner, move_done
 
 # The subject's own code decides the metric: speed.txt, plus a jitter the `seed` parameter picks (repeated
@@ -159,6 +161,24 @@ def test_history_table_json_plot_page_and_the_noise_decision(world: Env, bus: Bu
     assert set(left) <= {rid}  # (at most Mallory's second index ref of one id: compact moves one per id)
     code, out = history(bus, capsys, "bench@cpu", "--branch", "main", "--json")
     assert json.loads(out)["points"] == h["points"]
+
+
+def test_with_allowed_signers_unsigned_runs_are_no_history(world: Env, bus: Bus, capsys):
+    """With an allowed-signers file in the trusted checkout, a run counts only as a signed done commit of an
+    allowed runner (as for `gate pr`): these unsigned ones, which anyone with push access could have made
+    under the runner's name, are not shown, --allow-unsigned or not."""
+    c0 = commit(world, "bench at 100", speed=100)
+    bus.run(c0)
+    key = world.tmp / "r1-key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    allowed = world.project / ALLOWED_SIGNERS
+    allowed.parent.mkdir()
+    allowed.write_text(signers_line("r1@cpu", key.with_suffix(".pub").read_text()) + "\n")
+    code, out = history(bus, capsys, "bench@cpu", "--json")
+    assert code == 0 and [p["runs"] for p in json.loads(out)["points"]] == [[], []]
+    allowed.unlink()
+    code, out = history(bus, capsys, "bench@cpu", "--json")
+    assert [len(p["runs"]) for p in json.loads(out)["points"]] == [0, 1]
 
 
 def test_history_refuses_what_it_cannot_show(world: Env, bus: Bus, capsys):
