@@ -255,8 +255,11 @@ class Bisect:
             if found is None:
                 continue
             verdict, outcome, value = found
-            if commit in (s.good, s.bad):  # the user said so; its run is only shown
-                self.probe(commit).request_id = outcome.evidence.id if outcome.evidence else None
+            if commit in (s.good, s.bad):  # good or bad as the user said; its run is only named
+                given: Verdict = "good" if commit == s.good else "bad"
+                s.probes[commit] = Probe(
+                    request_id=outcome.evidence.id if outcome.evidence else None, outcome=given
+                )
                 self.save()
                 continue
             yield {**self.decide(commit, verdict, outcome, value), "reused": True}

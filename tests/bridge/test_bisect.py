@@ -137,6 +137,7 @@ def test_a_commit_that_does_not_build_is_skipped_and_existing_evidence_saves_run
     c.append(commit(world, "c3 slow", speed=30))
     c += [commit(world, f"c{i}") for i in (4, 5, 6, 7)]
     bus.run(c[6])  # evidence that c6 is bad is on the bus already
+    bus.run(c[0])  # and that c0 is good (it is --good: never run again, never in flight)
     runner = runner_process(world, bus.url, "r1")
     try:
         code, events = bisect(capsys, bus.url, "--good", c[0], "--bad", c[7], "--require", "bench@cpu")
@@ -148,7 +149,7 @@ def test_a_commit_that_does_not_build_is_skipped_and_existing_evidence_saves_run
     assert kinds[1:] == [("bad", c[3]), ("skip", c[1]), ("good", c[2])]
     skip = next(e for e in events if e["event"] == "skip")
     assert "status failed" in skip["reason"]  # the run that could not build is why
-    assert world.count().count(c[6]) == 1  # run once, before the bisect
+    assert world.count().count(c[6]) == world.count().count(c[0]) == 1  # run once, before the bisect
     assert events[-1]["requested"] == 3 and events[-1]["good"] == c[2]
 
 
