@@ -327,7 +327,7 @@ def svg(h: History, width: int = 860, height: int = 360) -> str:
     for k in range(5):
         v = lo + (hi - lo) * k / 4
         out.append(
-            f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{e(fmt_number(v))}</text>'
+            f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.4g}</text>'
             f'<line x1="{left}" y1="{y(v):.1f}" x2="{width - right}" y2="{y(v):.1f}" stroke="#eee"/>'
         )
     band = [f"{x(i):.1f},{y(p.high or 0):.1f}" for i, p in enumerate(pts)]
@@ -359,6 +359,10 @@ def svg(h: History, width: int = 860, height: int = 360) -> str:
             f'<text x="{x(i):.1f}" y="{height - bottom + 14}" text-anchor="end" '
             f'transform="rotate(-35 {x(i):.1f} {height - bottom + 14})">{p.subject[:8]}</text>'
         )
+    out.append(
+        f'<text x="10" y="{height - 8}" fill="#555" font-size="10">dots: runs (red: failed the gate) · band: smallest to '
+        "largest run of a commit · ring: changed (Mann-Whitney U, p &lt; 0.05) · commits with no run left out</text>"
+    )
     return "\n".join([*out, "</svg>"]) + "\n"
 
 
