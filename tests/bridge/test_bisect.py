@@ -19,7 +19,7 @@ from bridge import bisect as BI
 from bridge import bus as B
 from bridge.cli import main
 from bridge.presets import load_registry
-from tests.bridge.bus_support import Env, runner_process, stop
+from tests.bridge.bus_support import Env, move_done, runner_process, stop
 from tests.bridge.test_history import Bus, commit, setup_bench
 
 
@@ -236,3 +236,22 @@ def test_bisect_refuses_what_it_cannot_bisect(world: Env, bus: Bus, capsys):
     (world.project / ".kakeya" / "bisect.json").write_text('{"version": 9}')  # not a state: say how to go on
     assert "kakeya bisect --reset" in refused(*both, "--require", "bench@cpu")
     assert world.count() == [] and requests_on_bus(bus.url, world.project) == {}
+
+
+def test_a_run_indexed_under_a_commit_it_did_not_run_is_no_evidence(world: Env, bus: Bus, capsys):
+    c = branch(world, 2, planted=2, speed=30)
+    failing = bus.run(c[2])  # c2's real, failing run ...
+    mallory = B.Bus(bus.url, world.project)
+    sha = mallory.ls_remote(B.done_ref(failing)).refs[B.done_ref(failing)]
+    mallory.fetch_ids([sha], in_store=True)
+    move_done(bus.url, world.project, failing, sha, subjects=(c[1],))  # ... indexed under c1 as well
+    runner = runner_process(world, bus.url, "r1")
+    try:
+        code, events = bisect(capsys, bus.url, "--good", c[0], "--bad", c[2], "--require", "bench@cpu")
+    finally:
+        stop(runner)
+    # had the forged index counted, c1 would be the answer; c1 is run instead, and is good
+    assert code == 0 and events[-1]["commit"] == c[2] and events[-1]["bad_run"] == failing
+    [one] = [e for e in events if e.get("commit") == c[1] and e["event"] in ("good", "bad", "skip")]
+    assert one["event"] == "good" and not one.get("reused") and one["id"] != failing
+    assert events[-1]["requested"] == 1 and world.count().count(c[1]) == 1
