@@ -287,6 +287,7 @@ def text_table(h: History) -> str:
                     change_words(point, h.higher_is_better) if i == 0 else "",
                 ]
             )
+    rows = [["".join(ch if ch.isprintable() else "?" for ch in cell) for cell in row] for row in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     return "\n".join([head, "", *lines])

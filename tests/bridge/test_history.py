@@ -201,7 +201,7 @@ def test_publish_commits_a_dashboard_without_touching_the_working_tree(world: En
     c0 = commit(world, "bench at 100", speed=100)
     (world.project / ".github").mkdir()
     (world.project / ".github" / "kakeya-required.yml").write_text("required:\n  - bench@cpu\n  - work@cpu\n")
-    c1 = commit(world, "require bench", speed=90)
+    c1 = commit(world, "require bench <script>alert(1)</script>", speed=90)  # a hostile title
     bus.run(c0)
     bus.run(c1)
     (world.project / "scratch.txt").write_text("uncommitted work")
@@ -217,6 +217,8 @@ def test_publish_commits_a_dashboard_without_touching_the_working_tree(world: En
     }
     index = G.read_path(world.project, "gh-pages", "index.html").decode()
     assert 'href="bench@cpu.html"' in index and "no trusted run" in index  # work@cpu never ran
+    html = G.read_path(world.project, "gh-pages", "bench@cpu.html").decode()
+    assert "<script" not in html and "require bench &lt;script&gt;alert(1)&lt;/script&gt;" in html
     page = json.loads(G.read_path(world.project, "gh-pages", "bench@cpu.json"))
     assert [r["value"] for p in page["points"] for r in p["runs"]] == [100, 90]
     assert git(world.project, "status", "--porcelain") == before  # the working tree and index as they were
