@@ -40,6 +40,7 @@ from bridge.presets import Preset
 from bridge.trust import Signers
 
 STATE_FILE = "bisect.json"
+NAG_S = 30.0  # how often a `waiting` event says where the requests in flight are
 Verdict = Literal["good", "bad", "skip"]
 
 
@@ -141,6 +142,7 @@ class Bisect:
         signers: Signers | None,
         max_in_flight: int = 1,
         poll_s: float | None = None,
+        nag_s: float = NAG_S,
     ):
         self.c, self.state, self.path = client, state, path
         self.req = Requirement.parse(state.requirement, registry)
@@ -148,7 +150,7 @@ class Bisect:
             raise InvalidRequest(f"--require {state.requirement}: name the runner label, PRESET@LABEL")
         self.preset = registry[self.req.preset]
         self.signers, self.max_in_flight = signers, max(1, max_in_flight)
-        self.poll_s = poll_s or client.config.poll_interval_s
+        self.poll_s, self.nag_s = poll_s or client.config.poll_interval_s, nag_s
         self.params = self.preset.validate_params(state.params)
         if unmet := self.req.unmet(self.params):
             raise InvalidRequest(f"these parameters make no evidence for {self.req}: {'; '.join(unmet)}")
@@ -314,22 +316,40 @@ class Bisect:
             yield self.event("request", commit, id=manifest.id)
 
     def wait(self) -> Iterator[dict[str, Any]]:
-        """Until at least one request in flight ends: one listing of their done refs per poll."""
+        """Until a request in flight ends (or vanished from the bus: forgotten, to be requested again): one
+        listing of just their refs per poll; every `nag_s` a `waiting` event says where each one is."""
+        nagged = time.monotonic()
         while True:
             flying = self.flying()
             if not flying:
                 return
             snap = self.c.bus.ls_remote(
-                *(B.done_ref(i) for i in flying.values()), *(B.subject_ref(c, i) for c, i in flying.items())
+                *(
+                    ref
+                    for c, i in flying.items()
+                    for ref in (B.done_ref(i), B.subject_ref(c, i), B.claim_ref(i))
+                ),
+                *(B.req_ref(self.req.label or "", i) for i in flying.values()),
             )
-            ended = [c for c, i in flying.items() if (e := snap.entries.get(i)) and e.done or i in snap.index]
+            entries = {c: snap.entries.get(i) for c, i in flying.items()}
+            ended = [c for c, i in flying.items() if i in snap.index or ((e := entries[c]) and e.done)]
+            gone = [c for c, e in entries.items() if c not in ended and (e is None or not (e.req or e.claim))]
+            for commit in gone:  # its request ref was deleted before any runner finished it
+                del self.state.probes[commit]
+                self.save()
+                yield self.event("lost", commit, id=flying[commit])
             if ended:
                 shelf = Shelf(self.c.bus, self.signers).load_subjects([self.req.preset], ended)
                 for commit in ended:
                     found = self.judge(shelf, commit, flying[commit])
                     assert found is not None
                     yield self.decide(commit, *found)
+            if ended or gone:
                 return
+            if time.monotonic() - nagged >= self.nag_s:
+                nagged = time.monotonic()
+                states = {flying[c]: "claimed" if e and e.claim else "queued" for c, e in entries.items()}
+                yield self.event("waiting", requests=states)
             time.sleep(self.poll_s)
 
     def cancel_outside(self, lo: int, hi: int) -> Iterator[dict[str, Any]]:

@@ -144,6 +144,10 @@ def show(e: dict[str, Any]) -> None:
         line = f"{commit} requested {e['id']}"
     elif kind == "follow":
         line = f"{commit} following {e['id']}, already on the bus"
+    elif kind == "waiting":
+        line = "waiting: " + ", ".join(f"{rid} {state}" for rid, state in e["requests"].items())
+    elif kind == "lost":
+        line = f"{commit} lost {e['id']}: its request is gone from the bus; it is requested again"
     elif kind == "cancel":
         line = f"{commit} cancelled {e['id']}: outside the range left"
     elif kind == "first-bad":

@@ -18,6 +18,7 @@ import pytest
 from bridge import bisect as BI
 from bridge import bus as B
 from bridge.cli import main
+from bridge.commands.bisect import show
 from bridge.presets import load_registry
 from tests.bridge.bus_support import Env, move_done, runner_process, stop
 from tests.bridge.test_history import Bus, commit, setup_bench
@@ -255,3 +256,33 @@ def test_a_run_indexed_under_a_commit_it_did_not_run_is_no_evidence(world: Env, 
     [one] = [e for e in events if e.get("commit") == c[1] and e["event"] in ("good", "bad", "skip")]
     assert one["event"] == "good" and not one.get("reused") and one["id"] != failing
     assert events[-1]["requested"] == 1 and world.count().count(c[1]) == 1
+
+
+def test_waiting_says_where_requests_are_and_one_deleted_from_the_bus_is_asked_again(
+    world: Env, bus: Bus, capsys
+):
+    c = branch(world, 2, planted=2, speed=30)
+    path = world.tmp / "bisect.json"
+    state = BI.State(requirement="bench@cpu", good=c[0], bad=c[2], bus=bus.url, commits=c[1:])
+    events = BI.Bisect(bus.client, state, path, load_registry(), None, poll_s=0.05, nag_s=0).events()
+    assert next(events)["event"] == "start"
+    asked = next(events)
+    assert asked["event"] == "request" and asked["commit"] == c[1]
+    waiting = next(events)  # no runner: it says so, and where the request is
+    assert waiting == {"event": "waiting", "requests": {asked["id"]: "queued"}}
+    # Mallory deletes the request ref: the bisect does not wait forever, it forgets it and asks again
+    mallory = B.Bus(bus.url, world.project)
+    ref = B.req_ref("cpu", asked["id"])
+    assert mallory.swap([B.Update(ref, None, mallory.ls_remote(ref).refs[ref])])
+    lost = next(events)
+    assert lost["event"] == "lost" and lost["id"] == asked["id"] and lost["commit"] == c[1]
+    again = next(events)
+    assert again["event"] == "request" and again["commit"] == c[1] and again["id"] != asked["id"]
+    assert json.loads(path.read_text())["probes"][c[1]]["request_id"] == again["id"]
+    show(waiting)
+    show(lost)
+    out = capsys.readouterr().out
+    assert (
+        f"waiting: {asked['id']} queued" in out
+        and f"{c[1][:12]} lost {asked['id']}: its request is gone" in out
+    )
