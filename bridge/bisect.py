@@ -12,10 +12,11 @@ number makes its commit untestable: skipped, like `git bisect skip`. Evidence al
 is used, never run again; a request still pending on the bus for a commit of the range (made by an earlier,
 interrupted bisect, or by anyone) is followed instead of a new one.
 
-Up to `max_in_flight` commits are requested at once (multisection): each new one splits the widest gap of
-untested commits between the last good, the first bad and those in flight. Once a result narrows the range,
-requests in flight outside it are cancelled. Every change is saved to .kakeya/bisect.json (`State`) before
-anything else happens, so Ctrl-C loses nothing: the same command again picks up the requests already made.
+Up to `max_in_flight` commits (at most one per live runner of the label) are requested at once
+(multisection): each new one splits the widest gap of untested commits between the last good, the first bad
+and those in flight. Once a result narrows the range, requests in flight outside it are cancelled. Every
+change is saved to .kakeya/bisect.json (`State`) before anything else happens, so Ctrl-C loses nothing: the
+same command again picks up the requests already made.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from bridge.client import Client
 from bridge.errors import InvalidRequest, KakeyaError, problems
 from bridge.evidence import Outcome, Requirement, Shelf
 from bridge.history import report_value
+from bridge.presence import read_presences
 from bridge.presets import Preset
 from bridge.trust import Signers
 
@@ -234,7 +236,7 @@ class Bisect:
             yield from self.cancel_outside(lo, hi)
             flying = {s.commits.index(c) for c in self.flying()}
             skipped = {i for i, c in enumerate(s.commits) if (p := s.probes.get(c)) and p.outcome == "skip"}
-            room = self.max_in_flight - len(flying)
+            room = self.room() - len(flying)
             chosen = pick(lo, hi, skipped, flying, room)
             if not chosen and not flying:
                 yield self.finish(lo, hi)
@@ -243,6 +245,19 @@ class Bisect:
                 yield from self.start([s.commits[i] for i in chosen])
             yield from self.wait()
         yield self.finish(*self.bounds())
+
+    def room(self) -> int:
+        """How many requests may be in flight: --max-in-flight, at most one per live runner of the label
+        (at least one: a request waits on the bus until a runner comes)."""
+        if self.max_in_flight == 1:
+            return 1
+        snap = self.c.bus.ls_remote(B.RUNNERS_PREFIX)
+        now = B.utcnow()
+        live = sum(
+            s.serves(self.req.label or "", now)
+            for s in read_presences(self.c.bus, snap.runners, self.signers)
+        )
+        return max(1, min(self.max_in_flight, live))
 
     def reuse(self) -> Iterator[dict[str, Any]]:
         """Decide every commit that already has evidence; follow what is in flight (ours or on the bus)."""

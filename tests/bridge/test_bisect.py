@@ -20,7 +20,7 @@ from bridge import bus as B
 from bridge.cli import main
 from bridge.commands.bisect import show
 from bridge.presets import load_registry
-from tests.bridge.bus_support import Env, move_done, runner_process, stop
+from tests.bridge.bus_support import Env, move_done, runner_process, stop, wait_for
 from tests.bridge.test_history import Bus, commit, setup_bench
 
 
@@ -157,7 +157,10 @@ def test_a_commit_that_does_not_build_is_skipped_and_existing_evidence_saves_run
 def test_a_slowed_metric_with_two_requests_in_flight_on_two_runners(world: Env, bus: Bus, capsys):
     c = branch(world, 8, planted=3, speed=80)  # 20 % slower from c3 on, still passing the gate
     runners = [runner_process(world, bus.url, name) for name in ("r1", "r2")]
-    try:
+    try:  # (as many in flight as live runners serve the label: both are live first)
+        wait_for(
+            lambda: len(B.Bus(bus.url, world.project).ls_remote(B.RUNNERS_PREFIX).runners) == 2, 30, "runners"
+        )
         code, events = bisect(
             capsys, bus.url, "--good", c[0], "--bad", c[8], "--require", "bench@cpu",
             "--metric", "/probe/cpu_count", "--threshold", "90", "--max-in-flight", "2",
@@ -261,28 +264,30 @@ def test_a_run_indexed_under_a_commit_it_did_not_run_is_no_evidence(world: Env, 
 def test_waiting_says_where_requests_are_and_one_deleted_from_the_bus_is_asked_again(
     world: Env, bus: Bus, capsys
 ):
-    c = branch(world, 2, planted=2, speed=30)
+    c = branch(world, 4, planted=4, speed=30)
     path = world.tmp / "bisect.json"
-    state = BI.State(requirement="bench@cpu", good=c[0], bad=c[2], bus=bus.url, commits=c[1:])
-    events = BI.Bisect(bus.client, state, path, load_registry(), None, poll_s=0.05, nag_s=0).events()
+    state = BI.State(requirement="bench@cpu", good=c[0], bad=c[4], bus=bus.url, commits=c[1:])
+    b = BI.Bisect(bus.client, state, path, load_registry(), None, max_in_flight=3, poll_s=0.05, nag_s=0)
+    events = b.events()
     assert next(events)["event"] == "start"
     asked = next(events)
-    assert asked["event"] == "request" and asked["commit"] == c[1]
-    waiting = next(events)  # no runner: it says so, and where the request is
+    assert asked["event"] == "request" and asked["commit"] == c[2]
+    # no live runner: one request at a time whatever --max-in-flight says; it says so, and where it is
+    waiting = next(events)
     assert waiting == {"event": "waiting", "requests": {asked["id"]: "queued"}}
     # Mallory deletes the request ref: the bisect does not wait forever, it forgets it and asks again
     mallory = B.Bus(bus.url, world.project)
     ref = B.req_ref("cpu", asked["id"])
     assert mallory.swap([B.Update(ref, None, mallory.ls_remote(ref).refs[ref])])
     lost = next(events)
-    assert lost["event"] == "lost" and lost["id"] == asked["id"] and lost["commit"] == c[1]
+    assert lost["event"] == "lost" and lost["id"] == asked["id"] and lost["commit"] == c[2]
     again = next(events)
-    assert again["event"] == "request" and again["commit"] == c[1] and again["id"] != asked["id"]
-    assert json.loads(path.read_text())["probes"][c[1]]["request_id"] == again["id"]
+    assert again["event"] == "request" and again["commit"] == c[2] and again["id"] != asked["id"]
+    assert json.loads(path.read_text())["probes"][c[2]]["request_id"] == again["id"]
     show(waiting)
     show(lost)
     out = capsys.readouterr().out
     assert (
         f"waiting: {asked['id']} queued" in out
-        and f"{c[1][:12]} lost {asked['id']}: its request is gone" in out
+        and f"{c[2][:12]} lost {asked['id']}: its request is gone" in out
     )
