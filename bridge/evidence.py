@@ -186,16 +186,18 @@ class Shelf:
         label: str | None,
         before: str | None = None,
         params: dict[str, Any] | None = None,
+        accept: Callable[[Done], bool] | None = None,
     ) -> tuple[Done, dict[str, Any]] | None:
         """The newest run of `preset` on `label` (with the same `params`, when given: a run of another model
-        or context length is no baseline) created before request `before` that passed: it succeeded, its
+        or context length is no baseline; one that `accept`s, when given) created before request `before`
+        that passed: it succeeded, its
         runner's verdict was pass (so it had no regression either) and its report still passes the checks of
         this registry; with signers, it is also a runner's signed done commit made on its request (a forged
         baseline could otherwise fail a genuine run, or hide its regression). Failing, errored, unreadable and
         untrusted runs are skipped, never used as a baseline. Older batches are read only while none is found."""
         checked = 0
         while True:
-            found = self._pass_among(self.of(preset.name, label)[checked:], preset, before, params)
+            found = self._pass_among(self.of(preset.name, label)[checked:], preset, before, params, accept)
             if found is not None:
                 return found
             checked = len(self.of(preset.name, label))
@@ -203,7 +205,12 @@ class Shelf:
                 return None
 
     def _pass_among(
-        self, dones: Sequence[Done], preset: Preset, before: str | None, params: dict[str, Any] | None
+        self,
+        dones: Sequence[Done],
+        preset: Preset,
+        before: str | None,
+        params: dict[str, Any] | None,
+        accept: Callable[[Done], bool] | None = None,
     ) -> tuple[Done, dict[str, Any]] | None:
         for done in dones:
             r = done.result
@@ -216,6 +223,7 @@ class Shelf:
                 or r.preset != preset.name
                 or (params is not None and r.params != params)
                 or (self.signers is not None and not self.trusted(done))
+                or (accept is not None and not accept(done))
             ):
                 continue
             raw = self.report(done)
