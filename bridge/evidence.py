@@ -93,32 +93,51 @@ class Shelf:
         """Read the done results of `presets`: with `subject`, those indexed under it (refs/kakeya/by-subject/
         <subject>/, what `gate pr` needs), else every done ref of them (for baselines). One prefix-scoped
         listing unless `snap`, one fetch by object id of what is not here yet, one batch read."""
-        if subject is not None:
-            return self.load_subjects(presets, [subject], snap)
         wanted = set(presets)
         if snap is None:  # the live requests too: a done result for a request still pending is checked on it
-            snap = self.bus.ls_remote(B.DONE_PREFIX, B.REQ_PREFIX)
-        entries = sorted(
-            (e for e in snap.entries.values() if e.done and e.preset in wanted), key=lambda e: e.id
-        )
+            where = (
+                [f"{B.SUBJECT_PREFIX}{subject}/", ledger.subject_shard(subject)]
+                if subject
+                else [B.DONE_PREFIX]
+            )
+            snap = self.bus.ls_remote(*where, B.REQ_PREFIX)
+        if subject is not None:
+            found = [
+                Entry(rid, e.label if (e := snap.entries.get(rid)) else None, e.req if e else None, done=sha)
+                for rid, (subj, sha) in snap.index.items()
+                if subj == subject
+            ]
+            shard = snap.refs.get(ledger.subject_shard(subject))
+            if shard is not None:  # and those moved into the ledger (one small tree, fetched by id)
+                known = {e.id for e in found}
+                found += [
+                    e
+                    for e in ledger.as_entries(ledger.read_shard(self.bus, shard, subject)).values()
+                    if e.id not in known
+                ]
+        else:
+            found = [e for e in snap.entries.values() if e.done]
+        entries = sorted((e for e in found if e.preset in wanted), key=lambda e: e.id)
         self.dones.update({name: [] for name in wanted})
-        for name in wanted:  # for baselines, newest first: a batch now, older ones when asked (`more`)
-            self.later[name] = [e for e in entries if e.preset == name]
-            self.more(name)
+        if subject is None:  # for baselines, newest first: a batch now, older ones when asked (`more`)
+            for name in wanted:
+                self.later[name] = [e for e in entries if e.preset == name]
+                self.more(name)
+            return self
+        self.dones.update(self.done_results(entries))
         return self
 
     def load_subjects(
         self, presets: Iterable[str], subjects: Sequence[str], snap: Snapshot | None = None
     ) -> Shelf:
-        """Read the done results of `presets` indexed under any of `subjects` (refs/kakeya/by-subject/<sha>/,
-        and the ledger's subject shards of those moved into it): one listing scoped to those prefixes unless
-        `snap`, one fetch by object id of what is not here yet, one batch read (`kakeya history` and
-        `kakeya bisect` read a whole branch at once)."""
+        """Read the done results of `presets` indexed under any of `subjects` (`load(subject=...)` for many
+        subjects at once: `kakeya history` and `kakeya bisect` read a whole branch): one listing scoped to
+        those subjects' index refs and ledger shards unless `snap`, one fetch by object id of what is not here
+        yet, one batch read."""
         wanted, among = set(presets), set(subjects)
-        shards = sorted({ledger.subject_shard(s) for s in among})
         if snap is None:  # the live requests too: a done result for a request still pending is checked on it
             snap = self.bus.ls_remote(
-                *(f"{B.SUBJECT_PREFIX}{s}/" for s in sorted(among)), *shards, B.REQ_PREFIX
+                *(f"{B.SUBJECT_PREFIX}{s}/" for s in sorted(among)), *self._shards(among), B.REQ_PREFIX
             )
         found = [
             Entry(rid, e.label if (e := snap.entries.get(rid)) else None, e.req if e else None, done=sha)
@@ -126,14 +145,26 @@ class Shelf:
             if subj in among
         ]
         known = {e.id for e in found}
-        for ref in (s for s in shards if s in snap.refs):  # those moved into the ledger: a shard's small tree
-            mine = [s for s in among if ledger.subject_shard(s) == ref]  # (one subject: only its directory)
-            moved = ledger.read_shard(self.bus, snap.refs[ref], mine[0] if len(mine) == 1 else "")
-            found += ledger.as_entries(e for e in moved if e.subject in among and e.id not in known).values()
+        found += ledger.as_entries(e for e in self._shelved(snap, among) if e.id not in known).values()
         entries = sorted((e for e in found if e.preset in wanted), key=lambda e: e.id)
         self.dones.update({name: [] for name in wanted})
         self.dones.update(self.done_results(entries))
         return self
+
+    @staticmethod
+    def _shards(subjects: set[str]) -> list[str]:
+        """The ledger refs to list for `subjects`' results moved into the ledger."""
+        return sorted({ledger.subject_shard(s) for s in subjects})
+
+    def _shelved(self, snap: Snapshot, subjects: set[str]) -> list[ledger.LedgerEntry]:
+        """The ledger's entries of `subjects` (each shard a small tree, fetched by id; one subject: only its
+        directory)."""
+        out = []
+        for ref in (r for r in self._shards(subjects) if r in snap.refs):
+            mine = [s for s in subjects if ledger.subject_shard(s) == ref]
+            moved = ledger.read_shard(self.bus, snap.refs[ref], mine[0] if len(mine) == 1 else "")
+            out += [e for e in moved if e.subject in subjects]
+        return out
 
     def more(self, preset: str) -> bool:
         """Read the next (older) batch of `preset`'s done results not read yet; False when none is left."""
