@@ -430,7 +430,7 @@ def dashboard(histories: Sequence[History]) -> dict[str, bytes]:
         files[f"{h.slug}.json"] = h.model_dump_json(indent=2).encode()
         last = next((p for p in reversed(h.points) if p.runs), None)
         latest = (
-            f"{e(value_words(last))} at <code>{last.subject[:12]}</code> ({last.runs[0].verdict})"
+            f"{e(value_words(last))} at <code>{last.subject[:12]}</code> ({last.runs[-1].verdict})"
             if last
             else "no trusted run"
         )
