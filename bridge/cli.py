@@ -31,6 +31,7 @@ COMMANDS = [
     "runners",
     "bus",
     "doctor",
+    "verify",
 ]
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import gates
+import gates.tables
 from bridge import bus as B
 from bridge import git, ledger, trust
 from bridge.bus import Bus, Entry, Manifest, Snapshot
@@ -37,7 +38,7 @@ from bridge.errors import InvalidRequest, KakeyaError
 from bridge.host import accelerator_words
 from bridge.names import PIN_RE, REQUIREMENT_RE
 from bridge.presets import Preset, get_preset
-from bridge.result import RunOutcome, RunResult
+from bridge.result import RunOutcome, RunResult, tables_markdown
 from bridge.trust import UNSIGNED, Signers, trust_words
 
 SUMMARY_CAP = 1024 * 1024  # GitHub refuses a job summary (the whole $GITHUB_STEP_SUMMARY file) over 1 MiB
@@ -515,6 +516,7 @@ class Outcome:
     evidence: Done | None = None
     verdict: gates.Verdict | None = None  # the re-gated verdict, when the report could be gated
     notes: list[str] = field(default_factory=list)
+    report: dict[str, Any] | None = None  # the evidence's report, when it could be gated (its Results tables)
     trust: str | None = None  # of the evidence: `signed by RUNNER@LABELS` or `unsigned (allowed)`
     ignored: list[Ignored] = field(default_factory=list)  # newer results that name the subject, not used
 
@@ -739,7 +741,7 @@ def regate_evidence(shelf: Shelf, done: Done, subject: str, req: Requirement, pr
             *compare_to_previous(shelf, preset, done.label, done.id, report, params)
         )
     if verdict.passed:
-        return Outcome(req, "pass", [], evidence=done, verdict=verdict, notes=notes)
+        return Outcome(req, "pass", [], evidence=done, verdict=verdict, notes=notes, report=report)
     return Outcome(
         req,
         "fail",
@@ -747,6 +749,7 @@ def regate_evidence(shelf: Shelf, done: Done, subject: str, req: Requirement, pr
         evidence=done,
         verdict=verdict,
         notes=notes,
+        report=report,
     )
 
 
@@ -805,17 +808,28 @@ def summary_table(subject: str, outcomes: Sequence[Outcome], limit: int = SUMMAR
             f"| {MARK[o.status]} | `{_cell(str(o.requirement), 200, code=True)}` | {o.status} | {ev} | "
             f"{_cell(o.trust or '—', 200)} | {_cell(details)} |\n"
         )
-    sections = [
-        f"\n<details><summary>{o.requirement}: {o.status}</summary>\n\n{o.verdict.to_markdown()}\n</details>\n"
-        for o in outcomes
-        if o.verdict is not None and not o.passed
-    ] + [
-        f"\n<details><summary>{o.requirement}: {len(o.ignored)} result(s) ignored</summary>\n\n"
-        + "".join(f"- `{i.id}` ({i.kind}): {_cell(i.reason, 2000)}\n" for i in o.ignored)
-        + "</details>\n"
-        for o in outcomes
-        if o.ignored
-    ]
+    sections = (
+        [
+            f"\n<details open><summary>{o.requirement}: results</summary>\n\n"
+            + "\n".join(tables_markdown(tables, "####"))
+            + "\n</details>\n"
+            for o in outcomes
+            if o.report is not None
+            and (tables := gates.tables.results_tables(o.report, o.verdict.checks if o.verdict else ()))
+        ]
+        + [
+            f"\n<details><summary>{o.requirement}: {o.status}</summary>\n\n{o.verdict.to_markdown()}\n</details>\n"
+            for o in outcomes
+            if o.verdict is not None and not o.passed
+        ]
+        + [
+            f"\n<details><summary>{o.requirement}: {len(o.ignored)} result(s) ignored</summary>\n\n"
+            + "".join(f"- `{i.id}` ({i.kind}): {_cell(i.reason, 2000)}\n" for i in o.ignored)
+            + "</details>\n"
+            for o in outcomes
+            if o.ignored
+        ]
+    )
     blocks = head + rows + sections
     out: list[str] = []
     used, reserve = 0, 200  # room for the note that says what was cut
