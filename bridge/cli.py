@@ -20,6 +20,8 @@ COMMANDS = [
     "exec",
     "gate",
     "evidence",
+    "history",
+    "bisect",
     "request",
     "status",
     "results",
