@@ -28,18 +28,44 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 import gates
 import gates.tables
 from bridge import bus as B
 from bridge import git, ledger, trust
 from bridge.bus import Bus, Entry, Manifest, Snapshot
 from bridge.config import project_root
-from bridge.errors import InvalidRequest, KakeyaError
+from bridge.errors import InvalidRequest, KakeyaError, problems
 from bridge.host import accelerator_words
 from bridge.names import PIN_RE, REQUIREMENT_RE
 from bridge.presets import Preset, get_preset
 from bridge.result import RunOutcome, RunResult, tables_markdown
 from bridge.trust import UNSIGNED, Signers, trust_words
+
+REQUIRED_FILE = ".github/kakeya-required.yml"
+
+
+class RequiredFile(BaseModel):
+    """.github/kakeya-required.yml: `required:` a list of `PRESET[@LABEL] [PARAM OP VALUE ...]` entries, the
+    evidence a pull request needs (`gate pr`, `kakeya evidence` and the history dashboard read it)."""
+
+    model_config = ConfigDict(extra="forbid")
+    required: list[str] = []
+
+
+def parse_required(text: str, where: str) -> list[str]:
+    """The entries of a required file's `text`; InvalidRequest naming `where` when it is not valid."""
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise InvalidRequest(f"{where}: cannot read YAML: {exc}") from None
+    try:
+        return RequiredFile.model_validate(data).required
+    except ValidationError as exc:
+        raise InvalidRequest(f"{where}: {problems(exc, 'requirements file')}") from None
+
 
 SUMMARY_CAP = 1024 * 1024  # GitHub refuses a job summary (the whole $GITHUB_STEP_SUMMARY file) over 1 MiB
 Status = Literal["pass", "fail", "missing", "mismatch"]

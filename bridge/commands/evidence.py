@@ -23,23 +23,18 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
-
 from bridge import bus as B
 from bridge import evidence
 from bridge.bus import Entry, Manifest
 from bridge.client import Client
 from bridge.commands._bus import add_remote, client
 from bridge.commands.wait import add_wait_args, line
-from bridge.errors import InvalidRequest, problems
-from bridge.evidence import Outcome, Requirement, Shelf
+from bridge.errors import InvalidRequest
+from bridge.evidence import REQUIRED_FILE, Outcome, Requirement, Shelf
 from bridge.follow import Follower
 from bridge.names import SHA_PATTERN
 from bridge.presets import Preset, load_registry
 from bridge.trust import ALLOWED_SIGNERS, Signers, evidence_signers
-
-REQUIRED_FILE = ".github/kakeya-required.yml"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -90,28 +85,18 @@ def add_signer_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-class RequiredFile(BaseModel):
-    """.github/kakeya-required.yml: `required:` a list of `PRESET@LABEL [PARAM OP VALUE ...]` entries."""
-
-    model_config = ConfigDict(extra="forbid")
-    required: list[str] = []
-
-
 def read_required(root: Path) -> list[str]:
     """The entries of <root>/.github/kakeya-required.yml; InvalidRequest when it is missing or not valid."""
     path = root / REQUIRED_FILE
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text()
     except FileNotFoundError:
         raise InvalidRequest(
             f"no --require given and {path} does not exist: name the evidence with --require 'PRESET@LABEL'"
         ) from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise InvalidRequest(f"{path}: cannot read YAML: {exc}") from None
-    try:
-        return RequiredFile.model_validate(data).required
-    except ValidationError as exc:
-        raise InvalidRequest(f"{path}: {problems(exc, 'requirements file')}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"{path}: cannot read it: {exc}") from None
+    return evidence.parse_required(text, str(path))
 
 
 def requirements(c: Client, texts: Sequence[str] | None, registry: Mapping[str, Preset]) -> list[Requirement]:

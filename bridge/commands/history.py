@@ -15,23 +15,12 @@ import argparse
 import sys
 from pathlib import Path
 
-import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
-
 from bridge import evidence, git
 from bridge import history as H
 from bridge.commands._bus import add_remote, client
-from bridge.errors import InvalidRequest, problems
+from bridge.errors import InvalidRequest
+from bridge.evidence import REQUIRED_FILE
 from bridge.trust import ALLOWED_SIGNERS, evidence_signers
-
-REQUIRED = ".github/kakeya-required.yml"
-
-
-class Required(BaseModel):
-    """.github/kakeya-required.yml: the evidence a pull request needs (the dashboard shows each entry)."""
-
-    model_config = ConfigDict(extra="forbid")
-    required: list[str] = []
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -62,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--plot", type=Path, metavar="FILE.svg", help="write the plot (SVG)")
     parser.add_argument("--html", type=Path, metavar="FILE", help="write a static page (plot and table)")
     parser.add_argument(
-        "--publish", action="store_true", help=f"commit a dashboard of every entry of {REQUIRED}"
+        "--publish", action="store_true", help=f"commit a dashboard of every entry of {REQUIRED_FILE}"
     )
     parser.add_argument(
         "--branch-to", default="gh-pages", metavar="BRANCH", help="--publish's branch (default gh-pages)"
@@ -78,19 +67,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def required(root: Path, ref: str) -> list[str]:
-    """The entries of REQUIRED as committed on `ref` (not as the working tree has it)."""
+    """The entries of REQUIRED_FILE as committed on `ref` (not as the working tree has it)."""
     sha = git.rev_parse(root, ref)
     if sha is None:
         raise InvalidRequest(f"{ref!r} is not a branch or commit of {root} (--branch)")
-    raw = git.read_path(root, sha, REQUIRED)
+    raw = git.read_path(root, sha, REQUIRED_FILE)
     if raw is None:
-        raise InvalidRequest(f"{ref} has no {REQUIRED}: nothing to publish")
-    try:
-        return Required.model_validate(yaml.safe_load(raw) or {}).required
-    except yaml.YAMLError as exc:
-        raise InvalidRequest(f"{REQUIRED} on {ref}: cannot read it: {exc}") from None
-    except ValidationError as exc:
-        raise InvalidRequest(f"{REQUIRED} on {ref}: {problems(exc, 'the file')}") from None
+        raise InvalidRequest(f"{ref} has no {REQUIRED_FILE}: nothing to publish")
+    return evidence.parse_required(raw, f"{REQUIRED_FILE} on {ref}")
 
 
 def run(args: argparse.Namespace) -> int:
