@@ -24,6 +24,9 @@ COMMANDS = [
     "presets",
     "exec",
     "gate",
+    "evidence",
+    "history",
+    "bisect",
     "request",
     "status",
     "results",
@@ -34,6 +37,7 @@ COMMANDS = [
     "runners",
     "bus",
     "doctor",
+    "mcp",
     "verify",
 ]
 

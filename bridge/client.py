@@ -15,17 +15,20 @@ from __future__ import annotations
 
 import datetime as dt
 import getpass
+import hashlib
+import json
 import platform
 import re
 import secrets
 import sys
 import time
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from bridge import bus as B
 from bridge import git
@@ -35,11 +38,46 @@ from bridge.config import Config, project_root
 from bridge.errors import BusError, InvalidRequest, KakeyaError, WaitTimeout, problems
 from bridge.names import check_label
 from bridge.page import outcome_words
+from bridge.presence import read_presences, refuse_unsigned
 from bridge.presets import Preset, get_preset, load_registry
 from bridge.result import RunResult
-from bridge.trust import Signers, done_problem, key_file
+from bridge.trust import Signers, done_problem, key_file, trusted_signers
 
 GC_CHUNK = 500
+IDEM_PREFIX = B.NS + "idem/"  # refs/kakeya/idem/<sha256 of the key>: the request a key made
+IDEM_PATH = ".kakeya/idempotency.json"
+
+
+def idem_ref(key_sha256: str) -> str:
+    return f"{IDEM_PREFIX}{key_sha256}"
+
+
+class Idempotency(B._File):
+    """.kakeya/idempotency.json, on a child of the request commit that `idem_ref` points at: the request a key
+    made and the runner labels it was asked for (the rest of its content is its request.json)."""
+
+    schema_version: Literal[1] = 1
+    key_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    labels: list[str] = Field(min_length=1, max_length=32)
+    id: str
+
+    @staticmethod
+    def key_hash(key: str) -> str:
+        if not key or len(key) > 200 or any(unicodedata.category(c) in ("Cc", "Cf") for c in key):
+            raise InvalidRequest(
+                f"idempotency key {key[:40]!r} must be 1 to 200 printable characters (e.g. a UUID)"
+            )
+        return hashlib.sha256(key.encode()).hexdigest()
+
+
+def runner_labels(spec: str | Sequence[str]) -> list[str]:
+    """'h200,h100' (or a list) -> the labels in order, each valid and given once."""
+    labels = [lb.strip() for lb in spec.split(",")] if isinstance(spec, str) else [lb.strip() for lb in spec]
+    if not labels or len(set(labels)) != len(labels):
+        raise InvalidRequest(
+            f"--runner {','.join(labels)!r} must name each runner label once, e.g. h200,h100"
+        )
+    return [check_label(lb) for lb in labels]
 
 
 def state_dir(config: Config, root: Path) -> Path:
@@ -179,17 +217,26 @@ class Client:
         self,
         preset_name: str,
         raw: Mapping[str, Any],
-        label: str,
+        label: str | Sequence[str],
         *,
         subject: str | None = None,
         expires_s: float | None = None,
         allow_dirty: bool = False,
         registry: Mapping[str, Preset] | None = None,
+        idempotency_key: str | None = None,
     ) -> Manifest:
-        """Validate against the local registry, build the request commit on the subject, push it."""
+        """Validate against the local registry, build the request commit on the subject, push it.
+
+        `label`: one runner label, or several in order of preference ('h200,h100'): the first with a live
+        runner wins, none live: the first. `expires_s`: a request no runner has started by then ends as
+        `expired` (the manifest's expires_at, at most MAX_TTL). `idempotency_key`: a retry with the same key
+        and the same content (preset, parameters, labels, subject) returns the first request, queued, running
+        or done; other content under the same key is refused (`IDEM_PREFIX`)."""
         preset = get_preset(registry if registry is not None else load_registry(), preset_name)
-        preset.check_runs_on(check_label(label))
-        preset.validate_params(raw)
+        labels = runner_labels(label)
+        for each in labels:
+            preset.check_runs_on(each)
+        values = preset.validate_params(raw)
         ttl_s = expires_s or self.config.request_ttl_s
         if ttl_s > B.MAX_TTL.total_seconds():
             raise InvalidRequest(
@@ -197,6 +244,16 @@ class Client:
                 f"{age(B.MAX_TTL.total_seconds())}; give --expires 7d or less"
             )
         subject_sha, snapshot_of = self.subject(subject, allow_dirty)
+        key: str | None = None
+        content: str | None = None
+        if idempotency_key is not None:
+            key = Idempotency.key_hash(idempotency_key)
+            content = self.content(preset, values, labels, subject_sha, snapshot_of)
+            first = self.idempotent(idempotency_key, preset, content)
+            if first is not None:
+                return first
+        chosen = self.pick_label(labels)
+        refuse_unsigned(self.bus, chosen, self.config.signing_key, self.root)  # bridge/presence.py
         now = B.utcnow()
         rid = B.new_id(preset.name, now)
         manifest = Manifest(
@@ -204,7 +261,7 @@ class Client:
             preset=preset.name,
             params=dict(raw),
             subject=subject_sha,
-            runner=label,
+            runner=chosen,
             requester=self.requester(),
             created_at=now,
             expires_at=now + dt.timedelta(seconds=ttl_s),
@@ -215,17 +272,90 @@ class Client:
             self.bus.store,
             subject_sha,
             {B.MANIFEST_PATH: manifest.dump()},
-            f"kakeya request {rid}: {preset.name} on {label}",
+            f"kakeya request {rid}: {preset.name} on {chosen}",
             self.who(),
             key_file(self.config.signing_key),
         )
-        updates = [Update(B.req_ref(label, rid), sha, None)]
+        updates = [Update(B.req_ref(chosen, rid), sha, None)]
+        if key is not None:  # the request and its key in one atomic push: of two retries, one wins
+            marker = Idempotency(key_sha256=key, labels=labels, id=rid).dump()
+            idem = git.child_commit(
+                self.bus.store, sha, {IDEM_PATH: marker}, f"kakeya key of {rid}", self.who()
+            )
+            updates.append(Update(idem_ref(key), idem, None))
         if not self.bus.ls_remote(B.LAYOUT_PREFIX).layouts:  # a new bus: say which layout it speaks
-            updates.append(Update(B.layout_ref(), self.layout_marker(), None))
-        if not self.bus.swap(updates[:1], atomic=False):
+            self.bus.push([Update(B.layout_ref(), self.layout_marker(), None)])  # either writer's is fine
+        if not self.bus.swap(updates, atomic=True):
+            if idempotency_key is not None and content is not None:  # a concurrent retry pushed first
+                first = self.idempotent(idempotency_key, preset, content)
+                if first is not None:
+                    return first
             raise BusError(f"request id {rid} is already taken on the bus; try again")
-        if len(updates) > 1:
-            self.bus.push(updates[1:])  # another client may have written it first: either is fine
+        return manifest
+
+    def pick_label(self, labels: Sequence[str]) -> str:
+        """The first of `labels` a live runner serves (one listing of the presences); none: the first."""
+        if len(labels) == 1:
+            return labels[0]
+        snap = self.bus.ls_remote(B.RUNNERS_PREFIX)
+        now = B.utcnow()
+        seen = read_presences(self.bus, snap.runners, trusted_signers(self.root) if self.in_repo else None)
+        return next((lb for lb in labels if any(s.serves(lb, now) for s in seen)), labels[0])
+
+    def content(
+        self,
+        preset: Preset,
+        values: Mapping[str, Any],
+        labels: Sequence[str],
+        subject: str,
+        snapshot_of: str | None,
+    ) -> str:
+        """What an idempotent retry must match, hashed: the preset, its typed parameters, the runner labels in
+        order and the subject (a snapshot of a dirty tree: its files, not the new commit each one makes)."""
+        shown = subject
+        if snapshot_of:
+            tree = git.out(self.repo_with(subject), "rev-parse", subject + "^{tree}")
+            shown = f"snapshot of {snapshot_of}: tree {tree}"
+        content = {"preset": preset.name, "params": dict(values), "labels": list(labels), "subject": shown}
+        return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+    def idempotent(self, given: str, preset: Preset, content: str) -> Manifest | None:
+        """The request made earlier with the key hashed `key` (its one ref, `idem_ref`), or None when there is
+        none. Its content is read from its own request.json, never taken on trust from the key's file:
+        InvalidRequest when it differs from `content`, BusError when the key's ref names no request."""
+        key = Idempotency.key_hash(given)
+        ref = idem_ref(key)
+        sha = self.bus.ls_remote(ref).refs.get(ref)
+        if sha is None:
+            return None
+        self.bus.fetch_ids([sha], "the idempotency key's request")
+        first = B.parse_or_none(
+            Idempotency, self.local_files([f"{sha}:{IDEM_PATH}"]).get(f"{sha}:{IDEM_PATH}")
+        )
+        manifest = B.read_manifests(self.bus.repos(), [sha]).get(sha)
+        if (
+            first is None
+            or first.key_sha256 != key
+            or not isinstance(manifest, Manifest)
+            or manifest.id != first.id
+            or manifest.runner not in first.labels
+        ):
+            raise BusError(f"the idempotency key's ref {ref} on the bus is not a request's; delete it")
+        try:
+            same = manifest.preset == preset.name and content == self.content(
+                preset,
+                preset.validate_params(manifest.params),
+                first.labels,
+                manifest.subject,
+                manifest.snapshot_of,
+            )
+        except InvalidRequest:  # parameters this registry does not take: not the same request
+            same = False
+        if not same:
+            raise InvalidRequest(
+                f"idempotency key {given!r} was used for request {first.id} with other content (preset, "
+                "parameters, runner labels or subject differ); use a new key for a new request"
+            )
         return manifest
 
     def layout_marker(self) -> str:
@@ -425,6 +555,10 @@ class Client:
             )
             if result:
                 row.verdict, row.reason, row.holder = result.verdict, result.reason, result.runner_name
+            elif row.state == "expired" and manifest is not None:  # unclaimed past its queue timeout
+                row.reason = (
+                    f"no runner started it before {manifest.expires_at.isoformat(timespec='seconds')}"
+                )
             elif claim:
                 row.holder = claim.runner
                 row.holder_live = claim.lease_until >= now
@@ -515,7 +649,8 @@ class Client:
         """Delete the req/claim/cancel refs of finished requests older than the cutoff; done refs stay, or with
         `archive_done` move to refs/kakeya-archive/done/<id> (kept, but out of every clone's fetch and of
         `kakeya status` and `gate pr`). Result side refs left behind (refs/kakeya-stage/<id>/...) of done or
-        vanished requests go too, whatever their age. Returns the refs deleted (or that would be)."""
+        vanished requests go too, whatever their age, and the idempotency keys of requests older than the
+        cutoff (`stale_keys`). Returns the refs deleted (or that would be)."""
         cutoff = B.utcnow() - dt.timedelta(days=older_than_days)
         snap = self.bus.ls_remote(*B.LIVE, B.DONE_PREFIX, *([B.SUBJECT_PREFIX] if archive_done else []))
         entries = [e for e in snap.entries.values() if e.done and e.created_at < cutoff]
@@ -526,6 +661,7 @@ class Client:
             for ref, sha in self.bus.stage_refs().items()
             if (e := snap.entries.get(ref[len(B.STAGE_PREFIX) :].split("/")[0])) is None or e.done
         ]
+        stale += self.stale_keys(cutoff, {rid for rid, e in snap.entries.items() if e.req and not e.done})
         updates = [
             Update(ref, None, sha)
             for e in entries
@@ -563,6 +699,21 @@ class Client:
                 deleted += [u.ref for u in chunk if u.new is None and status.get(u.ref, (False, ""))[0]]
             return deleted
         return deleted + self._push_chunks(updates)
+
+    def stale_keys(self, cutoff: dt.datetime, live: set[str]) -> list[Update]:
+        """Deletions of the idempotency key refs (`IDEM_PREFIX`) of requests made before `cutoff` that are not
+        live (a retry after that makes a new request), and of key refs that name no request."""
+        text = self.bus.list([IDEM_PREFIX])
+        refs = {ref: sha for sha, _, ref in (line.partition("\t") for line in text.splitlines()) if ref}
+        self.bus.fetch_ids(sorted(set(refs.values())), "idempotency keys")
+        found = self.local_files([f"{sha}:{IDEM_PATH}" for sha in refs.values()])
+        out = []
+        for ref, sha in refs.items():
+            key = B.parse_or_none(Idempotency, found.get(f"{sha}:{IDEM_PATH}"))
+            made = B.parse_id(key.id) if key is not None else None
+            if key is None or made is None or (made.time < cutoff and key.id not in live):
+                out.append(Update(ref, None, sha))
+        return out
 
     def migrate(self, dry_run: bool = False) -> list[str]:
         """Upgrade a bus of layout 1 (everything under refs/heads/kakeya/) to layout 2: each claim, done, cancel

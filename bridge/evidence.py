@@ -23,10 +23,13 @@ from __future__ import annotations
 
 import json
 import operator
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 import gates
 import gates.tables
@@ -34,12 +37,35 @@ from bridge import bus as B
 from bridge import git, ledger, trust
 from bridge.bus import Bus, Entry, Manifest, Snapshot
 from bridge.config import project_root
-from bridge.errors import InvalidRequest, KakeyaError
+from bridge.errors import InvalidRequest, KakeyaError, problems
 from bridge.host import accelerator_words
 from bridge.names import PIN_RE, REQUIREMENT_RE
 from bridge.presets import Preset, get_preset
 from bridge.result import RunOutcome, RunResult, tables_markdown
 from bridge.trust import UNSIGNED, Signers, trust_words
+
+REQUIRED_FILE = ".github/kakeya-required.yml"
+
+
+class RequiredFile(BaseModel):
+    """.github/kakeya-required.yml: `required:` a list of `PRESET[@LABEL] [PARAM OP VALUE ...]` entries, the
+    evidence a pull request needs (`gate pr`, `kakeya evidence` and the history dashboard read it)."""
+
+    model_config = ConfigDict(extra="forbid")
+    required: list[str] = []
+
+
+def parse_required(text: str, where: str) -> list[str]:
+    """The entries of a required file's `text`; InvalidRequest naming `where` when it is not valid."""
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise InvalidRequest(f"{where}: cannot read YAML: {exc}") from None
+    try:
+        return RequiredFile.model_validate(data).required
+    except ValidationError as exc:
+        raise InvalidRequest(f"{where}: {problems(exc, 'requirements file')}") from None
+
 
 SUMMARY_CAP = 1024 * 1024  # GitHub refuses a job summary (the whole $GITHUB_STEP_SUMMARY file) over 1 MiB
 Status = Literal["pass", "fail", "missing", "mismatch"]
@@ -127,6 +153,45 @@ class Shelf:
             return self
         self.dones.update(self.done_results(entries))
         return self
+
+    def load_subjects(
+        self, presets: Iterable[str], subjects: Sequence[str], snap: Snapshot | None = None
+    ) -> Shelf:
+        """Read the done results of `presets` indexed under any of `subjects` (`load(subject=...)` for many
+        subjects at once: `kakeya history` and `kakeya bisect` read a whole branch): one listing scoped to
+        those subjects' index refs and ledger shards unless `snap`, one fetch by object id of what is not here
+        yet, one batch read."""
+        wanted, among = set(presets), set(subjects)
+        if snap is None:  # the live requests too: a done result for a request still pending is checked on it
+            snap = self.bus.ls_remote(
+                *(f"{B.SUBJECT_PREFIX}{s}/" for s in sorted(among)), *self._shards(among), B.REQ_PREFIX
+            )
+        found = [
+            Entry(rid, e.label if (e := snap.entries.get(rid)) else None, e.req if e else None, done=sha)
+            for rid, (subj, sha) in snap.index.items()
+            if subj in among
+        ]
+        known = {e.id for e in found}
+        found += ledger.as_entries(e for e in self._shelved(snap, among) if e.id not in known).values()
+        entries = sorted((e for e in found if e.preset in wanted), key=lambda e: e.id)
+        self.dones.update({name: [] for name in wanted})
+        self.dones.update(self.done_results(entries))
+        return self
+
+    @staticmethod
+    def _shards(subjects: set[str]) -> list[str]:
+        """The ledger refs to list for `subjects`' results moved into the ledger."""
+        return sorted({ledger.subject_shard(s) for s in subjects})
+
+    def _shelved(self, snap: Snapshot, subjects: set[str]) -> list[ledger.LedgerEntry]:
+        """The ledger's entries of `subjects` (each shard a small tree, fetched by id; one subject: only its
+        directory)."""
+        out = []
+        for ref in (r for r in self._shards(subjects) if r in snap.refs):
+            mine = [s for s in subjects if ledger.subject_shard(s) == ref]
+            moved = ledger.read_shard(self.bus, snap.refs[ref], mine[0] if len(mine) == 1 else "")
+            out += [e for e in moved if e.subject in subjects]
+        return out
 
     def more(self, preset: str) -> bool:
         """Read the next (older) batch of `preset`'s done results not read yet; False when none is left."""
@@ -548,15 +613,12 @@ def judge(shelf: Shelf, subject: str, req: Requirement, preset: Preset) -> Outco
     pins) are listed as ignored, with why: none of them can mask the evidence."""
     candidates = shelf.of(req.preset, req.label)
     ignored: list[Ignored] = []
-    for done in (d for d in candidates if d.names(subject)):
-        signer, why = screen(shelf, done, subject, req, preset)
-        if why is not None:
-            ignored.append(why)
+    for found in judged_runs(shelf, subject, req, preset):
+        if isinstance(found, Ignored):
+            ignored.append(found)
             continue
-        outcome = regate_evidence(shelf, done, subject, req, preset)
-        outcome.trust = trust_words(signer) if shelf.signers is not None else UNSIGNED
-        outcome.ignored = ignored
-        return outcome
+        found.ignored = ignored
+        return found
     why = f"no trusted, executed {req} run on the bus names {subject[:12]}"
     if ignored:
         why += f" ({len(ignored)} result(s) ignored)"
@@ -564,6 +626,20 @@ def judge(shelf: Shelf, subject: str, req: Requirement, preset: Preset) -> Outco
         other = candidates[0]
         why += f" (the newest, {other.id}, is for {(other.subject or 'an unknown commit')[:12]})"
     return Outcome(req, "missing", [why], ignored=ignored)
+
+
+def judged_runs(shelf: Shelf, subject: str, req: Requirement, preset: Preset) -> Iterator[Outcome | Ignored]:
+    """Every done result of `req` that names `subject`, newest first: each trusted, executed run of it
+    verified and re-gated (an Outcome), each other one Ignored, with why (`kakeya history` keeps every run
+    of a subject, `judge` the newest)."""
+    for done in (d for d in shelf.of(req.preset, req.label) if d.names(subject)):
+        signer, why = screen(shelf, done, subject, req, preset)
+        if why is not None:
+            yield why
+            continue
+        outcome = regate_evidence(shelf, done, subject, req, preset)
+        outcome.trust = trust_words(signer) if shelf.signers is not None else UNSIGNED
+        yield outcome
 
 
 def screen(

@@ -6,7 +6,8 @@ seconds, when it starts or ends serving a request, and when it stops. A presence
 `seen_at + STALE_AFTER * every_s` has not passed and the runner has not said it stopped; after that it ages
 out of `kakeya runners`. A presence that is unreadable, names another runner, or (when the project has an
 allowed-signers file) is not signed by a runner key for its labels is shown as such and never counts as a
-live runner for a label.
+live runner for a label. A runner that rejects unsigned requests says so (`require_signed_requests`), and
+`kakeya request` refuses up front an unsigned request that only such runners would see (`refuse_unsigned`).
 
     beacon = Beacon(bus, mirror, "h200-1", ["h200"], who, sign_key, every_s=30, log=print)
     beacon.start(); beacon.serving(request_id); beacon.serving(None); beacon.close()
@@ -29,10 +30,10 @@ from pydantic import AwareDatetime, Field, ValidationError
 from bridge import bus as B
 from bridge import git
 from bridge.bus import Bus, Update, _File
-from bridge.errors import KakeyaError
+from bridge.errors import InvalidRequest, KakeyaError
 from bridge.host import host_fingerprint, tool_versions
 from bridge.names import RUNNER_NAME_RE
-from bridge.trust import Signers
+from bridge.trust import Signers, key_file, trusted_signers
 
 PRESENCE_PATH = ".kakeya/presence.json"
 STALE_AFTER = 3  # a presence not refreshed for this many intervals is stale
@@ -54,6 +55,13 @@ class Presence(_File):
     state: Literal["idle", "serving", "stopped"]
     serving: str | None = None  # the request it is serving
     paused: str | None = Field(default=None, max_length=500)  # why it claims nothing now (a full disk)
+    require_signed_requests: bool = False  # it rejects a request not signed by one of its allowed requesters
+
+    def dump(self) -> bytes:
+        """The file; `require_signed_requests` only when true, so that a presence of a runner that takes any
+        request reads as before to clients that do not know the field."""
+        skip = None if self.require_signed_requests else {"require_signed_requests"}
+        return (self.model_dump_json(indent=2, exclude=skip) + "\n").encode()
 
     def live_until(self) -> dt.datetime:
         return self.seen_at + dt.timedelta(seconds=STALE_AFTER * self.every_s)
@@ -85,6 +93,7 @@ class Beacon(threading.Thread):
         version: str,
         log: Callable[[str], None],
         paused: str | None = None,
+        require_signed_requests: bool = False,
     ):
         super().__init__(name=f"presence-{name}", daemon=True)
         if not RUNNER_NAME_RE.match(name):
@@ -106,6 +115,7 @@ class Beacon(threading.Thread):
             every_s=every_s,
             state="idle",
             paused=paused,
+            require_signed_requests=require_signed_requests,
         )
         self.sha: str | None = None  # what we last pushed
         self._wake = threading.Event()
@@ -226,6 +236,26 @@ def read_presences(bus: Bus, refs: Mapping[str, str], signers: Signers | None = 
             problem = signed_problem(git.repo_having(repos, sha), sha, presence, signers)
         seen.append(Seen(name, sha, presence, problem))
     return seen
+
+
+def refuse_unsigned(bus: Bus, label: str, signing_key: str, root: Path) -> None:
+    """Refuse an unsigned request (no `signing_key`) for `label` when every live runner of the label requires
+    signed requests (their presences say so): it would only wait on the bus until one of them rejected it. A
+    label with no live runner, or with one runner that takes unsigned requests, is not refused. `root`: the
+    project, whose allowed-signers file (if any) decides which presences are trusted."""
+    if key_file(signing_key) is not None:
+        return
+    now = B.utcnow()
+    signers = trusted_signers(root) if git.is_repo(root) else None
+    seen = read_presences(bus, bus.ls_remote(B.RUNNERS_PREFIX).runners, signers)
+    live = [s for s in seen if s.presence is not None and s.serves(label, now)]
+    if live and all(s.presence is not None and s.presence.require_signed_requests for s in live):
+        names = ", ".join(sorted(s.name for s in live))
+        raise InvalidRequest(
+            f"the runners of label {label} ({names}) take only signed requests, and this one would be unsigned: "
+            "set signing_key (KAKEYA_SIGNING_KEY) to your SSH key, listed in their allowed_requesters file, "
+            "and request again"
+        )
 
 
 def signed_problem(repo: Path, sha: str, presence: Presence, signers: Signers) -> str | None:

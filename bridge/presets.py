@@ -35,6 +35,7 @@ _EMBEDDED = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 _ENV_REF = re.compile(r"\$\{ENV:([A-Za-z_][A-Za-z0-9_]*)\}")
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9][A-Za-z0-9._-]{0,127})?$")
 _ZOO = re.compile(r"^zoo:[a-z0-9][a-z0-9-]{0,63}$")
+_PATH_PATTERN = r"^(?!(?:.*/)?\.\.(?:/|$))[^\x00-\x1f]+$"  # JSON Schema of a path: no '..' part, no controls
 # Patterns are matched whole (re.fullmatch): `$` alone would let a trailing newline through.
 _CONTROL = ("Cc", "Cf", "Cs", "Zl", "Zp")  # control and format characters, lone surrogates, line breaks
 
@@ -62,6 +63,15 @@ class _Base(BaseModel):
     def bounds(self) -> str:
         return ""
 
+    def json_schema(self) -> dict[str, Any]:
+        """This parameter as JSON Schema: its type and real bounds (`Preset.params_schema`)."""
+        schema = {**self._schema(), "description": self.description or self.bounds()}
+        default = getattr(self, "default", None)
+        return schema if default is None else {**schema, "default": default}
+
+    def _schema(self) -> dict[str, Any]:
+        raise NotImplementedError
+
 
 def _as_int(raw: Any) -> int:
     if isinstance(raw, bool):
@@ -87,6 +97,9 @@ class IntParam(_Base):
 
     def bounds(self) -> str:
         return f"{self.min}..{self.max}"
+
+    def _schema(self) -> dict[str, Any]:
+        return {"type": "integer", "minimum": self.min, "maximum": self.max}
 
 
 class FloatParam(_Base):
@@ -114,6 +127,9 @@ class FloatParam(_Base):
     def bounds(self) -> str:
         return f"{self.min}..{self.max}"
 
+    def _schema(self) -> dict[str, Any]:
+        return {"type": "number", "minimum": self.min, "maximum": self.max}
+
 
 class BoolParam(_Base):
     type: Literal["bool"]
@@ -134,6 +150,9 @@ class BoolParam(_Base):
     def bounds(self) -> str:
         return "true|false"
 
+    def _schema(self) -> dict[str, Any]:
+        return {"type": "boolean"}
+
 
 class EnumParam(_Base):
     type: Literal["enum"]
@@ -147,6 +166,9 @@ class EnumParam(_Base):
 
     def bounds(self) -> str:
         return "|".join(self.choices)
+
+    def _schema(self) -> dict[str, Any]:
+        return {"type": "string", "enum": list(self.choices)}
 
 
 class StrParam(_Base):
@@ -173,6 +195,9 @@ class StrParam(_Base):
 
     def bounds(self) -> str:
         return f"/{self.pattern}/ max {self.max_length} chars"
+
+    def _schema(self) -> dict[str, Any]:  # matched whole, as `parse` does (re.fullmatch)
+        return {"type": "string", "pattern": f"^(?:{self.pattern})$", "maxLength": self.max_length}
 
 
 class IntListParam(_Base):
@@ -210,6 +235,10 @@ class IntListParam(_Base):
     def bounds(self) -> str:
         return f"items {self.min}..{self.max}, at most {self.max_items}"
 
+    def _schema(self) -> dict[str, Any]:
+        item = {"type": "integer", "minimum": self.min, "maximum": self.max}
+        return {"type": "array", "items": item, "minItems": 1, "maxItems": self.max_items}
+
 
 class PathParam(_Base):
     """A relative path under `root` (relative roots are relative to the checkout the run uses)."""
@@ -238,6 +267,9 @@ class PathParam(_Base):
     def bounds(self) -> str:
         return f"under {self.root}"
 
+    def _schema(self) -> dict[str, Any]:  # relative, no '..' part (an absolute one only under `root`)
+        return {"type": "string", "minLength": 1, "pattern": _PATH_PATTERN}
+
 
 def _is_under(path: PurePosixPath, root: PurePosixPath) -> bool:
     return ".." not in path.parts and (path == root or root in path.parents)
@@ -263,6 +295,9 @@ class ModelParam(_Base):
 
     def bounds(self) -> str:
         return "zoo:NAME | NAME under $KAKEYA_MODELS or ~/kakeya-models"
+
+    def _schema(self) -> dict[str, Any]:
+        return {"type": "string", "pattern": f"^(?:{_ZOO.pattern[1:-1]}|{_MODEL_NAME.pattern[1:-1]})$"}
 
 
 Param = Annotated[
@@ -511,6 +546,17 @@ class Preset(BaseModel):
             out[key] = _ENV_REF.sub(lambda m: environ[m.group(1)], template)
         return out
 
+    def params_schema(self) -> dict[str, Any]:
+        """The parameters as one JSON Schema object (what `presets --json`, `kakeya mcp`'s tools and agents
+        check values against): each parameter's type with its real minimum/maximum/enum/pattern, the
+        required ones listed, nothing else allowed. `validate_params` stays the rule that decides."""
+        return {
+            "type": "object",
+            "properties": {n: s.json_schema() for n, s in self.params.items()},
+            "required": [n for n, s in self.params.items() if s.required],
+            "additionalProperties": False,
+        }
+
     def summary(self) -> dict[str, Any]:
         """What `kakeya presets` shows."""
         return {
@@ -519,16 +565,7 @@ class Preset(BaseModel):
             "runners": self.runners,
             "timeout_s": self.timeout_s,
             "report": self.report.model_dump(),
-            "params": {
-                n: {
-                    "type": s.type,
-                    "default": s.default,
-                    "required": s.required,
-                    "bounds": s.bounds(),
-                    "description": s.description,
-                }
-                for n, s in self.params.items()
-            },
+            "params": self.params_schema(),
             "gate": [c.model_dump(exclude_none=True) for c in self.gate],
             **(
                 {

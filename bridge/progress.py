@@ -11,9 +11,15 @@ before it takes its lease's lock.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
+import re
+import shutil
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TextIO
 
 from pydantic import ValidationError
 
@@ -26,6 +32,11 @@ PROGRESS_CAP = 4096  # bytes; a bigger progress file is ignored
 TAIL_BYTES = 4096  # read from the end of each log
 TAIL_LINES = 3  # per log
 LINE_CAP = 160  # characters per line
+BAR_COLUMNS = 20  # the live bar's width on a terminal
+PLAIN_COLUMNS = 120  # the width of a plain progress line when the output is no terminal and COLUMNS is unset
+# A line of a workload's own progress bar (tqdm's `60%|######    | 3/5 [00:03<...`, block or ### bars):
+# never echoed under our bar, which says the same
+WORKLOAD_BAR = re.compile(r"\d+%\||[\u2588-\u258f]|\[[#=>.\- ]{8,}\]|\d+/\d+ \[\d+:\d\d")
 
 
 @dataclass
@@ -96,6 +107,124 @@ def describe(progress: Progress, now: dt.datetime | None = None) -> str:
         parts.append(bar(w.done, w.total) + (f" {w.what}" if w.what else ""))
     parts.append(f"elapsed {clock(elapsed)}")
     return "  ".join(parts)
+
+
+def is_progress(event: dict[str, Any]) -> bool:
+    """Is this follow event a heartbeat's progress (running, gating, queued in a scheduler's queue)?"""
+    return "elapsed_s" in event
+
+
+def progress_line(e: dict[str, Any]) -> str:
+    """A progress event in words: phase, our bar and the workload's words, elapsed time, and the last line the
+    run logged that is not the workload's own bar."""
+    w = e["workload"]
+    work = f"  {bar(w['done'], w['total'])}{' ' + w['what'] if w['what'] else ''}" if w else ""
+    echo = next((ln for ln in reversed(e["log_tail"]) if not WORKLOAD_BAR.search(ln)), None)
+    where = f" ({e['scheduler']})" if e.get("scheduler") else ""
+    return f"{e['event']}{where}{work}  elapsed {clock(e['elapsed_s'])}" + (f"  | {echo}" if echo else "")
+
+
+def cut(line: str, width: int) -> str:
+    """`line`, ending in an ellipsis where it would pass `width` characters."""
+    if len(line) <= width:
+        return line
+    return line[: width - 1] + "\u2026" if width > 0 else ""
+
+
+class View:
+    """How a person sees a request's events (`kakeya wait`, `request --wait`). On a terminal: one live bar
+    (rich) for its progress, no log echo, every other event a line above the bar. Elsewhere (a pipe, a file,
+    TERM=dumb): one plain line per event, a progress line cut to the terminal width (COLUMNS, else
+    PLAIN_COLUMNS). `line` puts any event in words (`progress_line` for progress events)."""
+
+    def __init__(self, line: Callable[[dict[str, Any]], str], stream: TextIO | None = None):
+        self.line, self.stream = line, stream or sys.stdout
+        self.bar: Any = None  # rich.progress.Progress while a progress event is shown on a terminal
+        self.task: Any = None
+
+    @functools.cached_property
+    def console(self) -> Any:
+        """rich's Console on the stream, made when first needed (`--json` never imports rich)."""
+        from rich.console import Console
+
+        return Console(file=self.stream, highlight=False)
+
+    @property
+    def live(self) -> bool:
+        """Is the stream a terminal that can redraw a bar in place?"""
+        return bool(self.console.is_terminal and not self.console.is_dumb_terminal)
+
+    def show(self, e: dict[str, Any]) -> None:
+        if not is_progress(e):
+            if e["event"] == "finished":
+                self.close()
+            self.put(self.line(e))
+        elif not self.live:
+            self.put(cut(self.line(e), shutil.get_terminal_size((PLAIN_COLUMNS, 24)).columns))
+        else:
+            self.update(e)
+
+    def put(self, text: str) -> None:
+        if self.bar is not None:  # above the live bar
+            self.bar.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def update(self, e: dict[str, Any]) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn
+
+        w = e["workload"] or {}
+        fields = {
+            "phase": e["event"] + (f" ({e['scheduler']})" if e.get("scheduler") else ""),
+            "count": f"{w['done']}/{w['total']}" if w.get("total") else "",
+            "elapsed": clock(e["elapsed_s"]),
+        }
+        if self.bar is None:
+            self.bar = Progress(
+                TextColumn("{task.fields[phase]}"),
+                BarColumn(bar_width=BAR_COLUMNS),
+                TextColumn("{task.fields[count]}"),
+                TextColumn("elapsed {task.fields[elapsed]}"),
+                TextColumn("{task.description}"),
+                console=self.console,
+                transient=True,
+            )
+            self.task = self.bar.add_task("", total=None, **fields)
+            self.bar.start()
+        # the workload's words, cut to what the terminal has left: the bar is one row, never wrapped
+        room = (
+            self.console.width - sum(len(f) + 1 for f in fields.values()) - BAR_COLUMNS - len("elapsed  ") - 1
+        )
+        self.bar.update(
+            self.task,
+            description=cut(w.get("what") or "", max(room, 0)),
+            completed=w.get("done", 0),
+            total=w.get("total"),
+            **fields,
+        )
+        self.bar.refresh()
+
+    def close(self) -> None:
+        """Take the live bar down (what it said is in the events' lines and the result)."""
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+
+def say(line: str, stream: TextIO | None = None) -> None:
+    """Write `line` to stderr (or `stream`), never failing the caller: when the reader is gone (EPIPE: a
+    `| head` that ended, a `| tee` stopped by the same Ctrl-C; EIO: its terminal closed) the stream is pointed
+    at /dev/null and what follows is dropped. A runner's log line is a courtesy; the run it tells of is not."""
+    stream = stream or sys.stderr
+    try:
+        print(line, file=stream, flush=True)
+    except (OSError, ValueError):  # ValueError: the stream was closed
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, stream.fileno())
+            os.close(null)
+        except (OSError, ValueError):
+            pass
 
 
 def clock(seconds: float) -> str:

@@ -27,7 +27,6 @@ import os
 import platform
 import random
 import shutil
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -50,7 +49,7 @@ from bridge.lease import Lease
 from bridge.names import check_label
 from bridge.presence import Beacon, host_facts
 from bridge.presets import Preset, load_registry
-from bridge.progress import Tracker
+from bridge.progress import Tracker, say
 from bridge.result import RunContext, RunOutcome, RunResult, not_run
 from bridge.trust import Signers, key_file, principal, signature_problem
 
@@ -107,7 +106,7 @@ class Runner:
         self.stopping = threading.Event()
         self.abort_reason: str | None = None
         self.signalled: str | None = None  # the first stop signal's name (set by the commands' handlers)
-        self._log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self._log = log or say  # stderr; a reader that left never fails a run (bridge/progress.py)
         self.served = 0
         self.contended = False
         self.outbox_pending = True  # look once at start; then only after a push failed
@@ -587,6 +586,7 @@ class Runner:
                 version=version,
                 log=self.log,
                 paused=self.paused,
+                require_signed_requests=self.requesters is not None,
             )
             self.beacon.start()
 

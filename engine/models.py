@@ -105,7 +105,10 @@ def zoo_models() -> list[str]:
 
 def resolve(name: str) -> Path:
     """The model directory a reference names; a clear error listing the zoo when there is none."""
-    zoo = ", ".join(f"zoo:{m}" for m in zoo_models()) or "none committed yet"
+    zoo = ", ".join(f"zoo:{m}" for m in zoo_models()) or (
+        f"none in {ZOO_DIR}: the zoo comes with a checkout of the repository (pip install -e '.[torch]'), "
+        "not with a client install"
+    )
     if name.startswith("zoo:"):
         path = ZOO_DIR / name[4:]
         if name[4:] and "/" not in name[4:] and (path / "config.json").is_file():

@@ -4,6 +4,7 @@
 #
 #   scripts/setup-runner.sh --labels h200                 # venv + packages + models dir + doctor
 #   scripts/setup-runner.sh --labels h200 --service       # ... and `kakeya runner watch` as a service
+#   scripts/setup-runner.sh --labels h200 --service --dry-run   # print what it would do; write nothing
 #
 # Run it from the runner's trusted checkout of the repository (the default branch): the venv gets
 # this checkout installed in editable mode, and the runner takes its presets from here.
@@ -31,7 +32,8 @@ usage: scripts/setup-runner.sh [options]
   --service            install `kakeya runner watch` as a user service (systemd on Linux,
                        launchd on macOS) and (re)start it
   --dry-run-service    write the service file, print the commands that would load it, run none
-  --dry-run            print the system changes (run user, service) that would be made, make none
+  --dry-run            print what would be done (venv, packages, directories, key, run user, files,
+                       service commands) and do none of it: nothing is written, nothing is run
   --run-user NAME      the dedicated unprivileged user runs are started as (default: kakeya-run); created
                        with `useradd --system` when this script runs as root on Linux
   --gpus N             with --service on Linux: one runner per GPU, a templated unit
@@ -65,7 +67,9 @@ EXTRAS=""
 SKIP_INSTALL=0
 DOCTOR=1
 SERVICE=0
-DRY_RUN=0
+DRY_RUN=0  # run no system command (useradd, apt-get, systemctl, launchctl)
+WRITE=1    # 0 (--dry-run): write no file or directory either; say what would be written
+GRACE=${KAKEYA_STOP_GRACE:-300}  # a stopped service lets the current run go on this long (s), then ends it
 ACTIONS_DIR=""
 OS=""
 PER_GPU=0
@@ -90,7 +94,7 @@ while [ $# -gt 0 ]; do
     --no-doctor) DOCTOR=0; shift ;;
     --service) SERVICE=1; shift ;;
     --dry-run-service) SERVICE=1; DRY_RUN=1; shift ;;
-    --dry-run) DRY_RUN=1; shift ;;
+    --dry-run) DRY_RUN=1; WRITE=0; shift ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown option $opt" ;;
   esac
@@ -110,6 +114,7 @@ case $TORCH in auto|cuda|cpu|none) ;; *) die "--torch must be auto, cuda, cpu or
 [ "$OS" = macos ] && [ "$TORCH" = cuda ] && die "--torch cuda: there is no CUDA on macOS"
 [[ $PER_GPU =~ ^[0-9]+$ ]] || die "--gpus must be a number of GPUs, not '$PER_GPU'"
 [ "$PER_GPU" = 0 ] || [ "$OS" = linux ] || die "--gpus: one runner per GPU is for Linux (CUDA) hosts"
+[[ $GRACE =~ ^[0-9]+$ ]] || die "KAKEYA_STOP_GRACE must be a number of seconds, not '$GRACE'"
 [[ $RUN_USER =~ ^[a-z_][a-z0-9_-]{0,31}$ ]] || die "--run-user '$RUN_USER' must be a user name (lowercase, e.g. kakeya-run)"
 
 LABELS=${LABELS:-cpu}
@@ -195,15 +200,24 @@ else
     command -v "$PYTHON" >/dev/null 2>&1 || die "no $PYTHON on PATH: install Python 3.11 or newer, or pass --python"
     "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
       die "$PYTHON is Python $("$PYTHON" -c 'import platform; print(platform.python_version())'); Kakeya needs 3.11 or newer (pass --python)"
-    mkdir -p "$(dirname "$VENV")"
-    "$PYTHON" -m venv "$VENV"
-    say "venv created: $VENV"
+    if [ "$WRITE" = 0 ]; then
+      say "would create the venv: $PYTHON -m venv $VENV"
+    else
+      mkdir -p "$(dirname "$VENV")"
+      "$PYTHON" -m venv "$VENV"
+      say "venv created: $VENV"
+    fi
   fi
-  "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || die "the venv at $VENV is older than Python 3.11: remove it or pass another --venv"
+  if [ -x "$PY" ]; then
+    "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || die "the venv at $VENV is older than Python 3.11: remove it or pass another --venv"
+  fi
   stamp_file=$VENV/.kakeya-runner-stamp
   stamp="repo=$REPO extras=$EXTRAS torch=$TORCH-$TORCH_VERSION index=$TORCH_INDEX pyproject=$(sha256 "$REPO/pyproject.toml")"
   if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] && [ -x "$VENV/bin/kakeya" ]; then
     say "packages are up to date (same checkout, extras, torch and pyproject.toml as the last setup)"
+  elif [ "$WRITE" = 0 ]; then
+    [ "$TORCH" = none ] || say "would install (unless the venv has it): $torch_desc${TORCH_INDEX:+ from $TORCH_INDEX}"
+    say "would install: kakeya[${EXTRAS}] from $REPO (editable), and stamp $stamp_file"
   else
     pip=("$PY" -m pip install --quiet --disable-pip-version-check)
     "${pip[@]}" --upgrade pip
@@ -233,7 +247,7 @@ else
   fi
 fi
 installed_from=$(cd / && "$PY" -c 'import bridge, os; print(os.path.dirname(os.path.dirname(os.path.realpath(bridge.__file__))))' 2>/dev/null || true)
-if [ "$installed_from" != "$REPO" ]; then
+if [ "$installed_from" != "$REPO" ] && [ -x "$PY" ]; then
   say "warning: the venv's kakeya comes from ${installed_from:-nowhere}, not from $REPO"
 fi
 
@@ -241,7 +255,10 @@ fi
 
 step "models"
 MODELS_HOME=$HOME/kakeya-models
-mkdir -p "$MODELS_HOME"
+if [ -d "$MODELS_HOME" ]; then :
+elif [ "$WRITE" = 0 ]; then say "would create: $MODELS_HOME"
+else mkdir -p "$MODELS_HOME"
+fi
 say "A preset's model NAME (a parameter like model=gemma-3-1b) is looked up, on the runner, in:"
 if [ -n "${KAKEYA_MODELS:-}" ]; then
   if [ -d "$KAKEYA_MODELS" ]; then say "  1. \$KAKEYA_MODELS/NAME   ($KAKEYA_MODELS)"
@@ -267,23 +284,31 @@ CONFIG_HOME=${XDG_CONFIG_HOME:-$HOME/.config}
 KEY=$CONFIG_HOME/kakeya/signing-key
 SECRETS_DIR=$CONFIG_HOME/kakeya/secrets
 step "signing key"
-mkdir -p "$CONFIG_HOME/kakeya"
 if [ -f "$KEY" ]; then
   say "kept: $KEY"
+elif [ "$WRITE" = 0 ]; then
+  say "would make: $KEY (ed25519, no passphrase), and print its allowed-signers line"
 else
+  mkdir -p "$CONFIG_HOME/kakeya"
   command -v ssh-keygen >/dev/null 2>&1 || die "no ssh-keygen on PATH: install OpenSSH (the runner signs its results with an SSH key)"
   ssh-keygen -q -t ed25519 -N "" -C "kakeya runner $NAME" -f "$KEY" </dev/null >/dev/null || die "ssh-keygen could not make $KEY"
   say "made: $KEY (ed25519, no passphrase: the runner signs unattended)"
 fi
-chmod 600 "$KEY"
 PRINCIPAL="$NAME@${LABELS//,/+}"
-read -r key_type key_data _ <"$KEY.pub"
-say "The runner signs its claim and done commits with it. For the PR gate to accept its evidence, commit"
-say "this line to .github/kakeya-allowed-signers on the default branch (docs/runners.md, \"Trust\"):"
-say ""
-say "  $PRINCIPAL namespaces=\"git\" $key_type $key_data"
-mkdir -p "$SECRETS_DIR"
-chmod 700 "$SECRETS_DIR"
+if [ -f "$KEY" ]; then
+  [ "$WRITE" = 0 ] || chmod 600 "$KEY"
+  read -r key_type key_data _ <"$KEY.pub"
+  say "The runner signs its claim and done commits with it. For the PR gate to accept its evidence, commit"
+  say "this line to .github/kakeya-allowed-signers on the default branch (docs/runners.md, \"Trust\"):"
+  say ""
+  say "  $PRINCIPAL namespaces=\"git\" $key_type $key_data"
+fi
+if [ "$WRITE" = 0 ]; then
+  [ -d "$SECRETS_DIR" ] || say "would create: $SECRETS_DIR (mode 700)"
+else
+  mkdir -p "$SECRETS_DIR"
+  chmod 700 "$SECRETS_DIR"
+fi
 say ""
 say "The runner's own secrets go in $SECRETS_DIR (mode 700), never in its environment: e.g."
 say "git-credentials (mode 600) with https://x-access-token:TOKEN@github.com, what it pushes to the bus with."
@@ -345,6 +370,8 @@ export KAKEYA_RUN_USER=$RUN_USER KAKEYA_SECRETS_DIR=$SECRETS_DIR
 if [ -n "$REMOTE" ]; then export KAKEYA_REMOTE=$REMOTE; fi
 if [ "$DOCTOR" = 0 ]; then
   say "skipped (--no-doctor)"
+elif [ "$WRITE" = 0 ]; then
+  say "would run: kakeya doctor (it can write: the embedded bus, objects it fetches, Python's caches)"
 elif ! (cd "$REPO" && "$VENV/bin/kakeya" doctor --help >/dev/null 2>&1); then
   say "this version of kakeya has no doctor command; skipped"
 else
@@ -372,10 +399,13 @@ run() {
 # in place of the single unit, so N requests run at once, one per GPU.
 per_gpu_units() {
   local template=$CONFIG_HOME/systemd/user/kakeya-runner@.service instances=() i
-  sed -e "s|^Environment=\"KAKEYA_RUNNER_NAME=\(.*\)\"\$|Environment=\"KAKEYA_RUNNER_NAME=\1-gpu%i\"\nEnvironment=\"CUDA_VISIBLE_DEVICES=%i\"|" \
-    -e "s|^Description=Kakeya runner \(.*\) (labels|Description=Kakeya runner \1 on GPU %i (labels|" "$UNIT" |
+  unit_text | sed -e "s|^Environment=\"KAKEYA_RUNNER_NAME=\(.*\)\"\$|Environment=\"KAKEYA_RUNNER_NAME=\1-gpu%i\"\nEnvironment=\"CUDA_VISIBLE_DEVICES=%i\"|" \
+    -e "s|^Description=Kakeya runner \(.*\) (labels|Description=Kakeya runner \1 on GPU %i (labels|" |
     install_file "$template" 644
-  rm -f "$UNIT"
+  if [ ! -e "$UNIT" ]; then :
+  elif [ "$WRITE" = 0 ]; then say "would remove: $UNIT (the single runner's unit)"
+  else rm -f "$UNIT"
+  fi
   for ((i = 0; i < PER_GPU; i++)); do instances+=("kakeya-runner@$i.service"); done
   run systemctl --user daemon-reload
   [ "$DRY_RUN" = 1 ] || systemctl --user disable --now kakeya-runner.service >/dev/null 2>&1 || true
@@ -384,7 +414,14 @@ per_gpu_units() {
 }
 
 install_file() {
-  local path=$1 mode=$2 tmp
+  local path=$1 mode=$2 tmp text
+  if [ "$WRITE" = 0 ]; then  # --dry-run: compare, write nothing
+    text=$(cat; printf x)
+    if [ -f "$path" ] && printf '%s' "${text%x}" | cmp -s - "$path"; then say "unchanged: $path"
+    else say "would write: $path (mode $mode)"
+    fi
+    return 0
+  fi
   mkdir -p "$(dirname "$path")"
   tmp=$(mktemp "$path.XXXXXX")
   cat >"$tmp"
@@ -415,6 +452,7 @@ service_env=(
 )
 if [ -n "${KAKEYA_MODELS:-}" ]; then service_env+=("KAKEYA_MODELS=$KAKEYA_MODELS"); fi
 service_env+=("PATH=$SERVICE_PATH" "PYTHONUNBUFFERED=1")
+[ "$OS" = linux ] || service_env+=("KAKEYA_STOP_GRACE=$GRACE")  # the systemd unit says it next to its timeout
 
 if [ "$SERVICE" = 1 ]; then
   step "service: kakeya runner watch --labels $LABELS"
@@ -432,7 +470,7 @@ EOF
   fi
   if [ "$OS" = linux ]; then
     UNIT=$CONFIG_HOME/systemd/user/kakeya-runner.service
-    {
+    unit_text() {
       printf '%s\n' "# Written by scripts/setup-runner.sh; rerun it to change this file." \
         "[Unit]" \
         "Description=Kakeya runner $NAME (labels: $LABELS)" \
@@ -453,24 +491,26 @@ EOF
         "# Stop: SIGTERM to kakeya alone (mixed), which takes no new request and lets the current run go on" \
         "# for KAKEYA_STOP_GRACE s, then ends it; either way the request ends in a done commit. Only then" \
         "# (TimeoutStopSec) does systemd SIGKILL whatever is left in the unit's cgroup." \
-        "Environment=KAKEYA_STOP_GRACE=300" \
+        "Environment=KAKEYA_STOP_GRACE=$GRACE" \
         "KillMode=mixed" \
         "KillSignal=SIGTERM" \
-        "TimeoutStopSec=360" \
+        "TimeoutStopSec=$((GRACE + 60))" \
         "" \
         "[Install]" \
         "WantedBy=default.target"
-    } | install_file "$UNIT" 644
+    }
     SERVICE_HINT="systemctl --user needs the user's own session: log in as $(id -un) (ssh, or machinectl shell $(id -un)@), not sudo -u; if lingering is not allowed, an administrator runs: loginctl enable-linger $(id -un)"
     run loginctl enable-linger "$(id -un)"
     if [ "$PER_GPU" -gt 0 ]; then
       per_gpu_units
+      say "logs: journalctl --user -u 'kakeya-runner@*' -f   (one GPU's runner: -u kakeya-runner@0)"
     else
+      unit_text | install_file "$UNIT" 644
       run systemctl --user daemon-reload
       run systemctl --user enable kakeya-runner.service
       run systemctl --user restart kakeya-runner.service
+      say "logs: journalctl --user -u kakeya-runner -f"
     fi
-    say "logs: journalctl --user -u kakeya-runner -f"
   else
     AGENT=dev.kakeya.runner
     PLIST=$HOME/Library/LaunchAgents/$AGENT.plist
@@ -497,6 +537,9 @@ EOF
         '  <key>RunAtLoad</key><true/>' \
         '  <key>KeepAlive</key><true/>' \
         '  <key>ThrottleInterval</key><integer>10</integer>' \
+        '  <!-- Stop: SIGTERM; kakeya lets the current run go on for KAKEYA_STOP_GRACE s, then ends it (a done' \
+        '       commit either way); launchd sends SIGKILL only after ExitTimeOut. -->' \
+        "  <key>ExitTimeOut</key><integer>$((GRACE + 60))</integer>" \
         "  <key>StandardOutPath</key><string>$(xml "$LOG")</string>" \
         "  <key>StandardErrorPath</key><string>$(xml "$LOG")</string>" \
         '</dict>' '</plist>'
@@ -505,8 +548,17 @@ EOF
     SERVICE_HINT="launchctl gui/$uid needs a logged-in GUI session of $(id -un) (log in once on the Mac, or enable automatic login)"
     if [ "$DRY_RUN" = 1 ]; then
       say "would run: launchctl bootout gui/$uid/$AGENT (if loaded)"
-    else
+    elif launchctl print "gui/$uid/$AGENT" >/dev/null 2>&1; then
+      # the agent gets SIGTERM: its runner finishes the current run (KAKEYA_STOP_GRACE), launchd kills it only
+      # after ExitTimeOut; the new agent starts once the old one is gone
+      say "+ launchctl bootout gui/$uid/$AGENT (a run in progress finishes first: up to $((GRACE + 60)) s)"
       launchctl bootout "gui/$uid/$AGENT" 2>/dev/null || true
+      waited=0
+      while launchctl print "gui/$uid/$AGENT" >/dev/null 2>&1; do
+        [ "$waited" -lt $((GRACE + 60)) ] || die "the runner agent $AGENT is still loaded after $waited s"
+        sleep 1
+        waited=$((waited + 1))
+      done
     fi
     run launchctl enable "gui/$uid/$AGENT"
     run launchctl bootstrap "gui/$uid" "$PLIST"

@@ -3,7 +3,7 @@ that has no torch or mlx, requests, shows status, fetches results and gates them
 with the presets of the checkout it runs in; outside any checkout it uses the presets installed with it.
 
 Offline and quick: the wheel is built with --no-build-isolation (setuptools of this venv) and installed with
---no-index --no-deps; its dependencies (pydantic, PyYAML, jsonschema and theirs, nothing else) are made
+--no-index --no-deps; its dependencies (pydantic, PyYAML, jsonschema, rich, mcp and theirs, nothing else) are made
 importable in the fresh venv by a .pth file over links to exactly those distributions of this venv."""
 
 from __future__ import annotations
@@ -16,34 +16,40 @@ import subprocess
 import sys
 import sysconfig
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
 
 from bridge import git as G
 from bridge.config import load_config
 from bridge.runner import Runner
+from engine.models import zoo_models
 from tests.bridge.bus_support import WORK_PY, git
 
 ROOT = Path(__file__).resolve().parent.parent
-DEPS = ("pydantic", "PyYAML", "jsonschema")
+DEPS = ("pydantic", "PyYAML", "jsonschema", "rich", "mcp")
 
 
 def closure(names: tuple[str, ...]) -> set[str]:
-    """The installed distributions `names` need (them included), without extras."""
-    seen: set[str] = set()
-    todo = list(names)
+    """The installed distributions `names` need (them included), for this platform and Python, with the
+    extras a requirement names (pyjwt[crypto]: cryptography too)."""
+    seen: set[tuple[str, str]] = set()
+    todo = [(name, "") for name in names]
     while todo:
-        dist = md.distribution(todo.pop())
-        name = dist.metadata["Name"]
-        if name.lower() in seen:
+        name, extra = todo.pop()
+        dist = md.distribution(name)
+        key = (dist.metadata["Name"].lower(), extra)
+        if key in seen:
             continue
-        seen.add(name.lower())
-        for req in dist.requires or []:
-            if "extra ==" not in req:
-                todo.append(re.split(r"[ ;<>=!~\[(]", req, maxsplit=1)[0])
-    return seen
+        seen.add(key)
+        for text in dist.requires or []:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": extra}):
+                todo += [(req.name, "")] + [(req.name, e) for e in req.extras]
+    return {name for name, _ in seen}
 
 
 def link_deps(target: Path) -> None:
@@ -74,6 +80,12 @@ def test_the_wheel_alone_requests_shows_fetches_and_gates(tmp_path: Path, monkey
         [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(src)], check=True
     )
     (wheel,) = wheels.glob("kakeya-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    # no zoo weights in a client install; the engine's C kernel source and the presets are there
+    assert not [n for n in names if n.startswith("engine/zoo/models/") or n.endswith(".safetensors")]
+    assert "engine/backends/torch/kv_kernels.c" in names and "kakeya_presets/niah-smoke.yaml" in names
+    # the engine extras' editable install (`make`, setup-runner.sh; the engine tests) reads them from here
+    assert {"tiny-hybrid", "tiny-drafter"} <= set(zoo_models())
     # 2. a fresh venv: the wheel, and links to its dependencies only
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
@@ -117,7 +129,8 @@ def test_the_wheel_alone_requests_shows_fetches_and_gates(tmp_path: Path, monkey
         [
             py,
             "-c",
-            "import bridge, importlib.util as u; print(bridge.__file__, u.find_spec('torch'), u.find_spec('mlx'))",
+            "import bridge, bridge.mcp, importlib.util as u; "
+            "print(bridge.__file__, u.find_spec('torch'), u.find_spec('mlx'))",
         ],
         cwd=tmp_path,
         env=env,
@@ -162,6 +175,7 @@ def test_the_wheel_alone_requests_shows_fetches_and_gates(tmp_path: Path, monkey
     assert served is not None and served.pushed and served.verdict == "pass"
     assert "succeeded" in kakeya(project, "status", rid, "--remote", bus)
     kakeya(project, "results", rid, "--remote", bus, "--out", str(tmp_path / "res"))
+    assert f"{rid}: hello succeeded" in kakeya(project, "wait", rid, "--remote", bus)  # rich is installed
     assert "pass" in kakeya(
         project, "gate", "check", str(tmp_path / "res" / rid / "report.json"), "--preset", "hello"
     )

@@ -392,3 +392,94 @@ def test_the_run_user_is_made_as_root_and_dry_run_makes_nothing(home, bus, no_gp
         home, *linux_args(bus, "--no-doctor"), "--run-user", "Bad User", path=no_gpu_path, check=False
     )
     assert bad.returncode == 1 and "--run-user 'Bad User' must be a user name" in bad.stderr
+
+
+def recorders(path: str) -> Path:
+    """systemctl, loginctl and launchctl stand-ins on `path` that record their arguments; the calls file."""
+    bindir = Path(path.split(":")[0])
+    for tool in ("systemctl", "loginctl", "launchctl"):
+        (bindir / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> "{bindir}/calls"\n')
+        (bindir / tool).chmod(0o755)
+    return bindir / "calls"
+
+
+def test_dry_run_writes_nothing_runs_nothing_and_says_what_it_would_do(home, bus, no_gpu_path, tmp_path):
+    calls = recorders(no_gpu_path)
+    venv = tmp_path / "venv"
+    base = ["--venv", str(venv), "--labels", "h200", "--name", "box", "--remote", str(bus), "--dry-run"]
+    proc = setup(home, "--os", "linux", *base, "--service", "--gpus", "2", path=no_gpu_path)
+    assert list(home.iterdir()) == [] and not venv.exists()  # no venv, models dir, key, unit, env file
+    bindir = Path(no_gpu_path.split(":")[0])
+    assert not calls.exists() and not (bindir / "useradd.calls").exists()
+    out = proc.stdout
+    for said in (
+        f"would create the venv: python3 -m venv {venv}",
+        f"would install: kakeya[torch,mlx] from {ROOT} (editable)",
+        f"would create: {home}/kakeya-models",
+        f"would make: {home}/.config/kakeya/signing-key",
+        f"would write: {home}/.config/systemd/user/kakeya-runner@.service (mode 644)",
+        "would run: systemctl --user restart kakeya-runner@0.service kakeya-runner@1.service",
+        "would run: kakeya doctor",
+        # the per-GPU units' logs, all of them
+        "logs: journalctl --user -u 'kakeya-runner@*' -f",
+    ):
+        assert said in out, said
+    assert "+ " not in out and "wrote:" not in out
+    mac = setup(home, "--os", "macos", *base, "--service", "--no-doctor", path=no_gpu_path)
+    assert list(home.iterdir()) == [] and not calls.exists()
+    assert f"would write: {home}/Library/LaunchAgents/dev.kakeya.runner.plist (mode 644)" in mac.stdout
+    # after a real setup, a dry run compares: what is the same is unchanged, a change would be written
+    real = [*linux_args(bus, "--no-doctor"), "--service"]
+    setup(home, *[a for a in real if a != "--dry-run-service"], path=no_gpu_path)
+    before, ran = snapshot(home), calls.read_text()
+    again = setup(home, *real, "--dry-run", path=no_gpu_path)
+    assert f"unchanged: {home}/.config/systemd/user/kakeya-runner.service" in again.stdout
+    changed = setup(home, *real, "--dry-run", env={"KAKEYA_STOP_GRACE": "900"}, path=no_gpu_path)
+    assert f"would write: {home}/.config/systemd/user/kakeya-runner.service" in changed.stdout
+    assert snapshot(home) == before and calls.read_text() == ran
+
+
+def test_the_stop_grace_reaches_the_launch_agent_and_the_unit(home, bus, no_gpu_path):
+    """launchd SIGKILLs a job ExitTimeOut s after its SIGTERM (20 s unless set): a re-run of setup (bootout,
+    bootstrap) must leave the runner its grace to finish the current run, as systemd's TimeoutStopSec does."""
+    mac = ["--os", "macos", "--venv", str(VENV), "--skip-install", "--remote", str(bus), "--dry-run-service"]
+    plist_path = home / "Library" / "LaunchAgents" / "dev.kakeya.runner.plist"
+    setup(home, *mac, "--no-doctor", path=no_gpu_path)
+    plist = plistlib.loads(plist_path.read_bytes())
+    assert (plist["ExitTimeOut"], plist["EnvironmentVariables"]["KAKEYA_STOP_GRACE"]) == (360, "300")
+    setup(home, *mac, "--no-doctor", path=no_gpu_path, env={"KAKEYA_STOP_GRACE": "900"})
+    plist = plistlib.loads(plist_path.read_bytes())
+    assert (plist["ExitTimeOut"], plist["EnvironmentVariables"]["KAKEYA_STOP_GRACE"]) == (960, "900")
+    setup(home, *linux_args(bus, "--no-doctor"), path=no_gpu_path, env={"KAKEYA_STOP_GRACE": "900"})
+    unit = (home / ".config" / "systemd" / "user" / "kakeya-runner.service").read_text().splitlines()
+    assert "Environment=KAKEYA_STOP_GRACE=900" in unit and "TimeoutStopSec=960" in unit
+    bad = setup(home, *mac, path=no_gpu_path, env={"KAKEYA_STOP_GRACE": "5m"}, check=False)
+    assert bad.returncode == 1 and "KAKEYA_STOP_GRACE must be a number of seconds" in bad.stderr
+
+
+def test_rerunning_setup_on_a_mac_waits_for_the_old_agent_to_finish_its_run(home, bus, no_gpu_path, tmp_path):
+    """launchctl stand-in: the agent stays loaded 2 s after bootout (its runner finishing the current run);
+    the new agent is bootstrapped only once the old one is gone, never over it."""
+    bindir = Path(no_gpu_path.split(":")[0])
+    calls, loaded = bindir / "calls", tmp_path / "loaded"
+    (bindir / "launchctl").write_text(
+        f'#!/bin/sh\necho "launchctl $1" >> "{calls}"\n'
+        f'case $1 in\n  print) [ -e "{loaded}" ] ;;\n'
+        f'  bootout) (sleep 2; rm -f "{loaded}") >/dev/null 2>&1 & ;;\n'
+        f'  bootstrap) touch "{loaded}" ;;\nesac\n'
+    )
+    (bindir / "launchctl").chmod(0o755)
+    args = ["--os", "macos", "--venv", str(VENV), "--skip-install", "--remote", str(bus), "--service"]
+    setup(home, *args, "--no-doctor", path=no_gpu_path)
+    assert calls.read_text().split("\n")[:-1] == [
+        "launchctl print",
+        "launchctl enable",
+        "launchctl bootstrap",
+    ]
+    calls.unlink()
+    proc = setup(home, *args, "--no-doctor", path=no_gpu_path)
+    seen = calls.read_text().splitlines()
+    assert seen[:3] == ["launchctl print", "launchctl bootout", "launchctl print"]
+    assert seen[-2:] == ["launchctl enable", "launchctl bootstrap"]
+    assert seen.count("launchctl print") >= 3  # polled while the old agent finished (2 s)
+    assert "a run in progress finishes first: up to 360 s" in proc.stdout

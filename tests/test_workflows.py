@@ -568,6 +568,7 @@ exit {verdict}
     if verdict:
         preset, label = entries[0].split("@")
         assert f"kakeya request {preset} --runner {label} --subject {SHA} --wait" in text
+        assert f"kakeya evidence {SHA} --request-missing --wait --remote origin" in text  # all at once
         assert "git fetch origin pull/42/head" in text and "gh run rerun --failed 777" in text
 
 

@@ -70,9 +70,13 @@ if [ "$rc" = 1 ]; then
   echo "::error::evidence for $SUBJECT is missing or failing (the job summary has the table and how to ask for it)"
   how=$(
     printf '### How to provide the evidence\n\n'
-    printf 'A maintainer with push access requests each run for this commit, from a clone of the repository:\n\n'
+    printf 'A maintainer with push access requests the missing runs for this commit, all at once, from a clone\n'
+    printf 'of the repository on the base branch (it reads .github/kakeya-required.yml there):\n\n'
     printf '```sh\n'
     printf 'git fetch origin%s   # the PR head\n' "${PR:+ pull/$PR/head}"
+    printf 'kakeya evidence %s --request-missing --wait --remote origin\n' "$SUBJECT"
+    # shellcheck disable=SC2016  # literal backquotes: markdown
+    printf '```\n\nor each one:\n\n```sh\n'
     python3 .github/scripts/required.py .github/kakeya-required.yml --request-args |
       while read -r request; do
         printf 'kakeya request %s --subject %s --wait --remote origin\n' "$request" "$SUBJECT"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ from bridge.bus import utcnow
 from bridge.client import Client, describe_bus, exit_code, verdict_line
 from bridge.config import Config, load_config, project_root
 from bridge.follow import iso
+from bridge.progress import say
 from bridge.result import RunResult
 
 
@@ -68,7 +68,7 @@ def config_and_root() -> tuple[Config, Path]:
 
 def say_bus(remote: str, url: str) -> None:
     """The one stderr line that says which bus a command uses."""
-    print(f"kakeya: bus: {describe_bus(remote, url)}", file=sys.stderr, flush=True)
+    say(f"kakeya: bus: {describe_bus(remote, url)}")  # a reader that left (EPIPE) fails nothing
 
 
 def client(args: argparse.Namespace, remote: str | None = None) -> Client:

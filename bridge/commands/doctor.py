@@ -20,6 +20,7 @@ from bridge.config import Config, SlurmLabel, load_config, project_root
 from bridge.errors import KakeyaError
 from bridge.host import check_accelerator, label_needs
 from bridge.isolation import bwrap_available, choose, key_problem
+from bridge.presence import read_presences
 from bridge.presets import load_registry
 from bridge.slurm import Slurm
 
@@ -108,6 +109,29 @@ def isolation_in_force(cfg: Config) -> str:
     return f"{iso.describe} (config isolation = {cfg.isolation}){extra}"
 
 
+def runners_seen(remote: str, url: str, root: Path, store: Path) -> str:
+    """Which live runners serve the bus. The embedded one (no remote: .kakeya/bus.git in this clone) is seen
+    only by runners started in this project on this host: with none live, a request waits for ever there, so
+    say what that means and how to point requesters and runners at a shared bus."""
+    bus = B.Bus(url, store, timeout_s=30)
+    signers = trust.trusted_signers(root) if git.is_repo(root) else None
+    now = B.utcnow()
+    seen = read_presences(bus, bus.ls_remote(B.RUNNERS_PREFIX).runners, signers)
+    live = [f"{s.name} ({', '.join(s.presence.labels)})" for s in seen if s.presence and s.live(now)]
+    names = f"{len(live)} live runner(s): {', '.join(live)}" if live else "no live runner"
+    if remote:
+        return f"{names} (`kakeya runners` lists them)"
+    if live:
+        return f"the embedded bus, served by runners of this project on this host: {names}"
+    return (
+        f"the bus is the embedded one ({url}) and no runner can see it: a `kakeya request` here waits until "
+        "a runner started in this project on this host serves it (`kakeya run` runs one in-process). For "
+        "runners on other hosts use a shared bus: a git repository every requester and runner can push to "
+        '(`remote = "URL"` in kakeya.toml, KAKEYA_REMOTE or the clone\'s origin), with each runner started '
+        "as `kakeya runner watch --remote URL` (docs/runners.md)"
+    )
+
+
 def clock_skew(url: str, timeout: float = 10.0) -> str:
     """The remote's clock against this host's, where it can be measured: the HTTP Date header of an http(s)
     bus (1 s resolution, half a round trip of uncertainty). A path, file://, git:// or ssh bus has no clock
@@ -164,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{exc}; check --remote / KAKEYA_REMOTE / `remote` in kakeya.toml, the network "
                 "and your git credentials"
             ) from None
-        state["url"], state["remote"] = url, remote
+        state["url"], state["remote"], state["store"] = url, remote, store
         where = describe_bus(remote, url)
         bad = f"; {len(snap.ignored)} malformed refs under {B.PREFIX}" if snap.ignored else ""
         return f"{where}: {len(snap.entries)} requests readable{bad}"
@@ -172,6 +196,12 @@ def run(args: argparse.Namespace) -> int:
     def isolation() -> str:
         cfg = state.get("config") or load_config(root)
         return isolation_in_force(cfg)
+
+    def runners() -> str:
+        url = state.get("url")
+        if url is None:
+            return "not looked at: the bus could not be read"
+        return runners_seen(str(state["remote"]), str(url), root, Path(str(state["store"])))
 
     def clock() -> str:
         url = state.get("url")
@@ -232,6 +262,7 @@ def run(args: argparse.Namespace) -> int:
         ("config", config),
         ("project", project),
         ("bus", bus),
+        ("runners", runners),
         ("push", push),
         ("clock", clock),
         ("fetch", fetch),

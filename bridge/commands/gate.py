@@ -1,11 +1,12 @@
 """`kakeya gate check REPORT [--preset NAME | --checks FILE]` (neither: the one preset whose report kind is the
 report's `kind`), `kakeya gate compare NEW BASE --metric PATH ...`
-and `kakeya gate pr --subject SHA --require 'PRESET[@LABEL] [PARAM OP VALUE ...]' ... [--remote R]
+and `kakeya gate pr --subject SHA [--require 'PRESET[@LABEL] [PARAM OP VALUE ...]' ...] [--remote R]
 [--summary FILE] [--comment FILE [--base SHA] [--link-base URL]] [--allow-unsigned]`.
 
 check and compare print a table (or `--json`) and exit 0 pass, 1 fail, 2 error (the report could not be
-evaluated). pr finds the evidence the bus holds for a commit and re-gates it (bridge/evidence.py): exit 0
-when every requirement passes, 1 when evidence is missing, belongs to another commit or fails, 2 when a
+evaluated). pr finds the evidence the bus holds for a commit and re-gates it (bridge/evidence.py) against
+each --require, else the entries of .github/kakeya-required.yml of this checkout: exit 0 when every
+requirement passes, 1 when evidence is missing, belongs to another commit or fails, 2 when a
 requirement names an unknown preset, a label the preset does not run on or a pin its parameters do not
 take, or when a shared bus has no allowed-signers file and --allow-unsigned is not given (the message says
 how to add one). Each line says who signed the evidence (`signed by RUNNER@LABELS`, or `unsigned
@@ -16,7 +17,6 @@ request's comment (bridge/comment.py).
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,9 +26,9 @@ import yaml
 import gates
 from bridge import comment, evidence
 from bridge.commands._bus import add_remote, client
+from bridge.commands.evidence import add_require, add_signer_args, signers_for, subject_sha
+from bridge.commands.evidence import requirements as required
 from bridge.errors import InvalidRequest
-from bridge.names import SHA_PATTERN
-from bridge.trust import ALLOWED_SIGNERS, evidence_signers
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -97,15 +97,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     pr.add_argument(
         "--subject", required=True, metavar="SHA", help="the commit (a full sha, or a rev of this repo)"
     )
-    pr.add_argument(
-        "--require",
-        action="append",
-        required=True,
-        metavar="'PRESET[@LABEL] [PARAM OP VALUE ...]'",
-        help="evidence that must pass (repeatable); without @LABEL a run on any label counts; pins "
-        "(operators == >= <= > <; a list parameter's every item must meet >= <= > <) make a run whose "
-        "parameters do not meet them no evidence, e.g. 'niah-ladder@h200 contexts>=65536 samples>=5'",
-    )
+    add_require(pr)
     pr.add_argument(
         "--summary",
         type=Path,
@@ -132,20 +124,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "the bus's own, when it is a github.com repository; plain ids otherwise)",
     )
     pr.add_argument("--json", action="store_true", help="print the outcomes as JSON")
-    pr.add_argument(
-        "--allowed-signers",
-        type=Path,
-        metavar="FILE",
-        help=f"accept only done commits signed by these runners (default: {ALLOWED_SIGNERS} of this "
-        "checkout, the trusted base, when it exists; without one, a shared bus is refused unless "
-        "--allow-unsigned)",
-    )
-    pr.add_argument(
-        "--allow-unsigned",
-        action="store_true",
-        help="with no allowed-signers file, accept unsigned evidence on a shared bus (anyone with push "
-        "access could forge it); the embedded bus never needs keys",
-    )
+    add_signer_args(pr)
     add_remote(pr)
     pr.set_defaults(func=run_pr)
 
@@ -229,15 +208,11 @@ def run_pr(args: argparse.Namespace) -> int:
     from bridge.presets import load_registry
 
     registry = load_registry()
-    requirements = evidence.check_requirements(args.require, registry)
     c = client(args)
-    subject = args.subject.strip().lower()
-    if not re.fullmatch(SHA_PATTERN, subject):
-        subject = c.rev_parse(args.subject)
+    requirements = required(c, args.require, registry)
+    subject = subject_sha(c, args.subject)
     try:
-        signers = evidence_signers(
-            c.root, args.allowed_signers, bus=c.url, embedded=not c.remote, allow_unsigned=args.allow_unsigned
-        )
+        signers = signers_for(c, args.allowed_signers, args.allow_unsigned)
     except InvalidRequest as exc:
         if args.summary:  # the job summary says what to do, not only the job log
             with args.summary.open("a") as fh:
@@ -258,10 +233,7 @@ def run_pr(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if args.comment:
-        base = args.base
-        if base is not None and not re.fullmatch(SHA_PATTERN, base.strip().lower()):
-            base = c.rev_parse(base)
-        base = base.strip().lower() if base else None
+        base = subject_sha(c, args.base) if args.base else None
         changes = comment.compare_with_base(c.bus, signers, registry, outcomes, base) if base else None
         link = (args.link_base or "").rstrip("/") or comment.github_web(c.url)
         args.comment.write_text(comment.render(subject, outcomes, shelf, changes, base, link))

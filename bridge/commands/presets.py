@@ -1,11 +1,16 @@
-"""`kakeya presets [--json]` and `kakeya presets show NAME [--json]`."""
+"""`kakeya presets [--json]` and `kakeya presets show NAME [--json]`.
+
+--json gives each preset's parameters as one JSON Schema object (`params`: type, minimum/maximum, enum,
+pattern, maxLength, default, required), the same schema `kakeya mcp` gives its tools.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from bridge.presets import get_preset, load_registry
+from bridge.errors import InvalidRequest
+from bridge.presets import Preset, get_preset, load_registry
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,44 +27,42 @@ def run(args: argparse.Namespace) -> int:
     registry = load_registry()
     if args.action == "show":
         if not args.name:
-            from bridge.errors import InvalidRequest
-
             raise InvalidRequest("kakeya presets show needs a preset NAME")
-        info = get_preset(registry, args.name).summary()
-        print(json.dumps(info) if args.json else _describe(info))
+        preset = get_preset(registry, args.name)
+        print(json.dumps(preset.summary()) if args.json else _describe(preset))
         return 0
-    infos = [p.summary() for p in registry.values()]
     if args.json:
-        print(json.dumps(infos))
+        print(json.dumps([p.summary() for p in registry.values()]))
         return 0
-    for info in infos:
-        params = ", ".join(f"{n}={_default(p)}" for n, p in info["params"].items()) or "no parameters"
-        print(f"{info['name']:<20} [{', '.join(info['runners'])}]  {params}")
-        print(f"{'':<20} {info['description']}")
+    for p in registry.values():
+        params = ", ".join(f"{n}={_default(s)}" for n, s in p.params.items()) or "no parameters"
+        print(f"{p.name:<20} [{', '.join(p.runners)}]  {params}")
+        print(f"{'':<20} {p.description}")
     return 0
 
 
-def _default(param: dict) -> str:
-    if param["required"]:
+def _default(spec: object) -> str:
+    if getattr(spec, "required", False):
         return "<required>"
-    value = param["default"]
+    value = getattr(spec, "default", None)
     return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
-def _describe(info: dict) -> str:
+def _describe(preset: Preset) -> str:
+    info = preset.summary()
     lines = [
-        f"{info['name']}: {info['description']}",
-        f"  runners: {', '.join(info['runners'])}   timeout: {info['timeout_s']} s   "
-        f"report: {info['report']['kind']} v{info['report']['schema_version']}",
+        f"{preset.name}: {preset.description}",
+        f"  runners: {', '.join(preset.runners)}   timeout: {preset.timeout_s} s   "
+        f"report: {preset.report.kind} v{preset.report.schema_version}",
         f"  hash: {info['hash']}",
         "  parameters:",
     ]
-    for name, p in info["params"].items() or []:
+    for name, s in preset.params.items():
         lines.append(
-            f"    {name:<12} {p['type']:<9} default {_default(p):<14} {p['bounds']}"
-            + (f"  — {p['description']}" if p["description"] else "")
+            f"    {name:<12} {s.type:<9} default {_default(s):<14} {s.bounds()}"
+            + (f"  — {s.description}" if s.description else "")
         )
-    if not info["params"]:
+    if not preset.params:
         lines.append("    (none)")
     lines.append("  gate:")
     lines += [

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from bridge.client import default_remote, outcome_words, resolve_remote, state_d
 from bridge.commands._bus import add_remote, config_and_root, say_bus
 from bridge.config import Config, SlurmLabel
 from bridge.errors import Interrupted, InvalidRequest
+from bridge.progress import say
 from bridge.runner import Runner, Served
 from bridge.slurm import SlurmExecutor
 from bridge.slurm_runner import SlurmRunner
@@ -170,12 +172,13 @@ def run(args: argparse.Namespace) -> int:
         for sig, old in previous.items():
             signal.signal(sig, old)
     as_json = getattr(args, "json", False)
-    if served is not None:
-        print(
+    if served is not None:  # `say`: a reader that left (EPIPE) changes nothing of what was served
+        say(
             served_json(served)
             if as_json
             else f"{served.id}: {outcome_words(served.status, served.verdict)}"
-            + ("" if served.pushed else " (result not pushed)")
+            + ("" if served.pushed else " (result not pushed)"),
+            sys.stdout,
         )
     if runner.signalled == "SIGINT":  # Ctrl-C: one line, exit 130 (a service stop by SIGTERM exits 0)
         what = f"request {served.id} ended {served.status}" if served else "no request was left half-done"
@@ -185,12 +188,13 @@ def run(args: argparse.Namespace) -> int:
     if served is None:
         what = args.request or f"labels {', '.join(runner.labels)}"
         message = f"nothing to do for {what} (no pending request, or it is done or held by a live lease)"
-        print(
+        say(
             json.dumps(
                 {"event": "idle", "request": args.request, "labels": runner.labels, "message": message}
             )
             if as_json
-            else message
+            else message,
+            sys.stdout,
         )
         return 0
     return 0 if served.pushed or served.status == "released" else 1

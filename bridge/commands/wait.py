@@ -19,7 +19,7 @@ from bridge.client import Client
 from bridge.commands._bus import add_id, add_json, add_remote, add_summary, client, emit, out_dir, report
 from bridge.errors import Interrupted
 from bridge.follow import Follower
-from bridge.progress import bar, clock
+from bridge.progress import View, clock, progress_line
 
 ENDED = ("cancelled", "expired")  # the last event of a request that will never run
 
@@ -54,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
 
 def follow(c: Client, request_id: str, args: argparse.Namespace) -> int:
     """Show the request's changes until it is done, then its results; the exit code of the outcome."""
-    say = emit if args.json else show
+    view = View(line)  # one bar on a terminal, plain lines elsewhere (bridge/progress.py)
+    say = emit if args.json else view.show
     follower = Follower(c, request_id, timeout=args.timeout, no_runner_timeout=args.no_runner_timeout)
     try:
         done = None
@@ -69,13 +70,15 @@ def follow(c: Client, request_id: str, args: argparse.Namespace) -> int:
             f"stopped waiting; {request_id} goes on (`kakeya wait {request_id}` to follow it again, "
             f"`kakeya cancel {request_id}` to cancel it)"
         ) from None
+    finally:
+        view.close()
     out = out_dir(c.root, args.out, request_id)
     result = c.results(request_id, out, done)
     return report(request_id, result, out, as_json=args.json, summary=getattr(args, "summary", False))
 
 
-def show(e: dict[str, Any]) -> None:
-    """One line per event, for a person."""
+def line(e: dict[str, Any]) -> str:
+    """One event in words, for a person."""
     at = e["at"][11:19]
     kind = e["event"]
     if kind == "queued" and "position" in e:  # not claimed yet (claimed, a scheduler's queue: below)
@@ -94,11 +97,7 @@ def show(e: dict[str, Any]) -> None:
         took = f", taking over from {e['takeover_of']}" if e["takeover_of"] else ""
         line = f"claimed by {e['runner']} on {e['host']} at {e['claimed_at'][11:19]}{took}"
     elif kind in ("running", "gating", "queued"):
-        w = e["workload"]
-        work = f"  {bar(w['done'], w['total'])}{' ' + w['what'] if w['what'] else ''}" if w else ""
-        last = f"  | {e['log_tail'][-1]}" if e["log_tail"] else ""
-        where = f" ({e['scheduler']})" if e.get("scheduler") else ""
-        line = f"{kind}{where}{work}  elapsed {clock(e['elapsed_s'])}{last}"
+        line = progress_line(e)
     elif kind == "stale":
         line = (
             f"the lease of {e['runner']} ran out at {e['lease_until'][11:19]}: it may have died; "
@@ -114,4 +113,4 @@ def show(e: dict[str, Any]) -> None:
         line = f"expired at {e['expires_at'][11:19]} before any runner claimed it: nothing ran"
     else:
         line = kind
-    print(f"{at} {line}", flush=True)
+    return f"{at} {line}"

@@ -1,0 +1,308 @@
+"""`kakeya evidence SHA [--require 'PRESET[@LABEL] [PIN ...]' ...] [--request-missing] [--wait] [--json]`: the
+evidence a commit needs, in one call.
+
+Lists what is required (the --require entries, else .github/kakeya-required.yml of this checkout: the file the
+PR gate reads), what the bus holds for SHA (the evidence used, and the results that name it but are no
+evidence: untrusted, not run, mismatched, not meeting the pins) and what is pending (a live request of that
+preset for SHA that meets the pins). --request-missing requests every missing one at once (its pins met by
+the smallest values they allow; without @LABEL on the preset's labels in order, the first with a live
+runner); --wait follows all of them concurrently, streaming each one's progress (--json: one JSON event per
+line, each with its request "id"), then judges again. Exit 0 when every requirement passes, 1 otherwise (2 a
+bad requirement, 3 no live runner for --no-runner-timeout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import queue
+import re
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from bridge import bus as B
+from bridge import evidence
+from bridge.bus import Entry, Manifest
+from bridge.client import Client
+from bridge.commands._bus import add_remote, client
+from bridge.commands.wait import add_wait_args, line
+from bridge.errors import InvalidRequest
+from bridge.evidence import REQUIRED_FILE, Outcome, Requirement, Shelf
+from bridge.follow import Follower
+from bridge.names import SHA_PATTERN
+from bridge.presets import Preset, load_registry
+from bridge.trust import ALLOWED_SIGNERS, Signers, evidence_signers
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "evidence",
+        help="what evidence a commit needs, what the bus holds, and (--request-missing) request the rest",
+        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("subject", metavar="SHA", help="the commit (a full sha, or a rev of this repo)")
+    add_require(parser)
+    parser.add_argument("--request-missing", action="store_true", help="request every missing run at once")
+    parser.add_argument(
+        "--wait", action="store_true", help="follow the requested and pending runs until all are done"
+    )
+    add_wait_args(parser, "with --wait: ")
+    add_signer_args(parser)
+    add_remote(parser)
+    parser.set_defaults(func=run)
+
+
+def add_require(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--require",
+        action="append",
+        metavar="'PRESET[@LABEL] [PARAM OP VALUE ...]'",
+        help=f"evidence that must pass (repeatable; default: the entries of {REQUIRED_FILE}); without @LABEL "
+        "a run on any label counts; pins (operators == >= <= > <; a list parameter's every item must meet "
+        ">= <= > <) make a run whose parameters do not meet them no evidence, e.g. "
+        "'niah-ladder@h200 contexts>=65536 samples>=5'",
+    )
+
+
+def add_signer_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allowed-signers",
+        type=Path,
+        metavar="FILE",
+        help=f"accept only done commits signed by these runners (default: {ALLOWED_SIGNERS} of this "
+        "checkout, the trusted base, when it exists; without one, a shared bus is refused unless "
+        "--allow-unsigned)",
+    )
+    parser.add_argument(
+        "--allow-unsigned",
+        action="store_true",
+        help="with no allowed-signers file, accept unsigned evidence on a shared bus (anyone with push "
+        "access could forge it); the embedded bus never needs keys",
+    )
+
+
+def read_required(root: Path) -> list[str]:
+    """The entries of <root>/.github/kakeya-required.yml; InvalidRequest when it is missing or not valid."""
+    path = root / REQUIRED_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise InvalidRequest(
+            f"no --require given and {path} does not exist: name the evidence with --require 'PRESET@LABEL'"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"{path}: cannot read it: {exc}") from None
+    return evidence.parse_required(text, str(path))
+
+
+def requirements(c: Client, texts: Sequence[str] | None, registry: Mapping[str, Preset]) -> list[Requirement]:
+    """The --require entries, else those of .github/kakeya-required.yml, parsed against `registry`."""
+    return evidence.check_requirements(texts if texts else read_required(c.root), registry)
+
+
+def subject_sha(c: Client, given: str) -> str:
+    """A full sha as given (it need not be in this clone), else a rev of this repository."""
+    sha = given.strip().lower()
+    return sha if re.fullmatch(SHA_PATTERN, sha) else c.rev_parse(given)
+
+
+def signers_for(c: Client, allowed: Path | None, allow_unsigned: bool) -> Signers | None:
+    return evidence_signers(c.root, allowed, bus=c.url, embedded=not c.remote, allow_unsigned=allow_unsigned)
+
+
+def judge(
+    c: Client,
+    subject: str,
+    reqs: Sequence[Requirement],
+    registry: Mapping[str, Preset],
+    signers: Signers | None,
+) -> list[Outcome]:
+    """What the bus holds for `subject`, judged like `kakeya gate pr` (bridge/evidence.py)."""
+    return evidence.gate_subject(Shelf(c.bus, signers), subject, reqs, registry)
+
+
+def params_for(req: Requirement, preset: Preset) -> dict[str, Any]:
+    """Parameters that meet `req`'s pins (the bound itself for >= <= ==, the next value for > <; the other
+    parameters at their defaults); InvalidRequest when the pins admit no allowed value."""
+    values: dict[str, Any] = {}
+    for pin in req.pins:
+        if pin.param in values:
+            continue
+        value: Any = list(pin.value) if isinstance(pin.value, tuple) else pin.value
+        if pin.op in (">", "<"):
+            up = pin.op == ">"
+            if isinstance(value, float):
+                value = math.nextafter(value, math.inf if up else -math.inf)
+            else:
+                value += 1 if up else -1
+        if preset.params[pin.param].type == "int_list" and not isinstance(value, list):
+            value = [value]
+        values[pin.param] = value
+    try:
+        typed = preset.validate_params(values)
+    except InvalidRequest as exc:
+        raise InvalidRequest(f"requirement {req}: no allowed parameters meet its pins ({exc})") from None
+    unmet = req.unmet(typed)
+    if unmet:
+        raise InvalidRequest(f"requirement {req}: no single value meets its pins ({'; '.join(unmet)})")
+    return values
+
+
+def pending(
+    c: Client, subject: str, outcomes: Sequence[Outcome], registry: Mapping[str, Preset]
+) -> dict[str, str]:
+    """requirement -> the id of a live request (queued or running) for `subject` that would provide it: one
+    listing of the live requests, their request commits fetched by id."""
+    wanted = {o.requirement.preset for o in outcomes if o.status == "missing"}
+    if not wanted:
+        return {}
+    snap = c.bus.ls_remote(*B.LIVE)
+    live = [e for e in snap.entries.values() if e.req and not e.done and not e.cancel and e.preset in wanted]
+    c.ensure(live, ("req",))
+    manifests = B.read_manifests(c.bus.repos(), [e.req for e in live if e.req])
+    found: dict[str, str] = {}
+    for o in outcomes:
+        if o.status != "missing":
+            continue
+        req, preset = o.requirement, registry[o.requirement.preset]
+        for e in live:
+            m = manifests.get(e.req or "")
+            if not isinstance(m, Manifest) or m.preset != req.preset or m.subject != subject:
+                continue
+            if req.label is not None and m.runner != req.label:
+                continue
+            if m.expires_at < B.utcnow():
+                continue
+            try:
+                ok = not req.unmet(preset.validate_params(m.params))
+            except InvalidRequest:
+                ok = False
+            if ok:
+                found[str(req)] = m.id
+                break
+    return found
+
+
+def request_missing(
+    c: Client,
+    subject: str,
+    outcomes: Sequence[Outcome],
+    registry: Mapping[str, Preset],
+    already: Mapping[str, str],
+) -> dict[str, Manifest]:
+    """requirement -> the request made for each missing one not already pending (all made before any runs)."""
+    made: dict[str, Manifest] = {}
+    for o in outcomes:
+        req = o.requirement
+        if o.status != "missing" or str(req) in already:
+            continue
+        preset = registry[req.preset]
+        made[str(req)] = c.request(
+            preset.name,
+            params_for(req, preset),
+            [req.label] if req.label else preset.runners,
+            subject=subject,
+            registry=registry,
+        )
+    return made
+
+
+class _Stopped(Exception):
+    """Raised in a follower's thread once the reader has stopped reading (`follow_all`)."""
+
+
+class _Follower(Follower):
+    """A Follower that ends at its next look once `stop` is set: no thread keeps polling for a reader gone."""
+
+    def __init__(self, c: Client, rid: str, stop: threading.Event, **kw: Any):
+        super().__init__(c, rid, **kw)
+        self.stop = stop
+
+    def look(self, entry: Entry) -> Iterator[dict[str, Any]]:
+        if self.stop.is_set():
+            raise _Stopped
+        yield from super().look(entry)
+
+
+def follow_all(
+    c: Client, ids: Sequence[str], timeout: float | None = None, no_runner_timeout: float | None = None
+) -> Iterator[dict[str, Any]]:
+    """The events of every request in `ids`, followed at once (one thread each), as they come; each event
+    carries its request's "id", each request ends with its last event ("finished", or how it ended). An error
+    while following one (a timeout, no live runner) is raised once read; the other threads then stop at their
+    next look."""
+    events: queue.Queue[dict[str, Any] | BaseException | None] = queue.Queue()
+    stop = threading.Event()
+
+    def follow(rid: str) -> None:
+        try:
+            for event in _Follower(
+                c, rid, stop, timeout=timeout, no_runner_timeout=no_runner_timeout
+            ).events():
+                events.put(event)
+        except _Stopped:
+            pass
+        except BaseException as exc:  # noqa: BLE001 — handed to the reader, which raises it
+            events.put(exc)
+        events.put(None)
+
+    for rid in ids:
+        threading.Thread(target=follow, args=(rid,), daemon=True).start()
+    left = len(ids)
+    try:
+        while left:
+            item = events.get()
+            if item is None:
+                left -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        stop.set()
+
+
+def run(args: argparse.Namespace) -> int:
+    registry = load_registry()
+    c = client(args)
+    reqs = requirements(c, args.require, registry)
+    subject = subject_sha(c, args.subject)
+    signers = signers_for(c, args.allowed_signers, args.allow_unsigned)
+    emit = (lambda e: print(json.dumps(e), flush=True)) if args.json else None
+    outcomes = judge(c, subject, reqs, registry, signers)
+    waiting = pending(c, subject, outcomes, registry)
+    made = request_missing(c, subject, outcomes, registry, waiting) if args.request_missing else {}
+    for req, rid in waiting.items():
+        say(emit, {"event": "pending", "id": rid, "requirement": req}, f"pending: {req}: {rid}")
+    for req, m in made.items():
+        say(emit, requested_event(req, m), f"requested: {req}: {m.id} on {m.runner}")
+    ids = [*waiting.values(), *(m.id for m in made.values())]
+    if args.wait and ids:
+        for event in follow_all(c, ids, args.timeout, args.no_runner_timeout):
+            if emit is not None:
+                emit(event)
+            else:
+                print(f"{event['id']}: {line(event)}", flush=True)
+        outcomes = judge(c, subject, reqs, registry, signers)
+    if emit is not None:
+        emit({"event": "evidence", "subject": subject, "outcomes": [o.as_dict() for o in outcomes]})
+    else:
+        print(f"evidence for {subject}:" if outcomes else f"no evidence is required for {subject}")
+        for o in outcomes:
+            print(o.line())
+    return 0 if all(o.passed for o in outcomes) else 1
+
+
+def requested_event(req: str, m: Manifest) -> dict[str, Any]:
+    return {"event": "requested", "id": m.id, "requirement": req, "runner": m.runner, "params": m.params}
+
+
+def say(emit: Any, event: dict[str, Any], line: str) -> None:
+    if emit is not None:
+        emit(event)
+    else:
+        print(line, flush=True)

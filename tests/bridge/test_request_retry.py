@@ -1,0 +1,170 @@
+"""Requests an agent can retry, on real buses (`git daemon`) with real runners: the idempotency key (same key
+and content -> the first id, queued, running or done; other content refused; concurrent retries make one
+request; a forged key ref is refused), the runner label fallback (`--runner gpu,cpu`) and the queue timeout
+(`--queue-timeout`: expired, never run, `wait` returns at once with the state)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from bridge import bus as B
+from bridge import git as G
+from bridge.bus import Update
+from bridge.cli import main
+from bridge.client import IDEM_PATH, IDEM_PREFIX, Client, Idempotency
+from bridge.config import load_config
+from bridge.errors import BusError, InvalidRequest
+from tests.bridge.bus_support import Daemon, Env, make_runner, wait_for
+
+
+def requests_on(c: Client) -> list[str]:
+    return sorted(c.bus.ls_remote(B.REQ_PREFIX).entries)
+
+
+def test_a_retried_request_returns_the_first_id_queued_running_and_done(world: Env, daemon: Daemon):
+    c = Client(load_config(), remote=daemon.repo())
+    first = c.request("work", {"tag": "a", "mode": "sleep", "seconds": "2"}, "cpu", idempotency_key="k-1")
+    again = c.request("work", {"tag": "a", "mode": "sleep", "seconds": 2.0}, "cpu", idempotency_key="k-1")
+    assert again.id == first.id and requests_on(c) == [first.id]  # queued; "2" and 2.0 are the same value
+    with pytest.raises(InvalidRequest, match=f"idempotency key 'k-1' was used for request {first.id}"):
+        c.request("work", {"tag": "b", "mode": "sleep", "seconds": 2}, "cpu", idempotency_key="k-1")
+    with pytest.raises(InvalidRequest, match=f"request {first.id} with other content"):  # another label
+        c.request("work", {"tag": "a", "mode": "sleep", "seconds": 2}, "gpu", idempotency_key="k-1")
+
+    runner = make_runner(c.url, world)
+    serving = threading.Thread(target=runner.once)
+    serving.start()
+    wait_for(lambda: world.mark("a", "started").exists(), 30, "the run to start")
+    assert c.status_one(first.id).state == "claimed"
+    assert c.request(
+        "work", {"tag": "a", "mode": "sleep", "seconds": 2}, "cpu", idempotency_key="k-1"
+    ).id == (first.id)  # running
+    serving.join(60)
+    assert c.status_one(first.id).state == "succeeded"
+    done = c.request("work", {"tag": "a", "mode": "sleep", "seconds": 2}, "cpu", idempotency_key="k-1")
+    assert done.id == first.id and requests_on(c) == [] and world.count() == ["a"]  # done: nothing new
+    # the CLI: the same key prints the same id, and a new key makes a new request
+    assert main(["request", "work", "-p", "tag=a", "-p", "mode=sleep", "-p", "seconds=2", "--runner", "cpu",
+                 "--remote", c.url, "--idempotency-key", "k-1"]) == 0  # fmt: skip
+    second = c.request("work", {"tag": "a"}, "cpu", idempotency_key="k-2")
+    assert second.id != first.id
+    # `bus gc` forgets the keys of finished requests older than its cutoff, never those of live ones
+    keys = {Idempotency.key_hash(k): k for k in ("k-1", "k-2")}
+    gone = [r for r in c.gc(0) if r.startswith(IDEM_PREFIX)]
+    assert [keys[r.removeprefix(IDEM_PREFIX)] for r in gone] == ["k-1"]
+    assert c.request("work", {"tag": "a"}, "cpu", idempotency_key="k-2").id == second.id
+    assert c.request(
+        "work", {"tag": "a", "mode": "sleep", "seconds": 2}, "cpu", idempotency_key="k-1"
+    ).id not in (
+        first.id,
+        second.id,
+    )
+
+
+def test_concurrent_retries_make_one_request(world: Env, daemon: Daemon):
+    """Six clients at once with one key (a barrier lines them up): one request on the bus, one id for all."""
+    url = daemon.repo()
+    Client(load_config(), remote=url).request("work", {"tag": "warm"}, "cpu")  # the layout marker is there
+    barrier = threading.Barrier(6)
+    ids: list[str] = []
+
+    def retry() -> None:
+        c = Client(load_config(), remote=url)
+        barrier.wait()
+        ids.append(c.request("work", {"tag": "c"}, "cpu", idempotency_key="same-key").id)
+
+    threads = [threading.Thread(target=retry) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    c = Client(load_config(), remote=url)
+    assert len(ids) == 6 and len(set(ids)) == 1
+    assert len(requests_on(c)) == 2 and ids[0] in requests_on(c)  # the warm-up and one
+
+
+def test_a_snapshot_retried_is_the_same_request(world: Env, daemon: Daemon):
+    """--allow-dirty makes a new snapshot commit each time: the same files are the same content."""
+    c = Client(load_config(), remote=daemon.repo())
+    (world.project / "notes.txt").write_text("draft")
+    first = c.request("work", {}, "cpu", allow_dirty=True, idempotency_key="snap")
+    assert c.request("work", {}, "cpu", allow_dirty=True, idempotency_key="snap").id == first.id
+    (world.project / "notes.txt").write_text("draft 2")
+    with pytest.raises(InvalidRequest, match=f"request {first.id} with other content"):
+        c.request("work", {}, "cpu", allow_dirty=True, idempotency_key="snap")
+
+
+def test_a_forged_key_ref_is_refused_not_trusted(world: Env, daemon: Daemon):
+    """A key ref someone pushed is read against the request it names, never trusted: one that names no
+    request (a plain request commit) is refused, and one whose key file names the right request but claims
+    other labels than that request's cannot make a retry of other content return it."""
+    c = Client(load_config(), remote=daemon.repo())
+    other = c.request("work", {"tag": "x"}, "cpu")
+    req = c.bus.ls_remote(B.REQ_PREFIX).entries[other.id].req
+    assert req is not None
+    plain = Idempotency.key_hash("k-plain")
+    c.bus.push([Update(IDEM_PREFIX + plain, req, None)])
+    with pytest.raises(BusError, match="is not a request's; delete it"):
+        c.request("work", {"tag": "x"}, "cpu", idempotency_key="k-plain")
+    forged = Idempotency.key_hash("k-forged")
+    marker = Idempotency(key_sha256=forged, labels=["cpu"], id=other.id).dump()
+    sha = G.child_commit(c.bus.store, req, {IDEM_PATH: marker}, "forged", "M <m@example.com>")
+    c.bus.push([Update(IDEM_PREFIX + forged, sha, None)])
+    with pytest.raises(
+        InvalidRequest, match=f"'k-forged' was used for request {other.id} with other content"
+    ):
+        c.request("work", {"tag": "y"}, "cpu", idempotency_key="k-forged")  # its manifest says tag x
+    assert c.request("work", {"tag": "x"}, "cpu", idempotency_key="k-forged").id == other.id  # same content
+    with pytest.raises(InvalidRequest, match="must be 1 to 200 printable characters"):
+        c.request("work", {"tag": "x"}, "cpu", idempotency_key="a\nb")
+    assert requests_on(c) == [other.id]
+    assert IDEM_PREFIX + plain in c.gc(30)  # a key ref that names no request is junk
+
+
+def test_runner_labels_fall_back_to_the_first_with_a_live_runner(world: Env, daemon: Daemon):
+    c = Client(load_config(), remote=daemon.repo())
+    assert c.request("work", {}, "gpu,cpu").runner == "gpu"  # none live: the first
+    live = make_runner(c.url, world, name="cpu-1", labels=("cpu",))
+    live.start_presence()
+    wait_for(lambda: "cpu-1" in c.bus.ls_remote(B.RUNNERS_PREFIX).runners, 30, "the runner's presence")
+    try:
+        assert c.request("work", {}, "gpu,cpu").runner == "cpu"
+        assert c.request("work", {}, ["cpu", "gpu"]).runner == "cpu"
+    finally:
+        live.stop_presence()
+    assert c.request("work", {}, "gpu,cpu").runner == "gpu"  # it said it stopped
+    with pytest.raises(InvalidRequest, match="preset cpuonly may not run on runner label 'gpu'"):
+        c.request("cpuonly", {}, "cpu,gpu")
+    with pytest.raises(InvalidRequest, match="each runner label once"):
+        c.request("work", {}, "cpu,cpu")
+    with pytest.raises(InvalidRequest, match="must be lowercase"):
+        c.request("work", {}, "cpu,GPU;rm")
+
+
+def test_a_request_past_its_queue_timeout_expires_and_never_runs(world: Env, daemon: Daemon, capsys):
+    url = daemon.repo()
+    argv = ["request", "work", "-p", "tag=late", "--runner", "cpu", "--remote", url, "--json"]
+    assert main([*argv, "--queue-timeout", "1"]) == 0
+    event = json.loads(capsys.readouterr().out)
+    c = Client(load_config(), remote=url)
+    rid = event["id"]
+    assert event["runner"] == "cpu" and B.parse_id(rid) is not None
+    wait_for(lambda: c.status_one(rid).state == "expired", 30, "the request to expire")
+    assert "no runner started it before" in (c.status_one(rid).reason or "")
+    served = make_runner(url, world).once()
+    assert served is not None and served.id == rid
+    row = c.status_one(rid)
+    assert row.state == "expired" and "before a runner started it" in (row.reason or "")
+    assert world.count() == [] and not world.mark("late", "started").exists()  # nothing ran
+    assert main(["wait", rid, "--remote", url, "--json", "--timeout", "20"]) == 1
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last["event"] == "verdict" and last["status"] == "expired"
+    try:  # one clock: --expires and --queue-timeout are the same setting (a usage error, exit 2)
+        code = main([*argv, "--queue-timeout", "5", "--expires", "1h"])
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2
+    assert G.is_repo(world.project)
