@@ -13,6 +13,8 @@ Events (every one has "event", "id" and "at", the time it was seen):
     stale      the holder's lease ran out (it may be dead; another runner may take it over)
     cancelling a cancel marker while a runner holds it
     finished   the done commit is on the bus ("done": its sha); the command adds the "verdict" event
+    cancelled  (last) cancelled before any runner claimed it: the wait ends at once, nothing ran
+    expired    (last) its expires_at passed before any runner claimed it ("expires_at"): the wait ends at once
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ from typing import Any
 from bridge import bus as B
 from bridge.bus import Claim, Entry, Snapshot
 from bridge.client import Client
-from bridge.errors import KakeyaError, NoRunner
+from bridge.errors import KakeyaError, NoRunner, WaitTimeout
 from bridge.presence import read_presences
 from bridge.trust import Signers, trusted_signers
 
 NAG_S = 30.0  # how often "no live runner" is said again
+NEVER = dt.datetime.max.replace(tzinfo=dt.UTC)  # the expiry of a request whose manifest cannot be read
 
 
 def iso(t: dt.datetime) -> str:
@@ -54,6 +57,7 @@ class Follower:
         self.last: dict[str, Any] = {}  # the last event of each kind, to tell a change
         self.no_runner_since: float | None = None
         self.nagged_at: float | None = None
+        self.expires_at: dt.datetime | None = None
 
     def events(self) -> Iterator[dict[str, Any]]:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
@@ -63,19 +67,40 @@ class Follower:
             entry = self.c.entry(self.id, label)
             label = entry.label or label
             if entry.req is None and entry.done is None:
-                raise KakeyaError(f"no request {self.id} on the bus at {self.c.url}")
+                raise KakeyaError(f"no request {self.id} on the bus at {self.c.url}", code="not-found")
             if entry.done:
                 yield self.event("finished", done=entry.done)
                 return
+            if ended := self.ended(entry):
+                yield ended
+                return
             yield from self.look(entry)
             if deadline is not None and time.monotonic() >= deadline:
-                raise KakeyaError(
-                    f"timed out after {self.timeout:g} s waiting for {self.id} (state: {entry.state})"
+                raise WaitTimeout(
+                    f"timed out after {self.timeout:g} s waiting for {self.id} (state: {entry.state}); "
+                    f"it goes on (`kakeya wait {self.id}` follows it again)",
+                    id=self.id,
+                    state=entry.state,
+                    waited_s=self.timeout,
                 )
             pause = (
                 self.poll_s if deadline is None else max(0.0, min(self.poll_s, deadline - time.monotonic()))
             )
             time.sleep(pause)
+
+    def ended(self, entry: Entry) -> dict[str, Any] | None:
+        """The last event of a request no runner claimed that can no longer run (cancelled, expired)."""
+        if entry.claim is not None or entry.req is None:
+            return None
+        if entry.cancel:
+            return self.event("cancelled", state="cancelled")
+        if self.expires_at is None:  # read once from the request commit
+            self.c.ensure([entry], ("req",))
+            manifest = B.read_manifests(self.c.bus.repos(), [entry.req]).get(entry.req)
+            self.expires_at = manifest.expires_at if isinstance(manifest, B.Manifest) else NEVER
+        if self.expires_at < B.utcnow():
+            return self.event("expired", state="expired", expires_at=iso(self.expires_at))
+        return None
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
         return {"event": kind, "id": self.id, "at": iso(B.utcnow()), **fields}
