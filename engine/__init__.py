@@ -17,6 +17,7 @@ from engine.drafters import DrafterSpec, ModelDrafter, PromptLookupDrafter, load
 from engine.geometry import Geometry
 from engine.models import Model, ModelNotFoundError, load, resolve, zoo_models
 from engine.policy import LayerSpec, Policy, full, hybrid, parse_policy, sink_window
+from engine.sampling import Sampling
 from engine.speculative import Drafter, FeatureDrafter, speculative_generate
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "ModelNotFoundError",
     "Policy",
     "PromptLookupDrafter",
+    "Sampling",
     "Session",
     "Step",
     "Stop",

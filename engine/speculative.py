@@ -16,15 +16,25 @@ verifier's hidden states: the loop then feeds the prompt through `forward` in ch
 position's features come back) and asks each verify forward for those layers; after each block the drafter
 `observe`s the features of the positions that stay fed (the committed ones), from the forward that
 verified them. No extra verifier forward; other drafters never cost a hidden-state copy.
+
+Sampling (`sampling` with a temperature > 0): lossless speculative sampling. The verify forward returns
+its logits, and engine.sampling.verify applies the rejection rule: each committed token is distributed
+exactly as plain sampling (engine.decode.generate with the same `Sampling`) would draw it. A drafter
+that samples its drafts (a `SamplingDrafter`: the model drafter) returns its proposal distribution q;
+every other drafter proposes deterministically, as under greedy decoding, and counts as q = one-hot
+(`proposal`; which kind does which: engine.drafters.spec.PROPOSALS).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
-from engine.decode import Generation, Session, Stop, commit
+import numpy as np
+
+from engine.decode import Generation, Session, Step, Stop, commit
+from engine.sampling import Sampling, draw, verify
 
 
 class Drafter(Protocol):
@@ -51,23 +61,52 @@ class FeatureDrafter(Drafter, Protocol):
         ...
 
 
+@runtime_checkable
+class SamplingDrafter(Drafter, Protocol):
+    """A drafter that, under sampling, draws its drafts from its own distribution and returns it."""
+
+    def propose_sampled(
+        self, last: int, k: int, sampling: Sampling, rng: np.random.Generator
+    ) -> tuple[list[int], np.ndarray]:
+        """Up to k drafts after `last`, drawn with `rng`, and q [len(drafts), vocab] they were drawn from."""
+        ...
+
+
+def proposal(
+    drafter: Drafter, last: int, k: int, sampling: Sampling, rng: np.random.Generator
+) -> tuple[list[int], np.ndarray | None]:
+    """A block's drafts under sampling and their proposal distribution (None: deterministic, one-hot)."""
+    if isinstance(drafter, SamplingDrafter):
+        return drafter.propose_sampled(last, k, sampling, rng)
+    return drafter.propose(last, k), None
+
+
 def _prefill(
-    verifier: Session, drafter: Drafter, prompt: Sequence[int], layers: tuple[int, ...]
-) -> list[int]:
+    verifier: Session, drafter: Drafter, prompt: Sequence[int], layers: tuple[int, ...], logits: bool
+) -> Step:
+    """The prompt fed to the verifier; the step of its last position (its logits when asked)."""
     if not layers:
-        return verifier.prefill(prompt).tokens
+        return verifier.prefill(prompt, logits=logits)
     observe = drafter.observe  # type: ignore[attr-defined]
     chunk = getattr(verifier, "prefill_chunk", 512)
     for i in range(0, len(prompt), chunk):
-        step = verifier.forward(prompt[i : i + chunk], hidden=layers)
+        last = i + chunk >= len(prompt)
+        step = verifier.forward(prompt[i : i + chunk], hidden=layers, logits=logits and last)
         observe(step.hidden, len(step.tokens))
-    return step.tokens[-1:]
+    return Step(step.tokens[-1:], None if step.logits is None else step.logits[-1:])
 
 
 def speculative_generate(
-    verifier: Session, drafter: Drafter, prompt: Sequence[int], k: int, stop: Stop
+    verifier: Session,
+    drafter: Drafter,
+    prompt: Sequence[int],
+    k: int,
+    stop: Stop,
+    sampling: Sampling | None = None,
 ) -> Generation:
-    """Greedy speculative decoding; the tokens equal `generate(verifier, prompt, stop)`."""
+    """Speculative decoding. Greedy: the tokens equal `generate(verifier, prompt, stop)`. With `sampling`
+    (temperature > 0): lossless speculative sampling, each token distributed as `generate(verifier,
+    prompt, stop, sampling)` draws it (not the same draws: the rule spends its own uniforms)."""
     if k < 1:
         raise ValueError(f"k must be >= 1 (got {k})")
     if not prompt:
@@ -76,22 +115,40 @@ def speculative_generate(
         raise ValueError(
             f"the verifier's sequence needs max_block >= k + 1 = {k + 1} (has {verifier.max_block})"
         )
+    if sampling is not None and sampling.greedy:
+        sampling = None
+    rng = sampling.rng() if sampling else None
     layers = tuple(getattr(drafter, "layers", ()))
     t0 = time.perf_counter()
     drafter.begin(prompt)
-    out = _prefill(verifier, drafter, list(prompt), layers)
+    first = _prefill(verifier, drafter, list(prompt), layers, sampling is not None)
+    out = first.tokens if sampling is None else [int(draw(sampling.probs(first.logits), rng)[0])]
     t1 = time.perf_counter()
     gen = Generation(out, "max_new_tokens", len(prompt), t1 - t0, 0.0)
     reason = stop.check(out)
     while reason is None:
         last = out[-1]
-        drafts = drafter.propose(last, min(k, stop.max_new_tokens - len(out) - 1))
-        step = verifier.forward([last, *drafts], hidden=layers)
-        preds = step.tokens
-        n = 0
-        while n < len(drafts) and drafts[n] == preds[n]:
-            n += 1
-        new = [*drafts[:n], preds[n]]
+        budget = min(k, stop.max_new_tokens - len(out) - 1)
+        if sampling is None or rng is None:
+            drafts = drafter.propose(last, budget)
+            step = verifier.forward([last, *drafts], hidden=layers)
+            preds = step.tokens
+            n = 0
+            while n < len(drafts) and drafts[n] == preds[n]:
+                n += 1
+            new = [*drafts[:n], preds[n]]
+        else:
+            drafts, q = proposal(drafter, last, budget, sampling, rng)
+            step = verifier.forward([last, *drafts], hidden=layers, logits=True)
+            accepted, token = verify(
+                sampling.probs(step.logits)[None],
+                np.array(drafts, dtype=np.int64)[None],
+                np.array([len(drafts)]),
+                None if q is None else q[None],
+                rng,
+            )
+            n = int(accepted[0])
+            new = [*drafts[:n], int(token[0])]
         gen.forwards += 1
         gen.drafted += len(drafts)
         gen.accepted += n

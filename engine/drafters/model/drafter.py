@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from engine.decode import Session
+from engine.sampling import Sampling, draw
 
 
 class ModelDrafter:
@@ -33,6 +36,24 @@ class ModelDrafter:
             drafts += self.session.forward(drafts[-1:]).tokens
         self.fed_draft = len(drafts) - 1  # the last draft is never fed
         return drafts
+
+    def propose_sampled(
+        self, last: int, k: int, sampling: Sampling, rng: np.random.Generator
+    ) -> tuple[list[int], np.ndarray]:
+        """Speculative sampling: k drafts drawn from this model's own distribution under `sampling`, and
+        that distribution q [k, vocab] at each draft (engine.sampling.verify)."""
+        self.pending.append(last)
+        self.fed_draft = 0
+        if k == 0:
+            return [], np.zeros((0, 0))
+        qs = [sampling.probs(self.session.forward(self.pending, logits=True).logits[-1:])[0]]
+        self.pending = []
+        drafts = [int(draw(qs[-1], rng))]
+        while len(drafts) < k:
+            qs.append(sampling.probs(self.session.forward(drafts[-1:], logits=True).logits[-1:])[0])
+            drafts.append(int(draw(qs[-1], rng)))
+        self.fed_draft = len(drafts) - 1
+        return drafts, np.stack(qs)
 
     def accept(self, n: int, committed: Sequence[int]) -> None:
         if self.fed_draft > n:
