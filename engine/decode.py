@@ -64,8 +64,9 @@ class Session(Protocol):
         """Feed len(ids) <= max_block tokens in one forward; the step of each fed position."""
         ...
 
-    def trim(self, n: int) -> None:
-        """Forget the last n positions fed (n <= max_block; the cache keeps that much slack)."""
+    def trim(self, n: int | Sequence[int]) -> None:
+        """Forget the last n positions fed (n <= max_block; the cache keeps that much slack); a batched
+        session takes one n per row (each row rolls back on its own)."""
         ...
 
     def kv_bytes(self) -> list[int]:

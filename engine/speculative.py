@@ -33,7 +33,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from engine.decode import Generation, Session, Step, Stop, commit
+from engine.decode import Generation, Session, Step, Stop, StopReason, commit
 from engine.sampling import Sampling, draw, verify
 
 
@@ -163,3 +163,69 @@ def speculative_generate(
     gen.stop_reason = reason
     gen.decode_s = time.perf_counter() - t1
     return gen
+
+
+def speculative_generate_batch(
+    verifier: Session, drafters: Sequence[Drafter], prompts: Sequence[Sequence[int]], k: int, stop: Stop
+) -> list[Generation]:
+    """Greedy speculative decoding of `verifier.rows` prompts at once, one drafter per row: each block
+    every live row drafts up to k tokens, all rows are verified in one batched forward (a row with fewer
+    drafts is padded), each row accepts its own prefix and rolls back on its own (`trim` per row). A row
+    that has stopped leaves the decision loop: it is fed its last token (plus padding) and rolled back
+    in full each block, so it neither grows nor holds the others back. Each row's tokens equal
+    `generate` on its prompt alone under the same policy (tests/engine/test_speculative_batch.py).
+
+    Drafters that read the verifier's hidden states (`FeatureDrafter`: the block drafter, Gemma 4's
+    assistant) are refused: a batched forward returns tokens only, not per-row hidden states (yet)."""
+    rows = verifier.rows
+    if len(prompts) != rows or len(drafters) != rows or not all(prompts):
+        raise ValueError(f"speculative_generate_batch takes {rows} non-empty prompts and {rows} drafters")
+    if k < 1:
+        raise ValueError(f"k must be >= 1 (got {k})")
+    if verifier.max_block < k + 1:
+        raise ValueError(
+            f"the verifier's sequence needs max_block >= k + 1 = {k + 1} (has {verifier.max_block})"
+        )
+    if any(getattr(d, "layers", ()) for d in drafters):
+        raise ValueError(
+            "batched speculative decoding does not take drafters that read the verifier's hidden states "
+            "(block, gemma4-assistant) yet: decode those rows one at a time (rows=1)"
+        )
+    t0 = time.perf_counter()
+    outs: list[list[int]] = []
+    for r, (drafter, prompt) in enumerate(zip(drafters, prompts, strict=True)):
+        drafter.begin(prompt)
+        outs.append(verifier.prefill(prompt, row=r).tokens)
+    t1 = time.perf_counter()
+    gens = [Generation(o, "max_new_tokens", len(p), t1 - t0, 0.0) for o, p in zip(outs, prompts, strict=True)]
+    reasons: list[StopReason | None] = [stop.check(o) for o in outs]
+    while any(r is None for r in reasons):
+        drafts = [
+            drafters[r].propose(o[-1], min(k, stop.max_new_tokens - len(o) - 1)) if reasons[r] is None else []
+            for r, o in enumerate(outs)
+        ]
+        m = 1 + max(len(d) for d in drafts)
+        fed = [[o[-1], *d] for o, d in zip(outs, drafts, strict=True)]
+        preds = verifier.forward_rows([f + [f[-1]] * (m - len(f)) for f in fed])
+        trims = [m] * rows  # a stopped row: everything fed this block is rolled back
+        for r, (gen, d) in enumerate(zip(gens, drafts, strict=True)):
+            if reasons[r] is not None:
+                continue
+            n = 0
+            while n < len(d) and d[n] == preds[r][n]:
+                n += 1
+            new = [*d[:n], preds[r][n]]
+            gen.forwards += 1
+            gen.drafted += len(d)
+            gen.accepted += n
+            gen.count_positions(len(d), n)
+            done, reasons[r] = commit(outs[r], new, stop)
+            trims[r] = m - done  # keep [last, d1..d(done-1)]
+            if reasons[r] is None:
+                drafters[r].accept(n, new)
+        verifier.trim(trims)
+    decode_s = time.perf_counter() - t1
+    for gen, reason in zip(gens, reasons, strict=True):
+        assert reason is not None
+        gen.stop_reason, gen.decode_s = reason, decode_s
+    return gens
