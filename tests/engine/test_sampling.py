@@ -22,6 +22,7 @@ from engine.policy import full, sink_window
 from engine.sampling import Sampling, draw, verify
 from engine.speculative import SamplingDrafter
 from tests.engine import tiny_models
+from tests.engine.backends import on
 
 V = 8  # the restricted vocabulary
 PROMPT = [1, 2, 3, 4, 5]
@@ -169,8 +170,19 @@ def test_probs_truncation() -> None:
 NEW = 24
 
 
-def _verifier() -> engine.Session:
-    return tiny_models.gemma().session(sink_window(4, 8), max_block=5, prefill_chunk=16)
+def _verifier(backend: str = "torch") -> engine.Session:
+    return on(backend, tiny_models.gemma()).session(sink_window(4, 8), max_block=5, prefill_chunk=16)
+
+
+def test_both_backends_draw_the_same_tokens_for_a_seed() -> None:
+    """One sampler on the host: the mlx twin (same float32 weights) draws the torch tokens for a seed."""
+    pytest.importorskip("mlx_lm", reason="mlx / mlx-lm not installed")
+    ids, settings = tiny_models.prompt(10, seed=3), Sampling(temperature=0.9, top_k=50, seed=4)
+    torch_tokens = engine.generate(_verifier(), ids, engine.Stop(NEW), settings).tokens
+    assert engine.generate(_verifier("mlx"), ids, engine.Stop(NEW), settings).tokens == torch_tokens
+    drafter = engine.ModelDrafter(on("mlx", tiny_models.qwen(seed=7, layers=1)).session(full(), max_block=5))
+    gen = engine.speculative_generate(_verifier("mlx"), drafter, ids, 4, engine.Stop(NEW), settings)
+    assert len(gen.tokens) == NEW and gen.drafted > 0
 
 
 def test_generate_sampling_seeded_and_greedy_limits() -> None:
