@@ -165,10 +165,55 @@ def speculative_generate(
     return gen
 
 
+class RowsDrafter(Protocol):
+    """Drafts for every row of a batched verifier at once (the model drafter's `BatchedModelDrafter`); any
+    other drafter runs one instance per row (`PerRow`)."""
+
+    rows: int
+
+    def begin_rows(self, prompts: Sequence[Sequence[int]]) -> None: ...
+
+    def propose_rows(self, lasts: Sequence[int], ks: Sequence[int | None]) -> list[list[int]]:
+        """Up to ks[r] drafts after row r's committed token lasts[r] (ks[r] None: the row has stopped)."""
+        ...
+
+    def accept_rows(self, ns: Sequence[int], committed: Sequence[Sequence[int] | None]) -> None:
+        """Row r accepted ns[r] drafts and committed `committed[r]` (None: it stopped, or had stopped)."""
+        ...
+
+
+class PerRow:
+    """One `Drafter` per row, as a `RowsDrafter`."""
+
+    def __init__(self, drafters: Sequence[Drafter]) -> None:
+        self.drafters = list(drafters)
+        self.rows = len(self.drafters)
+
+    def begin_rows(self, prompts: Sequence[Sequence[int]]) -> None:
+        for d, p in zip(self.drafters, prompts, strict=True):
+            d.begin(p)
+
+    def propose_rows(self, lasts: Sequence[int], ks: Sequence[int | None]) -> list[list[int]]:
+        return [
+            [] if k is None else d.propose(last, k)
+            for d, last, k in zip(self.drafters, lasts, ks, strict=True)
+        ]
+
+    def accept_rows(self, ns: Sequence[int], committed: Sequence[Sequence[int] | None]) -> None:
+        for d, n, new in zip(self.drafters, ns, committed, strict=True):
+            if new is not None:
+                d.accept(n, new)
+
+
 def speculative_generate_batch(
-    verifier: Session, drafters: Sequence[Drafter], prompts: Sequence[Sequence[int]], k: int, stop: Stop
+    verifier: Session,
+    drafters: Sequence[Drafter] | RowsDrafter,
+    prompts: Sequence[Sequence[int]],
+    k: int,
+    stop: Stop,
 ) -> list[Generation]:
-    """Greedy speculative decoding of `verifier.rows` prompts at once, one drafter per row: each block
+    """Greedy speculative decoding of `verifier.rows` prompts at once, one drafter per row (or one
+    `RowsDrafter` drafting for all rows in batched forwards): each block
     every live row drafts up to k tokens, all rows are verified in one batched forward (a row with fewer
     drafts is padded), each row accepts its own prefix and rolls back on its own (`trim` per row). A row
     that has stopped leaves the decision loop: it is fed its last token (plus padding) and rolled back
@@ -178,7 +223,8 @@ def speculative_generate_batch(
     Drafters that read the verifier's hidden states (`FeatureDrafter`: the block drafter, Gemma 4's
     assistant) are refused: a batched forward returns tokens only, not per-row hidden states (yet)."""
     rows = verifier.rows
-    if len(prompts) != rows or len(drafters) != rows or not all(prompts):
+    drafter = drafters if hasattr(drafters, "propose_rows") else PerRow(drafters)  # type: ignore[arg-type]
+    if len(prompts) != rows or drafter.rows != rows or not all(prompts):
         raise ValueError(f"speculative_generate_batch takes {rows} non-empty prompts and {rows} drafters")
     if k < 1:
         raise ValueError(f"k must be >= 1 (got {k})")
@@ -186,24 +232,27 @@ def speculative_generate_batch(
         raise ValueError(
             f"the verifier's sequence needs max_block >= k + 1 = {k + 1} (has {verifier.max_block})"
         )
-    if any(getattr(d, "layers", ()) for d in drafters):
+    if any(getattr(d, "layers", ()) for d in getattr(drafter, "drafters", [drafter])):
         raise ValueError(
             "batched speculative decoding does not take drafters that read the verifier's hidden states "
             "(block, gemma4-assistant) yet: decode those rows one at a time (rows=1)"
         )
     t0 = time.perf_counter()
-    outs: list[list[int]] = []
-    for r, (drafter, prompt) in enumerate(zip(drafters, prompts, strict=True)):
-        drafter.begin(prompt)
-        outs.append(verifier.prefill(prompt, row=r).tokens)
+    drafter.begin_rows(prompts)
+    outs = [verifier.prefill(prompt, row=r).tokens for r, prompt in enumerate(prompts)]
     t1 = time.perf_counter()
     gens = [Generation(o, "max_new_tokens", len(p), t1 - t0, 0.0) for o, p in zip(outs, prompts, strict=True)]
     reasons: list[StopReason | None] = [stop.check(o) for o in outs]
     while any(r is None for r in reasons):
-        drafts = [
-            drafters[r].propose(o[-1], min(k, stop.max_new_tokens - len(o) - 1)) if reasons[r] is None else []
-            for r, o in enumerate(outs)
-        ]
+        drafts = drafter.propose_rows(
+            [o[-1] for o in outs],
+            [
+                min(k, stop.max_new_tokens - len(o) - 1) if why is None else None
+                for o, why in zip(outs, reasons, strict=True)
+            ],
+        )
+        ns: list[int] = [0] * rows  # what each live row accepted and committed
+        committed: list[list[int] | None] = [None] * rows
         m = 1 + max(len(d) for d in drafts)
         fed = [[o[-1], *d] for o, d in zip(outs, drafts, strict=True)]
         preds = verifier.forward_rows([f + [f[-1]] * (m - len(f)) for f in fed])
@@ -222,8 +271,9 @@ def speculative_generate_batch(
             done, reasons[r] = commit(outs[r], new, stop)
             trims[r] = m - done  # keep [last, d1..d(done-1)]
             if reasons[r] is None:
-                drafters[r].accept(n, new)
+                ns[r], committed[r] = n, new
         verifier.trim(trims)
+        drafter.accept_rows(ns, committed)
     decode_s = time.perf_counter() - t1
     for gen, reason in zip(gens, reasons, strict=True):
         assert reason is not None

@@ -377,7 +377,10 @@ def _batched(
     )
     verifier = model.session(config.policy, config.k + 1, rows=b)
     try:
-        drafters = [make_drafter(verifier) for _ in rows]
+        first = make_drafter(verifier)  # one for all rows (a model drafter), or one per row
+        drafters = (
+            first if hasattr(first, "propose_rows") else [first, *(make_drafter(verifier) for _ in rows[1:])]
+        )
         specs = engine.speculative_generate_batch(verifier, drafters, rows, config.k, stop)
     except ValueError as exc:
         print(f"throughput: no batched speculative run at B={b}: {exc}", file=sys.stderr)

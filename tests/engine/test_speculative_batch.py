@@ -112,3 +112,31 @@ def test_refusals_name_the_reason() -> None:
         engine.speculative_generate_batch(session, [Features(), Features()], prompts, 2, engine.Stop(8))
     with pytest.raises(ValueError, match="linear-attention"):
         tiny_models.qwen35().session(full(), max_block=3, rows=2)
+
+
+@pytest.mark.parametrize("policy", [sink_window(4, 8), hybrid(2, 6)], ids=str)
+def test_one_batched_model_drafter_drafts_as_one_per_row(policy: Policy) -> None:
+    """`BatchedModelDrafter` (every row drafting in the same batched forwards, rows padded, stopping and
+    rolling back on their own) proposes what a `ModelDrafter` per row proposes: same tokens, same counts."""
+    m, k = tiny_models.gemma(), 4
+    prompts = _prompts()
+    plain = _alone(m, policy, prompts, engine.Stop(NEW))
+    stop = engine.Stop(NEW, eos_ids=frozenset({plain[1][12]}))
+
+    def run(drafters: Any) -> list[engine.Generation]:
+        session = m.session(policy, max_block=k + 1, prefill_chunk=16, rows=len(prompts))
+        return engine.speculative_generate_batch(session, drafters, prompts, k, stop)
+
+    draft_model = tiny_models.gemma()
+    per_row = run(
+        [engine.ModelDrafter(draft_model.session(sink_window(1, 3), max_block=k + 1)) for _ in prompts]
+    )
+    batched = engine.drafters.BatchedModelDrafter(
+        draft_model.session(sink_window(1, 3), max_block=k + 1, rows=len(prompts))
+    )
+    got = run(batched)
+    assert [g.tokens for g in got] == [g.tokens for g in per_row] == _alone(m, policy, prompts, stop)
+    assert [(g.drafted, g.accepted, g.forwards) for g in got] == [
+        (g.drafted, g.accepted, g.forwards) for g in per_row
+    ]
+    assert 0 < sum(g.accepted for g in got) < sum(g.drafted for g in got)
