@@ -47,8 +47,12 @@ def test_a_forged_or_missing_digest_fails_the_gate(report: dict[str, Any]) -> No
     forged = copy.deepcopy(report)
     d = forged["prompts"][1]["digests"][1]
     d["speculative"] = "0" * 16 if d["speculative"] != "0" * 16 else "1" * 16
-    failed = [c for c in _gate(forged, "throughput-code").checks if c.status == "fail"]
-    assert [(c.check, c.at) for c in failed] == [("same", "/prompts/1/digests/1")]
+    checks = _gate(forged, "throughput-code").checks
+    # (speedup_ok depends on this machine's load: only the parity checks are asserted)
+    assert [(c.check, c.status, c.at) for c in checks if c.check in ("all_true", "same")] == [
+        ("all_true", "pass", "/prompts/0/exact"),
+        ("same", "fail", "/prompts/1/digests/1"),
+    ]
     gone = copy.deepcopy(report)
     for p in gone["prompts"]:
         p["digests"] = []
