@@ -205,12 +205,54 @@ class PerRow:
                 d.accept(n, new)
 
 
+class DraftLength:
+    """The draft length of each block from measured costs (`speculative_generate_batch(adapt=True)`): the
+    wall time of a block (drafting + verify forward) at k = 0 (a plain step) and at k = k_max, each an
+    exponential average, linear in between; and the running per-position acceptance (of the blocks
+    drafting position i, the fraction whose draft i was accepted: expected tokens per block at k =
+    1 + the sum of the first k). Each block takes the k of the most tokens per second, down to 0 (plain
+    decoding) when drafting no longer pays; both ends are measured again every `refresh` blocks."""
+
+    def __init__(self, k_max: int, refresh: int = 16) -> None:
+        self.k_max = k_max
+        self.refresh = refresh
+        self.cost: dict[int, float] = {}  # k (0 or k_max) -> seconds per block
+        self.drafted = [0] * k_max
+        self.accepted = [0] * k_max
+        self.blocks = 0
+
+    def choose(self) -> int:
+        self.blocks += 1
+        for k in (self.k_max, 0):
+            if k not in self.cost or self.blocks % self.refresh == (0 if k else self.refresh // 2):
+                return k
+        c0, ck = self.cost[0], self.cost[self.k_max]
+        rates = [0.0] * (self.k_max + 1)
+        tokens = 1.0
+        for k in range(self.k_max + 1):
+            if k:
+                d = self.drafted[k - 1]
+                tokens += self.accepted[k - 1] / d if d else 0.0
+            rates[k] = tokens / (c0 + (ck - c0) * k / self.k_max)
+        return max(range(self.k_max + 1), key=lambda k: (rates[k], -k))
+
+    def record(self, k: int, seconds: float, drafted: Sequence[int], accepted: Sequence[int]) -> None:
+        """One block at draft length k took `seconds`; rows drafted/accepted per position (summed)."""
+        if k in (0, self.k_max):
+            old = self.cost.get(k)
+            self.cost[k] = seconds if old is None else 0.7 * old + 0.3 * seconds
+        for i, (d, a) in enumerate(zip(drafted, accepted, strict=True)):
+            self.drafted[i] += d
+            self.accepted[i] += a
+
+
 def speculative_generate_batch(
     verifier: Session,
     drafters: Sequence[Drafter] | RowsDrafter,
     prompts: Sequence[Sequence[int]],
     k: int,
     stop: Stop,
+    adapt: bool = False,
 ) -> list[Generation]:
     """Greedy speculative decoding of `verifier.rows` prompts at once, one drafter per row (or one
     `RowsDrafter` drafting for all rows in batched forwards): each block
@@ -219,6 +261,9 @@ def speculative_generate_batch(
     that has stopped leaves the decision loop: it is fed its last token (plus padding) and rolled back
     in full each block, so it neither grows nor holds the others back. Each row's tokens equal
     `generate` on its prompt alone under the same policy (tests/engine/test_speculative_batch.py).
+
+    `adapt`: each block's draft length from measured costs and acceptance (`DraftLength`), between 0 (a
+    plain batched step) and k; the tokens stay exact whatever k a block takes.
 
     Drafters that read the verifier's hidden states (`FeatureDrafter`: the block drafter, Gemma 4's
     assistant) are refused: a batched forward returns tokens only, not per-row hidden states (yet)."""
@@ -243,11 +288,14 @@ def speculative_generate_batch(
     t1 = time.perf_counter()
     gens = [Generation(o, "max_new_tokens", len(p), t1 - t0, 0.0) for o, p in zip(outs, prompts, strict=True)]
     reasons: list[StopReason | None] = [stop.check(o) for o in outs]
+    length = DraftLength(k) if adapt else None
     while any(r is None for r in reasons):
+        block_k = length.choose() if length else k
+        started = time.perf_counter()
         drafts = drafter.propose_rows(
             [o[-1] for o in outs],
             [
-                min(k, stop.max_new_tokens - len(o) - 1) if why is None else None
+                min(block_k, stop.max_new_tokens - len(o) - 1) if why is None else None
                 for o, why in zip(outs, reasons, strict=True)
             ],
         )
@@ -257,6 +305,7 @@ def speculative_generate_batch(
         fed = [[o[-1], *d] for o, d in zip(outs, drafts, strict=True)]
         preds = verifier.forward_rows([f + [f[-1]] * (m - len(f)) for f in fed])
         trims = [m] * rows  # a stopped row: everything fed this block is rolled back
+        block_drafted, block_accepted = [0] * k, [0] * k
         for r, (gen, d) in enumerate(zip(gens, drafts, strict=True)):
             if reasons[r] is not None:
                 continue
@@ -268,12 +317,17 @@ def speculative_generate_batch(
             gen.drafted += len(d)
             gen.accepted += n
             gen.count_positions(len(d), n)
+            for i in range(len(d)):
+                block_drafted[i] += 1
+                block_accepted[i] += i < n
             done, reasons[r] = commit(outs[r], new, stop)
             trims[r] = m - done  # keep [last, d1..d(done-1)]
             if reasons[r] is None:
                 ns[r], committed[r] = n, new
         verifier.trim(trims)
         drafter.accept_rows(ns, committed)
+        if length:
+            length.record(block_k, time.perf_counter() - started, block_drafted, block_accepted)
     decode_s = time.perf_counter() - t1
     for gen, reason in zip(gens, reasons, strict=True):
         assert reason is not None

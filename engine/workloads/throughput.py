@@ -16,9 +16,11 @@ the speculative token lists (the gate checks each pair is equal).
 
 Batched (`--batches`): per batch size B, greedy decoding of B prompts at once (the prompts cycled) and, for
 a drafter that reads no hidden states, batched speculative decoding of the same rows
-(engine.speculative_generate_batch): decode tok/s of both, speedup, acceptance length and per-position
-acceptance; each row's digests go to its prompt's `digests`. `--temperature T` > 0 adds, per prompt, plain sampling against lossless
-speculative sampling at T (seeded by --seed): tok/s, speedup and acceptance (no parity: the draws differ).
+(engine.speculative_generate_batch; k fixed: `ADAPT` off, as the adaptive draft length did not pay on
+the zoo pair at 64 new tokens, docs/speculative.md): decode tok/s of both, speedup, acceptance length and
+per-position acceptance; each row's digests go to its prompt's `digests`. `--temperature T` > 0 adds, per
+prompt, plain sampling against lossless speculative sampling at T (seeded by --seed): tok/s, speedup and
+acceptance (no parity: the draws differ).
 
 A model drafter's own cache: `--drafter-policy` (default: sink_window with the policy's sink and window, or
 full when the policy is full - a drafter only needs recent context).
@@ -59,6 +61,10 @@ HUMANEVAL_STYLE = [
     'def dedupe(items: list[int]) -> list[int]:\n    """Remove repeated items, keeping the first occurrence of each.\n'
     '    >>> dedupe([3, 1, 3, 2, 1])\n    [3, 1, 2]\n    """\n',
 ]
+
+
+# batched speculative runs adapt the draft length per block (engine.speculative.DraftLength)?
+ADAPT = False
 
 
 class Config(cli.ModelConfig):
@@ -153,6 +159,7 @@ class BatchedSpeculative(BaseModel):
     acceptance_length: float  # tokens committed per row per verify forward
     position_acceptance: list[float]
     exact: bool  # every row equals greedy decoding of its prompt alone
+    adaptive: bool  # the draft length adapted per block (0..k) to the measured costs (ADAPT)
 
 
 class Batched(BaseModel):
@@ -381,7 +388,7 @@ def _batched(
         drafters = (
             first if hasattr(first, "propose_rows") else [first, *(make_drafter(verifier) for _ in rows[1:])]
         )
-        specs = engine.speculative_generate_batch(verifier, drafters, rows, config.k, stop)
+        specs = engine.speculative_generate_batch(verifier, drafters, rows, config.k, stop, adapt=ADAPT)
     except ValueError as exc:
         print(f"throughput: no batched speculative run at B={b}: {exc}", file=sys.stderr)
         return out, []
@@ -404,6 +411,7 @@ def _batched(
                 acceptance_length=sum(len(g.tokens) - 1 for g in specs) / forwards if forwards else 1.0,
                 position_acceptance=[x / d if d else 0.0 for x, d in zip(accepted, drafted, strict=True)],
                 exact=all(g.tokens == want[r % len(want)] for r, g in enumerate(specs)),
+                adaptive=ADAPT,
             )
         }
     ), digests

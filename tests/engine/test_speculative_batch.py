@@ -140,3 +140,30 @@ def test_one_batched_model_drafter_drafts_as_one_per_row(policy: Policy) -> None
         (g.drafted, g.accepted, g.forwards) for g in per_row
     ]
     assert 0 < sum(g.accepted for g in got) < sum(g.drafted for g in got)
+
+
+def test_draft_length_follows_measured_costs_and_acceptance() -> None:
+    from engine.speculative import DraftLength
+
+    def settle(block_s: dict[int, float], acceptance: float) -> int:
+        length = DraftLength(4)
+        for _ in range(12):
+            k = length.choose()
+            length.record(k, block_s.get(k, 0.0), [1] * k, [int(acceptance > 0.5)] * k)
+        return length.choose()
+
+    # a verify of 5 tokens costs 5 plain steps (compute-bound batch) and half the drafts are rejected
+    assert settle({0: 1.0, 4: 5.0}, 0.0) == 0
+    # verify nearly as cheap as a plain step, drafts accepted: draft the most
+    assert settle({0: 1.0, 4: 1.2}, 1.0) == 4
+
+
+@pytest.mark.parametrize("policy", [sink_window(0, 5), hybrid(2, 6)], ids=str)
+def test_adaptive_draft_length_stays_exact(policy: Policy) -> None:
+    m, k = tiny_models.gemma(), 4
+    prompts = _prompts()
+    stop = engine.Stop(NEW)
+    session = m.session(policy, max_block=k + 1, prefill_chunk=16, rows=len(prompts))
+    drafters = [_drafter("torch", "narrow", k) for _ in prompts]
+    gens = engine.speculative_generate_batch(session, drafters, prompts, k, stop, adapt=True)
+    assert [g.tokens for g in gens] == _alone(m, policy, prompts, stop)
