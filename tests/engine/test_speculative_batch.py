@@ -114,11 +114,18 @@ def test_refusals_name_the_reason() -> None:
         tiny_models.qwen35().session(full(), max_block=3, rows=2)
 
 
-@pytest.mark.parametrize("policy", [sink_window(4, 8), hybrid(2, 6)], ids=str)
-def test_one_batched_model_drafter_drafts_as_one_per_row(policy: Policy) -> None:
+@pytest.mark.parametrize(
+    ("backend", "policy"),
+    [
+        pytest.param("torch", sink_window(4, 8), id="torch-sink_window"),
+        pytest.param("torch", hybrid(2, 6), id="torch-hybrid"),
+        pytest.param("mlx", hybrid(2, 6), marks=BACKENDS[1].marks, id="mlx-hybrid"),
+    ],
+)
+def test_one_batched_model_drafter_drafts_as_one_per_row(backend: str, policy: Policy) -> None:
     """`BatchedModelDrafter` (every row drafting in the same batched forwards, rows padded, stopping and
     rolling back on their own) proposes what a `ModelDrafter` per row proposes: same tokens, same counts."""
-    m, k = tiny_models.gemma(), 4
+    m, k = on(backend, tiny_models.gemma()), 4
     prompts = _prompts()
     plain = _alone(m, policy, prompts, engine.Stop(NEW))
     stop = engine.Stop(NEW, eos_ids=frozenset({plain[1][12]}))
@@ -127,7 +134,7 @@ def test_one_batched_model_drafter_drafts_as_one_per_row(policy: Policy) -> None
         session = m.session(policy, max_block=k + 1, prefill_chunk=16, rows=len(prompts))
         return engine.speculative_generate_batch(session, drafters, prompts, k, stop)
 
-    draft_model = tiny_models.gemma()
+    draft_model = on(backend, tiny_models.gemma())
     per_row = run(
         [engine.ModelDrafter(draft_model.session(sink_window(1, 3), max_block=k + 1)) for _ in prompts]
     )
