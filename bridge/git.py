@@ -425,6 +425,15 @@ def export(repo: Path, sha: str, dest: Path) -> None:
         run(repo, f"--work-tree={dest}", "checkout-index", "--all", "--force", env=env)
 
 
+def borrow_objects(repo: Path, objects: Path) -> None:
+    """`repo` reads the objects of the object directory `objects` too (git's alternates), copying none."""
+    info = repo / "objects" / "info"
+    info.mkdir(parents=True, exist_ok=True)
+    path = info / "alternates"
+    if not path.is_file() or path.read_text().strip() != str(objects):
+        path.write_text(f"{objects}\n")
+
+
 def gc_auto(repo: Path) -> None:
     run(repo, "gc", "--auto", "--quiet", check=False)
 
@@ -692,11 +701,15 @@ def ls_refs(store: Path, url: str, prefixes: Sequence[str], timeout: float) -> s
     return "".join(ln + "\n" for ln in text.splitlines() if ln.partition("\t")[2].startswith(tuple(prefixes)))
 
 
-def fetch(store: Path, url: str, refspecs: Sequence[str], timeout: float) -> str | None:
-    """Fetch `refspecs` into `store` in one go, writing no FETCH_HEAD; git's message when it failed."""
+def fetch(
+    store: Path, url: str, refspecs: Sequence[str], timeout: float, depth: int | None = None
+) -> str | None:
+    """Fetch `refspecs` into `store` in one go (`depth`: that many commits of each history), writing no
+    FETCH_HEAD; git's message when it failed."""
     proc = run(
         store,
         "fetch",
+        *([f"--depth={depth}"] if depth else []),
         "--no-write-fetch-head",
         "--no-auto-gc",
         "--no-tags",
