@@ -544,8 +544,15 @@ class Bus:
         except BusError as exc:  # a time limit: say what was being fetched
             raise BusUnreachable(f"fetching {len(missing)} {what} from {self.url}: {exc}") from None
         if msg is not None:
-            cls = BusError if "not our ref" in msg or "upload-pack" in msg else BusUnreachable
-            raise cls(f"cannot fetch {len(missing)} {what} from the bus at {self.url}: {msg}")
+            refused = "not our ref" in msg or "unadvertised object" in msg
+            hint = (
+                " (this bus sends only objects a ref names, as git protocol v0/v1 does: serve it with protocol "
+                "v2, or set uploadpack.allowReachableSHA1InWant=true on it; docs/bus.md)"
+                if refused
+                else ""
+            )
+            cls = BusError if refused or "upload-pack" in msg else BusUnreachable
+            raise cls(f"cannot fetch {len(missing)} {what} from the bus at {self.url}: {msg}{hint}")
 
     def push(self, updates: Sequence[Update], atomic: bool = False) -> dict[str, tuple[bool, str]]:
         """One leased push; ref -> (accepted, git's summary). BusUnreachable when nothing got through."""
@@ -588,4 +595,6 @@ class Bus:
                 return True
             if any(seen.get(u.ref) not in (u.expect, u.new) for u in updates):
                 return False
+            if atomic and any(seen.get(u.ref) != u.expect for u in updates):
+                return False  # all or nothing: a ref already moved, by another writer, means this one lost
         raise BusError(f"could not update {', '.join(refs)} on {self.url} after {attempts} attempts: {last}")

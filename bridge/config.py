@@ -149,6 +149,7 @@ _ENV_FIELDS = {
     "KAKEYA_LEASE": "lease_s",
     "KAKEYA_GIT_TIMEOUT": "git_timeout_s",
     "KAKEYA_COMPACT_AFTER_DAYS": "compact_after_days",
+    "KAKEYA_COMPACT_EVERY": "compact_every_s",
     "KAKEYA_LOG_CAP": "log_cap_bytes",
     "KAKEYA_SECRETS": "secrets",
     "KAKEYA_STATE_DIR": "state_dir",

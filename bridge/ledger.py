@@ -161,7 +161,7 @@ def fetch_trees(bus: Bus, ledger: LedgerMap, trees: Sequence[str]) -> list[Path]
         bus.fetch_ids(trees, "ledger shards")
         return bus.repos()
     except BusError as exc:
-        if "not our ref" not in str(exc) and "upload-pack" not in str(exc):
+        if not any(why in str(exc) for why in ("not our ref", "unadvertised object", "upload-pack")):
             raise
     side = ledger_bus(bus)
     side.fetch_ids([ledger.ledger], "the ledger (depth 1)", in_store=True, depth=1)
