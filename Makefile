@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.kakeya-installed
 # The venv's tools (kakeya, actionlint, shellcheck) come first for every recipe and test.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: demo test lint install clean torch slurm
+.PHONY: demo test lint install clean torch slurm sshd
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,7 +49,15 @@ slurm:
 	      $(SLURM_PACKAGES); }; } >/dev/null 2>&1 || echo "Slurm could not be installed: its tests skip"; \
 	fi
 
-test: lint slurm
+# The bus's ssh tests (tests/bridge/test_bus_ssh.py) start an OpenSSH sshd on 127.0.0.1: installed here as slurm is.
+sshd:
+	@if ! [ -x /usr/sbin/sshd ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openssh-server || \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	      openssh-server; }; } >/dev/null 2>&1 || echo "openssh-server could not be installed: the ssh tests skip"; \
+	fi
+
+test: lint slurm sshd
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q --cov --cov-report=term
 	$(PY) -m coverage report --include='bridge/*' --fail-under=90 > /dev/null || \
 	  { echo "bridge/ line coverage is under 90 %"; $(PY) -m coverage report --include='bridge/*'; exit 1; }
