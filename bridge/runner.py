@@ -325,7 +325,7 @@ class Runner:
         out = self.workdir / "runs" / entry.id
         self.tracker = Tracker(out)
         if self.presence_when_serving:
-            self.start_presence()
+            self.start_presence(serving=entry.id)
         if self.beacon is not None:
             self.beacon.serving(entry.id)
         lease = Lease(self, entry.id, sha, claim)
@@ -580,8 +580,9 @@ class Runner:
                 self.beacon.pause(paused)
         return paused is None
 
-    def start_presence(self) -> None:
-        """Keep kakeya/runners/<name> up to date (bridge/presence.py) until stop_presence()."""
+    def start_presence(self, serving: str | None = None) -> None:
+        """Keep kakeya/runners/<name> up to date (bridge/presence.py) until stop_presence(); its first push
+        says it serves `serving`, when given."""
         if self.beacon is None:
             host, acc, version = host_facts()
             self.beacon = Beacon(
@@ -598,6 +599,8 @@ class Runner:
                 log=self.log,
                 paused=self.paused,
             )
+            if serving is not None:
+                self.beacon.serving(serving)
             self.beacon.start()
 
     def stop_presence(self) -> None:
