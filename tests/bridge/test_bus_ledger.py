@@ -20,6 +20,7 @@ from bridge.cli import main
 from bridge.client import Client
 from bridge.config import load_config
 from bridge.errors import BusError
+from bridge.runner import Runner
 from tests.bridge.bus_support import Daemon, Env, git, make_runner, runner_process, stop, wait_for
 from tests.bridge.test_baseline import bench_fixture, run  # noqa: F401 — the `bench` fixture
 
@@ -54,7 +55,7 @@ def test_the_ledger_is_two_refs_and_a_reader_fetches_one_shard_by_id(world: Env,
     # an earlier ledger kept a ref per shard: compaction deletes them (leased), whatever they point at
     G.update_ref(bus_dir, L.SHARD_PREFIX + "date/20260101", all_refs(bus_dir)[B.layout_ref()])
     old = old_ids(made, 3)
-    assert main(["bus", "compact", "--remote", url]) == 0
+    assert main(["bus", "compact", "--older-than", "3", "--remote", url]) == 0
     assert f"moved {2 * len(old) + 1} refs into the ledger" in capsys.readouterr().out
     refs = all_refs(bus_dir)
     ledger_refs = sorted(r for r in refs if r.startswith("refs/kakeya/") and not r.startswith(B.DONE_PREFIX))
@@ -89,10 +90,11 @@ def test_the_ledger_is_two_refs_and_a_reader_fetches_one_shard_by_id(world: Env,
     finally:
         relay.close()
     # and a forged map is refused, not trusted
-    bad = G.write_blobs(bus_dir, [b'{"ledger": "nope"}'])[0]
-    G.update_ref(bus_dir, L.MAP_REF, bad)
-    with pytest.raises(BusError, match="is not a ledger map"):
-        client(url).entry(moved)
+    tip = refs[L.LEDGER_REF]
+    for forged in (b'{"ledger": "nope"}', json.dumps({"ledger": tip, "shards": {"../etc": tip}}).encode()):
+        G.update_ref(bus_dir, L.MAP_REF, G.write_blobs(bus_dir, [forged])[0])
+        with pytest.raises(BusError, match="is not a ledger map"):
+            client(url).entry(moved)
 
 
 def test_a_server_that_sends_no_unnamed_object_gets_the_ledger_at_depth_one(
@@ -104,7 +106,7 @@ def test_a_server_that_sends_no_unnamed_object_gets_the_ledger_at_depth_one(
     url = daemon.repo()
     bus_dir = daemon.base / "bus.git"
     made = history(url, world, bus_dir, 12)
-    assert main(["bus", "compact", "--remote", url]) == 0
+    assert main(["bus", "compact", "--older-than", "3", "--remote", url]) == 0
     moved = min(old_ids(made, 3))
     other = world.tmp / "other"
     git(world.tmp, "clone", "-q", str(world.project), str(other))
@@ -257,3 +259,17 @@ def test_a_previous_pass_compacted_into_the_ledger_is_still_the_baseline(bench: 
     capsys.readouterr()
     code, _, verdict, _ = run(bench, capsys, 80)  # a regression against the newest pass, in the ledger too
     assert code == 1 and verdict["baseline"]["run"] == second and verdict["comparison"]["status"] == "fail"
+
+
+def test_a_compaction_that_fails_is_logged_and_the_runner_goes_on(world: Env, daemon: Daemon, monkeypatch):
+    url = daemon.repo()
+    bus_dir = daemon.base / "bus.git"
+    history(url, world, bus_dir, 10)
+    said: list[str] = []
+    r = Runner(
+        url, config=load_config(), name="rf", labels=["cpu"], workdir=world.tmp / "rf", log=said.append
+    )
+    monkeypatch.setattr(L, "take_lease", lambda *a: (_ for _ in ()).throw(BusError("the bus went away")))
+    assert r.once() is None
+    assert any("no compaction this time: the bus went away" in line for line in said)
+    assert L.LEDGER_REF not in all_refs(bus_dir)
