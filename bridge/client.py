@@ -281,11 +281,11 @@ class Client:
             B.claim_ref(request_id),
             B.done_ref(request_id),
             B.cancel_ref(request_id),
-            L.MAP_REF,
+            L.map_ref("date"),
         )
         entry = snap.entries.get(request_id)
         if entry is None:  # finished long ago: its done ref went into the ledger (its day's shard, by id)
-            found = L.read(self.bus, L.read_map(self.bus, snap), [L.date_shard(request_id)])
+            found = L.read(self.bus, L.read_map(self.bus, snap, "date"), [L.date_shard(request_id)])
             entry = L.as_entries(e for e in found if e.id == request_id).get(request_id)
         if entry is None:
             raise KakeyaError(f"no request {request_id} on the bus at {self.url}")
@@ -314,10 +314,10 @@ class Client:
         today = B.utcnow()
         days = sorted({f"{today - dt.timedelta(days=d):%Y%m%d}" for d in range(recent_days)})
         done = [B.DONE_PREFIX] if everything else [B.DONE_PREFIX + day for day in days]
-        snap = self.bus.ls_remote(*B.LIVE, *done, *([L.MAP_REF] if everything else []))
+        snap = self.bus.ls_remote(*B.LIVE, *done, *([L.map_ref("date")] if everything else []))
         if everything:  # the history in the ledger too: every day's shard, fetched by object id in one go
-            ledger = L.read_map(self.bus, snap)
-            days = [name for name in (ledger.shards if ledger else {}) if name.startswith("date/")]
+            ledger = L.read_map(self.bus, snap, "date")
+            days = list(ledger.shards if ledger else {})
             for rid, e in L.as_entries(L.read(self.bus, ledger, days)).items():
                 snap.entries.setdefault(rid, e)
         entries = sorted(snap.entries.values(), key=lambda e: e.id)

@@ -99,16 +99,22 @@ class Shelf:
         wanted = set(presets)
         if snap is None:  # the live requests too: a done result for a request still pending is checked on it
             where = [f"{B.SUBJECT_PREFIX}{subject}/"] if subject else [B.DONE_PREFIX]
-            snap = self.bus.ls_remote(*where, ledger.MAP_REF, B.REQ_PREFIX)
+            kind = "subject" if subject else "preset"
+            snap = self.bus.ls_remote(*where, ledger.map_ref(kind), B.REQ_PREFIX)
         if subject is not None:
             found = [
                 Entry(rid, e.label if (e := snap.entries.get(rid)) else None, e.req if e else None, done=sha)
                 for rid, (subj, sha) in snap.index.items()
                 if subj == subject
             ]
-            if ledger.MAP_REF in snap.refs:  # and those moved into the ledger (one small tree, fetched by id)
+            if (
+                ledger.map_ref("subject") in snap.refs
+            ):  # and those in the ledger (one small tree, fetched by id)
                 shelved = ledger.read(
-                    self.bus, ledger.read_map(self.bus, snap), [ledger.subject_shard(subject)], subject
+                    self.bus,
+                    ledger.read_map(self.bus, snap, "subject"),
+                    [ledger.subject_shard(subject)],
+                    subject,
                 )
                 known = {e.id for e in found}
                 found += [e for e in ledger.as_entries(shelved).values() if e.id not in known]
@@ -118,8 +124,10 @@ class Shelf:
         self.dones.update({name: [] for name in wanted})
         if subject is None:  # for baselines, newest first: a batch now, older ones when asked (`more`)
             self.known |= {e.id for e in entries}
-            if ledger.MAP_REF in snap.refs:  # then the ledger, a month at a time, once the refs are read
-                self.ledger = ledger.read_map(self.bus, snap)
+            if (
+                ledger.map_ref("preset") in snap.refs
+            ):  # then the ledger, a month at a time, once refs are read
+                self.ledger = ledger.read_map(self.bus, snap, "preset")
             for name in wanted:
                 self.later[name] = [e for e in entries if e.preset == name]
                 self.months[name] = ledger.preset_months(self.ledger, name)

@@ -2,16 +2,17 @@
 
     refs/kakeya/ledger          a commit chain: each commit's parents are the previous ledger commit and the
                                 done commits it took in (they stay reachable); its tree is the sharded index
-    refs/kakeya/ledger-map      a blob (LedgerMap): the ledger commit it describes and, for every shard of its
-                                index, the shard's tree id
+    refs/kakeya/ledger-map/<kind>   a blob (LedgerMap) for each kind of shard (date, subject, preset): the
+                                ledger commit it describes and each shard of that kind's tree id
     refs/kakeya/lease/compact   the compaction lease (CompactLease): who compacts, and until when no other
                                 runner starts to
 
 The index (each entry a LedgerEntry, JSON): date/<YYYYMMDD>/<id>, subject/<ab>/<subject>/<id>,
 preset/<preset>/<label>/<YYYYMM>/<id>. A shard is one directory: date/<day>, subject/<ab> (<ab>: the subject's
-first two hex digits) or preset/<preset>/<label>/<month>, under 3,000 entries at 2,000 requests a day. Two refs,
-whatever the history: a reader lists the map ref, fetches the map blob by id (a few kB: one line per shard),
-then only the shard trees it needs, by object id (protocol v2 upload-pack serves any object reachable from a
+first two hex digits) or preset/<preset>/<label>/<month>, under 3,000 entries at 2,000 requests a day. Four
+refs, whatever the history: a reader lists the map ref of the kind it reads, fetches that map blob by id (one
+line per shard: the subject map, what `gate pr` reads, never holds more than 256), then only the shard trees it
+needs, by object id (protocol v2 upload-pack serves any object reachable from a
 ref; `read` falls back to a depth-1 fetch of the ledger where a server refuses).
 
 `compact` (`kakeya bus compact`, and the runners on their own: `Runner.maybe_compact`) moves done results older
@@ -38,7 +39,8 @@ from bridge.names import SHA_PATTERN
 from bridge.result import RunResult
 
 LEDGER_REF = B.NS + "ledger"
-MAP_REF = B.NS + "ledger-map"
+MAP_PREFIX = B.NS + "ledger-map/"
+KINDS = ("date", "subject", "preset")
 LEASE_REF = B.NS + "lease/compact"
 SHARD_PREFIX = (
     B.NS + "shard/"
@@ -69,7 +71,7 @@ class LedgerEntry(_File):
 
 
 class LedgerMap(_File):
-    """refs/kakeya/ledger-map: the shard trees of the ledger commit `ledger`, by shard name."""
+    """refs/kakeya/ledger-map/<kind>: the shard trees of one kind of the ledger commit `ledger`, by shard name."""
 
     schema_version: int = 1
     ledger: str = Field(pattern=SHA_PATTERN)
@@ -90,6 +92,11 @@ class CompactLease(_File):
     schema_version: int = 1
     holder: str
     until: AwareDatetime
+
+
+def map_ref(kind: str) -> str:
+    """The map ref of the shards of `kind` (KINDS)."""
+    return MAP_PREFIX + kind
 
 
 def shard_depth(name: str) -> int | None:
@@ -122,15 +129,16 @@ def preset_shard(preset: str, label: str | None, month: str) -> str:
 # --- reading -----------------------------------------------------------------------------------------
 
 
-def read_map(bus: Bus, snap: Snapshot) -> LedgerMap | None:
-    """The ledger map the listing `snap` (which asked for MAP_REF) names, fetched by id; None: no ledger."""
-    sha = snap.refs.get(MAP_REF)
+def read_map(bus: Bus, snap: Snapshot, kind: str) -> LedgerMap | None:
+    """The ledger map of `kind` that the listing `snap` (which asked for its map_ref) names, fetched by id;
+    None: no ledger."""
+    sha = snap.refs.get(map_ref(kind))
     if sha is None:
         return None
     bus.fetch_ids([sha], "the ledger map")
     found = B.parse_or_none(LedgerMap, git.read_blobs_in(bus.repos(), [sha]).get(sha))
-    if found is None:
-        raise BusError(f"the ledger map {MAP_REF} ({sha[:12]}) on {bus.url} is not a ledger map")
+    if found is None or any(not name.startswith(kind + "/") for name in found.shards):
+        raise BusError(f"the ledger map {map_ref(kind)} ({sha[:12]}) on {bus.url} is not a ledger map")
     return found
 
 
@@ -210,15 +218,34 @@ def lease_commit(repo: Path | str, holder: str, until: dt.datetime, who: str) ->
     return git.commit(repo, tree, [], f"kakeya compaction lease: {holder}", who)
 
 
+def read_lease(bus: Bus, sha: str | None) -> CompactLease | None:
+    """The compaction lease commit `sha` (fetched by id), or None (no lease, or not a valid one)."""
+    if sha is None:
+        return None
+    bus.fetch_ids([sha], "the compaction lease", in_store=True)
+    return B.parse_or_none(CompactLease, git.read_path(bus.store, sha, LEASE_PATH))
+
+
+def due(bus: Bus, cutoff: dt.datetime, now: dt.datetime) -> bool:
+    """Is there anything to compact: a done result made before `cutoff`, or a shard ref of an earlier ledger?
+    While compactions run (a lease renewed within MAX_TTL), everything older was moved already: only the done
+    refs of the days just before `cutoff` are listed (a few, whatever the rate); else every done ref."""
+    days = [f"{B.DONE_PREFIX}{cutoff - dt.timedelta(days=d):%Y%m%d}" for d in range(B.MAX_TTL.days + 3)]
+    snap = bus.ls_remote(*days, SHARD_PREFIX, LEASE_REF)
+    lease = read_lease(bus, snap.refs.get(LEASE_REF))
+    if lease is None or lease.until < now - B.MAX_TTL:
+        snap = bus.ls_remote(B.DONE_PREFIX, SHARD_PREFIX)
+    old = any(e.done and e.created_at < cutoff for e in snap.entries.values())
+    return old or any(ref.startswith(SHARD_PREFIX) for ref in snap.refs)
+
+
 def take_lease(bus: Bus, holder: str, hold_s: float, who: str, now: dt.datetime) -> str | None:
     """Take the compaction lease for `hold_s` (one listing, one small fetch, one leased push): its new sha, or
     None when another holder's lease runs (or another runner took it first)."""
     sha = bus.ls_remote(LEASE_REF).refs.get(LEASE_REF)
-    if sha is not None:
-        bus.fetch_ids([sha], "the compaction lease", in_store=True)
-        held = B.parse_or_none(CompactLease, git.read_path(bus.store, sha, LEASE_PATH))
-        if held is not None and held.until > now and held.holder != holder:
-            return None
+    held = read_lease(bus, sha)
+    if held is not None and held.until > now and held.holder != holder:
+        return None
     new = lease_commit(bus.store, holder, now + dt.timedelta(seconds=hold_s), who)
     return new if bus.swap([Update(LEASE_REF, new, sha)], atomic=False) else None
 
@@ -234,7 +261,7 @@ def compact(
     """Move the done results made before `cutoff` into the ledger; the refs deleted (or that would be).
     `lease`: (holder, the lease sha it holds, seconds each push renews it for): every push renews it, leased on
     the last one, so a compactor whose lease another took pushes nothing more. BusError when a push lost."""
-    snap = bus.ls_remote(B.DONE_PREFIX, B.SUBJECT_PREFIX, LEDGER_REF, MAP_REF, SHARD_PREFIX, LEASE_REF)
+    snap = bus.ls_remote(B.DONE_PREFIX, B.SUBJECT_PREFIX, LEDGER_REF, MAP_PREFIX, SHARD_PREFIX, LEASE_REF)
     old = [e for e in snap.entries.values() if e.done and e.created_at < cutoff]
     index = snap.index
     doomed = [B.done_ref(e.id) for e in old] + [
@@ -245,7 +272,8 @@ def compact(
         return doomed + (list(stale_shards) if dry_run else [])
     side = ledger_bus(bus)
     store = side.store
-    tip, map_sha = snap.refs.get(LEDGER_REF), snap.refs.get(MAP_REF)
+    tip = snap.refs.get(LEDGER_REF)
+    maps = {kind: snap.refs.get(map_ref(kind)) for kind in KINDS}
     deleted: list[str] = []
     held = lease[1] if lease else None
     for start in range(0, max(len(old), 1), PUSH_CHUNK):
@@ -261,14 +289,19 @@ def compact(
             parents = ([new_tip] if new_tip else []) + [e.done for e in chunk if e.done]
             new_tip = git.commit(store, tree, parents, f"kakeya ledger: {len(chunk)} done results", who)
         updates = [Update(ref, None, sha) for ref, sha in stale_shards.items()]
-        if new_tip is not None and (new_tip != tip or map_sha is None):
+        new_maps = dict(maps)
+        if new_tip is not None and (new_tip != tip or None in maps.values()):
             shards = shard_trees(store, new_tip)
-            new_map = git.write_blobs(store, [LedgerMap(ledger=new_tip, shards=shards).dump()])[0]
-            updates += [Update(MAP_REF, new_map, map_sha)]
+            blobs = [
+                LedgerMap(
+                    ledger=new_tip, shards={n: t for n, t in shards.items() if n.startswith(kind + "/")}
+                )
+                for kind in KINDS
+            ]
+            new_maps = dict(zip(KINDS, git.write_blobs(store, [m.dump() for m in blobs]), strict=True))
+            updates += [Update(map_ref(kind), new_maps[kind], maps[kind]) for kind in KINDS]
             if new_tip != tip:
                 updates.append(Update(LEDGER_REF, new_tip, tip))
-        else:
-            new_map = map_sha
         if lease is not None:
             holder, _, hold_s = lease
             renewed = lease_commit(store, holder, B.utcnow() + dt.timedelta(seconds=hold_s), who)
@@ -284,7 +317,7 @@ def compact(
                 "landed; the next compaction starts again from what the bus holds"
             )
         log(f"moved {len(batch)} done results into the ledger")
-        tip, map_sha, stale_shards = new_tip, new_map, {}
+        tip, maps, stale_shards = new_tip, new_maps, {}
         deleted += [u.ref for u in updates if u.new is None]
     return deleted
 

@@ -620,10 +620,7 @@ class Runner:
         self.compact_next = time.monotonic() + every
         try:
             cutoff = self.now() - dt.timedelta(days=days)
-            snap = self.bus.ls_remote(B.DONE_PREFIX, ledger.SHARD_PREFIX)
-            if not any(e.done and e.created_at < cutoff for e in snap.entries.values()) and not any(
-                ref.startswith(ledger.SHARD_PREFIX) for ref in snap.refs
-            ):
+            if not ledger.due(self.bus, cutoff, self.now()):
                 return
             held = ledger.take_lease(self.bus, self.name, every, self.who, self.now())
             if held is None:

@@ -60,13 +60,21 @@ def test_the_ledger_is_two_refs_and_a_reader_fetches_one_shard_by_id(world: Env,
     refs = all_refs(bus_dir)
     ledger_refs = sorted(r for r in refs if r.startswith("refs/kakeya/") and not r.startswith(B.DONE_PREFIX))
     ledger_refs = [r for r in ledger_refs if not r.startswith((B.SUBJECT_PREFIX, B.LAYOUT_PREFIX))]
-    assert ledger_refs == [L.LEDGER_REF, L.MAP_REF]
-    # the map names the ledger commit and every shard tree of its index, and nothing else
-    ledger_map = L.LedgerMap.model_validate_json(G.read_blobs(bus_dir, [refs[L.MAP_REF]])[refs[L.MAP_REF]])
-    assert ledger_map.ledger == refs[L.LEDGER_REF]
-    assert ledger_map.shards == L.shard_trees(bus_dir, refs[L.LEDGER_REF])
-    assert {n.split("/")[0] for n in ledger_map.shards} == {"date", "subject", "preset"}
-    assert {f"date/{rid[:8]}" for rid in old} <= set(ledger_map.shards)
+    assert ledger_refs == [L.LEDGER_REF, *sorted(L.map_ref(kind) for kind in L.KINDS)]
+    # the maps name the ledger commit and every shard tree of its index, each of its own kind
+    maps = {
+        kind: L.LedgerMap.model_validate_json(
+            G.read_blobs(bus_dir, [refs[L.map_ref(kind)]])[refs[L.map_ref(kind)]]
+        )
+        for kind in L.KINDS
+    }
+    assert {m.ledger for m in maps.values()} == {refs[L.LEDGER_REF]}
+    assert {n: t for m in maps.values() for n, t in m.shards.items()} == L.shard_trees(
+        bus_dir, refs[L.LEDGER_REF]
+    )
+    assert all(n.startswith(kind + "/") for kind, m in maps.items() for n in m.shards)
+    assert {f"date/{rid[:8]}" for rid in old} <= set(maps["date"].shards)
+    ledger_map = maps["date"]
 
     # a fresh store reads one old result: the map blob and that day's shard tree, nothing else of the ledger
     moved = min(old)
@@ -82,7 +90,9 @@ def test_the_ledger_is_two_refs_and_a_reader_fetches_one_shard_by_id(world: Env,
             == entry.done
         )
         trees = {ledger_map.shards[f"date/{moved[:8]}"]}
-        assert G.present(fresh.bus.store, [*trees, refs[L.MAP_REF]]) == {*trees, refs[L.MAP_REF]}
+        date_map = refs[L.map_ref("date")]
+        assert G.present(fresh.bus.store, [*trees, date_map]) == {*trees, date_map}
+        assert not G.present(fresh.bus.store, [refs[L.map_ref("subject")]])  # nor the other maps
         others = set(ledger_map.shards.values()) - trees
         assert not G.present(fresh.bus.store, sorted(others)) & others  # no other shard came
         assert not G.present(fresh.bus.store, [refs[L.LEDGER_REF]])  # nor the ledger commit
@@ -91,8 +101,10 @@ def test_the_ledger_is_two_refs_and_a_reader_fetches_one_shard_by_id(world: Env,
         relay.close()
     # and a forged map is refused, not trusted
     tip = refs[L.LEDGER_REF]
-    for forged in (b'{"ledger": "nope"}', json.dumps({"ledger": tip, "shards": {"../etc": tip}}).encode()):
-        G.update_ref(bus_dir, L.MAP_REF, G.write_blobs(bus_dir, [forged])[0])
+    subject_shard = {"subject/ab": tip}
+    for forged in (b'{"ledger": "nope"}', {"../etc": tip}, subject_shard):
+        data = forged if isinstance(forged, bytes) else json.dumps({"ledger": tip, "shards": forged}).encode()
+        G.update_ref(bus_dir, L.map_ref("date"), G.write_blobs(bus_dir, [data])[0])
         with pytest.raises(BusError, match="is not a ledger map"):
             client(url).entry(moved)
 
@@ -273,3 +285,24 @@ def test_a_compaction_that_fails_is_logged_and_the_runner_goes_on(world: Env, da
     assert r.once() is None
     assert any("no compaction this time: the bus went away" in line for line in said)
     assert L.LEDGER_REF not in all_refs(bus_dir)
+
+
+def test_while_compactions_run_a_runner_looks_only_at_the_days_before_its_window(world: Env, daemon: Daemon):
+    """A runner's check (`ledger.due`) lists the done refs of the days just before its cutoff while a lease
+    shows compactions run; with no lease, or one run out more than MAX_TTL ago, it lists every done ref."""
+    url = daemon.repo()
+    bus_dir = daemon.base / "bus.git"
+    history(url, world, bus_dir, 30)
+    assert client(url).compact(3)  # by hand: no lease
+    now = B.utcnow()
+    stray = B.new_id("work", now - dt.timedelta(days=25))  # a done ref older than any compaction left
+    G.update_ref(bus_dir, B.done_ref(stray), all_refs(bus_dir)[L.LEDGER_REF])
+    r = make_runner(url, world, "dd")
+    cutoff = now - dt.timedelta(days=3)
+    assert L.due(r.bus, cutoff, now)  # no lease: every done ref is looked at, the stray one too
+    assert L.take_lease(r.bus, "dd", 60, r.who, now) is not None
+    assert not L.due(r.bus, cutoff, now)  # compactions run: only the days before the cutoff, none there
+    assert L.due(r.bus, now - dt.timedelta(days=1), now)  # a later cutoff has results just before it
+    lapsed = L.lease_commit(r.bus.store, "dd", now - dt.timedelta(days=9), r.who)
+    assert r.bus.swap([B.Update(L.LEASE_REF, lapsed, all_refs(bus_dir)[L.LEASE_REF])], atomic=False)
+    assert L.due(r.bus, cutoff, now)  # no compaction for longer than a request lives: everything again
