@@ -47,7 +47,10 @@ SHARD_PREFIX = (
 )  # the shard refs of an earlier ledger (one ref per shard): compaction deletes them
 LEASE_PATH = ".kakeya/lease.json"
 CHUNK = 400  # done commits per ledger commit (its parents)
-PUSH_CHUNK = 2000  # done results per push (each push downloads the bus's ref advertisement once)
+PUSH_CHUNK = 2000  # done results per push at most (each push downloads the bus's ref advertisement once)
+PUSH_PAIRS = 10_000_000  # refspecs x refs on the bus per push at most: git push matches each refspec against
+# every ref the bus advertises (about 1.5 us a pair on a busy 2-core host), so a push of 4,000 deletions on a
+# bus of 20,000 refs takes minutes: pushes get smaller as the bus holds more refs
 LEDGER_STORE = "kakeya-ledger.git"  # the compactor's own object store, next to the bus store's objects
 
 
@@ -257,13 +260,16 @@ def compact(
     dry_run: bool = False,
     lease: tuple[str, str, float] | None = None,
     log: Callable[[str], None] = lambda _: None,
+    limit: int | None = None,
 ) -> list[str]:
-    """Move the done results made before `cutoff` into the ledger; the refs deleted (or that would be).
-    `lease`: (holder, the lease sha it holds, seconds each push renews it for): every push renews it, leased on
-    the last one, so a compactor whose lease another took pushes nothing more. BusError when a push lost."""
+    """Move the done results made before `cutoff` (the oldest `limit` of them, when given) into the ledger;
+    the refs deleted (or that would be). `lease`: (holder, the lease sha it holds, seconds each push renews it
+    for): every push renews it, leased on the last one, so a compactor whose lease another took pushes nothing
+    more. BusError when a push lost."""
     snap = bus.ls_remote(B.DONE_PREFIX, B.SUBJECT_PREFIX, LEDGER_REF, MAP_PREFIX, SHARD_PREFIX, LEASE_REF)
-    old = [e for e in snap.entries.values() if e.done and e.created_at < cutoff]
+    old = [e for e in snap.entries.values() if e.done and e.created_at < cutoff][:limit]
     index = snap.index
+    per_push = max(100, min(PUSH_CHUNK, PUSH_PAIRS // (2 * max(len(snap.refs), 1))))
     doomed = [B.done_ref(e.id) for e in old] + [
         B.subject_ref(index[e.id][0], e.id) for e in old if e.id in index
     ]
@@ -276,8 +282,8 @@ def compact(
     maps = {kind: snap.refs.get(map_ref(kind)) for kind in KINDS}
     deleted: list[str] = []
     held = lease[1] if lease else None
-    for start in range(0, max(len(old), 1), PUSH_CHUNK):
-        batch = old[start : start + PUSH_CHUNK]
+    for start in range(0, max(len(old), 1), per_push):
+        batch = old[start : start + per_push]
         # depth 1: the ledger's index and the results' own commits, never their history
         side.fetch_ids(
             [e.done for e in batch if e.done] + ([tip] if tip else []), "done results", in_store=True, depth=1

@@ -58,6 +58,7 @@ LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
 CLAIM_WINDOW = 8  # runners pick at random among the oldest few pending requests, so they rarely collide
 PREFETCH = 16  # requests fetched ahead in one fetch
 MAX_TRIES = 4  # claims tried per poll before looking at the bus again
+COMPACT_BATCH = 1000  # done results a runner moves into the ledger at a time, between two polls
 
 
 @dataclass
@@ -625,10 +626,13 @@ class Runner:
             held = ledger.take_lease(self.bus, self.name, every, self.who, self.now())
             if held is None:
                 return
-            moved = ledger.compact(self.bus, cutoff, self.who, lease=(self.name, held, every), log=self.log)
+            lease = (self.name, held, every)
+            moved = ledger.compact(self.bus, cutoff, self.who, lease=lease, log=self.log, limit=COMPACT_BATCH)
             self.log(
                 f"compacted the bus: {len(moved)} refs of results older than {days:g} days into the ledger"
             )
+            if sum(ref.startswith(B.DONE_PREFIX) for ref in moved) >= COMPACT_BATCH:
+                self.compact_next = 0.0  # more left (a bus's first compaction): go on after the next poll
         except KakeyaError as exc:
             self.log(f"no compaction this time: {exc}")
 
