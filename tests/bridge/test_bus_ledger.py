@@ -16,6 +16,7 @@ from benchmarks.bus_scale import Relay, template, write_history
 from bridge import bus as B
 from bridge import git as G
 from bridge import ledger as L
+from bridge import runner as runner_module
 from bridge.cli import main
 from bridge.client import Client
 from bridge.config import load_config
@@ -238,7 +239,7 @@ def test_racing_runners_compact_on_their_own_and_serve_each_request_once(
 def test_a_runner_with_compaction_off_or_nothing_old_takes_no_lease(world: Env, daemon: Daemon, monkeypatch):
     url = daemon.repo()
     bus_dir = daemon.base / "bus.git"
-    history(url, world, bus_dir, 10)
+    made = history(url, world, bus_dir, 12)
     monkeypatch.setenv("KAKEYA_COMPACT_AFTER_DAYS", "0")
     assert make_runner(url, world, "off").once() is None
     assert L.LEASE_REF not in all_refs(bus_dir) and L.LEDGER_REF not in all_refs(bus_dir)
@@ -246,8 +247,17 @@ def test_a_runner_with_compaction_off_or_nothing_old_takes_no_lease(world: Env, 
     assert make_runner(url, world, "young").once() is None
     assert L.LEASE_REF not in all_refs(bus_dir)
     monkeypatch.setenv("KAKEYA_COMPACT_AFTER_DAYS", "3")
+    monkeypatch.setattr(runner_module, "COMPACT_BATCH", 4)  # a few at a time, then on at the next poll
     r = make_runner(url, world, "old")
-    assert r.once() is None and L.LEDGER_REF in all_refs(bus_dir)
+    old = old_ids(made, 3)
+
+    def left() -> set[str]:
+        return {rid for rid in old if B.done_ref(rid) in all_refs(bus_dir)}
+
+    assert r.once() is None and len(left()) == len(old) - 4 and L.LEDGER_REF in all_refs(bus_dir)
+    assert r.once() is None and len(left()) == len(old) - 8  # straight on: compact_every_s is not waited
+    while left():
+        assert r.once() is None
     ledger = all_refs(bus_dir)[L.LEDGER_REF]
     assert r.once() is None and all_refs(bus_dir)[L.LEDGER_REF] == ledger  # not again before compact_every_s
 
