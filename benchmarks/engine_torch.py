@@ -46,8 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engine  # noqa: E402
 from benchmarks import shapes  # noqa: E402
-from engine.backends.torch import TorchModel  # noqa: E402
-from engine.drafters.block import BlockDrafter, BlockDrafterModel  # noqa: E402
+from engine.backends.torch.session import TorchModel  # noqa: E402
+from engine.drafters.block.torch import BlockDrafter, BlockDrafterModel  # noqa: E402
 from engine.policy import Policy, parse_policy  # noqa: E402
 from engine.report import write_report  # noqa: E402
 from engine.zoo import corpus  # noqa: E402

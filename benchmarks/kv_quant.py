@@ -140,7 +140,7 @@ def _kernels(backend: str) -> str:
     """Which quantize / dequantize the torch backend ran (C kernels or torch ops, and why)."""
     if backend != "torch":
         return "mlx: mx.quantize; q8/q4 attend through mx.quantized_matmul, k8v4 dequantizes"
-    from engine.backends import kv_kernels
+    from engine.backends.torch import kv_kernels
 
     return kv_kernels.status()
 

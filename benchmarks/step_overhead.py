@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engine  # noqa: E402
 from benchmarks import shapes  # noqa: E402
-from engine.backends import torch as tb  # noqa: E402
+from engine.backends.torch import kv as tkv
+from engine.backends.torch import session as tb  # noqa: E402
 from engine.report import write_report  # noqa: E402
 
 
@@ -59,9 +60,9 @@ def measure(
     session = tm.session(policy, rows=rows)
     last = [session.prefill(p, row=r if rows > 1 else None).tokens for r, p in enumerate(prompts)]
     model_s, update_s = [0.0], [0.0]
-    run, update = tm.run, tb.KV.update
+    run, update = tm.run, tkv.KV.update
     tm.run = _timed(run, model_s, tm.device)
-    tb.KV.update = _timed(update, update_s, tm.device)  # type: ignore[method-assign]
+    tkv.KV.update = _timed(update, update_s, tm.device)  # type: ignore[method-assign]
     try:
         for _ in range(3):  # warm-up
             last = _step(session, last, rows)
@@ -77,7 +78,7 @@ def measure(
                 best = (run_s, model_s[0], update_s[0])
     finally:
         tm.run = run
-        tb.KV.update = update  # type: ignore[method-assign]
+        tkv.KV.update = update  # type: ignore[method-assign]
     assert best is not None, "repeats must be >= 1"
     step_s, model_s[0], update_s[0] = best
     outside = step_s - model_s[0]

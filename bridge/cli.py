@@ -29,6 +29,7 @@ COMMANDS = [
     "runners",
     "bus",
     "doctor",
+    "verify",
 ]
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import gates
+import gates.tables
 from bridge import bus as B
 from bridge import git, ledger, trust
 from bridge.bus import Bus, Entry, Manifest, Snapshot
@@ -37,7 +38,7 @@ from bridge.errors import InvalidRequest, KakeyaError
 from bridge.host import accelerator_words
 from bridge.names import PIN_RE, REQUIREMENT_RE
 from bridge.presets import Preset, get_preset
-from bridge.result import RunOutcome, RunResult
+from bridge.result import RunOutcome, RunResult, tables_markdown
 from bridge.trust import UNSIGNED, Signers, trust_words
 
 SUMMARY_CAP = 1024 * 1024  # GitHub refuses a job summary (the whole $GITHUB_STEP_SUMMARY file) over 1 MiB
@@ -191,16 +192,18 @@ class Shelf:
         label: str | None,
         before: str | None = None,
         params: dict[str, Any] | None = None,
+        accept: Callable[[Done], bool] | None = None,
     ) -> tuple[Done, dict[str, Any]] | None:
         """The newest run of `preset` on `label` (with the same `params`, when given: a run of another model
-        or context length is no baseline) created before request `before` that passed: it succeeded, its
+        or context length is no baseline; one that `accept`s, when given) created before request `before`
+        that passed: it succeeded, its
         runner's verdict was pass (so it had no regression either) and its report still passes the checks of
         this registry; with signers, it is also a runner's signed done commit made on its request (a forged
         baseline could otherwise fail a genuine run, or hide its regression). Failing, errored, unreadable and
         untrusted runs are skipped, never used as a baseline. Older batches are read only while none is found."""
         checked = 0
         while True:
-            found = self._pass_among(self.of(preset.name, label)[checked:], preset, before, params)
+            found = self._pass_among(self.of(preset.name, label)[checked:], preset, before, params, accept)
             if found is not None:
                 return found
             checked = len(self.of(preset.name, label))
@@ -208,7 +211,12 @@ class Shelf:
                 return None
 
     def _pass_among(
-        self, dones: Sequence[Done], preset: Preset, before: str | None, params: dict[str, Any] | None
+        self,
+        dones: Sequence[Done],
+        preset: Preset,
+        before: str | None,
+        params: dict[str, Any] | None,
+        accept: Callable[[Done], bool] | None = None,
     ) -> tuple[Done, dict[str, Any]] | None:
         for done in dones:
             r = done.result
@@ -221,6 +229,7 @@ class Shelf:
                 or r.preset != preset.name
                 or (params is not None and r.params != params)
                 or (self.signers is not None and not self.trusted(done))
+                or (accept is not None and not accept(done))
             ):
                 continue
             raw = self.report(done)
@@ -481,6 +490,7 @@ class Outcome:
     evidence: Done | None = None
     verdict: gates.Verdict | None = None  # the re-gated verdict, when the report could be gated
     notes: list[str] = field(default_factory=list)
+    report: dict[str, Any] | None = None  # the evidence's report, when it could be gated (its Results tables)
     trust: str | None = None  # of the evidence: `signed by RUNNER@LABELS` or `unsigned (allowed)`
     ignored: list[Ignored] = field(default_factory=list)  # newer results that name the subject, not used
 
@@ -694,7 +704,7 @@ def regate_evidence(shelf: Shelf, done: Done, subject: str, req: Requirement, pr
             *compare_to_previous(shelf, preset, done.label, done.id, report, params)
         )
     if verdict.passed:
-        return Outcome(req, "pass", [], evidence=done, verdict=verdict, notes=notes)
+        return Outcome(req, "pass", [], evidence=done, verdict=verdict, notes=notes, report=report)
     return Outcome(
         req,
         "fail",
@@ -702,6 +712,7 @@ def regate_evidence(shelf: Shelf, done: Done, subject: str, req: Requirement, pr
         evidence=done,
         verdict=verdict,
         notes=notes,
+        report=report,
     )
 
 
@@ -760,17 +771,28 @@ def summary_table(subject: str, outcomes: Sequence[Outcome], limit: int = SUMMAR
             f"| {MARK[o.status]} | `{_cell(str(o.requirement), 200, code=True)}` | {o.status} | {ev} | "
             f"{_cell(o.trust or '—', 200)} | {_cell(details)} |\n"
         )
-    sections = [
-        f"\n<details><summary>{o.requirement}: {o.status}</summary>\n\n{o.verdict.to_markdown()}\n</details>\n"
-        for o in outcomes
-        if o.verdict is not None and not o.passed
-    ] + [
-        f"\n<details><summary>{o.requirement}: {len(o.ignored)} result(s) ignored</summary>\n\n"
-        + "".join(f"- `{i.id}` ({i.kind}): {_cell(i.reason, 2000)}\n" for i in o.ignored)
-        + "</details>\n"
-        for o in outcomes
-        if o.ignored
-    ]
+    sections = (
+        [
+            f"\n<details open><summary>{o.requirement}: results</summary>\n\n"
+            + "\n".join(tables_markdown(tables, "####"))
+            + "\n</details>\n"
+            for o in outcomes
+            if o.report is not None
+            and (tables := gates.tables.results_tables(o.report, o.verdict.checks if o.verdict else ()))
+        ]
+        + [
+            f"\n<details><summary>{o.requirement}: {o.status}</summary>\n\n{o.verdict.to_markdown()}\n</details>\n"
+            for o in outcomes
+            if o.verdict is not None and not o.passed
+        ]
+        + [
+            f"\n<details><summary>{o.requirement}: {len(o.ignored)} result(s) ignored</summary>\n\n"
+            + "".join(f"- `{i.id}` ({i.kind}): {_cell(i.reason, 2000)}\n" for i in o.ignored)
+            + "</details>\n"
+            for o in outcomes
+            if o.ignored
+        ]
+    )
     blocks = head + rows + sections
     out: list[str] = []
     used, reserve = 0, 200  # room for the note that says what was cut

@@ -1,7 +1,7 @@
 """report.html: one self-contained page per run for people (no network, no scripts): the verdict table,
 the baseline comparison, parameters, provenance, the plots inline (data: URIs) and the tails of the logs.
 
-    html = run_page(result, out_dir, verdict)      # written next to summary.md by RunOutcome.write
+    html = run_page(result, out_dir, verdict, report)      # written next to summary.md by RunOutcome.write
 """
 
 from __future__ import annotations
@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import gates
+import gates.tables
 from bridge.host import accelerator_words
 
 if TYPE_CHECKING:
     from bridge.result import RunResult
 
 TAIL_LINES = 60
+MARK = {"pass": "✓", "fail": "✗"}
 MAX_PLOT_BYTES = 4 * 1024 * 1024  # a larger plot is linked, not inlined
 STYLE = """body{font:14px/1.45 system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left;
@@ -96,7 +98,43 @@ def verdict_section(verdict: gates.Verdict) -> str:
     return "".join(parts)
 
 
-def run_page(result: RunResult, out_dir: Path, verdict: gates.Verdict | None) -> str:
+def results_section(report: dict[str, Any], verdict: gates.Verdict | None) -> str:
+    """The report's results tables (gates/tables.py), judged by the verdict's checks: a judged column names
+    its threshold, a judged cell is marked pass or fail."""
+    tables = gates.tables.results_tables(report, verdict.checks if verdict else ())
+    if not tables:
+        return ""
+    parts = ["<h2>Results</h2>"]
+    for t in tables:
+        rows = [
+            [
+                f'<span class="{c.status}">{_e(c.text)} {MARK[c.status]}</span>' if c.status else _e(c.text)
+                for c in row
+            ]
+            for row in t.rows
+        ]
+        parts += [f"<h3>{_e(t.title)}</h3>", _table([_e(h) for h in t.head()], rows)]
+        if t.more:
+            parts.append(f"<p>({t.more} more rows in report.json)</p>")
+    return "".join(parts)
+
+
+def _figure(rel: str, data: bytes) -> str:
+    return (
+        f'<figure><img alt="{_e(rel)}" src="data:image/png;base64,{base64.b64encode(data).decode()}">'
+        f"<figcaption>{_e(rel)}</figcaption></figure>"
+    )
+
+
+def run_page(
+    result: RunResult,
+    out_dir: Path,
+    verdict: gates.Verdict | None,
+    report: dict[str, Any] | None = None,
+    judged: dict[str, bytes] | None = None,
+) -> str:
+    """The page; `judged`: the results plots (bridge/plots.py), shown under Results."""
+    judged = judged or {}
     title = f"{result.preset}: {outcome_heading(result.status, result.verdict)}"
     if result.status == "succeeded" and result.verdict == "fail":
         shown = 'ran, <b class="fail">gate failed</b>'
@@ -108,6 +146,9 @@ def run_page(result: RunResult, out_dir: Path, verdict: gates.Verdict | None) ->
     ]
     if result.reason:
         parts.append(f"<p><b>Reason:</b> {_e(result.reason)}</p>")
+    if report is not None:
+        parts.append(results_section(report, verdict))
+        parts += [_figure(name, data) for name, data in judged.items()]
     if verdict is not None:
         parts.append(verdict_section(verdict))
     if result.params:
@@ -139,15 +180,13 @@ def run_page(result: RunResult, out_dir: Path, verdict: gates.Verdict | None) ->
     parts.append(_table(["", ""], [[_e(k), _e(v)] for k, v in provenance.items() if v not in (None, "")]))
     if result.argv:
         parts.append(f"<h3>Command</h3><pre>{_e(shlex.join(result.argv))}</pre>")
-    plots = sorted(out_dir.rglob("*.png"))
+    plots = [p for p in sorted(out_dir.rglob("*.png")) if p.relative_to(out_dir).as_posix() not in judged]
     if plots:
-        parts.append("<h2>Plots</h2>")
+        parts.append("<h2>Plots (drawn by the program)</h2>")
     for png in plots:
         rel = png.relative_to(out_dir).as_posix()
         if png.stat().st_size <= MAX_PLOT_BYTES:
-            data = base64.b64encode(png.read_bytes()).decode()
-            parts.append(f'<figure><img alt="{_e(rel)}" src="data:image/png;base64,{data}"><figcaption>')
-            parts.append(f"{_e(rel)}</figcaption></figure>")
+            parts.append(_figure(rel, png.read_bytes()))
         else:
             parts.append(f'<p><a href="{_e(rel)}">{_e(rel)}</a> (too large to inline)</p>')
     for name in ("stdout.log", "stderr.log"):

@@ -13,7 +13,7 @@ import json
 import math
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -21,8 +21,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, field_validator
 
 import gates
+import gates.tables
+from bridge import plots
 from bridge.caps import DROPPED_LINES, atomic_write, walk
-from bridge.host import host_fingerprint, tool_versions
+from bridge.host import accelerator_words, host_fingerprint, tool_versions
 from bridge.logs import Redactor
 from bridge.page import outcome_heading, run_page
 
@@ -120,13 +122,21 @@ class RunOutcome:
         why there is none when nothing was gated), result.json, summary.md and report.html, redacted."""
         out = self.out_dir
         verdict = self.verdict or no_verdict(self.result)
+        # the report as the runner commits it (redacted): a secret must not reach a plot's pixels either
+        report, pngs = self.report, {}
+        if report is not None:
+            try:
+                report = json.loads(self.redact.text(json.dumps(report, ensure_ascii=False)))
+                pngs = judged_plots(report, self.result, self.verdict)
+            except ValueError:  # redacting broke the JSON: the tables' text is redacted below, no plots
+                pass
         texts = {
             "verdict.json": verdict.model_dump_json(indent=2) + "\n",
             "result.json": self.result.model_dump_json(indent=2) + "\n",
-            "summary.md": summary_markdown(self.result, out, self.verdict, self.report),
-            "report.html": run_page(self.result, out, self.verdict),
+            "summary.md": summary_markdown(self.result, out, self.verdict, report, list(pngs)),
+            "report.html": run_page(self.result, out, self.verdict, report, pngs),
         }
-        return {name: self.redact.text(text).encode() for name, text in texts.items()}
+        return {name: self.redact.text(text).encode() for name, text in texts.items()} | pngs
 
     def write(self) -> RunResult:
         """Write verdict.json, result.json, summary.md and report.html (each once, over whatever the program put
@@ -138,6 +148,22 @@ class RunOutcome:
         for rel, size in walk(out).files.items():
             self.redact.scrub_file(out / rel, size)
         return self.result
+
+
+def judged_plots(
+    report: dict[str, Any], result: RunResult, verdict: gates.Verdict | None
+) -> dict[str, bytes]:
+    """The run's results plots (bridge/plots.py), titled with its verdict, preset, label, subject and device."""
+    env = report.get("environment")
+    device = env.get("device") if isinstance(env, Mapping) else None
+    title = plots.title_line(
+        result.preset,
+        result.verdict,
+        ", ".join(result.runner_labels) or None,
+        result.subject or (str(report["subject"]) if report.get("subject") else None),
+        str(device) if device else accelerator_words(result.host.get("accelerator")),
+    )
+    return plots.judged_plots(gates.tables.results_tables(report, verdict.checks if verdict else ()), title)
 
 
 def no_verdict(result: RunResult) -> gates.Verdict:
@@ -183,20 +209,19 @@ def _fmt(value: Any) -> str:
     return json.dumps(value) if not isinstance(value, str) else value
 
 
-# Each report kind's key table (a list of rows) for summary.md's Results section; `summary` objects too.
-KEY_TABLES = {"compression": "table", "niah": "rungs", "parity": "runs", "throughput": "prompts"}
-RESULT_ROWS = 40
+RESULT_ROWS = gates.tables.MAX_ROWS
 STDERR_TAIL = 20
 NOT_SUCCEEDED = ("failed", "error", "timed-out")
+CELL_MARK = {"pass": " ✓", "fail": " ✗", None: ""}
 
 
 def _flat(obj: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Scalars of `obj`, nested objects one level down as `a.b`; lists are left out."""
+    """Scalars of `obj` at any depth, nested keys as `a.b.c`; lists are left out."""
     out: dict[str, Any] = {}
     for k, v in obj.items():
-        if isinstance(v, Mapping) and not prefix:
-            out.update(_flat(v, f"{k}."))
-        elif not isinstance(v, (Mapping, list)):
+        if isinstance(v, Mapping):
+            out.update(_flat(v, f"{prefix}{k}."))
+        elif not isinstance(v, list):
             out[prefix + k] = v
     return out
 
@@ -205,25 +230,41 @@ def _cell(value: Any) -> str:
     return "" if value is None else _fmt(value).replace("|", "\\|").replace("\n", " ")
 
 
-def results_markdown(report: Mapping[str, Any]) -> list[str]:
-    """summary.md's Results section from the report: the kind's key table, its summary, a probe's facts."""
+def _text(text: str, limit: int = 200) -> str:
+    """A report's text for a markdown table cell: one line, no `|`, no `<` (what a report says cannot open HTML
+    in a job summary), at most `limit` characters."""
+    text = text.replace("|", "\\|").replace("\n", " ").replace("<", "&lt;")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def tables_markdown(tables: Sequence[gates.tables.Built], level: str = "###") -> list[str]:
+    """Markdown of results tables (gates/tables.py): a judged cell is marked ✓ or ✗, a judged column names its
+    threshold."""
     lines: list[str] = []
-    rows = report.get(KEY_TABLES.get(str(report.get("kind")), ""))
-    if isinstance(rows, list) and rows and all(isinstance(r, Mapping) for r in rows):
-        flat = [_flat(r) for r in rows[:RESULT_ROWS]]
-        columns = list(dict.fromkeys(c for r in flat for c in r))
-        lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-        lines += ["| " + " | ".join(_cell(r.get(c)) for c in columns) + " |" for r in flat]
-        if len(rows) > RESULT_ROWS:
-            lines += ["", f"({len(rows) - RESULT_ROWS} more rows in report.json)"]
+    for t in tables:
+        lines += [f"{level} {t.title}", "", "| " + " | ".join(_text(h) for h in t.head()) + " |"]
+        lines += ["|" + "---|" * len(t.columns)]
+        lines += [
+            "| " + " | ".join(_text(c.text) + CELL_MARK[c.status] for c in row) + " |" for row in t.rows
+        ]
+        if t.more:
+            lines += ["", f"({t.more} more rows in report.json)"]
         lines.append("")
+    return lines
+
+
+def results_markdown(report: Mapping[str, Any], checks: Sequence[Any] = ()) -> list[str]:
+    """summary.md's Results section: the kind's results tables (gates/tables.py) judged by `checks` (the
+    verdict's check results), then its summary (or a probe's facts) at every depth."""
+    lines = tables_markdown(gates.tables.results_tables(dict(report), checks))
     facts = (
         report.get("summary")
         if isinstance(report.get("summary"), Mapping)
         else report.get(str(report.get("kind")))
     )
     if isinstance(facts, Mapping) and (flat_facts := _flat(facts)):
-        lines += ["| | |", "|---|---|"] + [f"| {k} | {_cell(v)} |" for k, v in flat_facts.items()] + [""]
+        lines += ["### Summary", "", "| | |", "|---|---|"]
+        lines += [f"| {k} | {_cell(v)} |" for k, v in flat_facts.items()] + [""]
     return ["## Results", "", *lines] if lines else []
 
 
@@ -252,6 +293,7 @@ def summary_markdown(
     out_dir: Path,
     verdict: gates.Verdict | None = None,
     report: Mapping[str, Any] | None = None,
+    judged: Sequence[str] = (),
 ) -> str:
     """The same facts as result.json, for a human; plus the report's key results, the gate table, any plots,
     and the end of stderr when the run did not succeed."""
@@ -289,14 +331,15 @@ def summary_markdown(
     if result.argv:
         lines += ["## Command", "", "```", shlex.join(result.argv), "```", ""]
     if report is not None:
-        lines += results_markdown(report)
+        lines += results_markdown(report, verdict.checks if verdict else ())
+        lines += [f"![{p}]({p})" for p in judged] + ([""] if judged else [])
     if verdict is not None:
         lines += ["## Gate", "", verdict.to_markdown(), ""]
     if result.status in NOT_SUCCEEDED:
         lines += stderr_tail(out_dir)
-    plots = sorted(rel for rel in walk(out_dir).files if rel.endswith(".png"))
-    if plots:
-        lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
+    pngs = sorted(rel for rel in walk(out_dir).files if rel.endswith(".png") and rel not in judged)
+    if pngs:
+        lines += ["## Plots (drawn by the program)", ""] + [f"![{p}]({p})" for p in pngs] + [""]
     logs = [p for p in ("logs/stdout.log", "logs/stderr.log") if (out_dir / p).is_file()]
     if logs:
         lines += (

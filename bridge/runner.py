@@ -37,8 +37,8 @@ from typing import IO, Any
 
 from pydantic import ValidationError
 
+from bridge import attest, caps, git, ledger
 from bridge import bus as B
-from bridge import caps, git, ledger
 from bridge.bus import Bus, Claim, Entry, Manifest, Progress, Update
 from bridge.config import GIT_CREDENTIALS, Config, project_root, secret_file
 from bridge.errors import BusError, InvalidRequest, KakeyaError, Rejected
@@ -360,6 +360,7 @@ class Runner:
         )
         self.step = "writing the result"
         result = outcome.write()
+        attest.write(out, self.sign_key, entry.label, principal(self.name, self.labels))  # in the done commit
         self.set_phase("pushing")  # the lease keeps beating through commit and push
         served = Served(entry.id, result.status, result.verdict, result.reason)
         # The lease keeps beating while the result is committed and its objects are pushed ahead (however

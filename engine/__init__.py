@@ -7,12 +7,13 @@
                                       engine.Stop(64, model.eos_ids))
 
 Backend-agnostic modules (no torch or mlx): geometry, policy, cache (slot bookkeeping), decode (Session,
-Step, generate), speculative (Drafter, the verify loop), drafters/, models (resolve, load, Model).
+Step, generate), speculative (Drafter, the verify loop), drafters/ (DrafterSpec, load_drafter and one folder
+a kind), models (resolve, load, Model).
 Backends (engine/backends/: base, torch, mlx) provide a `Model` with `session(policy, max_block)`.
 """
 
 from engine.decode import Generation, Session, Step, Stop, generate, generate_batch
-from engine.drafters import ModelDrafter, PromptLookupDrafter
+from engine.drafters import DrafterSpec, ModelDrafter, PromptLookupDrafter, load_drafter
 from engine.geometry import Geometry
 from engine.models import Model, ModelNotFoundError, load, resolve, zoo_models
 from engine.policy import LayerSpec, Policy, full, hybrid, parse_policy, sink_window
@@ -20,6 +21,7 @@ from engine.speculative import Drafter, FeatureDrafter, speculative_generate
 
 __all__ = [
     "Drafter",
+    "DrafterSpec",
     "FeatureDrafter",
     "Generation",
     "Geometry",
@@ -37,6 +39,7 @@ __all__ = [
     "generate_batch",
     "hybrid",
     "load",
+    "load_drafter",
     "parse_policy",
     "resolve",
     "sink_window",

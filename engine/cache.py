@@ -36,19 +36,19 @@ from engine.policy import LayerSpec
 EMPTY = 1 << 62  # position of a slot that holds nothing: greater than every query position
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Plan:
     """How one forward of `m` tokens at positions [start, start + m) touches one layout's buffers."""
 
     start: int
     m: int
-    concat: bool  # attend over buffer[:old_view] + the new block; write only `keep` rows of the block
-    old_view: int  # concat: buffer slots prepended to the new block
-    view: int  # direct: buffer slots attended (after the write)
+    concat: bool = False  # attend over buffer[:old_view] + the new block; write only `keep` rows of it
+    old_view: int = 0  # concat: buffer slots prepended to the new block
+    view: int = 0  # direct: buffer slots attended (after the write)
     slots: tuple[int, ...]  # slot of each written row, in order
-    keep: tuple[int, ...] | None  # concat: rows of the new block that are written (None: all)
+    keep: tuple[int, ...] | None = None  # concat: rows of the new block that are written (None: all)
     capacity: int  # buffer slots needed for this forward
-    mask: bool  # False when every slot attended is visible to the (single) query
+    mask: bool = True  # False when every slot attended is visible to the (single) query
     sinks_hidden: bool = False  # the mask hides exactly the sink slots (the same mask every such step)
 
     @property
@@ -92,13 +92,19 @@ class Layout:
             slots = tuple(self.slot(p) for p in range(start, end))
             mask = m > 1 or self._needs_mask(start, hw, hw > end)
             hidden = mask and m == 1 and self._sinks_hidden(start, hw, hw > end)
-            plan = Plan(start, m, False, 0, view, slots, None, max(view, max(slots) + 1), mask, hidden)
+            cap = max(view, max(slots) + 1)
+            plan = Plan(
+                start=start, m=m, view=view, slots=slots, capacity=cap, mask=mask, sinks_hidden=hidden
+            )
         else:
             old_view = self.view_len(start, self.hw)
             keep = tuple(i for i in range(m) if start + i < self.sink or start + i >= end - self.ring)
             slots = tuple(self.slot(start + i) for i in keep)
             capacity = max(old_view, max(slots) + 1)
-            plan = Plan(start, m, True, old_view, 0, slots, None if len(keep) == m else keep, capacity, True)
+            kept = None if len(keep) == m else keep
+            plan = Plan(
+                start=start, m=m, concat=True, old_view=old_view, slots=slots, keep=kept, capacity=capacity
+            )
             # Positions [end - m, end - R) were not written; those of [start, hw) (EMPTY slots) that
             # are not rewritten lie below end - R, so the ring holds nothing past `end`.
             hw = end
@@ -302,16 +308,27 @@ class Group:
             x.n, x.hw = e, h
         table = self._reserve(capacity)
         table[self._row_index, slots] = queries
-        plan = Plan(int(n[0]), m, False, 0, view, (), None, capacity, mask, hidden)
+        plan = Plan(
+            start=int(n[0]), m=m, view=view, slots=(), capacity=capacity, mask=mask, sinks_hidden=hidden
+        )
         self.forward = Forward(self.spec, plan, queries, table[:, :view].copy(), slots, None, None)
         return self.forward
 
-    def trim(self, n: int) -> None:
-        """Drop the last n positions fed (of every row) and mark the slots they held EMPTY."""
-        for r, lay in enumerate(self.layouts):
-            dropped = lay.trim(n)
-            if dropped and lay.limit is not None:
-                self.table[r, list(dropped)] = EMPTY
+    def planned(self) -> Forward:
+        """The forward being run: a layer's cache is only used inside one."""
+        assert self.forward is not None, "the cache was used outside a planned forward"
+        return self.forward
+
+    def trim(self, n: int) -> list[list[int]] | None:
+        """Drop the last n positions fed (of every row) and mark the slots they held EMPTY; returns those
+        slots per row, for a backend's device copy of the table (None: an unbounded group marks none)."""
+        dropped = [list(lay.trim(n)) for lay in self.layouts]
+        if self.limit is None:
+            return None
+        for r, slots in enumerate(dropped):
+            if slots:
+                self.table[r, slots] = EMPTY
+        return dropped
 
     def held(self) -> int:
         """Slots in use (positions held, with EMPTY slots of a pending rollback counted); all rows."""

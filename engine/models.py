@@ -24,6 +24,7 @@ class ModelNotFoundError(FileNotFoundError):
 class Model(Protocol):
     """What `load` returns on every backend: a tokenizer, the model's geometry, and sessions."""
 
+    backend: Backend
     geometry: Geometry
     eos_ids: frozenset[int]
 
@@ -77,13 +78,13 @@ def check_device(backend: Backend, device: str) -> str:
     """The device `device` names on `backend` (`auto` resolved); fails naming the devices there are."""
     if backend == "torch":
         try:
-            from engine.backends.torch import pick_device
+            from engine.backends.torch.device import pick_device
         except ImportError as exc:
             raise ValueError(f"the torch backend is not available here: {exc}") from exc
         return str(pick_device(device))
     if backend == "mlx":
         try:
-            from engine.backends.mlx import pick_device as pick_mlx  # type: ignore[import-not-found]
+            from engine.backends.mlx.device import pick_device as pick_mlx  # type: ignore[import-not-found]
         except ImportError as exc:
             raise ValueError(f"the mlx backend is not available here: {exc}") from exc
         return str(pick_mlx(device))
@@ -139,11 +140,11 @@ def load(
     check_device(backend, device)
     model: Model
     if backend == "torch":
-        from engine.backends.torch import load_torch
+        from engine.backends.torch.session import load_torch
 
         model = load_torch(path, dtype, device, compile)
     else:
-        from engine.backends.mlx import load_mlx  # type: ignore[import-not-found]
+        from engine.backends.mlx.session import load_mlx  # type: ignore[import-not-found]
 
         model = load_mlx(path, dtype, device, compile)
     _LOADED.append((model.device_name, model.dtype_name, model.peak_memory_bytes))

@@ -15,6 +15,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from engine.models import runtime
+
 TOOLS = (("torch", "torch"), ("transformers", "transformers"), ("mlx", "mlx.core"), ("mlx_lm", "mlx_lm"))
 
 
@@ -55,8 +57,6 @@ def environment() -> dict[str, Any]:
 
 def _runtime() -> dict[str, Any]:
     """Device, dtype and peak accelerator memory of the models this process loaded (none: {})."""
-    from engine.models import runtime
-
     return runtime()
 
 

@@ -1,8 +1,9 @@
 """K/V restoration (torch backend only): a bounded-cache session whose evicted positions' K/V are supplied
 at attention time, and f_theta, a low-rank map from a drafter's K/V to the verifier's.
 
-`RestoredSession` is a `TorchSession` under any policy whose per-layer states (`RestoredKV`) append, to
-the slots the cache holds, K/V that a `Supply` provides for the positions the policy evicted. Each query
+`restored_session` is a `TorchSession` under any policy whose declared hook (`SupplyRestorer`, the
+session's `Restorer`) appends, to the slots the cache holds, K/V that a `Supply` provides for the
+positions the policy evicted. Each query
 then sees exactly the positions the model's own attention sees (its native rule: causal, and the native
 window on sliding layers): a held position through the cache when its policy (sink + window) lets the
 query see it, any other one through the supply. The group (engine/cache.py) still owns the slots; the
@@ -32,9 +33,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine.backends.torch import KV, GroupTensors, PolicyCache, TorchModel, TorchSession
-from engine.cache import Forward, visible_mask
-from engine.decode import Step
+from engine.backends.torch.session import TorchModel, TorchSession
+from engine.cache import Forward, Group, visible_mask
 from engine.geometry import SLIDING_ATTENTION
 from engine.policy import LayerSpec, Policy
 
@@ -69,17 +69,10 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return x * cos[None] + rotated * sin[None]
 
 
-def _attention_modules(model: TorchModel) -> list[Any]:
-    layers = getattr(getattr(model.model, "model", None), "layers", None)
-    if layers is None or len(layers) != len(model.layer_types):
-        raise ValueError("K/V restoration needs a transformers decoder with model.model.layers")
-    return [layer.self_attn for layer in layers]
-
-
 @torch.no_grad()
 def capture(model: TorchModel, ids: Sequence[int]) -> Trace:
     """One full forward of `ids` (no cache, the model's own masks) recording each layer's Trace."""
-    attns = _attention_modules(model)
+    attns = model.attention_modules()
     n = len(attns)
     out: dict[str, list[Any]] = {name: [None] * n for name in ("q", "k", "v", "cos", "sin")}
     handles = []
@@ -157,109 +150,59 @@ def rel_mse(attended: Supply, true: Supply, layers: Sequence[int], positions: to
 # --- the session ------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class RestoredForward(Forward):
-    """A group's Forward with supplied positions appended to its keys: `keys[:held]` are the cache's
-    slots (masked by the policy), `keys[held:]` the supplied ones (masked by `native`, and hidden from a
-    query that already sees the position through the cache)."""
-
-    held: int = 0
-    native: LayerSpec = LayerSpec()
-
-    def mask(self) -> np.ndarray:
-        qp, kp = self.queries, self.keys
-        cached = visible_mask(self.spec, qp, kp[: self.held])
-        supplied = kp[self.held :]
-        seen = np.isin(supplied, kp[: self.held])[None, :] & visible_mask(self.spec, qp, supplied)
-        return np.concatenate((cached, visible_mask(self.native, qp, supplied) & ~seen), axis=1)
+def restored_mask(fwd: Forward, keys: np.ndarray, held: int, native: LayerSpec) -> np.ndarray:
+    """The mask [queries, keys] of a forward whose `keys[:held]` are the cache's slots (masked by the
+    policy) and `keys[held:]` supplied positions (masked by `native`, and hidden from a query that
+    already sees the position through the cache)."""
+    qp = fwd.queries
+    cached = visible_mask(fwd.spec, qp, keys[:held])
+    supplied = keys[held:]
+    seen = np.isin(supplied, keys[:held])[None, :] & visible_mask(fwd.spec, qp, supplied)
+    return np.concatenate((cached, visible_mask(native, qp, supplied) & ~seen), axis=1)
 
 
-class RestoredTensors(GroupTensors):
-    """A group's tensors whose mask, for a restored forward, is the forward's own (cache slots, then the
-    supplied positions the cache does not hold)."""
+class SupplyRestorer:
+    """The session hook (`engine.backends.torch.session.Restorer`) that restores, from `supply`, the
+    positions below its length that a bounded group evicted and the model's own attention would see."""
 
-    def mask(self, fwd: Forward) -> torch.Tensor | None:
-        if isinstance(fwd, RestoredForward):
-            return torch.from_numpy(fwd.mask()).to(self.device)[None, None]
-        return super().mask(fwd)
-
-
-class RestoredKV(KV):
-    """A layer's K/V buffers (`KV`) plus, on read, the supplied K/V its session restores this forward."""
-
-    def __init__(self, tensors: GroupTensors, layer: int, session: RestoredSession) -> None:
-        super().__init__(tensors)
-        self.layer = layer
-        self.session = session
-
-    def update(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        k, v = super().update(key, value)
-        positions = self.session.restoring.get(id(self.group))
-        if positions is None:
-            return k, v
-        rk, rv = self.session.supply.kv(self.layer, positions)
-        return torch.cat((k, rk.to(k)), dim=2), torch.cat((v, rv.to(v)), dim=2)
-
-
-class RestoredSession(TorchSession):
-    """A TorchSession whose evicted positions (below the supply's length) are restored from `supply`."""
-
-    def __init__(
-        self, model: TorchModel, policy: Policy, supply: Supply, max_block: int = 1, prefill_chunk: int = 512
-    ) -> None:
-        super().__init__(model, policy, max_block, prefill_chunk)
+    def __init__(self, supply: Supply, native_window: int | None) -> None:
         self.supply = supply
-        window = model.geometry.sliding_window
-        self.native = {
-            id(g): LayerSpec(0, window) if g.layer_type == SLIDING_ATTENTION else LayerSpec()
-            for g in self.groups
-        }
-        self.restoring: dict[int, torch.Tensor] = {}
-        self.tensors = [RestoredTensors(g, model.device) for g in self.groups]
-        tensors_of = {id(t.group): t for t in self.tensors}
-        self.states = [RestoredKV(tensors_of[id(g)], i, self) for i, g in enumerate(self.group_of)]
-        self.cache = PolicyCache(self, self.states)
+        self.native_window = native_window
+        self.restoring: dict[int, torch.Tensor] = {}  # id(group) -> positions restored this forward
 
-    def _run(
-        self, ids: list[int], forwards: list[Forward], last_only: bool, logits: bool, hidden: tuple[int, ...]
-    ) -> Step:
-        self.restoring = {}
-        planned: list[Forward] = []
-        for g, fwd in zip(self.groups, forwards, strict=True):
-            planned.append(self._restore(g, fwd))
-        return super()._run(ids, planned, last_only, logits, hidden)
-
-    def _restore(self, g: Any, fwd: Forward) -> Forward:
+    def plan(self, group: Group, fwd: Forward) -> tuple[Forward, np.ndarray | None]:
+        self.restoring.pop(id(group), None)
         if fwd.spec.window is None:  # an unbounded layer evicts nothing
-            return fwd
-        native = self.native[id(g)]
+            return fwd, None
+        native = LayerSpec(0, self.native_window) if group.layer_type == SLIDING_ATTENTION else LayerSpec()
         end = min(fwd.start + fwd.plan.m, self.supply.length)
         lo = 0 if native.window is None else max(0, fwd.start - native.window + 1)
         if lo >= end:
-            return fwd
+            return fwd, None
         held = fwd.keys.size
         candidates = np.arange(lo, end, dtype=np.int64)
-        probe = RestoredForward(
-            fwd.spec,
-            fwd.plan,
-            fwd.queries,
-            np.concatenate((fwd.keys, candidates)),
-            fwd.slots,
-            fwd.keep,
-            fwd.row,
-            held=held,
-            native=native,
+        needed = restored_mask(fwd, np.concatenate((fwd.keys, candidates)), held, native)[:, held:].any(
+            axis=0
         )
-        needed = probe.mask()[:, held:].any(axis=0)
         if not needed.any():
-            return fwd
+            return fwd, None
         chosen = candidates[needed]
-        self.restoring[id(g)] = torch.from_numpy(chosen)
+        self.restoring[id(group)] = torch.from_numpy(chosen)
         keys = np.concatenate((fwd.keys, chosen))
         plan = replace(fwd.plan, sinks_hidden=False)  # restored keys follow: a mask of its own
-        return RestoredForward(
-            fwd.spec, plan, fwd.queries, keys, fwd.slots, fwd.keep, fwd.row, held=held, native=native
-        )
+        return replace(fwd, plan=plan, keys=keys), restored_mask(fwd, keys, held, native)
+
+    def kv(self, layer: int, group: Group) -> tuple[torch.Tensor, torch.Tensor] | None:
+        positions = self.restoring.get(id(group))
+        return None if positions is None else self.supply.kv(layer, positions)
+
+
+def restored_session(
+    model: TorchModel, policy: Policy, supply: Supply, max_block: int = 1, prefill_chunk: int = 512
+) -> TorchSession:
+    """A TorchSession whose evicted positions (below the supply's length) are restored from `supply`."""
+    restorer = SupplyRestorer(supply, model.geometry.sliding_window)
+    return TorchSession(model, policy, max_block, prefill_chunk, restorer=restorer)
 
 
 # --- f_theta -----------------------------------------------------------------------------------------

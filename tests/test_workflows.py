@@ -144,16 +144,23 @@ def test_pr_gate_checks_out_the_base_and_never_the_head():
     # the workflow file comes from the base (a PR cannot rewrite its check), and a merge queue is gated too
     assert "pull_request_target" in wf["on"] and "merge_group" in wf["on"]
     assert "pull_request" not in wf["on"] and "push" not in wf["on"]
-    assert wf["permissions"] == {"contents": "read", "pull-requests": "read"}
+    # the token writes nothing but pull-request comments (the evidence comment)
+    assert wf["permissions"] == {"contents": "read", "pull-requests": "write"}
     text = (WORKFLOWS / "pr-gate.yml").read_text()
     assert "head.ref" not in text and "head.repo" not in text and "merge_group.head_sha" not in text
     job = wf["jobs"]["gate"]
     co = checkout(job)
     assert co["ref"].startswith("${{ github.event.pull_request.base.sha")
     assert "head" not in co["ref"] and co["persist-credentials"] is False
-    gate = steps(job)[-1]
+    gate = next(s for s in steps(job) if s.get("id") == "gate")
     assert gate["run"] == "bash harness/.github/scripts/pr-gate.sh"
     assert gate["env"]["SUBJECT"].startswith("${{ github.event.pull_request.head.sha")
+    assert gate["env"]["BASE"] == "${{ github.event.pull_request.base.sha }}"
+    # the comment: after the gate (also when it failed), on pull requests only, from the base's script
+    post = steps(job)[-1]
+    assert post["run"] == "bash harness/.github/scripts/pr-comment.sh"
+    assert "!cancelled()" in post["if"] and "github.event_name == 'pull_request_target'" in post["if"]
+    assert post["env"]["GH_TOKEN"] == "${{ github.token }}"
 
 
 def test_a_merge_queue_entry_is_gated_on_its_prs_head(tmp_path):
@@ -562,6 +569,111 @@ exit {verdict}
         preset, label = entries[0].split("@")
         assert f"kakeya request {preset} --runner {label} --subject {SHA} --wait" in text
         assert "git fetch origin pull/42/head" in text and "gh run rerun --failed 777" in text
+
+
+@pytest.mark.parametrize("verdict", [0, 1])
+def test_pr_gate_script_asks_for_the_comment_against_the_base_and_adds_the_instructions(tmp_path, verdict):
+    """With COMMENT and BASE (a pull request): `kakeya gate pr` writes the comment, compared with the base and
+    linked under the repository's web address; on a failure the instructions are appended to it too."""
+    stand_in = tmp_path / "kakeya-stand-in"
+    stand_in.write_text(f"""#!/bin/sh
+printf '%s\\n' "$@" > "{tmp_path}/argv"
+while [ $# -gt 1 ]; do [ "$1" = --comment ] && printf '<!-- kakeya-evidence -->\\n| table |\\n' > "$2"; shift; done
+exit {verdict}
+""")
+    stand_in.chmod(0o755)
+    comment = tmp_path / "comment.md"
+    base = "f" * 40
+    env = {
+        "PATH": f"{KAKEYA.parent}:{os.environ['PATH']}",
+        "SUBJECT": SHA,
+        "PR": "42",
+        "KAKEYA": str(stand_in),
+        "COMMENT": str(comment),
+        "BASE": base,
+        "GITHUB_SERVER_URL": "https://github.com",
+        "GITHUB_REPOSITORY": "org/kakeya",
+        "GITHUB_RUN_ID": "777",
+    }
+    proc = subprocess.run(
+        ["bash", str(ROOT / ".github" / "scripts" / "pr-gate.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == verdict, proc.stdout + proc.stderr
+    argv = (tmp_path / "argv").read_text().splitlines()
+    i = argv.index("--comment")
+    assert argv[i : i + 6] == [
+        "--comment",
+        str(comment),
+        "--base",
+        base,
+        "--link-base",
+        "https://github.com/org/kakeya",
+    ]
+    text = comment.read_text()
+    assert text.startswith("<!-- kakeya-evidence -->\n| table |\n")
+    assert ("### How to provide the evidence" in text) == bool(verdict)
+    if verdict:
+        assert f"--subject {SHA} --wait" in text and "gh run rerun --failed 777" in text
+
+
+def pr_comment(
+    tmp_path: Path, comment: Path, pr: str, listed: str = ""
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """pr-comment.sh with a stand-in `gh` that logs its arguments and prints `listed` for the listing."""
+    gh = tmp_path / "gh"
+    gh.write_text(f"""#!/bin/sh
+printf '%s|' "$@" >> "{tmp_path}/gh.log"; echo >> "{tmp_path}/gh.log"
+case "$*" in *--paginate*) printf '%s' '{listed}' ;; esac
+""")
+    gh.chmod(0o755)
+    env = {
+        "PATH": f"{tmp_path}:{os.environ['PATH']}",
+        "COMMENT": str(comment),
+        "REPO": "org/kakeya",
+        "PR": pr,
+    }
+    proc = subprocess.run(
+        ["bash", str(ROOT / ".github" / "scripts" / "pr-comment.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    log = tmp_path / "gh.log"
+    return proc, log.read_text().splitlines() if log.exists() else []
+
+
+def test_pr_comment_posts_once_then_edits_its_own_and_refuses_what_is_not_a_comment(tmp_path):
+    """The listing's jq keeps only the workflow's own marker comment (real gh: tests/test_act.py); here the
+    stand-in answers with an id or nothing: POST when none, PATCH of that id when one."""
+    comment = tmp_path / "comment.md"
+    comment.write_text("<!-- kakeya-evidence -->\nbody\n")
+    proc, calls = pr_comment(tmp_path, comment, "42")
+    assert proc.returncode == 0, proc.stderr
+    assert calls[0].startswith("api|--paginate|repos/org/kakeya/issues/42/comments|--jq|")
+    assert (
+        'select(.user.login == "github-actions[bot]" and (.body | startswith("<!-- kakeya-evidence -->")))'
+        in calls[0]
+    )
+    assert calls[1] == f"api|--method|POST|repos/org/kakeya/issues/42/comments|-F|body=@{comment}|"
+    (tmp_path / "gh.log").unlink()
+    proc, calls = pr_comment(tmp_path, comment, "42", listed="1001\n")
+    assert proc.returncode == 0 and "updated the evidence comment 1001" in proc.stdout
+    assert calls[1] == f"api|--method|PATCH|repos/org/kakeya/issues/comments/1001|-F|body=@{comment}|"
+    (tmp_path / "gh.log").unlink()
+    # a PR number that is not one, and a comment file the gate did not write (no marker): no call at all
+    proc, calls = pr_comment(tmp_path, comment, "42/../../x")
+    assert proc.returncode == 1 and "is not a pull request number" in proc.stdout and calls == []
+    comment.write_text("something else\n")
+    proc, calls = pr_comment(tmp_path, comment, "42")
+    assert proc.returncode == 0 and "::warning::" in proc.stdout and calls == []
+    comment.unlink()
+    proc, calls = pr_comment(tmp_path, comment, "42")
+    assert proc.returncode == 0 and "::warning::" in proc.stdout and calls == []
 
 
 @pytest.mark.parametrize("signed", [False, True])

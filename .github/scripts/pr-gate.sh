@@ -12,7 +12,9 @@
 #
 # Environment: SUBJECT (the PR's head sha), KAKEYA_REMOTE (the repository), GITHUB_TOKEN (read), PR
 # (the pull request number, for the instructions), KAKEYA (how to run kakeya; default `kakeya`),
-# ALLOW_UNSIGNED (`true`: pass --allow-unsigned).
+# ALLOW_UNSIGNED (`true`: pass --allow-unsigned), COMMENT (a file: the pull request's comment is written
+# there, with the change against BASE, the base commit; links under $GITHUB_SERVER_URL/$GITHUB_REPOSITORY,
+# the bus being that repository), which .github/scripts/pr-comment.sh then posts.
 set -uo pipefail
 
 HARNESS=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
@@ -46,7 +48,15 @@ if [ -f "$signers" ]; then args+=(--allowed-signers "$signers"); fi
 if [ "${ALLOW_UNSIGNED:-}" = true ]; then args+=(--allow-unsigned); fi
 
 table=$(mktemp)
-"${KAKEYA[@]}" gate pr --subject "$SUBJECT" "${args[@]}" --summary "$table"
+comment=()
+if [ -n "${COMMENT:-}" ]; then
+  comment=(--comment "$COMMENT")
+  if [ -n "${BASE:-}" ]; then comment+=(--base "$BASE"); fi
+  if [ -n "${GITHUB_SERVER_URL:-}" ] && [ -n "${GITHUB_REPOSITORY:-}" ]; then
+    comment+=(--link-base "$GITHUB_SERVER_URL/$GITHUB_REPOSITORY")
+  fi
+fi
+"${KAKEYA[@]}" gate pr --subject "$SUBJECT" "${args[@]}" --summary "$table" "${comment[@]}"
 rc=$?
 {
   printf '## Kakeya evidence for %s\n\n' "$SUBJECT"
@@ -58,7 +68,7 @@ if [ "$rc" = 2 ]; then
 fi
 if [ "$rc" = 1 ]; then
   echo "::error::evidence for $SUBJECT is missing or failing (the job summary has the table and how to ask for it)"
-  {
+  how=$(
     printf '### How to provide the evidence\n\n'
     printf 'A maintainer with push access requests each run for this commit, from a clone of the repository:\n\n'
     printf '```sh\n'
@@ -69,6 +79,8 @@ if [ "$rc" = 1 ]; then
       done
     # shellcheck disable=SC2016  # literal backquotes: markdown
     printf '```\n\nthen re-runs this check (Re-run jobs, or `gh run rerun --failed %s`).\n' "${GITHUB_RUN_ID:-RUN_ID}"
-  } >>"$SUMMARY"
+  )
+  printf '%s\n' "$how" >>"$SUMMARY"
+  if [ -n "${COMMENT:-}" ] && [ -s "$COMMENT" ]; then printf '\n%s\n' "$how" >>"$COMMENT"; fi
 fi
 exit "$rc"

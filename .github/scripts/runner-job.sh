@@ -114,17 +114,23 @@ print(json.dumps({"state": "success" if ok else "failure", "context": f"kakeya/{
   done
 }
 
-# serve [--request ID]: one `kakeya runner once`; prints the id it served, or nothing when idle.
-# Fails when the harness itself failed (bus unreachable, bad configuration).
+# serve [--request ID]: one `kakeya runner once --json`; prints the id it served, or nothing when idle.
+# Fails when the harness itself failed (bus unreachable, bad configuration): no JSON event then.
 serve() {
-  local out rc
-  out=$(kakeya runner once --labels "$LABEL" "$@")
+  local out rc id
+  out=$(kakeya runner once --json --labels "$LABEL" "$@")
   rc=$?
   printf '%s\n' "$out" >&2
-  case $out in
-    "nothing to do"*) return 0 ;;
-  esac
-  local id=${out%%:*}
+  # the last line is the event: {"event": "served", "id": ...} or {"event": "idle", ...}; anything else
+  # (no line, an error event) is a failure of the harness
+  if ! id=$(printf '%s\n' "$out" | tail -n 1 | "$PY" -c 'import json, sys
+e = json.loads(sys.stdin.read())
+if e["event"] not in ("served", "idle"):
+    sys.exit(1)
+print(e.get("id") or "")' 2>/dev/null); then
+    return $((rc == 0 ? 1 : rc))
+  fi
+  [ -z "$id" ] && return 0
   if [[ $id =~ ^[0-9]{8}T[0-9]{6}\.[0-9]{3}Z-[a-z][a-z0-9-]*-[0-9a-f]{6}$ ]]; then
     echo "$id"
     return 0

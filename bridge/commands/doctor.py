@@ -68,7 +68,7 @@ ENGINE_PY = (  # run in a subprocess: bridge never imports engine
     "import importlib\n"
     "print(importlib.import_module('engine').__file__)\n"
     "try:\n"
-    "    kernels = importlib.import_module('engine.backends.kv_kernels')\n"
+    "    kernels = importlib.import_module('engine.backends.torch.kv_kernels')\n"
     "except ImportError:\n"
     "    print('')\n"
     "else:\n"

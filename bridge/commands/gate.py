@@ -1,6 +1,6 @@
 """`kakeya gate check REPORT (--preset NAME | --checks FILE)`, `kakeya gate compare NEW BASE --metric PATH ...`
 and `kakeya gate pr --subject SHA --require 'PRESET[@LABEL] [PARAM OP VALUE ...]' ... [--remote R]
-[--summary FILE] [--allow-unsigned]`.
+[--summary FILE] [--comment FILE [--base SHA] [--link-base URL]] [--allow-unsigned]`.
 
 check and compare print a table (or `--json`) and exit 0 pass, 1 fail, 2 error (the report could not be
 evaluated). pr finds the evidence the bus holds for a commit and re-gates it (bridge/evidence.py): exit 0
@@ -8,7 +8,8 @@ when every requirement passes, 1 when evidence is missing, belongs to another co
 requirement names an unknown preset, a label the preset does not run on or a pin its parameters do not
 take, or when a shared bus has no allowed-signers file and --allow-unsigned is not given (the message says
 how to add one). Each line says who signed the evidence (`signed by RUNNER@LABELS`, or `unsigned
-(allowed)`), its accelerator, and the newer results that were ignored and why.
+(allowed)`), its accelerator, and the newer results that were ignored and why. --comment writes the pull
+request's comment (bridge/comment.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import yaml
 
 import gates
-from bridge import evidence
+from bridge import comment, evidence
 from bridge.commands._bus import add_remote, client
 from bridge.errors import InvalidRequest
 from bridge.names import SHA_PATTERN
@@ -105,6 +106,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=Path,
         metavar="FILE",
         help="append a markdown table to FILE (e.g. $GITHUB_STEP_SUMMARY), keeping it under 1 MiB",
+    )
+    pr.add_argument(
+        "--comment",
+        type=Path,
+        metavar="FILE",
+        help="write the pull request's comment to FILE (markdown, starting with the marker "
+        "<!-- kakeya-evidence --> that finds it again): the table, the change against --base, the results",
+    )
+    pr.add_argument(
+        "--base",
+        metavar="SHA",
+        help="with --comment: compare with the latest trusted run of each requirement on this commit or its "
+        "ancestors (the PR's base)",
+    )
+    pr.add_argument(
+        "--link-base",
+        metavar="URL",
+        help="with --comment: the bus repository's web address, for links to summaries and plots (default: "
+        "the bus's own, when it is a github.com repository; plain ids otherwise)",
     )
     pr.add_argument("--json", action="store_true", help="print the outcomes as JSON")
     pr.add_argument(
@@ -198,8 +218,11 @@ def run_pr(args: argparse.Namespace) -> int:
         if args.summary:  # the job summary says what to do, not only the job log
             with args.summary.open("a") as fh:
                 fh.write(f"**Evidence for `{subject}`: ✗ refused**\n\n{exc}\n")
+        if args.comment:
+            args.comment.write_text(f"{comment.MARKER}\n**Evidence for `{subject}`: ✗ refused**\n\n{exc}\n")
         raise
-    outcomes = evidence.gate_subject(evidence.Shelf(c.bus, signers), subject, requirements, registry)
+    shelf = evidence.Shelf(c.bus, signers)
+    outcomes = evidence.gate_subject(shelf, subject, requirements, registry)
     if args.json:
         print(evidence.evidence_json(outcomes))
     else:
@@ -210,4 +233,12 @@ def run_pr(args: argparse.Namespace) -> int:
             f"kakeya: warning: {args.summary} is already at its 1 MiB limit; nothing appended",
             file=sys.stderr,
         )
+    if args.comment:
+        base = args.base
+        if base is not None and not re.fullmatch(SHA_PATTERN, base.strip().lower()):
+            base = c.rev_parse(base)
+        base = base.strip().lower() if base else None
+        changes = comment.compare_with_base(c.bus, signers, registry, outcomes, base) if base else None
+        link = (args.link_base or "").rstrip("/") or comment.github_web(c.url)
+        args.comment.write_text(comment.render(subject, outcomes, shelf, changes, base, link))
     return 0 if all(o.passed for o in outcomes) else 1

@@ -7,13 +7,16 @@ signed it (`signed by RUNNER@LABELS`); with no allowed-signers file it is refuse
 --allow-unsigned (then, as on the embedded bus, it says `unsigned (allowed)`).
 --link-base URL (a repository's web address, e.g. https://github.com/ORG/kakeya) makes summary.md's links
 absolute: logs to URL/blob/<done>/.kakeya/results/<id>/..., plots to URL/raw/<done>/...; for a page where
-relative links cannot resolve, such as a GitHub job summary."""
+relative links cannot resolve, such as a GitHub job summary.
+--attestation [FILE] writes the runner's signed in-toto attestation of the run (bridge/attest.py), committed
+in its done commit, to FILE as well; `kakeya verify FILE` checks it offline (docs/evidence.md)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from bridge import attest
 from bridge import bus as B
 from bridge.commands._bus import add_remote, client, out_dir, report
 from bridge.errors import KakeyaError
@@ -41,6 +44,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--link-base",
         metavar="URL",
         help="make summary.md's links absolute under this repository web address",
+    )
+    parser.add_argument(
+        "--attestation",
+        nargs="?",
+        const="",
+        metavar="FILE",
+        help="also write the runner's signed in-toto attestation of the run (a DSSE envelope) to FILE "
+        "(default: attestation.json in the results); `kakeya verify FILE` checks it offline",
     )
     add_remote(parser)
     parser.set_defaults(func=run)
@@ -72,5 +83,7 @@ def run(args: argparse.Namespace) -> int:
         base, where = args.link_base.rstrip("/"), f"{done}/{B.results_path(args.id)}/"
         summary = out / "summary.md"
         summary.write_text(absolute_links(summary.read_text(), f"{base}/blob/{where}", f"{base}/raw/{where}"))
+    if args.attestation is not None:
+        print(f"attestation: {attest.hand_out(out, Path(args.attestation) if args.attestation else None)}")
     report(args.id, result, out)
     return 0

@@ -1,4 +1,4 @@
-"""`kakeya runner once [--request ID]` and `kakeya runner watch [--poll S]`: serve requests from the bus.
+"""`kakeya runner once [--request ID] [--json]` and `kakeya runner watch [--poll S]`: serve requests from the bus.
 
 once claims one pending request for the runner's labels (or the one named) and executes it; watch
 does so in a loop, backing off while the bus fails. On a Slurm label (config `executors`) each request is a
@@ -10,6 +10,9 @@ current one (a claim whose run has not started is released); a second signal, or
 git helpers run in process groups of their own, so a Ctrl-C reaches only kakeya. Exit 130 after SIGINT
 (one line on stderr), 0 after SIGTERM (a service stop).
 
+once --json prints what it did as one JSON object on a line (`served_json`, or `{"event": "idle", ...}`),
+what the Actions job script (.github/scripts/runner-job.sh) reads.
+
 A label means hardware: a runner refuses to start with a label whose accelerator this host lacks (the check
 `kakeya doctor` makes per label, bridge/host.py) unless `--force-labels`, and then every result names the
 forced labels.
@@ -18,6 +21,7 @@ forced labels.
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import threading
 from pathlib import Path
@@ -27,7 +31,7 @@ from bridge.client import default_remote, outcome_words, resolve_remote, state_d
 from bridge.commands._bus import add_remote, config_and_root, say_bus
 from bridge.config import Config, SlurmLabel
 from bridge.errors import Interrupted, InvalidRequest
-from bridge.runner import Runner
+from bridge.runner import Runner, Served
 from bridge.slurm import SlurmExecutor
 from bridge.slurm_runner import SlurmRunner
 
@@ -63,6 +67,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         if mode == "once":
             p.add_argument(
                 "--request", metavar="ID", help="serve this request (it must be for one of our labels)"
+            )
+            p.add_argument(
+                "--json",
+                action="store_true",
+                help="print what it did as one JSON object: {event: served, id, state, verdict, done, "
+                "pushed} or {event: idle, request, labels}",
             )
         p.set_defaults(func=run)
 
@@ -120,6 +130,21 @@ def handle_signals(runner: Runner, grace_s: float | None = None) -> dict[int, An
     return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
 
 
+def served_json(served: Served) -> str:
+    """What `runner once --json` prints for a request it served (or released): one line, for job scripts."""
+    return json.dumps(
+        {
+            "event": "served",
+            "id": served.id,
+            "state": served.status,
+            "verdict": served.verdict,
+            "done": served.done,
+            "pushed": served.pushed,
+            "reason": served.reason,
+        }
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     config, root = config_and_root()
     updates = {k: v for k, v in (("lease_s", args.lease), ("poll_interval_s", args.poll)) if v is not None}
@@ -147,9 +172,12 @@ def run(args: argparse.Namespace) -> int:
         runner.stop_presence()
         for sig, old in previous.items():
             signal.signal(sig, old)
+    as_json = getattr(args, "json", False)
     if served is not None:
         print(
-            f"{served.id}: {outcome_words(served.status, served.verdict)}"
+            served_json(served)
+            if as_json
+            else f"{served.id}: {outcome_words(served.status, served.verdict)}"
             + ("" if served.pushed else " (result not pushed)")
         )
     if runner.signalled == "SIGINT":  # Ctrl-C: one line, exit 130 (a service stop by SIGTERM exits 0)
@@ -159,6 +187,13 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if served is None:
         what = args.request or f"labels {', '.join(runner.labels)}"
-        print(f"nothing to do for {what} (no pending request, or it is done or held by a live lease)")
+        message = f"nothing to do for {what} (no pending request, or it is done or held by a live lease)"
+        print(
+            json.dumps(
+                {"event": "idle", "request": args.request, "labels": runner.labels, "message": message}
+            )
+            if as_json
+            else message
+        )
         return 0
     return 0 if served.pushed or served.status == "released" else 1

@@ -199,10 +199,13 @@ class BaseSession(ABC):
         if self.linear and n:
             self._trim_recurrent(n)
             return
-        for g in self.groups:
-            g.trim(n)
+        self._dropped([g.trim(n) for g in self.groups])
         for s in self.states:
             s.trim(n)
+
+    @abstractmethod
+    def _dropped(self, slots: list[list[list[int]] | None]) -> None:
+        """Each group's slots a rollback marked EMPTY (per row; None: none), for the backend's device copy."""
 
     def _trim_recurrent(self, n: int) -> None:
         """Rollback with linear-attention layers (module docstring): restore, rewind, feed the kept tokens."""
@@ -216,8 +219,7 @@ class BaseSession(ABC):
             )
         del self.rollback.entries[k:]
         r = self.position - start
-        for g in self.groups:
-            g.trim(r)
+        self._dropped([g.trim(r) for g in self.groups])
         for i, s in enumerate(self.states):
             if i not in self.linear:
                 s.trim(r)

@@ -1,24 +1,28 @@
-"""Drafters for engine.speculative (each behind its `Drafter` protocol): prompt lookup, a model, a
-masked-diffusion proposer (engine.drafters.diffusion, loaded with `load_dlm`), the block drafter on the
-verifier's hidden states (engine.drafters.block_base.load_block_drafter picks engine.drafters.block, PyTorch,
-or engine.drafters.block_mlx, MLX; imported on use), and Gemma 4's assistant on a Gemma 4 verifier's hidden
-state and K/V (engine.drafters.gemma4_assistant, PyTorch, imported on use)."""
+"""Drafters for engine.speculative, one kind a folder, each behind its `Drafter` protocol:
 
-import json
-from pathlib import Path
+    lookup/            prompt lookup (no model)
+    model/             a small causal LM sharing the verifier's tokenizer (any backend's Session)
+    block/             the block drafter on the verifier's hidden states (config, base; torch, mlx)
+    diffusion/         the masked-diffusion drafter (config, drafter; torch, mlx; gemma: DiffusionGemma)
+    gemma4_assistant/  Gemma 4's assistant on a Gemma 4 verifier's hidden state and K/V (config; torch)
 
-from engine.drafters.model import ModelDrafter
-from engine.drafters.prompt_lookup import PromptLookupDrafter
+spec.py holds `DrafterSpec` (`lookup`, `model:REF`, `diffusion:REF:steps=4`, ...) and what is not
+supported yet (`NOT_YET`); load.py's `load_drafter(spec, verifier)` is the one place that picks a kind's
+module and backend. A kind's modules import only their own config (and base), never the loader.
+"""
 
-BLOCK_MODEL_TYPE = "kakeya_block_drafter"
+from engine.drafters.load import DrafterFactory, load_drafter
+from engine.drafters.lookup.drafter import PromptLookupDrafter
+from engine.drafters.model.drafter import ModelDrafter
+from engine.drafters.spec import KINDS, DrafterKind, DrafterSpec, parse_drafter
 
-
-def is_block_drafter(path: Path) -> bool:
-    """A block drafter directory (engine/drafters/block.py): its config.json's model_type says so."""
-    try:
-        return json.loads((path / "config.json").read_text()).get("model_type") == BLOCK_MODEL_TYPE
-    except (OSError, ValueError):
-        return False
-
-
-__all__ = ["BLOCK_MODEL_TYPE", "ModelDrafter", "PromptLookupDrafter", "is_block_drafter"]
+__all__ = [
+    "KINDS",
+    "DrafterFactory",
+    "DrafterKind",
+    "DrafterSpec",
+    "ModelDrafter",
+    "PromptLookupDrafter",
+    "load_drafter",
+    "parse_drafter",
+]

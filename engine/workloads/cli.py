@@ -1,5 +1,7 @@
-"""Command-line pieces the workloads share: the model flags and their report `config` model, threads,
-policy and number lists, token-list comparison and progress bars. No torch or mlx at import time."""
+"""Command-line pieces the workloads share: the model flags and their report `config` model, the typed
+config fields (`PolicyField`, `Drafter`: parsed once, written to reports as their strings), `make_config`
+(a workload's Config from its flags, a validation error as a usage error: bounds live in `Field` only),
+threads, policy and number lists, token-list comparison and progress bars. No torch or mlx at import time."""
 
 from __future__ import annotations
 
@@ -8,14 +10,63 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PlainSerializer, PlainValidator, ValidationError, WithJsonSchema
 from tqdm import tqdm
 
+from engine.drafters.spec import DrafterSpec
 from engine.geometry import ITEMSIZE
+from engine.models import check_device as check
 from engine.policy import Policy, parse_policy
 from engine.progress import report_progress
+
+
+def _drafter(value: Any) -> DrafterSpec:
+    return value if isinstance(value, DrafterSpec) else DrafterSpec.parse(str(value))
+
+
+# A config field holding a parsed drafter spec, written to reports as its string (`diffusion:zoo:tiny-dlm:steps=4`).
+Drafter = Annotated[
+    DrafterSpec,
+    PlainValidator(_drafter),
+    PlainSerializer(str, return_type=str),
+    WithJsonSchema({"type": "string"}),
+]
+
+
+def _policy(value: Any) -> Policy:
+    return value if isinstance(value, Policy) else parse_policy(str(value))
+
+
+# A config field holding a parsed cache policy, written to reports as its string (`hybrid:4:64:q8`).
+PolicyField = Annotated[
+    Policy, PlainValidator(_policy), PlainSerializer(str, return_type=str), WithJsonSchema({"type": "string"})
+]
+
+_C = TypeVar("_C", bound=BaseModel)
+
+
+def make_config(
+    parser: argparse.ArgumentParser, config: type[_C], args: argparse.Namespace, **values: Any
+) -> _C:
+    """`config` from the parsed flags named like its fields, and `values` (what the workload parsed or
+    derived itself); a value out of its `Field` bounds (or one that does not parse) exits 2 with one
+    usage line naming the flag (`--k: Input should be greater than or equal to 1`)."""
+    given = {k: v for k, v in vars(args).items() if k in config.model_fields}
+    try:
+        return config(**{**given, **values})
+    except ValidationError as exc:
+        usage_error(parser, exc)
+
+
+def usage_error(parser: argparse.ArgumentParser, exc: ValidationError) -> NoReturn:
+    err = exc.errors()[0]
+    message = str(err.get("ctx", {}).get("error") or err["msg"])
+    if not err["loc"]:  # a rule across fields
+        parser.error(message)
+    flag = "--" + str(err["loc"][0]).replace("_", "-") + "".join(f"[{p}]" for p in err["loc"][1:])
+    parser.error(f"{flag}: {message}")
 
 
 class ModelConfig(BaseModel):
@@ -62,8 +113,6 @@ def set_threads(threads: int) -> None:
 
 def check_device(backend: str, device: str) -> None:
     """A device that is not there fails here, before any weights load (the workloads exit 2 on it)."""
-    from engine.models import check_device as check
-
     check(backend, device)  # type: ignore[arg-type]
 
 

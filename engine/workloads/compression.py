@@ -10,7 +10,7 @@ Computed, not measured, from the model's config and the cache policy with the en
                 + the drafter's weights, held once and amortised over all B x S tokens
     net bytes per token = net / (B x S);   compression ratio = full / net
 
-as the seeds' table does (its drafter, a diffusion proposer, holds no K/V; pass `--drafter none
+as the seeds' table does (its drafter, a diffusion drafter, holds no K/V; pass `--drafter none
 --drafter-weights BYTES` for such a drafter). The drafter's weights are its parameter count (read from
 its safetensors headers) times the table's dtype size; its cache is sink_window(sink, window) of the
 policy (full when the policy is full). The cross-check loads the models and prefills `--check-lens`
@@ -36,7 +36,7 @@ import struct
 import sys
 from math import prod
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -54,13 +54,13 @@ SEQ_LENS = [8192, 32768, 131072, 262144, 1048576]
 
 class Config(cli.ModelConfig):
     reference: str | None  # a REFERENCE_CONFIGS name: the table's verifier architecture (None: the model's)
-    policies: list[str] = Field(min_length=1)
-    drafter: str
+    policies: list[cli.PolicyField] = Field(min_length=1)
+    drafter: str  # a model whose K/V and weights count, or none / lookup (no weights)
     drafter_weights: int | None = Field(ge=0)
     k: int = Field(ge=0)
-    batches: list[int] = Field(min_length=1)
-    seq_lens: list[int] = Field(min_length=1)
-    check_lens: list[int]
+    batches: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)
+    seq_lens: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)
+    check_lens: list[Annotated[int, Field(ge=1)]]
 
 
 class Row(BaseModel):
@@ -174,8 +174,7 @@ def table(config: Config, geo: Geometry, dgeo: Geometry | None, weights: int) ->
 
     rows = []
     full = engine.full()
-    for text in config.policies:
-        policy = engine.parse_policy(text)
+    for policy in config.policies:
         for b in config.batches:
             for s in config.seq_lens:
                 full_bytes = b * per_sequence(geo, full, s, 1, config.dtype)
@@ -229,15 +228,14 @@ def cross_check(config: Config, geo: Geometry, dgeo: Geometry | None) -> list[Ch
         None if dgeo is None else engine.load(config.drafter, config.backend, config.dtype, config.device)
     )
     jobs: list[tuple[str, engine.Model, engine.Policy, Geometry, int]] = []
-    for text in ["full", *config.policies]:
-        policy = engine.parse_policy(text)
-        block = 1 if text == "full" else config.k + 1
+    for policy in [engine.full(), *config.policies]:
+        block = 1 if policy == engine.full() else config.k + 1
         jobs.append(("verifier", model, policy, geo, block))
         dpolicy = drafter_policy(policy)
         if (
             dmodel is not None
             and dgeo is not None
-            and text != "full"
+            and policy != engine.full()
             and not any(j[0] == "drafter" and j[2] == dpolicy for j in jobs)
         ):
             jobs.append(("drafter", dmodel, dpolicy, dgeo, config.k + 1))
@@ -286,11 +284,11 @@ def compression(config: Config) -> dict[str, Any]:
     checks = cross_check(config, checked, dgeo) if checked else []
     longest = max(config.seq_lens)
     policies = {}
-    for text in config.policies:
-        mine = [r for r in rows if r.policy == text]
+    for policy in config.policies:
+        mine = [r for r in rows if r.policy == str(policy)]
         best = max(mine, key=lambda r: (r.compression_ratio, r.batch * r.seq_len))
-        policies[engine.parse_policy(text).kind] = PolicySummary(
-            policy=text,
+        policies[policy.kind] = PolicySummary(
+            policy=str(policy),
             max_compression_ratio=best.compression_ratio,
             at_batch=best.batch,
             at_seq_len=best.seq_len,
@@ -402,26 +400,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
-    if args.k < 0 or min(args.batches) < 1 or min(args.seq_lens) < 1 or min(args.check_lens, default=1) < 1:
-        parser.error("--k must be >= 0, batches, sequence and check lengths >= 1")
     if args.draft == "none":
         args.drafter = "none"
     if args.k == 0 and args.drafter not in ("none", "lookup"):
         parser.error("--k 0 is plain decoding: use --drafter none")
-    config = Config(
-        model=args.model,
-        reference=reference,
-        backend=args.backend,
-        dtype=dtype,
-        device=args.device,
-        policies=[str(p) for p in policies],
-        drafter=args.drafter,
-        drafter_weights=args.drafter_weights,
-        k=args.k,
-        batches=args.batches,
-        seq_lens=args.seq_lens,
-        check_lens=args.check_lens,
-    )
+    config = cli.make_config(parser, Config, args, reference=reference, dtype=dtype, policies=policies)
     report = write_report(args.out, "compression", 1, compression(config))
     print(markdown(report))
     s = report["summary"]

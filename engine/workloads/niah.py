@@ -23,7 +23,7 @@ import argparse
 import re
 import sys
 import time
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -38,9 +38,9 @@ MIN_SPAN = 24  # evictable tokens a rung needs to place needles outside the wind
 
 
 class Config(cli.ModelConfig):
-    policies: list[str] = Field(min_length=1)
-    contexts: list[int] = Field(min_length=1)
-    depths: list[float] = Field(min_length=1)
+    policies: list[cli.PolicyField] = Field(min_length=1)  # under test: one per kind, not full
+    contexts: list[Annotated[int, Field(ge=32)]] = Field(min_length=1)
+    depths: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(min_length=1)
     samples: int = Field(ge=1)
     seed: int
     batch: int = Field(default=1, ge=1)  # haystacks decoded at once (engine.generate_batch)
@@ -228,7 +228,7 @@ def _account(t: _Tally, seq: engine.Session, slot_bytes: list[int], n_prompts: l
 def niah(config: Config) -> dict[str, Any]:
 
     t0 = time.perf_counter()
-    under_test = cli.policies(",".join(config.policies), allow_full=False)
+    under_test = config.policies
     oracle = engine.full()
     run = [oracle, *under_test]
     sink = max(p.sink for p in under_test)
@@ -415,24 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         cli.check_device(args.backend, args.device)
     except ValueError as exc:
         parser.error(str(exc))
-    if any(not 0.0 <= d <= 1.0 for d in args.depths):
-        parser.error("--depths must lie in [0, 1]")
-    if args.batch < 1:
-        parser.error("--batch must be >= 1")
-    if args.samples < 1 or any(c < 32 for c in args.contexts):
-        parser.error("--samples must be >= 1 and every context >= 32")
-    config = Config(
-        model=args.model,
-        backend=args.backend,
-        dtype=args.dtype,
-        device=args.device,
-        policies=[str(p) for p in under_test],
-        contexts=args.contexts,
-        depths=args.depths,
-        samples=args.samples,
-        seed=args.seed,
-        batch=args.batch,
-    )
+    config = cli.make_config(parser, Config, args, policies=under_test)
     report, png = plots.write_plotted(args.out, "niah", niah(config), draw, "recall", args.plot)
     print(table(report))
     s = report["summary"]

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 import engine
 from engine.progress import report_progress
 from engine.report import write_report
+from engine.workloads import cli
 from engine.workloads.cli import first_divergence
 from engine.zoo import corpus
 
@@ -32,7 +33,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str
-    policy: str
+    policy: cli.PolicyField
     device: Literal["auto", "cpu"] = "auto"
     dtypes: list[str] = Field(min_length=1)
     prompts: int = Field(ge=1)
@@ -100,7 +101,7 @@ def _mlx_logits(mm: Any, seq: list[int], keep: int) -> Any:
 
 def run_dtype(config: Config, dtype: str, texts: list[str]) -> Run:
 
-    policy = engine.parse_policy(config.policy)
+    policy = config.policy
     tm = engine.load(config.model, "torch", dtype, config.device)
     mm = engine.load(config.model, "mlx", dtype, config.device)
     samples = []
@@ -199,20 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="where to write the report (JSON)")
     args = parser.parse_args(argv)
 
-    try:
-        engine.parse_policy(args.policy)  # a bad policy fails before any model loads
-    except ValueError as exc:
-        parser.error(str(exc))
-    config = Config(
-        model=args.model,
-        policy=args.policy,
-        device=args.device,
-        dtypes=args.dtypes,
-        prompts=args.prompts,
-        prompt_tokens=args.prompt_tokens,
-        new_tokens=args.new_tokens,
-        seed=args.seed,
-    )
+    config = cli.make_config(parser, Config, args)
     report = write_report(args.out, "parity", 1, parity(config))
     for r in report["runs"]:
         print(

@@ -30,9 +30,9 @@ import argparse
 import random
 import sys
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 import engine
 from engine.geometry import SLIDING_ATTENTION
@@ -46,16 +46,22 @@ class Config(cli.ModelConfig):
     drafter: str
     sink: int = Field(ge=0)
     window: int = Field(ge=1)
-    contexts: list[int] = Field(min_length=1)
-    depths: list[float] = Field(min_length=1)
+    contexts: list[int] = Field(min_length=1)  # each >= sink + window + 32 (room for an evicted needle)
+    depths: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(min_length=1)
     samples: int = Field(ge=1)
-    alphas: list[float] = Field(min_length=1)
+    alphas: list[Annotated[float, Field(gt=0.0, lt=1.0)]] = Field(min_length=1)
     rank: int = Field(ge=1)
     train_steps: int = Field(ge=1)
     train_rows: int = Field(ge=1)
     train_tokens: int = Field(ge=64)
     attn_weight: float = Field(ge=0)
     seed: int
+
+    @model_validator(mode="after")
+    def _room(self) -> Config:
+        if any(c < self.sink + self.window + 32 for c in self.contexts):
+            raise ValueError("every context must be >= sink + window + 32 (room for an evicted needle)")
+        return self
 
 
 class Training(BaseModel):
@@ -152,7 +158,7 @@ def study(config: Config) -> dict[str, Any]:
     f = restoration.FTheta(
         pairs[0][0].features().shape[1], config.rank, geo.kv_heads, geo.head_dim, len(types)
     )
-    scaling = float(restoration._attention_modules(model)[0].scaling)
+    scaling = float(model.attention_modules()[0].scaling)
     result = restoration.train_ftheta(
         f,
         pairs,
@@ -221,7 +227,7 @@ def study(config: Config) -> dict[str, Any]:
                         session = (
                             model.session(policy)
                             if supply is None
-                            else restoration.RestoredSession(model, policy, supply)  # type: ignore[arg-type]
+                            else restoration.restored_session(model, policy, supply)  # type: ignore[arg-type]
                         )
                         tokens = engine.generate(session, ids, stop).tokens
                         if name == "oracle":
@@ -371,32 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         cli.set_threads(args.threads)
     except ValueError as exc:
         parser.error(str(exc))
-    if args.sink < 0 or args.window < 1 or args.samples < 1 or args.rank < 1 or args.train_steps < 1:
-        parser.error("--sink must be >= 0 and --window, --samples, --rank, --train-steps >= 1")
-    if args.train_rows < 1 or args.train_tokens < 64 or args.attn_weight < 0:
-        parser.error("--train-rows must be >= 1, --train-tokens >= 64 and --attn-weight >= 0")
-    if any(not 0.0 < a < 1.0 for a in args.alphas) or any(not 0.0 <= d <= 1.0 for d in args.depths):
-        parser.error("--alphas must lie in (0, 1) and --depths in [0, 1]")
-    if any(c < args.sink + args.window + 32 for c in args.contexts):
-        parser.error("every context must be >= sink + window + 32 (room for an evicted needle)")
-    config = Config(
-        model=args.model,
-        backend="torch",
-        dtype=args.dtype,
-        drafter=args.drafter,
-        sink=args.sink,
-        window=args.window,
-        contexts=args.contexts,
-        depths=args.depths,
-        samples=args.samples,
-        alphas=args.alphas,
-        rank=args.rank,
-        train_steps=args.train_steps,
-        train_rows=args.train_rows,
-        train_tokens=args.train_tokens,
-        attn_weight=args.attn_weight,
-        seed=args.seed,
-    )
+    config = cli.make_config(parser, Config, args, backend="torch")
     report, png = plots.write_plotted(args.out, "restoration", study(config), draw, "recall", args.plot)
     print(table(report))
     s = report["summary"]

@@ -3,18 +3,17 @@ decoding under one cache policy (kind `throughput`, v1).
 
 Prompts: the zoo's code-like corpus (`engine.zoo.corpus.code_prompts`) when the model reads the zoo
 vocabulary (one token per word), else built-in HumanEval-style Python prompts (a signature and a
-docstring to complete). Per prompt the verifier decodes greedily and then speculatively (drafter
-`--drafter`: a model sharing the verifier's tokenizer, e.g. zoo:tiny-drafter, a block drafter directory
-reading the verifier's hidden states, e.g. zoo:tiny-block-drafter (torch or mlx), or `lookup` for prompt
-lookup; `--draft diffusion`: the masked-diffusion proposer `--proposer`, e.g. zoo:tiny-dlm, unmasking its k
-slots in at most `--denoise-steps` forwards and holding no K/V; k drafted tokens per block), each the best
-of `--repeats` runs. Reported per prompt: decode-only
-tok/s (tokens after the first / time after prefill) and end-to-end tok/s (tokens / prefill + decode) of
-both, the mean acceptance length (tokens committed per verifier forward), the speedup (speculative /
-greedy decode tok/s), the acceptance per draft position (of the blocks drafting position i, the fraction
-whose draft i was accepted), and `exact`: whether the two token lists are equal, compared token by token.
+docstring to complete). Per prompt the verifier decodes greedily and then speculatively with the drafter
+`--drafter SPEC` (engine.drafters.spec: `lookup`, `model:zoo:tiny-drafter`, `block:zoo:tiny-block-drafter`,
+`diffusion:zoo:tiny-dlm:steps=4`, `gemma4-assistant:DIR`, or a bare model reference whose config.json
+says its kind; k drafted tokens per block), each the best of `--repeats` runs. Reported per prompt:
+decode-only tok/s (tokens after the first / time after prefill) and end-to-end tok/s (tokens / prefill +
+decode) of both, the mean acceptance length (tokens committed per verifier forward), the speedup
+(speculative / greedy decode tok/s), the acceptance per draft position (of the blocks drafting position i,
+the fraction whose draft i was accepted), and `exact`: whether the two token lists are equal, compared
+token by token.
 
-The drafter's own cache: `--drafter-policy` (default: sink_window with the policy's sink and window, or
+A model drafter's own cache: `--drafter-policy` (default: sink_window with the policy's sink and window, or
 full when the policy is full - a drafter only needs recent context).
 """
 
@@ -23,15 +22,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 import engine
 from engine.backends.base import batch_unsupported
-from engine.drafters import is_block_drafter
-from engine.drafters.diffusion import DiffusionDrafter, load_dlm
+from engine.drafters import DrafterFactory, load_drafter, parse_drafter
 from engine.policy import drafter_policy
 from engine.workloads import cli, plots
 from engine.zoo import corpus
@@ -57,9 +54,9 @@ HUMANEVAL_STYLE = [
 
 
 class Config(cli.ModelConfig):
-    policy: str
-    drafter: str
-    drafter_policy: str
+    policy: cli.PolicyField
+    drafter: cli.Drafter
+    drafter_policy: cli.PolicyField
     k: int = Field(ge=1)
     prompts: int = Field(ge=1)
     prompt_source: str
@@ -68,8 +65,15 @@ class Config(cli.ModelConfig):
     repeats: int = Field(ge=1)
     seed: int
     min_speedup: float = Field(ge=0)
-    denoise_steps: int | None = Field(default=None, ge=1)  # the diffusion proposer's (None: another drafter)
-    batches: list[int] = Field(default=[1, 8, 32], min_length=1)  # batch sizes of the batched greedy runs
+    batches: list[Annotated[int, Field(ge=1)]] = Field(
+        default=[1, 8, 32], min_length=1
+    )  # batch sizes of the batched greedy runs
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def denoise_steps(self) -> int | None:
+        """The diffusion drafter's denoising forwards per block at most (None: another drafter)."""
+        return self.drafter.option("steps") if self.drafter.kind == "diffusion" else None
 
 
 class Run(BaseModel):
@@ -171,49 +175,29 @@ def _best(runs: list[Any]) -> Any:
     return min(runs, key=lambda g: g.decode_s)
 
 
-def drafter_factory(config: Config, model: engine.Model, probe: str) -> Callable[[], engine.Drafter]:
-
-    if config.drafter == "lookup":
-        return engine.PromptLookupDrafter
-    if config.denoise_steps is not None:
-        dlm = load_dlm(config.drafter, config.backend)
-        steps = config.denoise_steps
-        return lambda: DiffusionDrafter(dlm, steps=steps)
-    if is_block_drafter(engine.resolve(config.drafter)):
-        return block_drafter_factory(config, model)
-    dm = engine.load(config.drafter, config.backend, config.dtype, config.device)
-    if dm.encode(probe) != model.encode(probe):
-        raise ValueError(f"the drafter {config.drafter} does not share the verifier's tokenizer")
-    policy = engine.parse_policy(config.drafter_policy)
-    return lambda: engine.ModelDrafter(dm.session(policy, max_block=config.k + 1))
-
-
-def block_drafter_factory(config: Config, model: engine.Model) -> Callable[[], engine.Drafter]:
-    """A block drafter reading the verifier's hidden states, on the verifier's backend (its cache is its own)."""
-    from engine.drafters.block_base import load_block_drafter
-
-    drafter = load_block_drafter(config.drafter, config.backend)
-    if drafter.config.vocab_size != model.geometry.vocab_size:  # type: ignore[attr-defined]
-        raise ValueError(f"the drafter {config.drafter} does not share the verifier's vocabulary")
-    return lambda: type(drafter)(drafter.model)  # type: ignore[attr-defined]  # a fresh one on the same weights
-
-
 def throughput(config: Config) -> dict[str, Any]:
 
     t0 = time.perf_counter()
-    policy = engine.parse_policy(config.policy)
+    policy = config.policy
     model = engine.load(config.model, config.backend, config.dtype, config.device)
     source = config.prompt_source
     if source == "auto":
         source = "zoo" if is_zoo_tokenizer(model) else "humaneval"
     texts = prompt_texts(source, config.prompts, config.prompt_tokens, config.seed)
-    make_drafter = drafter_factory(config, model, texts[0])
+    make_drafter: DrafterFactory = load_drafter(
+        config.drafter,
+        model,
+        k=config.k,
+        policy=config.drafter_policy,
+        dtype=config.dtype,
+        device=config.device,
+        probe=texts[0],
+    )
     stop = engine.Stop(config.new_tokens, model.eos_ids)
     warm = model.encode(texts[0])  # first forwards pay one-off costs: keep them out of the figures
     engine.generate(model.session(policy), warm, engine.Stop(4))
-    engine.speculative_generate(
-        model.session(policy, config.k + 1), make_drafter(), warm, config.k, engine.Stop(4)
-    )
+    session = model.session(policy, config.k + 1)
+    engine.speculative_generate(session, make_drafter(session), warm, config.k, engine.Stop(4))
     rows: list[Prompt] = []
     per_repeat: dict[str, list[list[Any]]] = {"greedy": [], "speculative": []}  # [prompt][repeat] runs
     greedy_tokens: list[list[int]] = []
@@ -224,11 +208,8 @@ def throughput(config: Config) -> dict[str, Any]:
             for _ in range(config.repeats):  # interleaved, so a busy spell hits both alike
                 greedy.append(engine.generate(model.session(policy), ids, stop))
                 bar.update(1)
-                spec.append(
-                    engine.speculative_generate(
-                        model.session(policy, config.k + 1), make_drafter(), ids, config.k, stop
-                    )
-                )
+                session = model.session(policy, config.k + 1)
+                spec.append(engine.speculative_generate(session, make_drafter(session), ids, config.k, stop))
                 bar.update(1)
             per_repeat["greedy"].append(greedy)
             per_repeat["speculative"].append(spec)
@@ -393,18 +374,10 @@ def main(argv: list[str] | None = None) -> int:
         "--policy", default="hybrid:4:64", help="full | sink_window:SINK:WINDOW | hybrid:SINK:WINDOW"
     )
     parser.add_argument(
-        "--drafter", default="zoo:tiny-drafter", help="a drafter model (zoo:NAME or directory) or 'lookup'"
-    )
-    parser.add_argument(
-        "--draft",
-        choices=("model", "lookup", "diffusion"),
-        default="model",
-        help="lookup: prompt lookup, whatever --drafter says (for presets, whose --drafter is a model); "
-        "diffusion: the masked-diffusion proposer --proposer",
-    )
-    parser.add_argument("--proposer", default="zoo:tiny-dlm", help="--draft diffusion: the proposer model")
-    parser.add_argument(
-        "--denoise-steps", type=int, default=4, help="--draft diffusion: denoising forwards per block at most"
+        "--drafter",
+        default="model:zoo:tiny-drafter",
+        help="lookup | model:REF | block:REF | diffusion:REF[:steps=N] | gemma4-assistant:REF | a bare REF "
+        "(its config.json says the kind)",
     )
     parser.add_argument(
         "--drafter-policy", default="auto", help="the drafter's cache policy (auto: see above)"
@@ -429,40 +402,13 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         policy = engine.parse_policy(args.policy)
-        dpolicy = args.drafter_policy
-        if dpolicy == "auto":
-            dpolicy = str(drafter_policy(policy))
-        engine.parse_policy(dpolicy)
+        drafter = parse_drafter(args.drafter)
+        dpolicy = drafter_policy(policy) if args.drafter_policy == "auto" else args.drafter_policy
         cli.set_threads(args.threads)
         cli.check_device(args.backend, args.device)
     except ValueError as exc:
         parser.error(str(exc))
-    if min(args.batches) < 1:
-        parser.error("--batches must be >= 1")
-    if args.k < 1 or args.prompts < 1 or args.repeats < 1 or args.new_tokens < 2 or args.prompt_tokens < 2:
-        parser.error("--k, --prompts and --repeats must be >= 1, --new-tokens and --prompt-tokens >= 2")
-    if args.denoise_steps < 1:
-        parser.error("--denoise-steps must be >= 1")
-    drafter = {"lookup": "lookup", "diffusion": args.proposer}.get(args.draft, args.drafter)
-    config = Config(
-        model=args.model,
-        backend=args.backend,
-        dtype=args.dtype,
-        device=args.device,
-        policy=str(policy),
-        drafter=drafter,
-        drafter_policy=dpolicy,
-        k=args.k,
-        prompts=args.prompts,
-        prompt_source=args.prompt_source,
-        prompt_tokens=args.prompt_tokens,
-        new_tokens=args.new_tokens,
-        repeats=args.repeats,
-        seed=args.seed,
-        min_speedup=args.min_speedup,
-        denoise_steps=args.denoise_steps if args.draft == "diffusion" else None,
-        batches=args.batches,
-    )
+    config = cli.make_config(parser, Config, args, policy=policy, drafter=drafter, drafter_policy=dpolicy)
     report, png = plots.write_plotted(args.out, "throughput", throughput(config), draw, "tok_s", args.plot)
     s = report["summary"]
     for i, r in enumerate(report["prompts"]):

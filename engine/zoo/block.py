@@ -28,8 +28,11 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 from transformers import Gemma3ForCausalLM
 
-from engine.drafters.block import BlockConfig, BlockDrafter, BlockDrafterModel
+import engine
+from engine.drafters.block.config import BlockConfig
+from engine.drafters.block.torch import BlockDrafter, BlockDrafterModel
 from engine.models import resolve
+from engine.policy import full
 from engine.zoo import corpus, tokenizer
 from engine.zoo.train import greedy
 
@@ -258,9 +261,6 @@ def train(recipe: Recipe, out: Path, command: str, log=print) -> Record:
 
 
 def evaluate(drafter: BlockDrafter, recipe: Recipe, k: int = 8) -> list[EvalRecord]:
-    import engine
-    from engine.policy import full
-
     verifier = engine.load(VERIFIER)
     smoke = recipe.steps < 100
     n_code, n_hay, new = (2, 2, 16) if smoke else (32, 16, 128)
@@ -314,7 +314,7 @@ A block drafter (engine/drafters/block.py, DFlash-style) for `{VERIFIER}`: it re
 states {rc.target_layers} (0 = embeddings, 6 = after the final norm) of every committed position, projected
 into its own cached context K/V, and proposes up to {rc.block_size} tokens in one forward from
 [last token, MASK x k]. Not a transformers model: load it with
-`engine.drafters.block.load_block_drafter("zoo:tiny-block-drafter")`.
+`engine.drafters.load.load_block_drafter("zoo:tiny-block-drafter")`.
 
 ## Architecture
 

@@ -1,9 +1,9 @@
-"""Train `zoo:tiny-dlm`, the masked-diffusion proposer, on the CPU, deterministically.
+"""Train `zoo:tiny-dlm`, the masked-diffusion drafter, on the CPU, deterministically.
 
     python -m engine.zoo.dlm                          # writes engine/zoo/models/tiny-dlm/
     python -m engine.zoo.dlm --smoke --out /tmp/dlm   # seconds: a tiny model, a few steps
 
-A small bidirectional transformer (engine/drafters/diffusion_torch.py) with the zoo tokenizer. Rows
+A small bidirectional transformer (engine/drafters/diffusion/torch.py) with the zoo tokenizer. Rows
 are windows of the verifier's (`zoo:tiny-hybrid`) greedy continuations of code prompts, mixed with
 plain `corpus.code_words` text. Masked-diffusion objective as the drafter uses it: per row a block of
 b trailing positions (b uniform in 1..max_block) and a mask rate t uniform in (0, 1]; each block
@@ -25,9 +25,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
+from transformers import AutoModelForCausalLM
 
-from engine.drafters.diffusion import DLMConfig
-from engine.drafters.diffusion_torch import TinyDLM, save_dlm
+from engine.drafters.diffusion.config import DiffusionConfig
+from engine.drafters.diffusion.torch import TinyDLM, save_model
 from engine.models import ZOO_DIR, resolve
 from engine.zoo import corpus, tokenizer
 from engine.zoo.train import versions
@@ -45,7 +46,7 @@ class Distill(BaseModel):
 class Recipe(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = "tiny-dlm"
-    config: DLMConfig
+    config: DiffusionConfig
     steps: int
     rows: int  # rows per step
     min_len: int = 16
@@ -70,7 +71,7 @@ class TrainRecord(BaseModel):
 
 VOCAB = len(corpus.VOCAB)
 RECIPE = Recipe(
-    config=DLMConfig(
+    config=DiffusionConfig(
         vocab_size=VOCAB, hidden=96, layers=3, heads=4, intermediate=192, max_positions=64, context=48
     ),
     steps=2500,
@@ -100,8 +101,6 @@ SMOKE = RECIPE.model_copy(
 @torch.no_grad()
 def distill_pool(spec: Distill, seed: int, log) -> list[list[int]]:
     """<bos> + code prompt + the verifier's greedy continuation (full cache), one list per row."""
-    from transformers import AutoModelForCausalLM
-
     verifier = AutoModelForCausalLM.from_pretrained(resolve(spec.verifier), dtype=torch.float32).eval()
     pool: list[list[int]] = []
     for plen in spec.prompt_lens:
@@ -193,7 +192,7 @@ def train(recipe: Recipe, out: Path, command: str = "", log=print) -> TrainRecor
             )
             window = []
     model.eval()
-    save_dlm(model, out)
+    save_model(model, out)
     tokenizer.save(out)
     record = TrainRecord(
         recipe=recipe,

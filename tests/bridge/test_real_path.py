@@ -243,7 +243,9 @@ def test_summary_has_results_stderr_tail_and_absolute_links_for_a_job_summary(wo
     out = world.project / "out" / rid
     summary = (out / "summary.md").read_text()
     results = summary.split("## Results\n\n", 1)[1].split("\n## ", 1)[0]
-    assert "| cpu_count | 1 |" in results and "| accelerators.cuda.available |" not in results
+    assert (
+        "| cpu_count | 1 |" in results and "| accelerators.cuda.available | false |" in results
+    )  # every depth
     assert "Last lines of stderr" not in summary  # only when the run did not succeed
     assert "- [logs/stdout.log](logs/stdout.log)" in summary
 
@@ -265,16 +267,16 @@ def test_results_section_shows_a_kinds_key_table():
         "prompts": [
             {
                 "prompt_tokens": 16,
-                "greedy": {"tokens_per_s": 10.5},
-                "speculative": {"tokens_per_s": 21.0},
+                "greedy": {"decode_tok_s": 10.5},
+                "speculative": {"decode_tok_s": 21.0},
                 "speedup": 2.0,
                 "exact": True,
                 "samples": [1, 2],
             },
             {
                 "prompt_tokens": 64,
-                "greedy": {"tokens_per_s": 9.0},
-                "speculative": {"tokens_per_s": 13.5},
+                "greedy": {"decode_tok_s": 9.0},
+                "speculative": {"decode_tok_s": 13.5},
                 "speedup": 1.5,
                 "exact": True,
                 "samples": [],
@@ -285,10 +287,14 @@ def test_results_section_shows_a_kinds_key_table():
     assert results_markdown(report) == [
         "## Results",
         "",
-        "| prompt_tokens | greedy.tokens_per_s | speculative.tokens_per_s | speedup | exact |",
+        "### Decoding by prompt and method",
+        "",
+        "| prompt tokens | greedy decode tok/s | speculative decode tok/s | speedup | exact |",
         "|---|---|---|---|---|",
-        "| 16 | 10.5 | 21 | 2 | true |",
-        "| 64 | 9 | 13.5 | 1.5 | true |",
+        "| 16 | 10.5 | 21.0 | 2.00× | yes |",
+        "| 64 | 9.0 | 13.5 | 1.50× | yes |",
+        "",
+        "### Summary",
         "",
         "| | |",
         "|---|---|",

@@ -29,7 +29,7 @@ atexit.register(shutil.rmtree, _TMP, ignore_errors=True)
 
 @functools.cache
 def mlx_twin(tm: Any) -> Any:
-    from engine.backends.mlx import load_mlx
+    from engine.backends.mlx.session import load_mlx
 
     path = _TMP / f"m{len(list(_TMP.iterdir()))}"
     tm.model.save_pretrained(path)

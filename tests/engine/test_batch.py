@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import engine
-from engine.backends.torch import TorchModel, TorchSession
+from engine.backends.torch.device import devices, pick_dtype
+from engine.backends.torch.session import TorchModel, TorchSession
 from engine.policy import Policy, full, hybrid, parse_policy, sink_window
 from tests.engine import tiny_models
 from tests.engine.backends import HAVE_MLX, on
@@ -146,17 +147,17 @@ def test_a_device_that_is_not_there_fails_before_the_weights_load(monkeypatch) -
         raise AssertionError("weights loaded before the device was checked")
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_weights)
-    have = ", ".join(engine.backends.torch.devices())
+    have = ", ".join(devices())
     with pytest.raises(
         ValueError, match=f"device 'cuda:7' is not available here; torch devices here: {have}$"
     ):
         engine.load("zoo:tiny-hybrid", "torch", device="cuda:7")
     with pytest.raises(ValueError, match="device 'tpu' is not available"):
         engine.models.check_device("torch", "tpu")
-    assert engine.models.check_device("torch", "auto") in engine.backends.torch.devices()
+    assert engine.models.check_device("torch", "auto") in devices()
     with pytest.raises(ValueError, match="unknown dtype 'float8'"):
-        engine.backends.torch.pick_dtype("float8", torch.device("cpu"))
-    assert engine.backends.torch.pick_dtype("auto", torch.device("cuda")) == torch.bfloat16
+        pick_dtype("float8", torch.device("cpu"))
+    assert pick_dtype("auto", torch.device("cuda")) == torch.bfloat16
     if HAVE_MLX:
         with pytest.raises(ValueError, match="device 'cuda' is not available here; mlx devices here: cpu"):
             engine.models.check_device("mlx", "cuda")

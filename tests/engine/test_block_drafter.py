@@ -13,7 +13,9 @@ import pytest
 import torch
 
 import engine
-from engine.drafters.block import BlockConfig, BlockDrafter, BlockDrafterModel, load_block_drafter
+from engine.drafters.block.config import BlockConfig
+from engine.drafters.block.torch import BlockDrafter, BlockDrafterModel
+from engine.drafters.load import load_block_drafter
 from engine.policy import Policy, full, hybrid, sink_window
 from engine.zoo import block as zoo_block
 from engine.zoo import corpus
@@ -125,7 +127,9 @@ def test_zoo_block_drafter_is_exact_and_accepts_long_blocks(policy: Policy) -> N
 
 
 def test_block_drafter_loader_refuses_another_model() -> None:
-    with pytest.raises(ValueError, match="not a block drafter"):
+    with pytest.raises(
+        ValueError, match="zoo:tiny-drafter is a model drafter .* not a block drafter: use model:"
+    ):
         load_block_drafter("zoo:tiny-drafter")
 
 

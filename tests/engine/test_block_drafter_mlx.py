@@ -1,4 +1,4 @@
-"""The block drafter on MLX (engine/drafters/block_mlx.py): speculative decoding with the zoo drafter on
+"""The block drafter on MLX (engine/drafters/block/mlx.py): speculative decoding with the zoo drafter on
 the MLX verifier emits exactly MLX greedy's tokens under full, hybrid and sink_window (long after the
 window wrapped); the torch and MLX drafters propose the same tokens with the same probabilities (float32)
 on the same context, across the window's compaction; each backend's drafter imports without the other's
@@ -21,7 +21,7 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 import engine  # noqa: E402
-from engine.drafters.block_base import load_block_drafter  # noqa: E402
+from engine.drafters.load import load_block_drafter  # noqa: E402
 from engine.policy import Policy, full, hybrid, sink_window  # noqa: E402
 from engine.zoo import corpus  # noqa: E402
 
@@ -38,7 +38,7 @@ def _verifier(backend: str) -> engine.Model:
 def test_zoo_block_drafter_on_mlx_is_exact(policy: Policy) -> None:
     verifier = _verifier("mlx")
     drafter = load_block_drafter("zoo:tiny-block-drafter", "mlx")
-    assert type(drafter).__module__ == "engine.drafters.block_mlx"
+    assert type(drafter).__module__ == "engine.drafters.block.mlx"
     for seed in (5, 6):
         ids = verifier.encode(corpus.code_prompts(1, seed=seed, n_tokens=80)[0])
         want = engine.generate(verifier.session(policy), ids, engine.Stop(NEW))
@@ -93,16 +93,16 @@ def _run_without(blocked: list[str], code: str) -> subprocess.CompletedProcess[s
 def test_each_backends_drafter_imports_without_the_other() -> None:
     mlx_only = _run_without(
         ["torch"],
-        "from engine.drafters.block_base import load_block_drafter\n"
+        "from engine.drafters.load import load_block_drafter\n"
         "d = load_block_drafter('zoo:tiny-block-drafter', 'mlx')\n"
-        "assert 'engine.drafters.block' not in sys.modules and sys.modules['torch'] is None\n",
+        "assert 'engine.drafters.block.torch' not in sys.modules and sys.modules['torch'] is None\n",
     )
     assert mlx_only.returncode == 0, mlx_only.stderr
     torch_only = _run_without(
         ["mlx", "mlx_lm"],
-        "from engine.drafters.block import load_block_drafter\n"
+        "from engine.drafters.load import load_block_drafter\n"
         "d = load_block_drafter('zoo:tiny-block-drafter', 'torch')\n"
-        "assert 'engine.drafters.block_mlx' not in sys.modules\n"
+        "assert 'engine.drafters.block.mlx' not in sys.modules\n"
         "load_block_drafter('zoo:tiny-block-drafter', 'mlx')\n",
     )
     assert torch_only.returncode == 1 and "the mlx backend is not available here" in torch_only.stderr

@@ -218,10 +218,12 @@ def test_batched_advance_equals_each_rows_own_plan(spec: LayerSpec, max_block: i
             assert m == 1 and not mask[..., : spec.sink].any() and mask[..., spec.sink :].all(), (spec, step)
         if rng.random() < 0.4:  # roll every row back (a rejected draft)
             n = rng.randint(0, m)
-            group.trim(n)
+            told = group.trim(n)  # the slots it marked EMPTY, per row, for a backend's device copy
+            assert (told is None) == (not spec.bounded)
             for r in range(rows):
                 dropped = refs[r].trim(n)
                 if spec.bounded:  # unbounded: the stale positions lie past every query (hidden)
+                    assert told is not None and told[r] == list(dropped)
                     for slot in dropped:
                         tables[r][slot] = EMPTY
             check()

@@ -1,4 +1,4 @@
-"""The masked-diffusion proposer (engine/drafters/diffusion*.py, zoo:tiny-dlm): speculative decoding with
+"""The masked-diffusion drafter (engine/drafters/diffusion/, zoo:tiny-dlm): speculative decoding with
 it is exactly greedy under every policy after the window has wrapped, on torch and MLX; it holds no
 K/V; its LM head sees the masked positions only; its trainer is deterministic; both backends agree."""
 
@@ -13,8 +13,10 @@ import pytest
 import torch
 
 import engine
-from engine.drafters.diffusion import DiffusionDrafter, DLMConfig, load_dlm
-from engine.drafters.diffusion_torch import TinyDLM, TorchDenoiser, save_dlm
+from engine.drafters.diffusion.config import DiffusionConfig
+from engine.drafters.diffusion.drafter import DiffusionDrafter
+from engine.drafters.diffusion.torch import TinyDLM, TorchDiffusionModel, save_model
+from engine.drafters.load import load_diffusion_model
 from engine.policy import Policy, full, hybrid, sink_window
 from engine.zoo import corpus
 from tests.engine import tiny_models
@@ -32,9 +34,9 @@ def _both(cases: list[tuple]) -> list:
 
 @functools.cache
 def _random_dlm_dir() -> Path:
-    """A random-weight proposer over the tiny models' vocabulary, saved so both backends load it."""
+    """A random-weight diffusion drafter model over the tiny models' vocabulary, saved so both backends load it."""
     torch.manual_seed(3)
-    cfg = DLMConfig(
+    cfg = DiffusionConfig(
         vocab_size=tiny_models.VOCAB,
         hidden=32,
         layers=1,
@@ -44,7 +46,7 @@ def _random_dlm_dir() -> Path:
         context=12,
     )
     path = Path(tempfile.mkdtemp(prefix="kakeya-dlm-")) / "random-dlm"
-    save_dlm(TinyDLM(cfg), path)
+    save_model(TinyDLM(cfg), path)
     return path
 
 
@@ -66,7 +68,7 @@ def _zoo_ids() -> list[int]:
 def test_zoo_pair_is_exactly_greedy_after_the_wrap(policy: Policy, k: int, backend: str) -> None:
     # an 80-token prompt and 150 new tokens: windows of 16 have wrapped long before the end
     verifier = engine.load("zoo:tiny-hybrid", backend=backend)  # type: ignore[arg-type]
-    drafter = DiffusionDrafter(load_dlm("zoo:tiny-dlm", backend=backend), steps=4)  # type: ignore[arg-type]
+    drafter = DiffusionDrafter(load_diffusion_model("zoo:tiny-dlm", backend=backend), steps=4)  # type: ignore[arg-type]
     got = engine.speculative_generate(
         verifier.session(policy, max_block=k + 1), drafter, _zoo_ids(), k, engine.Stop(150)
     )
@@ -80,11 +82,11 @@ def test_zoo_pair_is_exactly_greedy_after_the_wrap(policy: Policy, k: int, backe
     _both([(sink_window(4, 8), 8), (hybrid(2, 6), 4)])
     + [pytest.param(p, k, "torch", id=f"torch-{p}-{k}") for p in (full(), sink_window(0, 5)) for k in (1, 8)],
 )
-def test_random_proposer_is_exactly_greedy(policy: Policy, k: int, backend: str) -> None:
+def test_random_diffusion_drafter_is_exactly_greedy(policy: Policy, k: int, backend: str) -> None:
     tm = on(backend, tiny_models.gemma())
     ids = tiny_models.prompt(40, seed=40)
     want = engine.generate(tm.session(policy), ids, engine.Stop(100))
-    dlm = load_dlm(str(_random_dlm_dir()), backend=backend)  # type: ignore[arg-type]
+    dlm = load_diffusion_model(str(_random_dlm_dir()), backend=backend)  # type: ignore[arg-type]
     got = engine.speculative_generate(
         tm.session(policy, max_block=k + 1), DiffusionDrafter(dlm, steps=3), ids, k, engine.Stop(100)
     )
@@ -92,8 +94,8 @@ def test_random_proposer_is_exactly_greedy(policy: Policy, k: int, backend: str)
 
 
 def test_holds_no_kv_and_runs_the_head_on_masked_positions_only() -> None:
-    dlm = load_dlm("zoo:tiny-dlm")
-    assert isinstance(dlm, TorchDenoiser)
+    dlm = load_diffusion_model("zoo:tiny-dlm")
+    assert isinstance(dlm, TorchDiffusionModel)
     before = {k: v.clone() for k, v in dlm.model.state_dict().items()}
     seen: dict[str, list[tuple[int, ...]]] = {"head": [], "trunk": []}
     hooks = [
@@ -124,14 +126,16 @@ def test_holds_no_kv_and_runs_the_head_on_masked_positions_only() -> None:
 
 
 def test_proposal_length_is_bounded_by_the_model() -> None:
-    dlm = load_dlm(str(_random_dlm_dir()))
+    dlm = load_diffusion_model(str(_random_dlm_dir()))
     drafter = DiffusionDrafter(dlm)  # context 12 of 24 positions: at most 12 mask slots
     drafter.begin([5, 6, 7])
     assert len(drafter.propose(8, 20)) == 12 and drafter.propose(9, 0) == []
     with pytest.raises(ValueError, match="context must be in"):
         DiffusionDrafter(dlm, context=24)
-    with pytest.raises(ValueError, match="engine.zoo.dlm"):
-        load_dlm("zoo:tiny-hybrid")
+    with pytest.raises(
+        ValueError, match="is a model drafter .* not a diffusion drafter: use model:zoo:tiny-hybrid"
+    ):
+        load_diffusion_model("zoo:tiny-hybrid")
 
 
 def test_trainer_smoke_is_deterministic(tmp_path: Path) -> None:
@@ -147,14 +151,14 @@ def test_trainer_smoke_is_deterministic(tmp_path: Path) -> None:
         "tokenizer.json",
         "train_record.json",
     }
-    drafter = DiffusionDrafter(load_dlm(str(a)))
+    drafter = DiffusionDrafter(load_diffusion_model(str(a)))
     drafter.begin([2, 10, 11])
     assert len(drafter.propose(12, 4)) == 4
 
 
 @pytest.mark.skipif(not HAVE_MLX, reason="mlx not installed")
 def test_committed_tiny_dlm_agrees_on_torch_and_mlx() -> None:
-    backends = {b: load_dlm("zoo:tiny-dlm", backend=b) for b in ("torch", "mlx")}  # type: ignore[arg-type]
+    backends = {b: load_diffusion_model("zoo:tiny-dlm", backend=b) for b in ("torch", "mlx")}  # type: ignore[arg-type]
     for i, text in enumerate(corpus.code_prompts(6, seed=77, n_tokens=60)):
         ids = engine.load("zoo:tiny-hybrid").encode(text)
         block = [backends["torch"].config.mask_id] * 8
@@ -203,8 +207,8 @@ def _tiny_diffusion_gemma() -> Any:
 
 
 @pytest.mark.parametrize("policy", [full(), sink_window(4, 8), hybrid(2, 6)], ids=str)
-def test_diffusion_gemma_proposer_is_exactly_greedy(policy: Policy) -> None:
-    from engine.drafters.diffusion_gemma import DiffusionGemmaDenoiser
+def test_diffusion_gemma_drafter_is_exactly_greedy(policy: Policy) -> None:
+    from engine.drafters.diffusion.gemma import DiffusionGemmaModel
 
     model = _tiny_diffusion_gemma()
     rows: list[int] = []
@@ -212,7 +216,7 @@ def test_diffusion_gemma_proposer_is_exactly_greedy(policy: Policy) -> None:
     try:
         tm = tiny_models.gemma()
         ids = tiny_models.prompt(40, seed=40)
-        drafter = DiffusionDrafter(DiffusionGemmaDenoiser(model, context=24), steps=2)
+        drafter = DiffusionDrafter(DiffusionGemmaModel(model, context=24), steps=2)
         got = engine.speculative_generate(tm.session(policy, max_block=9), drafter, ids, 8, engine.Stop(60))
     finally:
         hook.remove()

@@ -1,4 +1,4 @@
-"""Gemma 4's assistant as a drafter (engine/drafters/gemma4_assistant.py): it proposes what transformers'
+"""Gemma 4's assistant as a drafter (engine/drafters/gemma4_assistant/): it proposes what transformers'
 own assisted generation proposes, and speculative decoding with it is exactly greedy under every policy,
 after the windows wrap."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.decode import Stop, generate
-from engine.drafters.gemma4_assistant import Gemma4AssistantDrafter
+from engine.drafters.gemma4_assistant.torch import Gemma4AssistantDrafter
 from engine.policy import Policy, full, hybrid, sink_window
 from engine.speculative import speculative_generate
 from tests.engine.tiny_models import gemma4, gemma4_assistant, prompt
@@ -76,3 +76,25 @@ def test_assistant_refuses_what_it_cannot_read() -> None:
 
     with pytest.raises(ValueError, match="Gemma 4 verifiers"):
         Gemma4AssistantDrafter(assistant, gemma().session(full(), max_block=5))
+
+
+def test_attended_kv_is_what_the_newest_position_attended() -> None:
+    """`TorchSession.attended_kv`, the session method the assistant reads instead of the cache's internals.
+    Layer 0 (sliding, native window 16; its K/V depend on the tokens alone, not on the policy) after 40
+    positions: full gives the native window, positions 24..39; sink_window(2, 6) (its ring wrapped) the
+    sinks and the last 6 within the native window, 34..39, in position order and equal to those."""
+    from tests.engine.tiny_models import gemma
+
+    tm, ids = gemma(), prompt(40, seed=9)
+    bounded, oracle = tm.session(sink_window(2, 6), max_block=5), tm.session(full())
+    bounded.prefill(ids)
+    oracle.prefill(ids)
+    k, v = bounded.attended_kv(0)
+    kf, vf = oracle.attended_kv(0)
+    assert kf.shape[2] == 16 and k.shape[2] == 6
+    torch.testing.assert_close(k, kf[:, :, 10:])
+    torch.testing.assert_close(v, vf[:, :, 10:])
+    quantized = tm.session(Policy("full", precision="q8"))
+    quantized.prefill(ids)
+    with pytest.raises(ValueError, match="QuantizedKV"):
+        quantized.attended_kv(0)

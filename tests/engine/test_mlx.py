@@ -19,7 +19,8 @@ from mlx_lm.generate import generate_step  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
 import engine  # noqa: E402
-from engine.backends.mlx import MLXModel, load_mlx, mlx_config  # noqa: E402
+from engine.backends.mlx.compat import mlx_config  # noqa: E402
+from engine.backends.mlx.session import MLXModel, load_mlx  # noqa: E402
 from engine.policy import expected_kv_bytes, full, hybrid, sink_window  # noqa: E402
 from tests.engine import tiny_models  # noqa: E402
 from tests.engine.backends import mlx_twin  # noqa: E402
@@ -153,7 +154,7 @@ def test_each_backend_runs_without_the_other_installed() -> None:
     torch_only = _run_without(
         ["mlx", "mlx_lm"],
         (
-            "import engine, engine.backends.torch\n"
+            "import engine, engine.backends.torch.session\n"
             f"m = engine.load({str(twin.path)!r}, backend='torch')\n"
             "assert len(engine.generate(m.session(engine.full()), [5, 6, 7], engine.Stop(5)).tokens) == 5\n"
             f"engine.load({str(twin.path)!r}, backend='mlx')\n"

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 import engine
-from engine.backends import kv_kernels
-from engine.backends.torch import TorchModel, _dequantize, _quantize, dequantize, quantize
+from engine.backends.torch import kv_kernels
+from engine.backends.torch.quant import _dequantize, _quantize, dequantize, quantize
+from engine.backends.torch.session import TorchModel
 from engine.policy import Policy, expected_kv_bytes, parse_policy, policy_slot_bytes, with_precision
 from tests.engine import tiny_models
 from tests.engine.backends import BACKENDS, HAVE_MLX, on

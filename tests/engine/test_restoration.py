@@ -34,7 +34,7 @@ def test_identity_restoration_equals_the_oracle(zoo, chunk: int) -> None:
     supply = restoration.truth(restoration.capture(model, placed.ids))
     oracle = model.session(engine.full()).prefill(placed.ids, logits=True).logits
     bounded = model.session(policy, prefill_chunk=chunk).prefill(placed.ids, logits=True).logits
-    restored_session = restoration.RestoredSession(model, policy, supply, prefill_chunk=chunk)
+    restored_session = restoration.restored_session(model, policy, supply, prefill_chunk=chunk)
     restored = restored_session.prefill(placed.ids, logits=True).logits
     assert torch.allclose(restored, oracle, atol=1e-4)
     assert not torch.allclose(bounded, oracle, atol=1e-2)  # the bounded cache alone does lose the needle
@@ -43,7 +43,7 @@ def test_identity_restoration_equals_the_oracle(zoo, chunk: int) -> None:
     assert restored_session.kv_bytes() == plain.kv_bytes()  # supplied K/V are not held by the cache
     stop = engine.Stop(6, model.eos_ids)
     want = engine.generate(model.session(engine.full()), placed.ids, stop).tokens
-    got = engine.generate(restoration.RestoredSession(model, policy, supply), placed.ids, stop).tokens
+    got = engine.generate(restoration.restored_session(model, policy, supply), placed.ids, stop).tokens
     assert got == want and model.decode(want).split()[:4] == placed.answer.split()
 
 
@@ -54,7 +54,7 @@ def test_a_wrong_supply_changes_the_output(zoo) -> None:
     noise = restoration.Supply([torch.randn_like(k) for k in truth.k], [torch.randn_like(v) for v in truth.v])
     policy = engine.sink_window(4, 24)
     oracle = model.session(engine.full()).prefill(placed.ids, logits=True).logits
-    wrong = restoration.RestoredSession(model, policy, noise).prefill(placed.ids, logits=True).logits
+    wrong = restoration.restored_session(model, policy, noise).prefill(placed.ids, logits=True).logits
     assert not torch.allclose(wrong, oracle, atol=1e-2)
     half = restoration.mix(0.5, truth, noise)
     assert torch.allclose(half.k[0], 0.5 * (truth.k[0] + noise.k[0]))
@@ -69,7 +69,7 @@ def test_ftheta_training_is_deterministic(zoo) -> None:
     model, drafter = zoo
     pairs = study.training_pairs(model, drafter, 2, 96, 0)
     geo = model.geometry
-    scaling = float(restoration._attention_modules(model)[0].scaling)
+    scaling = float(model.attention_modules()[0].scaling)
 
     def fit() -> tuple[restoration.TrainResult, list[torch.Tensor]]:
         torch.manual_seed(0)

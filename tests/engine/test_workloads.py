@@ -174,7 +174,7 @@ def test_niah_batched_report_equals_batch_one_and_a_missing_device_exits_2(
 
 
 def _devices() -> list[str]:
-    from engine.backends.torch import devices
+    from engine.backends.torch.device import devices
 
     return devices()
 

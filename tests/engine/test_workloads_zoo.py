@@ -83,7 +83,9 @@ def test_throughput_with_the_zoo_drafter_is_exact_and_accepts_drafts(tmp_path: P
     assert throughput.main([*argv[3:], "--plot", "none"]) == 0
     report = json.loads(out.read_text())
     s = report["summary"]
-    assert report["config"]["prompt_source"] == "zoo" and report["config"]["drafter"] == "zoo:tiny-drafter"
+    assert (
+        report["config"]["prompt_source"] == "zoo" and report["config"]["drafter"] == "model:zoo:tiny-drafter"
+    )
     assert s["all_exact"] and all(p["exact"] for p in report["prompts"])
     assert s["mean_acceptance_length"] > 1.5 and s["acceptance_rate"] > 0.3
     verdict = _gate(report, "throughput-code")
@@ -92,14 +94,14 @@ def test_throughput_with_the_zoo_drafter_is_exact_and_accepts_drafts(tmp_path: P
     )  # exactness; speed varies
 
 
-def test_throughput_with_the_diffusion_proposer_is_exact(tmp_path: Path) -> None:
+def test_throughput_with_the_diffusion_drafter_is_exact(tmp_path: Path) -> None:
     out = tmp_path / "dlm.json"
-    params = {"draft": "diffusion", "denoise_steps": 2, "prompts": 2, "new_tokens": 24, "repeats": 1}
+    params = {"drafter": "diffusion:zoo:tiny-dlm:steps=2", "prompts": 2, "new_tokens": 24, "repeats": 1}
     argv = _argv("throughput-code", params, out)
     assert throughput.main([*argv[3:], "--plot", "none"]) == 0
     report = json.loads(out.read_text())
     c, s = report["config"], report["summary"]
-    assert c["drafter"] == "zoo:tiny-dlm" and c["denoise_steps"] == 2
+    assert c["drafter"] == "diffusion:zoo:tiny-dlm:steps=2" and c["denoise_steps"] == 2
     assert s["all_exact"] and s["mean_acceptance_length"] >= 1.0
     assert sum(p["speculative"]["drafted"] for p in report["prompts"]) > 0
     verdict = _gate(report, "throughput-code")

@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from engine.backends.torch import TorchModel
+from engine.backends.torch.session import TorchModel
 
 VOCAB = 256
 # The tiny linear-attention hybrids' geometry (Qwen3.5, Qwen3-Next): 2 K/V heads of 16, gated delta-net
@@ -212,7 +212,7 @@ def gemma4_assistant(seed: int = 1, sliding_window: int = 8) -> torch.nn.Module:
     head_dim), hidden size 32, backbone hidden size 64."""
     from transformers import Gemma4AssistantConfig
 
-    from engine.drafters.gemma4_assistant import assistant_model
+    from engine.drafters.gemma4_assistant.torch import assistant_model
 
     torch.manual_seed(seed)
     text = {

@@ -1,10 +1,10 @@
-"""The block drafter in MLX: the twin of engine/drafters/block.py (same module names, so it loads the same
+"""The block drafter in MLX: the twin of engine/drafters/block/torch.py (same module names, so it loads the same
 model.safetensors), fed the MLX session's `Step.hidden` (mx arrays, from the verify forward itself).
 
 Everything stays on the device and lazy: `observe` projects the committed positions' features and writes
 their K/V into the buffers without evaluating anything; `propose` evaluates the block forward together
 with those writes and copies the k argmax ids to the host: one host sync per block, no numpy.
-The config and the bookkeeping (window, compaction, positions) are engine/drafters/block_base.py's.
+The config and the bookkeeping (window, compaction, positions) are engine/drafters/block/config.py's and base.py's.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from engine.drafters.block_base import BlockConfig, BlockContext, read_config
+from engine.drafters.block.base import BlockDrafterBase
+from engine.drafters.block.config import BlockConfig, read_config
 
 
 class RMSNorm(nn.Module):
@@ -129,8 +130,8 @@ class MLXBlockDrafterModel(nn.Module):
         return model
 
 
-class MLXBlockDrafter(BlockContext):
-    """The engine.speculative `FeatureDrafter` over an `MLXBlockDrafterModel` (bookkeeping: BlockContext);
+class MLXBlockDrafter(BlockDrafterBase):
+    """The engine.speculative `FeatureDrafter` over an `MLXBlockDrafterModel` (bookkeeping: BlockDrafterBase);
     buffers [1, heads, capacity, head_dim] per layer, in float32 like the weights."""
 
     def __init__(self, model: MLXBlockDrafterModel) -> None:

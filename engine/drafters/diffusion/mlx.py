@@ -1,4 +1,4 @@
-"""The masked-diffusion proposer's model in MLX (drafting only), on the torch model's safetensors."""
+"""The masked-diffusion drafter's model in MLX (drafting only), on the torch model's safetensors."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from engine.drafters.diffusion import DLMConfig
+from engine.drafters.diffusion.config import DiffusionConfig
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: DLMConfig) -> None:
+    def __init__(self, cfg: DiffusionConfig) -> None:
         super().__init__()
         self.heads = cfg.heads
         self.ln1 = nn.LayerNorm(cfg.hidden)
@@ -32,7 +32,7 @@ class Block(nn.Module):
 
 
 class TinyDLM(nn.Module):
-    def __init__(self, cfg: DLMConfig) -> None:
+    def __init__(self, cfg: DiffusionConfig) -> None:
         super().__init__()
         self.config = cfg
         self.embed = nn.Embedding(cfg.vocab_size + 1, cfg.hidden)
@@ -52,8 +52,8 @@ class TinyDLM(nn.Module):
         return h @ self.embed.weight[: self.config.vocab_size].T
 
 
-class MlxDenoiser:
-    """`diffusion.Denoiser` over the MLX TinyDLM."""
+class MLXDiffusionModel:
+    """`DiffusionModel` (engine/drafters/diffusion/drafter.py) over the MLX TinyDLM."""
 
     def __init__(self, model: TinyDLM) -> None:
         self.model = model
@@ -69,8 +69,8 @@ class MlxDenoiser:
         return tokens.tolist(), conf.tolist()
 
 
-def load_mlx_dlm(path: Path, config: DLMConfig) -> MlxDenoiser:
+def load_model(path: Path, config: DiffusionConfig) -> MLXDiffusionModel:
     model = TinyDLM(config)
     model.load_weights(str(path / "model.safetensors"))  # strict: every name and shape must match
     mx.eval(model.parameters())
-    return MlxDenoiser(model)
+    return MLXDiffusionModel(model)

@@ -14,8 +14,8 @@ at p + j. One forward, one host copy (the k argmax ids) per block.
 
 A drafter directory holds config.json (`BlockConfig`, model_type "kakeya_block_drafter") and
 model.safetensors; `engine.zoo.block` trains `zoo:tiny-block-drafter`. The config, the context
-bookkeeping and `load_block_drafter` (which picks the backend) are backend-free
-(engine/drafters/block_base.py); engine/drafters/block_mlx.py is the MLX twin of this module.
+bookkeeping are backend-free (engine/drafters/block/config.py, base.py); engine/drafters/block/mlx.py is
+the MLX twin of this module; engine.drafters.load picks between them.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from torch import nn
 
-from engine.drafters.block_base import BlockConfig, BlockContext, load_block_drafter, read_config
-
-__all__ = ["BlockConfig", "BlockDrafter", "BlockDrafterModel", "load_block_drafter"]
+from engine.drafters.block.base import BlockDrafterBase
+from engine.drafters.block.config import BlockConfig, read_config
 
 
 class RMSNorm(nn.Module):
@@ -128,23 +128,19 @@ class BlockDrafterModel(nn.Module):
         return self.lm_head(self.norm(x))
 
     def save(self, out: Path) -> None:
-        from safetensors.torch import save_file
-
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(self.config.model_dump_json(indent=2) + "\n")
         save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(out / "model.safetensors"))
 
     @classmethod
     def load(cls, path: Path, device: str | torch.device = "cpu") -> BlockDrafterModel:
-        from safetensors.torch import load_file
-
         model = cls(read_config(path))
         model.load_state_dict(load_file(str(path / "model.safetensors")))
         return model.to(device).eval()
 
 
-class BlockDrafter(BlockContext):
-    """The engine.speculative `FeatureDrafter` over a `BlockDrafterModel` (bookkeeping: BlockContext)."""
+class BlockDrafter(BlockDrafterBase):
+    """The engine.speculative `FeatureDrafter` over a `BlockDrafterModel` (bookkeeping: BlockDrafterBase)."""
 
     def __init__(self, model: BlockDrafterModel) -> None:
         super().__init__(model.config)

@@ -1,6 +1,6 @@
-"""A transformers DiffusionGemma (`DiffusionGemmaForBlockDiffusion`) as the masked-diffusion proposer.
+"""A transformers DiffusionGemma (`DiffusionGemmaForBlockDiffusion`) as the masked-diffusion drafter's model.
 
-Its encoder reads the committed tail (filling a K/V cache that this denoiser drops after the forward,
+Its encoder reads the committed tail (filling a K/V cache that this model drops after the forward,
 so nothing is held between blocks) and its decoder denoises the block bidirectionally as the
 "canvas". DiffusionGemma has no mask token (its own sampler renoises slots with random tokens); a
 still-masked slot is fed as `filler` (the pad token) so that proposals are deterministic. The LM head
@@ -10,21 +10,23 @@ and the final soft-capping run on the masked slots only. Torch only (mlx-lm has 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import DiffusionGemmaForBlockDiffusion
 
-from engine.drafters.diffusion import DLMConfig
+from engine.drafters.diffusion.config import DiffusionConfig
 
 
-class DiffusionGemmaDenoiser:
-    """`diffusion.Denoiser` over a `DiffusionGemmaForBlockDiffusion` (one batch row)."""
+class DiffusionGemmaModel:
+    """`DiffusionModel` (engine/drafters/diffusion/drafter.py) over a `DiffusionGemmaForBlockDiffusion` (one batch row)."""
 
     def __init__(self, model: Any, context: int = 64) -> None:
         tc = model.config.text_config
         self.model = model.eval()
         self.filler = tc.pad_token_id if tc.pad_token_id is not None else 0
-        self.config = DLMConfig(
+        self.config = DiffusionConfig(
             vocab_size=tc.vocab_size,
             hidden=tc.hidden_size,
             layers=tc.num_hidden_layers,
@@ -48,3 +50,9 @@ class DiffusionGemmaDenoiser:
             logits = torch.tanh(logits / cap) * cap
         conf, tokens = logits.softmax(-1).max(-1)
         return tokens.tolist(), conf.tolist()
+
+
+def load_model(path: Path, context: int = 64) -> DiffusionGemmaModel:
+    """A DiffusionGemma directory (config model_type "diffusion_gemma") as the drafter's model, on the cpu
+    in its stored dtype (transformers)."""
+    return DiffusionGemmaModel(DiffusionGemmaForBlockDiffusion.from_pretrained(str(path)), context)

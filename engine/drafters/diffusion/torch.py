@@ -1,4 +1,4 @@
-"""The masked-diffusion proposer's model in PyTorch (training and drafting); see diffusion.py."""
+"""The masked-diffusion drafter's model in PyTorch (training and drafting); see drafter.py."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from engine.drafters.diffusion import DLMConfig
+from engine.drafters.diffusion.config import DiffusionConfig
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: DLMConfig) -> None:
+    def __init__(self, cfg: DiffusionConfig) -> None:
         super().__init__()
         self.heads = cfg.heads
         self.ln1 = nn.LayerNorm(cfg.hidden)
@@ -40,7 +40,7 @@ class Head(nn.Module):
 
 
 class TinyDLM(nn.Module):
-    def __init__(self, cfg: DLMConfig) -> None:
+    def __init__(self, cfg: DiffusionConfig) -> None:
         super().__init__()
         self.config = cfg
         self.embed = nn.Embedding(cfg.vocab_size + 1, cfg.hidden)  # + the mask token
@@ -67,8 +67,8 @@ class TinyDLM(nn.Module):
         return self.logits(self.hidden(ids)[masked])
 
 
-class TorchDenoiser:
-    """`diffusion.Denoiser` over a TinyDLM."""
+class TorchDiffusionModel:
+    """`DiffusionModel` (engine/drafters/diffusion/drafter.py) over a TinyDLM."""
 
     def __init__(self, model: TinyDLM) -> None:
         self.model = model.eval()
@@ -84,14 +84,14 @@ class TorchDenoiser:
         return tokens.tolist(), conf.tolist()
 
 
-def save_dlm(model: TinyDLM, out: Path) -> None:
+def save_model(model: TinyDLM, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(model.config.model_dump_json(indent=2) + "\n")
     tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
-def load_torch_dlm(path: Path, config: DLMConfig) -> TorchDenoiser:
+def load_model(path: Path, config: DiffusionConfig) -> TorchDiffusionModel:
     model = TinyDLM(config)
     model.load_state_dict(load_file(str(path / "model.safetensors")))
-    return TorchDenoiser(model)
+    return TorchDiffusionModel(model)

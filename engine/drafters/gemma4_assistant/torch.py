@@ -41,8 +41,8 @@ draft); here the assistant sees only committed positions, through the cache's ow
 Not supported: quantized K/V policies (`...:q8`) and batched sessions (rows > 1), refused on creation.
 
 transformers 5.23's `Gemma4TextConfig.kv_sharing_modes` rejects a config whose layers are all shared
-(the assistant's own), so constructing or loading an assistant raises; `assistant_model_class` /
-`load_gemma4_assistant` build it with that one property answering "reuse" for every layer.
+(the assistant's own), so constructing or loading an assistant raises; `assistant_model` /
+`load_assistant_model` build it with that one property answering "reuse" for every layer.
 """
 
 from __future__ import annotations
@@ -52,22 +52,17 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
+from transformers import Gemma4AssistantForCausalLM, Gemma4TextConfig
 
-from engine.backends.torch import KV, TorchSession
-from engine.cache import visible_mask
-from engine.geometry import FULL_ATTENTION, SLIDING_ATTENTION
-
-MODEL_TYPE = "gemma4_assistant"
+from engine.backends.torch.session import TorchSession
+from engine.drafters.gemma4_assistant.config import MODEL_TYPE, shared_layers
 
 
 @contextlib.contextmanager
 def all_shared_kv() -> Iterator[None]:
     """While it is active, a Gemma 4 text config whose layers are all KV-shared reports every layer as
     "reuse" (transformers 5.23 raises instead, so no assistant can be built); other configs unchanged."""
-    from transformers import Gemma4TextConfig
-
     original = Gemma4TextConfig.__dict__["kv_sharing_modes"]
 
     def modes(self: Any) -> list[str | None]:
@@ -84,33 +79,14 @@ def all_shared_kv() -> Iterator[None]:
 
 def assistant_model(config: Any) -> Any:
     """A random-weight `Gemma4AssistantForCausalLM` from its config (tests)."""
-    from transformers import Gemma4AssistantForCausalLM
-
     with all_shared_kv():
         return Gemma4AssistantForCausalLM(config).eval()
 
 
-def load_gemma4_assistant_model(path: Path, device: torch.device, dtype: torch.dtype) -> Any:
-    from transformers import Gemma4AssistantForCausalLM
-
+def load_assistant_model(path: Path, device: torch.device, dtype: torch.dtype) -> Any:
     with all_shared_kv():
         model = Gemma4AssistantForCausalLM.from_pretrained(str(path), dtype=dtype)
     return model.to(device).eval()
-
-
-def shared_layers(config: Any) -> dict[str, int]:
-    """The verifier layers whose K/V the assistant reads, by layer kind: the "store" layers of a config
-    with KV-shared layers, else the last layer of each kind."""
-    types = list(config.layer_types)
-    modes = list(config.kv_sharing_modes)
-    stored = {types[i]: i for i, mode in enumerate(modes) if mode == "store"}
-    last = {t: i for i, t in enumerate(types)}
-    out = stored or last
-    if set(out) != {FULL_ATTENTION, SLIDING_ATTENTION}:
-        raise ValueError(
-            f"Gemma 4's assistant reads one full and one sliding attention layer; this verifier has {set(out)}"
-        )
-    return out
 
 
 class Gemma4AssistantDrafter:
@@ -118,8 +94,7 @@ class Gemma4AssistantDrafter:
     K/V it reads). Make a new one (or call `begin`) for each generation, with that generation's session."""
 
     def __init__(self, assistant: Any, verifier: TorchSession) -> None:
-        model = verifier.owner.model
-        text = model.config.get_text_config()
+        text = verifier.owner.text_config
         if getattr(text, "model_type", "") != "gemma4_text":
             raise ValueError(
                 f"Gemma 4's assistant drafts for Gemma 4 verifiers (this one is {text.model_type})"
@@ -133,16 +108,15 @@ class Gemma4AssistantDrafter:
             )
         if verifier.rows != 1:
             raise ValueError("Gemma 4's assistant drafts for an unbatched session (rows=1)")
+        if verifier.policy.bits:
+            raise ValueError(
+                f"Gemma 4's assistant reads the verifier's K/V as stored in the model dtype; this session "
+                f"stores them quantized ({verifier.policy}: use a policy without :qN)"
+            )
         self.assistant = assistant.eval()
         self.verifier = verifier
-        self.embed = model.get_input_embeddings()
+        self.embed = verifier.owner.input_embeddings()
         self.by_kind = shared_layers(text)
-        for kind, layer in self.by_kind.items():
-            if not isinstance(verifier.states[layer], KV):
-                raise ValueError(
-                    f"Gemma 4's assistant reads the verifier's K/V as stored in the model dtype; layer {layer} "
-                    f"({kind}) stores {type(verifier.states[layer]).__name__} (use a policy without :qN)"
-                )
         self.layers = (len(verifier.specs),)  # the last hidden state, after the final norm
         self.device = verifier.device
         self.hidden: torch.Tensor | None = None  # [1, 1, hidden]: the newest fed position's
@@ -156,25 +130,8 @@ class Gemma4AssistantDrafter:
 
     def context(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Per layer kind, the K/V [1, kv_heads, n, head_dim] of the positions the verifier's newest fed
-        position attended in that layer, in position order (module docstring)."""
-        p = self.verifier.position
-        out = {}
-        for kind, layer in self.by_kind.items():
-            group = self.verifier.group_of[layer]
-            state = self.verifier.states[layer]
-            assert group is not None and isinstance(state, KV) and state.k is not None and state.v is not None
-            table = group.table[0, : group.layout.held()]
-            seen = visible_mask(group.spec, np.array([p - 1]), table)[0]
-            slots = np.flatnonzero(seen)
-            slots = slots[np.argsort(table[slots], kind="stable")]
-            if len(slots) and slots[-1] - slots[0] == len(slots) - 1:  # already in order: a view
-                k = state.k[:, :, slots[0] : slots[-1] + 1]
-                v = state.v[:, :, slots[0] : slots[-1] + 1]
-            else:
-                index = torch.from_numpy(slots).to(self.device)
-                k, v = state.k.index_select(2, index), state.v.index_select(2, index)
-            out[kind] = (k, v)
-        return out
+        position attended in that layer, in position order (module docstring; `TorchSession.attended_kv`)."""
+        return {kind: self.verifier.attended_kv(layer) for kind, layer in self.by_kind.items()}
 
     @torch.inference_mode()
     def propose(self, last: int, k: int) -> list[int]:
@@ -197,14 +154,3 @@ class Gemma4AssistantDrafter:
 
     def accept(self, n: int, committed: Sequence[int]) -> None:
         """Nothing to roll back: the assistant keeps no state between blocks but the observed features."""
-
-
-def load_gemma4_assistant(name: str, verifier: TorchSession) -> Gemma4AssistantDrafter:
-    """An assistant drafter from a model reference (a directory; engine.models.resolve) for `verifier`,
-    loaded on the verifier's device in its dtype."""
-    from engine.models import resolve
-
-    owner = verifier.owner
-    return Gemma4AssistantDrafter(
-        load_gemma4_assistant_model(resolve(name), owner.device, owner.dtype), verifier
-    )

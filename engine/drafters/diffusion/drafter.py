@@ -1,69 +1,33 @@
-"""Masked-diffusion proposer: k drafts by iterative unmasking, no K/V held between blocks (no torch/mlx).
+"""The masked-diffusion drafter: k drafts by iterative unmasking, no K/V held between blocks (no torch/mlx).
 
 Each block the drafter feeds its bidirectional model the tail of the committed context (the last
 `context` tokens, positions 0..) followed by k mask slots, and unmasks them in at most `steps`
 denoising forwards: each forward predicts every still-masked slot (the LM head runs on those slots
 only) and fixes the most confident ones, an equal share of the remaining slots per remaining step.
-Nothing but the committed token ids survives a block, so the proposer adds 0 bytes to the K/V held.
+Nothing but the committed token ids survives a block, so the drafter adds 0 bytes to the K/V held.
 Whatever it proposes, the verifier decides: `speculative_generate` output stays exactly greedy.
 
-    from engine.drafters.diffusion import DiffusionDrafter, load_dlm
-    drafter = DiffusionDrafter(load_dlm("zoo:tiny-dlm", backend="torch"), steps=4)
-    engine.speculative_generate(verifier_session, drafter, ids, k, stop)
+    make = engine.load_drafter(engine.DrafterSpec.parse("diffusion:zoo:tiny-dlm:steps=4"), verifier, k=k)
+    engine.speculative_generate(session, make(session), ids, k, stop)
 
-Model directories (`zoo:tiny-dlm`) hold config.json (`DLMConfig`, model_type "kakeya-dlm"),
-model.safetensors (read by both backends: engine/drafters/diffusion_torch.py, diffusion_mlx.py) and
-the zoo tokenizer files.
+Model directories (`zoo:tiny-dlm`) hold config.json (`DiffusionConfig`, model_type "kakeya-dlm"),
+model.safetensors (read by both backends: engine/drafters/diffusion/torch.py, mlx.py) and the zoo
+tokenizer files; a transformers DiffusionGemma directory works too (gemma.py, PyTorch).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
-from pydantic import BaseModel, ConfigDict
-
-from engine.models import Backend, resolve
-
-MODEL_TYPE = "kakeya-dlm"
+from engine.drafters.diffusion.config import DiffusionConfig
 
 
-class DLMConfig(BaseModel):
-    """A small bidirectional transformer: token + learned position embeddings, pre-norm blocks, an LM
-    head tied to the token embedding (over the `vocab_size` real tokens; `mask_id` = vocab_size)."""
-
-    model_config = ConfigDict(extra="forbid")
-    model_type: Literal["kakeya-dlm"] = MODEL_TYPE
-    vocab_size: int
-    hidden: int
-    layers: int
-    heads: int
-    intermediate: int
-    max_positions: int  # context tail + mask slots fed at once
-    context: int  # default tail of committed tokens the drafter feeds
-
-    @property
-    def mask_id(self) -> int:
-        return self.vocab_size
-
-
-def read_config(path: Path) -> DLMConfig:
-    raw = json.loads((path / "config.json").read_text())
-    if raw.get("model_type") != MODEL_TYPE:
-        raise ValueError(
-            f"{path} is not a masked-diffusion proposer (config model_type {raw.get('model_type')!r}, "
-            f"expected {MODEL_TYPE!r}); train one with python -m engine.zoo.dlm"
-        )
-    return DLMConfig.model_validate(raw)
-
-
-class Denoiser(Protocol):
+class DiffusionModel(Protocol):
     """A backend's bidirectional model: one forward over `ids` (mask slots hold `config.mask_id`)."""
 
-    config: DLMConfig
+    config: DiffusionConfig
 
     def predict(
         self, context: Sequence[int], block: Sequence[int], masked: Sequence[int]
@@ -73,27 +37,10 @@ class Denoiser(Protocol):
         ...
 
 
-def load_dlm(name: str, backend: Backend = "torch") -> Denoiser:
-    """A masked-diffusion proposer by reference (`zoo:tiny-dlm` or a directory) on one backend."""
-    path = resolve(name)
-    config = read_config(path)
-    if backend == "torch":
-        from engine.drafters.diffusion_torch import load_torch_dlm
-
-        return load_torch_dlm(path, config)
-    if backend == "mlx":
-        try:
-            from engine.drafters.diffusion_mlx import load_mlx_dlm  # type: ignore[import-not-found]
-        except ImportError as exc:
-            raise ValueError(f"the mlx backend is not available here: {exc}") from exc
-        return load_mlx_dlm(path, config)
-    raise ValueError(f"unknown backend {backend!r}: use torch or mlx")
-
-
 class DiffusionDrafter:
-    """The `Drafter` of engine/speculative.py over a masked-diffusion `Denoiser`."""
+    """The `Drafter` of engine/speculative.py over a masked-diffusion `DiffusionModel`."""
 
-    def __init__(self, model: Denoiser, context: int | None = None, steps: int = 4) -> None:
+    def __init__(self, model: DiffusionModel, context: int | None = None, steps: int = 4) -> None:
         cfg = model.config
         self.context_len = cfg.context if context is None else context
         if not 1 <= self.context_len < cfg.max_positions:

@@ -1,0 +1,45 @@
+"""One linear-attention (gated delta-net) layer's state: `DeltaNetState`."""
+
+from __future__ import annotations
+
+import torch
+
+
+class DeltaNetState:
+    """One linear-attention layer's state: `conv` the last kernel - 1 inputs of its causal convolution
+    [batch, channels, kernel - 1] and `recurrent` the gated delta-net state [batch, heads, k_dim, v_dim]
+    (None before the first forward). K/V bytes are 0; `state_bytes` is what the state costs."""
+
+    def __init__(self, kernel: int) -> None:
+        self.kernel = kernel
+        self.conv: torch.Tensor | None = None
+        self.recurrent: torch.Tensor | None = None
+
+    def update_conv(self, x: torch.Tensor) -> torch.Tensor:
+        """A block's convolution inputs [batch, channels, m] -> what the convolution runs over (the kept
+        inputs + the block, or the block alone for the first forward); keeps the last kernel - 1."""
+        full = x if self.conv is None else torch.cat((self.conv, x), dim=-1)
+        keep = self.kernel - 1
+        tail = full[..., -keep:]
+        self.conv = (
+            tail if tail.shape[-1] == keep else torch.nn.functional.pad(tail, (keep - tail.shape[-1], 0))
+        )
+        return full
+
+    def snapshot(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        # A one-token step updates `conv` in place (causal_conv1d_update): copy it. The recurrent state is
+        # replaced, never mutated, by both kernels: a reference is enough.
+        return (None if self.conv is None else self.conv.clone()), self.recurrent
+
+    def restore(self, snapshot: tuple[torch.Tensor | None, torch.Tensor | None]) -> None:
+        self.conv, self.recurrent = snapshot
+
+    def trim(self, n: int) -> None:
+        """Nothing here: the session restores a snapshot and feeds the kept tokens again."""
+
+    nbytes = 0
+    allocated_bytes = 0
+
+    @property
+    def state_bytes(self) -> int:
+        return sum(0 if t is None else t.nbytes for t in (self.conv, self.recurrent))

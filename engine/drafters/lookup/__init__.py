@@ -1,0 +1,1 @@
+"""Prompt lookup (kind `lookup`): drafter.py, no model and no backend."""
