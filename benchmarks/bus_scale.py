@@ -294,6 +294,43 @@ def serve(base: Path, transport: str) -> Iterator[tuple[str, Relay]]:
     relay.close()
 
 
+def compact_in_place(bus: Path, cutoff: dt.datetime) -> int:
+    """What the runners' compaction leaves (bridge/ledger.py), written straight into the bus repository: the
+    ledger commits, its maps, and the done and index refs of the results before `cutoff` deleted in one
+    `git update-ref` transaction. A bus at its steady state in seconds, where the runners' first compaction of
+    a large history takes many minutes (`--migrate runners` measures that). Returns the results moved."""
+    from bridge import ledger as L
+
+    text = G.out(bus, "for-each-ref", "--format=%(objectname)\t%(refname)", B.NS)
+    snap = B.Snapshot.parse(text + "\n")
+    old = [e for e in snap.entries.values() if e.done and e.created_at < cutoff]
+    tip = None
+    for i in range(0, len(old), L.CHUNK):
+        chunk = old[i : i + L.CHUNK]
+        tree = G.tree_with(bus, tip, L.entries_of(bus, chunk, snap.index))
+        tip = G.commit(
+            bus, tree, ([tip] if tip else []) + [e.done for e in chunk if e.done], "ledger", "b <b@x>"
+        )
+    if tip is None:
+        return 0
+    shards = L.shard_trees(bus, tip)
+    maps = [
+        L.LedgerMap(ledger=tip, shards={n: t for n, t in shards.items() if n.startswith(k + "/")})
+        for k in L.KINDS
+    ]
+    blobs = G.write_blobs(bus, [m.dump() for m in maps])
+    lines = [f"update {L.LEDGER_REF} {tip}"] + [
+        f"update {L.map_ref(k)} {b}" for k, b in zip(L.KINDS, blobs, strict=True)
+    ]
+    lease = L.lease_commit(
+        bus, "bench", B.utcnow() + dt.timedelta(minutes=5), "b <b@x>"
+    )  # as a compaction leaves
+    lines += [f"update {L.LEASE_REF} {lease}"] + [f"delete {B.done_ref(e.id)}" for e in old]
+    lines += [f"delete {B.subject_ref(snap.index[e.id][0], e.id)}" for e in old if e.id in snap.index]
+    G.run(bus, "update-ref", "--stdin", input="".join(line + "\n" for line in lines).encode())
+    return len(old)
+
+
 def retry(call: Callable[[], object]) -> None:
     """`call()`, once more when the test HTTP server dropped a connection under load."""
     from bridge.errors import BusError
@@ -306,7 +343,9 @@ def retry(call: Callable[[], object]) -> None:
         call()
 
 
-def measure_size(work: Path, size: int, transport: str = "git", per_day: float = 100) -> dict[str, Any]:
+def measure_size(
+    work: Path, size: int, transport: str = "git", per_day: float = 100, migrate: str = "runners"
+) -> dict[str, Any]:
     """Every operation on a bus of `size` finished requests made at `per_day` a day (so the history spans
     size / per_day days, and the runners' compaction window of 2 days holds about 2 * per_day of them), served
     over `transport`: {op: {"bytes", "bytes_down", "seconds", "rc"}}."""
@@ -373,6 +412,10 @@ def measure_size(work: Path, size: int, transport: str = "git", per_day: float =
         # window (compact_after_days, 2) and moves them into the ledger (what upgrading a bus costs once)
         runner = ("runner", "once", "--labels", "cpu", "--name", "bench", "--remote", url)
         total = {"bytes": 0, "bytes_down": 0, "seconds": 0.0, "rc": 0, "rounds": 0}
+        if migrate == "in-place":
+            t0 = time.perf_counter()
+            out["migrated_in_place"] = compact_in_place(bus, B.utcnow() - dt.timedelta(days=2))
+            out["migrated_in_place_s"] = round(time.perf_counter() - t0, 2)
         while total["rounds"] < 40:  # a runner moves up to 1,000 at a time: `runner once` until none is left
             before = len(G.refs_under(bus, "refs/"))
             proc = op("compaction_round", *kakeya(*runner))
@@ -460,6 +503,13 @@ def main() -> None:
         "--transports", default="git,http", help="git (git daemon) and/or http (http-backend)"
     )
     parser.add_argument("--per-day", type=float, default=100, help="finished requests a day in the history")
+    parser.add_argument(
+        "--migrate",
+        choices=("runners", "in-place"),
+        default="runners",
+        help="how the history gets into the ledger: the runners' own compaction (measured), or written straight "
+        "into the bus (compact_in_place: the steady state in seconds)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bus_scale.json")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -477,7 +527,7 @@ def main() -> None:
             work = Path(tempfile.mkdtemp(prefix=f"kakeya-bus-scale-{transport}-{size}-"))
             t0 = time.perf_counter()
             try:
-                runs[str(size)] = measure_size(work, size, transport, args.per_day)
+                runs[str(size)] = measure_size(work, size, transport, args.per_day, args.migrate)
             finally:
                 shutil.rmtree(work, ignore_errors=True)
             runs[str(size)]["load_avg_after"] = os.getloadavg()
