@@ -416,16 +416,16 @@ def measure_size(
             t0 = time.perf_counter()
             out["migrated_in_place"] = compact_in_place(bus, B.utcnow() - dt.timedelta(days=2))
             out["migrated_in_place_s"] = round(time.perf_counter() - t0, 2)
+        cutoff = B.id_time(made["ids"][-1]) - dt.timedelta(days=2.1)  # what the runners' window moves
         while total["rounds"] < 40:  # a runner moves up to 1,000 at a time: `runner once` until none is left
-            before = len(G.refs_under(bus, "refs/"))
+            if not any(B.id_time(ref.rsplit("/", 1)[1]) < cutoff for ref in G.refs_under(bus, B.DONE_PREFIX)):
+                break
             proc = op("compaction_round", *kakeya(*runner))
             step = out.pop("compaction_round")
             total = {k: (round(v + step[k], 3) if k in step and k != "rc" else v) for k, v in total.items()}
             total["rc"] = max(total["rc"], step["rc"])
             total["rounds"] += 1
             total["log"] = [ln for ln in proc.stderr.splitlines() if "compact" in ln][-3:]
-            if len(G.refs_under(bus, "refs/")) >= before:
-                break
         out["compaction_first"] = total
         out["refs_on_bus"] = len(G.refs_under(bus, "refs/"))
         for kind in (
