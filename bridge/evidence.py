@@ -108,9 +108,8 @@ class Shelf:
                 for rid, (subj, sha) in snap.index.items()
                 if subj == subject
             ]
-            if (
-                ledger.map_ref("subject") in snap.refs
-            ):  # and those in the ledger (one small tree, fetched by id)
+            # and those in the ledger: one small tree, fetched by id
+            if ledger.map_ref("subject") in snap.refs:
                 shelved = ledger.read(
                     self.bus,
                     ledger.read_map(self.bus, snap, "subject"),
@@ -125,9 +124,7 @@ class Shelf:
         self.dones.update({name: [] for name in wanted})
         if subject is None:  # for baselines, newest first: a batch now, older ones when asked (`more`)
             self.known |= {e.id for e in entries}
-            if (
-                ledger.map_ref("preset") in snap.refs
-            ):  # then the ledger, a month at a time, once refs are read
+            if ledger.map_ref("preset") in snap.refs:  # then the ledger, a month at a time (`more`)
                 self.ledger = ledger.read_map(self.bus, snap, "preset")
             for name in wanted:
                 self.later[name] = [e for e in entries if e.preset == name]

@@ -1,19 +1,19 @@
 """The ledger: finished requests moved out of refs, so the bus's refs stay bounded by live work plus a few days.
 
-    refs/kakeya/ledger          a commit chain: each commit's parents are the previous ledger commit and the
-                                done commits it took in (they stay reachable); its tree is the sharded index
+    refs/kakeya/ledger              a commit chain: each commit's parents are the previous ledger commit and
+                                    the done commits it took in (they stay reachable); its tree is the index
     refs/kakeya/ledger-map/<kind>   a blob (LedgerMap) for each kind of shard (date, subject, preset): the
-                                ledger commit it describes and each shard of that kind's tree id
-    refs/kakeya/lease/compact   the compaction lease (CompactLease): who compacts, and until when no other
-                                runner starts to
+                                    ledger commit it describes and each shard of that kind's tree id
+    refs/kakeya/lease/compact       the compaction lease (CompactLease): who compacts, and until when no
+                                    other runner starts to
 
 The index (each entry a LedgerEntry, JSON): date/<YYYYMMDD>/<id>, subject/<ab>/<subject>/<id>,
 preset/<preset>/<label>/<YYYYMM>/<id>. A shard is one directory: date/<day>, subject/<ab> (<ab>: the subject's
-first two hex digits) or preset/<preset>/<label>/<month>, under 3,000 entries at 2,000 requests a day. Four
+first two hex digits) or preset/<preset>/<label>/<month>, under 3,000 entries at 2,000 requests a day. Five
 refs, whatever the history: a reader lists the map ref of the kind it reads, fetches that map blob by id (one
 line per shard: the subject map, what `gate pr` reads, never holds more than 256), then only the shard trees it
-needs, by object id (protocol v2 upload-pack serves any object reachable from a
-ref; `read` falls back to a depth-1 fetch of the ledger where a server refuses).
+needs, by object id (protocol v2 upload-pack serves any object reachable from a ref; `read` falls back to a
+depth-1 fetch of the ledger where a server refuses).
 
 `compact` (`kakeya bus compact`, and the runners on their own: `Runner.maybe_compact`) moves done results older
 than a few days in: per chunk, one atomic push moves the ledger and its map (leased on what it saw), renews the
@@ -42,9 +42,8 @@ LEDGER_REF = B.NS + "ledger"
 MAP_PREFIX = B.NS + "ledger-map/"
 KINDS = ("date", "subject", "preset")
 LEASE_REF = B.NS + "lease/compact"
-SHARD_PREFIX = (
-    B.NS + "shard/"
-)  # the shard refs of an earlier ledger (one ref per shard): compaction deletes them
+# the shard refs of an earlier ledger (one ref per shard): compaction deletes them
+SHARD_PREFIX = B.NS + "shard/"
 LEASE_PATH = ".kakeya/lease.json"
 CHUNK = 400  # done commits per ledger commit (its parents)
 PUSH_CHUNK = 2000  # done results per push at most (each push downloads the bus's ref advertisement once)
