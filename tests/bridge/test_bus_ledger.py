@@ -1,5 +1,5 @@
-"""The ledger at scale (bridge/ledger.py) against real buses: two refs whatever the history (the ledger and its
-map, no ref per shard), readers that fetch only the shard they need by object id (and a depth-1 fallback where
+"""The ledger at scale (bridge/ledger.py) against real buses: four refs whatever the history (the ledger and its
+maps, no ref per shard), readers that fetch only the shard they need by object id (and a depth-1 fallback where
 a server refuses that), runners that compact on their own under a lease (racing runners, a lease taken over from
 a crashed compactor, a compaction that loses a race to a done ref that moved), baselines found in the ledger,
 and an idle `runner once` that pushes no presence."""
@@ -49,7 +49,7 @@ def old_ids(made: dict, days: float) -> set[str]:
     return {rid for rid in made["ids"] if B.id_time(rid) < cutoff}
 
 
-def test_the_ledger_is_two_refs_and_a_reader_fetches_one_shard_by_id(world: Env, daemon: Daemon, capsys):
+def test_the_ledger_is_four_refs_and_a_reader_fetches_one_shard_by_id(world: Env, daemon: Daemon, capsys):
     url = daemon.repo()
     bus_dir = daemon.base / "bus.git"
     made = history(url, world, bus_dir)
