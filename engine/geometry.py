@@ -4,8 +4,11 @@ size of their constant-size convolution and recurrent states.
 
 Both backends and the workloads read a model's shape through `Geometry.from_config` (a config.json
 dict, or `PretrainedConfig.to_dict()` of the text config, which also holds keys transformers derives
-such as `layer_types` from `use_sliding_window`). An unknown layer kind fails here, at load.
-No torch or mlx here; `read_geometry` imports transformers only to read a config directory.
+such as `layer_types` from `use_sliding_window`). The model's layer kinds are read here once
+(`layer_kinds`: `layer_types`, Nemotron-H / Zamba2's `layers_block_type`, Jamba's attention period,
+Falcon-H1's parallel mixers, MLA's `kv_lora_rank`), and a kind the engine does not handle is refused
+here, at load and before any forward, with `UnsupportedModelError`: one line naming the model type, the
+layer kind and the kinds the engine supports. No torch or mlx here; `read_geometry` imports transformers only to read a config directory.
 """
 
 from __future__ import annotations
@@ -19,6 +22,68 @@ FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
 LINEAR_ATTENTION = "linear_attention"  # gated delta-net: a convolution state and a recurrent state, no K/V
 LAYER_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION, LINEAR_ATTENTION)
+# Kinds read from configs that the engine does not decode yet (refused at load), with what they are.
+MLA_ATTENTION = (
+    "mla_attention"  # multi-head latent attention (DeepSeek-V3, Kimi-K2): K and V head dims differ
+)
+MAMBA2 = "mamba2"  # a Mamba-2 mixer (Nemotron-H, Granite-4.0-H, Bamba, Zamba2): conv + SSM state
+MAMBA = "mamba"  # a Mamba-1 mixer (Jamba)
+PARALLEL_MAMBA2 = "attention+mamba2"  # attention and a Mamba-2 mixer side by side in one layer (Falcon-H1)
+OTHER_LINEAR = "linear_attention(not gated delta-net)"  # MiniMax lightning, Kimi delta attention, ...
+DESCRIBED = {
+    MLA_ATTENTION: "multi-head latent attention",
+    MAMBA2: "Mamba-2 state-space mixer",
+    MAMBA: "Mamba state-space mixer",
+    PARALLEL_MAMBA2: "attention beside a Mamba-2 mixer in each layer",
+    OTHER_LINEAR: "a linear-attention kernel other than gated delta-net",
+}
+SUPPORTED = "full_attention, sliding_attention, linear_attention (gated delta-net)"
+
+
+class UnsupportedModelError(ValueError):
+    """A model the engine cannot decode exactly, found at load (before any forward): one line naming the
+    model type, the layer kind and what is supported. The workloads exit 2 on it (engine.workloads.cli)."""
+
+    def __init__(self, model_type: str, kind: str, detail: str = "") -> None:
+        what = f" ({DESCRIBED[kind]})" if kind in DESCRIBED else ""
+        super().__init__(
+            f"model type {model_type!r}: layer kind {kind!r}{what} is not supported{detail} "
+            f"(supported: {SUPPORTED})"
+        )
+        self.model_type, self.kind = model_type, kind
+
+
+def layer_kinds(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """Each layer's kind as the config says it, with the mixers transformers names alike told apart: a
+    `linear_attention` layer is gated delta-net only with its `linear_num_key_heads`, Mamba-2 with
+    `mamba_*` / `ssm_state_size` keys, and attention is MLA with a `kv_lora_rank`. Without `layer_types`
+    (Llama, Mistral) every layer slides when there is a `sliding_window`, else is full attention."""
+    n_layers = int(config["num_hidden_layers"])
+    types = config.get("layer_types") or config.get("layers_block_type")
+    if not types and config.get("attn_layer_period"):  # Jamba: attention every period, else Mamba
+        period, offset = int(config["attn_layer_period"]), int(config.get("attn_layer_offset") or 0)
+        types = [FULL_ATTENTION if i % period == offset else MAMBA for i in range(n_layers)]
+    if not types and "mamba_d_ssm" in config:  # Falcon-H1: both mixers in every layer
+        types = [PARALLEL_MAMBA2] * n_layers
+    if not types:
+        types = [SLIDING_ATTENTION if config.get("sliding_window") else FULL_ATTENTION] * n_layers
+    mamba = any(str(k).startswith("mamba_") or k == "ssm_state_size" for k in config)
+    delta = "linear_num_key_heads" in config and "linear_conv_kernel_dim" in config
+    linear = MAMBA2 if mamba else LINEAR_ATTENTION if delta else OTHER_LINEAR
+    attention = MLA_ATTENTION if config.get("kv_lora_rank") else None
+    out = []
+    for t in types:
+        t = str(t)
+        if t in ("mamba", "mamba2", LINEAR_ATTENTION) and t != MAMBA:
+            t = MAMBA2 if t == "mamba2" else linear
+        elif t in ("attention", FULL_ATTENTION) and attention:
+            t = attention
+        elif t == "attention":
+            t = FULL_ATTENTION
+        out.append(t)
+    return tuple(out)
+
+
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -47,15 +112,24 @@ class Geometry:
 
         Without `layer_types` (Llama, Mistral) every layer slides when there is a `sliding_window`, else
         every layer is full attention, as transformers reads such configs."""
+        model_type = str(config.get("model_type") or "?")
+        try:
+            return cls._from_config(config, eos, model_type)
+        except KeyError as exc:  # a config without the keys of a decoder the engine knows
+            raise UnsupportedModelError(
+                model_type, "unknown", f": its config has no {exc.args[0]!r}"
+            ) from None
+
+    @classmethod
+    def _from_config(cls, config: Mapping[str, Any], eos: Any, model_type: str) -> Geometry:
         window = config.get("sliding_window")
         n_layers = int(config["num_hidden_layers"])
-        default = SLIDING_ATTENTION if window else FULL_ATTENTION
-        types = tuple(config.get("layer_types") or [default] * n_layers)
+        types = layer_kinds(config)
         if len(types) != n_layers:
             raise ValueError(f"the config lists {len(types)} layer_types for {n_layers} layers")
         for t in types:
             if t not in LAYER_KINDS:
-                raise ValueError(f"layer kind {t!r} is not supported (supported: {', '.join(LAYER_KINDS)})")
+                raise UnsupportedModelError(model_type, t)
         if SLIDING_ATTENTION in types and not window:
             raise ValueError("a sliding_attention layer needs the model's sliding_window in its config")
         heads = int(config["num_attention_heads"])

@@ -1,0 +1,131 @@
+"""Model families at load (issue 32): a layer kind the engine does not handle is refused before the first
+forward in one line naming the model type, the kind and what is supported, by `Geometry`, by a torch model,
+by `engine.load` and by a workload's command line (exit 2, no traceback)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.backends.torch.session import TorchModel
+from engine.geometry import MAMBA, MAMBA2, PARALLEL_MAMBA2, Geometry, UnsupportedModelError, layer_kinds
+from tests.engine import tiny_families
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_falcon_h1_is_refused_in_one_line_before_any_forward() -> None:
+    config = tiny_families.falcon_h1_config().to_dict()  # type: ignore[attr-defined]
+    with pytest.raises(UnsupportedModelError) as err:
+        Geometry.from_config(config)
+    message = str(err.value)
+    assert "\n" not in message and "'falcon_h1'" in message and "'attention+mamba2'" in message
+    assert "supported: full_attention, sliding_attention, linear_attention" in message
+    model = tiny_families.falcon_h1_module()
+    calls: list[int] = []
+    model.register_forward_pre_hook(lambda *_: calls.append(1))
+    with pytest.raises(UnsupportedModelError, match="falcon_h1"):
+        TorchModel(model)
+    assert calls == []  # refused before the first forward
+
+
+@pytest.mark.parametrize(
+    ("config", "kinds"),
+    [
+        # Granite-4.0-H and Nemotron-H name their Mamba-2 layers linear_attention: told apart by mamba_* keys
+        (
+            {
+                "model_type": "granitemoehybrid",
+                "num_hidden_layers": 2,
+                "mamba_d_state": 16,
+                "layer_types": ["linear_attention", "attention"],
+            },
+            (MAMBA2, "full_attention"),
+        ),
+        (
+            {
+                "model_type": "nemotron_h",
+                "num_hidden_layers": 3,
+                "ssm_state_size": 16,
+                "layers_block_type": ["linear_attention", "moe", "full_attention"],
+            },
+            (MAMBA2, "moe", "full_attention"),
+        ),
+        (
+            {
+                "model_type": "jamba",
+                "num_hidden_layers": 4,
+                "attn_layer_period": 2,
+                "attn_layer_offset": 1,
+                "mamba_d_state": 16,
+            },
+            (MAMBA, "full_attention", MAMBA, "full_attention"),
+        ),
+        ({"model_type": "falcon_h1", "num_hidden_layers": 1, "mamba_d_ssm": 64}, (PARALLEL_MAMBA2,)),
+        # MiniMax's lightning attention is not gated delta-net
+        (
+            {
+                "model_type": "minimax",
+                "num_hidden_layers": 2,
+                "layer_types": ["linear_attention", "full_attention"],
+            },
+            ("linear_attention(not gated delta-net)", "full_attention"),
+        ),
+        (
+            {
+                "model_type": "qwen3_5_text",
+                "num_hidden_layers": 2,
+                "linear_num_key_heads": 2,
+                "linear_conv_kernel_dim": 4,
+                "layer_types": ["linear_attention", "full_attention"],
+            },
+            ("linear_attention", "full_attention"),
+        ),
+    ],
+)
+def test_layer_kinds_tell_the_mixers_transformers_names_alike_apart(config: dict, kinds: tuple) -> None:
+    assert layer_kinds(config) == kinds
+    if kinds[0] != "linear_attention":
+        with pytest.raises(UnsupportedModelError, match=f"model type '{config['model_type']}': layer kind"):
+            Geometry.from_config({**config, "num_attention_heads": 4, "hidden_size": 64, "vocab_size": 256})
+
+
+def test_a_config_without_decoder_keys_is_refused_not_a_key_error() -> None:
+    with pytest.raises(UnsupportedModelError, match="'rwkv'.*no 'num_attention_heads'"):
+        Geometry.from_config({"model_type": "rwkv", "num_hidden_layers": 2, "hidden_size": 64})
+
+
+@pytest.mark.parametrize("builder", ["deepseek_v3", "falcon_h1"])
+def test_a_workload_exits_2_in_one_line_on_an_unsupported_family(builder: str, tmp_path: Path) -> None:
+    """The niah workload on a saved tiny model: exit 2 with one usage line naming the model type and the
+    layer kind, before any weights load; no traceback."""
+    unsupported = {"deepseek_v3": "mla_attention", "falcon_h1": "attention+mamba2"}
+    if unsupported.get(builder) is None:
+        pytest.skip(f"{builder} is supported now")
+    config = getattr(tiny_families, f"{builder}_config")()
+    config.save_pretrained(tmp_path / "m")  # a config alone: it must be refused before weights are read
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "engine.workloads.niah",
+            "--model",
+            str(tmp_path / "m"),
+            "--out",
+            str(tmp_path / "r.json"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "r.json").exists()
+    last = out.stderr.strip().splitlines()[-1]
+    assert f"model type '{builder}': layer kind '{unsupported[builder]}'" in last and "supported:" in last
