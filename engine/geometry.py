@@ -6,7 +6,7 @@ Both backends and the workloads read a model's shape through `Geometry.from_conf
 dict, or `PretrainedConfig.to_dict()` of the text config, which also holds keys transformers derives
 such as `layer_types` from `use_sliding_window`). The model's layer kinds are read here once
 (`layer_kinds`: `layer_types`, Nemotron-H / Zamba2's `layers_block_type`, Jamba's attention period,
-Falcon-H1's parallel mixers, MLA's `kv_lora_rank`), and a kind the engine does not handle is refused
+Falcon-H1's parallel mixers), and a kind the engine does not handle is refused
 here, at load and before any forward, with `UnsupportedModelError`: one line naming the model type, the
 layer kind and the kinds the engine supports. No torch or mlx here; `read_geometry` imports transformers only to read a config directory.
 """
@@ -23,15 +23,11 @@ SLIDING_ATTENTION = "sliding_attention"
 LINEAR_ATTENTION = "linear_attention"  # gated delta-net: a convolution state and a recurrent state, no K/V
 LAYER_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION, LINEAR_ATTENTION)
 # Kinds read from configs that the engine does not decode yet (refused at load), with what they are.
-MLA_ATTENTION = (
-    "mla_attention"  # multi-head latent attention (DeepSeek-V3, Kimi-K2): K and V head dims differ
-)
 MAMBA2 = "mamba2"  # a Mamba-2 mixer (Nemotron-H, Granite-4.0-H, Bamba, Zamba2): conv + SSM state
 MAMBA = "mamba"  # a Mamba-1 mixer (Jamba)
 PARALLEL_MAMBA2 = "attention+mamba2"  # attention and a Mamba-2 mixer side by side in one layer (Falcon-H1)
 OTHER_LINEAR = "linear_attention(not gated delta-net)"  # MiniMax lightning, Kimi delta attention, ...
 DESCRIBED = {
-    MLA_ATTENTION: "multi-head latent attention",
     MAMBA2: "Mamba-2 state-space mixer",
     MAMBA: "Mamba state-space mixer",
     PARALLEL_MAMBA2: "attention beside a Mamba-2 mixer in each layer",
@@ -56,7 +52,7 @@ class UnsupportedModelError(ValueError):
 def layer_kinds(config: Mapping[str, Any]) -> tuple[str, ...]:
     """Each layer's kind as the config says it, with the mixers transformers names alike told apart: a
     `linear_attention` layer is gated delta-net only with its `linear_num_key_heads`, Mamba-2 with
-    `mamba_*` / `ssm_state_size` keys, and attention is MLA with a `kv_lora_rank`. Without `layer_types`
+    `mamba_*` / `ssm_state_size` keys. Without `layer_types`
     (Llama, Mistral) every layer slides when there is a `sliding_window`, else is full attention."""
     n_layers = int(config["num_hidden_layers"])
     types = config.get("layer_types") or config.get("layers_block_type")
@@ -70,14 +66,13 @@ def layer_kinds(config: Mapping[str, Any]) -> tuple[str, ...]:
     mamba = any(str(k).startswith("mamba_") or k == "ssm_state_size" for k in config)
     delta = "linear_num_key_heads" in config and "linear_conv_kernel_dim" in config
     linear = MAMBA2 if mamba else LINEAR_ATTENTION if delta else OTHER_LINEAR
-    attention = MLA_ATTENTION if config.get("kv_lora_rank") else None
     out = []
     for t in types:
         t = str(t)
-        if t in ("mamba", "mamba2", LINEAR_ATTENTION) and t != MAMBA:
+        if t in ("mamba2", LINEAR_ATTENTION):
             t = MAMBA2 if t == "mamba2" else linear
-        elif t in ("attention", FULL_ATTENTION) and attention:
-            t = attention
+        elif t == "hybrid" and mamba:  # Falcon-H1's layers_block_type
+            t = PARALLEL_MAMBA2
         elif t == "attention":
             t = FULL_ATTENTION
         out.append(t)
@@ -92,7 +87,7 @@ class Geometry:
     layer_types: tuple[str, ...]
     sliding_window: int | None
     kv_heads: int
-    head_dim: int
+    head_dim: int  # the head size of what the cache holds as K (MLA: the compressed latent)
     hidden_size: int
     vocab_size: int
     eos_ids: frozenset[int]
@@ -101,6 +96,15 @@ class Geometry:
     linear_conv_dim: int = 0
     linear_conv_kernel: int = 0
     linear_state_size: int = 0
+    # The head size of what the cache holds as V when it differs from K's (0: head_dim). Multi-head latent
+    # attention (DeepSeek-V2/V3, Kimi-K2, GLM-4.7-Flash, MiniCPM3: a `kv_lora_rank`) hands the cache one head
+    # per position: the normalized latent (kv_lora_rank) as K and the decoupled post-RoPE key
+    # (qk_rope_head_dim) as V, and expands them to per-head K and V after the cache, so that is what is stored.
+    v_head_dim: int = 0
+
+    @property
+    def value_dim(self) -> int:
+        return self.v_head_dim or self.head_dim
 
     @property
     def n_layers(self) -> int:
@@ -145,11 +149,17 @@ class Geometry:
                 "linear_conv_kernel": int(config["linear_conv_kernel_dim"]),
                 "linear_state_size": v_heads * k_dim * v_dim,
             }
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        head_dim, v_head_dim = int(config.get("head_dim") or hidden // heads), 0
+        if config.get("kv_lora_rank"):  # multi-head latent attention: the latent and the rope key, one head
+            kv_heads, head_dim = 1, int(config["kv_lora_rank"])
+            v_head_dim = int(config["qk_rope_head_dim"])
         return cls(
             layer_types=types,
             sliding_window=int(window) if window else None,
-            kv_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or hidden // heads),
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            v_head_dim=v_head_dim,
             hidden_size=hidden,
             vocab_size=int(config["vocab_size"]),
             eos_ids=frozenset([eos] if isinstance(eos, int) else (eos or [])),
@@ -159,7 +169,7 @@ class Geometry:
 
     def slot_bytes(self, dtype: str) -> list[int]:
         """K and V bytes of one position (batch 1), per layer (0 for linear-attention layers)."""
-        slot = 2 * self.kv_heads * self.head_dim * ITEMSIZE[dtype]
+        slot = self.kv_heads * (self.head_dim + self.value_dim) * ITEMSIZE[dtype]
         return [0 if t == LINEAR_ATTENTION else slot for t in self.layer_types]
 
     def state_bytes(self, dtype: str) -> list[int]:
@@ -173,6 +183,16 @@ class Geometry:
         return [one if t == LINEAR_ATTENTION else 0 for t in self.layer_types]
 
 
+def config_dict(config: Any) -> dict[str, Any]:
+    """A transformers config's keys under the standard names as well (GPT-2's `n_layer` also as
+    `num_hidden_layers`: its `attribute_map`), which `Geometry.from_config` reads."""
+    out = dict(config.to_dict())
+    for standard in getattr(config, "attribute_map", {}) or {}:
+        if standard not in out and (value := getattr(config, standard, None)) is not None:
+            out[standard] = value
+    return out
+
+
 def read_geometry(path: Path) -> Geometry:
     """A model directory's geometry as transformers reads its config (no weights loaded)."""
     from transformers import AutoConfig, GenerationConfig  # needed only to read a directory
@@ -184,4 +204,4 @@ def read_geometry(path: Path) -> Geometry:
     except OSError:
         eos = None
     dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-    return Geometry.from_config({**text.to_dict(), "dtype": dtype}, eos)
+    return Geometry.from_config({**config_dict(text), "dtype": dtype}, eos)

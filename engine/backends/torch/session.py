@@ -18,6 +18,7 @@ token with a state runs the recurrent step (and updates the convolution state in
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,7 +33,7 @@ from engine.backends.torch.linear import DeltaNetState
 from engine.backends.torch.quant import QuantizedKV
 from engine.cache import Forward, Group, visible_mask
 from engine.decode import Step
-from engine.geometry import LINEAR_ATTENTION, Geometry
+from engine.geometry import LINEAR_ATTENTION, Geometry, config_dict
 from engine.policy import Policy
 
 
@@ -108,7 +109,7 @@ class TorchModel(Tokenized):
         config = model.config
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         eos = model.generation_config.eos_token_id if model.generation_config else None
-        self.geometry = Geometry.from_config({**text.to_dict(), "dtype": str(config.dtype)}, eos)
+        self.geometry = Geometry.from_config({**config_dict(text), "dtype": str(config.dtype)}, eos)
         self.eos_ids = self.geometry.eos_ids
         impl = config._attn_implementation
         if impl not in ("sdpa", "eager"):
@@ -188,7 +189,8 @@ class TorchSession(BaseSession):
         tensors_of = {id(t.group): t for t in self.tensors}
         kernel = model.geometry.linear_conv_kernel
         bits = policy.bits
-        group = policy.group_for(model.geometry.head_dim) if bits else 0
+        geo = model.geometry
+        group = policy.group_for(math.gcd(geo.head_dim, geo.value_dim)) if bits else 0  # divides K's and V's
         self.states = [
             DeltaNetState(kernel)
             if g is None
