@@ -54,8 +54,8 @@ def layer_kinds(config: Mapping[str, Any]) -> tuple[str, ...]:
     `linear_attention` layer is gated delta-net only with its `linear_num_key_heads`, Mamba-2 with
     `mamba_*` / `ssm_state_size` keys. Without `layer_types`
     (Llama, Mistral) every layer slides when there is a `sliding_window`, else is full attention."""
-    n_layers = int(config["num_hidden_layers"])
     types = config.get("layer_types") or config.get("layers_block_type")
+    n_layers = int(config["num_hidden_layers"] if "num_hidden_layers" in config or not types else len(types))
     if not types and config.get("attn_layer_period"):  # Jamba: attention every period, else Mamba
         period, offset = int(config["attn_layer_period"]), int(config.get("attn_layer_offset") or 0)
         types = [FULL_ATTENTION if i % period == offset else MAMBA for i in range(n_layers)]
@@ -127,8 +127,8 @@ class Geometry:
     @classmethod
     def _from_config(cls, config: Mapping[str, Any], eos: Any, model_type: str) -> Geometry:
         window = config.get("sliding_window")
-        n_layers = int(config["num_hidden_layers"])
         types = layer_kinds(config)
+        n_layers = int(config.get("num_hidden_layers") or len(types))
         if len(types) != n_layers:
             raise ValueError(f"the config lists {len(types)} layer_types for {n_layers} layers")
         for t in types:
