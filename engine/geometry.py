@@ -21,11 +21,20 @@ from typing import Any
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
 LINEAR_ATTENTION = "linear_attention"  # gated delta-net: a convolution state and a recurrent state, no K/V
-LAYER_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION, LINEAR_ATTENTION)
-# Kinds read from configs that the engine does not decode yet (refused at load), with what they are.
-MAMBA2 = "mamba2"  # a Mamba-2 mixer (Nemotron-H, Granite-4.0-H, Bamba, Zamba2): conv + SSM state
-MAMBA = "mamba"  # a Mamba-1 mixer (Jamba)
+MAMBA2 = "mamba2"  # a Mamba-2 mixer (Nemotron-H, Granite-4.0-H, Bamba): a convolution state and an SSM state
 PARALLEL_MAMBA2 = "attention+mamba2"  # attention and a Mamba-2 mixer side by side in one layer (Falcon-H1)
+LAYER_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION, LINEAR_ATTENTION, MAMBA2, PARALLEL_MAMBA2)
+RECURRENT = (LINEAR_ATTENTION, MAMBA2)  # constant-size state, no K/V, no positions to hide
+STATEFUL = (*RECURRENT, PARALLEL_MAMBA2)  # layers with a recurrent state (rolled back by snapshots)
+
+
+def attention_kind(kind: str) -> str:
+    """The attention a layer of `kind` does (its cache policy and mask): a Falcon-H1 layer's is full."""
+    return FULL_ATTENTION if kind == PARALLEL_MAMBA2 else kind
+
+
+# Kinds read from configs that the engine does not decode yet (refused at load), with what they are.
+MAMBA = "mamba"  # a Mamba-1 mixer (Jamba)
 OTHER_LINEAR = "linear_attention(not gated delta-net)"  # MiniMax lightning, Kimi delta attention, ...
 DESCRIBED = {
     MAMBA2: "Mamba-2 state-space mixer",
@@ -33,7 +42,7 @@ DESCRIBED = {
     PARALLEL_MAMBA2: "attention beside a Mamba-2 mixer in each layer",
     OTHER_LINEAR: "a linear-attention kernel other than gated delta-net",
 }
-SUPPORTED = "full_attention, sliding_attention, linear_attention (gated delta-net)"
+SUPPORTED = "full_attention, sliding_attention, linear_attention (gated delta-net), mamba2, attention+mamba2"
 
 
 class UnsupportedModelError(ValueError):
@@ -141,7 +150,24 @@ class Geometry:
         eos = config.get("eos_token_id") if eos is None else eos
         dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32").removeprefix("torch.")
         linear = {}
-        if LINEAR_ATTENTION in types:
+        if (
+            MAMBA2 in types or PARALLEL_MAMBA2 in types
+        ):  # Mamba-2: conv over x, B and C; SSM state heads x head_dim x d_state
+
+            def first(*keys: str) -> int:  # the key this family names it by
+                for k in keys:
+                    if config.get(k):
+                        return int(config[k])
+                raise KeyError(keys[0])
+
+            heads, head = first("mamba_n_heads", "mamba_num_heads"), first("mamba_d_head", "mamba_head_dim")
+            groups, state = first("mamba_n_groups", "n_groups"), first("mamba_d_state", "ssm_state_size")
+            linear = {
+                "linear_conv_dim": heads * head + 2 * groups * state,
+                "linear_conv_kernel": first("mamba_d_conv", "conv_kernel"),
+                "linear_state_size": heads * head * state,
+            }
+        elif LINEAR_ATTENTION in types:
             k_heads, v_heads = int(config["linear_num_key_heads"]), int(config["linear_num_value_heads"])
             k_dim, v_dim = int(config["linear_key_head_dim"]), int(config["linear_value_head_dim"])
             linear = {
@@ -170,7 +196,7 @@ class Geometry:
     def slot_bytes(self, dtype: str) -> list[int]:
         """K and V bytes of one position (batch 1), per layer (0 for linear-attention layers)."""
         slot = self.kv_heads * (self.head_dim + self.value_dim) * ITEMSIZE[dtype]
-        return [0 if t == LINEAR_ATTENTION else slot for t in self.layer_types]
+        return [0 if t in RECURRENT else slot for t in self.layer_types]
 
     def state_bytes(self, dtype: str) -> list[int]:
         """Constant-size state bytes (batch 1), per layer: for a linear-attention layer its recurrent state
@@ -180,7 +206,7 @@ class Geometry:
             4 * self.linear_state_size
             + (self.linear_conv_kernel - 1) * self.linear_conv_dim * ITEMSIZE[dtype]
         )
-        return [one if t == LINEAR_ATTENTION else 0 for t in self.layer_types]
+        return [one if t in STATEFUL else 0 for t in self.layer_types]
 
 
 def config_dict(config: Any) -> dict[str, Any]:

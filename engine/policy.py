@@ -47,9 +47,10 @@ from engine.geometry import (
     FULL_ATTENTION,
     ITEMSIZE,
     LAYER_KINDS,
-    LINEAR_ATTENTION,
+    RECURRENT,
     SLIDING_ATTENTION,
     Geometry,
+    attention_kind,
 )
 
 PolicyKind = Literal["full", "sink_window", "hybrid"]
@@ -183,8 +184,9 @@ def layer_spec(policy: Policy, layer_type: str, native_window: int | None) -> La
     """What a layer of `layer_type` keeps under `policy`. The policy applies to attention layers only: a
     linear-attention layer keeps its constant-size state, which summarizes the whole past (unbounded
     reach, no K/V)."""
-    if layer_type == LINEAR_ATTENTION:
+    if layer_type in RECURRENT:
         return LayerSpec()
+    layer_type = attention_kind(layer_type)
     if layer_type == FULL_ATTENTION:
         native = None
     elif layer_type == SLIDING_ATTENTION:
@@ -261,7 +263,7 @@ def layer_slot_bytes(policy: Policy, geo: Geometry, dtype: str) -> list[int]:
     """K and V bytes of one position per layer (batch 1) under the policy's storage precision; 0 for a
     linear-attention layer, which holds no K/V."""
     slot = policy_slot_bytes(policy, geo.kv_heads, geo.head_dim, ITEMSIZE[dtype], geo.v_head_dim)
-    return [0 if t == LINEAR_ATTENTION else slot for t in geo.layer_types]
+    return [0 if t in RECURRENT else slot for t in geo.layer_types]
 
 
 def expected_kv_bytes(

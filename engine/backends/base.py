@@ -2,11 +2,11 @@
 per-layer state protocol (`LayerState`) and the session logic (`BaseSession`: layers grouped by spec and
 layer type into `engine.cache.Group`s, chunked prefill, trim fan-out, K/V byte accounting).
 
-A backend adds only: one `LayerState` class per layer kind (K/V buffers; a linear-attention layer's
-`RecurrentState`), the cache container its model is called with, turning each group's `Forward` into
+A backend adds only: one `LayerState` class per layer kind (K/V buffers; a linear-attention or Mamba-2
+layer's `RecurrentState`), the cache container its model is called with, turning each group's `Forward` into
 its own tensors, and `_run` (one model forward answering a `Step`).
 
-Linear-attention layers (gated delta-net) and exact rollback. Their state (a convolution state and a
+Linear-attention layers (gated delta-net), Mamba-2 mixers (`engine.geometry.STATEFUL`) and exact rollback. Their state (a convolution state and a
 recurrent state) has no positions to hide, so `trim` must put it back as it was after the last kept
 token. Method: a snapshot of each linear layer's state before every forward (a reference to the state
 arrays, which the models' kernels replace rather than mutate, plus a copy of the small convolution
@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from engine.cache import Forward, Group
 from engine.decode import Step
-from engine.geometry import LINEAR_ATTENTION, Geometry
+from engine.geometry import RECURRENT, STATEFUL, Geometry, attention_kind
 from engine.policy import LayerSpec, Policy, layer_specs
 
 
@@ -98,8 +98,8 @@ class RecurrentState(Protocol):
 def batch_unsupported(geometry: Geometry, policy: Policy) -> str | None:
     """Why sessions of this model and policy cannot hold several rows yet (None: they can). Attention
     layers (plain or quantized K/V) take rows; linear-attention states are batch 1."""
-    if LINEAR_ATTENTION in geometry.layer_types:
-        return "does not support linear-attention layers yet"
+    if kinds := sorted({t for t in geometry.layer_types if t in STATEFUL}):
+        return f"does not support {' or '.join(kinds)} layers yet (their states are batch 1)"
     return None
 
 
@@ -119,8 +119,8 @@ class BaseSession(ABC):
         self.prefill_chunk = prefill_chunk
         self.specs: list[LayerSpec] = layer_specs(policy, geometry.layer_types, geometry.sliding_window)
         by_key: dict[tuple[LayerSpec, str], list[int]] = {}
-        for i, key in enumerate(zip(self.specs, geometry.layer_types, strict=True)):
-            if key[1] != LINEAR_ATTENTION:  # linear layers hold no positions: no group
+        for i, key in enumerate(zip(self.specs, map(attention_kind, geometry.layer_types), strict=True)):
+            if key[1] not in RECURRENT:  # linear / Mamba-2 layers hold no positions: no group
                 by_key.setdefault(key, []).append(i)
         if not by_key:
             raise ValueError(
@@ -131,7 +131,7 @@ class BaseSession(ABC):
         self.group_of: list[Group | None] = [
             next((g for g in self.groups if i in g.layers), None) for i in range(len(self.specs))
         ]
-        self.linear = [i for i, t in enumerate(geometry.layer_types) if t == LINEAR_ATTENTION]
+        self.linear = [i for i, t in enumerate(geometry.layer_types) if t in STATEFUL]
         self.rollback = RecurrentRollback(max_block)
         if rows > 1 and (why := batch_unsupported(geometry, policy)):
             raise ValueError(

@@ -93,6 +93,11 @@ TINY: dict[str, Any] = {
     "sliding_window": 64,
 }
 
+# Per type: what its defaults need to be a hybrid at 4 layers (attention beside the Mamba-2 layers).
+PER_TYPE: dict[str, dict[str, Any]] = {
+    "bamba": {"attn_layer_indices": [1, 3]},
+    "granitemoehybrid": {"layer_types": ["mamba", "mamba", "mamba", "attention"]},
+}
 MAX_PARAMETERS = 10_000_000
 
 
@@ -164,6 +169,7 @@ def tiny_config(model_type: str) -> Any:
     fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
     mapped = getattr(cls, "attribute_map", {}) or {}
     given = {mapped.get(k, k): v for k, v in TINY.items() if mapped.get(k, k) in fields}
+    given.update(PER_TYPE.get(model_type, {}))
     if "kv_lora_rank" in fields:  # MLA expands the latent to every attention head: no K/V head groups
         given.pop(mapped.get("num_key_value_heads", "num_key_value_heads"), None)
     subs = getattr(cls, "sub_configs", {}) or {}
@@ -222,7 +228,7 @@ def check(model_type: str, architecture: str) -> Family:
         if oracle is None:
             out[column] = f"broken: transformers generate fails: {oracle_error}"
             continue
-        out[column] = _compare(lambda p=policy: _greedy(tm, p, ids), oracle)
+        out[column] = _compare(lambda p=policy: _greedy(tm, p, ids), oracle, "generate")
     out["speculative"] = _speculative(tm, ids)
     return Family(architecture=architecture, **out)
 
@@ -246,7 +252,7 @@ def failed(exc: BaseException, where: str = "") -> Status:
     return f"broken: {where}{one_line(exc)}"
 
 
-def _compare(run: Any, oracle: list[int]) -> Status:
+def _compare(run: Any, oracle: list[int], what: str) -> Status:
     try:
         ours = run()
     except Exception as exc:  # noqa: BLE001
@@ -254,7 +260,7 @@ def _compare(run: Any, oracle: list[int]) -> Status:
     if ours == oracle:
         return "exact"
     at = next((i for i, (a, b) in enumerate(zip(ours, oracle, strict=False)) if a != b), len(ours))
-    return f"broken: differs from generate at token {at}"
+    return f"broken: differs from {what} at token {at}"
 
 
 def _speculative(tm: TorchModel, ids: list[int]) -> Status:
@@ -268,7 +274,7 @@ def _speculative(tm: TorchModel, ids: list[int]) -> Status:
         verifier = tm.session(WRAPS, max_block=K + 1, prefill_chunk=8)
         return engine.speculative_generate(verifier, drafter, ids, K, engine.Stop(NEW)).tokens
 
-    return _compare(run, greedy)
+    return _compare(run, greedy, "greedy")
 
 
 def walk(types: list[str] | None = None) -> Matrix:
