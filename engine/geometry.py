@@ -23,7 +23,9 @@ SLIDING_ATTENTION = "sliding_attention"
 LINEAR_ATTENTION = "linear_attention"  # gated delta-net: a convolution state and a recurrent state, no K/V
 MAMBA2 = "mamba2"  # a Mamba-2 mixer (Nemotron-H, Granite-4.0-H, Bamba): a convolution state and an SSM state
 PARALLEL_MAMBA2 = "attention+mamba2"  # attention and a Mamba-2 mixer side by side in one layer (Falcon-H1)
-LAYER_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION, LINEAR_ATTENTION, MAMBA2, PARALLEL_MAMBA2)
+# Nemotron-H's blocks with no token mixer (its layers_block_type's mlp / moe): nothing cached
+STATELESS = ("mlp_block", "moe_block")
+LAYER_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION, LINEAR_ATTENTION, MAMBA2, PARALLEL_MAMBA2, *STATELESS)
 RECURRENT = (LINEAR_ATTENTION, MAMBA2)  # constant-size state, no K/V, no positions to hide
 STATEFUL = (*RECURRENT, PARALLEL_MAMBA2)  # layers with a recurrent state (rolled back by snapshots)
 
@@ -42,7 +44,10 @@ DESCRIBED = {
     PARALLEL_MAMBA2: "attention beside a Mamba-2 mixer in each layer",
     OTHER_LINEAR: "a linear-attention kernel other than gated delta-net",
 }
-SUPPORTED = "full_attention, sliding_attention, linear_attention (gated delta-net), mamba2, attention+mamba2"
+SUPPORTED = (
+    "full_attention, sliding_attention, linear_attention (gated delta-net), mamba2, attention+mamba2, "
+    "mlp_block, moe_block"
+)
 
 
 class UnsupportedModelError(ValueError):
@@ -64,6 +69,7 @@ def layer_kinds(config: Mapping[str, Any]) -> tuple[str, ...]:
     `mamba_*` / `ssm_state_size` keys. Without `layer_types`
     (Llama, Mistral) every layer slides when there is a `sliding_window`, else is full attention."""
     types = config.get("layer_types") or config.get("layers_block_type")
+    blocks = bool(config.get("layers_block_type"))  # Nemotron-H names its blocks there
     n_layers = int(config["num_hidden_layers"] if "num_hidden_layers" in config or not types else len(types))
     if not types and config.get("attn_layer_period"):  # Jamba: attention every period, else Mamba
         period, offset = int(config["attn_layer_period"]), int(config.get("attn_layer_offset") or 0)
@@ -82,6 +88,8 @@ def layer_kinds(config: Mapping[str, Any]) -> tuple[str, ...]:
             t = MAMBA2 if t == "mamba2" else linear
         elif t == "hybrid" and mamba:  # Falcon-H1's layers_block_type
             t = PARALLEL_MAMBA2
+        elif f"{t}_block" in STATELESS and blocks:  # Nemotron-H: a block that is only an MLP / MoE
+            t = f"{t}_block"
         elif t == "attention":
             t = FULL_ATTENTION
         out.append(t)
@@ -110,6 +118,9 @@ class Geometry:
     # per position: the normalized latent (kv_lora_rank) as K and the decoupled post-RoPE key
     # (qk_rope_head_dim) as V, and expands them to per-head K and V after the cache, so that is what is stored.
     v_head_dim: int = 0
+    # ALiBi (BLOOM, MPT, Falcon with alibi): the model biases each key by its index in the attended keys,
+    # not by its position, so a ring buffer (which reorders the keys) changes the model's output.
+    alibi: bool = False
 
     @property
     def value_dim(self) -> int:
@@ -186,6 +197,12 @@ class Geometry:
             kv_heads=kv_heads,
             head_dim=head_dim,
             v_head_dim=v_head_dim,
+            alibi=bool(
+                model_type == "bloom"
+                or config.get("alibi")
+                or isinstance(attn := config.get("attn_config"), Mapping)
+                and attn.get("alibi")
+            ),
             hidden_size=hidden,
             vocab_size=int(config["vocab_size"]),
             eos_ids=frozenset([eos] if isinstance(eos, int) else (eos or [])),
@@ -196,7 +213,7 @@ class Geometry:
     def slot_bytes(self, dtype: str) -> list[int]:
         """K and V bytes of one position (batch 1), per layer (0 for linear-attention layers)."""
         slot = self.kv_heads * (self.head_dim + self.value_dim) * ITEMSIZE[dtype]
-        return [0 if t in RECURRENT else slot for t in self.layer_types]
+        return [0 if t in RECURRENT or t in STATELESS else slot for t in self.layer_types]
 
     def state_bytes(self, dtype: str) -> list[int]:
         """Constant-size state bytes (batch 1), per layer: for a linear-attention layer its recurrent state

@@ -49,6 +49,7 @@ from engine.geometry import (
     LAYER_KINDS,
     RECURRENT,
     SLIDING_ATTENTION,
+    STATELESS,
     Geometry,
     attention_kind,
 )
@@ -184,7 +185,7 @@ def layer_spec(policy: Policy, layer_type: str, native_window: int | None) -> La
     """What a layer of `layer_type` keeps under `policy`. The policy applies to attention layers only: a
     linear-attention layer keeps its constant-size state, which summarizes the whole past (unbounded
     reach, no K/V)."""
-    if layer_type in RECURRENT:
+    if layer_type in RECURRENT or layer_type in STATELESS:
         return LayerSpec()
     layer_type = attention_kind(layer_type)
     if layer_type == FULL_ATTENTION:
@@ -263,7 +264,7 @@ def layer_slot_bytes(policy: Policy, geo: Geometry, dtype: str) -> list[int]:
     """K and V bytes of one position per layer (batch 1) under the policy's storage precision; 0 for a
     linear-attention layer, which holds no K/V."""
     slot = policy_slot_bytes(policy, geo.kv_heads, geo.head_dim, ITEMSIZE[dtype], geo.v_head_dim)
-    return [0 if t in RECURRENT else slot for t in geo.layer_types]
+    return [0 if t in RECURRENT or t in STATELESS else slot for t in geo.layer_types]
 
 
 def expected_kv_bytes(

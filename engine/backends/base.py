@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from engine.cache import Forward, Group
 from engine.decode import Step
-from engine.geometry import RECURRENT, STATEFUL, Geometry, attention_kind
+from engine.geometry import RECURRENT, STATEFUL, STATELESS, Geometry, attention_kind
 from engine.policy import LayerSpec, Policy, layer_specs
 
 
@@ -95,6 +95,17 @@ class RecurrentState(Protocol):
     def state_bytes(self) -> int: ...
 
 
+class NoState:
+    """A layer with no token mixer (Nemotron-H's `mlp` / `moe` layers): nothing cached, nothing to trim."""
+
+    nbytes = 0
+    allocated_bytes = 0
+    state_bytes = 0
+
+    def trim(self, n: int) -> None:
+        pass
+
+
 def batch_unsupported(geometry: Geometry, policy: Policy) -> str | None:
     """Why sessions of this model and policy cannot hold several rows yet (None: they can). Attention
     layers (plain or quantized K/V) take rows; linear-attention states are batch 1."""
@@ -120,11 +131,17 @@ class BaseSession(ABC):
         self.specs: list[LayerSpec] = layer_specs(policy, geometry.layer_types, geometry.sliding_window)
         by_key: dict[tuple[LayerSpec, str], list[int]] = {}
         for i, key in enumerate(zip(self.specs, map(attention_kind, geometry.layer_types), strict=True)):
-            if key[1] not in RECURRENT:  # linear / Mamba-2 layers hold no positions: no group
+            if key[1] not in RECURRENT and key[1] not in STATELESS:  # no positions held: no group
                 by_key.setdefault(key, []).append(i)
         if not by_key:
             raise ValueError(
                 "a model needs at least one attention layer (this one has only linear_attention)"
+            )
+        if geometry.alibi and any(s.bounded for s in self.specs):
+            raise ValueError(
+                f"cache policy {policy} bounds the K/V of a model with ALiBi position biases, which transformers "
+                "computes from each key's index in the cache, not its position: a ring buffer would change "
+                "the model's output; use the full policy (or hybrid, which keeps full-attention layers whole)"
             )
         self.groups = [Group(s, t, max_block, layers, rows) for (s, t), layers in by_key.items()]
         # The group of each layer; None for a linear-attention layer (the backend gives it a RecurrentState).

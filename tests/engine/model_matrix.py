@@ -97,6 +97,7 @@ TINY: dict[str, Any] = {
 PER_TYPE: dict[str, dict[str, Any]] = {
     "bamba": {"attn_layer_indices": [1, 3]},
     "granitemoehybrid": {"layer_types": ["mamba", "mamba", "mamba", "attention"]},
+    "nemotron_h": {"n_groups": 1},
 }
 MAX_PARAMETERS = 10_000_000
 
@@ -191,7 +192,11 @@ def build(model_type: str) -> torch.nn.Module:
     if size > MAX_PARAMETERS:
         raise TooBig(f"{size / 1e6:.0f}M parameters at the tiny sizes (parts the tiny keys do not reach)")
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    try:
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    except ValueError:  # a model without sdpa (MPT, ...): eager
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     model.generation_config.eos_token_id = None
     return model.float().eval()
 
@@ -204,14 +209,7 @@ def check(model_type: str, architecture: str) -> Family:
     except TooBig as exc:
         return Family(architecture=architecture, skipped=f"cannot build small: {exc}")
     except Exception as exc:  # noqa: BLE001 - any failure to build small is a skip, with its reason
-        try:
-            from transformers import AutoModelForCausalLM
-
-            module = AutoModelForCausalLM.from_config(tiny_config(model_type), attn_implementation="eager")
-            module.generation_config.eos_token_id = None
-            module = module.float().eval()
-        except Exception:  # noqa: BLE001
-            return Family(architecture=architecture, skipped=f"cannot build small: {one_line(exc)}")
+        return Family(architecture=architecture, skipped=f"cannot build small: {one_line(exc)}")
     try:
         tm = TorchModel(module)
     except Exception as exc:  # noqa: BLE001 - the one-line refusal at load (UnsupportedModelError), or not

@@ -59,7 +59,7 @@ def test_jamba_is_refused_in_one_line_before_any_forward() -> None:
                 "ssm_state_size": 16,
                 "layers_block_type": ["linear_attention", "moe", "full_attention"],
             },
-            (MAMBA2, "moe", "full_attention"),
+            (MAMBA2, "moe_block", "full_attention"),
         ),
         (
             {
@@ -141,3 +141,21 @@ def test_mla_is_read_as_full_attention_with_its_own_k_and_v_sizes() -> None:
         16,
         8,
     )
+
+
+def test_an_alibi_model_is_refused_a_bounded_policy_in_one_line_and_exact_under_full() -> None:
+    """MPT biases each key by its index among the attended keys (ALiBi), so a ring buffer, which reorders
+    them, would change its output: a bounded policy is refused; full equals `generate`."""
+    import engine
+    from tests.engine import model_matrix, tiny_models
+
+    tm = TorchModel(model_matrix.build("mpt"))
+    assert tm.geometry.alibi
+    with pytest.raises(
+        ValueError, match=r"^cache policy sink_window:2:8 bounds the K/V of a model with ALiBi"
+    ):
+        tm.session(engine.sink_window(2, 8))
+    ids = tiny_models.prompt(12, seed=1)
+    ours = engine.generate(tm.session(engine.full()), ids, engine.Stop(12)).tokens
+    assert ours == tiny_models.hf_greedy(tm, ids, 12)
+    assert not tiny_families.deepseek_v3().geometry.alibi

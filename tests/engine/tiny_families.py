@@ -118,6 +118,31 @@ def granite_hybrid_config() -> object:
     )
 
 
+def nemotron_h_config() -> object:
+    """Nemotron-H: Mamba-2, MoE (no mixer), attention, MLP (no mixer)."""
+    from transformers import NemotronHConfig
+
+    tiny = {k: v for k, v in TINY.items() if k != "num_hidden_layers"}  # from layers_block_type
+    return NemotronHConfig(
+        **tiny,
+        num_key_value_heads=2,
+        head_dim=16,
+        layers_block_type=["linear_attention", "moe", "full_attention", "mlp"],
+        mamba_num_heads=4,
+        mamba_head_dim=32,
+        n_groups=1,
+        ssm_state_size=16,
+        conv_kernel=4,
+        chunk_size=16,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        moe_shared_expert_intermediate_size=32,
+        n_group=1,
+        topk_group=1,
+    )
+
+
 @functools.cache
 def mamba2_hybrid(name: str, seed: int = 0) -> TorchModel:
     from transformers import AutoModelForCausalLM
@@ -127,6 +152,7 @@ def mamba2_hybrid(name: str, seed: int = 0) -> TorchModel:
         "bamba": bamba_config,
         "granitemoehybrid": granite_hybrid_config,
         "falcon_h1": falcon_h1_config,
+        "nemotron_h": nemotron_h_config,
     }[name]()
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     model.generation_config.eos_token_id = None

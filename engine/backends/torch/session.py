@@ -27,14 +27,14 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine.backends.base import BaseSession, Tokenized
+from engine.backends.base import BaseSession, NoState, Tokenized
 from engine.backends.torch.device import device_name, peak_memory_bytes, pick_device, pick_dtype
 from engine.backends.torch.kv import KV, GroupTensors
 from engine.backends.torch.linear import DeltaNetState, Mamba2State, ParallelState
 from engine.backends.torch.quant import QuantizedKV
 from engine.cache import Forward, Group, visible_mask
 from engine.decode import Step
-from engine.geometry import LINEAR_ATTENTION, MAMBA2, PARALLEL_MAMBA2, Geometry, config_dict
+from engine.geometry import LINEAR_ATTENTION, MAMBA2, PARALLEL_MAMBA2, STATELESS, Geometry, config_dict
 from engine.policy import Policy
 
 
@@ -204,6 +204,8 @@ class TorchSession(BaseSession):
         for i, t in enumerate(geo.layer_types):
             if t == PARALLEL_MAMBA2:  # Falcon-H1: the layer's K/V beside its Mamba-2 state
                 self.states[i] = ParallelState(self.states[i], Mamba2State(kernel))
+            elif t in STATELESS:  # Nemotron-H's mlp / moe layers
+                self.states[i] = NoState()
         self.cache = PolicyCache(self, self.states, restorer)
         self._ones = torch.ones((1, 1, 1, 0), dtype=torch.bool, device=self.device)
 
