@@ -120,3 +120,14 @@ def test_the_mlx_backend_refuses_them_in_one_line(family: str, tmp_path: Path) -
     kind = {"deepseek_v3": "multi-head latent attention", "bamba": "mamba2"}.get(family, "attention\\+mamba2")
     with pytest.raises(UnsupportedModelError, match=f"'{family}': layer kind '{kind}'.* on the mlx backend"):
         load_mlx(tmp_path)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_prompt_lookup_drafting_equals_greedy_after_the_window_wraps(name: str) -> None:
+    """The other drafter kind that needs no second model: prompt lookup on a repetitive prompt."""
+    tm = tiny_families.mamba2_hybrid(name)
+    ids = tiny_models.prompt(10, seed=4) * 3
+    greedy = engine.generate(tm.session(sink_window(2, 6), prefill_chunk=8), ids, engine.Stop(NEW)).tokens
+    verifier = tm.session(sink_window(2, 6), max_block=5, prefill_chunk=8)
+    gen = engine.speculative_generate(verifier, engine.PromptLookupDrafter(), ids, 4, engine.Stop(NEW))
+    assert gen.tokens == greedy and gen.drafted > 0

@@ -95,3 +95,14 @@ def test_rollback_restores_the_cache_exactly() -> None:
     la = np.array(a.forward(ids[22:26], logits=True).logits.tolist())
     lb = np.array(b.forward(ids[22:26], logits=True).logits.tolist())
     assert a.position == b.position == 26 and np.abs(la - lb).max() < 1e-4
+
+
+@pytest.mark.parametrize("text", ["sink_window:2:6", "hybrid:2:6:q8"])
+def test_prompt_lookup_drafting_equals_greedy_after_the_window_wraps(text: str) -> None:
+    """The other drafter kind that needs no second model: prompt lookup on a repetitive prompt."""
+    policy = parse_policy(text)
+    ids = tiny_models.prompt(10, seed=4) * 3
+    greedy = engine.generate(_model().session(policy, prefill_chunk=8), ids, engine.Stop(NEW)).tokens
+    verifier = _model().session(policy, max_block=5, prefill_chunk=8)
+    gen = engine.speculative_generate(verifier, engine.PromptLookupDrafter(), ids, 4, engine.Stop(NEW))
+    assert gen.tokens == greedy and gen.drafted > 0
