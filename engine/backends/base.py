@@ -109,7 +109,7 @@ class NoState:
 def batch_unsupported(geometry: Geometry, policy: Policy) -> str | None:
     """Why sessions of this model and policy cannot hold several rows yet (None: they can). Attention
     layers (plain or quantized K/V) take rows; linear-attention states are batch 1."""
-    if kinds := sorted({t for t in geometry.layer_types if t in STATEFUL}):
+    if kinds := sorted({t.replace("_", "-") for t in geometry.layer_types if t in STATEFUL}):
         return f"does not support {' or '.join(kinds)} layers yet (their states are batch 1)"
     return None
 
