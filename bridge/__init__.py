@@ -14,8 +14,9 @@ from bridge.config import Config, load_config, project_root
 from bridge.errors import BusError, BusUnreachable, Interrupted, InvalidRequest, KakeyaError, Rejected
 from bridge.evidence import Outcome, Requirement, Shelf, apply_baseline, gate_subject
 from bridge.execute import execute, run_preset
+from bridge.outcome import RunOutcome
 from bridge.presets import Preset, get_preset, load_registry
-from bridge.result import RunContext, RunOutcome, RunResult
+from bridge.result import RunContext, RunResult
 from bridge.runner import Runner, Served
 
 __all__ = [

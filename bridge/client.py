@@ -36,9 +36,9 @@ from bridge.bus import Bus, CancelMarker, Claim, Entry, Manifest, Update
 from bridge.config import Config, project_root
 from bridge.errors import BusError, InvalidRequest, KakeyaError, problems
 from bridge.names import check_label
-from bridge.page import outcome_words
 from bridge.presence import read_presences, refuse_unsigned
 from bridge.presets import Preset, get_preset, load_registry
+from bridge.render import outcome_words
 from bridge.result import RunResult
 from bridge.trust import Signers, done_problem, key_file, trusted_signers
 

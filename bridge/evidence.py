@@ -40,8 +40,10 @@ from bridge.config import project_root
 from bridge.errors import InvalidRequest, KakeyaError, problems
 from bridge.host import accelerator_words
 from bridge.names import PIN_RE, REQUIREMENT_RE
+from bridge.outcome import RunOutcome
 from bridge.presets import Preset, get_preset
-from bridge.result import RunOutcome, RunResult, tables_markdown
+from bridge.render import tables_markdown
+from bridge.result import RunResult
 from bridge.trust import UNSIGNED, Signers, trust_words
 
 REQUIRED_FILE = ".github/kakeya-required.yml"

@@ -20,7 +20,7 @@ from bridge import attest
 from bridge import bus as B
 from bridge.commands._bus import add_remote, client, out_dir, report
 from bridge.errors import KakeyaError
-from bridge.result import absolute_links
+from bridge.render import absolute_links
 from bridge.trust import ALLOWED_SIGNERS, UNSIGNED, done_signer, evidence_signers, trust_words
 
 

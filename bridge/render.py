@@ -1,7 +1,11 @@
-"""report.html: one self-contained page per run for people (no network, no scripts): the verdict table,
-the baseline comparison, parameters, provenance, the plots inline (data: URIs) and the tails of the logs.
+"""What people read of a run, made from its models (bridge/result.py) and nothing else: the outcome in words
+(`outcome_words`, the CLI's and the pages'), summary.md (`summary_markdown`: markdown through gates/markdown.py,
+the helper gates' own markdown uses), report.html (`run_page`: one self-contained page, no network, no
+scripts: the verdict table, the baseline comparison, parameters, provenance, the plots inline as data: URIs
+and the tails of the logs) and the results plots (`judged_plots`). bridge/outcome.py writes them.
 
-    html = run_page(result, out_dir, verdict, report)      # written next to summary.md by RunOutcome.write
+    md = summary_markdown(result, out_dir, verdict, report)
+    html = run_page(result, out_dir, verdict, report)
 """
 
 from __future__ import annotations
@@ -9,16 +13,20 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
+import re
 import shlex
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gates
 import gates.tables
+from bridge import plots
+from bridge.caps import walk
 from bridge.host import accelerator_words
-
-if TYPE_CHECKING:
-    from bridge.result import RunResult
+from bridge.result import RunResult
+from gates.markdown import cell, table
 
 TAIL_LINES = 60
 MARK = {"pass": "✓", "fail": "✗"}
@@ -180,10 +188,10 @@ def run_page(
     parts.append(_table(["", ""], [[_e(k), _e(v)] for k, v in provenance.items() if v not in (None, "")]))
     if result.argv:
         parts.append(f"<h3>Command</h3><pre>{_e(shlex.join(result.argv))}</pre>")
-    plots = [p for p in sorted(out_dir.rglob("*.png")) if p.relative_to(out_dir).as_posix() not in judged]
-    if plots:
+    drawn = [p for p in sorted(out_dir.rglob("*.png")) if p.relative_to(out_dir).as_posix() not in judged]
+    if drawn:
         parts.append("<h2>Plots (drawn by the program)</h2>")
-    for png in plots:
+    for png in drawn:
         rel = png.relative_to(out_dir).as_posix()
         if png.stat().st_size <= MAX_PLOT_BYTES:
             parts.append(_figure(rel, png.read_bytes()))
@@ -196,3 +204,160 @@ def run_page(
             parts.append(f"<pre>{_e(tail(log))}</pre>")
     parts.append("</body></html>\n")
     return "".join(parts)
+
+
+# --- summary.md ----------------------------------------------------------------------------------------
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float) and math.isfinite(value):
+        return f"{value:g}"
+    return json.dumps(value) if not isinstance(value, str) else value
+
+
+RESULT_ROWS = gates.tables.MAX_ROWS
+STDERR_TAIL = 20
+NOT_SUCCEEDED = ("failed", "error", "timed-out")
+CELL_MARK = {"pass": " ✓", "fail": " ✗", None: ""}
+
+
+def _flat(obj: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Scalars of `obj` at any depth, nested keys as `a.b.c`; lists are left out."""
+    out: dict[str, Any] = {}
+    for k, v in obj.items():
+        if isinstance(v, Mapping):
+            out.update(_flat(v, f"{prefix}{k}."))
+        elif not isinstance(v, list):
+            out[prefix + k] = v
+    return out
+
+
+def _value(value: Any) -> str:
+    """A value for a table cell, as it is (no HTML escaping: the runner's and the preset's own words)."""
+    return "" if value is None else cell(_fmt(value), html=False)
+
+
+def tables_markdown(tables: Sequence[gates.tables.Built], level: str = "###") -> list[str]:
+    """Markdown of results tables (gates/tables.py): a judged cell is marked ✓ or ✗, a judged column names its
+    threshold."""
+    lines: list[str] = []
+    for t in tables:
+        # a report's text: at most 200 characters a cell, no `<` (it cannot open HTML in a job summary)
+        rows = [[cell(c.text, 200) + CELL_MARK[c.status] for c in row] for row in t.rows]
+        lines += [f"{level} {t.title}", "", *table([cell(h, 200) for h in t.head()], rows)]
+        if t.more:
+            lines += ["", f"({t.more} more rows in report.json)"]
+        lines.append("")
+    return lines
+
+
+def results_markdown(report: Mapping[str, Any], checks: Sequence[Any] = ()) -> list[str]:
+    """summary.md's Results section: the kind's results tables (gates/tables.py) judged by `checks` (the
+    verdict's check results), then its summary (or a probe's facts) at every depth."""
+    lines = tables_markdown(gates.tables.results_tables(dict(report), checks))
+    facts = (
+        report.get("summary")
+        if isinstance(report.get("summary"), Mapping)
+        else report.get(str(report.get("kind")))
+    )
+    if isinstance(facts, Mapping) and (flat_facts := _flat(facts)):
+        lines += ["### Summary", "", *table(["", ""], [[k, _value(v)] for k, v in flat_facts.items()]), ""]
+    return ["## Results", "", *lines] if lines else []
+
+
+def stderr_tail(out_dir: Path, n: int = STDERR_TAIL) -> list[str]:
+    """The last `n` lines of logs/stderr.log (already redacted and capped), or []."""
+    try:
+        text = (out_dir / "logs" / "stderr.log").read_text(errors="replace")
+    except OSError:
+        return []
+    tail = text.rstrip("\n").splitlines()[-n:]
+    return ["## Last lines of stderr", "", "```", *tail, "```", ""] if tail else []
+
+
+def absolute_links(markdown: str, base: str, image_base: str | None = None) -> str:
+    """`markdown` with its relative links (logs, plots) made absolute under `base` (a URL ending in /), images
+    under `image_base` (default `base`): for a page where a relative link cannot resolve (a job summary)."""
+
+    def absolute(m: re.Match[str]) -> str:
+        return f"{m.group(1)}{(image_base or base) if m.group(1).startswith('!') else base}{m.group(2)})"
+
+    return re.sub(r"(!?\[[^\]]*\]\()(?![a-z][a-z0-9+.-]*:|/|#)([^)\s]+)\)", absolute, markdown)
+
+
+def summary_markdown(
+    result: RunResult,
+    out_dir: Path,
+    verdict: gates.Verdict | None = None,
+    report: Mapping[str, Any] | None = None,
+    judged: Sequence[str] = (),
+) -> str:
+    """The same facts as result.json, for a human; plus the report's key results, the gate table, any plots,
+    and the end of stderr when the run did not succeed."""
+    lines = [
+        f"# {result.preset}: {outcome_heading(result.status, result.verdict)}",
+        "",
+    ]
+    if result.reason:
+        lines += [f"**Reason:** {result.reason}", ""]
+    rows = [
+        ("request", result.request_id),
+        ("subject", result.subject),
+        ("runner", result.runner_name),
+        ("labels", ", ".join(result.runner_labels) or None),
+        ("exit code", result.exit_code),
+        ("started", result.started_at),
+        ("ended", result.ended_at),
+        ("duration", f"{result.duration_s:.2f} s" if result.duration_s is not None else None),
+        ("preset hash", result.preset_hash),
+        ("isolation", result.isolation),
+        ("strays killed", result.strays_killed),
+        (
+            "host",
+            f"{result.host.get('hostname')} · {result.host.get('os')} · {result.host.get('cpu')}"
+            if result.host
+            else None,
+        ),
+    ]
+    lines += [*table(["", ""], [[k, _value(v)] for k, v in rows if v is not None]), ""]
+    if result.dropped:
+        lines += ["## Dropped (not committed)", ""] + [f"- {d}" for d in result.dropped] + [""]
+    if result.params:
+        params = [[k, f"`{_value(v)}`"] for k, v in result.params.items()]
+        lines += ["## Parameters", "", *table(["name", "value"], params), ""]
+    if result.argv:
+        lines += ["## Command", "", "```", shlex.join(result.argv), "```", ""]
+    if report is not None:
+        lines += results_markdown(report, verdict.checks if verdict else ())
+        lines += [f"![{p}]({p})" for p in judged] + ([""] if judged else [])
+    if verdict is not None:
+        lines += ["## Gate", "", verdict.to_markdown(), ""]
+    if result.status in NOT_SUCCEEDED:
+        lines += stderr_tail(out_dir)
+    pngs = sorted(rel for rel in walk(out_dir).files if rel.endswith(".png") and rel not in judged)
+    if pngs:
+        lines += ["## Plots (drawn by the program)", ""] + [f"![{p}]({p})" for p in pngs] + [""]
+    logs = [p for p in ("logs/stdout.log", "logs/stderr.log") if (out_dir / p).is_file()]
+    if logs:
+        lines += (
+            ["## Logs", ""] + [f"- [{p}]({p}) ({(out_dir / p).stat().st_size} bytes)" for p in logs] + [""]
+        )
+    if result.tools:
+        lines += ["## Tools", "", ", ".join(f"{k} {v}" for k, v in result.tools.items()), ""]
+    return "\n".join(lines)
+
+
+def judged_plots(
+    report: dict[str, Any], result: RunResult, verdict: gates.Verdict | None
+) -> dict[str, bytes]:
+    """The run's results plots (bridge/plots.py), titled with its verdict, preset, label, subject and device."""
+    env = report.get("environment")
+    device = env.get("device") if isinstance(env, Mapping) else None
+    title = plots.title_line(
+        result.preset,
+        result.verdict,
+        ", ".join(result.runner_labels) or None,
+        result.subject or (str(report["subject"]) if report.get("subject") else None),
+        str(device) if device else accelerator_words(result.host.get("accelerator")),
+    )
+    return plots.judged_plots(gates.tables.results_tables(report, verdict.checks if verdict else ()), title)
