@@ -90,5 +90,5 @@ def now() -> dt.datetime:
 
 
 def iso_time(t: dt.datetime) -> str:
-    """A timestamp as result.json writes it: ISO 8601, milliseconds, with its UTC offset."""
-    return t.isoformat(timespec="milliseconds")
+    """A timestamp as result.json and the follower's events write it: ISO 8601 in UTC, to the millisecond."""
+    return t.astimezone(dt.UTC).isoformat(timespec="milliseconds")

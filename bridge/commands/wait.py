@@ -16,7 +16,7 @@ from typing import Any
 
 from bridge.client import Client, exit_code
 from bridge.commands._bus import add_remote, client, out_dir, report
-from bridge.follow import Follower
+from bridge.follow import Finished, Follower
 from bridge.progress import View, clock, progress_line
 
 
@@ -52,8 +52,8 @@ def follow(c: Client, request_id: str, args: argparse.Namespace) -> int:
     try:
         done = None
         for event in follower.events():
-            emit(event)
-            done = event.get("done")
+            emit(event.dump())
+            done = event.done if isinstance(event, Finished) else None
     except KeyboardInterrupt:
         print(
             f"kakeya: stopped waiting; {request_id} goes on (`kakeya wait {request_id}` to follow it again, "
@@ -72,7 +72,7 @@ def follow(c: Client, request_id: str, args: argparse.Namespace) -> int:
     except (OSError, ValueError):
         checks = None
     code = exit_code(result)
-    emit(
+    emit(  # the last event: the run's outcome
         follower.event(
             "verdict",
             status=result.status,
@@ -85,7 +85,7 @@ def follow(c: Client, request_id: str, args: argparse.Namespace) -> int:
             checks=checks,
             out=str(out),
             exit_code=code,
-        )
+        ).dump()
     )
     return code
 
