@@ -38,7 +38,6 @@ from bridge.errors import BusError, InvalidRequest, KakeyaError, problems
 from bridge.names import check_label
 from bridge.presence import read_presences, refuse_unsigned
 from bridge.presets import Preset, get_preset, load_registry
-from bridge.render import outcome_words
 from bridge.result import RunResult
 from bridge.trust import Signers, done_problem, key_file, trusted_signers
 
@@ -140,11 +139,6 @@ def exit_code(result: RunResult) -> int:
     if result.status == "rejected":
         return 2
     return 0 if result.status == "succeeded" and result.verdict in (None, "pass") else 1
-
-
-def verdict_line(request_id: str, result: RunResult) -> str:
-    reason = f" ({result.reason})" if result.reason else ""
-    return f"{request_id}: {result.preset} {outcome_words(result.status, result.verdict)}{reason}"
 
 
 def parse_duration(text: str, unit_required: bool = False) -> float:

@@ -46,6 +46,12 @@ def outcome_words(status: str, verdict: str | None) -> str:
     return status + (f", verdict {verdict}" if verdict else "")
 
 
+def verdict_line(request_id: str, result: RunResult) -> str:
+    """The CLI's one line for a finished request: 'ID: PRESET succeeded, verdict pass (reason)'."""
+    reason = f" ({result.reason})" if result.reason else ""
+    return f"{request_id}: {result.preset} {outcome_words(result.status, result.verdict)}{reason}"
+
+
 def outcome_heading(status: str, verdict: str | None) -> str:
     """The heading form of `outcome_words`: 'succeeded — verdict pass', 'ran, gate failed', 'error'."""
     if status == "succeeded" and verdict == "fail":

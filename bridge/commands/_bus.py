@@ -6,9 +6,10 @@ import argparse
 from pathlib import Path
 
 import gates
-from bridge.client import Client, describe_bus, exit_code, verdict_line
+from bridge.client import Client, describe_bus, exit_code
 from bridge.config import Config, load_config, project_root
 from bridge.progress import say
+from bridge.render import verdict_line
 from bridge.result import RunResult
 
 
