@@ -307,6 +307,14 @@ PolicyKind = Literal["full", "sink_window", "hybrid"]
 DrafterKind = Literal["lookup", "model", "block", "diffusion", "gemma4-assistant"]
 
 
+def _grammar_text(raw: Any, what: str) -> str:
+    """`raw` when it is a string without control characters; ValueError saying it must be `what`."""
+    if not isinstance(raw, str):
+        raise ValueError(f"must be {what}")
+    _no_controls(raw)
+    return raw
+
+
 def _model_ref(raw: str) -> bool:
     """`zoo:NAME` or NAME[/NAME] with no '..' part (what `ModelParam` takes)."""
     return bool(_ZOO.fullmatch(raw)) or (bool(_MODEL_NAME.fullmatch(raw)) and ".." not in raw.split("/"))
@@ -347,10 +355,7 @@ class PolicyParam(_Base):
         return values
 
     def parse(self, raw: Any) -> str:
-        if not isinstance(raw, str):
-            raise ValueError(f"must be a cache policy ({self.bounds()})")
-        _no_controls(raw)
-        items = raw.split(",")
+        items = _grammar_text(raw, f"a cache policy ({self.bounds()})").split(",")
         if len(items) > self.max_items:
             raise ValueError(f"must be at most {self.max_items} polic{'y' if self.max_items == 1 else 'ies'}")
         kinds = [self._one(item) for item in items]
@@ -419,10 +424,7 @@ class DrafterParam(_Base):
         return options
 
     def parse(self, raw: Any) -> str:
-        if not isinstance(raw, str):
-            raise ValueError(f"must be a drafter spec ({self.bounds()})")
-        _no_controls(raw)
-        parts = raw.split(":")
+        parts = _grammar_text(raw, f"a drafter spec ({self.bounds()})").split(":")
         kind, rest = parts[0], parts[1:]
         if kind not in self.kinds:
             raise ValueError(

@@ -135,24 +135,19 @@ DRAFTER = DrafterParam(
 )  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "bad",
-    ["", "lru:4:64", "hybrid:4", "hybrid:4:0", "hybrid:-1:64", "full:4:64", "hybrid:4:64:q3",
-     "hybrid:4:64,hybrid:8:64", "hybrid:x:64", "sink_window:4:64:q8:g32:x", "hybrid::64"],
-)  # fmt: skip
-def test_a_bad_policy_is_refused_by_both(bad: str) -> None:
-    assert not accepts(POLICY, bad)
-    assert not engine_accepts(POLICY, bad)
+BAD_POLICIES = ["", "lru:4:64", "hybrid:4", "hybrid:4:0", "hybrid:-1:64", "full:4:64", "hybrid:4:64:q3",
+                "hybrid:4:64,hybrid:8:64", "hybrid:x:64", "sink_window:4:64:q8:g32:x", "hybrid::64"]  # fmt: skip
+BAD_DRAFTERS = ["", "zoo:tiny-dlm", "lookup:zoo:x", "model", "diffusion", "diffusion:zoo:x:steps=0",
+                "telepathy:zoo:x", "model:zoo:x:steps=4", "diffusion:zoo:x:steps=2:steps=3",
+                "diffusion:zoo:x:steps=four", "Lookup"]  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    "bad",
-    ["", "zoo:tiny-dlm", "lookup:zoo:x", "model", "diffusion", "diffusion:zoo:x:steps=0", "telepathy:zoo:x",
-     "model:zoo:x:steps=4", "diffusion:zoo:x:steps=2:steps=3", "diffusion:zoo:x:steps=four", "Lookup"],
-)  # fmt: skip
-def test_a_bad_drafter_is_refused_by_both(bad: str) -> None:
-    assert not accepts(DRAFTER, bad)
-    assert not engine_accepts(DRAFTER, bad)
+    ("spec", "bad"), [(POLICY, b) for b in BAD_POLICIES] + [(DRAFTER, b) for b in BAD_DRAFTERS]
+)
+def test_a_bad_value_is_refused_by_both(spec: Any, bad: str) -> None:
+    assert not accepts(spec, bad)
+    assert not engine_accepts(spec, bad)
 
 
 @pytest.mark.parametrize(
