@@ -20,6 +20,7 @@ import json
 import platform
 import re
 import secrets
+import sys
 import time
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
@@ -34,7 +35,7 @@ from bridge import git
 from bridge import ledger as L
 from bridge.bus import Bus, CancelMarker, Claim, Entry, Manifest, Update
 from bridge.config import Config, project_root
-from bridge.errors import BusError, InvalidRequest, KakeyaError, problems
+from bridge.errors import BusError, InvalidRequest, KakeyaError, WaitTimeout, problems
 from bridge.names import check_label
 from bridge.presence import read_presences, refuse_unsigned
 from bridge.presets import Preset, get_preset, load_registry
@@ -117,7 +118,8 @@ def resolve_remote(remote: str, root: Path, config: Config) -> str:
             known = git.remote_names(root) if git.is_repo(root) else []
             raise InvalidRequest(
                 f"{remote!r} is not a git remote of {root} (remotes: {', '.join(known) or 'none'}); "
-                f"give a remote name, a URL, or a path such as ./{remote}"
+                f"give a remote name, a URL, or a path such as ./{remote}",
+                code="unknown-remote",
             )
     if B.is_local_path(remote):
         return str(Path(remote).expanduser().resolve())
@@ -139,6 +141,17 @@ def exit_code(result: RunResult) -> int:
     if result.status == "rejected":
         return 2
     return 0 if result.status == "succeeded" and result.verdict in (None, "pass") else 1
+
+
+def shown(items: Sequence[str], limit: int = 5) -> str:
+    """The first `limit` items, and how many more."""
+    return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def recent_days(days: int = 2) -> list[str]:
+    """The UTC dates (YYYYMMDD) of today and the `days - 1` days before: what `status` shows by default."""
+    today = B.utcnow()
+    return sorted({f"{today - dt.timedelta(days=d):%Y%m%d}" for d in range(days)})
 
 
 def parse_duration(text: str, unit_required: bool = False) -> float:
@@ -359,13 +372,23 @@ class Client:
         dirty = self.dirty_paths()
         if not dirty:
             return head, None
-        if not allow_dirty:
-            shown = ", ".join(dirty[:5]) + (f" and {len(dirty) - 5} more" if len(dirty) > 5 else "")
-            raise InvalidRequest(
-                f"the working tree has uncommitted changes ({shown}): a runner would not see them. "
-                "Commit them, or pass --allow-dirty to send a snapshot of the working tree"
+        if allow_dirty:
+            return self.snapshot(head), head
+        # only changes to tracked files block: untracked ones (results/, notes) are only said
+        tracked = self.dirty_paths(untracked=False)
+        if not tracked:
+            print(
+                f"kakeya: warning: {len(dirty)} untracked file(s) ({shown(dirty)}) are not sent: a runner "
+                "sees HEAD (--allow-dirty sends a snapshot with them)",
+                file=sys.stderr,
             )
-        return self.snapshot(head), head
+            return head, None
+        raise InvalidRequest(
+            f"the working tree has uncommitted changes ({shown(tracked)}): a runner would not see them. "
+            "Commit them, or pass --allow-dirty to send a snapshot of the working tree",
+            code="dirty-tree",
+            hint="commit the changes, or pass --allow-dirty",
+        )
 
     def rev_parse(self, rev: str) -> str:
         sha = git.rev_parse(self.root, rev)
@@ -373,8 +396,8 @@ class Client:
             raise InvalidRequest(f"{rev!r} is not a commit in {self.root}")
         return sha
 
-    def dirty_paths(self) -> list[str]:
-        return [p for p in git.dirty_paths(self.root) if not p.startswith(".kakeya/")]
+    def dirty_paths(self, untracked: bool = True) -> list[str]:
+        return [p for p in git.dirty_paths(self.root, untracked) if not p.startswith(".kakeya/")]
 
     def snapshot(self, head: str) -> str:
         """A commit of the working tree (tracked and untracked, minus ignored) on HEAD: the user's branch,
@@ -414,8 +437,48 @@ class Client:
                 request_id
             )
         if entry is None:
-            raise KakeyaError(f"no request {request_id} on the bus at {self.url}")
+            raise KakeyaError(f"no request {request_id} on the bus at {self.url}", code="not-found")
         return entry
+
+    def resolve_id(self, text: str) -> str:
+        """The request id `text` names: the id itself, a unique prefix of one that gives at least its date
+        (`20261125T1615`), or the start of its six-hex suffix (`663f0b`) among the live requests and those of
+        the last two days; from one prefix-scoped listing (never the whole bus). KakeyaError otherwise:
+        `not-found`, `ambiguous-id` (naming the candidates) or `bad-id`."""
+        if B.parse_id(text) is not None:
+            return text
+        if B.ID_RE.fullmatch(text):  # shaped as a whole id, but not one (a 13th month, far in the future)
+            raise KakeyaError(f"{text!r} is not a request id ({B.ID_RULE})", code="bad-id")
+        if re.fullmatch(r"\d{8}[0-9A-Za-z._-]*", text):
+            shard = L.date_shard(text)
+            scoped = (B.CLAIM_PREFIX + text, B.DONE_PREFIX + text, B.CANCEL_PREFIX + text)
+            snap = self.bus.ls_remote(B.REQ_PREFIX, *scoped, shard)
+            found = {rid for rid in snap.entries if rid.startswith(text)}
+            if shard in snap.refs:  # finished long ago: in the ledger's shard of that day
+                found |= {e.id for e in L.read_shard(self.bus, snap.refs[shard]) if e.id.startswith(text)}
+        elif re.fullmatch(r"[0-9a-f]{4,6}", text):
+            snap = self.bus.ls_remote(*B.LIVE, *(B.DONE_PREFIX + day for day in recent_days()))
+            found = {rid for rid in snap.entries if rid.rsplit("-", 1)[1].startswith(text)}
+        else:
+            raise KakeyaError(
+                f"{text!r} is not a request id ({B.ID_RULE}), nor a prefix of one that gives at least its "
+                "date (20261125T1615...), nor the start of its six-hex suffix (663f0b)",
+                code="bad-id",
+            )
+        if len(found) == 1:
+            return found.pop()
+        if not found:
+            raise KakeyaError(
+                f"no request matching {text!r} on the bus at {self.url}",
+                code="not-found",
+                hint="`kakeya status` lists the requests (a six-hex suffix matches those of the last two days)",
+            )
+        candidates = sorted(found)
+        raise KakeyaError(
+            f"{text!r} matches {len(candidates)} requests: {shown(candidates, 10)}; give more of the id",
+            code="ambiguous-id",
+            candidates=candidates[:100],
+        )
 
     def local_files(self, specs: Sequence[str]) -> dict[str, bytes]:
         """`<sha>:<path>` -> content for the objects this machine already has (and a local bus has)."""
@@ -433,13 +496,11 @@ class Client:
         """The local repository that has `sha`: the store, or a local bus."""
         return git.repo_having(self.bus.repos(), sha)
 
-    def status(self, fetch: bool = False, everything: bool = False, recent_days: int = 2) -> list[Row]:
-        """The live requests and those finished in the last `recent_days` days (by id date; `everything`:
+    def status(self, fetch: bool = False, everything: bool = False, days: int = 2) -> list[Row]:
+        """The live requests and those finished in the last `days` days (by id date; `everything`:
         every done ref) from one prefix-scoped listing; verdicts and leases for commits already here (`fetch`
         fetches the missing done commits first: one more round trip)."""
-        today = B.utcnow()
-        days = sorted({f"{today - dt.timedelta(days=d):%Y%m%d}" for d in range(recent_days)})
-        done = [B.DONE_PREFIX] if everything else [B.DONE_PREFIX + day for day in days]
+        done = [B.DONE_PREFIX] if everything else [B.DONE_PREFIX + day for day in recent_days(days)]
         snap = self.bus.ls_remote(*B.LIVE, *done, *([L.SHARD_PREFIX + "date/"] if everything else []))
         if everything:  # the history in the ledger too: every day's shard, fetched by object id in one go
             shards = sorted(sha for ref, sha in snap.refs.items() if ref.startswith(L.SHARD_PREFIX))
@@ -513,8 +574,10 @@ class Client:
             if entry.done:
                 return entry.done
             if deadline is not None and time.monotonic() >= deadline:
-                raise KakeyaError(
-                    f"timed out after {timeout:g} s waiting for {request_id} (state: {entry.state})"
+                raise WaitTimeout(
+                    f"timed out after {timeout:g} s waiting for {request_id} (state: {entry.state})",
+                    id=request_id,
+                    state=entry.state,
                 )
             time.sleep(poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic())))
 
@@ -526,7 +589,8 @@ class Client:
         entry = self.entry(request_id) if done is None else Entry(request_id, done=done)
         if entry.done is None:
             raise KakeyaError(
-                f"{request_id} has no results yet (state: {entry.state}); `kakeya wait {request_id}`"
+                f"{request_id} has no results yet (state: {entry.state}); `kakeya wait {request_id}`",
+                code="not-done",
             )
         self.ensure([entry])
         repo = self.repo_with(entry.done)
@@ -534,7 +598,7 @@ class Client:
         if signers is not None:
             problem = done_problem(repo, request_id, entry.done, entry.req, entry.label, signers)
             if problem:
-                raise KakeyaError(f"{request_id}: its results are not trusted: {problem}")
+                raise KakeyaError(f"{request_id}: its results are not trusted: {problem}", code="untrusted")
         if "result.json" not in files:
             raise KakeyaError(f"done commit {entry.done[:12]} of {request_id} has no result.json")
         out.mkdir(parents=True, exist_ok=True)
@@ -558,7 +622,7 @@ class Client:
         """Push a cancel marker; returns the state the request was in."""
         entry = self.entry(request_id)
         if entry.done:
-            raise KakeyaError(f"{request_id} is already done; nothing to cancel")
+            raise KakeyaError(f"{request_id} is already done; nothing to cancel", code="already-done")
         if entry.cancel:
             return "cancelled"
         if entry.req is None:

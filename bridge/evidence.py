@@ -891,4 +891,4 @@ def append_summary(path: Path, subject: str, outcomes: Sequence[Outcome], cap: i
 
 
 def evidence_json(outcomes: Sequence[Outcome]) -> str:
-    return json.dumps([o.as_dict() for o in outcomes], indent=2)
+    return json.dumps([o.as_dict() for o in outcomes])

@@ -14,8 +14,9 @@ one has "event", "id" and "at", the time it was seen:
                with "phase": "queued" and "scheduler" ("pending (Resources)")
     stale      the holder's lease ran out (it may be dead; another runner may take it over)
     cancelling a cancel marker while a runner holds it
-    finished   the done commit is on the bus ("done": its sha)
-    verdict    (added by `wait --json`) the run's status, verdict, checks and where its files are
+    finished   the done commit is on the bus ("done": its sha); the command adds the "verdict" event
+    cancelled  (last) cancelled before any runner claimed it: the wait ends at once, nothing ran
+    expired    (last) its expires_at passed before any runner claimed it ("expires_at"): the wait ends at once
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Tag, TypeAdapter
 from bridge import bus as B
 from bridge.bus import Claim, Entry, Snapshot
 from bridge.client import Client
-from bridge.errors import KakeyaError, NoRunner
+from bridge.errors import KakeyaError, NoRunner, WaitTimeout
 from bridge.presence import read_presences
 from bridge.result import iso_time
 from bridge.trust import Signers, trusted_signers
 
 NAG_S = 30.0  # how often "no live runner" is said again
+NEVER = dt.datetime.max.replace(tzinfo=dt.UTC)  # the expiry of a request whose manifest cannot be read
 
 
 class _Event(BaseModel):
@@ -45,8 +47,9 @@ class _Event(BaseModel):
     at: str  # when it was seen (iso_time)
 
     def dump(self) -> dict[str, Any]:
-        """The JSON object of the event, every field present (null where unknown), in the order above."""
-        return self.model_dump(mode="json")
+        """The JSON object of the event: the fields it was made with (every field of its kind; an optional
+        one only when set), in the order above."""
+        return self.model_dump(mode="json", exclude_unset=True)
 
 
 class Queued(_Event):
@@ -106,20 +109,24 @@ class Finished(_Event):
     done: str  # the done commit
 
 
-class RunVerdict(_Event):
-    """What `wait --json` says last: the run's outcome and where its files are."""
+class Cancelled(_Event):
+    """Cancelled before any runner claimed it (last: nothing ran)."""
 
-    event: Literal["verdict"] = "verdict"
-    status: str
-    verdict: str | None
-    reason: str | None
-    runner: str | None
-    started_at: str | None
-    ended_at: str | None
-    duration_s: float | None
-    checks: Any
-    out: str
-    exit_code: int
+    event: Literal["cancelled"] = "cancelled"
+    state: Literal["cancelled"] = "cancelled"
+    exit_code: int | None = None  # `wait` sets it on its last line
+
+
+class Expired(_Event):
+    """Its expires_at passed before any runner claimed it (last: nothing ran)."""
+
+    event: Literal["expired"] = "expired"
+    state: Literal["expired"] = "expired"
+    expires_at: str
+    exit_code: int | None = None  # `wait` sets it on its last line
+
+
+Ended = Cancelled | Expired  # a request that will never run
 
 
 def _kind(value: Any) -> str:
@@ -138,7 +145,8 @@ Event = Annotated[
     | Annotated[Stale, Tag("stale")]
     | Annotated[Cancelling, Tag("cancelling")]
     | Annotated[Finished, Tag("finished")]
-    | Annotated[RunVerdict, Tag("verdict")],
+    | Annotated[Cancelled, Tag("cancelled")]
+    | Annotated[Expired, Tag("expired")],
     Discriminator(_kind),
 ]
 EVENT: TypeAdapter[Event] = TypeAdapter(Event)
@@ -167,6 +175,7 @@ class Follower:
         self.last: dict[str, Any] = {}  # the last event of each kind, to tell a change
         self.no_runner_since: float | None = None
         self.nagged_at: float | None = None
+        self.expires_at: dt.datetime | None = None
 
     def events(self) -> Iterator[Event]:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
@@ -176,19 +185,40 @@ class Follower:
             entry = self.c.entry(self.id, label)
             label = entry.label or label
             if entry.req is None and entry.done is None:
-                raise KakeyaError(f"no request {self.id} on the bus at {self.c.url}")
+                raise KakeyaError(f"no request {self.id} on the bus at {self.c.url}", code="not-found")
             if entry.done:
                 yield self.event("finished", done=entry.done)
                 return
+            if ended := self.ended(entry):
+                yield ended
+                return
             yield from self.look(entry)
             if deadline is not None and time.monotonic() >= deadline:
-                raise KakeyaError(
-                    f"timed out after {self.timeout:g} s waiting for {self.id} (state: {entry.state})"
+                raise WaitTimeout(
+                    f"timed out after {self.timeout:g} s waiting for {self.id} (state: {entry.state}); "
+                    f"it goes on (`kakeya wait {self.id}` follows it again)",
+                    id=self.id,
+                    state=entry.state,
+                    waited_s=self.timeout,
                 )
             pause = (
                 self.poll_s if deadline is None else max(0.0, min(self.poll_s, deadline - time.monotonic()))
             )
             time.sleep(pause)
+
+    def ended(self, entry: Entry) -> Event | None:
+        """The last event of a request no runner claimed that can no longer run (cancelled, expired)."""
+        if entry.claim is not None or entry.req is None:
+            return None
+        if entry.cancel:
+            return self.event("cancelled", state="cancelled")
+        if self.expires_at is None:  # read once from the request commit
+            self.c.ensure([entry], ("req",))
+            manifest = B.read_manifests(self.c.bus.repos(), [entry.req]).get(entry.req)
+            self.expires_at = manifest.expires_at if isinstance(manifest, B.Manifest) else NEVER
+        if self.expires_at < B.utcnow():
+            return self.event("expired", state="expired", expires_at=iso_time(self.expires_at))
+        return None
 
     def event(self, kind: str, **fields: Any) -> Event:
         """The event `kind` of this request, seen now; pydantic.ValidationError when `fields` do not fit it."""

@@ -166,9 +166,10 @@ def ident(repo: Path | str) -> str:
     return run(repo, "var", "GIT_AUTHOR_IDENT", check=False).stdout.decode().strip()
 
 
-def dirty_paths(root: Path) -> list[str]:
-    """Changed or untracked (not ignored) paths of the working tree at `root`."""
-    text = run(root, "status", "--porcelain=v1", "-z", "--untracked-files=normal").stdout.decode()
+def dirty_paths(root: Path, untracked: bool = True) -> list[str]:
+    """Changed and (`untracked`) untracked, not ignored, paths of the working tree at `root`."""
+    which = "normal" if untracked else "no"
+    text = run(root, "status", "--porcelain=v1", "-z", f"--untracked-files={which}").stdout.decode()
     return [e[3:] for e in text.split("\0") if len(e) > 3 and e[2] == " "]
 
 

@@ -653,7 +653,8 @@ class Preset(BaseModel):
         if not self.allows(label):
             raise InvalidRequest(
                 f"preset {self.name} may not run on runner label {label!r}: "
-                f"preset {self.name} runs on {', '.join(self.runners)}, not {label}"
+                f"preset {self.name} runs on {', '.join(self.runners)}, not {label}",
+                code="wrong-label",
             )
 
     @property
@@ -673,7 +674,8 @@ class Preset(BaseModel):
             known = ", ".join(sorted(self.params)) or "none"
             raise InvalidRequest(
                 f"preset {self.name}: unknown parameter {unknown[0]!r}{did_you_mean(unknown[0], self.params)} "
-                f"(known: {known})"
+                f"(known: {known})",
+                code="bad-param",
             )
         values: dict[str, Any] = {}
         for pname, spec in self.params.items():
@@ -682,11 +684,12 @@ class Preset(BaseModel):
                     values[pname] = spec.parse(raw[pname])
                 except ValueError as exc:
                     raise InvalidRequest(
-                        f"preset {self.name}: parameter {pname}={raw[pname]!r} {exc}"
+                        f"preset {self.name}: parameter {pname}={raw[pname]!r} {exc}", code="bad-param"
                     ) from None
             elif spec.required:
                 raise InvalidRequest(
-                    f"preset {self.name}: parameter {pname!r} is required ({spec.type}, {spec.bounds()})"
+                    f"preset {self.name}: parameter {pname!r} is required ({spec.type}, {spec.bounds()})",
+                    code="bad-param",
                 )
             else:
                 values[pname] = spec.parse(spec.default)
@@ -772,9 +775,9 @@ def parse_assignments(pairs: list[str] | None) -> dict[str, str]:
     for pair in pairs or []:
         name, sep, value = pair.partition("=")
         if not sep or not name:
-            raise InvalidRequest(f"parameter {pair!r} must look like name=value")
+            raise InvalidRequest(f"parameter {pair!r} must look like name=value", code="bad-param")
         if name in out:
-            raise InvalidRequest(f"parameter {name!r} is given twice")
+            raise InvalidRequest(f"parameter {name!r} is given twice", code="bad-param")
         out[name] = value
     return out
 
@@ -834,6 +837,7 @@ def get_preset(registry: Mapping[str, Preset], name: str) -> Preset:
     if name not in registry:
         raise InvalidRequest(
             f"unknown preset {name!r}{did_you_mean(name, registry)} "
-            f"(known: {', '.join(sorted(registry)) or 'none'})"
+            f"(known: {', '.join(sorted(registry)) or 'none'})",
+            code="unknown-preset",
         )
     return registry[name]

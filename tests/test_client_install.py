@@ -177,7 +177,7 @@ def test_the_wheel_alone_requests_shows_fetches_and_gates(tmp_path: Path, monkey
     kakeya(project, "results", rid, "--remote", bus, "--out", str(tmp_path / "res"))
     assert f"{rid}: hello succeeded" in kakeya(project, "wait", rid, "--remote", bus)  # rich is installed
     assert "pass" in kakeya(
-        project, "gate", "check", str(tmp_path / "res" / "report.json"), "--preset", "hello"
+        project, "gate", "check", str(tmp_path / "res" / rid / "report.json"), "--preset", "hello"
     )
     # outside any checkout: the presets installed with the package
     outside = tmp_path / "elsewhere"

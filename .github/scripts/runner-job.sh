@@ -62,7 +62,7 @@ collect() {
     links=(--link-base "$GITHUB_SERVER_URL/$GITHUB_REPOSITORY")
     run_url="$GITHUB_SERVER_URL/$GITHUB_REPOSITORY/actions/runs/${GITHUB_RUN_ID:-0}"
   fi
-  if kakeya results "$id" --out "$dir" "${links[@]}" >&2 && [ -f "$dir/summary.md" ]; then
+  if kakeya results "$id" --out "$OUT" "${links[@]}" >&2 && [ -f "$dir/summary.md" ]; then
     {
       cat "$dir/summary.md"
       if [ -n "$run_url" ]; then

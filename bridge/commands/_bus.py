@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
+from typing import Any
 
 import gates
+from bridge.bus import utcnow
 from bridge.client import Client, describe_bus, exit_code
 from bridge.config import Config, load_config, project_root
 from bridge.progress import say
 from bridge.render import verdict_line
-from bridge.result import RunResult
+from bridge.result import RunResult, iso_time
 
 
 def add_preset_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("preset")
+    parser.add_argument("preset", help="the preset to run (`kakeya presets` lists them)")
     parser.add_argument(
         "-p", "--param", action="append", metavar="NAME=VALUE", help="a preset parameter (repeatable)"
     )
@@ -27,6 +30,35 @@ def add_remote(parser: argparse.ArgumentParser) -> None:
         help="the bus: a git remote name, URL or path (default: config / KAKEYA_REMOTE, else the "
         "clone's origin, else the embedded .kakeya/bus.git)",
     )
+
+
+def add_json(parser: argparse.ArgumentParser, prefix: str = "") -> None:
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help=f"{prefix}JSON on stdout, one object per line (an error too: its `code`), for agents",
+    )
+
+
+def add_summary(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--summary", action="store_true", help="print the whole summary.md, not only the verdict table"
+    )
+
+
+def add_id(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "id", help="the request id, a unique prefix of it (20261125T1615...) or its six-hex suffix (663f0b)"
+    )
+
+
+def emit(obj: dict[str, Any]) -> None:
+    """One JSON object on one line of stdout."""
+    print(json.dumps(obj), flush=True)
+
+
+def event(kind: str, request_id: str | None, **fields: Any) -> dict[str, Any]:
+    return {"event": kind, "id": request_id, "at": iso_time(utcnow()), **fields}
 
 
 def config_and_root() -> tuple[Config, Path]:
@@ -47,14 +79,52 @@ def client(args: argparse.Namespace, remote: str | None = None) -> Client:
 
 
 def out_dir(root: Path, given: Path | None, request_id: str) -> Path:
-    return (given or root / "out" / request_id).resolve()
+    """Where a request's results go: DIR/<id> (default out/<id>), so that two runs never mix."""
+    return ((given or root / "out") / request_id).resolve()
 
 
-def report(request_id: str, result: RunResult, out: Path) -> int:
-    """Print the verdict line, the gate table, where the plots and the summary are; the exit code of the outcome."""
-    print(verdict_line(request_id, result))
+def outcome(result: RunResult, out: Path) -> dict[str, Any]:
+    """A result as the fields of a `verdict` JSON event: outcome, gate checks, where its files are."""
     try:
-        print(gates.Verdict.model_validate_json((out / "verdict.json").read_text()).to_markdown().rstrip())
+        checks = json.loads((out / "verdict.json").read_text())
+    except (OSError, ValueError):
+        checks = None
+    html = out / "report.html"
+    return {
+        "preset": result.preset,
+        "status": result.status,
+        "verdict": result.verdict,
+        "reason": result.reason,
+        "runner": result.runner_name,
+        "subject": result.subject,
+        "started_at": result.started_at,
+        "ended_at": result.ended_at,
+        "duration_s": result.duration_s,
+        "checks": checks,
+        "out": str(out),
+        "summary": str(out / "summary.md"),
+        "report_html": str(html) if html.is_file() else None,
+        "plots": [str(p) for p in sorted(out.rglob("*.png"))],
+        "exit_code": exit_code(result),
+    }
+
+
+def report(
+    request_id: str | None, result: RunResult, out: Path, *, as_json: bool = False, summary: bool = False
+) -> int:
+    """Print the verdict line, the gate table, where the plots and the summary are (`summary`: the whole
+    summary.md too), or with `as_json` the `verdict` event; the exit code of the outcome."""
+    if as_json:
+        emit(event("verdict", request_id, **outcome(result, out)))
+        return exit_code(result)
+    print(verdict_line(request_id or "exec", result))
+    try:
+        if summary:
+            print((out / "summary.md").read_text().rstrip())
+        else:
+            print(
+                gates.Verdict.model_validate_json((out / "verdict.json").read_text()).to_markdown().rstrip()
+            )
     except (OSError, ValueError):
         pass  # no verdict (the run did not get that far) or an unreadable one: the line above says why
     for png in sorted(out.rglob("*.png")):

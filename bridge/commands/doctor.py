@@ -1,4 +1,5 @@
-"""`kakeya doctor`: check what the bus and a runner need, and say what to fix."""
+"""`kakeya doctor [--json]`: check what the bus and a runner need, and say what to fix. --json: one `check` event
+per check ({"name", "ok", "detail"}), then a `doctor` event with the count that failed. Exit 0 all passed, 1 not."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 from bridge import bus as B
 from bridge import git, trust
 from bridge.client import default_remote, describe_bus, resolve_remote, state_dir
-from bridge.commands._bus import add_remote
+from bridge.commands._bus import add_json, add_remote, emit
 from bridge.config import Config, SlurmLabel, load_config, project_root
 from bridge.errors import KakeyaError
 from bridge.host import check_accelerator, label_needs
@@ -38,6 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"make `git fetch` of the bus remote skip the bus branches ({NEGATIVE_REFSPEC}), "
         "for a clone whose owner does not serve or inspect the bus",
     )
+    add_json(parser)
     parser.set_defaults(func=run)
 
 
@@ -270,6 +272,10 @@ def run(args: argparse.Namespace) -> int:
         ("engine", check_engine),
     ]
     failed = 0
+
+    def report(name: str, check: Callable[[], str]) -> bool:
+        return run_check(name, check, args.json)
+
     for name, check in checks:
         failed += not report(name, check)
     cfg = state.get("config")
@@ -286,14 +292,21 @@ def run(args: argparse.Namespace) -> int:
             failed += not report(label, lambda lb=label: check_accelerator(lb))
     if accelerated:
         failed += not report("models", check_models)
-    print("all checks passed" if not failed else f"{failed} check(s) failed")
+    if args.json:
+        emit({"event": "doctor", "failed": failed, "ok": not failed, "exit_code": 1 if failed else 0})
+    else:
+        print("all checks passed" if not failed else f"{failed} check(s) failed")
     return 1 if failed else 0
 
 
-def report(name: str, check: Callable[[], str]) -> bool:
+def run_check(name: str, check: Callable[[], str], as_json: bool = False) -> bool:
+    """Run one check and print its line (`as_json`: its `check` event); whether it passed."""
     try:
-        print(f"ok    {name:<8} {check()}")
-        return True
+        detail, ok = check(), True
     except (KakeyaError, OSError, subprocess.SubprocessError) as exc:
-        print(f"FAIL  {name:<8} {exc}")
-        return False
+        detail, ok = str(exc), False
+    if as_json:
+        emit({"event": "check", "name": name, "ok": ok, "detail": detail})
+    else:
+        print(f"{'ok  ' if ok else 'FAIL'}  {name:<8} {detail}")
+    return ok

@@ -1,6 +1,7 @@
-"""`kakeya exec PRESET [-p name=value ...] [--out DIR]`: run a preset on this working tree, no git involved.
-
-Exit 0 succeeded, 1 anything else (failed, timed-out, error), 2 invalid request (nothing ran).
+"""`kakeya exec PRESET [-p name=value ...] [--out DIR] [--summary] [--json]`: run a preset on this working tree,
+no git involved. Prints the verdict line and the gate table (--summary: the whole summary.md; --json: one
+`verdict` event). Exit 0 succeeded with a passing (or no) verdict, 1 anything else (a failing verdict, failed,
+timed-out, error), 2 invalid request (nothing ran).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import argparse
 import datetime as dt
 from pathlib import Path
 
-from bridge.commands._bus import add_preset_args, config_and_root
+from bridge.commands._bus import add_json, add_preset_args, add_summary, config_and_root, report
 from bridge.execute import execute
 from bridge.presets import get_preset, load_registry, parse_assignments
 
@@ -18,6 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("exec", help="run a preset against the current working tree (no bus)")
     add_preset_args(parser)
     parser.add_argument("--out", type=Path, help="output directory (default: out/exec/<time>-<preset>)")
+    add_summary(parser)
+    add_json(parser)
     parser.set_defaults(func=run)
 
 
@@ -28,7 +31,4 @@ def run(args: argparse.Namespace) -> int:
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     out = (args.out or root / "out" / "exec" / f"{stamp}-{preset.name}").resolve()
     result = execute(preset, values, root, out, config=config)
-    print((out / "summary.md").read_text())
-    verdict = f", verdict {result.verdict}" if result.verdict else ""
-    print(f"{preset.name}: {result.status}{verdict} — results in {out}")
-    return 0 if result.status == "succeeded" else 1
+    return report(None, result, out, as_json=args.json, summary=args.summary)

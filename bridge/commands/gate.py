@@ -1,4 +1,5 @@
-"""`kakeya gate check REPORT (--preset NAME | --checks FILE)`, `kakeya gate compare NEW BASE --metric PATH ...`
+"""`kakeya gate check REPORT [--preset NAME | --checks FILE]` (neither: the one preset whose report kind is the
+report's `kind`), `kakeya gate compare NEW BASE --metric PATH ...`
 and `kakeya gate pr --subject SHA [--require 'PRESET[@LABEL] [PARAM OP VALUE ...]' ...] [--remote R]
 [--summary FILE] [--comment FILE [--base SHA] [--link-base URL]] [--allow-unsigned]`.
 
@@ -39,9 +40,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="validate a report's schema and run gate checks on it",
         description="Exit 0 pass, 1 fail, 2 error (the report could not be evaluated).",
     )
-    check.add_argument("report", type=Path, metavar="REPORT.json")
-    source = check.add_mutually_exclusive_group(required=True)
-    source.add_argument("--preset", metavar="NAME", help="use this preset's gate checks and report kind")
+    check.add_argument("report", type=Path, metavar="REPORT.json", help="the report to gate (a report.json)")
+    source = check.add_mutually_exclusive_group()
+    source.add_argument(
+        "--preset",
+        metavar="NAME",
+        help="use this preset's gate checks and report kind (default: the one preset of the report's kind)",
+    )
     source.add_argument(
         "--checks",
         type=Path,
@@ -56,8 +61,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="fail when a numeric metric regressed against a baseline report",
         description="Exit 0 within tolerance, 1 regressed or missing, 2 baseline unusable.",
     )
-    comp.add_argument("new", type=Path, metavar="NEW.json")
-    comp.add_argument("base", type=Path, metavar="BASE.json")
+    comp.add_argument("new", type=Path, metavar="NEW.json", help="the new report")
+    comp.add_argument("base", type=Path, metavar="BASE.json", help="the baseline report")
     comp.add_argument(
         "--metric", required=True, metavar="PATH", help="JSON pointer to one number, e.g. /summary/tok_s"
     )
@@ -147,16 +152,35 @@ def _checks_file(path: Path) -> tuple[list[gates.Check], str | None, int | None]
         raise InvalidRequest(f"checks file {path}: {exc}") from None
 
 
+def _preset_of(report: Path) -> str:
+    """The one preset whose report kind is `report`'s kind; InvalidRequest (naming the candidates) otherwise."""
+    from bridge.presets import load_registry
+
+    try:
+        kind = gates.load_report(report).get("kind")
+    except gates.ReportError as exc:
+        raise InvalidRequest(f"{exc}; cannot tell its preset", code="bad-report") from None
+    names = sorted(p.name for p in load_registry().values() if p.report.kind == kind)
+    if len(names) == 1:
+        return names[0]
+    which = f"presets {', '.join(names)} all have" if names else "no preset has"
+    raise InvalidRequest(
+        f"{report}: {which} report kind {kind!r}; give --preset NAME or --checks FILE",
+        code="preset-needed",
+        candidates=names,
+    )
+
+
 def run_check(args: argparse.Namespace) -> int:
-    if args.preset:
+    if args.checks:
+        checks, kind, version = _checks_file(args.checks)
+    else:
         from bridge.presets import get_preset, load_registry
 
-        preset = get_preset(load_registry(), args.preset)
+        preset = get_preset(load_registry(), args.preset or _preset_of(args.report))
         checks, kind, version = preset.gate, preset.report.kind, preset.report.schema_version
-    else:
-        checks, kind, version = _checks_file(args.checks)
     verdict = gates.evaluate_file(args.report, checks, kind=kind, schema_version=version)
-    print(verdict.model_dump_json(indent=2) if args.json else verdict.to_markdown())
+    print(verdict.model_dump_json() if args.json else verdict.to_markdown())
     return verdict.exit_code()
 
 
@@ -176,7 +200,7 @@ def run_compare(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None
-    print(result.model_dump_json(indent=2) if args.json else result.to_markdown())
+    print(result.model_dump_json() if args.json else result.to_markdown())
     return result.exit_code()
 
 

@@ -34,7 +34,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "  kakeya history --publish --branch-to gh-pages",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("requirement", nargs="?", metavar="PRESET@LABEL")
+    parser.add_argument(
+        "requirement",
+        nargs="?",
+        metavar="PRESET@LABEL",
+        help="the preset and runner label, e.g. probe@cpu",
+    )
     parser.add_argument(
         "--metric",
         metavar="POINTER",

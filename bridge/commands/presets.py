@@ -15,7 +15,9 @@ from bridge.presets import Preset, get_preset, load_registry
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("presets", help="list the preset allowlist, or show one preset")
-    parser.add_argument("action", nargs="?", choices=["list", "show"], default="list")
+    parser.add_argument(
+        "action", nargs="?", choices=["list", "show"], default="list", help="list (default) or show NAME"
+    )
     parser.add_argument("name", nargs="?", help="preset name (with show)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=run)
@@ -27,10 +29,10 @@ def run(args: argparse.Namespace) -> int:
         if not args.name:
             raise InvalidRequest("kakeya presets show needs a preset NAME")
         preset = get_preset(registry, args.name)
-        print(json.dumps(preset.summary(), indent=2) if args.json else _describe(preset))
+        print(json.dumps(preset.summary()) if args.json else _describe(preset))
         return 0
     if args.json:
-        print(json.dumps([p.summary() for p in registry.values()], indent=2))
+        print(json.dumps([p.summary() for p in registry.values()]))
         return 0
     for p in registry.values():
         params = ", ".join(f"{n}={_default(s)}" for n, s in p.params.items()) or "no parameters"

@@ -1,6 +1,7 @@
-"""`kakeya results ID [--out DIR] [--verify] [--link-base URL]`: fetch the done commit and write its files
-(result.json, report.json, verdict.json, summary.md, report.html, logs/) into DIR (default out/<id>). Exit 0 once
-written, whatever the outcome.
+"""`kakeya results ID [--out DIR] [--verify] [--link-base URL] [--json]`: fetch the done commit and write its
+files (result.json, report.json, verdict.json, summary.md, report.html, logs/) into DIR/<id> (default out/<id>:
+two requests never mix), and say where. ID may be a unique prefix or the six-hex suffix. Exit 0 once written,
+whatever the outcome (--json: the `verdict` event, with the outcome's own `exit_code`, and `trust` with --verify).
 
 --verify writes them only if the done commit is a runner's signed commit for its request, and says who
 signed it (`signed by RUNNER@LABELS`); with no allowed-signers file it is refused on a shared bus unless
@@ -18,7 +19,18 @@ from pathlib import Path
 
 from bridge import attest
 from bridge import bus as B
-from bridge.commands._bus import add_remote, client, out_dir, report
+from bridge.commands._bus import (
+    add_id,
+    add_json,
+    add_remote,
+    add_summary,
+    client,
+    emit,
+    event,
+    out_dir,
+    outcome,
+    report,
+)
 from bridge.errors import KakeyaError
 from bridge.render import absolute_links
 from bridge.trust import ALLOWED_SIGNERS, UNSIGNED, done_signer, evidence_signers, trust_words
@@ -26,8 +38,10 @@ from bridge.trust import ALLOWED_SIGNERS, UNSIGNED, done_signer, evidence_signer
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("results", help="fetch and write the results of a finished request")
-    parser.add_argument("id")
-    parser.add_argument("--out", type=Path, help="where to write the results (default out/<id>)")
+    add_id(parser)
+    parser.add_argument("--out", type=Path, help="write the results into DIR/<id> (default out/<id>)")
+    add_summary(parser)
+    add_json(parser)
     parser.add_argument(
         "--verify",
         action="store_true",
@@ -59,6 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     c = client(args)
+    args.id = c.resolve_id(args.id)
     out = out_dir(c.root, args.out, args.id)
     signers = None
     if args.verify:
@@ -76,14 +91,24 @@ def run(args: argparse.Namespace) -> int:
                 c.repo_with(entry.done), args.id, entry.done, entry.req, entry.label, signers
             )
             if problem:  # the done ref moved while it was read
-                raise KakeyaError(f"{args.id}: its results are not trusted: {problem}")
+                raise KakeyaError(f"{args.id}: its results are not trusted: {problem}", code="untrusted")
             words = trust_words(who)
-        print(f"{args.id}: {words}")
+        if not args.json:
+            print(f"{args.id}: {words}")
     if done is not None:
         base, where = args.link_base.rstrip("/"), f"{done}/{B.results_path(args.id)}/"
         summary = out / "summary.md"
         summary.write_text(absolute_links(summary.read_text(), f"{base}/blob/{where}", f"{base}/raw/{where}"))
+    attestation = None
     if args.attestation is not None:
-        print(f"attestation: {attest.hand_out(out, Path(args.attestation) if args.attestation else None)}")
-    report(args.id, result, out)
+        attestation = attest.hand_out(out, Path(args.attestation) if args.attestation else None)
+    if args.json:
+        extra = {"trust": words} if args.verify else {}
+        if attestation is not None:
+            extra["attestation"] = str(attestation)
+        emit(event("verdict", args.id, **outcome(result, out), **extra))
+        return 0
+    if attestation is not None:
+        print(f"attestation: {attestation}")
+    report(args.id, result, out, summary=args.summary)
     return 0

@@ -1,7 +1,8 @@
 """`kakeya run PRESET [-p k=v ...] [--runner LABEL] [--out DIR]`: request + in-process runner + wait.
 
 The request goes to the embedded local bus (.kakeya/bus.git) unless --remote names another; a dirty
-working tree is sent as a snapshot. Prints the verdict line and the summary path; exit 0 pass,
+working tree is sent as a snapshot. Prints the verdict line, the gate table and where the results are
+(--summary: the whole summary.md; --json: a `requested` event, then the `verdict` event); exit 0 pass,
 1 fail (or any other outcome), 2 invalid (nothing ran). Ctrl-C (or SIGTERM) kills the run, which
 still ends in a done commit (git helpers are in process groups of their own and never see the signal),
 then exits 130 with one line on stderr.
@@ -16,7 +17,18 @@ import sys
 from pathlib import Path
 
 from bridge.client import Client, state_dir
-from bridge.commands._bus import add_preset_args, add_remote, config_and_root, out_dir, report, say_bus
+from bridge.commands._bus import (
+    add_json,
+    add_preset_args,
+    add_remote,
+    add_summary,
+    config_and_root,
+    emit,
+    event,
+    out_dir,
+    report,
+    say_bus,
+)
 from bridge.errors import Interrupted, InvalidRequest
 from bridge.isolation import choose, key_problem
 from bridge.presets import get_preset, load_registry, parse_assignments
@@ -33,7 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="LABEL",
         help="runner label (default: the first of this host's labels the preset allows)",
     )
-    parser.add_argument("--out", type=Path, help="where to write the results (default out/<id>)")
+    parser.add_argument("--out", type=Path, help="write the results into DIR/<id> (default out/<id>)")
+    add_summary(parser)
+    add_json(parser)
     add_remote(parser)
     parser.set_defaults(func=run)
 
@@ -53,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
     manifest = client.request(
         preset.name, parse_assignments(args.param), label, allow_dirty=True, registry=registry
     )
+    if args.json:
+        emit(event("requested", manifest.id, preset=preset.name, label=label))
     iso = choose(config.isolation, config.run_user)
     if problem := key_problem(config.signing_key or None, iso, os.environ):
         # The request is this user's own, from this working tree: run it, unsigned, rather than refuse.
@@ -82,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
         )
     done = served.done if served and served.pushed else client.wait(manifest.id)
     out = out_dir(root, args.out, manifest.id)
-    code = report(manifest.id, client.results(manifest.id, out, done), out)
+    result = client.results(manifest.id, out, done)
+    code = report(manifest.id, result, out, as_json=args.json, summary=args.summary)
     if runner.abort_reason:  # Ctrl-C / SIGTERM: the run was ended and recorded in its done commit
         raise Interrupted(
             f"{runner.abort_reason}: request {manifest.id} ended in its done commit {done[:12]}"

@@ -14,7 +14,7 @@ import json
 
 from bridge import bus as B
 from bridge.client import age
-from bridge.commands._bus import add_remote, client
+from bridge.commands._bus import add_json, add_remote, client
 from bridge.presence import Seen, read_presences
 from bridge.trust import trusted_signers
 
@@ -24,7 +24,7 @@ COLUMNS = ("NAME", "STATE", "LABELS", "HOST", "ACCELERATOR", "VERSION", "SEEN", 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("runners", help="the runners present on the bus: labels, host, what they serve")
     parser.add_argument("--all", action="store_true", help="also runners that stopped or aged out")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json(parser)
     add_remote(parser)
     parser.set_defaults(func=run)
 
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     seen = read_presences(c.bus, snap.runners, trusted_signers(c.root) if c.in_repo else None)
     shown = [s for s in seen if args.all or s.state(now) not in ("stopped", "stale")]
     if args.json:
-        print(json.dumps([s.as_dict(now) for s in shown], indent=2))
+        print(json.dumps([s.as_dict(now) for s in shown]))
     elif shown:
         print(table(shown, now))
     else:

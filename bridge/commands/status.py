@@ -2,7 +2,8 @@
 the last two days (by id date; --all: every done request still in refs), from one prefix-scoped listing.
 
 Verdicts show for done commits this machine already has (or that a local bus holds); --fetch first
-fetches the missing ones (one more round trip). `status ID` fetches what that one request needs.
+fetches the missing ones (one more round trip). `status ID` fetches what that one request needs; ID may be a
+unique prefix of an id or its six-hex suffix. --json: one line, an object (ID) or a list of them.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 
 from bridge.bus import Progress
 from bridge.client import Row, age, row_dict
-from bridge.commands._bus import add_remote, client
+from bridge.commands._bus import add_json, add_remote, client
 from bridge.progress import describe
 
 COLUMNS = ("ID", "STATE", "PRESET", "RUNNER", "AGE", "VERDICT")
@@ -20,8 +21,13 @@ COLUMNS = ("ID", "STATE", "PRESET", "RUNNER", "AGE", "VERDICT")
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("status", help="the state of one request or of all of them")
-    parser.add_argument("id", nargs="?")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument(
+        "id",
+        nargs="?",
+        help="one request: its id, a unique prefix (20261125T1615...) or its six-hex suffix (663f0b); "
+        "default: a table of the live and recent ones",
+    )
+    add_json(parser)
     parser.add_argument(
         "--fetch", action="store_true", help="fetch done commits not yet here to show every verdict"
     )
@@ -57,9 +63,9 @@ def running(rows: list[Row]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     c = client(args)
     if args.id:
-        row = c.status_one(args.id)
+        row = c.status_one(c.resolve_id(args.id))
         if args.json:
-            print(json.dumps(row_dict(row), indent=2))
+            print(json.dumps(row_dict(row)))
         else:
             for key, value in row_dict(row).items():
                 if value not in (None, {}):
@@ -67,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     rows = c.status(fetch=args.fetch, everything=args.all)
     if args.json:
-        print(json.dumps([row_dict(r) for r in rows], indent=2))
+        print(json.dumps([row_dict(r) for r in rows]))
     elif rows:
         print(table(rows))
         for line in running(rows):

@@ -4,7 +4,8 @@ The DSSE envelope's signature must be by a key of the allowed signers (default: 
 of this checkout, as `kakeya gate pr` uses), whose principal may serve the run's label; the payload must be
 a Kakeya in-toto statement. The files it names (report.json, result.json, verdict.json) are compared with
 their sha256 in DIR, by default the folder FILE is in when it holds result.json. Exit 0 verified, 1 not
-(the line says why), 2 unusable input (no allowed-signers file, no FILE). docs/evidence.md."""
+(the line says why), 2 unusable input (no allowed-signers file, no FILE). docs/evidence.md.
+--json: one `verify` object (principal, preset, request_id, subject, status, verdict, checked_files)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import argparse
 from pathlib import Path
 
 from bridge import attest
-from bridge.commands._bus import config_and_root
+from bridge.commands._bus import add_json, config_and_root, emit
 from bridge.errors import InvalidRequest
 from bridge.trust import ALLOWED_SIGNERS, Signers
 
@@ -32,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="compare the files the statement names with these (default: FILE's folder, if it holds result.json)",
     )
+    add_json(parser)
     parser.set_defaults(func=run)
 
 
@@ -52,6 +54,23 @@ def run(args: argparse.Namespace) -> int:
     checked = attest.verify(data, Signers.load(path), files)
     p = checked.statement.predicate
     subject = checked.statement.digests()[attest.SUBJECT]["gitCommit"]
+    if args.json:
+        emit(
+            {
+                "event": "verify",
+                "file": str(args.file),
+                "verified": True,
+                "principal": checked.principal,
+                "preset": p.preset,
+                "request_id": p.request_id,
+                "subject": subject,
+                "status": p.status,
+                "verdict": p.verdict,
+                "checked_files": list(checked.checked_files),
+                "files": str(files) if checked.checked_files else None,
+            }
+        )
+        return 0
     print(
         f"{args.file}: verified: signed by {checked.principal}; {p.preset} ({p.request_id}) on subject "
         f"{subject}: {p.status}" + (f", verdict {p.verdict}" if p.verdict else "")

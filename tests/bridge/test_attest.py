@@ -34,6 +34,7 @@ def test_a_signed_runs_attestation_verifies_offline_and_every_forgery_fails(
 
     out, dest = world.tmp / "res", world.tmp / "evidence" / "att.json"
     assert main(["results", rid, "--remote", bus.url, "--out", str(out), "--attestation", str(dest)]) == 0
+    out = out / rid  # --out DIR writes DIR/<id>
     assert f"attestation: {dest}" in capsys.readouterr().out
     envelope = json.loads(dest.read_text())
     assert envelope["payloadType"] == "application/vnd.in-toto+json"
@@ -60,6 +61,13 @@ def test_a_signed_runs_attestation_verifies_offline_and_every_forgery_fails(
     shutil.copy(signers, world.project / ALLOWED_SIGNERS)
     assert main(["verify", str(dest), "--files", str(out)]) == 0
     assert "files match their digests" in capsys.readouterr().out
+    assert main(["verify", str(dest), "--files", str(out), "--json"]) == 0  # for agents: one object
+    said = json.loads(capsys.readouterr().out)
+    assert (said["principal"], said["request_id"], said["checked_files"]) == (
+        "r1@cpu+gpu",
+        rid,
+        ["report.json", "result.json", "verdict.json"],
+    )
     assert (
         main(["verify", str(dest)]) == 0
     )  # alone, away from the results: the signature only, and it says so

@@ -34,7 +34,7 @@ def test_request_run_and_gate_over_http(world: Env, httpgit: HttpGit, capsys):
     assert main(gate) == 0
     assert capsys.readouterr().out.startswith(f"✓ work@cpu: pass — {rid}")
     assert main(["results", rid, "--remote", url, "--out", str(world.tmp / "res")]) == 0
-    assert (world.tmp / "res" / "result.json").is_file()
+    assert (world.tmp / "res" / rid / "result.json").is_file()
     # the listing asked the server for the prefix only, and it is exactly what a full listing filters to
     full = G.ls_remote(world.project, url, (), 60)
     scoped = G.ls_refs(world.project, url, [B.DONE_PREFIX, B.SUBJECT_PREFIX], 60)

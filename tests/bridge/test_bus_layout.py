@@ -116,7 +116,7 @@ def test_history_written_by_fast_import_has_the_shape_of_a_real_run(world: Env, 
     )
     assert capsys.readouterr().out.startswith(f"✓ work@cpu: pass — {newest} · unsigned (allowed)")
     assert main(["results", fake, "--remote", url, "--out", str(world.tmp / "fake")]) == 0
-    assert json.loads((world.tmp / "fake" / "result.json").read_text())["request_id"] == fake
+    assert json.loads((world.tmp / "fake" / fake / "result.json").read_text())["request_id"] == fake
     capsys.readouterr()
     assert main(["status", "--remote", url, "--all", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
@@ -359,7 +359,7 @@ def test_compact_moves_old_results_into_the_ledger_and_every_reader_still_finds_
     assert capsys.readouterr().out.startswith(f"✓ work@cpu: pass — {max(five)} · unsigned (allowed)")
     moved = min(old)
     assert main(["results", moved, "--remote", url, "--out", str(world.tmp / "moved")]) == 0
-    assert json.loads((world.tmp / "moved" / "result.json").read_text())["request_id"] == moved
+    assert json.loads((world.tmp / "moved" / moved / "result.json").read_text())["request_id"] == moved
     capsys.readouterr()
     assert main(["status", "--remote", url, "--all", "--json"]) == 0
     assert {r["id"] for r in json.loads(capsys.readouterr().out)} == set(ids)

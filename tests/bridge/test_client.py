@@ -73,8 +73,12 @@ def test_run_on_the_embedded_bus_passes_fails_and_refuses(world: Env, capsys):
     assert sorted(r.split("/")[2] for r in refs) == ["by-subject", "done"]
 
     assert main(["run", "strict", "-p", "tag=two", "--out", "strict-out"]) == 1
-    assert "strict failed" not in capsys.readouterr().out  # the program succeeded; its verdict failed
-    assert json.loads((world.project / "strict-out" / "result.json").read_text())["verdict"] == "fail"
+    printed = capsys.readouterr().out
+    assert "strict failed" not in printed  # the program succeeded; its verdict failed
+    strict = printed.split(":")[0]  # --out DIR writes DIR/<id>
+    assert (
+        json.loads((world.project / "strict-out" / strict / "result.json").read_text())["verdict"] == "fail"
+    )
     assert main(["run", "nope"]) == 2
     assert main(["run", "work", "-p", "seconds=1000"]) == 2
     assert main(["run", "work", "--runner", "h200"]) == 2
@@ -182,10 +186,10 @@ def test_status_wait_results_and_cancel(world: Env, capsys):
     assert world.count() == ["a", "b"]
     assert main(["wait", expired.id, "--out", "w"]) == 1
     assert "expired" in capsys.readouterr().out
-    assert json.loads((world.project / "w" / "result.json").read_text())["status"] == "expired"
+    assert json.loads((world.project / "w" / expired.id / "result.json").read_text())["status"] == "expired"
     assert main(["results", cancelled.id]) == 0
     assert f"{cancelled.id}: work cancelled (cancelled before it started)" in capsys.readouterr().out
-    assert main(["wait", gpu.id, "--timeout", "0.3"]) == 1
+    assert main(["wait", gpu.id, "--timeout", "0.3"]) == 4
     assert "timed out after 0.3 s waiting for" in capsys.readouterr().err
     assert main(["results", gpu.id]) == 1
     assert "has no results yet (state: requested)" in capsys.readouterr().err
@@ -219,7 +223,7 @@ def test_request_wait_over_git_daemon_and_gc(world: Env, daemon: Daemon, capsys)
                 "0.5",
             ]
         )
-        == 1
+        == 4
     )
     assert "timed out" in capsys.readouterr().err
     snap = B.Bus(url, other).ls_remote()
@@ -239,7 +243,7 @@ def test_request_wait_over_git_daemon_and_gc(world: Env, daemon: Daemon, capsys)
     assert "deleted 0 refs" in capsys.readouterr().out
     # results of a request whose req ref is gone still come from its done ref
     assert main(["results", rid, "--remote", url, "--out", str(world.tmp / "again")]) == 0
-    assert (world.tmp / "again" / "result.json").is_file()
+    assert (world.tmp / "again" / rid / "result.json").is_file()
 
 
 def test_bus_gc_deletes_result_side_refs_of_done_or_vanished_requests_only(

@@ -313,9 +313,10 @@ def test_write_outcome_records_why_nothing_ran(tmp_path):
 
 def test_exec_command_runs_the_probe_preset(tmp_path, capsys, monkeypatch):
     out = tmp_path / "probe-out"
-    assert main(["exec", "probe", "--out", str(out)]) == 0
+    assert main(["exec", "probe", "--out", str(out), "--summary"]) == 0
     printed = capsys.readouterr().out
-    assert f"results in {out}" in printed and "# probe: succeeded" in printed
+    assert printed.startswith("exec: probe succeeded, verdict pass\n# probe: succeeded")
+    assert printed.endswith(f"summary: {out}/summary.md\n")
     report = json.loads((out / "report.json").read_text())
     assert report["kind"] == "probe" and report["probe"]["cpu_count"] == os.cpu_count()
     assert report["probe"]["packages"]["torch"] is not None

@@ -10,13 +10,14 @@ import pytest
 from pydantic import ValidationError
 
 from bridge.follow import (
+    Cancelled,
     Cancelling,
     Claimed,
+    Expired,
     Finished,
     NoRunnerSeen,
     Queued,
     Running,
-    RunVerdict,
     Stale,
     parse_event,
 )
@@ -33,9 +34,8 @@ LINES = {
     Stale: {"event": "stale", **AT, "runner": "r1", "lease_until": AT["at"]},
     Cancelling: {"event": "cancelling", **AT},
     Finished: {"event": "finished", **AT, "done": "a" * 40},
-    RunVerdict: {"event": "verdict", **AT, "status": "succeeded", "verdict": "pass", "reason": None,
-                 "runner": "r1", "started_at": None, "ended_at": None, "duration_s": 1.0, "checks": None,
-                 "out": "out/x", "exit_code": 0},
+    Cancelled: {"event": "cancelled", **AT, "state": "cancelled"},
+    Expired: {"event": "expired", **AT, "state": "expired", "expires_at": AT["at"]},
 }  # fmt: skip
 
 
@@ -66,3 +66,14 @@ def test_running_and_queued_in_the_labels_queue_are_two_shapes_of_queued() -> No
 def test_a_line_of_no_kind_is_refused(bad: dict) -> None:
     with pytest.raises(ValidationError):
         parse_event(json.dumps(bad))
+
+
+def test_wait_sets_the_exit_code_of_a_request_that_will_never_run() -> None:
+    """`wait` ends on a cancelled or expired request with exit_code on its last line; the follower's own
+    event has none (the JSON agents read from `kakeya evidence --wait` does not change)."""
+    event = parse_event(LINES[Expired])
+    assert "exit_code" not in event.dump()
+    last = event.model_copy(update={"exit_code": 1}).dump()
+    assert last == {**LINES[Expired], "exit_code": 1} and parse_event(last) == event.model_copy(
+        update={"exit_code": 1}
+    )

@@ -187,11 +187,10 @@ def test_check_with_the_shipped_probe_preset(report, monkeypatch, capsys):
     assert "**Gate: ✓ pass** (probe v1" in capsys.readouterr().out
 
 
-def test_check_needs_exactly_one_check_source(report, capsys):
-    with pytest.raises(SystemExit) as exc:
-        main(["gate", "check", str(report)])
-    assert exc.value.code == 2
-    assert "one of the arguments --preset --checks is required" in capsys.readouterr().err
+def test_check_takes_at_most_one_check_source(report, tmp_path, capsys):
+    # neither: the preset is inferred from the report's kind (tests/bridge/test_friction.py)
+    assert main(["gate", "check", str(report), "--preset", "probe", "--checks", str(tmp_path / "c")]) == 2
+    assert "argument --checks: not allowed with argument --preset" in capsys.readouterr().err
 
 
 def _metric_reports(tmp_path, new, base):

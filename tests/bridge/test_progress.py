@@ -238,7 +238,7 @@ def test_a_bad_progress_file_is_ignored_and_never_fails_the_run(world: Env, daem
         stop(runner)
     for rid in bus.ls_remote().entries:
         assert main(["results", rid, "--remote", url, "--out", f"res-{rid}"]) == 0
-        out = world.project / f"res-{rid}"
+        out = world.project / f"res-{rid}" / rid
         assert json.loads((out / "result.json").read_text())["status"] == "succeeded"
         assert not (out / "progress.json").exists()
 

@@ -253,7 +253,7 @@ def test_summary_has_results_stderr_tail_and_absolute_links_for_a_job_summary(wo
     assert main(["results", rid, "--out", "gh", "--link-base", base + "/"]) == 0
     capsys.readouterr()
     done = B.Bus(str(world.project / ".kakeya" / "bus.git"), world.project).ls_remote().entries[rid].done
-    linked = (world.project / "gh" / "summary.md").read_text()
+    linked = (world.project / "gh" / rid / "summary.md").read_text()
     where = f"{done}/.kakeya/results/{rid}/"
     assert f"- [logs/stdout.log]({base}/blob/{where}logs/stdout.log)" in linked
     assert linked.replace(f"{base}/blob/{where}", "") == summary  # nothing else changed
@@ -355,7 +355,7 @@ def test_doctor_checks_what_each_label_promises_push_access_and_bus_fetching(
     served = Runner(origin, config=load_config(), name="r", labels=["cpu"], workdir=tmp_path / "r").once()
     assert served is not None and served.id == rid and served.pushed
     assert main(["results", rid, "--out", "res"]) == 0
-    assert json.loads((world.project / "res" / "result.json").read_text())["status"] == "succeeded"
+    assert json.loads((world.project / "res" / rid / "result.json").read_text())["status"] == "succeeded"
     capsys.readouterr()
 
     # a bus that takes no pushes (git daemon without receive-pack) fails the push check

@@ -49,14 +49,16 @@ def test_request_runner_results_end_to_end_over_git_daemon(world: Env, daemon: D
     assert main(["runner", "once", "--labels", "cpu", "--name", "gpu-box", "--remote", url]) == 0
     assert capsys.readouterr().out.strip() == f"{rid}: succeeded, verdict pass"
     assert main(["results", rid, "--remote", url, "--out", "res"]) == 0
-    result = json.loads((world.project / "res" / "result.json").read_text())
+    result = json.loads((world.project / "res" / rid / "result.json").read_text())
     assert (result["status"], result["runner_name"], result["runner_labels"]) == (
         "succeeded",
         "gpu-box",
         ["cpu"],
     )
     assert result["subject"] == git(world.project, "rev-parse", "HEAD") and result["preset"] == "work"
-    assert json.loads((world.project / "res" / "report.json").read_text())["subject"] == result["subject"]
+    assert (
+        json.loads((world.project / "res" / rid / "report.json").read_text())["subject"] == result["subject"]
+    )
     assert world.count() == ["e2e"]
     # the done push deleted the request and claim refs and indexed the result under its subject; the done
     # commit descends from the claim, the request and the subject

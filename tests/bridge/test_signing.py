@@ -88,10 +88,10 @@ def test_signed_evidence_passes_and_every_forgery_fails_for_its_own_reason(
     assert capsys.readouterr().out == signed
     out = world.tmp / "res"
     assert main(["results", rid, "--verify", "--remote", bus.url, "--out", str(out)]) == 0
-    assert json.loads((out / "result.json").read_text())["status"] == "succeeded"
+    assert json.loads((out / rid / "result.json").read_text())["status"] == "succeeded"
     assert capsys.readouterr().out.startswith(f"{rid}: signed by r1@cpu+gpu\n")
     # the run's own page says whom the runner signed as
-    assert "<td>signed</td><td>signed by r1@cpu</td>" in (out / "report.html").read_text()
+    assert "<td>signed</td><td>signed by r1@cpu</td>" in (out / rid / "report.html").read_text()
 
     def judged(subject: str, requirement: str = "work@cpu") -> dict:
         """The one ignored result of a requirement with no evidence left."""

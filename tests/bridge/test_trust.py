@@ -81,7 +81,7 @@ def test_a_shared_bus_without_allowed_signers_is_refused_with_the_steps(
     argv = ["results", rid, "--verify", "--allow-unsigned", "--remote", bus.url, "--out", str(out)]
     assert main(argv) == 0
     assert capsys.readouterr().out.startswith(f"{rid}: unsigned (allowed)\n")
-    html = (out / "report.html").read_text()
+    html = (out / rid / "report.html").read_text()
     assert (
         "<td>signed</td><td>unsigned (allowed only on the embedded bus, or with --allow-unsigned)</td>"
         in html
