@@ -17,7 +17,8 @@ from engine.drafters import DrafterSpec, ModelDrafter, PromptLookupDrafter, load
 from engine.geometry import Geometry
 from engine.models import Model, ModelNotFoundError, load, resolve, zoo_models
 from engine.policy import LayerSpec, Policy, full, hybrid, parse_policy, sink_window
-from engine.speculative import Drafter, FeatureDrafter, speculative_generate
+from engine.sampling import Sampling
+from engine.speculative import Drafter, FeatureDrafter, speculative_generate, speculative_generate_batch
 
 __all__ = [
     "Drafter",
@@ -31,6 +32,7 @@ __all__ = [
     "ModelNotFoundError",
     "Policy",
     "PromptLookupDrafter",
+    "Sampling",
     "Session",
     "Step",
     "Stop",
@@ -44,5 +46,6 @@ __all__ = [
     "resolve",
     "sink_window",
     "speculative_generate",
+    "speculative_generate_batch",
     "zoo_models",
 ]

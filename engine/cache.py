@@ -26,6 +26,7 @@ The backends turn the boolean mask and the slot indices into their own tensors.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -319,10 +320,14 @@ class Group:
         assert self.forward is not None, "the cache was used outside a planned forward"
         return self.forward
 
-    def trim(self, n: int) -> list[list[int]] | None:
-        """Drop the last n positions fed (of every row) and mark the slots they held EMPTY; returns those
-        slots per row, for a backend's device copy of the table (None: an unbounded group marks none)."""
-        dropped = [list(lay.trim(n)) for lay in self.layouts]
+    def trim(self, n: int | Sequence[int]) -> list[list[int]] | None:
+        """Drop the last n positions fed (of every row; a sequence: n[r] of row r, each row rolls back on
+        its own) and mark the slots they held EMPTY; returns those slots per row, for a backend's device
+        copy of the table (None: an unbounded group marks none)."""
+        per_row = [n] * self.rows if isinstance(n, int) else list(n)
+        if len(per_row) != self.rows:
+            raise ValueError(f"trim takes one count per row ({self.rows}), got {len(per_row)}")
+        dropped = [list(lay.trim(r)) for lay, r in zip(self.layouts, per_row, strict=True)]
         if self.limit is None:
             return None
         for r, slots in enumerate(dropped):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from engine.policy import LayerSpec
+from engine.sampling import Sampling, draw
 
 StopReason = Literal["max_new_tokens", "eos", "stop_string"]
 
@@ -63,8 +64,9 @@ class Session(Protocol):
         """Feed len(ids) <= max_block tokens in one forward; the step of each fed position."""
         ...
 
-    def trim(self, n: int) -> None:
-        """Forget the last n positions fed (n <= max_block; the cache keeps that much slack)."""
+    def trim(self, n: int | Sequence[int]) -> None:
+        """Forget the last n positions fed (n <= max_block; the cache keeps that much slack); a batched
+        session takes one n per row (each row rolls back on its own)."""
         ...
 
     def kv_bytes(self) -> list[int]:
@@ -158,16 +160,28 @@ class Generation:
         return (len(self.tokens) - 1) / self.decode_s if self.decode_s > 0 else 0.0
 
 
-def generate(session: Session, prompt: Sequence[int], stop: Stop) -> Generation:
-    """Greedy autoregressive decoding: prefill once, then one forward per new token."""
+def generate(
+    session: Session, prompt: Sequence[int], stop: Stop, sampling: Sampling | None = None
+) -> Generation:
+    """Autoregressive decoding: prefill once, then one forward per new token. Greedy unless `sampling`
+    has a temperature > 0 (engine.sampling: temperature, top-k, top-p; the same tokens for a seed)."""
     if not prompt:
         raise ValueError("the prompt is empty")
+    if sampling is not None and sampling.greedy:
+        sampling = None
+    rng = sampling.rng() if sampling else None
+
+    def pick(step: Step) -> list[int]:
+        if sampling is None or rng is None:
+            return step.tokens[-1:]
+        return [int(draw(sampling.probs(step.logits[-1:]), rng)[0])]
+
     t0 = time.perf_counter()
-    out = session.prefill(prompt).tokens
+    out = pick(session.prefill(prompt, logits=sampling is not None))
     t1 = time.perf_counter()
     forwards = 0
     while (reason := stop.check(out)) is None:
-        out += session.forward(out[-1:]).tokens
+        out += pick(session.forward(out[-1:], logits=sampling is not None))
         forwards += 1
     return Generation(out, reason, len(prompt), t1 - t0, time.perf_counter() - t1, forwards)
 

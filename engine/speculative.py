@@ -16,15 +16,25 @@ verifier's hidden states: the loop then feeds the prompt through `forward` in ch
 position's features come back) and asks each verify forward for those layers; after each block the drafter
 `observe`s the features of the positions that stay fed (the committed ones), from the forward that
 verified them. No extra verifier forward; other drafters never cost a hidden-state copy.
+
+Sampling (`sampling` with a temperature > 0): lossless speculative sampling. The verify forward returns
+its logits, and engine.sampling.verify applies the rejection rule: each committed token is distributed
+exactly as plain sampling (engine.decode.generate with the same `Sampling`) would draw it. A drafter
+that samples its drafts (a `SamplingDrafter`: the model drafter) returns its proposal distribution q;
+every other drafter proposes deterministically, as under greedy decoding, and counts as q = one-hot
+(`proposal`; which kind does which: engine.drafters.spec.PROPOSALS).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
-from engine.decode import Generation, Session, Stop, commit
+import numpy as np
+
+from engine.decode import Generation, Session, Step, Stop, StopReason, commit
+from engine.sampling import Sampling, draw, verify
 
 
 class Drafter(Protocol):
@@ -51,23 +61,52 @@ class FeatureDrafter(Drafter, Protocol):
         ...
 
 
+@runtime_checkable
+class SamplingDrafter(Drafter, Protocol):
+    """A drafter that, under sampling, draws its drafts from its own distribution and returns it."""
+
+    def propose_sampled(
+        self, last: int, k: int, sampling: Sampling, rng: np.random.Generator
+    ) -> tuple[list[int], np.ndarray]:
+        """Up to k drafts after `last`, drawn with `rng`, and q [len(drafts), vocab] they were drawn from."""
+        ...
+
+
+def proposal(
+    drafter: Drafter, last: int, k: int, sampling: Sampling, rng: np.random.Generator
+) -> tuple[list[int], np.ndarray | None]:
+    """A block's drafts under sampling and their proposal distribution (None: deterministic, one-hot)."""
+    if isinstance(drafter, SamplingDrafter):
+        return drafter.propose_sampled(last, k, sampling, rng)
+    return drafter.propose(last, k), None
+
+
 def _prefill(
-    verifier: Session, drafter: Drafter, prompt: Sequence[int], layers: tuple[int, ...]
-) -> list[int]:
+    verifier: Session, drafter: Drafter, prompt: Sequence[int], layers: tuple[int, ...], logits: bool
+) -> Step:
+    """The prompt fed to the verifier; the step of its last position (its logits when asked)."""
     if not layers:
-        return verifier.prefill(prompt).tokens
+        return verifier.prefill(prompt, logits=logits)
     observe = drafter.observe  # type: ignore[attr-defined]
     chunk = getattr(verifier, "prefill_chunk", 512)
     for i in range(0, len(prompt), chunk):
-        step = verifier.forward(prompt[i : i + chunk], hidden=layers)
+        last = i + chunk >= len(prompt)
+        step = verifier.forward(prompt[i : i + chunk], hidden=layers, logits=logits and last)
         observe(step.hidden, len(step.tokens))
-    return step.tokens[-1:]
+    return Step(step.tokens[-1:], None if step.logits is None else step.logits[-1:])
 
 
 def speculative_generate(
-    verifier: Session, drafter: Drafter, prompt: Sequence[int], k: int, stop: Stop
+    verifier: Session,
+    drafter: Drafter,
+    prompt: Sequence[int],
+    k: int,
+    stop: Stop,
+    sampling: Sampling | None = None,
 ) -> Generation:
-    """Greedy speculative decoding; the tokens equal `generate(verifier, prompt, stop)`."""
+    """Speculative decoding. Greedy: the tokens equal `generate(verifier, prompt, stop)`. With `sampling`
+    (temperature > 0): lossless speculative sampling, each token distributed as `generate(verifier,
+    prompt, stop, sampling)` draws it (not the same draws: the rule spends its own uniforms)."""
     if k < 1:
         raise ValueError(f"k must be >= 1 (got {k})")
     if not prompt:
@@ -76,22 +115,40 @@ def speculative_generate(
         raise ValueError(
             f"the verifier's sequence needs max_block >= k + 1 = {k + 1} (has {verifier.max_block})"
         )
+    if sampling is not None and sampling.greedy:
+        sampling = None
+    rng = sampling.rng() if sampling else None
     layers = tuple(getattr(drafter, "layers", ()))
     t0 = time.perf_counter()
     drafter.begin(prompt)
-    out = _prefill(verifier, drafter, list(prompt), layers)
+    first = _prefill(verifier, drafter, list(prompt), layers, sampling is not None)
+    out = first.tokens if sampling is None else [int(draw(sampling.probs(first.logits), rng)[0])]
     t1 = time.perf_counter()
     gen = Generation(out, "max_new_tokens", len(prompt), t1 - t0, 0.0)
     reason = stop.check(out)
     while reason is None:
         last = out[-1]
-        drafts = drafter.propose(last, min(k, stop.max_new_tokens - len(out) - 1))
-        step = verifier.forward([last, *drafts], hidden=layers)
-        preds = step.tokens
-        n = 0
-        while n < len(drafts) and drafts[n] == preds[n]:
-            n += 1
-        new = [*drafts[:n], preds[n]]
+        budget = min(k, stop.max_new_tokens - len(out) - 1)
+        if sampling is None or rng is None:
+            drafts = drafter.propose(last, budget)
+            step = verifier.forward([last, *drafts], hidden=layers)
+            preds = step.tokens
+            n = 0
+            while n < len(drafts) and drafts[n] == preds[n]:
+                n += 1
+            new = [*drafts[:n], preds[n]]
+        else:
+            drafts, q = proposal(drafter, last, budget, sampling, rng)
+            step = verifier.forward([last, *drafts], hidden=layers, logits=True)
+            accepted, token = verify(
+                sampling.probs(step.logits)[None],
+                np.array(drafts, dtype=np.int64)[None],
+                np.array([len(drafts)]),
+                None if q is None else q[None],
+                rng,
+            )
+            n = int(accepted[0])
+            new = [*drafts[:n], int(token[0])]
         gen.forwards += 1
         gen.drafted += len(drafts)
         gen.accepted += n
@@ -106,3 +163,173 @@ def speculative_generate(
     gen.stop_reason = reason
     gen.decode_s = time.perf_counter() - t1
     return gen
+
+
+class RowsDrafter(Protocol):
+    """Drafts for every row of a batched verifier at once (the model drafter's `BatchedModelDrafter`); any
+    other drafter runs one instance per row (`PerRow`)."""
+
+    rows: int
+
+    def begin_rows(self, prompts: Sequence[Sequence[int]]) -> None: ...
+
+    def propose_rows(self, lasts: Sequence[int], ks: Sequence[int | None]) -> list[list[int]]:
+        """Up to ks[r] drafts after row r's committed token lasts[r] (ks[r] None: the row has stopped)."""
+        ...
+
+    def accept_rows(self, ns: Sequence[int], committed: Sequence[Sequence[int] | None]) -> None:
+        """Row r accepted ns[r] drafts and committed `committed[r]` (None: it stopped, or had stopped)."""
+        ...
+
+
+class PerRow:
+    """One `Drafter` per row, as a `RowsDrafter`."""
+
+    def __init__(self, drafters: Sequence[Drafter]) -> None:
+        self.drafters = list(drafters)
+        self.rows = len(self.drafters)
+
+    def begin_rows(self, prompts: Sequence[Sequence[int]]) -> None:
+        for d, p in zip(self.drafters, prompts, strict=True):
+            d.begin(p)
+
+    def propose_rows(self, lasts: Sequence[int], ks: Sequence[int | None]) -> list[list[int]]:
+        return [
+            [] if k is None else d.propose(last, k)
+            for d, last, k in zip(self.drafters, lasts, ks, strict=True)
+        ]
+
+    def accept_rows(self, ns: Sequence[int], committed: Sequence[Sequence[int] | None]) -> None:
+        for d, n, new in zip(self.drafters, ns, committed, strict=True):
+            if new is not None:
+                d.accept(n, new)
+
+
+class DraftLength:
+    """The draft length of each block from measured costs (`speculative_generate_batch(adapt=True)`): the
+    wall time of a block (drafting + verify forward) at k = 0 (a plain step) and at k = k_max, each an
+    exponential average, linear in between; and the running per-position acceptance (of the blocks
+    drafting position i, the fraction whose draft i was accepted: expected tokens per block at k =
+    1 + the sum of the first k). Each block takes the k of the most tokens per second, down to 0 (plain
+    decoding) when drafting no longer pays; both ends are measured again every `refresh` blocks."""
+
+    def __init__(self, k_max: int, refresh: int = 16) -> None:
+        self.k_max = k_max
+        self.refresh = refresh
+        self.cost: dict[int, float] = {}  # k (0 or k_max) -> seconds per block
+        self.drafted = [0] * k_max
+        self.accepted = [0] * k_max
+        self.blocks = 0
+
+    def choose(self) -> int:
+        self.blocks += 1
+        for k in (self.k_max, 0):
+            if k not in self.cost or self.blocks % self.refresh == (0 if k else self.refresh // 2):
+                return k
+        c0, ck = self.cost[0], self.cost[self.k_max]
+        rates = [0.0] * (self.k_max + 1)
+        tokens = 1.0
+        for k in range(self.k_max + 1):
+            if k:
+                d = self.drafted[k - 1]
+                tokens += self.accepted[k - 1] / d if d else 0.0
+            rates[k] = tokens / (c0 + (ck - c0) * k / self.k_max)
+        return max(range(self.k_max + 1), key=lambda k: (rates[k], -k))
+
+    def record(self, k: int, seconds: float, drafted: Sequence[int], accepted: Sequence[int]) -> None:
+        """One block at draft length k took `seconds`; rows drafted/accepted per position (summed)."""
+        if k in (0, self.k_max):
+            old = self.cost.get(k)
+            self.cost[k] = seconds if old is None else 0.7 * old + 0.3 * seconds
+        for i, (d, a) in enumerate(zip(drafted, accepted, strict=True)):
+            self.drafted[i] += d
+            self.accepted[i] += a
+
+
+def speculative_generate_batch(
+    verifier: Session,
+    drafters: Sequence[Drafter] | RowsDrafter,
+    prompts: Sequence[Sequence[int]],
+    k: int,
+    stop: Stop,
+    adapt: bool = False,
+) -> list[Generation]:
+    """Greedy speculative decoding of `verifier.rows` prompts at once, one drafter per row (or one
+    `RowsDrafter` drafting for all rows in batched forwards): each block
+    every live row drafts up to k tokens, all rows are verified in one batched forward (a row with fewer
+    drafts is padded), each row accepts its own prefix and rolls back on its own (`trim` per row). A row
+    that has stopped leaves the decision loop: it is fed its last token (plus padding) and rolled back
+    in full each block, so it neither grows nor holds the others back. Each row's tokens equal
+    `generate` on its prompt alone under the same policy (tests/engine/test_speculative_batch.py).
+
+    `adapt`: each block's draft length from measured costs and acceptance (`DraftLength`), between 0 (a
+    plain batched step) and k; the tokens stay exact whatever k a block takes.
+
+    Drafters that read the verifier's hidden states (`FeatureDrafter`: the block drafter, Gemma 4's
+    assistant) are refused: a batched forward returns tokens only, not per-row hidden states (yet)."""
+    rows = verifier.rows
+    drafter = drafters if hasattr(drafters, "propose_rows") else PerRow(drafters)  # type: ignore[arg-type]
+    if len(prompts) != rows or drafter.rows != rows or not all(prompts):
+        raise ValueError(f"speculative_generate_batch takes {rows} non-empty prompts and {rows} drafters")
+    if k < 1:
+        raise ValueError(f"k must be >= 1 (got {k})")
+    if verifier.max_block < k + 1:
+        raise ValueError(
+            f"the verifier's sequence needs max_block >= k + 1 = {k + 1} (has {verifier.max_block})"
+        )
+    if any(getattr(d, "layers", ()) for d in getattr(drafter, "drafters", [drafter])):
+        raise ValueError(
+            "batched speculative decoding does not take drafters that read the verifier's hidden states "
+            "(block, gemma4-assistant) yet: decode those rows one at a time (rows=1)"
+        )
+    t0 = time.perf_counter()
+    drafter.begin_rows(prompts)
+    outs = [verifier.prefill(prompt, row=r).tokens for r, prompt in enumerate(prompts)]
+    t1 = time.perf_counter()
+    gens = [Generation(o, "max_new_tokens", len(p), t1 - t0, 0.0) for o, p in zip(outs, prompts, strict=True)]
+    reasons: list[StopReason | None] = [stop.check(o) for o in outs]
+    length = DraftLength(k) if adapt else None
+    while any(r is None for r in reasons):
+        block_k = length.choose() if length else k
+        started = time.perf_counter()
+        drafts = drafter.propose_rows(
+            [o[-1] for o in outs],
+            [
+                min(block_k, stop.max_new_tokens - len(o) - 1) if why is None else None
+                for o, why in zip(outs, reasons, strict=True)
+            ],
+        )
+        ns: list[int] = [0] * rows  # what each live row accepted and committed
+        committed: list[list[int] | None] = [None] * rows
+        m = 1 + max(len(d) for d in drafts)
+        fed = [[o[-1], *d] for o, d in zip(outs, drafts, strict=True)]
+        preds = verifier.forward_rows([f + [f[-1]] * (m - len(f)) for f in fed])
+        trims = [m] * rows  # a stopped row: everything fed this block is rolled back
+        block_drafted, block_accepted = [0] * k, [0] * k
+        for r, (gen, d) in enumerate(zip(gens, drafts, strict=True)):
+            if reasons[r] is not None:
+                continue
+            n = 0
+            while n < len(d) and d[n] == preds[r][n]:
+                n += 1
+            new = [*d[:n], preds[r][n]]
+            gen.forwards += 1
+            gen.drafted += len(d)
+            gen.accepted += n
+            gen.count_positions(len(d), n)
+            for i in range(len(d)):
+                block_drafted[i] += 1
+                block_accepted[i] += i < n
+            done, reasons[r] = commit(outs[r], new, stop)
+            trims[r] = m - done  # keep [last, d1..d(done-1)]
+            if reasons[r] is None:
+                ns[r], committed[r] = n, new
+        verifier.trim(trims)
+        drafter.accept_rows(ns, committed)
+        if length:
+            length.record(block_k, time.perf_counter() - started, block_drafted, block_accepted)
+    decode_s = time.perf_counter() - t1
+    for gen, reason in zip(gens, reasons, strict=True):
+        assert reason is not None
+        gen.stop_reason, gen.decode_s = reason, decode_s
+    return gens

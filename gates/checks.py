@@ -6,6 +6,8 @@
     all_true              every value is true
     match                 every value is a string that the regular expression (value) matches whole, e.g.
                           {check: match, path: /environment/device, value: "cuda:[^,]*(, cuda:[^,]*)*"}
+    same                  every value is an object whose members named in value (2 or more) are equal, e.g.
+                          {check: same, path: /prompts/*/digest, value: [greedy, speculative]}
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ class Check(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    check: Literal["min", "max", "eq", "between", "all_true", "match"]
+    check: Literal["min", "max", "eq", "between", "all_true", "match", "same"]
     path: str
     value: Any = None
 
@@ -66,6 +68,17 @@ class Check(BaseModel):
             if not ok:
                 raise ValueError(
                     f"check 'match' at {self.path} needs a regular expression (a string), got {self.value!r}"
+                )
+        elif self.check == "same":
+            ok = (
+                isinstance(self.value, list)
+                and len(self.value) >= 2
+                and all(isinstance(v, str) and v for v in self.value)
+            )
+            if not ok:
+                raise ValueError(
+                    f"check 'same' at {self.path} needs value [member, member, ...] (2 or more names), "
+                    f"got {self.value!r}"
                 )
         elif self.value is not None:
             raise ValueError(f"check 'all_true' at {self.path} takes no value")
@@ -112,6 +125,8 @@ def threshold_text(check: str, threshold: Any) -> str:
         return f"= {fmt(threshold)}"
     if check == "match":
         return f"matches /{threshold}/"
+    if check == "same":
+        return f"equal {' = '.join(threshold)}"
     return "all true"
 
 
@@ -157,6 +172,15 @@ def run_check(report: Any, check: Check) -> CheckResult:
 
         i = next((k for k, (_, v) in enumerate(matches) if not matched(v)), 0)
         ok = matched(matches[i][1])
+    elif check.check == "same":  # every value an object whose named members are present and equal
+
+        def same(v: Any) -> bool:
+            if not isinstance(v, dict) or any(name not in v for name in check.value):
+                return False
+            return all(json_equal(v[name], v[check.value[0]]) for name in check.value[1:])
+
+        i = next((k for k, (_, v) in enumerate(matches) if not same(v)), 0)
+        ok = same(matches[i][1])
     else:
         i = next((k for k, (_, v) in enumerate(matches) if v is not True), 0)
         ok = matches[i][1] is True

@@ -195,13 +195,20 @@ class BaseSession(ABC):
     def _run_rows(self, ids: list[list[int]], forwards: list[Forward]) -> list[list[int]]:
         """One batched model forward of `ids` [rows, m], each group's `Forward` covering every row."""
 
-    def trim(self, n: int) -> None:
+    def trim(self, n: int | Sequence[int]) -> None:
+        """Forget the last n positions fed (a sequence: n[r] of batch row r, each row on its own)."""
+        if not isinstance(n, int):
+            n = list(n)
+            if self.rows == 1 and len(n) == 1:
+                n = n[0]
         if self.linear and n:
+            assert isinstance(n, int)  # linear-attention sessions are batch 1 (batch_unsupported)
             self._trim_recurrent(n)
             return
         self._dropped([g.trim(n) for g in self.groups])
-        for s in self.states:
-            s.trim(n)
+        if isinstance(n, int):
+            for s in self.states:
+                s.trim(n)
 
     @abstractmethod
     def _dropped(self, slots: list[list[list[int]] | None]) -> None:

@@ -13,10 +13,11 @@ module and backend. A kind's modules import only their own config (and base), ne
 
 from engine.drafters.load import DrafterFactory, load_drafter
 from engine.drafters.lookup.drafter import PromptLookupDrafter
-from engine.drafters.model.drafter import ModelDrafter
+from engine.drafters.model.drafter import BatchedModelDrafter, ModelDrafter
 from engine.drafters.spec import KINDS, DrafterKind, DrafterSpec, parse_drafter
 
 __all__ = [
+    "BatchedModelDrafter",
     "KINDS",
     "DrafterFactory",
     "DrafterKind",

@@ -17,13 +17,14 @@ from engine.decode import Session
 from engine.drafters.diffusion.config import GEMMA_MODEL_TYPE, read_config
 from engine.drafters.diffusion.drafter import DiffusionDrafter, DiffusionModel
 from engine.drafters.lookup.drafter import PromptLookupDrafter
-from engine.drafters.model.drafter import ModelDrafter
+from engine.drafters.model.drafter import BatchedModelDrafter, ModelDrafter
 from engine.drafters.spec import NOT_YET, DrafterSpec, model_type
 from engine.models import Backend, Model, load
 from engine.policy import Policy, full
-from engine.speculative import Drafter
+from engine.speculative import Drafter, RowsDrafter
 
-DrafterFactory = Callable[[Session], Drafter]
+# verifier session -> its drafter; a model drafter on a batched session (rows > 1): one RowsDrafter for all rows
+DrafterFactory = Callable[[Session], Drafter | RowsDrafter]
 PROBE = "def count_vowels(text: str) -> int:\n    return sum(c in 'aeiou' for c in text.lower())\n"
 
 
@@ -50,7 +51,12 @@ def load_drafter(
         if dm.encode(probe) != verifier.encode(probe):
             raise ValueError(f"the drafter {spec.ref} does not share the verifier's tokenizer")
         cache = policy or full()
-        return lambda session: ModelDrafter(dm.session(cache, max_block=k + 1))
+        # a batched verifier gets one drafter session of as many rows, drafting in batched forwards
+        return lambda session: (
+            ModelDrafter(dm.session(cache, max_block=k + 1))
+            if session.rows == 1
+            else BatchedModelDrafter(dm.session(cache, max_block=k + 1, rows=session.rows))
+        )
     if spec.kind == "block":
         make = block_drafters(spec.path(), backend, getattr(verifier, "device", None))
         if (vocab := make().config.vocab_size) != verifier.geometry.vocab_size:

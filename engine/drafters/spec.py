@@ -52,6 +52,19 @@ NOT_YET: dict[tuple[str, Backend], str] = {
     (DIFFUSION_GEMMA_MODEL_TYPE, "mlx"): "DiffusionGemma runs on the torch backend only (mlx-lm has none)",
 }
 
+# How each kind proposes under speculative sampling (engine/sampling.py's rule), in one place:
+# "distribution": it draws its drafts from its own distribution and returns it (q; engine.speculative's
+# `SamplingDrafter`); "deterministic": it proposes as under greedy decoding (prompt lookup; argmax of one
+# block forward, of denoising steps, of the assistant) and counts as q = one-hot, accepting a draft with
+# the verifier's own probability of it. tests/engine/test_sampling.py checks the loaded drafters agree.
+PROPOSALS: dict[DrafterKind, Literal["distribution", "deterministic"]] = {
+    "lookup": "deterministic",
+    "model": "distribution",
+    "block": "deterministic",
+    "diffusion": "deterministic",
+    "gemma4-assistant": "deterministic",
+}
+
 _OPTION = re.compile(r"([a-z_]+)=([^:=]*)")
 USAGE = "lookup, model:REF, block:REF, diffusion:REF[:steps=N] or gemma4-assistant:REF"
 

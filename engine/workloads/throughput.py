@@ -11,7 +11,16 @@ decode-only tok/s (tokens after the first / time after prefill) and end-to-end t
 decode) of both, the mean acceptance length (tokens committed per verifier forward), the speedup
 (speculative / greedy decode tok/s), the acceptance per draft position (of the blocks drafting position i,
 the fraction whose draft i was accepted), and `exact`: whether the two token lists are equal, compared
-token by token.
+token by token; `digests`: per batch size and row that decoded the prompt, hashes of the plain greedy and
+the speculative token lists (the gate checks each pair is equal).
+
+Batched (`--batches`): per batch size B, greedy decoding of B prompts at once (the prompts cycled) and, for
+a drafter that reads no hidden states, batched speculative decoding of the same rows
+(engine.speculative_generate_batch; k fixed: `ADAPT` off, as the adaptive draft length did not pay on
+the zoo pair at 64 new tokens, docs/speculative.md): decode tok/s of both, speedup, acceptance length and
+per-position acceptance; each row's digests go to its prompt's `digests`. `--temperature T` > 0 adds, per
+prompt, plain sampling against lossless speculative sampling at T (seeded by --seed): tok/s, speedup and
+acceptance (no parity: the draws differ).
 
 A model drafter's own cache: `--drafter-policy` (default: sink_window with the policy's sink and window, or
 full when the policy is full - a drafter only needs recent context).
@@ -20,6 +29,7 @@ full when the policy is full - a drafter only needs recent context).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
 import time
 from typing import Annotated, Any
@@ -53,6 +63,10 @@ HUMANEVAL_STYLE = [
 ]
 
 
+# batched speculative runs adapt the draft length per block (engine.speculative.DraftLength)?
+ADAPT = False
+
+
 class Config(cli.ModelConfig):
     policy: cli.PolicyField
     drafter: cli.Drafter
@@ -67,7 +81,8 @@ class Config(cli.ModelConfig):
     min_speedup: float = Field(ge=0)
     batches: list[Annotated[int, Field(ge=1)]] = Field(
         default=[1, 8, 32], min_length=1
-    )  # batch sizes of the batched greedy runs
+    )  # batch sizes of the batched greedy and speculative runs
+    temperature: float = Field(default=0.0, ge=0)  # > 0: also plain vs speculative sampling per prompt
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -94,6 +109,31 @@ class SpecRun(Run):
     position_accepted: list[int]  # ... whose draft i was accepted
 
 
+class Digests(BaseModel):
+    """Hashes of two token lists that must be equal (the gate's `same` check)."""
+
+    model_config = ConfigDict(extra="forbid")
+    greedy: str
+    speculative: str
+
+
+class BatchDigests(Digests):
+    batch: int  # the batch size of the runs
+    row: int  # the batch row that decoded the prompt
+
+
+class Sampled(BaseModel):
+    """Plain sampling vs lossless speculative sampling at the config's temperature (one seeded run each)."""
+
+    model_config = ConfigDict(extra="forbid")
+    temperature: float
+    plain_decode_tok_s: float
+    speculative_decode_tok_s: float
+    speedup: float
+    acceptance_length: float
+    acceptance_rate: float
+
+
 class Prompt(BaseModel):
     model_config = ConfigDict(extra="forbid")
     prompt_tokens: int
@@ -103,6 +143,23 @@ class Prompt(BaseModel):
     speedup_e2e: float
     exact: bool  # the speculative tokens equal the greedy tokens, compared token by token
     first_mismatch: int | None
+    # per batch size, per row decoding this prompt: digests of the plain greedy and the speculative tokens
+    # (batch 1: the unbatched runs above; B > 1: the rows of the batched runs)
+    digests: list[BatchDigests]
+    sampled: Sampled | None = None
+
+
+class BatchedSpeculative(BaseModel):
+    """Batched speculative decoding of the same rows (engine.speculative_generate_batch)."""
+
+    model_config = ConfigDict(extra="forbid")
+    decode_s: float
+    decode_tok_s: float
+    speedup: float  # / the batched greedy decode tok/s at this batch size
+    acceptance_length: float  # tokens committed per row per verify forward
+    position_acceptance: list[float]
+    exact: bool  # every row equals greedy decoding of its prompt alone
+    adaptive: bool  # the draft length adapted per block (0..k) to the measured costs (ADAPT)
 
 
 class Batched(BaseModel):
@@ -117,6 +174,7 @@ class Batched(BaseModel):
     exact: bool  # every row equals greedy decoding of its prompt alone
     kv_bytes: int
     kv_bytes_per_row: list[int]
+    speculative: BatchedSpeculative | None = None  # None: the drafter reads hidden states (not batched yet)
 
 
 class Summary(BaseModel):
@@ -237,6 +295,10 @@ def throughput(config: Config) -> dict[str, Any]:
                     speedup_e2e=sr.e2e_tok_s / gr.e2e_tok_s if gr.e2e_tok_s else 0.0,
                     exact=mismatch is None,
                     first_mismatch=mismatch,
+                    digests=[
+                        BatchDigests(batch=1, row=0, greedy=digest(g.tokens), speculative=digest(s.tokens))
+                    ],
+                    sampled=_sampled(model, config, make_drafter, ids, stop) if config.temperature else None,
                 )
             )
     summary = summarize(rows, config.min_speedup).model_copy(
@@ -247,7 +309,12 @@ def throughput(config: Config) -> dict[str, Any]:
     if why := batch_unsupported(model.geometry, policy):
         print(f"throughput: no batched runs: batched decoding {why}", file=sys.stderr)
     else:
-        batched = [_batched(model, policy, alone, greedy_tokens, b, stop) for b in config.batches]
+        for b in config.batches:
+            run, digests = _batched(model, config, make_drafter, alone, greedy_tokens, b, stop)
+            batched.append(run)
+            for r, d in enumerate(digests):
+                if b > 1:  # batch 1: the unbatched runs' digests stand
+                    rows[r % len(rows)].digests.append(d)
     return {
         "config": config.model_copy(update={"prompt_source": source}).model_dump(),
         "prompts": [r.model_dump() for r in rows],
@@ -266,28 +333,88 @@ def repeat_rates(runs: list[list[Any]]) -> list[float]:
     ]
 
 
+def digest(tokens: list[int]) -> str:
+    """A short hash of a token list (equal lists, equal digests)."""
+    return hashlib.sha256(",".join(map(str, tokens)).encode()).hexdigest()[:16]
+
+
+def _sampled(
+    model: engine.Model, config: Config, make_drafter: DrafterFactory, ids: list[int], stop: Any
+) -> Sampled:
+    """Plain sampling vs speculative sampling at the config's temperature, seeded by the config's seed."""
+    settings = engine.Sampling(temperature=config.temperature, seed=config.seed)
+    plain = engine.generate(model.session(config.policy), ids, stop, settings)
+    session = model.session(config.policy, config.k + 1)
+    spec = engine.speculative_generate(session, make_drafter(session), ids, config.k, stop, settings)
+    return Sampled(
+        temperature=config.temperature,
+        plain_decode_tok_s=plain.decode_tok_s,
+        speculative_decode_tok_s=spec.decode_tok_s,
+        speedup=spec.decode_tok_s / plain.decode_tok_s if plain.decode_tok_s else 0.0,
+        acceptance_length=spec.acceptance_length,
+        acceptance_rate=spec.accepted / spec.drafted if spec.drafted else 0.0,
+    )
+
+
 def _batched(
     model: engine.Model,
-    policy: engine.Policy,
+    config: Config,
+    make_drafter: DrafterFactory,
     prompts: list[list[int]],
     want: list[list[int]],
     b: int,
     stop: Any,
-) -> Batched:
-    """One batched greedy run of b rows (the prompts cycled); each row checked against its prompt alone."""
-    session = model.session(policy, rows=b)
-    gens = engine.generate_batch(session, [prompts[r % len(prompts)] for r in range(b)], stop)
+) -> tuple[Batched, list[BatchDigests]]:
+    """One batched greedy run of b rows (the prompts cycled), then batched speculative decoding of the same
+    rows; each row checked against its prompt alone, and each row's two token lists digested."""
+    rows = [prompts[r % len(prompts)] for r in range(b)]
+    session = model.session(config.policy, rows=b)
+    gens = engine.generate_batch(session, rows, stop)
     tokens = sum(len(g.tokens) for g in gens)
     decode_s = gens[0].decode_s
-    return Batched(
+    greedy_tok_s = _rate(tokens - b, decode_s)
+    out = Batched(
         batch=b,
         tokens=tokens,
         decode_s=decode_s,
-        decode_tok_s=_rate(tokens - b, decode_s),
+        decode_tok_s=greedy_tok_s,
         exact=all(g.tokens == want[r % len(want)] for r, g in enumerate(gens)),
         kv_bytes=sum(session.kv_bytes()),
         kv_bytes_per_row=session.kv_row_bytes(),
     )
+    verifier = model.session(config.policy, config.k + 1, rows=b)
+    try:
+        first = make_drafter(verifier)  # one for all rows (a model drafter), or one per row
+        drafters = (
+            first if hasattr(first, "propose_rows") else [first, *(make_drafter(verifier) for _ in rows[1:])]
+        )
+        specs = engine.speculative_generate_batch(verifier, drafters, rows, config.k, stop, adapt=ADAPT)
+    except ValueError as exc:
+        print(f"throughput: no batched speculative run at B={b}: {exc}", file=sys.stderr)
+        return out, []
+    n = max(len(g.position_drafted) for g in specs)
+    drafted = [sum(g.position_drafted[i] for g in specs if i < len(g.position_drafted)) for i in range(n)]
+    accepted = [sum(g.position_accepted[i] for g in specs if i < len(g.position_accepted)) for i in range(n)]
+    spec_s = specs[0].decode_s
+    spec_tok_s = _rate(sum(len(g.tokens) for g in specs) - b, spec_s)
+    forwards = sum(g.forwards for g in specs)
+    digests = [
+        BatchDigests(batch=b, row=r, greedy=digest(g.tokens), speculative=digest(s.tokens))
+        for r, (g, s) in enumerate(zip(gens, specs, strict=True))
+    ]
+    return out.model_copy(
+        update={
+            "speculative": BatchedSpeculative(
+                decode_s=spec_s,
+                decode_tok_s=spec_tok_s,
+                speedup=spec_tok_s / greedy_tok_s if greedy_tok_s else 0.0,
+                acceptance_length=sum(len(g.tokens) - 1 for g in specs) / forwards if forwards else 1.0,
+                position_acceptance=[x / d if d else 0.0 for x, d in zip(accepted, drafted, strict=True)],
+                exact=all(g.tokens == want[r % len(want)] for r, g in enumerate(specs)),
+                adaptive=ADAPT,
+            )
+        }
+    ), digests
 
 
 def _rate(tokens: int, seconds: float) -> float:
@@ -392,7 +519,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--batches", type=cli.int_list, default=[1, 8, 32], help="batch sizes of the batched greedy runs"
+        "--batches",
+        type=cli.int_list,
+        default=[1, 8, 32],
+        help="batch sizes of the batched greedy and speculative runs",
+    )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="> 0: also plain vs speculative sampling per prompt at this temperature (seeded by --seed)",
     )
     parser.add_argument("--min-speedup", type=float, default=1.0, help="summary.speedup_ok: speedup >= this")
     parser.add_argument(
@@ -424,6 +560,19 @@ def main(argv: list[str] | None = None) -> int:
         f"{' '.join(f'{p:.2f}' for p in s['position_acceptance'])}), exact {s['exact_prompts']}/{s['prompts']}"
         + (f"; plot {png}" if png else "")
     )
+    if report["batched"]:
+        print("batch  greedy tok/s  speculative tok/s  speedup  acceptance length  per position")
+        for row in report["batched"]:
+            sp = row["speculative"]
+            print(
+                f"{row['batch']:>5}  {row['decode_tok_s']:>12.1f}  "
+                + (
+                    f"{sp['decode_tok_s']:>17.1f}  {sp['speedup']:>6.2f}x  {sp['acceptance_length']:>17.2f}  "
+                    + " ".join(f"{p:.2f}" for p in sp["position_acceptance"])
+                    if sp
+                    else f"{'-':>17}"
+                )
+            )
     return 0
 
 

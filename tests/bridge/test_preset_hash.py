@@ -12,7 +12,7 @@ import yaml
 from bridge.presets import SIGNED_AS, Preset, load_registry
 
 ROOT = Path(__file__).resolve().parents[2]
-# Each shipped preset's hash before the rule, computed by main at ade32f0 (the three exceptions, the policy
+# Each shipped preset's hash before the rule, computed by main at efc5b3d (the three exceptions, the policy
 # and drafter parameters still regex strings): `{n: p.content_hash for n, p in load_registry().items()}`.
 BEFORE = {
     "compression-table": "sha256:2f6ca24074be1bc2b6723fe5bcb4c7a27f09aaff33f1301f8f820218cc1f9aeb",
@@ -22,7 +22,7 @@ BEFORE = {
     "parity": "sha256:d2ccdeae8685841480b1cf28a33f877ff16399d0561476e5d09b92cd2510cb2a",
     "probe": "sha256:46bfce41857ccf4d5d181bab2893c7d71b2d6ebfe32a586e828c7cfcc7bb2094",
     "restoration-study": "sha256:70ad00fd2fc03f621149c9b9e352a7217a83309c856c43d2bdaa6c69ad2eb72b",
-    "throughput-code": "sha256:93dbf0c6e777872772bbae0e520e24106488eecacb48457cda21a923623aa42f",
+    "throughput-code": "sha256:3e5ea04260f9e3ee3f0583ff968e0e982e8f5e52323c4e8485f314f8cfe4fd45",
 }
 
 

@@ -31,9 +31,11 @@ class GroupArrays:
 
     def drop(self, slots: list[list[int]] | None) -> None:
         """Mark the slots of a rollback ([rows, n]) EMPTY, as the group did in the host table."""
-        if slots and slots[0] and tuple(self.table.shape) == self.group.table.shape:
+        if not slots or not any(slots):
+            return
+        if len({len(s) for s in slots}) == 1 and tuple(self.table.shape) == self.group.table.shape:
             self.table = mx.put_along_axis(self.table, mx.array(slots), mx.array(EMPTY, mx.int64), axis=1)
-        elif slots and slots[0]:
+        else:  # rows rolled back by different counts (batched speculative decoding): copy the table
             self.stale = True
 
     def load(self, fwd: Forward) -> None:

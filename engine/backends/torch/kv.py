@@ -71,9 +71,11 @@ class GroupTensors:
 
     def drop(self, slots: list[list[int]] | None) -> None:
         """Mark the slots of a rollback ([rows, n]) EMPTY, as the group did in the host table."""
-        if slots and slots[0] and self.table.shape == self.group.table.shape:
+        if not slots or not any(slots):
+            return
+        if len({len(s) for s in slots}) == 1 and self.table.shape == self.group.table.shape:
             self.table.scatter_(1, torch.tensor(slots, device=self.device), EMPTY)
-        elif slots and slots[0]:
+        else:  # rows rolled back by different counts (batched speculative decoding): copy the table
             self.stale = True
 
     def sinks_hidden_mask(self, fwd: Forward, convert: Any) -> torch.Tensor:
