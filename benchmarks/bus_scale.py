@@ -39,7 +39,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -152,13 +152,13 @@ def request_json(template: bytes, rid: str, subject: str) -> bytes:
 
 
 def write_history(
-    bus: Path, tpl: dict[str, Any], count: int, runs_per_subject: tuple[int, ...] = (1, 50)
+    bus: Path, tpl: dict[str, Any], count: int, runs_per_subject: tuple[int, ...] = (1, 50), days: float = 30
 ) -> dict[str, Any]:
     """`count` finished requests like the template, written with `git fast-import`: per request a request
     commit on its subject, a claim commit and a done commit with the template's files (its id and subject
     replaced), a done ref and a by-subject index ref, and no request or claim ref (as a done push leaves it).
     The subjects are new commits on the template's subject: the first get `runs_per_subject` runs each, every
-    other request a subject of its own. Ids are spread over the last 30 days, oldest first.
+    other request a subject of its own. Ids are spread over the last `days` days, oldest first.
     Returns {"subjects": {runs: subject sha}, "ids": [...]}."""
     now = B.utcnow().replace(microsecond=0)
     when = int(now.timestamp())
@@ -183,7 +183,7 @@ def write_history(
     old_id, old_subject = tpl["id"].encode(), tpl["subject"].encode()
     stream, mark, ids = [], 0, []
     for i, subject in enumerate(quota):
-        rid = B.new_id(B.id_preset(tpl["id"]), now - dt.timedelta(seconds=30 * 86400 * (count - i) / count))
+        rid = B.new_id(B.id_preset(tpl["id"]), now - dt.timedelta(seconds=days * 86400 * (count - i) / count))
         ids.append(rid)
 
         def swap(data: bytes, rid: str = rid, subject: str = subject) -> bytes:
@@ -273,12 +273,87 @@ def git_daemon(base: Path) -> Iterator[int]:
         proc.wait(10)
 
 
-def measure_size(work: Path, size: int) -> dict[str, Any]:
-    """Every operation on a bus of `size` finished requests: {op: {"bytes", "seconds", "rc"}}."""
+@contextlib.contextmanager
+def serve(base: Path, transport: str) -> Iterator[tuple[str, Relay]]:
+    """The bare repositories under `base` served over `transport` (git: `git daemon`; http: `git http-backend`
+    behind a small HTTP server, tests/bridge/bus_support.py's HttpGit): (the bus URL through a byte-counting
+    relay, the relay)."""
+    if transport == "git":
+        with git_daemon(base) as port:
+            relay = Relay(port)
+            yield relay.url(), relay
+    else:
+        from tests.bridge.bus_support import HttpGit
+
+        http = HttpGit(base)
+        relay = Relay(http.port)
+        try:
+            yield http.repo(port=relay.port), relay
+        finally:
+            http.stop()
+    relay.close()
+
+
+def compact_in_place(bus: Path, cutoff: dt.datetime) -> int:
+    """What the runners' compaction leaves (bridge/ledger.py), written straight into the bus repository: the
+    ledger commits, its maps, and the done and index refs of the results before `cutoff` deleted in one
+    `git update-ref` transaction. A bus at its steady state in seconds, where the runners' first compaction of
+    a large history takes many minutes (`--migrate runners` measures that). Returns the results moved."""
+    from bridge import ledger as L
+
+    text = G.out(bus, "for-each-ref", "--format=%(objectname)\t%(refname)", B.NS)
+    snap = B.Snapshot.parse(text + "\n")
+    old = [e for e in snap.entries.values() if e.done and e.created_at < cutoff]
+    tip = None
+    for i in range(0, len(old), L.CHUNK):
+        chunk = old[i : i + L.CHUNK]
+        tree = G.tree_with(bus, tip, L.entries_of(bus, chunk, snap.index))
+        tip = G.commit(
+            bus, tree, ([tip] if tip else []) + [e.done for e in chunk if e.done], "ledger", "b <b@x>"
+        )
+    if tip is None:
+        return 0
+    shards = L.shard_trees(bus, tip)
+    maps = [
+        L.LedgerMap(ledger=tip, shards={n: t for n, t in shards.items() if n.startswith(k + "/")})
+        for k in L.KINDS
+    ]
+    blobs = G.write_blobs(bus, [m.dump() for m in maps])
+    lines = [f"update {L.LEDGER_REF} {tip}"] + [
+        f"update {L.map_ref(k)} {b}" for k, b in zip(L.KINDS, blobs, strict=True)
+    ]
+    lease = L.lease_commit(
+        bus, "bench", B.utcnow() + dt.timedelta(minutes=5), "b <b@x>"
+    )  # as a compaction leaves
+    lines += [f"update {L.LEASE_REF} {lease}"] + [f"delete {B.done_ref(e.id)}" for e in old]
+    lines += [f"delete {B.subject_ref(snap.index[e.id][0], e.id)}" for e in old if e.id in snap.index]
+    G.run(bus, "update-ref", "--stdin", input="".join(line + "\n" for line in lines).encode())
+    return len(old)
+
+
+def retry(call: Callable[[], object]) -> None:
+    """`call()`, once more when the test HTTP server dropped a connection under load."""
+    from bridge.errors import BusError
+
+    try:
+        call()
+    except BusError as exc:
+        if "Empty reply from server" not in str(exc):
+            raise
+        call()
+
+
+def measure_size(
+    work: Path, size: int, transport: str = "git", per_day: float = 100, migrate: str = "runners"
+) -> dict[str, Any]:
+    """Every operation on a bus of `size` finished requests made at `per_day` a day (so the history spans
+    size / per_day days, and the runners' compaction window of 2 days holds about 2 * per_day of them), served
+    over `transport`: {op: {"bytes", "bytes_down", "seconds", "rc"}}."""
     import yaml
 
     served = work / "served"
     bus = G.init_bare(served / "bus.git")
+    G.run(bus, "config", "http.receivepack", "true")
     project, presets = work / "project", work / "presets"
     presets.mkdir(parents=True)
     (presets / "bench.yaml").write_text(yaml.safe_dump(PRESET))
@@ -299,15 +374,21 @@ def measure_size(work: Path, size: int) -> dict[str, Any]:
     for args in (("init", "-q", "-b", "main"), ("add", "-A"), ("commit", "-qm", "project")):
         sh("git", *args, cwd=project, env=env)
     sh("git", "push", "-q", str(bus), "main", cwd=project, env=env)
-    out: dict[str, Any] = {}
-    with git_daemon(served) as port:
-        relay = Relay(port)
-        url = relay.url()
+    out: dict[str, Any] = {
+        "transport": transport,
+        "per_day": per_day,
+        "history_days": round(size / per_day, 1),
+    }
+    with serve(served, transport) as (url, relay):
 
         def op(name: str, *argv: str, cwd: Path = project) -> subprocess.CompletedProcess[str]:
-            relay.reset()
-            t0 = time.perf_counter()
-            proc = sh(*argv, cwd=cwd, env=env)
+            for _attempt in range(2):  # the test HTTP server under load: a dropped connection, once
+                relay.reset()
+                t0 = time.perf_counter()
+                proc = sh(*argv, cwd=cwd, env=env)
+                if proc.returncode == 0 or "Empty reply from server" not in proc.stderr:
+                    break
+                out.setdefault("retried", []).append(name)
             out[name] = {
                 "bytes": relay.up + relay.down,
                 "bytes_down": relay.down,
@@ -323,11 +404,40 @@ def measure_size(work: Path, size: int) -> dict[str, Any]:
         real = rid.stdout.strip()
         sh(*kakeya("runner", "once", "--labels", "cpu", "--remote", url), cwd=project, env=env)
         t0 = time.perf_counter()
-        made = write_history(bus, template(bus, G.refs_under(bus, B.DONE_PREFIX)[B.done_ref(real)]), size - 1)
+        tpl = template(bus, G.refs_under(bus, B.DONE_PREFIX)[B.done_ref(real)])
+        made = write_history(bus, tpl, size - 1, days=size / per_day)
         out["write_history_s"] = round(time.perf_counter() - t0, 2)
+        out["refs_on_bus_before_compaction"] = len(G.refs_under(bus, "refs/"))
+        # the first automatic compaction: a runner with nothing to serve finds done results older than its
+        # window (compact_after_days, 2) and moves them into the ledger (what upgrading a bus costs once)
         runner = ("runner", "once", "--labels", "cpu", "--name", "bench", "--remote", url)
-        sh(*kakeya(*runner), cwd=project, env=env)  # the runner's mirror exists: what follows is a warm poll
-        op("poll", *kakeya(*runner))
+        total = {"bytes": 0, "bytes_down": 0, "seconds": 0.0, "rc": 0, "rounds": 0}
+        if migrate == "in-place":
+            t0 = time.perf_counter()
+            out["migrated_in_place"] = compact_in_place(bus, B.utcnow() - dt.timedelta(days=2))
+            out["migrated_in_place_s"] = round(time.perf_counter() - t0, 2)
+        cutoff = B.id_time(made["ids"][-1]) - dt.timedelta(days=2.1)  # what the runners' window moves
+        while total["rounds"] < 40:  # a runner moves up to 1,000 at a time: `runner once` until none is left
+            if not any(B.id_time(ref.rsplit("/", 1)[1]) < cutoff for ref in G.refs_under(bus, B.DONE_PREFIX)):
+                break
+            proc = op("compaction_round", *kakeya(*runner))
+            step = out.pop("compaction_round")
+            total = {k: (round(v + step[k], 3) if k in step and k != "rc" else v) for k, v in total.items()}
+            total["rc"] = max(total["rc"], step["rc"])
+            total["rounds"] += 1
+            total["log"] = [ln for ln in proc.stderr.splitlines() if "compact" in ln][-3:]
+        out["compaction_first"] = total
+        out["refs_on_bus"] = len(G.refs_under(bus, "refs/"))
+        for kind in (
+            "date",
+            "subject",
+            "preset",
+        ):  # the ledger's maps: what a reader of the ledger fetches first
+            size_of = G.run(
+                bus, "cat-file", "-s", f"refs/kakeya/ledger-map/{kind}", check=False
+            ).stdout.strip()
+            out[f"ledger_map_{kind}_bytes"] = int(size_of or 0)
+        op("poll", *kakeya(*runner))  # the mirror is warm now: an idle runner once
         os.environ.update({k: env[k] for k in ("KAKEYA_PRESETS", "KAKEYA_RUNNER_NAME")})
         from bridge.config import load_config
         from bridge.runner import Runner
@@ -335,30 +445,28 @@ def measure_size(work: Path, size: int) -> dict[str, Any]:
         watcher = Runner(
             url, config=load_config(project), name="watcher", labels=["cpu"], workdir=work / "w1"
         )
-        watcher.once()
-
-        def watch_poll(
-            name: str = "poll_watch",
-        ) -> None:  # one poll of `runner watch` (no presence push: that is every 2 leases)
-            relay.reset()
-            t0 = time.perf_counter()
-            watcher.once()
-            out["poll_watch"] = {
-                "bytes": relay.up + relay.down,
-                "seconds": round(time.perf_counter() - t0, 3),
-            }
-
-        watch_poll()
+        retry(watcher.once)  # its first look at compacting is here; the next is compact_every_s later
+        relay.reset()
+        t0 = time.perf_counter()
+        retry(watcher.once)  # one poll of `runner watch` (no presence push: that is every 2 leases)
+        out["poll_watch"] = {"bytes": relay.up + relay.down, "seconds": round(time.perf_counter() - t0, 3)}
         new = op("request", *kakeya("request", "bench", "--runner", "cpu", "--remote", url)).stdout.strip()
         op("pickup", *kakeya(*runner))
         op("wait", *kakeya("wait", new, "--remote", url, "--out", str(work / "w")))
         op("status", *kakeya("status", "--remote", url))
         op("status_all", *kakeya("status", "--all", "--remote", url))
         op("runners", *kakeya("runners", "--remote", url))
-        fake = made["ids"][-1]
-        op("results", *kakeya("results", fake, "--remote", url, "--out", str(work / "r")))
-        for runs, subject in sorted(made["subjects"].items()):
-            ci = work / f"ci-{runs}"
+        recent, oldest = made["ids"][-1], made["ids"][0]
+        op("results_recent", *kakeya("results", recent, "--remote", url, "--out", str(work / "r")))
+        op("results_from_ledger", *kakeya("results", oldest, "--remote", url, "--out", str(work / "l")))
+        # subjects of 1 and 50 runs from the start of the history (in the ledger), and the newest (in refs)
+        subjects = {f"{runs}_runs": subject for runs, subject in made["subjects"].items()}
+        newest = json.loads(
+            G.read_path(bus, G.refs_under(bus, B.DONE_PREFIX)[B.done_ref(recent)], B.MANIFEST_PATH) or b"{}"
+        )
+        subjects["recent"] = newest["subject"]
+        for what, subject in sorted(subjects.items()):
+            ci = work / f"ci-{what}"
             sh("git", "clone", "-q", "--depth", "1", url, str(ci), cwd=work, env=env)
             gate = kakeya(
                 "gate",
@@ -371,32 +479,13 @@ def measure_size(work: Path, size: int) -> dict[str, Any]:
                 url,
                 "--allow-unsigned",
             )
-            op(f"gate_cold_{runs}_runs", *gate, cwd=ci)
-            op(f"gate_warm_{runs}_runs", *gate, cwd=ci)
+            op(f"gate_cold_{what}", *gate, cwd=ci)
+            op(f"gate_warm_{what}", *gate, cwd=ci)
         op("clone", "git", "clone", "-q", url, str(work / "teammate"), cwd=work)
         op("fetch_noop", "git", "fetch", "-q", cwd=work / "teammate")
+        op("compact_noop", *kakeya("bus", "compact", "--older-than", "2", "--remote", url))
         op("gc", *kakeya("bus", "gc", "--older-than", "30", "--remote", url))
-        out["refs_on_bus"] = len(G.refs_under(bus, "refs/"))
-        # history into the ledger: what is left in refs is the last 3 days; the pushes' ref advertisement
-        # (receive-pack has no ref-prefix) shrinks with it
-        op("compact", *kakeya("bus", "compact", "--older-than", "3", "--remote", url))
-        out["refs_on_bus_after_compact"] = len(G.refs_under(bus, "refs/"))
-        op("poll_after_compact", *kakeya(*runner))
-        watch_poll("poll_watch_after_compact")
-        new = op("request_after_compact", *kakeya("request", "bench", "--runner", "cpu", "--remote", url))
-        op("pickup_after_compact", *kakeya(*runner))
-        old = made["ids"][0]
-        op("results_from_ledger", *kakeya("results", old, "--remote", url, "--out", str(work / "l")))
-        ci = work / "ci-ledger"
-        sh("git", "clone", "-q", "--depth", "1", url, str(ci), cwd=work, env=env)
-        subject = made["subjects"][50]
-        gate = kakeya(
-            "gate", "pr", "--subject", subject, "--require", "bench@cpu", "--remote", url, "--allow-unsigned"
-        )
-        op("gate_cold_50_runs_after_compact", *gate, cwd=ci)
-        op("status_all_after_compact", *kakeya("status", "--all", "--remote", url))
-        _ = new
-        relay.close()
+        out["refs_on_bus_at_end"] = len(G.refs_under(bus, "refs/"))
     return out
 
 
@@ -410,31 +499,50 @@ def main() -> None:
     parser.add_argument(
         "--sizes", default="100,1000,10000", help="finished requests per bus (comma-separated)"
     )
+    parser.add_argument(
+        "--transports", default="git,http", help="git (git daemon) and/or http (http-backend)"
+    )
+    parser.add_argument("--per-day", type=float, default=100, help="finished requests a day in the history")
+    parser.add_argument(
+        "--migrate",
+        choices=("runners", "in-place"),
+        default="runners",
+        help="how the history gets into the ledger: the runners' own compaction (measured), or written straight "
+        "into the bus (compact_in_place: the steady state in seconds)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bus_scale.json")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    transports = args.transports.split(",")
     result: dict[str, Any] = {
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "load_avg_before": os.getloadavg()},
         "git": G.version(),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "sizes": {},
     }
-    for size in sizes:
-        work = Path(tempfile.mkdtemp(prefix=f"kakeya-bus-scale-{size}-"))
-        try:
-            result["sizes"][str(size)] = measure_size(work, size)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        print(json.dumps({size: result["sizes"][str(size)]}), flush=True)
-    small, large = result["sizes"][str(sizes[0])], result["sizes"][str(sizes[-1])]
-    result["growth"] = {
-        name: {
-            "bytes": round(large[name]["bytes"] / max(small[name]["bytes"], 1), 2),
-            "seconds": round(large[name]["seconds"] / max(small[name]["seconds"], 1e-3), 2),
+    result["growth"] = {}
+    for transport in transports:
+        runs = result["sizes"].setdefault(transport, {})
+        for size in sizes:
+            work = Path(tempfile.mkdtemp(prefix=f"kakeya-bus-scale-{transport}-{size}-"))
+            t0 = time.perf_counter()
+            try:
+                runs[str(size)] = measure_size(work, size, transport, args.per_day, args.migrate)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+            runs[str(size)]["load_avg_after"] = os.getloadavg()
+            runs[str(size)]["measured_s"] = round(time.perf_counter() - t0, 1)
+            print(json.dumps({transport: {size: runs[str(size)]}}), flush=True)
+        small, large = runs[str(sizes[0])], runs[str(sizes[-1])]
+        result["growth"][transport] = {
+            name: {
+                "bytes": round(large[name]["bytes"] / max(small[name]["bytes"], 1), 2),
+                "seconds": round(large[name]["seconds"] / max(small[name]["seconds"], 1e-3), 2),
+            }
+            for name in small
+            if isinstance(small[name], dict) and "bytes" in small[name] and name in large
         }
-        for name in small
-        if isinstance(small[name], dict) and name in large
-    }
+    result["host"]["load_avg_after"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["growth"], indent=2))

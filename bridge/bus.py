@@ -528,22 +528,31 @@ class Bus:
             cls = BusError if "couldn't find remote ref" in msg else BusUnreachable
             raise cls(f"cannot fetch from the bus at {self.url}: {msg}")
 
-    def fetch_ids(self, shas: Sequence[str], what: str = "objects", in_store: bool = False) -> None:
+    def fetch_ids(
+        self, shas: Sequence[str], what: str = "objects", in_store: bool = False, depth: int | None = None
+    ) -> None:
         """Fetch the commits `shas` (objects only) that no local repository of the bus (the store, with
         `in_store`) has yet, by object id in one round trip (never a named refspec each: the server matches
-        those one by one)."""
+        those one by one); `depth`: only that many commits of each history (the store becomes shallow)."""
         missing = sorted(set(shas))
         for repo in self.repos()[:1] if in_store else self.repos():
             missing = sorted(set(missing) - git.present(repo, missing))
         if not missing:
             return
         try:
-            msg = git.fetch(self.store, self.url, missing, self.timeout_s)
+            msg = git.fetch(self.store, self.url, missing, self.timeout_s, depth)
         except BusError as exc:  # a time limit: say what was being fetched
             raise BusUnreachable(f"fetching {len(missing)} {what} from {self.url}: {exc}") from None
         if msg is not None:
-            cls = BusError if "not our ref" in msg or "upload-pack" in msg else BusUnreachable
-            raise cls(f"cannot fetch {len(missing)} {what} from the bus at {self.url}: {msg}")
+            refused = "not our ref" in msg or "unadvertised object" in msg
+            hint = (
+                " (this bus sends only objects a ref names, as git protocol v0/v1 does: serve it with protocol "
+                "v2, or set uploadpack.allowReachableSHA1InWant=true on it; docs/bus.md)"
+                if refused
+                else ""
+            )
+            cls = BusError if refused or "upload-pack" in msg else BusUnreachable
+            raise cls(f"cannot fetch {len(missing)} {what} from the bus at {self.url}: {msg}{hint}")
 
     def push(self, updates: Sequence[Update], atomic: bool = False) -> dict[str, tuple[bool, str]]:
         """One leased push; ref -> (accepted, git's summary). BusUnreachable when nothing got through."""
@@ -586,4 +595,6 @@ class Bus:
                 return True
             if any(seen.get(u.ref) not in (u.expect, u.new) for u in updates):
                 return False
+            if atomic and any(seen.get(u.ref) != u.expect for u in updates):
+                return False  # all or nothing: a ref already moved, by another writer, means this one lost
         raise BusError(f"could not update {', '.join(refs)} on {self.url} after {attempts} attempts: {last}")

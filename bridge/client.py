@@ -428,14 +428,12 @@ class Client:
             B.claim_ref(request_id),
             B.done_ref(request_id),
             B.cancel_ref(request_id),
-            L.date_shard(request_id),
+            L.map_ref("date"),
         )
         entry = snap.entries.get(request_id)
-        shard = snap.refs.get(L.date_shard(request_id))
-        if entry is None and shard is not None:  # finished long ago: its done ref went into the ledger
-            entry = L.as_entries(e for e in L.read_shard(self.bus, shard) if e.id == request_id).get(
-                request_id
-            )
+        if entry is None:  # finished long ago: its done ref went into the ledger (its day's shard, by id)
+            found = L.read(self.bus, L.read_map(self.bus, snap, "date"), [L.date_shard(request_id)])
+            entry = L.as_entries(e for e in found if e.id == request_id).get(request_id)
         if entry is None:
             raise KakeyaError(f"no request {request_id} on the bus at {self.url}", code="not-found")
         return entry
@@ -450,12 +448,13 @@ class Client:
         if B.ID_RE.fullmatch(text):  # shaped as a whole id, but not one (a 13th month, far in the future)
             raise KakeyaError(f"{text!r} is not a request id ({B.ID_RULE})", code="bad-id")
         if re.fullmatch(r"\d{8}[0-9A-Za-z._-]*", text):
-            shard = L.date_shard(text)
             scoped = (B.CLAIM_PREFIX + text, B.DONE_PREFIX + text, B.CANCEL_PREFIX + text)
-            snap = self.bus.ls_remote(B.REQ_PREFIX, *scoped, shard)
+            snap = self.bus.ls_remote(B.REQ_PREFIX, *scoped, L.map_ref("date"))
             found = {rid for rid in snap.entries if rid.startswith(text)}
-            if shard in snap.refs:  # finished long ago: in the ledger's shard of that day
-                found |= {e.id for e in L.read_shard(self.bus, snap.refs[shard]) if e.id.startswith(text)}
+            ledger = L.read_map(
+                self.bus, snap, "date"
+            )  # finished long ago: in the ledger's shard of that day
+            found |= {e.id for e in L.read(self.bus, ledger, [L.date_shard(text)]) if e.id.startswith(text)}
         elif re.fullmatch(r"[0-9a-f]{4,6}", text):
             snap = self.bus.ls_remote(*B.LIVE, *(B.DONE_PREFIX + day for day in recent_days()))
             found = {rid for rid in snap.entries if rid.rsplit("-", 1)[1].startswith(text)}
@@ -501,13 +500,12 @@ class Client:
         every done ref) from one prefix-scoped listing; verdicts and leases for commits already here (`fetch`
         fetches the missing done commits first: one more round trip)."""
         done = [B.DONE_PREFIX] if everything else [B.DONE_PREFIX + day for day in recent_days(days)]
-        snap = self.bus.ls_remote(*B.LIVE, *done, *([L.SHARD_PREFIX + "date/"] if everything else []))
+        snap = self.bus.ls_remote(*B.LIVE, *done, *([L.map_ref("date")] if everything else []))
         if everything:  # the history in the ledger too: every day's shard, fetched by object id in one go
-            shards = sorted(sha for ref, sha in snap.refs.items() if ref.startswith(L.SHARD_PREFIX))
-            self.bus.fetch_ids(shards, "ledger shards")
-            for sha in shards:
-                for rid, e in L.as_entries(L.read_shard(self.bus, sha)).items():
-                    snap.entries.setdefault(rid, e)
+            ledger = L.read_map(self.bus, snap, "date")
+            days = list(ledger.shards if ledger else {})
+            for rid, e in L.as_entries(L.read(self.bus, ledger, days)).items():
+                snap.entries.setdefault(rid, e)
         entries = sorted(snap.entries.values(), key=lambda e: e.id)
         if fetch:
             self.ensure(entries, ("done", "claim"))  # a done request's claim is its done commit: no extra
@@ -753,71 +751,10 @@ class Client:
         return self._push_chunks(updates)
 
     def compact(self, older_than_days: float, dry_run: bool = False) -> list[str]:
-        """Move the done results made before the cutoff into the ledger (bridge/ledger.py): per chunk one
-        atomic push moves the ledger (leased on the tip seen), sets the shard refs it touched and deletes the
-        chunk's done and index refs. Returns the refs deleted (or that would be)."""
+        """Move the done results made more than `older_than_days` ago into the ledger (bridge/ledger.py), and
+        delete the shard refs an earlier ledger kept. Returns the refs deleted (or that would be)."""
         cutoff = B.utcnow() - dt.timedelta(days=older_than_days)
-        snap = self.bus.ls_remote(B.DONE_PREFIX, B.SUBJECT_PREFIX, L.LEDGER_REF, L.SHARD_PREFIX)
-        old = [e for e in snap.entries.values() if e.done and e.created_at < cutoff]
-        index = {rid: (subject, sha) for rid, (subject, sha) in snap.index.items()}
-        doomed = [B.done_ref(e.id) for e in old] + [
-            B.subject_ref(index[e.id][0], e.id) for e in old if e.id in index
-        ]
-        if dry_run or not old:
-            return doomed
-        tip = snap.refs.get(L.LEDGER_REF)
-        shards = {ref: sha for ref, sha in snap.refs.items() if ref.startswith(L.SHARD_PREFIX)}
-        store = self.bus.store
-        self.bus.fetch_ids([e.done for e in old if e.done] + ([tip] if tip else []), "done results", True)
-        files = git.read_blobs(store, [f"{e.done}:{B.results_path(e.id)}/result.json" for e in old])
-        manifests = B.read_manifests([store], [e.done for e in old if e.done])
-        deleted: list[str] = []
-        for i in range(0, len(old), L.CHUNK):
-            chunk = old[i : i + L.CHUNK]
-            entries = []
-            for e in chunk:
-                assert e.done is not None
-                m = m if isinstance(m := manifests.get(e.done), Manifest) else None
-                r = B.parse_or_none(RunResult, files.get(f"{e.done}:{B.results_path(e.id)}/result.json"))
-                subject = (
-                    index[e.id][0]
-                    if e.id in index
-                    else B.indexed_subject(m.subject if m else None, r.subject if r else None)
-                )
-                entries.append(
-                    L.LedgerEntry(
-                        id=e.id,
-                        done=e.done,
-                        subject=subject,
-                        label=m.runner if m else None,
-                        preset=e.preset,
-                        status=r.status if r else None,
-                        verdict=r.verdict if r else None,
-                    )
-                )
-            tree = L.tree_with_entries(store, tip, entries)
-            parents = ([tip] if tip else []) + [e.done for e in chunk if e.done]
-            new = git.commit(store, tree, parents, f"kakeya ledger: {len(chunk)} done results", self.who())
-            touched = {
-                "/".join(p.split("/")[:2]) for e in entries for p in L.paths(e) if not p.startswith("preset/")
-            }
-            moved = L.shard_refs(store, tree, touched)
-            updates = [Update(L.LEDGER_REF, new, tip)]
-            updates += [Update(ref, sha, shards.get(ref)) for ref, sha in moved.items()]
-            updates += [Update(B.done_ref(e.id), None, e.done) for e in chunk]
-            updates += [
-                Update(B.subject_ref(*index[e.id][:1], e.id), None, index[e.id][1])
-                for e in chunk
-                if e.id in index
-            ]
-            if not self.bus.swap(updates, atomic=True):
-                raise BusError(
-                    "the ledger or a done ref moved while compacting; run `kakeya bus compact` again"
-                )
-            tip = new
-            shards.update(moved)
-            deleted += [u.ref for u in updates if u.new is None]
-        return deleted
+        return L.compact(self.bus, cutoff, self.who(), dry_run=dry_run)
 
     def _push_chunks(self, updates: list[Update]) -> list[str]:
         """Push ref updates (deletions, moves) in chunks, each leased on its sha; the refs the bus took."""

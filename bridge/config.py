@@ -7,6 +7,8 @@ then `KAKEYA_*` environment variables, then command-line flags (applied by the c
     poll_interval_s runner watch poll interval
     lease_s         claim lease length; heartbeats renew it
     git_timeout_s   how long one git operation against the bus may take (a listing, a fetch, a push)
+    compact_after_days  runners move done results older than this into the bus's ledger, one runner at a time
+                    (a lease), at most every compact_every_s (300); 0 = never (docs/bus.md)
     log_cap_bytes   cap for each of stdout.log / stderr.log (head and tail kept)
     secrets         names of environment variables whose values are redacted from everything written
     state_dir       where the embedded bus, runner mirrors and run directories live (default: <project>/.kakeya)
@@ -112,6 +114,8 @@ class Config(BaseModel):
     poll_interval_s: float = Field(default=2.0, gt=0, le=3600)
     lease_s: float = Field(default=60.0, ge=2, le=24 * 3600)
     git_timeout_s: float = Field(default=120.0, gt=0, le=24 * 3600)
+    compact_after_days: float = Field(default=2.0, ge=0)
+    compact_every_s: float = Field(default=300.0, ge=1)
     log_cap_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     secrets: list[str] = ["HF_TOKEN", "GITHUB_TOKEN", "GH_TOKEN"]
     state_dir: str = ""
@@ -144,6 +148,8 @@ _ENV_FIELDS = {
     "KAKEYA_POLL_INTERVAL": "poll_interval_s",
     "KAKEYA_LEASE": "lease_s",
     "KAKEYA_GIT_TIMEOUT": "git_timeout_s",
+    "KAKEYA_COMPACT_AFTER_DAYS": "compact_after_days",
+    "KAKEYA_COMPACT_EVERY": "compact_every_s",
     "KAKEYA_LOG_CAP": "log_cap_bytes",
     "KAKEYA_SECRETS": "secrets",
     "KAKEYA_STATE_DIR": "state_dir",

@@ -117,6 +117,9 @@ class Shelf:
         self.signers = signers  # the trusted base's allowed signers: evidence must be signed by one of them
         self.dones: dict[str, list[Done]] = {}  # preset -> its done results, oldest first
         self.later: dict[str, list[Entry]] = {}  # preset -> older done refs not read yet (baselines)
+        self.months: dict[str, list[list[str]]] = {}  # preset -> its ledger shards not read yet, by month
+        self.ledger: ledger.LedgerMap | None = None
+        self.known: set[str] = set()  # the ids of the done results read or queued
 
     def load(self, presets: Iterable[str], snap: Snapshot | None = None, subject: str | None = None) -> Shelf:
         """Read the done results of `presets`: with `subject`, those indexed under it (refs/kakeya/by-subject/
@@ -124,33 +127,36 @@ class Shelf:
         listing unless `snap`, one fetch by object id of what is not here yet, one batch read."""
         wanted = set(presets)
         if snap is None:  # the live requests too: a done result for a request still pending is checked on it
-            where = (
-                [f"{B.SUBJECT_PREFIX}{subject}/", ledger.subject_shard(subject)]
-                if subject
-                else [B.DONE_PREFIX]
-            )
-            snap = self.bus.ls_remote(*where, B.REQ_PREFIX)
+            where = [f"{B.SUBJECT_PREFIX}{subject}/"] if subject else [B.DONE_PREFIX]
+            kind = "subject" if subject else "preset"
+            snap = self.bus.ls_remote(*where, ledger.map_ref(kind), B.REQ_PREFIX)
         if subject is not None:
             found = [
                 Entry(rid, e.label if (e := snap.entries.get(rid)) else None, e.req if e else None, done=sha)
                 for rid, (subj, sha) in snap.index.items()
                 if subj == subject
             ]
-            shard = snap.refs.get(ledger.subject_shard(subject))
-            if shard is not None:  # and those moved into the ledger (one small tree, fetched by id)
+            # and those in the ledger: one small tree, fetched by id
+            if ledger.map_ref("subject") in snap.refs:
+                shelved = ledger.read(
+                    self.bus,
+                    ledger.read_map(self.bus, snap, "subject"),
+                    [ledger.subject_shard(subject)],
+                    subject,
+                )
                 known = {e.id for e in found}
-                found += [
-                    e
-                    for e in ledger.as_entries(ledger.read_shard(self.bus, shard, subject)).values()
-                    if e.id not in known
-                ]
+                found += [e for e in ledger.as_entries(shelved).values() if e.id not in known]
         else:
             found = [e for e in snap.entries.values() if e.done]
         entries = sorted((e for e in found if e.preset in wanted), key=lambda e: e.id)
         self.dones.update({name: [] for name in wanted})
         if subject is None:  # for baselines, newest first: a batch now, older ones when asked (`more`)
+            self.known |= {e.id for e in entries}
+            if ledger.map_ref("preset") in snap.refs:  # then the ledger, a month at a time (`more`)
+                self.ledger = ledger.read_map(self.bus, snap, "preset")
             for name in wanted:
                 self.later[name] = [e for e in entries if e.preset == name]
+                self.months[name] = ledger.preset_months(self.ledger, name)
                 self.more(name)
             return self
         self.dones.update(self.done_results(entries))
@@ -182,22 +188,26 @@ class Shelf:
 
     @staticmethod
     def _shards(subjects: set[str]) -> list[str]:
-        """The ledger refs to list for `subjects`' results moved into the ledger."""
-        return sorted({ledger.subject_shard(s) for s in subjects})
+        """The ledger refs to list for `subjects`' results moved into the ledger: its subject map."""
+        return [ledger.map_ref("subject")]
 
     def _shelved(self, snap: Snapshot, subjects: set[str]) -> list[ledger.LedgerEntry]:
         """The ledger's entries of `subjects` (each shard a small tree, fetched by id; one subject: only its
         directory)."""
-        out = []
-        for ref in (r for r in self._shards(subjects) if r in snap.refs):
-            mine = [s for s in subjects if ledger.subject_shard(s) == ref]
-            moved = ledger.read_shard(self.bus, snap.refs[ref], mine[0] if len(mine) == 1 else "")
-            out += [e for e in moved if e.subject in subjects]
-        return out
+        if ledger.map_ref("subject") not in snap.refs:
+            return []
+        shards = sorted({ledger.subject_shard(s) for s in subjects})
+        under = next(iter(subjects)) if len(subjects) == 1 else ""
+        found = ledger.read(self.bus, ledger.read_map(self.bus, snap, "subject"), shards, under)
+        return [e for e in found if e.subject in subjects]
 
     def more(self, preset: str) -> bool:
         """Read the next (older) batch of `preset`'s done results not read yet; False when none is left."""
         rest = self.later.get(preset, [])
+        while not rest and self.months.get(preset):  # the refs are read: the ledger's next month
+            month = ledger.read(self.bus, self.ledger, self.months[preset].pop(0))
+            rest = [e for e in ledger.as_entries(month).values() if e.id not in self.known]
+            self.known |= {e.id for e in rest}
         if not rest:
             return False
         batch, self.later[preset] = rest[-BATCH:], rest[:-BATCH]

@@ -12,6 +12,7 @@ import contextlib
 import os
 import re
 import select
+import shlex
 import shutil
 import signal
 import socket
@@ -426,6 +427,15 @@ def export(repo: Path, sha: str, dest: Path) -> None:
         run(repo, f"--work-tree={dest}", "checkout-index", "--all", "--force", env=env)
 
 
+def borrow_objects(repo: Path, objects: Path) -> None:
+    """`repo` reads the objects of the object directory `objects` too (git's alternates), copying none."""
+    info = repo / "objects" / "info"
+    info.mkdir(parents=True, exist_ok=True)
+    path = info / "alternates"
+    if not path.is_file() or path.read_text().strip() != str(objects):
+        path.write_text(f"{objects}\n")
+
+
 def gc_auto(repo: Path) -> None:
     run(repo, "gc", "--auto", "--quiet", check=False)
 
@@ -689,15 +699,72 @@ def ls_refs(store: Path, url: str, prefixes: Sequence[str], timeout: float) -> s
         if proc.returncode != 0:
             raise BusError(message(proc.stderr))
         return _ls_refs_answer(proc.stdout)
-    text = ls_remote(store, url, (), timeout)
-    return "".join(ln + "\n" for ln in text.splitlines() if ln.partition("\t")[2].startswith(tuple(prefixes)))
+    return _ssh_ls_refs(store, url, prefixes, timeout)
 
 
-def fetch(store: Path, url: str, refspecs: Sequence[str], timeout: float) -> str | None:
-    """Fetch `refspecs` into `store` in one go, writing no FETCH_HEAD; git's message when it failed."""
+def _ssh_ls_refs(store: Path, url: str, prefixes: Sequence[str], timeout: float) -> str:
+    """`ls_refs` over ssh, as git itself asks for protocol v2 there: `git-upload-pack` on the server through
+    ssh with GIT_PROTOCOL=version=2 sent (`-o SendEnv=GIT_PROTOCOL`, the ssh command of GIT_SSH_COMMAND or
+    core.sshCommand). A server whose sshd does not accept GIT_PROTOCOL (OpenSSH's AcceptEnv) answers in v0
+    with every ref: filtered here, said once per bus on stderr."""
+    m = re.fullmatch(r"ssh://([^/]+?)(?::(\d+))?(/.*)", url)
+    scp = re.fullmatch(r"([^/:]+):(.+)", url)
+    if (m is None and scp is None) or "'" in url:
+        raise BusError(f"{url} is not an ssh URL kakeya can use")
+    host, port, path = m.groups() if m else (scp.group(1), None, scp.group(2))  # type: ignore[union-attr]
+    path = path[1:] if path.startswith("/~") else path
+    ssh = (
+        os.environ.get("GIT_SSH_COMMAND")
+        or run(store, "config", "--get", "core.sshCommand", check=False).stdout.decode().strip()
+        or "ssh"
+    )
+    argv = [*shlex.split(ssh), "-o", "SendEnv=GIT_PROTOCOL", *(["-p", port] if port else []), host]
+    try:
+        proc = subprocess.run(
+            [*argv, f"git-upload-pack '{path}'"],
+            cwd=store,
+            input=_ls_refs_request(prefixes),
+            capture_output=True,
+            env=_env({"GIT_PROTOCOL": "version=2"}),
+            timeout=timeout,
+            process_group=0,
+        )
+    except subprocess.TimeoutExpired:
+        raise BusError(f"listing {', '.join(prefixes)} timed out after {timeout:.0f} s") from None
+    except OSError as exc:
+        raise BusError(f"cannot run ssh: {exc}") from None
+    lines = _pkt_lines(proc.stdout)
+    if lines and lines[0] == b"version 2\n":
+        if proc.returncode != 0:
+            raise BusError(message(proc.stderr))
+        return _ls_refs_answer(proc.stdout)
+    if None not in lines:  # no advertisement at all: ssh or the server said why
+        raise BusError(message(proc.stderr))
+    if url not in _SAID_V0:
+        _SAID_V0.add(url)
+        print(
+            f"kakeya: the bus at {url} answered over ssh in git protocol v0 (its sshd does not accept "
+            "GIT_PROTOCOL): every listing downloads every ref",
+            file=sys.stderr,
+        )
+    refs = []
+    for line in lines[: lines.index(None)]:
+        assert line is not None
+        sha, _, ref = line.split(b"\0")[0].decode(errors="replace").rstrip("\n").partition(" ")
+        if ref.startswith(tuple(prefixes)):
+            refs.append(f"{sha}\t{ref}\n")
+    return "".join(refs)
+
+
+def fetch(
+    store: Path, url: str, refspecs: Sequence[str], timeout: float, depth: int | None = None
+) -> str | None:
+    """Fetch `refspecs` into `store` in one go (`depth`: that many commits of each history), writing no
+    FETCH_HEAD; git's message when it failed."""
     proc = run(
         store,
         "fetch",
+        *([f"--depth={depth}"] if depth else []),
         "--no-write-fetch-head",
         "--no-auto-gc",
         "--no-tags",

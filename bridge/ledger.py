@@ -1,35 +1,56 @@
 """The ledger: finished requests moved out of refs, so the bus's refs stay bounded by live work plus a few days.
 
-    refs/kakeya/ledger                   a commit chain: each commit's parents are the previous ledger commit
-                                         and the done commits it took in (they stay reachable); its tree is
-                                         the sharded index below
-    refs/kakeya/shard/subject/<ab>       the index's subject/<ab> tree (what `gate pr` reads for a subject
-                                         whose ab is its first two hex digits)
-    refs/kakeya/shard/date/<YYYYMMDD>    the index's date/<YYYYMMDD> tree (what `results ID` and `status --all`
-                                         read)
+    refs/kakeya/ledger              a commit chain: each commit's parents are the previous ledger commit and
+                                    the done commits it took in (they stay reachable); its tree is the index
+    refs/kakeya/ledger-map/<kind>   a blob (LedgerMap) for each kind of shard (date, subject, preset): the
+                                    ledger commit it describes and each shard of that kind's tree id
+    refs/kakeya/lease/compact       the compaction lease (CompactLease): who compacts, and until when no
+                                    other runner starts to
 
 The index (each entry a LedgerEntry, JSON): date/<YYYYMMDD>/<id>, subject/<ab>/<subject>/<id>,
-preset/<preset>/<label>/<YYYYMM>/<id>; a directory holds one day, one subject, or one month of a preset on a
-label (under 3,000 entries at 2,000 requests a day). The shard refs point at trees, so a reader fetches only
-the shard it needs, by object id. `Client.compact` (`kakeya bus compact`) moves done results older than a few
-days in: one atomic push per chunk that moves the ledger (leased on the tip seen), sets the shard refs, and
-deletes the chunk's done and index refs.
+preset/<preset>/<label>/<YYYYMM>/<id>. A shard is one directory: date/<day>, subject/<ab> (<ab>: the subject's
+first two hex digits) or preset/<preset>/<label>/<month>, under 3,000 entries at 2,000 requests a day. Five
+refs, whatever the history: a reader lists the map ref of the kind it reads, fetches that map blob by id (one
+line per shard: the subject map, what `gate pr` reads, never holds more than 256), then only the shard trees it
+needs, by object id (protocol v2 upload-pack serves any object reachable from a ref; `read` falls back to a
+depth-1 fetch of the ledger where a server refuses).
+
+`compact` (`kakeya bus compact`, and the runners on their own: `Runner.maybe_compact`) moves done results older
+than a few days in: per chunk, one atomic push moves the ledger and its map (leased on what it saw), renews the
+lease (leased on its own last lease commit, when it holds one: two compactors never both write) and deletes the
+chunk's done and index refs (leased on their shas: a done ref that moved is never lost). A race loses cleanly:
+nothing of the losing push lands, and the next compaction starts from what the bus holds then.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import datetime as dt
+import re
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import AwareDatetime, Field, field_validator
 
 from bridge import bus as B
 from bridge import git
-from bridge.bus import Bus, Entry, _File
+from bridge.bus import Bus, Entry, Manifest, Snapshot, Update, _File
+from bridge.errors import BusError, KakeyaError
 from bridge.names import SHA_PATTERN
+from bridge.result import RunResult
 
 LEDGER_REF = B.NS + "ledger"
+MAP_PREFIX = B.NS + "ledger-map/"
+KINDS = ("date", "subject", "preset")
+LEASE_REF = B.NS + "lease/compact"
+# the shard refs of an earlier ledger (one ref per shard): compaction deletes them
 SHARD_PREFIX = B.NS + "shard/"
-CHUNK = 400  # done commits per ledger commit (its parents) and per push
+LEASE_PATH = ".kakeya/lease.json"
+CHUNK = 400  # done commits per ledger commit (its parents)
+PUSH_CHUNK = 2000  # done results per push at most (each push downloads the bus's ref advertisement once)
+PUSH_PAIRS = 10_000_000  # refspecs x refs on the bus per push at most: git push matches each refspec against
+# every ref the bus advertises (about 1.5 us a pair on a busy 2-core host), so a push of 4,000 deletions on a
+# bus of 20,000 refs takes minutes: pushes get smaller as the bus holds more refs
+LEDGER_STORE = "kakeya-ledger.git"  # the compactor's own object store, next to the bus store's objects
 
 
 class LedgerEntry(_File):
@@ -51,12 +72,39 @@ class LedgerEntry(_File):
         return value
 
 
-def subject_shard(subject: str) -> str:
-    return f"{SHARD_PREFIX}subject/{subject[:2]}"
+class LedgerMap(_File):
+    """refs/kakeya/ledger-map/<kind>: the shard trees of one kind of the ledger commit `ledger`, by shard name."""
+
+    schema_version: int = 1
+    ledger: str = Field(pattern=SHA_PATTERN)
+    shards: dict[str, str] = {}
+
+    @field_validator("shards")
+    @classmethod
+    def _shards(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, sha in value.items():
+            if not re.fullmatch(SHA_PATTERN, sha) or shard_depth(name) is None:
+                raise ValueError(f"{name!r}: {sha!r} is not a shard and its tree id")
+        return value
 
 
-def date_shard(request_id: str) -> str:
-    return f"{SHARD_PREFIX}date/{request_id[:8]}"
+class CompactLease(_File):
+    """refs/kakeya/lease/compact's .kakeya/lease.json: `holder` compacts; nobody else starts before `until`."""
+
+    schema_version: int = 1
+    holder: str
+    until: AwareDatetime
+
+
+def map_ref(kind: str) -> str:
+    """The map ref of the shards of `kind` (KINDS)."""
+    return MAP_PREFIX + kind
+
+
+def shard_depth(name: str) -> int | None:
+    """How many path components a shard name of each kind has (None: not a shard name)."""
+    depth = {"date": 2, "subject": 2, "preset": 4}.get(name.split("/")[0])
+    return depth if depth == len(name.split("/")) and all(name.split("/")) else None
 
 
 def paths(entry: LedgerEntry) -> list[str]:
@@ -64,39 +112,79 @@ def paths(entry: LedgerEntry) -> list[str]:
     out = [f"date/{entry.id[:8]}/{entry.id}"]
     if entry.subject:
         out.append(f"subject/{entry.subject[:2]}/{entry.subject}/{entry.id}")
-    out.append(f"preset/{entry.preset}/{entry.label or '-'}/{entry.id[:6]}/{entry.id}")
+    out.append(f"{preset_shard(entry.preset, entry.label, entry.id[:6])}/{entry.id}")
     return out
 
 
-def tree_with_entries(repo, base: str | None, entries: Iterable[LedgerEntry]) -> str:
-    """The index tree of commit/tree `base` (None: empty) with `entries` added."""
-    files = {path: e.dump() for e in entries for path in paths(e)}
-    return git.tree_with(repo, base, files)
+def date_shard(request_id: str) -> str:
+    return f"date/{request_id[:8]}"
 
 
-def shard_refs(repo, tree: str, touched: Iterable[str]) -> dict[str, str]:
-    """shard ref -> tree sha, for the shard directories `touched` (e.g. 'subject/ab', 'date/20261125')."""
-    out = {}
-    for shard in sorted(set(touched)):
-        top = git.ls_tree(repo, f"{tree}:{shard.split('/')[0]}")
-        entry = top.get(shard.split("/")[1])
-        if entry is not None and entry[1] == "tree":
-            out[f"{SHARD_PREFIX}{shard}"] = entry[2]
-    return out
+def subject_shard(subject: str) -> str:
+    return f"subject/{subject[:2]}"
 
 
-def read_shard(bus: Bus, tree: str, under: str = "") -> list[LedgerEntry]:
-    """The entries of shard tree `tree` (fetched by id if not here), those under `under` only."""
-    bus.fetch_ids([tree], "a ledger shard")
-    repo = git.repo_having(bus.repos(), tree)
-    names = git.ls_tree(repo, f"{tree}:{under}" if under else tree, recursive=True)
-    blobs = git.read_blobs(repo, sorted({sha for _, kind, sha in names.values() if kind == "blob"}))
-    out = []
-    for _, kind, sha in names.values():
-        entry = B.parse_or_none(LedgerEntry, blobs.get(sha)) if kind == "blob" else None
-        if entry is not None:
-            out.append(entry)
-    return sorted(out, key=lambda e: e.id)
+def preset_shard(preset: str, label: str | None, month: str) -> str:
+    return f"preset/{preset}/{label or '-'}/{month}"
+
+
+# --- reading -----------------------------------------------------------------------------------------
+
+
+def read_map(bus: Bus, snap: Snapshot, kind: str) -> LedgerMap | None:
+    """The ledger map of `kind` that the listing `snap` (which asked for its map_ref) names, fetched by id;
+    None: no ledger."""
+    sha = snap.refs.get(map_ref(kind))
+    if sha is None:
+        return None
+    bus.fetch_ids([sha], "the ledger map")
+    found = B.parse_or_none(LedgerMap, git.read_blobs_in(bus.repos(), [sha]).get(sha))
+    if found is None or any(not name.startswith(kind + "/") for name in found.shards):
+        raise BusError(f"the ledger map {map_ref(kind)} ({sha[:12]}) on {bus.url} is not a ledger map")
+    return found
+
+
+def read(bus: Bus, ledger: LedgerMap | None, shards: Iterable[str], under: str = "") -> list[LedgerEntry]:
+    """The entries of the ledger's shards named `shards` (those under the path `under` of each, e.g. a
+    subject), oldest first: one fetch by object id of the shard trees not here yet."""
+    if ledger is None:
+        return []
+    trees = sorted({ledger.shards[s] for s in shards if s in ledger.shards})
+    if not trees:
+        return []
+    repos = fetch_trees(bus, ledger, trees)
+    specs = []
+    for tree in trees:
+        repo = git.repo_having(repos, tree)
+        listed = git.ls_tree(repo, f"{tree}:{under}" if under else tree, recursive=True)
+        specs += [sha for _, kind, sha in listed.values() if kind == "blob"]
+    blobs = git.read_blobs_in(repos, sorted(set(specs)))
+    found = {e.id: e for sha in specs if (e := B.parse_or_none(LedgerEntry, blobs.get(sha))) is not None}
+    return sorted(found.values(), key=lambda e: e.id)
+
+
+def fetch_trees(bus: Bus, ledger: LedgerMap, trees: Sequence[str]) -> list[Path]:
+    """Fetch the shard `trees` by object id; where the server refuses objects that no ref names (protocol
+    v0/v1 without uploadpack.allowReachableSHA1InWant), the ledger commit at depth 1 into the ledger store
+    instead (its whole index, no history). The local repositories that hold them."""
+    try:
+        bus.fetch_ids(trees, "ledger shards")
+        return bus.repos()
+    except BusError as exc:
+        if not any(why in str(exc) for why in ("not our ref", "unadvertised object", "upload-pack")):
+            raise
+    side = ledger_bus(bus)
+    side.fetch_ids([ledger.ledger], "the ledger (depth 1)", in_store=True, depth=1)
+    return side.repos()
+
+
+def ledger_bus(bus: Bus) -> Bus:
+    """The same bus, with the ledger's own object store (LEDGER_STORE inside the bus store's git directory,
+    borrowing its objects): the compactor's shallow fetches never make the bus store shallow."""
+    common = Path(git.out(bus.store, "rev-parse", "--path-format=absolute", "--git-common-dir"))
+    side = git.init_bare(common / LEDGER_STORE)
+    git.borrow_objects(side, common / "objects")
+    return Bus(bus.url, side, bus.timeout_s)
 
 
 def as_entries(found: Iterable[LedgerEntry]) -> dict[str, Entry]:
@@ -104,6 +192,164 @@ def as_entries(found: Iterable[LedgerEntry]) -> dict[str, Entry]:
     return {e.id: Entry(e.id, e.label, done=e.done) for e in found}
 
 
-def subjects_of(index: Mapping[str, tuple[str, str]]) -> dict[str, str]:
-    """id -> subject of a Snapshot's index refs."""
-    return {rid: subject for rid, (subject, _) in index.items()}
+def preset_months(ledger: LedgerMap | None, preset: str) -> list[list[str]]:
+    """The preset's shards in the ledger (every label), a month at a time, newest month first: a baseline
+    lookup reads one month more while it has found no previous pass."""
+    months: dict[str, list[str]] = {}
+    for name in sorted(ledger.shards if ledger else {}):
+        kind, *rest = name.split("/")
+        if kind == "preset" and rest[0] == preset:
+            months.setdefault(rest[2], []).append(name)
+    return [months[m] for m in sorted(months, reverse=True)]
+
+
+# --- writing -----------------------------------------------------------------------------------------
+
+
+def shard_trees(repo: Path | str, tree: str) -> dict[str, str]:
+    """Every shard of index tree `tree`: its name -> its tree id."""
+    text = git.out(repo, "ls-tree", "-r", "-d", "-z", "--format=%(objectname) %(path)", tree)
+    return {
+        name: sha for sha, _, name in (item.partition(" ") for item in text.split("\0")) if shard_depth(name)
+    }
+
+
+def lease_commit(repo: Path | str, holder: str, until: dt.datetime, who: str) -> str:
+    lease = CompactLease(holder=holder, until=until)
+    tree = git.tree_with(repo, None, {LEASE_PATH: lease.dump()})
+    return git.commit(repo, tree, [], f"kakeya compaction lease: {holder}", who)
+
+
+def read_lease(bus: Bus, sha: str | None) -> CompactLease | None:
+    """The compaction lease commit `sha` (fetched by id), or None (no lease, or not a valid one)."""
+    if sha is None:
+        return None
+    bus.fetch_ids([sha], "the compaction lease", in_store=True)
+    return B.parse_or_none(CompactLease, git.read_path(bus.store, sha, LEASE_PATH))
+
+
+def due(bus: Bus, cutoff: dt.datetime, now: dt.datetime) -> bool:
+    """Is there anything to compact: a done result made before `cutoff`, or a shard ref of an earlier ledger?
+    While compactions run (a lease renewed within MAX_TTL), everything older was moved already: only the done
+    refs of the days just before `cutoff` are listed (a few, whatever the rate); else every done ref."""
+    days = [f"{B.DONE_PREFIX}{cutoff - dt.timedelta(days=d):%Y%m%d}" for d in range(B.MAX_TTL.days + 3)]
+    snap = bus.ls_remote(*days, SHARD_PREFIX, LEASE_REF)
+    lease = read_lease(bus, snap.refs.get(LEASE_REF))
+    if lease is None or lease.until < now - B.MAX_TTL:
+        snap = bus.ls_remote(B.DONE_PREFIX, SHARD_PREFIX)
+    old = any(e.done and e.created_at < cutoff for e in snap.entries.values())
+    return old or any(ref.startswith(SHARD_PREFIX) for ref in snap.refs)
+
+
+def take_lease(bus: Bus, holder: str, hold_s: float, who: str, now: dt.datetime) -> str | None:
+    """Take the compaction lease for `hold_s` (one listing, one small fetch, one leased push): its new sha, or
+    None when another holder's lease runs (or another runner took it first)."""
+    sha = bus.ls_remote(LEASE_REF).refs.get(LEASE_REF)
+    held = read_lease(bus, sha)
+    if held is not None and held.until > now and held.holder != holder:
+        return None
+    new = lease_commit(bus.store, holder, now + dt.timedelta(seconds=hold_s), who)
+    return new if bus.swap([Update(LEASE_REF, new, sha)], atomic=False) else None
+
+
+def compact(
+    bus: Bus,
+    cutoff: dt.datetime,
+    who: str,
+    dry_run: bool = False,
+    lease: tuple[str, str, float] | None = None,
+    log: Callable[[str], None] = lambda _: None,
+    limit: int | None = None,
+) -> list[str]:
+    """Move the done results made before `cutoff` (the oldest `limit` of them, when given) into the ledger;
+    the refs deleted (or that would be). `lease`: (holder, the lease sha it holds, seconds each push renews it
+    for): every push renews it, leased on the last one, so a compactor whose lease another took pushes nothing
+    more. BusError when a push lost."""
+    snap = bus.ls_remote(B.DONE_PREFIX, B.SUBJECT_PREFIX, LEDGER_REF, MAP_PREFIX, SHARD_PREFIX, LEASE_REF)
+    old = [e for e in snap.entries.values() if e.done and e.created_at < cutoff][:limit]
+    index = snap.index
+    per_push = max(100, min(PUSH_CHUNK, PUSH_PAIRS // (2 * max(len(snap.refs), 1))))
+    doomed = [B.done_ref(e.id) for e in old] + [
+        B.subject_ref(index[e.id][0], e.id) for e in old if e.id in index
+    ]
+    stale_shards = {ref: sha for ref, sha in snap.refs.items() if ref.startswith(SHARD_PREFIX)}
+    if dry_run or not (old or stale_shards):
+        return doomed + (list(stale_shards) if dry_run else [])
+    side = ledger_bus(bus)
+    store = side.store
+    tip = snap.refs.get(LEDGER_REF)
+    maps = {kind: snap.refs.get(map_ref(kind)) for kind in KINDS}
+    deleted: list[str] = []
+    held = lease[1] if lease else None
+    for start in range(0, max(len(old), 1), per_push):
+        batch = old[start : start + per_push]
+        # depth 1: the ledger's index and the results' own commits, never their history
+        side.fetch_ids(
+            [e.done for e in batch if e.done] + ([tip] if tip else []), "done results", in_store=True, depth=1
+        )
+        new_tip = tip
+        for i in range(0, len(batch), CHUNK):
+            chunk = batch[i : i + CHUNK]
+            tree = git.tree_with(store, new_tip, entries_of(store, chunk, index))
+            parents = ([new_tip] if new_tip else []) + [e.done for e in chunk if e.done]
+            new_tip = git.commit(store, tree, parents, f"kakeya ledger: {len(chunk)} done results", who)
+        updates = [Update(ref, None, sha) for ref, sha in stale_shards.items()]
+        new_maps = dict(maps)
+        if new_tip is not None and (new_tip != tip or None in maps.values()):
+            shards = shard_trees(store, new_tip)
+            blobs = [
+                LedgerMap(
+                    ledger=new_tip, shards={n: t for n, t in shards.items() if n.startswith(kind + "/")}
+                )
+                for kind in KINDS
+            ]
+            new_maps = dict(zip(KINDS, git.write_blobs(store, [m.dump() for m in blobs]), strict=True))
+            updates += [Update(map_ref(kind), new_maps[kind], maps[kind]) for kind in KINDS]
+            if new_tip != tip:
+                updates.append(Update(LEDGER_REF, new_tip, tip))
+        if lease is not None:
+            holder, _, hold_s = lease
+            renewed = lease_commit(store, holder, B.utcnow() + dt.timedelta(seconds=hold_s), who)
+            updates.append(Update(LEASE_REF, renewed, held))
+            held = renewed
+        updates += [Update(B.done_ref(e.id), None, e.done) for e in batch]
+        updates += [
+            Update(B.subject_ref(index[e.id][0], e.id), None, index[e.id][1]) for e in batch if e.id in index
+        ]
+        if not side.swap(updates, atomic=True):
+            raise BusError(
+                "the ledger, the compaction lease or a done ref moved while compacting: nothing of this push "
+                "landed; the next compaction starts again from what the bus holds"
+            )
+        log(f"moved {len(batch)} done results into the ledger")
+        tip, maps, stale_shards = new_tip, new_maps, {}
+        deleted += [u.ref for u in updates if u.new is None]
+    return deleted
+
+
+def entries_of(store: Path, chunk: Sequence[Entry], index: dict[str, tuple[str, str]]) -> dict[str, bytes]:
+    """The index files (path -> content) of the done results `chunk`, read from their commits in `store`."""
+    files = git.read_blobs(store, [f"{e.done}:{B.results_path(e.id)}/result.json" for e in chunk])
+    manifests = B.read_manifests([store], [e.done for e in chunk if e.done])
+    out: dict[str, bytes] = {}
+    for e in chunk:
+        if e.done is None:
+            raise KakeyaError(f"{e.id} has no done commit")
+        m = m if isinstance(m := manifests.get(e.done), Manifest) else None
+        r = B.parse_or_none(RunResult, files.get(f"{e.done}:{B.results_path(e.id)}/result.json"))
+        subject = (
+            index[e.id][0]
+            if e.id in index
+            else B.indexed_subject(m.subject if m else None, r.subject if r else None)
+        )
+        entry = LedgerEntry(
+            id=e.id,
+            done=e.done,
+            subject=subject,
+            label=m.runner if m else None,
+            preset=e.preset,
+            status=r.status if r else None,
+            verdict=r.verdict if r else None,
+        )
+        out.update({path: entry.dump() for path in paths(entry)})
+    return out

@@ -36,7 +36,7 @@ from typing import IO, Any
 
 from pydantic import ValidationError
 
-from bridge import attest, caps, git
+from bridge import attest, caps, git, ledger
 from bridge import bus as B
 from bridge.bus import Bus, Claim, Entry, Manifest, Progress, Update
 from bridge.config import GIT_CREDENTIALS, Config, project_root, secret_file
@@ -58,6 +58,7 @@ LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
 CLAIM_WINDOW = 8  # runners pick at random among the oldest few pending requests, so they rarely collide
 PREFETCH = 16  # requests fetched ahead in one fetch
 MAX_TRIES = 4  # claims tried per poll before looking at the bus again
+COMPACT_BATCH = 1000  # done results a runner moves into the ledger at a time, between two polls
 
 
 @dataclass
@@ -111,6 +112,8 @@ class Runner:
         self.served = 0
         self.contended = False
         self.outbox_pending = True  # look once at start; then only after a push failed
+        self.compact_next = 0.0  # time.monotonic() before which this runner does not look at compacting
+        self.presence_when_serving = False  # True: no presence until a request is served (`runner once`)
         self.isolation = choose(config.isolation, config.run_user)
         self.executor: Executor = LocalExecutor()  # launches, supervises and collects each run
         problem = key_problem(self.sign_key, self.isolation, self.environ)
@@ -159,7 +162,14 @@ class Runner:
     # --- one request --------------------------------------------------------------------------------
 
     def once(self, request_id: str | None = None) -> Served | None:
-        """Claim and serve one pending request for our labels (or `request_id`); None if there was none."""
+        """Claim and serve one pending request for our labels (or `request_id`); None if there was none. Then
+        compact the bus when it is this runner's turn (`maybe_compact`)."""
+        try:
+            return self.serve_one(request_id)
+        finally:
+            self.maybe_compact()
+
+    def serve_one(self, request_id: str | None = None) -> Served | None:
         self.flush_outbox()
         if not self.has_room():
             if request_id:  # asked for this one (`kakeya run`, `runner once --request`): say why not
@@ -315,6 +325,8 @@ class Runner:
         commit that says what failed (`fail`): a run cannot leave the request claimed and unfinished."""
         out = self.workdir / "runs" / entry.id
         self.tracker = Tracker(out)
+        if self.presence_when_serving:
+            self.start_presence(serving=entry.id)
         if self.beacon is not None:
             self.beacon.serving(entry.id)
         lease = Lease(self, entry.id, sha, claim)
@@ -570,8 +582,9 @@ class Runner:
                 self.beacon.pause(paused)
         return paused is None
 
-    def start_presence(self) -> None:
-        """Keep kakeya/runners/<name> up to date (bridge/presence.py) until stop_presence()."""
+    def start_presence(self, serving: str | None = None) -> None:
+        """Keep kakeya/runners/<name> up to date (bridge/presence.py) until stop_presence(); its first push
+        says it serves `serving`, when given."""
         if self.beacon is None:
             host, acc, version = host_facts()
             self.beacon = Beacon(
@@ -589,6 +602,8 @@ class Runner:
                 paused=self.paused,
                 require_signed_requests=self.requesters is not None,
             )
+            if serving is not None:
+                self.beacon.serving(serving)
             self.beacon.start()
 
     def stop_presence(self) -> None:
@@ -596,6 +611,32 @@ class Runner:
         if self.beacon is not None:
             self.beacon.close()
             self.beacon = None
+
+    def maybe_compact(self) -> None:
+        """Move done results older than config compact_after_days into the bus's ledger (bridge/ledger.py),
+        at most every compact_every_s on this runner, and only while it holds the compaction lease, which
+        keeps every other runner from starting one for compact_every_s after each of its pushes. One listing
+        when there is nothing to move; a failure or a lost race is logged, and tried again next time."""
+        days, every = self.config.compact_after_days, self.config.compact_every_s
+        if not days or time.monotonic() < self.compact_next or self.stopping.is_set():
+            return
+        self.compact_next = time.monotonic() + every
+        try:
+            cutoff = self.now() - dt.timedelta(days=days)
+            if not ledger.due(self.bus, cutoff, self.now()):
+                return
+            held = ledger.take_lease(self.bus, self.name, every, self.who, self.now())
+            if held is None:
+                return
+            lease = (self.name, held, every)
+            moved = ledger.compact(self.bus, cutoff, self.who, lease=lease, log=self.log, limit=COMPACT_BATCH)
+            self.log(
+                f"compacted the bus: {len(moved)} refs of results older than {days:g} days into the ledger"
+            )
+            if sum(ref.startswith(B.DONE_PREFIX) for ref in moved) >= COMPACT_BATCH:
+                self.compact_next = 0.0  # more left (a bus's first compaction): go on after the next poll
+        except KakeyaError as exc:
+            self.log(f"no compaction this time: {exc}")
 
     # --- the subject --------------------------------------------------------------------------------
 

@@ -4,8 +4,9 @@ runner left, refs/kakeya-stage/<id>/..., and the refs of layout 1 stay until gc)
 move their done refs to refs/kakeya-archive/done/<id> (kept on the bus, read by no status or gate) and
 delete their by-subject index refs.
 
-`kakeya bus compact [--older-than DAYS] [--dry-run]`: move done results older than DAYS (3) into the ledger
-(bridge/ledger.py): their done and index refs go, the ledger keeps them reachable and indexed.
+`kakeya bus compact [--older-than DAYS] [--dry-run]`: move done results older than DAYS (2) into the ledger
+(bridge/ledger.py): their done and index refs go, the ledger keeps them reachable and indexed. The runners do
+this on their own (config compact_after_days); this is the same by hand.
 
 `kakeya bus migrate [--dry-run]`: upgrade a bus of layout 1 (everything under refs/heads/kakeya/) to layout 2
 (bridge/bus.py); idempotent, and safe while runners of this version work.
@@ -37,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     gc.set_defaults(func=run_gc)
     compact = verbs.add_parser("compact", help="move old done results into the ledger (out of refs)")
     compact.add_argument(
-        "--older-than", type=float, default=3.0, metavar="DAYS", help="done results made before this (3)"
+        "--older-than", type=float, default=2.0, metavar="DAYS", help="done results made before this (2)"
     )
     compact.add_argument("--dry-run", action="store_true", help="list the refs that would go")
     add_json(compact)

@@ -159,7 +159,10 @@ def run(args: argparse.Namespace) -> int:
     runner = make_runner(args, config, root, url, labels)
     scheduled = slurm_runner(args, config, root, runner)
     previous = handle_signals(runner, config.stop_grace_s)
-    runner.start_presence()  # kakeya/runners/<name>: `kakeya runners`, and `kakeya wait` knows we are here
+    if scheduled is None and args.mode == "once":  # presence only once it serves: an idle `once` pushes none
+        runner.presence_when_serving = True
+    else:  # kakeya/runners/<name>: `kakeya runners`, and `kakeya wait` knows we are here
+        runner.start_presence()
     try:
         if scheduled is not None:
             served = scheduled.watch() if args.mode == "watch" else scheduled.once(request_id=args.request)

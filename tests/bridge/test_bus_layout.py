@@ -308,9 +308,9 @@ def test_compact_moves_old_results_into_the_ledger_and_every_reader_still_finds_
     cutoff = B.utcnow().timestamp() - 3 * 86400
     old = {rid for rid in ids if B.id_time(rid).timestamp() < cutoff}
     assert 20 < len(old) < len(ids)
-    assert main(["bus", "compact", "--remote", url, "--dry-run"]) == 0
+    assert main(["bus", "compact", "--older-than", "3", "--remote", url, "--dry-run"]) == 0
     assert f"would move {2 * len(old)} refs into the ledger" in capsys.readouterr().out
-    assert main(["bus", "compact", "--remote", url]) == 0
+    assert main(["bus", "compact", "--older-than", "3", "--remote", url]) == 0
     assert f"moved {2 * len(old)} refs into the ledger" in capsys.readouterr().out
     refs = all_refs(bus_dir)
     # only the recent results keep refs; the ledger and its shard refs hold the rest
@@ -329,7 +329,7 @@ def test_compact_moves_old_results_into_the_ledger_and_every_reader_still_finds_
         max(len(G.ls_tree(bus_dir, f"{ledger}:date/{d}")) for d in G.ls_tree(bus_dir, f"{ledger}:date"))
         < 3000
     )
-    assert main(["bus", "compact", "--remote", url]) == 0  # nothing left to move
+    assert main(["bus", "compact", "--older-than", "3", "--remote", url]) == 0  # nothing left to move
     assert "moved 0 refs" in capsys.readouterr().out
     # a fresh clone (none of these objects): gate pr, results and status --all find the moved results
     other = world.tmp / "other"
@@ -429,7 +429,7 @@ def test_compact_takes_in_a_forged_done_result_without_trusting_what_it_names(
     junk = json.dumps({"request_id": rid, "subject": "</details><img src=x>", "status": "succeeded"}).encode()
     forged = G.child_commit(bus_dir, head, {f"{B.results_path(rid)}/result.json": junk}, "forged", "M <m@x>")
     G.update_ref(bus_dir, B.done_ref(rid), forged)
-    assert main(["bus", "compact", "--remote", url]) == 0
+    assert main(["bus", "compact", "--older-than", "3", "--remote", url]) == 0
     assert "moved 1 refs into the ledger" in capsys.readouterr().out
     ledger = all_refs(bus_dir)["refs/kakeya/ledger"]
     paths = sorted(G.ls_tree(bus_dir, ledger, recursive=True))

@@ -1,0 +1,318 @@
+"""The ledger at scale (bridge/ledger.py) against real buses: four refs whatever the history (the ledger and its
+maps, no ref per shard), readers that fetch only the shard they need by object id (and a depth-1 fallback where
+a server refuses that), runners that compact on their own under a lease (racing runners, a lease taken over from
+a crashed compactor, a compaction that loses a race to a done ref that moved), baselines found in the ledger,
+and an idle `runner once` that pushes no presence."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+
+import pytest
+
+from benchmarks.bus_scale import Relay, template, write_history
+from bridge import bus as B
+from bridge import git as G
+from bridge import ledger as L
+from bridge import runner as runner_module
+from bridge.cli import main
+from bridge.client import Client
+from bridge.config import load_config
+from bridge.errors import BusError
+from bridge.runner import Runner
+from tests.bridge.bus_support import Daemon, Env, git, make_runner, runner_process, stop, wait_for
+from tests.bridge.test_baseline import bench_fixture, run  # noqa: F401 — the `bench` fixture
+
+
+def client(url: str) -> Client:
+    return Client(load_config(), remote=url)
+
+
+def all_refs(bus_dir) -> dict[str, str]:
+    return G.refs_under(bus_dir, "refs/")
+
+
+def history(url: str, world: Env, bus_dir, count: int = 40) -> dict:
+    """One real run, then `count` finished requests of its shape spread over 30 days (fast-import)."""
+    rid = client(url).request("work", {"tag": "real"}, "cpu", subject="HEAD").id
+    done = make_runner(url, world).once(request_id=rid)
+    assert done is not None and done.pushed
+    made = write_history(bus_dir, template(bus_dir, all_refs(bus_dir)[B.done_ref(rid)]), count, (1, 5))
+    made["ids"].append(rid)
+    return made
+
+
+def old_ids(made: dict, days: float) -> set[str]:
+    cutoff = B.utcnow() - dt.timedelta(days=days)
+    return {rid for rid in made["ids"] if B.id_time(rid) < cutoff}
+
+
+def test_the_ledger_is_four_refs_and_a_reader_fetches_one_shard_by_id(world: Env, daemon: Daemon, capsys):
+    url = daemon.repo()
+    bus_dir = daemon.base / "bus.git"
+    made = history(url, world, bus_dir)
+    # an earlier ledger kept a ref per shard: compaction deletes them (leased), whatever they point at
+    G.update_ref(bus_dir, L.SHARD_PREFIX + "date/20260101", all_refs(bus_dir)[B.layout_ref()])
+    old = old_ids(made, 3)
+    assert main(["bus", "compact", "--older-than", "3", "--remote", url]) == 0
+    assert f"moved {2 * len(old) + 1} refs into the ledger" in capsys.readouterr().out
+    refs = all_refs(bus_dir)
+    ledger_refs = sorted(r for r in refs if r.startswith("refs/kakeya/") and not r.startswith(B.DONE_PREFIX))
+    ledger_refs = [r for r in ledger_refs if not r.startswith((B.SUBJECT_PREFIX, B.LAYOUT_PREFIX))]
+    assert ledger_refs == [L.LEDGER_REF, *sorted(L.map_ref(kind) for kind in L.KINDS)]
+    # the maps name the ledger commit and every shard tree of its index, each of its own kind
+    maps = {
+        kind: L.LedgerMap.model_validate_json(
+            G.read_blobs(bus_dir, [refs[L.map_ref(kind)]])[refs[L.map_ref(kind)]]
+        )
+        for kind in L.KINDS
+    }
+    assert {m.ledger for m in maps.values()} == {refs[L.LEDGER_REF]}
+    assert {n: t for m in maps.values() for n, t in m.shards.items()} == L.shard_trees(
+        bus_dir, refs[L.LEDGER_REF]
+    )
+    assert all(n.startswith(kind + "/") for kind, m in maps.items() for n in m.shards)
+    assert {f"date/{rid[:8]}" for rid in old} <= set(maps["date"].shards)
+    ledger_map = maps["date"]
+
+    # a fresh store reads one old result: the map blob and that day's shard tree, nothing else of the ledger
+    moved = min(old)
+    relay = Relay(daemon.port)
+    try:
+        fresh = Client(load_config(), remote=relay.url())
+        entry = fresh.entry(moved)
+        assert (
+            entry.done is not None
+            and json.loads(G.read_path(bus_dir, refs[L.LEDGER_REF], f"date/{moved[:8]}/{moved}") or b"{}")[
+                "done"
+            ]
+            == entry.done
+        )
+        trees = {ledger_map.shards[f"date/{moved[:8]}"]}
+        date_map = refs[L.map_ref("date")]
+        assert G.present(fresh.bus.store, [*trees, date_map]) == {*trees, date_map}
+        assert not G.present(fresh.bus.store, [refs[L.map_ref("subject")]])  # nor the other maps
+        others = set(ledger_map.shards.values()) - trees
+        assert not G.present(fresh.bus.store, sorted(others)) & others  # no other shard came
+        assert not G.present(fresh.bus.store, [refs[L.LEDGER_REF]])  # nor the ledger commit
+        assert relay.down < 64 * 1024
+    finally:
+        relay.close()
+    # and a forged map is refused, not trusted
+    tip = refs[L.LEDGER_REF]
+    subject_shard = {"subject/ab": tip}
+    for forged in (b'{"ledger": "nope"}', {"../etc": tip}, subject_shard):
+        data = forged if isinstance(forged, bytes) else json.dumps({"ledger": tip, "shards": forged}).encode()
+        G.update_ref(bus_dir, L.map_ref("date"), G.write_blobs(bus_dir, [data])[0])
+        with pytest.raises(BusError, match="is not a ledger map"):
+            client(url).entry(moved)
+
+
+def test_a_server_that_sends_no_unnamed_object_gets_the_ledger_at_depth_one(
+    world: Env, daemon: Daemon, capsys, monkeypatch
+):
+    """Protocol v0 (git fetch asked for it here) serves only objects a ref names: the shard tree is refused,
+    and the reader falls back to the ledger commit at depth 1, in the ledger's own store (the user's
+    repository never becomes shallow)."""
+    url = daemon.repo()
+    bus_dir = daemon.base / "bus.git"
+    made = history(url, world, bus_dir, 12)
+    assert main(["bus", "compact", "--older-than", "3", "--remote", url]) == 0
+    moved = min(old_ids(made, 3))
+    other = world.tmp / "other"
+    git(world.tmp, "clone", "-q", str(world.project), str(other))
+    os.chdir(other)
+    for key, value in {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "protocol.version"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("GIT_CONFIG_VALUE_0", "0")
+    capsys.readouterr()
+    assert main(["status", "--all", "--json", "--remote", url]) == 0  # the index: from the ledger at depth 1
+    assert moved in {row["id"] for row in json.loads(capsys.readouterr().out)}
+    assert (other / ".git" / L.LEDGER_STORE / "shallow").is_file()
+    assert not (other / ".git" / "shallow").exists()
+    # an old result's own files are its done commit, which no ref names any more: the error says what to do
+    assert main(["results", moved, "--remote", url, "--out", str(world.tmp / "moved")]) == 1
+    assert "uploadpack.allowReachableSHA1InWant=true" in capsys.readouterr().err
+    G.run(bus_dir, "config", "uploadpack.allowReachableSHA1InWant", "true")
+    assert main(["results", moved, "--remote", url, "--out", str(world.tmp / "moved")]) == 0
+    assert json.loads((world.tmp / "moved" / "result.json").read_text())["request_id"] == moved
+
+
+def test_a_compaction_lease_lets_one_runner_compact_and_a_lost_one_pushes_nothing(world: Env, daemon: Daemon):
+    url = daemon.repo()
+    bus_dir = daemon.base / "bus.git"
+    made = history(url, world, bus_dir, 20)
+    a, b = make_runner(url, world, "ra"), make_runner(url, world, "rb")
+    now = B.utcnow()
+    held = L.take_lease(a.bus, "ra", 60, a.who, now)
+    assert held is not None and all_refs(bus_dir)[L.LEASE_REF] == held
+    assert L.take_lease(b.bus, "rb", 60, b.who, now) is None  # ra's lease runs: rb does not start
+    # ra crashed: its lease runs out and rb takes it over
+    later = now + dt.timedelta(seconds=61)
+    taken = L.take_lease(b.bus, "rb", 60, b.who, later)
+    assert taken is not None
+    before = all_refs(bus_dir)
+    cutoff = now - dt.timedelta(days=3)
+    with pytest.raises(BusError, match="nothing of this push landed"):  # ra came back: it compacts nothing
+        L.compact(a.bus, cutoff, a.who, lease=("ra", held, 60))
+    assert all_refs(bus_dir) == before
+    moved = L.compact(b.bus, cutoff, b.who, lease=("rb", taken, 60))
+    old = old_ids(made, 3)
+    assert {r.rsplit("/", 1)[1] for r in moved} == old
+    lease = L.CompactLease.model_validate_json(
+        G.read_path(bus_dir, all_refs(bus_dir)[L.LEASE_REF], L.LEASE_PATH)
+    )
+    assert lease.holder == "rb" and lease.until > B.utcnow()
+
+
+def test_a_compaction_that_loses_a_race_to_a_moved_done_ref_lands_nothing(
+    world: Env, daemon: Daemon, monkeypatch
+):
+    """Between its listing and its push, a runner finishes a request (its done push lands) and someone deletes
+    an old done ref: the compaction's atomic push is refused whole, and the next one moves what is there."""
+    url = daemon.repo()
+    bus_dir = daemon.base / "bus.git"
+    made = history(url, world, bus_dir, 20)
+    old = sorted(old_ids(made, 3))
+    monkeypatch.setenv("KAKEYA_COMPACT_AFTER_DAYS", "0")  # the racing runner compacts nothing itself
+    c = client(url)
+    racing = c.request("work", {"tag": "race"}, "cpu", subject="HEAD").id
+    real_tree_with = G.tree_with
+    raced: list[str] = []
+
+    def tree_with(*args, **kwargs):
+        if not raced:  # once: a racing done push, and a done ref gone
+            raced.append(racing)
+            served = make_runner(url, world, "racer").once(request_id=racing)
+            assert served is not None and served.pushed
+            G.update_ref(bus_dir, B.done_ref(old[0]), None)
+        return real_tree_with(*args, **kwargs)
+
+    monkeypatch.setattr(G, "tree_with", tree_with)
+    before_ledger = all_refs(bus_dir).get(L.LEDGER_REF)
+    with pytest.raises(BusError, match="nothing of this push landed"):
+        c.compact(3)
+    refs = all_refs(bus_dir)
+    assert refs.get(L.LEDGER_REF) == before_ledger is None
+    assert all(B.done_ref(rid) in refs for rid in old[1:]) and B.done_ref(racing) in refs
+    moved = c.compact(3)
+    assert {r.rsplit("/", 1)[1] for r in moved if r.startswith(B.DONE_PREFIX)} == set(old[1:])
+    assert B.done_ref(racing) in all_refs(bus_dir)
+
+
+def test_racing_runners_compact_on_their_own_and_serve_each_request_once(
+    world: Env, daemon: Daemon, monkeypatch
+):
+    url = daemon.repo()
+    bus_dir = daemon.base / "bus.git"
+    made = history(url, world, bus_dir, 30)
+    old = old_ids(made, 3)
+    monkeypatch.setenv("KAKEYA_COMPACT_AFTER_DAYS", "3")
+    monkeypatch.setenv("KAKEYA_COMPACT_EVERY", "1")
+    c = client(url)
+    ids = [c.request("work", {"tag": f"t{i}"}, "cpu", subject="HEAD").id for i in range(4)]
+    procs = [runner_process(world, url, name) for name in ("w1", "w2", "w3")]
+    try:
+        wait_for(lambda: all(B.done_ref(rid) in all_refs(bus_dir) for rid in ids), 90, "every request done")
+        wait_for(
+            lambda: not any(B.done_ref(rid) in all_refs(bus_dir) for rid in old), 60, "the old results moved"
+        )
+    finally:
+        for proc in procs:
+            assert stop(proc) == 0
+    assert sorted(t for t in world.count() if t != "real") == sorted(f"t{i}" for i in range(4))  # once each
+    logs = "".join((world.tmp / f"{name}.log").read_text() for name in ("w1", "w2", "w3"))
+    assert "compacted the bus" in logs
+    refs = all_refs(bus_dir)
+    ledger = refs[L.LEDGER_REF]
+    for rid in old:  # every old result is in the ledger (its done commit reachable), none lost
+        entry = L.LedgerEntry.model_validate_json(
+            G.read_path(bus_dir, ledger, f"date/{rid[:8]}/{rid}") or b""
+        )
+        assert G.is_ancestor(bus_dir, entry.done, ledger)
+    lease = L.CompactLease.model_validate_json(G.read_path(bus_dir, refs[L.LEASE_REF], L.LEASE_PATH))
+    assert lease.holder in ("w1", "w2", "w3")
+
+
+def test_a_runner_with_compaction_off_or_nothing_old_takes_no_lease(world: Env, daemon: Daemon, monkeypatch):
+    url = daemon.repo()
+    bus_dir = daemon.base / "bus.git"
+    made = history(url, world, bus_dir, 12)
+    monkeypatch.setenv("KAKEYA_COMPACT_AFTER_DAYS", "0")
+    assert make_runner(url, world, "off").once() is None
+    assert L.LEASE_REF not in all_refs(bus_dir) and L.LEDGER_REF not in all_refs(bus_dir)
+    monkeypatch.setenv("KAKEYA_COMPACT_AFTER_DAYS", "60")  # nothing that old
+    assert make_runner(url, world, "young").once() is None
+    assert L.LEASE_REF not in all_refs(bus_dir)
+    monkeypatch.setenv("KAKEYA_COMPACT_AFTER_DAYS", "3")
+    monkeypatch.setattr(runner_module, "COMPACT_BATCH", 4)  # a few at a time, then on at the next poll
+    r = make_runner(url, world, "old")
+    old = old_ids(made, 3)
+
+    def left() -> set[str]:
+        return {rid for rid in old if B.done_ref(rid) in all_refs(bus_dir)}
+
+    assert r.once() is None and len(left()) == len(old) - 4 and L.LEDGER_REF in all_refs(bus_dir)
+    assert r.once() is None and len(left()) == len(old) - 8  # straight on: compact_every_s is not waited
+    while left():
+        assert r.once() is None
+    ledger = all_refs(bus_dir)[L.LEDGER_REF]
+    assert r.once() is None and all_refs(bus_dir)[L.LEDGER_REF] == ledger  # not again before compact_every_s
+
+
+def test_an_idle_runner_once_pushes_no_presence(world: Env, daemon: Daemon):
+    url = daemon.repo()
+    proc = runner_process(world, url, "idle1", mode="once")
+    assert proc.wait(60) == 0
+    assert B.runner_ref("idle1") not in all_refs(daemon.base / "bus.git")
+    assert "nothing to do" in (world.tmp / "idle1.log").read_text()
+
+
+def test_a_previous_pass_compacted_into_the_ledger_is_still_the_baseline(bench: Env, capsys):
+    code, first, verdict, _ = run(bench, capsys, 100)
+    assert code == 0 and verdict["baseline"]["run"] is None
+    assert main(["bus", "compact", "--older-than", "0"]) == 0
+    assert "moved 2 refs into the ledger" in capsys.readouterr().out
+    code, second, verdict, _ = run(bench, capsys, 95)
+    assert code == 0 and verdict["baseline"]["run"] == first  # read from the ledger's preset shard
+    assert main(["bus", "compact", "--older-than", "0"]) == 0
+    capsys.readouterr()
+    code, _, verdict, _ = run(bench, capsys, 80)  # a regression against the newest pass, in the ledger too
+    assert code == 1 and verdict["baseline"]["run"] == second and verdict["comparison"]["status"] == "fail"
+
+
+def test_a_compaction_that_fails_is_logged_and_the_runner_goes_on(world: Env, daemon: Daemon, monkeypatch):
+    url = daemon.repo()
+    bus_dir = daemon.base / "bus.git"
+    history(url, world, bus_dir, 10)
+    said: list[str] = []
+    r = Runner(
+        url, config=load_config(), name="rf", labels=["cpu"], workdir=world.tmp / "rf", log=said.append
+    )
+    monkeypatch.setattr(L, "take_lease", lambda *a: (_ for _ in ()).throw(BusError("the bus went away")))
+    assert r.once() is None
+    assert any("no compaction this time: the bus went away" in line for line in said)
+    assert L.LEDGER_REF not in all_refs(bus_dir)
+
+
+def test_while_compactions_run_a_runner_looks_only_at_the_days_before_its_window(world: Env, daemon: Daemon):
+    """A runner's check (`ledger.due`) lists the done refs of the days just before its cutoff while a lease
+    shows compactions run; with no lease, or one run out more than MAX_TTL ago, it lists every done ref."""
+    url = daemon.repo()
+    bus_dir = daemon.base / "bus.git"
+    history(url, world, bus_dir, 30)
+    assert client(url).compact(3)  # by hand: no lease
+    now = B.utcnow()
+    stray = B.new_id("work", now - dt.timedelta(days=25))  # a done ref older than any compaction left
+    G.update_ref(bus_dir, B.done_ref(stray), all_refs(bus_dir)[L.LEDGER_REF])
+    r = make_runner(url, world, "dd")
+    cutoff = now - dt.timedelta(days=3)
+    assert L.due(r.bus, cutoff, now)  # no lease: every done ref is looked at, the stray one too
+    assert L.take_lease(r.bus, "dd", 60, r.who, now) is not None
+    assert not L.due(r.bus, cutoff, now)  # compactions run: only the days before the cutoff, none there
+    assert L.due(r.bus, now - dt.timedelta(days=1), now)  # a later cutoff has results just before it
+    lapsed = L.lease_commit(r.bus.store, "dd", now - dt.timedelta(days=9), r.who)
+    assert r.bus.swap([B.Update(L.LEASE_REF, lapsed, all_refs(bus_dir)[L.LEASE_REF])], atomic=False)
+    assert L.due(r.bus, cutoff, now)  # no compaction for longer than a request lives: everything again
