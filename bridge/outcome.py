@@ -4,7 +4,7 @@ Files in a run's out_dir: result.json, report.json (written by the program via $
 verdict.json, summary.md and report.html (bridge/render.py), logs/stdout.log, logs/stderr.log, plus whatever
 the program put in $KAKEYA_RUN_DIR. The program's own files are on disk; result.json, verdict.json,
 summary.md and report.html are written by `RunOutcome.write`, once, after the baseline comparison
-(bridge/evidence.py).
+(bridge/evidence/baseline.py).
 """
 
 from __future__ import annotations

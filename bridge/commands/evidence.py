@@ -30,7 +30,7 @@ from bridge.client import Client
 from bridge.commands._bus import add_remote, client
 from bridge.commands.wait import add_wait_args, line
 from bridge.errors import InvalidRequest
-from bridge.evidence import REQUIRED_FILE, Outcome, Requirement, Shelf
+from bridge.evidence import REQUIRED_FILE, DoneResults, Outcome, Requirement
 from bridge.follow import Event, Follower
 from bridge.names import SHA_PATTERN
 from bridge.presets import Preset, load_registry
@@ -122,7 +122,7 @@ def judge(
     signers: Signers | None,
 ) -> list[Outcome]:
     """What the bus holds for `subject`, judged like `kakeya gate pr` (bridge/evidence.py)."""
-    return evidence.gate_subject(Shelf(c.bus, signers), subject, reqs, registry)
+    return evidence.gate_subject(DoneResults(c.bus, signers), subject, reqs, registry)
 
 
 def params_for(req: Requirement, preset: Preset) -> dict[str, Any]:

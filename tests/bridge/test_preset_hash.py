@@ -1,6 +1,6 @@
 """`Preset.content_hash` by one rule (fields at their defaults left out), and the hash of every preset as
 shipped before the rule unchanged: signed evidence names the hash its run was made with, and a changed hash
-would turn all of it into "preset mismatch" (bridge/evidence.py)."""
+would turn all of it into "preset mismatch" (bridge/evidence/judge.py)."""
 
 from __future__ import annotations
 
