@@ -175,28 +175,30 @@ def screen(
 
 def provenance(dones: DoneResults, done: Done, subject: str, req: Requirement, preset: Preset) -> list[str]:
     """Every way the done result disagrees with being `req`'s evidence for `subject` (empty: none)."""
-    problems = []
     m, r = done.manifest, done.result
+
+    def disagree(whose: str, pairs: tuple[tuple[str, str | None, str], ...]) -> list[str]:
+        return [f"its {whose} names {what} {seen}, not {want}" for what, seen, want in pairs if seen != want]
+
+    problems = []
     if m is None:
         problems.append(f"its {B.MANIFEST_PATH} is missing or invalid")
     else:
-        for what, seen, want in (
-            ("subject", m.subject, subject),
-            ("id", m.id, done.id),
-            ("preset", m.preset, preset.name),
-        ):
-            if seen != want:
-                problems.append(f"its request names {what} {seen}, not {want}")
+        problems += disagree(
+            "request",
+            (("subject", m.subject, subject), ("id", m.id, done.id), ("preset", m.preset, preset.name)),
+        )
     if r is None:
         problems.append("its result.json is missing or invalid")
     else:
-        for what, seen, want in (
-            ("subject", r.subject, subject),
-            ("request", r.request_id, done.id),
-            ("preset", r.preset, preset.name),
-        ):
-            if seen != want:
-                problems.append(f"its result.json names {what} {seen}, not {want}")
+        problems += disagree(
+            "result.json",
+            (
+                ("subject", r.subject, subject),
+                ("request", r.request_id, done.id),
+                ("preset", r.preset, preset.name),
+            ),
+        )
         if done.label is not None and done.label not in r.runner_labels:
             problems.append(
                 f"it ran on a runner labelled {', '.join(r.runner_labels) or 'nothing'}, not {done.label}"
