@@ -4,8 +4,11 @@ size of their constant-size convolution and recurrent states.
 
 Both backends and the workloads read a model's shape through `Geometry.from_config` (a config.json
 dict, or `PretrainedConfig.to_dict()` of the text config, which also holds keys transformers derives
-such as `layer_types` from `use_sliding_window`). An unknown layer kind fails here, at load.
-No torch or mlx here; `read_geometry` imports transformers only to read a config directory.
+such as `layer_types` from `use_sliding_window`). The model's layer kinds are read here once
+(`layer_kinds`: `layer_types`, Nemotron-H / Zamba2's `layers_block_type`, Jamba's attention period,
+Falcon-H1's parallel mixers), and a kind the engine does not handle is refused
+here, at load and before any forward, with `UnsupportedModelError`: one line naming the model type, the
+layer kind and the kinds the engine supports. No torch or mlx here; `read_geometry` imports transformers only to read a config directory.
 """
 
 from __future__ import annotations
@@ -18,7 +21,81 @@ from typing import Any
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
 LINEAR_ATTENTION = "linear_attention"  # gated delta-net: a convolution state and a recurrent state, no K/V
-LAYER_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION, LINEAR_ATTENTION)
+MAMBA2 = "mamba2"  # a Mamba-2 mixer (Nemotron-H, Granite-4.0-H, Bamba): a convolution state and an SSM state
+PARALLEL_MAMBA2 = "attention+mamba2"  # attention and a Mamba-2 mixer side by side in one layer (Falcon-H1)
+# Nemotron-H's blocks with no token mixer (its layers_block_type's mlp / moe): nothing cached
+STATELESS = ("mlp_block", "moe_block")
+LAYER_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION, LINEAR_ATTENTION, MAMBA2, PARALLEL_MAMBA2, *STATELESS)
+RECURRENT = (LINEAR_ATTENTION, MAMBA2)  # constant-size state, no K/V, no positions to hide
+STATEFUL = (*RECURRENT, PARALLEL_MAMBA2)  # layers with a recurrent state (rolled back by snapshots)
+
+
+def attention_kind(kind: str) -> str:
+    """The attention a layer of `kind` does (its cache policy and mask): a Falcon-H1 layer's is full."""
+    return FULL_ATTENTION if kind == PARALLEL_MAMBA2 else kind
+
+
+# Kinds read from configs that the engine does not decode yet (refused at load), with what they are.
+MAMBA = "mamba"  # a Mamba-1 mixer (Jamba)
+OTHER_LINEAR = "linear_attention(not gated delta-net)"  # MiniMax lightning, Kimi delta attention, ...
+DESCRIBED = {
+    MAMBA2: "Mamba-2 state-space mixer",
+    MAMBA: "Mamba state-space mixer",
+    PARALLEL_MAMBA2: "attention beside a Mamba-2 mixer in each layer",
+    OTHER_LINEAR: "a linear-attention kernel other than gated delta-net",
+}
+SUPPORTED = (
+    "full_attention, sliding_attention, linear_attention (gated delta-net), mamba2, attention+mamba2, "
+    "mlp_block, moe_block"
+)
+
+
+class UnsupportedModelError(ValueError):
+    """A model the engine cannot decode exactly, found at load (before any forward): one line naming the
+    model type, the layer kind and what is supported. The workloads exit 2 on it (engine.workloads.cli)."""
+
+    def __init__(self, model_type: str, kind: str, detail: str = "") -> None:
+        what = f" ({DESCRIBED[kind]})" if kind in DESCRIBED else ""
+        super().__init__(
+            f"model type {model_type!r}: layer kind {kind!r}{what} is not supported{detail} "
+            f"(supported: {SUPPORTED})"
+        )
+        self.model_type, self.kind = model_type, kind
+
+
+def layer_kinds(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """Each layer's kind as the config says it, with the mixers transformers names alike told apart: a
+    `linear_attention` layer is gated delta-net only with its `linear_num_key_heads`, Mamba-2 with
+    `mamba_*` / `ssm_state_size` keys. Without `layer_types`
+    (Llama, Mistral) every layer slides when there is a `sliding_window`, else is full attention."""
+    types = config.get("layer_types") or config.get("layers_block_type")
+    blocks = bool(config.get("layers_block_type"))  # Nemotron-H names its blocks there
+    n_layers = int(config["num_hidden_layers"] if "num_hidden_layers" in config or not types else len(types))
+    if not types and config.get("attn_layer_period"):  # Jamba: attention every period, else Mamba
+        period, offset = int(config["attn_layer_period"]), int(config.get("attn_layer_offset") or 0)
+        types = [FULL_ATTENTION if i % period == offset else MAMBA for i in range(n_layers)]
+    if not types and "mamba_d_ssm" in config:  # Falcon-H1: both mixers in every layer
+        types = [PARALLEL_MAMBA2] * n_layers
+    if not types:
+        types = [SLIDING_ATTENTION if config.get("sliding_window") else FULL_ATTENTION] * n_layers
+    mamba = any(str(k).startswith("mamba_") or k == "ssm_state_size" for k in config)
+    delta = "linear_num_key_heads" in config and "linear_conv_kernel_dim" in config
+    linear = MAMBA2 if mamba else LINEAR_ATTENTION if delta else OTHER_LINEAR
+    out = []
+    for t in types:
+        t = str(t)
+        if t in ("mamba2", LINEAR_ATTENTION):
+            t = MAMBA2 if t == "mamba2" else linear
+        elif t == "hybrid" and mamba:  # Falcon-H1's layers_block_type
+            t = PARALLEL_MAMBA2
+        elif f"{t}_block" in STATELESS and blocks:  # Nemotron-H: a block that is only an MLP / MoE
+            t = f"{t}_block"
+        elif t == "attention":
+            t = FULL_ATTENTION
+        out.append(t)
+    return tuple(out)
+
+
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -27,7 +104,7 @@ class Geometry:
     layer_types: tuple[str, ...]
     sliding_window: int | None
     kv_heads: int
-    head_dim: int
+    head_dim: int  # the head size of what the cache holds as K (MLA: the compressed latent)
     hidden_size: int
     vocab_size: int
     eos_ids: frozenset[int]
@@ -36,6 +113,18 @@ class Geometry:
     linear_conv_dim: int = 0
     linear_conv_kernel: int = 0
     linear_state_size: int = 0
+    # The head size of what the cache holds as V when it differs from K's (0: head_dim). Multi-head latent
+    # attention (DeepSeek-V2/V3, Kimi-K2, GLM-4.7-Flash, MiniCPM3: a `kv_lora_rank`) hands the cache one head
+    # per position: the normalized latent (kv_lora_rank) as K and the decoupled post-RoPE key
+    # (qk_rope_head_dim) as V, and expands them to per-head K and V after the cache, so that is what is stored.
+    v_head_dim: int = 0
+    # ALiBi (BLOOM, MPT, Falcon with alibi): the model biases each key by its index in the attended keys,
+    # not by its position, so a ring buffer (which reorders the keys) changes the model's output.
+    alibi: bool = False
+
+    @property
+    def value_dim(self) -> int:
+        return self.v_head_dim or self.head_dim
 
     @property
     def n_layers(self) -> int:
@@ -47,15 +136,24 @@ class Geometry:
 
         Without `layer_types` (Llama, Mistral) every layer slides when there is a `sliding_window`, else
         every layer is full attention, as transformers reads such configs."""
+        model_type = str(config.get("model_type") or "?")
+        try:
+            return cls._from_config(config, eos, model_type)
+        except KeyError as exc:  # a config without the keys of a decoder the engine knows
+            raise UnsupportedModelError(
+                model_type, "unknown", f": its config has no {exc.args[0]!r}"
+            ) from None
+
+    @classmethod
+    def _from_config(cls, config: Mapping[str, Any], eos: Any, model_type: str) -> Geometry:
         window = config.get("sliding_window")
-        n_layers = int(config["num_hidden_layers"])
-        default = SLIDING_ATTENTION if window else FULL_ATTENTION
-        types = tuple(config.get("layer_types") or [default] * n_layers)
+        types = layer_kinds(config)
+        n_layers = int(config.get("num_hidden_layers") or len(types))
         if len(types) != n_layers:
             raise ValueError(f"the config lists {len(types)} layer_types for {n_layers} layers")
         for t in types:
             if t not in LAYER_KINDS:
-                raise ValueError(f"layer kind {t!r} is not supported (supported: {', '.join(LAYER_KINDS)})")
+                raise UnsupportedModelError(model_type, t)
         if SLIDING_ATTENTION in types and not window:
             raise ValueError("a sliding_attention layer needs the model's sliding_window in its config")
         heads = int(config["num_attention_heads"])
@@ -63,7 +161,24 @@ class Geometry:
         eos = config.get("eos_token_id") if eos is None else eos
         dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32").removeprefix("torch.")
         linear = {}
-        if LINEAR_ATTENTION in types:
+        if (
+            MAMBA2 in types or PARALLEL_MAMBA2 in types
+        ):  # Mamba-2: conv over x, B and C; SSM state heads x head_dim x d_state
+
+            def first(*keys: str) -> int:  # the key this family names it by
+                for k in keys:
+                    if config.get(k):
+                        return int(config[k])
+                raise KeyError(keys[0])
+
+            heads, head = first("mamba_n_heads", "mamba_num_heads"), first("mamba_d_head", "mamba_head_dim")
+            groups, state = first("mamba_n_groups", "n_groups"), first("mamba_d_state", "ssm_state_size")
+            linear = {
+                "linear_conv_dim": heads * head + 2 * groups * state,
+                "linear_conv_kernel": first("mamba_d_conv", "conv_kernel"),
+                "linear_state_size": heads * head * state,
+            }
+        elif LINEAR_ATTENTION in types:
             k_heads, v_heads = int(config["linear_num_key_heads"]), int(config["linear_num_value_heads"])
             k_dim, v_dim = int(config["linear_key_head_dim"]), int(config["linear_value_head_dim"])
             linear = {
@@ -71,11 +186,23 @@ class Geometry:
                 "linear_conv_kernel": int(config["linear_conv_kernel_dim"]),
                 "linear_state_size": v_heads * k_dim * v_dim,
             }
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        head_dim, v_head_dim = int(config.get("head_dim") or hidden // heads), 0
+        if config.get("kv_lora_rank"):  # multi-head latent attention: the latent and the rope key, one head
+            kv_heads, head_dim = 1, int(config["kv_lora_rank"])
+            v_head_dim = int(config["qk_rope_head_dim"])
         return cls(
             layer_types=types,
             sliding_window=int(window) if window else None,
-            kv_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or hidden // heads),
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            v_head_dim=v_head_dim,
+            alibi=bool(
+                model_type == "bloom"
+                or config.get("alibi")
+                or isinstance(attn := config.get("attn_config"), Mapping)
+                and attn.get("alibi")
+            ),
             hidden_size=hidden,
             vocab_size=int(config["vocab_size"]),
             eos_ids=frozenset([eos] if isinstance(eos, int) else (eos or [])),
@@ -85,8 +212,8 @@ class Geometry:
 
     def slot_bytes(self, dtype: str) -> list[int]:
         """K and V bytes of one position (batch 1), per layer (0 for linear-attention layers)."""
-        slot = 2 * self.kv_heads * self.head_dim * ITEMSIZE[dtype]
-        return [0 if t == LINEAR_ATTENTION else slot for t in self.layer_types]
+        slot = self.kv_heads * (self.head_dim + self.value_dim) * ITEMSIZE[dtype]
+        return [0 if t in RECURRENT or t in STATELESS else slot for t in self.layer_types]
 
     def state_bytes(self, dtype: str) -> list[int]:
         """Constant-size state bytes (batch 1), per layer: for a linear-attention layer its recurrent state
@@ -96,7 +223,17 @@ class Geometry:
             4 * self.linear_state_size
             + (self.linear_conv_kernel - 1) * self.linear_conv_dim * ITEMSIZE[dtype]
         )
-        return [one if t == LINEAR_ATTENTION else 0 for t in self.layer_types]
+        return [one if t in STATEFUL else 0 for t in self.layer_types]
+
+
+def config_dict(config: Any) -> dict[str, Any]:
+    """A transformers config's keys under the standard names as well (GPT-2's `n_layer` also as
+    `num_hidden_layers`: its `attribute_map`), which `Geometry.from_config` reads."""
+    out = dict(config.to_dict())
+    for standard in getattr(config, "attribute_map", {}) or {}:
+        if standard not in out and (value := getattr(config, standard, None)) is not None:
+            out[standard] = value
+    return out
 
 
 def read_geometry(path: Path) -> Geometry:
@@ -110,4 +247,4 @@ def read_geometry(path: Path) -> Geometry:
     except OSError:
         eos = None
     dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-    return Geometry.from_config({**text.to_dict(), "dtype": dtype}, eos)
+    return Geometry.from_config({**config_dict(text), "dtype": dtype}, eos)

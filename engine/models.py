@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from engine.decode import Session
-from engine.geometry import Geometry
+from engine.geometry import Geometry, read_geometry
 from engine.policy import Policy
 
 ZOO_DIR = Path(__file__).resolve().parent / "zoo" / "models"
@@ -141,6 +141,7 @@ def load(
     compiled forward (torch.compile: True or a torch.compile backend name; refused on mlx)."""
     path = resolve(name)
     check_device(backend, device)
+    read_geometry(path)  # a layer kind the engine does not handle: UnsupportedModelError, no weights loaded
     model: Model
     if backend == "torch":
         from engine.backends.torch.session import load_torch

@@ -37,6 +37,7 @@ tokens is a cheap truncation that never needs evicted K/V back.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,9 +47,11 @@ from engine.geometry import (
     FULL_ATTENTION,
     ITEMSIZE,
     LAYER_KINDS,
-    LINEAR_ATTENTION,
+    RECURRENT,
     SLIDING_ATTENTION,
+    STATELESS,
     Geometry,
+    attention_kind,
 )
 
 PolicyKind = Literal["full", "sink_window", "hybrid"]
@@ -182,8 +185,9 @@ def layer_spec(policy: Policy, layer_type: str, native_window: int | None) -> La
     """What a layer of `layer_type` keeps under `policy`. The policy applies to attention layers only: a
     linear-attention layer keeps its constant-size state, which summarizes the whole past (unbounded
     reach, no K/V)."""
-    if layer_type == LINEAR_ATTENTION:
+    if layer_type in RECURRENT or layer_type in STATELESS:
         return LayerSpec()
+    layer_type = attention_kind(layer_type)
     if layer_type == FULL_ATTENTION:
         native = None
     elif layer_type == SLIDING_ATTENTION:
@@ -244,19 +248,23 @@ def quantized_bytes(n: int, bits: int, group: int, itemsize: int) -> int:
     return n * bits // 8 + 2 * (n // group) * itemsize
 
 
-def policy_slot_bytes(policy: Policy, kv_heads: int, head_dim: int, itemsize: int) -> int:
-    """K and V of one position in one layer (batch 1) under the policy's storage precision."""
+def policy_slot_bytes(
+    policy: Policy, kv_heads: int, head_dim: int, itemsize: int, v_head_dim: int = 0
+) -> int:
+    """K and V of one position in one layer (batch 1) under the policy's storage precision; `v_head_dim`:
+    V's head size where it differs from K's (multi-head latent attention)."""
+    dims = (head_dim, v_head_dim or head_dim)
     if (bits := policy.bits) is None:
-        return kv_bytes_per_slot(kv_heads, head_dim, itemsize)
-    group = policy.group_for(head_dim)
-    return sum(kv_heads * quantized_bytes(head_dim, b, group, itemsize) for b in bits)
+        return kv_heads * sum(dims) * itemsize
+    group = policy.group_for(math.gcd(*dims))
+    return sum(kv_heads * quantized_bytes(d, b, group, itemsize) for d, b in zip(dims, bits, strict=True))
 
 
 def layer_slot_bytes(policy: Policy, geo: Geometry, dtype: str) -> list[int]:
     """K and V bytes of one position per layer (batch 1) under the policy's storage precision; 0 for a
     linear-attention layer, which holds no K/V."""
-    slot = policy_slot_bytes(policy, geo.kv_heads, geo.head_dim, ITEMSIZE[dtype])
-    return [0 if t == LINEAR_ATTENTION else slot for t in geo.layer_types]
+    slot = policy_slot_bytes(policy, geo.kv_heads, geo.head_dim, ITEMSIZE[dtype], geo.v_head_dim)
+    return [0 if t in RECURRENT or t in STATELESS else slot for t in geo.layer_types]
 
 
 def expected_kv_bytes(

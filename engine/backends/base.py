@@ -2,11 +2,11 @@
 per-layer state protocol (`LayerState`) and the session logic (`BaseSession`: layers grouped by spec and
 layer type into `engine.cache.Group`s, chunked prefill, trim fan-out, K/V byte accounting).
 
-A backend adds only: one `LayerState` class per layer kind (K/V buffers; a linear-attention layer's
-`RecurrentState`), the cache container its model is called with, turning each group's `Forward` into
+A backend adds only: one `LayerState` class per layer kind (K/V buffers; a linear-attention or Mamba-2
+layer's `RecurrentState`), the cache container its model is called with, turning each group's `Forward` into
 its own tensors, and `_run` (one model forward answering a `Step`).
 
-Linear-attention layers (gated delta-net) and exact rollback. Their state (a convolution state and a
+Linear-attention layers (gated delta-net), Mamba-2 mixers (`engine.geometry.STATEFUL`) and exact rollback. Their state (a convolution state and a
 recurrent state) has no positions to hide, so `trim` must put it back as it was after the last kept
 token. Method: a snapshot of each linear layer's state before every forward (a reference to the state
 arrays, which the models' kernels replace rather than mutate, plus a copy of the small convolution
@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from engine.cache import Forward, Group
 from engine.decode import Step
-from engine.geometry import LINEAR_ATTENTION, Geometry
+from engine.geometry import RECURRENT, STATEFUL, STATELESS, Geometry, attention_kind
 from engine.policy import LayerSpec, Policy, layer_specs
 
 
@@ -95,11 +95,22 @@ class RecurrentState(Protocol):
     def state_bytes(self) -> int: ...
 
 
+class NoState:
+    """A layer with no token mixer (Nemotron-H's `mlp` / `moe` layers): nothing cached, nothing to trim."""
+
+    nbytes = 0
+    allocated_bytes = 0
+    state_bytes = 0
+
+    def trim(self, n: int) -> None:
+        pass
+
+
 def batch_unsupported(geometry: Geometry, policy: Policy) -> str | None:
     """Why sessions of this model and policy cannot hold several rows yet (None: they can). Attention
     layers (plain or quantized K/V) take rows; linear-attention states are batch 1."""
-    if LINEAR_ATTENTION in geometry.layer_types:
-        return "does not support linear-attention layers yet"
+    if kinds := sorted({t.replace("_", "-") for t in geometry.layer_types if t in STATEFUL}):
+        return f"does not support {' or '.join(kinds)} layers yet (their states are batch 1)"
     return None
 
 
@@ -119,19 +130,25 @@ class BaseSession(ABC):
         self.prefill_chunk = prefill_chunk
         self.specs: list[LayerSpec] = layer_specs(policy, geometry.layer_types, geometry.sliding_window)
         by_key: dict[tuple[LayerSpec, str], list[int]] = {}
-        for i, key in enumerate(zip(self.specs, geometry.layer_types, strict=True)):
-            if key[1] != LINEAR_ATTENTION:  # linear layers hold no positions: no group
+        for i, key in enumerate(zip(self.specs, map(attention_kind, geometry.layer_types), strict=True)):
+            if key[1] not in RECURRENT and key[1] not in STATELESS:  # no positions held: no group
                 by_key.setdefault(key, []).append(i)
         if not by_key:
             raise ValueError(
                 "a model needs at least one attention layer (this one has only linear_attention)"
+            )
+        if geometry.alibi and any(s.bounded for s in self.specs):
+            raise ValueError(
+                f"cache policy {policy} bounds the K/V of a model with ALiBi position biases, which transformers "
+                "computes from each key's index in the cache, not its position: a ring buffer would change "
+                "the model's output; use the full policy (or hybrid, which keeps full-attention layers whole)"
             )
         self.groups = [Group(s, t, max_block, layers, rows) for (s, t), layers in by_key.items()]
         # The group of each layer; None for a linear-attention layer (the backend gives it a RecurrentState).
         self.group_of: list[Group | None] = [
             next((g for g in self.groups if i in g.layers), None) for i in range(len(self.specs))
         ]
-        self.linear = [i for i, t in enumerate(geometry.layer_types) if t == LINEAR_ATTENTION]
+        self.linear = [i for i, t in enumerate(geometry.layer_types) if t in STATEFUL]
         self.rollback = RecurrentRollback(max_block)
         if rows > 1 and (why := batch_unsupported(geometry, policy)):
             raise ValueError(

@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, PlainSerializer, PlainValidator, Val
 from tqdm import tqdm
 
 from engine.drafters.spec import DrafterSpec
-from engine.geometry import ITEMSIZE
+from engine.geometry import ITEMSIZE, UnsupportedModelError, read_geometry
+from engine.models import ModelNotFoundError, resolve
 from engine.models import check_device as check
 from engine.policy import Policy, parse_policy
 from engine.progress import report_progress
@@ -55,9 +56,25 @@ def make_config(
     usage line naming the flag (`--k: Input should be greater than or equal to 1`)."""
     given = {k: v for k, v in vars(args).items() if k in config.model_fields}
     try:
-        return config(**{**given, **values})
+        made = config(**{**given, **values})
     except ValidationError as exc:
         usage_error(parser, exc)
+    if isinstance(model := getattr(made, "model", None), str):
+        check_model(parser, model)
+    return made
+
+
+def check_model(parser: argparse.ArgumentParser, name: str) -> None:
+    """A model whose layer kinds the engine does not handle exits 2 here in one line (model type, layer
+    kind, what is supported), before any weights load; a model that is not found is left to the workload."""
+    try:
+        path = resolve(name)
+    except ModelNotFoundError:
+        return
+    try:
+        read_geometry(path)
+    except UnsupportedModelError as exc:
+        parser.error(str(exc))
 
 
 def usage_error(parser: argparse.ArgumentParser, exc: ValidationError) -> NoReturn:

@@ -137,7 +137,7 @@ def test_a_server_that_sends_no_unnamed_object_gets_the_ledger_at_depth_one(
     assert "uploadpack.allowReachableSHA1InWant=true" in capsys.readouterr().err
     G.run(bus_dir, "config", "uploadpack.allowReachableSHA1InWant", "true")
     assert main(["results", moved, "--remote", url, "--out", str(world.tmp / "moved")]) == 0
-    assert json.loads((world.tmp / "moved" / "result.json").read_text())["request_id"] == moved
+    assert json.loads((world.tmp / "moved" / moved / "result.json").read_text())["request_id"] == moved
 
 
 def test_a_compaction_lease_lets_one_runner_compact_and_a_lost_one_pushes_nothing(world: Env, daemon: Daemon):

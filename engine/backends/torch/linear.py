@@ -1,6 +1,9 @@
-"""One linear-attention (gated delta-net) layer's state: `DeltaNetState`."""
+"""One recurrent layer's state: `DeltaNetState` (gated delta-net), `Mamba2State` (a Mamba-2 mixer), and
+`ParallelState` (Falcon-H1: attention K/V beside a Mamba-2 state in one layer)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -43,3 +46,62 @@ class DeltaNetState:
     @property
     def state_bytes(self) -> int:
         return sum(0 if t is None else t.nbytes for t in (self.conv, self.recurrent))
+
+
+class Mamba2State(DeltaNetState):
+    """One Mamba-2 mixer's state (Nemotron-H, Granite-4.0-H, Bamba): `conv` the last kernel - 1 inputs of
+    its causal convolution over x, B and C [batch, channels, kernel - 1] and `recurrent` the SSM state
+    [batch, heads, head_dim, d_state]. transformers' one-token step updates both in place
+    (`causal_conv1d_update`, `mamba2_selective_state_update`'s `state.copy_`), so a snapshot copies both;
+    a longer block (the chunked scan) replaces the SSM state. Rollback as for `DeltaNetState`."""
+
+    def snapshot(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        return tuple(None if t is None else t.clone() for t in (self.conv, self.recurrent))  # type: ignore[return-value]
+
+
+class ParallelState:
+    """A Falcon-H1 layer: attention (its `KV` or `QuantizedKV`, in its group under the policy) beside a
+    Mamba-2 mixer (`Mamba2State`) reading the same input. K/V calls go to `kv`, state calls to `mamba`;
+    rollback trims the K/V (the group hides the slots) and restores the Mamba-2 snapshot."""
+
+    def __init__(self, kv: Any, mamba: Mamba2State) -> None:
+        self.kv, self.mamba = kv, mamba
+
+    def update(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.kv.update(key, value)  # type: ignore[no-any-return]
+
+    @property
+    def conv(self) -> torch.Tensor | None:
+        return self.mamba.conv
+
+    @property
+    def recurrent(self) -> torch.Tensor | None:
+        return self.mamba.recurrent
+
+    @recurrent.setter
+    def recurrent(self, state: torch.Tensor | None) -> None:
+        self.mamba.recurrent = state
+
+    def update_conv(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mamba.update_conv(x)
+
+    def snapshot(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        return self.mamba.snapshot()
+
+    def restore(self, snapshot: tuple[torch.Tensor | None, torch.Tensor | None]) -> None:
+        self.mamba.restore(snapshot)
+
+    def trim(self, n: int) -> None:
+        self.kv.trim(n)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.kv.nbytes)
+
+    @property
+    def allocated_bytes(self) -> int:
+        return int(self.kv.allocated_bytes)
+
+    @property
+    def state_bytes(self) -> int:
+        return self.mamba.state_bytes

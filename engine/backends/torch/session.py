@@ -8,9 +8,10 @@ are built once per forward per layer group (engine/cache.py) and handed to the m
 with several layer types), which transformers passes through untouched. `position_ids` are explicit,
 so every position keeps its original RoPE position.
 
-Linear-attention layers (Qwen3.5, Qwen3-Next gated delta-net) call `get_conv_state` /
+Linear-attention layers (Qwen3.5, Qwen3-Next gated delta-net) and Mamba-2 mixers (Bamba, Granite-4.0-H,
+Falcon-H1 beside its attention: `ParallelState`) call `get_conv_state` /
 `get_recurrent_state` / `update_conv_state` / `update_recurrent_state` / `is_recording_past` on the same
-container (as on transformers' `DynamicCache`); `DeltaNetState` holds the layer's state, and rollback is
+container (as on transformers' `DynamicCache`); `DeltaNetState` / `Mamba2State` hold the state, and rollback is
 `engine.backends.base`'s (snapshots + recomputation). transformers picks the kernel by block size: one
 token with a state runs the recurrent step (and updates the convolution state in place), a longer block
 (a prefill chunk or a verify block) the chunked kernel from the state, exactly as in `generate`.
@@ -18,6 +19,7 @@ token with a state runs the recurrent step (and updates the convolution state in
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,14 +27,14 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine.backends.base import BaseSession, Tokenized
+from engine.backends.base import BaseSession, NoState, Tokenized
 from engine.backends.torch.device import device_name, peak_memory_bytes, pick_device, pick_dtype
 from engine.backends.torch.kv import KV, GroupTensors
-from engine.backends.torch.linear import DeltaNetState
+from engine.backends.torch.linear import DeltaNetState, Mamba2State, ParallelState
 from engine.backends.torch.quant import QuantizedKV
 from engine.cache import Forward, Group, visible_mask
 from engine.decode import Step
-from engine.geometry import LINEAR_ATTENTION, Geometry
+from engine.geometry import LINEAR_ATTENTION, MAMBA2, PARALLEL_MAMBA2, STATELESS, Geometry, config_dict
 from engine.policy import Policy
 
 
@@ -108,7 +110,7 @@ class TorchModel(Tokenized):
         config = model.config
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         eos = model.generation_config.eos_token_id if model.generation_config else None
-        self.geometry = Geometry.from_config({**text.to_dict(), "dtype": str(config.dtype)}, eos)
+        self.geometry = Geometry.from_config({**config_dict(text), "dtype": str(config.dtype)}, eos)
         self.eos_ids = self.geometry.eos_ids
         impl = config._attn_implementation
         if impl not in ("sdpa", "eager"):
@@ -188,15 +190,22 @@ class TorchSession(BaseSession):
         tensors_of = {id(t.group): t for t in self.tensors}
         kernel = model.geometry.linear_conv_kernel
         bits = policy.bits
-        group = policy.group_for(model.geometry.head_dim) if bits else 0
+        geo = model.geometry
+        group = policy.group_for(math.gcd(geo.head_dim, geo.value_dim)) if bits else 0  # divides K's and V's
+        recurrent = [Mamba2State if t == MAMBA2 else DeltaNetState for t in geo.layer_types]
         self.states = [
-            DeltaNetState(kernel)
+            recurrent[i](kernel)
             if g is None
             else KV(tensors_of[id(g)])
             if bits is None
             else QuantizedKV(tensors_of[id(g)], bits, group)
-            for g in self.group_of
+            for i, g in enumerate(self.group_of)
         ]
+        for i, t in enumerate(geo.layer_types):
+            if t == PARALLEL_MAMBA2:  # Falcon-H1: the layer's K/V beside its Mamba-2 state
+                self.states[i] = ParallelState(self.states[i], Mamba2State(kernel))
+            elif t in STATELESS:  # Nemotron-H's mlp / moe layers
+                self.states[i] = NoState()
         self.cache = PolicyCache(self, self.states, restorer)
         self._ones = torch.ones((1, 1, 1, 0), dtype=torch.bool, device=self.device)
 
@@ -242,7 +251,7 @@ class TorchSession(BaseSession):
             mask = t.mask(fwd)
             by_type[g.layer_type] = None if mask is None else self._mask(mask)
         if self.linear:
-            by_type[LINEAR_ATTENTION] = None  # no padding: the linear layers take no mask
+            by_type[LINEAR_ATTENTION] = None  # no padding: linear / Mamba-2 layers (keyed so) take no mask
         if len(by_type) == 1:
             attention_mask: Any = next(iter(by_type.values()))
             if attention_mask is None:  # a model without dict masks needs some prepared 4-D mask

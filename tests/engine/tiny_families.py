@@ -1,0 +1,185 @@
+"""Random-weight tiny models of the families issue 32 is about (float32, built from transformers' own
+configs, cached per process): a DeepSeek-V3 (multi-head latent attention: K of 16 + 8 rope dims, V of 8),
+Mamba-2 hybrids (Falcon-H1: attention beside a Mamba-2 mixer in every layer; Bamba and Granite-4.0-H:
+Mamba-2 layers beside attention layers) and a Jamba config (Mamba-1 layers: refused)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from engine.backends.torch.session import TorchModel
+from tests.engine.tiny_models import VOCAB
+
+TINY = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    initializer_range=0.2,
+    max_position_embeddings=4096,
+    pad_token_id=0,
+    eos_token_id=None,
+    bos_token_id=None,
+)
+
+
+def deepseek_v3_config() -> object:
+    from transformers import DeepseekV3Config
+
+    return DeepseekV3Config(
+        **TINY,
+        num_key_value_heads=4,
+        kv_lora_rank=16,
+        q_lora_rank=32,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=16,
+        v_head_dim=8,
+        moe_intermediate_size=32,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=1,
+    )
+
+
+def falcon_h1_config() -> object:
+    from transformers import FalconH1Config
+
+    return FalconH1Config(
+        **TINY,
+        num_key_value_heads=2,
+        head_dim=16,
+        mamba_d_ssm=64,
+        mamba_n_heads=4,
+        mamba_d_head=16,
+        mamba_n_groups=1,
+        mamba_d_state=16,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_chunk_size=16,
+    )
+
+
+@functools.cache
+def deepseek_v3(seed: int = 0) -> TorchModel:
+    from transformers import DeepseekV3ForCausalLM
+
+    torch.manual_seed(seed)
+    model = DeepseekV3ForCausalLM(deepseek_v3_config())
+    model.generation_config.eos_token_id = None
+    return TorchModel(model)
+
+
+@functools.cache
+def falcon_h1_module(seed: int = 0) -> torch.nn.Module:
+    from transformers import FalconH1ForCausalLM
+
+    torch.manual_seed(seed)
+    model = FalconH1ForCausalLM(falcon_h1_config())
+    model.generation_config.eos_token_id = None
+    return model
+
+
+MAMBA2_TINY = dict(
+    mamba_n_heads=4,
+    mamba_d_head=32,  # heads x head = expand x hidden
+    mamba_expand=2,
+    mamba_n_groups=1,
+    mamba_d_state=16,
+    mamba_d_conv=4,
+    mamba_chunk_size=16,
+)
+
+
+def bamba_config() -> object:
+    """Bamba (IBM): Mamba-2 layers 0 and 2, attention layers 1 and 3."""
+    from transformers import BambaConfig
+
+    return BambaConfig(
+        **{**TINY, "num_hidden_layers": 4}, num_key_value_heads=2, attn_layer_indices=[1, 3], **MAMBA2_TINY
+    )
+
+
+def granite_hybrid_config() -> object:
+    """Granite-4.0-H (`granitemoehybrid`): Mamba-2 x3 then attention, MoE MLPs."""
+    from transformers import GraniteMoeHybridConfig
+
+    return GraniteMoeHybridConfig(
+        **{**TINY, "num_hidden_layers": 4},
+        num_key_value_heads=2,
+        layer_types=["mamba", "mamba", "mamba", "attention"],
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        **MAMBA2_TINY,
+    )
+
+
+def nemotron_h_config() -> object:
+    """Nemotron-H: Mamba-2, MoE (no mixer), attention, MLP (no mixer)."""
+    from transformers import NemotronHConfig
+
+    tiny = {k: v for k, v in TINY.items() if k != "num_hidden_layers"}  # from layers_block_type
+    return NemotronHConfig(
+        **tiny,
+        num_key_value_heads=2,
+        head_dim=16,
+        layers_block_type=["linear_attention", "moe", "full_attention", "mlp"],
+        mamba_num_heads=4,
+        mamba_head_dim=32,
+        n_groups=1,
+        ssm_state_size=16,
+        conv_kernel=4,
+        chunk_size=16,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        moe_shared_expert_intermediate_size=32,
+        n_group=1,
+        topk_group=1,
+    )
+
+
+@functools.cache
+def mamba2_hybrid(name: str, seed: int = 0) -> TorchModel:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = {
+        "bamba": bamba_config,
+        "granitemoehybrid": granite_hybrid_config,
+        "falcon_h1": falcon_h1_config,
+        "nemotron_h": nemotron_h_config,
+    }[name]()
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    model.generation_config.eos_token_id = None
+    return TorchModel(model)
+
+
+def jamba_config() -> object:
+    """Jamba: Mamba-1 layers beside attention (a kind the engine refuses)."""
+    from transformers import JambaConfig
+
+    return JambaConfig(
+        **{**TINY, "num_hidden_layers": 2},
+        num_key_value_heads=2,
+        attn_layer_period=2,
+        attn_layer_offset=1,
+        num_experts=2,
+        num_experts_per_tok=1,
+        mamba_d_state=8,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_dt_rank=8,
+    )
+
+
+@functools.cache
+def jamba_module(seed: int = 0) -> torch.nn.Module:
+    from transformers import JambaForCausalLM
+
+    torch.manual_seed(seed)
+    return JambaForCausalLM(jamba_config())
