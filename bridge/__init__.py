@@ -12,10 +12,11 @@ from bridge.bus import Bus, CancelMarker, Claim, Entry, Manifest, Snapshot, requ
 from bridge.client import Client
 from bridge.config import Config, load_config, project_root
 from bridge.errors import BusError, BusUnreachable, Interrupted, InvalidRequest, KakeyaError, Rejected
-from bridge.evidence import Outcome, Requirement, Shelf, apply_baseline, gate_subject
+from bridge.evidence import DoneResults, Outcome, Requirement, apply_baseline, gate_subject
 from bridge.execute import execute, run_preset
+from bridge.outcome import RunOutcome
 from bridge.presets import Preset, get_preset, load_registry
-from bridge.result import RunContext, RunOutcome, RunResult
+from bridge.result import RunContext, RunResult
 from bridge.runner import Runner, Served
 
 __all__ = [
@@ -40,7 +41,7 @@ __all__ = [
     "RunResult",
     "Runner",
     "Served",
-    "Shelf",
+    "DoneResults",
     "Snapshot",
     "apply_baseline",
     "execute",

@@ -4,7 +4,7 @@
     for event in b.events(): ...                               # the last one: {"event": "first-bad", ...}
 
 The range is `git rev-list --first-parent GOOD..BAD` (GOOD is good and BAD bad, as the user says; neither is
-run). A commit is judged from the evidence `kakeya gate pr` would count (bridge/evidence.py `judge`: trusted,
+run). A commit is judged from the evidence `kakeya gate pr` would count (bridge/evidence/judge.py `judge`: trusted,
 executed, re-gated): with `--verdict` it is bad when the re-gated verdict fails, with `--metric P
 --threshold X` when the value at P is below X (above X with `--lower-is-better`). A run that did not succeed
 (the subject fails to build or crashes, times out, is rejected, expires or is cancelled) or has no such
@@ -35,7 +35,7 @@ from bridge import git
 from bridge.bus import Manifest
 from bridge.client import Client
 from bridge.errors import InvalidRequest, KakeyaError, problems
-from bridge.evidence import Outcome, Requirement, Shelf
+from bridge.evidence import DoneResults, Outcome, Requirement
 from bridge.history import report_value
 from bridge.presence import read_presences
 from bridge.presets import Preset
@@ -184,7 +184,7 @@ class Bisect:
     # --- judging -----------------------------------------------------------------------------------
 
     def judge(
-        self, shelf: Shelf, commit: str, ours: str | None
+        self, shelf: DoneResults, commit: str, ours: str | None
     ) -> tuple[Verdict, Outcome, float | None] | None:
         """The commit's verdict from its evidence (None: none yet), with the metric's value. `ours`: the request
         this bisect waits on, whose run ended: when it is no evidence (it did not succeed, was rejected,
@@ -263,7 +263,7 @@ class Bisect:
         """Decide every commit that already has evidence; follow what is in flight (ours or on the bus)."""
         s = self.state
         everything = [s.good, *s.commits]
-        shelf = Shelf(self.c.bus, self.signers).load_subjects([self.req.preset], everything)
+        shelf = DoneResults(self.c.bus, self.signers).load_subjects([self.req.preset], everything)
         for commit in everything:
             p = s.probes.get(commit)
             if p is not None and p.outcome is not None:
@@ -307,7 +307,7 @@ class Bisect:
         arrived meanwhile (used); pending requests are looked for first, so that one finishing between the
         two looks is seen by the second."""
         pending = self.pending_on_bus(commits)
-        shelf = Shelf(self.c.bus, self.signers).load_subjects([self.req.preset], commits)
+        shelf = DoneResults(self.c.bus, self.signers).load_subjects([self.req.preset], commits)
         for commit in commits:
             p = self.probe(commit)
             if (found := self.judge(shelf, commit, None)) is not None:
@@ -354,7 +354,7 @@ class Bisect:
                 self.save()
                 yield self.event("lost", commit, id=flying[commit])
             if ended:
-                shelf = Shelf(self.c.bus, self.signers).load_subjects([self.req.preset], ended)
+                shelf = DoneResults(self.c.bus, self.signers).load_subjects([self.req.preset], ended)
                 for commit in ended:
                     found = self.judge(shelf, commit, flying[commit])
                     assert found is not None

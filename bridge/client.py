@@ -37,7 +37,6 @@ from bridge.bus import Bus, CancelMarker, Claim, Entry, Manifest, Update
 from bridge.config import Config, project_root
 from bridge.errors import BusError, InvalidRequest, KakeyaError, WaitTimeout, problems
 from bridge.names import check_label
-from bridge.page import outcome_words
 from bridge.presence import read_presences, refuse_unsigned
 from bridge.presets import Preset, get_preset, load_registry
 from bridge.result import RunResult
@@ -142,11 +141,6 @@ def exit_code(result: RunResult) -> int:
     if result.status == "rejected":
         return 2
     return 0 if result.status == "succeeded" and result.verdict in (None, "pass") else 1
-
-
-def verdict_line(request_id: str, result: RunResult) -> str:
-    reason = f" ({result.reason})" if result.reason else ""
-    return f"{request_id}: {result.preset} {outcome_words(result.status, result.verdict)}{reason}"
 
 
 def shown(items: Sequence[str], limit: int = 5) -> str:

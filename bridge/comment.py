@@ -7,12 +7,12 @@ request up to date, found again by its first line, `MARKER`.
 
 It has the evidence table (evidence.summary_table), the change of each requirement's numbers against the
 base branch's latest trusted run of the same preset, label and parameters (the newest passing, trusted run
-whose subject is the base commit or one of its ancestors: `Shelf.previous_pass` with that condition),
+whose subject is the base commit or one of its ancestors: `DoneResults.previous_pass` with that condition),
 compared with gates.compare (the preset's `baseline:` metric, tolerance and noise rule when it declares one,
 else every single number its gate checks with min/max/between), and each evidence's summary.md and plots
 (images committed in the done commit), linked under the bus repository's web address when it is known
 (`--link-base`, or a github.com bus), plain ids otherwise. Everything a result names is hostile: it goes
-into table cells and code spans through evidence._cell, a plot only when its path is a plain file name.
+into table cells and code spans through gates.markdown.cell, a plot only when its path is a plain file name.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ from bridge import bus as B
 from bridge import git
 from bridge.bus import Bus
 from bridge.errors import KakeyaError
-from bridge.evidence import Done, Outcome, Shelf, _cell, summary_table
+from bridge.evidence import Done, DoneResults, Outcome, summary_table
 from bridge.presets import Preset
 from bridge.trust import Signers
+from gates.markdown import cell
 from gates.noise import ALPHA
 from gates.report import fmt_number
 
@@ -96,7 +97,7 @@ def compare_with_base(
 ) -> list[Change]:
     """For each outcome with a report: its numbers against the newest trusted pass of the same preset, label and
     parameters whose subject is `base` or an ancestor of it."""
-    shelf = Shelf(bus, signers).load({o.requirement.preset for o in outcomes if o.evidence is not None})
+    shelf = DoneResults(bus, signers).load({o.requirement.preset for o in outcomes if o.evidence is not None})
     known = base_has(bus, base)
     repos = bus.repos()
 
@@ -150,7 +151,7 @@ def github_web(url: str) -> str | None:
     return f"https://github.com/{m.group(1)}/{m.group(2)}" if m else None
 
 
-def plots(shelf: Shelf, done: Done) -> list[str]:
+def plots(shelf: DoneResults, done: Done) -> list[str]:
     """The plot images committed in the done commit's results (plain relative paths only)."""
     repo = shelf.repo_with(done.sha)
     tree = git.ls_tree(repo, f"{done.sha}:{B.results_path(done.id)}", recursive=True)
@@ -159,14 +160,14 @@ def plots(shelf: Shelf, done: Done) -> list[str]:
     ]
 
 
-def results_section(shelf: Shelf, outcomes: Sequence[Outcome], link_base: str | None) -> str:
+def results_section(shelf: DoneResults, outcomes: Sequence[Outcome], link_base: str | None) -> str:
     lines = []
     for o in outcomes:
         d = o.evidence
         if d is None:
             continue
         where = f"{d.sha}/{B.results_path(d.id)}"
-        head = f"- `{_cell(str(o.requirement), 200, code=True)}`: `{d.id}` (done `{d.sha[:12]}`)"
+        head = f"- `{cell(str(o.requirement), 200, html=False)}`: `{d.id}` (done `{d.sha[:12]}`)"
         if link_base:
             head += f" · [summary]({link_base}/blob/{where}/summary.md)"
         lines.append(head)
@@ -187,16 +188,16 @@ def change_table(changes: Sequence[Change], base: str) -> str:
     ]
     rows = []
     for ch in changes:
-        req = f"`{_cell(ch.requirement, 200, code=True)}`"
+        req = f"`{cell(ch.requirement, 200, html=False)}`"
         c = ch.comparison
         if c is None:
-            rows.append(f"| {req} | — | — | — | — | — | {_cell(ch.note)} |")
+            rows.append(f"| {req} | — | — | — | — | — | {cell(ch.note, 400)} |")
             continue
         change = "—" if c.change_pct is None else f"{c.change_pct:+.2f} %"
         subject = ch.base.subject if ch.base else None
         run = f"`{ch.base.id}` (subject `{(subject or '?')[:12]}`)" if ch.base else "—"
         rows.append(
-            f"| {req} | `{_cell(ch.metric or '', 200, code=True)}` | {fmt(c.new)} | {fmt(c.base)} | {change} | "
+            f"| {req} | `{cell(ch.metric or '', 200, html=False)}` | {fmt(c.new)} | {fmt(c.base)} | {change} | "
             f"{ch.significant()} | {run} |"
         )
     if not rows:
@@ -207,7 +208,7 @@ def change_table(changes: Sequence[Change], base: str) -> str:
 def render(
     subject: str,
     outcomes: Sequence[Outcome],
-    shelf: Shelf,
+    shelf: DoneResults,
     changes: Sequence[Change] | None,
     base: str | None,
     link_base: str | None,

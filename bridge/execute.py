@@ -38,11 +38,11 @@ from bridge.errors import KakeyaError
 from bridge.host import host_fingerprint, tool_versions
 from bridge.isolation import Isolation, bwrap_argv, choose
 from bridge.logs import CappedLog, Redactor, pump
+from bridge.outcome import RunOutcome
 from bridge.presets import Preset, Resources
 from bridge.proc import kill_tree
 from bridge.progress import PROGRESS_FILE
-from bridge.result import RunContext, RunOutcome, RunResult, Status, now
-from bridge.result import iso as iso_time
+from bridge.result import RunContext, RunResult, Status, iso_time, now
 
 # The only variables a run inherits from the runner's environment (plus the preset's own env).
 BASE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR", "SYSTEMROOT")

@@ -1,9 +1,11 @@
 """Following one request until it is done, as a stream of events: what `kakeya wait` and `request --wait`
 show a person (one line per change) and an agent (`--json`: one JSON object per line).
 
-    for event in Follower(client, request_id).events(): ...     # the last one is {"event": "finished", ...}
+    for event in Follower(client, request_id).events(): ...     # the last one is a Finished
+    event.dump()      # the JSON object `wait --json` prints: {"event": "finished", "id": ..., "at": ..., "done": ...}
 
-Events (every one has "event", "id" and "at", the time it was seen):
+Events are a small typed union (`Event`, one pydantic model a kind; `parse_event` reads a line back). Every
+one has "event", "id" and "at", the time it was seen:
     queued     not claimed yet: "position" in its label's queue (1 = next), "ahead" running, "runners" live
     no-runner  no live runner serves the label (at once, then every `nag_s`); --no-runner-timeout ends the wait
     claimed    "runner" on "host" claimed it at "claimed_at" (again after a takeover)
@@ -22,21 +24,137 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Tag, TypeAdapter
 
 from bridge import bus as B
 from bridge.bus import Claim, Entry, Snapshot
 from bridge.client import Client
 from bridge.errors import KakeyaError, NoRunner, WaitTimeout
 from bridge.presence import read_presences
+from bridge.result import iso_time
 from bridge.trust import Signers, trusted_signers
 
 NAG_S = 30.0  # how often "no live runner" is said again
 NEVER = dt.datetime.max.replace(tzinfo=dt.UTC)  # the expiry of a request whose manifest cannot be read
 
 
-def iso(t: dt.datetime) -> str:
-    return t.astimezone(dt.UTC).isoformat(timespec="milliseconds")
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    event: str
+    id: str
+    at: str  # when it was seen (iso_time)
+
+    def dump(self) -> dict[str, Any]:
+        """The JSON object of the event: the fields it was made with (every field of its kind; an optional
+        one only when set), in the order above."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+class Queued(_Event):
+    """Not claimed yet: its place in its label's queue, the claimed ones ahead, the live runners."""
+
+    event: Literal["queued"] = "queued"
+    label: str | None
+    position: int
+    ahead: int
+    runners: list[str]
+    created_at: str
+
+
+class NoRunnerSeen(_Event):
+    """No live runner serves the label (said at once, then every `nag_s`)."""
+
+    event: Literal["no-runner"] = "no-runner"
+    label: str | None
+    waited_s: float
+    seen: list[str]
+
+
+class Claimed(_Event):
+    event: Literal["claimed"] = "claimed"
+    runner: str
+    host: str | None
+    claimed_at: str
+    takeover_of: str | None
+
+
+class Running(_Event):
+    """A heartbeat's progress; "queued" here: claimed, its job waits in a scheduler's queue."""
+
+    event: Literal["running", "gating", "queued"]
+    runner: str
+    phase: str
+    started_at: str
+    progress_at: str
+    elapsed_s: float
+    workload: dict[str, Any] | None
+    log_tail: list[str]
+    scheduler: str | None
+
+
+class Stale(_Event):
+    event: Literal["stale"] = "stale"
+    runner: str
+    lease_until: str
+
+
+class Cancelling(_Event):
+    event: Literal["cancelling"] = "cancelling"
+
+
+class Finished(_Event):
+    event: Literal["finished"] = "finished"
+    done: str  # the done commit
+
+
+class Cancelled(_Event):
+    """Cancelled before any runner claimed it (last: nothing ran)."""
+
+    event: Literal["cancelled"] = "cancelled"
+    state: Literal["cancelled"] = "cancelled"
+    exit_code: int | None = None  # `wait` sets it on its last line
+
+
+class Expired(_Event):
+    """Its expires_at passed before any runner claimed it (last: nothing ran)."""
+
+    event: Literal["expired"] = "expired"
+    state: Literal["expired"] = "expired"
+    expires_at: str
+    exit_code: int | None = None  # `wait` sets it on its last line
+
+
+Ended = Cancelled | Expired  # a request that will never run
+
+
+def _kind(value: Any) -> str:
+    """The union's tag: the event's name, but "queued" is two shapes (in the label's queue, or claimed and
+    in a scheduler's queue: a progress event)."""
+    get = value.get if isinstance(value, dict) else lambda k, d=None: getattr(value, k, d)
+    kind = str(get("event"))
+    return "progress" if kind in ("running", "gating") or (kind == "queued" and get("phase")) else kind
+
+
+Event = Annotated[
+    Annotated[Queued, Tag("queued")]
+    | Annotated[NoRunnerSeen, Tag("no-runner")]
+    | Annotated[Claimed, Tag("claimed")]
+    | Annotated[Running, Tag("progress")]
+    | Annotated[Stale, Tag("stale")]
+    | Annotated[Cancelling, Tag("cancelling")]
+    | Annotated[Finished, Tag("finished")]
+    | Annotated[Cancelled, Tag("cancelled")]
+    | Annotated[Expired, Tag("expired")],
+    Discriminator(_kind),
+]
+EVENT: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+def parse_event(data: str | bytes | dict[str, Any]) -> Event:
+    """One event from its JSON line (or object): pydantic.ValidationError when it is none of the kinds."""
+    return EVENT.validate_python(data) if isinstance(data, dict) else EVENT.validate_json(data)
 
 
 class Follower:
@@ -59,7 +177,7 @@ class Follower:
         self.nagged_at: float | None = None
         self.expires_at: dt.datetime | None = None
 
-    def events(self) -> Iterator[dict[str, Any]]:
+    def events(self) -> Iterator[Event]:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         B.id_time(self.id)
         label = None
@@ -88,7 +206,7 @@ class Follower:
             )
             time.sleep(pause)
 
-    def ended(self, entry: Entry) -> dict[str, Any] | None:
+    def ended(self, entry: Entry) -> Event | None:
         """The last event of a request no runner claimed that can no longer run (cancelled, expired)."""
         if entry.claim is not None or entry.req is None:
             return None
@@ -99,11 +217,12 @@ class Follower:
             manifest = B.read_manifests(self.c.bus.repos(), [entry.req]).get(entry.req)
             self.expires_at = manifest.expires_at if isinstance(manifest, B.Manifest) else NEVER
         if self.expires_at < B.utcnow():
-            return self.event("expired", state="expired", expires_at=iso(self.expires_at))
+            return self.event("expired", state="expired", expires_at=iso_time(self.expires_at))
         return None
 
-    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
-        return {"event": kind, "id": self.id, "at": iso(B.utcnow()), **fields}
+    def event(self, kind: str, **fields: Any) -> Event:
+        """The event `kind` of this request, seen now; pydantic.ValidationError when `fields` do not fit it."""
+        return EVENT.validate_python({"event": kind, "id": self.id, "at": iso_time(B.utcnow()), **fields})
 
     def changed(self, kind: str, key: object) -> bool:
         if self.last.get(kind) == key:
@@ -111,7 +230,7 @@ class Follower:
         self.last[kind] = key
         return True
 
-    def look(self, entry: Entry) -> Iterator[dict[str, Any]]:
+    def look(self, entry: Entry) -> Iterator[Event]:
         now = B.utcnow()
         if entry.claim is None:
             snap = self.c.bus.ls_remote(
@@ -133,7 +252,7 @@ class Follower:
                 "claimed",
                 runner=claim.runner,
                 host=claim.host,
-                claimed_at=iso(claim.claimed_at),
+                claimed_at=iso_time(claim.claimed_at),
                 takeover_of=claim.takeover_of,
             )
         p = claim.progress
@@ -142,8 +261,8 @@ class Follower:
                 p.phase if p.phase in ("queued", "gating") else "running",
                 runner=claim.runner,
                 phase=p.phase,
-                started_at=iso(p.started_at),
-                progress_at=iso(p.at),
+                started_at=iso_time(p.started_at),
+                progress_at=iso_time(p.at),
                 elapsed_s=round(max(p.elapsed_s, (now - p.started_at).total_seconds()), 1),
                 workload=p.workload.model_dump() if p.workload else None,
                 log_tail=p.log_tail,
@@ -151,9 +270,9 @@ class Follower:
             )
         stale = claim.lease_until < now
         if self.changed("stale", stale) and stale:
-            yield self.event("stale", runner=claim.runner, lease_until=iso(claim.lease_until))
+            yield self.event("stale", runner=claim.runner, lease_until=iso_time(claim.lease_until))
 
-    def queued(self, snap: Snapshot, entry: Entry, now: dt.datetime) -> Iterator[dict[str, Any]]:
+    def queued(self, snap: Snapshot, entry: Entry, now: dt.datetime) -> Iterator[Event]:
         same = [e for e in snap.entries.values() if e.label == entry.label and e.req and not e.done]
         position = 1 + sum(1 for e in same if e.claim is None and not e.cancel and e.id < entry.id)
         ahead = sum(1 for e in same if e.claim is not None)
@@ -166,7 +285,7 @@ class Follower:
                 position=position,
                 ahead=ahead,
                 runners=live,
-                created_at=iso(entry.created_at),
+                created_at=iso_time(entry.created_at),
             )
         clock = time.monotonic()
         if live:

@@ -4,7 +4,7 @@
     text_table(h); svg(h); html_page(h)                                          # what `kakeya history` shows
     publish(repo, pages, branch="gh-pages", who=...)                             # the dashboard commit
 
-Every run is one `kakeya gate pr` would count (bridge/evidence.py `judged_runs`: signed by an allowed
+Every run is one `kakeya gate pr` would count (bridge/evidence/judge.py `judged_runs`: signed by an allowed
 runner for its label when the shelf has signers, executed, belonging to its subject and request, re-gated
 with this registry's checks); nothing else on the bus is shown. A subject's runs make its noise band
 (min..max, median); whether a metric changed between two consecutive subjects with runs is decided by the
@@ -27,7 +27,7 @@ import gates
 from bridge import evidence as E
 from bridge import git
 from bridge.errors import InvalidRequest, KakeyaError
-from bridge.evidence import Outcome, Requirement, Shelf
+from bridge.evidence import DoneResults, Outcome, Requirement
 from bridge.presets import Preset
 from gates.noise import ALPHA, RULE, worse_p_value
 from gates.report import fmt_number, is_number
@@ -141,7 +141,7 @@ def value_at(report: Any, metric: str) -> float | None:
     return float(found[0][1])
 
 
-def report_value(shelf: Shelf, outcome: Outcome, metric: str) -> float | None:
+def report_value(shelf: DoneResults, outcome: Outcome, metric: str) -> float | None:
     """The metric in the evidence's report.json (None: no report, unreadable, no such number)."""
     raw = shelf.report(outcome.evidence) if outcome.evidence else None
     try:
@@ -150,7 +150,7 @@ def report_value(shelf: Shelf, outcome: Outcome, metric: str) -> float | None:
         return None
 
 
-def run_of(shelf: Shelf, outcome: Outcome, metric: str) -> Run | None:
+def run_of(shelf: DoneResults, outcome: Outcome, metric: str) -> Run | None:
     """The history row of a judged run (None: it is no evidence, e.g. its report names another subject)."""
     done = outcome.evidence
     if done is None or done.result is None or outcome.status not in ("pass", "fail"):
@@ -170,7 +170,7 @@ def run_of(shelf: Shelf, outcome: Outcome, metric: str) -> Run | None:
 
 
 def collect(
-    shelf: Shelf,
+    shelf: DoneResults,
     repo: Path,
     req: Requirement,
     preset: Preset,

@@ -13,15 +13,34 @@ from __future__ import annotations
 import datetime as dt
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Protocol
 
 from bridge import bus as B
 from bridge import git
-from bridge.bus import Claim, Progress, Update
+from bridge.bus import Bus, Claim, Progress, Update
+from bridge.config import Config
 from bridge.errors import KakeyaError
 
-if TYPE_CHECKING:
-    from bridge.runner import Runner
+
+class Holder(Protocol):
+    """What a lease needs of the runner that holds it (bridge/runner.py Runner): no import of it, no circle."""
+
+    config: Config
+    bus: Bus
+    mirror: Path
+    name: str
+    who: str
+    sign_key: str | None
+    abort_reason: str | None
+
+    def progress(self) -> Progress | None: ...
+
+    def log(self, msg: str) -> None: ...
+
+    def holder(self, request_id: str, sha: str | None) -> str: ...
+
+    def now(self) -> dt.datetime: ...
 
 
 class Lease(threading.Thread):
@@ -29,7 +48,7 @@ class Lease(threading.Thread):
 
     def __init__(
         self,
-        runner: Runner,
+        runner: Holder,
         request_id: str,
         sha: str,
         claim: Claim,

@@ -30,7 +30,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from bridge import bus as B
-from bridge.client import Client, row_dict, verdict_line
+from bridge.client import Client, row_dict
 from bridge.commands import evidence as ev
 from bridge.commands._bus import out_dir
 from bridge.config import load_config, project_root
@@ -38,6 +38,7 @@ from bridge.errors import InvalidRequest, KakeyaError, problems
 from bridge.presence import read_presences
 from bridge.presets import Preset, get_preset, load_registry
 from bridge.progress import bar
+from bridge.render import verdict_line
 from bridge.trust import trusted_signers
 
 PNG = b"\x89PNG\r\n\x1a\n"

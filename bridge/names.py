@@ -1,5 +1,5 @@
 """The name rules, in one place: preset names, runner labels, requirements (PRESET[@LABEL] [PIN ...]) and
-shas. A pin is PARAM OP VALUE with no spaces (`samples>=5`, `model==gemma-3-1b`; bridge/evidence.py types
+shas. A pin is PARAM OP VALUE with no spaces (`samples>=5`, `model==gemma-3-1b`; bridge/evidence/requirements.py types
 it against the preset's parameter)."""
 
 from __future__ import annotations

@@ -300,8 +300,184 @@ class ModelParam(_Base):
         return {"type": "string", "pattern": f"^(?:{_ZOO.pattern[1:-1]}|{_MODEL_NAME.pattern[1:-1]})$"}
 
 
+_NUMBER = re.compile(r"0|[1-9][0-9]{0,8}")
+_PRECISION = re.compile(r"q[48]|k[48]v[48]")
+_OPTION = re.compile(r"([a-z_]+)=(0|[1-9][0-9]{0,8})")
+PolicyKind = Literal["full", "sink_window", "hybrid"]
+DrafterKind = Literal["lookup", "model", "block", "diffusion", "gemma4-assistant"]
+
+
+def _grammar_text(raw: Any, what: str) -> str:
+    """`raw` when it is a string without control characters; ValueError saying it must be `what`."""
+    if not isinstance(raw, str):
+        raise ValueError(f"must be {what}")
+    _no_controls(raw)
+    return raw
+
+
+def _model_ref(raw: str) -> bool:
+    """`zoo:NAME` or NAME[/NAME] with no '..' part (what `ModelParam` takes)."""
+    return bool(_ZOO.fullmatch(raw)) or (bool(_MODEL_NAME.fullmatch(raw)) and ".." not in raw.split("/"))
+
+
+def _upto(top: int, low: int = 0) -> str:
+    """A regex of the whole numbers low..top (low 0 or 1) written without leading zeros."""
+    s, alts = str(top), ["0"] if low == 0 else []
+    if len(s) > 1:
+        alts.append(f"[1-9][0-9]{{0,{len(s) - 2}}}")
+    for i in range(len(s)):
+        lo, hi = (1 if i == 0 else 0), int(s[i]) - 1
+        if hi >= lo:
+            alts.append(s[:i] + f"[{lo}-{hi}]" + (f"[0-9]{{{len(s) - i - 1}}}" if i < len(s) - 1 else ""))
+    if top >= max(low, 1):
+        alts.append(s)
+    return "(?:" + "|".join(alts) + ")"
+
+
+class PolicyParam(_Base):
+    """A cache policy, or a comma-separated list of them, one per kind (`hybrid:4:64,sink_window:4:64:q8`): the
+    bridge's own grammar of engine.policy's (docs/presets.md), bounded by the preset."""
+
+    type: Literal["policy"]
+    kinds: list[PolicyKind] = Field(min_length=1)
+    max_sink: int = Field(ge=0, le=10**9 - 1)
+    max_window: int = Field(ge=1, le=10**9 - 1)
+    precisions: list[str] = []  # q8, q4, kXvY (X, Y in 4, 8): K/V stored quantized; none: the model dtype
+    max_items: int = Field(default=1, ge=1, le=3)  # policies in the list
+    default: str | None = None
+
+    @field_validator("precisions")
+    @classmethod
+    def _precisions(cls, values: list[str]) -> list[str]:
+        for p in values:
+            if not _PRECISION.fullmatch(p):
+                raise ValueError(f"precision {p!r} must be q8, q4 or kXvY with X, Y in 4, 8")
+        return values
+
+    def parse(self, raw: Any) -> str:
+        items = _grammar_text(raw, f"a cache policy ({self.bounds()})").split(",")
+        if len(items) > self.max_items:
+            raise ValueError(f"must be at most {self.max_items} polic{'y' if self.max_items == 1 else 'ies'}")
+        kinds = [self._one(item) for item in items]
+        if len(set(kinds)) != len(kinds):
+            raise ValueError("must name each kind of policy once at most")
+        return raw
+
+    def _one(self, text: str) -> str:
+        """The kind of one policy; ValueError naming what is wrong with it."""
+        parts = text.split(":")
+        kind = parts[0]
+        if kind not in self.kinds:
+            raise ValueError(f"{text!r}: the kind must be one of {', '.join(self.kinds)}")
+        n = 1 if kind == "full" else 3
+        if len(parts) == n + 1:
+            if parts[-1] not in self.precisions:
+                allowed = ", ".join(self.precisions) if self.precisions else "none (the model dtype only)"
+                raise ValueError(f"{text!r}: the K/V precision must be one of {allowed}")
+        elif len(parts) != n:
+            raise ValueError(f"{text!r} must be {self._form(kind)}")
+        if kind != "full":
+            for what, value, low, top in (
+                ("sink", parts[1], 0, self.max_sink),
+                ("window", parts[2], 1, self.max_window),
+            ):
+                if not _NUMBER.fullmatch(value) or not low <= int(value) <= top:
+                    raise ValueError(f"{text!r}: the {what} must be a whole number from {low} to {top}")
+        return kind
+
+    def _form(self, kind: str) -> str:
+        prec = f"[:{'|'.join(self.precisions)}]" if self.precisions else ""
+        return ("full" if kind == "full" else f"{kind}:SINK:WINDOW") + prec
+
+    def bounds(self) -> str:
+        many = f", up to {self.max_items} (one per kind), comma-separated" if self.max_items > 1 else ""
+        return (
+            " | ".join(self._form(k) for k in self.kinds)
+            + f" (SINK 0..{self.max_sink}, WINDOW 1..{self.max_window}){many}"
+        )
+
+    def _schema(self) -> dict[str, Any]:
+        prec = "(?::(?:" + "|".join(self.precisions) + "))?" if self.precisions else ""
+        nums = f":{_upto(self.max_sink)}:{_upto(self.max_window, 1)}"
+        one = "(?:" + "|".join(k + ("" if k == "full" else nums) + prec for k in self.kinds) + ")"
+        pattern = f"^{one}(?:,{one}){{0,{self.max_items - 1}}}$"
+        return {"type": "string", "pattern": pattern}
+
+
+class DrafterParam(_Base):
+    """A drafter spec as engine.drafters.DrafterSpec reads it (`lookup`, `model:REF`, `diffusion:REF:steps=4`):
+    the bridge's own grammar (docs/presets.md), bounded by the preset: the kinds allowed, each kind's options
+    with their ranges. REF is a model reference as `type: model` takes it."""
+
+    type: Literal["drafter"]
+    kinds: list[DrafterKind] = Field(min_length=1)
+    options: dict[DrafterKind, dict[str, tuple[int, int]]] = {}  # kind -> option -> (min, max)
+    default: str | None = None
+
+    @field_validator("options")
+    @classmethod
+    def _ranges(cls, options: dict[str, dict[str, tuple[int, int]]]) -> dict[str, dict[str, tuple[int, int]]]:
+        for kind, named in options.items():
+            for name, (low, top) in named.items():
+                if not re.fullmatch(r"[a-z_]+", name) or low not in (0, 1) or not low <= top < 10**9:
+                    raise ValueError(f"{kind} option {name}: a name of a-z and _, a range [0 or 1, max]")
+        return options
+
+    def parse(self, raw: Any) -> str:
+        parts = _grammar_text(raw, f"a drafter spec ({self.bounds()})").split(":")
+        kind, rest = parts[0], parts[1:]
+        if kind not in self.kinds:
+            raise ValueError(
+                f"must start with a drafter kind, one of {', '.join(self.kinds)} ({self.bounds()})"
+            )
+        allowed = self.options.get(kind, {})  # type: ignore[call-overload]
+        seen: set[str] = set()
+        while rest and (m := _OPTION.fullmatch(rest[-1])):
+            name, value = m.group(1), int(m.group(2))
+            if name not in allowed or name in seen:
+                raise ValueError(f"{kind} takes {', '.join(allowed) or 'no options'}, each once (got {name})")
+            low, top = allowed[name]
+            if not low <= value <= top:
+                raise ValueError(f"{kind} option {name} must be from {low} to {top}")
+            seen.add(name)
+            rest.pop()
+        ref = ":".join(rest)
+        if kind == "lookup" and ref:
+            raise ValueError("lookup takes no model reference")
+        if kind != "lookup" and not _model_ref(ref):
+            raise ValueError(f"{kind} needs a model: {kind}:zoo:NAME or {kind}:NAME (a model directory name)")
+        return raw
+
+    def _form(self, kind: str) -> str:
+        opts = "".join(f"[:{o}={lo}..{hi}]" for o, (lo, hi) in self.options.get(kind, {}).items())  # type: ignore[call-overload]
+        return kind if kind == "lookup" else f"{kind}:REF{opts}"
+
+    def bounds(self) -> str:
+        return " | ".join(self._form(k) for k in self.kinds) + " (REF: zoo:NAME or a model directory name)"
+
+    def _schema(self) -> dict[str, Any]:
+        ref = f"(?:{_ZOO.pattern[1:-1]}|{_MODEL_NAME.pattern[1:-1]})"
+        alts = []
+        for kind in self.kinds:
+            opts = "".join(
+                f"(?::{o}={_upto(hi, lo)})?"
+                for o, (lo, hi) in self.options.get(kind, {}).items()  # type: ignore[call-overload]
+            )
+            alts.append(re.escape(kind) if kind == "lookup" else f"{re.escape(kind)}:{ref}{opts}")
+        return {"type": "string", "pattern": "^(?:" + "|".join(alts) + ")$"}
+
+
 Param = Annotated[
-    IntParam | FloatParam | BoolParam | EnumParam | StrParam | IntListParam | PathParam | ModelParam,
+    IntParam
+    | FloatParam
+    | BoolParam
+    | EnumParam
+    | StrParam
+    | IntListParam
+    | PathParam
+    | ModelParam
+    | PolicyParam
+    | DrafterParam,
     Field(discriminator="type"),
 ]
 
@@ -367,6 +543,22 @@ class Resources(BaseModel):
     gpus: int = Field(default=0, ge=0, le=64)
     cpus: int = Field(default=1, ge=1, le=1024)
     memory: str | None = Field(default=None, pattern=r"^[1-9][0-9]{0,6}[KMGT]?$")  # Slurm's --mem: 64G
+
+
+# The presets as shipped when `content_hash` became one rule (fields at their defaults left out) and their
+# policy and drafter parameters typed (`type: policy`, `type: drafter`, a regex string before): the rule's
+# hash of each -> the hash its runs were signed with then, so that their evidence still matches. Frozen: a
+# definition changed since hashes by the rule (tests/bridge/test_preset_hash.py).
+SIGNED_AS: dict[str, str] = {
+    "sha256:dadb6dc9ea2c9b3efcf6595970a4b5bf9fb03d414bdd13164f1285b85f9c7b21": "sha256:2f6ca24074be1bc2b6723fe5bcb4c7a27f09aaff33f1301f8f820218cc1f9aeb",  # compression-table
+    "sha256:49431350318e59166f28a96074ff70f6756316596488c973331c065f3330b081": "sha256:284b28b8c4f27ee12badf7156fd128b7fd1b81a4c80fd2c87e9b6c66b4fe9068",  # niah-ladder
+    "sha256:179ef6651feeeed9133519f73c1c6e581d55dca43f6c26c61b518ba2139b5f17": "sha256:21e1ffcfd177b91f8a2ea96d072f523038015f6d1ff0ed91ab6cb9238120e9bb",  # niah-sink-window
+    "sha256:bb118e34707771af9424edd5ba9850b6271a96eafcc11c97b1e68c0df1e519a2": "sha256:2bb708bc7fbf52925671a1a80cb5d97a9b2977a0eab91e72a99a6d894fa2c663",  # niah-smoke
+    "sha256:1754c6dcb4cf665e2123814285d8f64d042f8f10b28985f9064c45d6dcf99add": "sha256:d2ccdeae8685841480b1cf28a33f877ff16399d0561476e5d09b92cd2510cb2a",  # parity
+    "sha256:f85dd1ac848fc67d705f0ee6037f7167b0d6aec6041361e849e1630628529521": "sha256:46bfce41857ccf4d5d181bab2893c7d71b2d6ebfe32a586e828c7cfcc7bb2094",  # probe
+    "sha256:e9e3698ee66f3675172c0572f62846882116d9c164b9dc98be202cf399a06adc": "sha256:70ad00fd2fc03f621149c9b9e352a7217a83309c856c43d2bdaa6c69ad2eb72b",  # restoration-study
+    "sha256:18a3d58705bb5901c59f0b002ebd17edf19bacca5a938fce63b330de8746e525": "sha256:3e5ea04260f9e3ee3f0583ff968e0e982e8f5e52323c4e8485f314f8cfe4fd45",  # throughput-code
+}  # fmt: skip
 
 
 class Preset(BaseModel):
@@ -467,22 +659,13 @@ class Preset(BaseModel):
 
     @property
     def content_hash(self) -> str:
-        """sha256 of the canonical definition: what the runner ran, independent of YAML formatting."""
-        # A preset without a baseline or resources (or with the default network) hashes as it did before
-        # those existed.
-        exclude = (
-            ({"baseline"} if self.baseline is None else set())
-            | ({"network"} if self.network == "host" else set())
-            | ({"gate_on"} if not self.gate_on else set())
-            | ({"resources"} if self.resources is None else set())
-        )
-        data = self.model_dump(mode="json", by_alias=True, exclude=exclude)
-        if (
-            data.get("baseline") and data["baseline"]["samples"] is None
-        ):  # hashes as before `samples:` existed
-            del data["baseline"]["samples"]
+        """sha256 of the canonical definition, what the runner ran: its JSON (independent of YAML formatting)
+        with every field at its default left out, so that a field added later, at its default, changes no
+        hash. A definition shipped before this rule keeps the hash its runs were signed with (`SIGNED_AS`)."""
+        data = self.model_dump(mode="json", by_alias=True, exclude_defaults=True)
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
-        return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+        digest = "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+        return SIGNED_AS.get(digest, digest)
 
     def validate_params(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         """Typed values for every parameter (defaults filled); InvalidRequest names what is wrong."""

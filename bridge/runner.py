@@ -47,10 +47,11 @@ from bridge.host import hardware_for
 from bridge.isolation import choose, key_problem
 from bridge.lease import Lease
 from bridge.names import check_label
+from bridge.outcome import RunOutcome, not_run
 from bridge.presence import Beacon, host_facts
 from bridge.presets import Preset, load_registry
 from bridge.progress import Tracker, say
-from bridge.result import RunContext, RunOutcome, RunResult, not_run
+from bridge.result import RunContext, RunResult
 from bridge.trust import Signers, key_file, principal, signature_problem
 
 LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"

@@ -49,8 +49,9 @@ from bridge.execute import RunSetup, build_env, ended_outcome, secret_values
 from bridge.host import host_fingerprint, tool_versions
 from bridge.isolation import Isolation
 from bridge.logs import Redactor
+from bridge.outcome import RunOutcome
 from bridge.presets import Preset, Resources
-from bridge.result import RunContext, RunOutcome, RunResult, SchedulerJob, Status, iso, now
+from bridge.result import RunContext, RunResult, SchedulerJob, Status, iso_time, now
 
 PREFIX = "kakeya-"
 JOB_SCRIPT, JOB_SPEC, ALLOC, STATUS, SLURM_OUT, SANDBOX = (
@@ -624,7 +625,7 @@ class SlurmExecutor:
             state, reason = "error", f"Slurm job {run.job_id} is gone and left no exit status"
         else:
             state, reason = "error", end.describe()
-        times = {"started_at": iso(started)} if started else {}
+        times = {"started_at": iso_time(started)} if started else {}
         base["dropped"] = collected
-        result = RunResult(status=state, reason=reason, ended_at=iso(ended), **times, **base)
+        result = RunResult(status=state, reason=reason, ended_at=iso_time(ended), **times, **base)
         return RunOutcome(setup.out_dir, result, redact=setup.redact)

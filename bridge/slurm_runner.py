@@ -29,9 +29,10 @@ from bridge.errors import KakeyaError, Rejected
 from bridge.evidence import apply_baseline
 from bridge.execute import gate
 from bridge.lease import Lease
+from bridge.outcome import RunOutcome, not_run
 from bridge.presets import Preset
 from bridge.progress import Tracker
-from bridge.result import RunContext, RunOutcome, not_run
+from bridge.result import RunContext
 from bridge.runner import PREFETCH, Runner, Served
 from bridge.slurm import (
     ALLOC,

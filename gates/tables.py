@@ -1,6 +1,6 @@
 """Each report kind's results tables: declared here once (`TABLES`), built from a report with the gate's checks
 (`results_tables`), and the one rule for human units (`human`). summary.md, report.html, the job summary and
-the judged plots all render these tables (bridge/result.py, bridge/page.py, bridge/evidence.py, bridge/plots.py).
+the judged plots all render these tables (bridge/render.py, bridge/evidence/summary.py, bridge/plots.py).
 
     tables = results_tables(report, verdict.checks)   # [] for a kind without tables
     tables[0].head()                                  # ["context", "evicted", "oracle recall", ...]

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from gates.checks import CheckResult, threshold_text
+from gates.markdown import cell, table
 from gates.report import fmt, fmt_number
 
 Status = Literal["pass", "fail", "error"]
@@ -21,7 +22,7 @@ def exit_code(status: Status) -> int:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    return cell(text, html=False)
 
 
 class Violation(BaseModel):
@@ -70,10 +71,20 @@ class Comparison(BaseModel):
             [
                 f"**Compare: {MARK[self.status]} {self.status}** ({better})",
                 "",
-                "| | metric | new | base | change | max regression | noise |",
-                "|---|---|---|---|---|---|---|",
-                f"| {MARK[self.status]} | `{_cell(self.metric)}` | {fmt_number(self.new)} | {fmt_number(self.base)} | {change} "
-                f"| {self.max_regression_pct:g} % | {self.noise()} |",
+                *table(
+                    ["", "metric", "new", "base", "change", "max regression", "noise"],
+                    [
+                        [
+                            MARK[self.status],
+                            f"`{_cell(self.metric)}`",
+                            fmt_number(self.new),
+                            fmt_number(self.base),
+                            change,
+                            f"{self.max_regression_pct:g} %",
+                            self.noise(),
+                        ]
+                    ],
+                ),
                 "",
                 _cell(self.reason),
                 "",
@@ -137,18 +148,16 @@ class Verdict(BaseModel):
         if self.error:
             lines += [f"Not evaluated: {_cell(self.error)}", ""]
         if self.checks:
-            lines += ["| | check | value | threshold | path |", "|---|---|---|---|---|"]
+            rows = []
             for c in self.checks:
                 seen = (
                     c.reason if c.at is None else fmt(c.value) + (f" at `{c.at}`" if c.at != c.path else "")
                 )
                 if c.count > 1:
                     seen += f" (worst of {c.count})"
-                lines.append(
-                    f"| {MARK[c.status]} | {c.check} | {_cell(seen)} | {_cell(threshold_text(c.check, c.threshold))} "
-                    f"| `{_cell(c.path)}` |"
-                )
-            lines.append("")
+                threshold = _cell(threshold_text(c.check, c.threshold))
+                rows.append([MARK[c.status], c.check, _cell(seen), threshold, f"`{_cell(c.path)}`"])
+            lines += [*table(["", "check", "value", "threshold", "path"], rows), ""]
         elif not self.error:
             lines += ["No checks.", ""]
         if self.violations:

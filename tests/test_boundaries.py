@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,123 @@ def test_the_checks_catch_a_planted_import(tmp_path: Path, package: str, planted
     assert Path(found["file"]).is_relative_to(tmp_path)  # the copy is what was imported
     assert found["offenders"].get(f"{package}.zz_planted") == [crossing], found["offenders"]
     assert crossings(tmp_path, package) == [f"{package}/zz_planted.py:1 imports {planted.split()[1]}"]
+
+
+# --- no import circle ------------------------------------------------------------------------------------
+
+CYCLE_PACKAGES = ("bridge", "engine", "gates")
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_level(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The import statements that run (or, under `if TYPE_CHECKING:`, stand for a dependency) when the module
+    is imported: at its top level and inside top-level if/try/with blocks, not in functions or classes."""
+    stack: list[ast.stmt] = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        elif not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            stack += [c for c in ast.iter_child_nodes(node) if isinstance(c, ast.stmt)]
+            if isinstance(node, ast.Try):
+                stack += [s for h in node.handlers for s in h.body]
+
+
+def import_graph(root: Path, packages: Sequence[str] = CYCLE_PACKAGES) -> dict[str, set[str]]:
+    """module -> the modules of `packages` it imports at module level: `import a.b` and `from a.b import c`
+    name a.b, or a.b.c where c is a submodule; a relative import is resolved against the module's package."""
+    files = {module_name(root, p): p for pkg in packages for p in sorted((root / pkg).rglob("*.py"))}
+    packages_ = {m for m, p in files.items() if p.name == "__init__.py"}
+    graph: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        here = mod if mod in packages_ else mod.rpartition(".")[0]
+        deps: set[str] = set()
+        for node in module_level(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+                continue
+            base = node.module or ""
+            if node.level:
+                anchor = here.split(".")[: len(here.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            deps |= {f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names}
+        graph[mod] = {d for d in deps if d in files and d != mod}
+    return graph
+
+
+def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component of more than one module (Tarjan), each as a path that
+    starts and ends at the same module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(path_in(graph, set(component)))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def path_in(graph: Mapping[str, set[str]], component: set[str]) -> list[str]:
+    """A cycle through the first module of `component`, staying inside it (breadth first: a shortest one)."""
+    start = min(component)
+    came: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph[v] & component):
+                if w == start:
+                    path = [v]
+                    while path[-1] != start:
+                        path.append(came[path[-1]])
+                    return [*reversed(path), start]
+                if w not in came:
+                    came[w] = v
+                    nxt.append(w)
+        frontier = nxt
+    raise AssertionError(component)
+
+
+def test_no_import_circle() -> None:
+    graph = import_graph(ROOT)
+    assert {"bridge.result", "gates.verdict", "engine.policy"} <= graph.keys()  # the walk found the tree
+    assert "gates.checks" in graph["gates.verdict"]  # and the edges
+    found = [" -> ".join(c) for c in cycles(graph)]
+    assert found == [], "import circles:\n" + "\n".join(found)
+
+
+def test_the_circle_check_names_a_planted_circle(tmp_path: Path) -> None:
+    pkg = tmp_path / "gates"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from gates import b\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .c import x\n")
+    (pkg / "c.py").write_text("import gates.a\n\ndef f():\n    import gates.b\n")
+    graph = import_graph(tmp_path, ("gates",))
+    assert graph["gates.c"] == {"gates.a"}  # the import inside a function is not a module-level edge
+    assert cycles(graph) == [["gates.a", "gates.b", "gates.c", "gates.a"]]

@@ -9,11 +9,11 @@ from typing import Any
 
 import gates
 from bridge.bus import utcnow
-from bridge.client import Client, describe_bus, exit_code, verdict_line
+from bridge.client import Client, describe_bus, exit_code
 from bridge.config import Config, load_config, project_root
-from bridge.follow import iso
 from bridge.progress import say
-from bridge.result import RunResult
+from bridge.render import verdict_line
+from bridge.result import RunResult, iso_time
 
 
 def add_preset_args(parser: argparse.ArgumentParser) -> None:
@@ -58,7 +58,7 @@ def emit(obj: dict[str, Any]) -> None:
 
 
 def event(kind: str, request_id: str | None, **fields: Any) -> dict[str, Any]:
-    return {"event": kind, "id": request_id, "at": iso(utcnow()), **fields}
+    return {"event": kind, "id": request_id, "at": iso_time(utcnow()), **fields}
 
 
 def config_and_root() -> tuple[Config, Path]:

@@ -30,8 +30,8 @@ from bridge.client import Client
 from bridge.commands._bus import add_remote, client
 from bridge.commands.wait import add_wait_args, line
 from bridge.errors import InvalidRequest
-from bridge.evidence import REQUIRED_FILE, Outcome, Requirement, Shelf
-from bridge.follow import Follower
+from bridge.evidence import REQUIRED_FILE, DoneResults, Outcome, Requirement
+from bridge.follow import Event, Follower
 from bridge.names import SHA_PATTERN
 from bridge.presets import Preset, load_registry
 from bridge.trust import ALLOWED_SIGNERS, Signers, evidence_signers
@@ -122,7 +122,7 @@ def judge(
     signers: Signers | None,
 ) -> list[Outcome]:
     """What the bus holds for `subject`, judged like `kakeya gate pr` (bridge/evidence.py)."""
-    return evidence.gate_subject(Shelf(c.bus, signers), subject, reqs, registry)
+    return evidence.gate_subject(DoneResults(c.bus, signers), subject, reqs, registry)
 
 
 def params_for(req: Requirement, preset: Preset) -> dict[str, Any]:
@@ -222,7 +222,7 @@ class _Follower(Follower):
         super().__init__(c, rid, **kw)
         self.stop = stop
 
-    def look(self, entry: Entry) -> Iterator[dict[str, Any]]:
+    def look(self, entry: Entry) -> Iterator[Event]:
         if self.stop.is_set():
             raise _Stopped
         yield from super().look(entry)
@@ -243,7 +243,7 @@ def follow_all(
             for event in _Follower(
                 c, rid, stop, timeout=timeout, no_runner_timeout=no_runner_timeout
             ).events():
-                events.put(event)
+                events.put(event.dump())
         except _Stopped:
             pass
         except BaseException as exc:  # noqa: BLE001 — handed to the reader, which raises it

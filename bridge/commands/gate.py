@@ -4,7 +4,7 @@ and `kakeya gate pr --subject SHA [--require 'PRESET[@LABEL] [PARAM OP VALUE ...
 [--summary FILE] [--comment FILE [--base SHA] [--link-base URL]] [--allow-unsigned]`.
 
 check and compare print a table (or `--json`) and exit 0 pass, 1 fail, 2 error (the report could not be
-evaluated). pr finds the evidence the bus holds for a commit and re-gates it (bridge/evidence.py) against
+evaluated). pr finds the evidence the bus holds for a commit and re-gates it (bridge/evidence/) against
 each --require, else the entries of .github/kakeya-required.yml of this checkout: exit 0 when every
 requirement passes, 1 when evidence is missing, belongs to another commit or fails, 2 when a
 requirement names an unknown preset, a label the preset does not run on or a pin its parameters do not
@@ -220,7 +220,7 @@ def run_pr(args: argparse.Namespace) -> int:
         if args.comment:
             args.comment.write_text(f"{comment.MARKER}\n**Evidence for `{subject}`: ✗ refused**\n\n{exc}\n")
         raise
-    shelf = evidence.Shelf(c.bus, signers)
+    shelf = evidence.DoneResults(c.bus, signers)
     outcomes = evidence.gate_subject(shelf, subject, requirements, registry)
     if args.json:
         print(evidence.evidence_json(outcomes))

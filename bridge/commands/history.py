@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     )
     histories = [
         H.collect(
-            evidence.Shelf(c.bus, signers),
+            evidence.DoneResults(c.bus, signers),
             c.root,
             req,
             registry[req.preset],

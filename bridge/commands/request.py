@@ -21,8 +21,8 @@ from bridge.client import parse_duration
 from bridge.commands._bus import add_preset_args, add_remote, client
 from bridge.commands.wait import add_wait_args, follow
 from bridge.config import project_root
-from bridge.follow import iso
 from bridge.presets import parse_assignments
+from bridge.result import iso_time
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -93,8 +93,8 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(state, ignore_errors=True)
         raise
     if args.json:
-        event = {"event": "requested", "id": manifest.id, "at": iso(manifest.created_at)}
-        event.update(runner=manifest.runner, expires_at=iso(manifest.expires_at))
+        event = {"event": "requested", "id": manifest.id, "at": iso_time(manifest.created_at)}
+        event.update(runner=manifest.runner, expires_at=iso_time(manifest.expires_at))
         print(json.dumps(event), flush=True)
     else:
         print(manifest.id, flush=True)

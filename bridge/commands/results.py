@@ -32,7 +32,7 @@ from bridge.commands._bus import (
     report,
 )
 from bridge.errors import KakeyaError
-from bridge.result import absolute_links
+from bridge.render import absolute_links
 from bridge.trust import ALLOWED_SIGNERS, UNSIGNED, done_signer, evidence_signers, trust_words
 
 

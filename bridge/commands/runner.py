@@ -28,11 +28,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from bridge.client import default_remote, outcome_words, resolve_remote, state_dir
+from bridge.client import default_remote, resolve_remote, state_dir
 from bridge.commands._bus import add_remote, config_and_root, say_bus
 from bridge.config import Config, SlurmLabel
 from bridge.errors import Interrupted, InvalidRequest
 from bridge.progress import say
+from bridge.render import outcome_words
 from bridge.runner import Runner, Served
 from bridge.slurm import SlurmExecutor
 from bridge.slurm_runner import SlurmRunner

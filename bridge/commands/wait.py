@@ -18,10 +18,8 @@ from typing import Any
 from bridge.client import Client
 from bridge.commands._bus import add_id, add_json, add_remote, add_summary, client, emit, out_dir, report
 from bridge.errors import Interrupted
-from bridge.follow import Follower
+from bridge.follow import Ended, Finished, Follower
 from bridge.progress import View, clock, progress_line
-
-ENDED = ("cancelled", "expired")  # the last event of a request that will never run
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -60,11 +58,11 @@ def follow(c: Client, request_id: str, args: argparse.Namespace) -> int:
     try:
         done = None
         for event in follower.events():
-            if event["event"] in ENDED:  # cancelled or expired before any runner claimed it: no results
-                say({**event, "exit_code": 1})
+            if isinstance(event, Ended):  # cancelled or expired before any runner claimed it: no results
+                say(event.model_copy(update={"exit_code": 1}).dump())
                 return 1
-            say(event)
-            done = event.get("done")
+            say(event.dump())
+            done = event.done if isinstance(event, Finished) else None
     except KeyboardInterrupt:  # (with --json, main prints it as an `interrupted` error object too)
         raise Interrupted(
             f"stopped waiting; {request_id} goes on (`kakeya wait {request_id}` to follow it again, "

@@ -143,7 +143,7 @@ def test_reads_cost_the_same_bytes_whatever_the_history(world: Env, relayed, cap
             (
                 "gate",
                 lambda: E.gate_subject(
-                    E.Shelf(client(url).bus), subject, [E.Requirement("work", "cpu")], registry
+                    E.DoneResults(client(url).bus), subject, [E.Requirement("work", "cpu")], registry
                 ),
             ),
             ("full", lambda: git(world.project, "ls-remote", url)),
@@ -404,7 +404,7 @@ def test_a_baseline_is_looked_for_newest_first_a_batch_at_a_time(world: Env, dae
     real = served(url, world, tag="real")
     made = write_history(bus_dir, template(bus_dir, all_refs(bus_dir)[B.done_ref(real)]), 40, (1,))
     ids = sorted(made["ids"] + [real])
-    shelf = E.Shelf(client(url).bus).load(["work"])
+    shelf = E.DoneResults(client(url).bus).load(["work"])
     assert [d.id for d in shelf.of("work", None)] == ids[::-1][: E.BATCH]  # only the newest batch was read
     preset = load_registry()["work"]
     newest = shelf.previous_pass(preset, "cpu")

@@ -17,8 +17,9 @@ from bridge.errors import InvalidRequest
 from bridge.execute import execute
 from bridge.isolation import bwrap_available
 from bridge.logs import CappedLog, Redactor
+from bridge.outcome import write_outcome
 from bridge.presets import Preset
-from bridge.result import RunContext, write_outcome
+from bridge.result import RunContext
 from tests.bridge.bus_support import pid_alive
 
 REPORT = {"kind": "probe", "schema_version": 1}

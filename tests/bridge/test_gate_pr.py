@@ -425,7 +425,7 @@ def test_the_summary_stays_under_1_mib_with_many_requirements(world: Env, bus: B
     head = git(world.project, "rev-parse", "HEAD")
     bus.run("strict")
     # 20000 requirements, each with a long reason and a failing gate: far more than 1 MiB of markdown
-    shelf = E.Shelf(bus.client.bus).load(["strict"])
+    shelf = E.DoneResults(bus.client.bus).load(["strict"])
     preset = load_registry()["strict"]
     one = E.judge(shelf, head, E.Requirement("strict", "cpu"), preset)
     assert one.status == "fail" and one.verdict is not None

@@ -260,7 +260,7 @@ def test_summary_has_results_stderr_tail_and_absolute_links_for_a_job_summary(wo
 
 
 def test_results_section_shows_a_kinds_key_table():
-    from bridge.result import absolute_links, results_markdown
+    from bridge.render import absolute_links, results_markdown
 
     report = {
         "kind": "throughput",

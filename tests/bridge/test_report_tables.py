@@ -192,7 +192,7 @@ def test_a_hostile_report_cannot_open_html_in_the_job_summary():
         "arms": [{"name": "</details><img src=x>", "policy": "a|b\nc", "recall": 0.5, "kv_bytes": 3 * 2**30}],
     }
     (table,) = T.results_tables(report)
-    from bridge.result import tables_markdown
+    from bridge.render import tables_markdown
 
     md = "\n".join(tables_markdown([table]))
     assert "<" not in md.replace("&lt;", "") and "a\\|b c" in md and "| 3 GiB |" in md
@@ -200,7 +200,8 @@ def test_a_hostile_report_cannot_open_html_in_the_job_summary():
 
 def test_a_secret_in_the_report_reaches_no_table_and_no_plot(niah: Path, monkeypatch: pytest.MonkeyPatch):
     from bridge.logs import Redactor
-    from bridge.result import RunOutcome, RunResult
+    from bridge.outcome import RunOutcome
+    from bridge.result import RunResult
 
     report = json.loads((niah / "report.json").read_text())
     report["environment"]["device"] = "cpu hunter2-token"

@@ -23,8 +23,9 @@ from bridge.client import Client
 from bridge.config import Config, SlurmLabel, load_config
 from bridge.errors import InvalidRequest
 from bridge.execute import gate
+from bridge.outcome import RunOutcome
 from bridge.presets import Preset
-from bridge.result import RunContext, RunOutcome
+from bridge.result import RunContext
 from bridge.runner import Runner
 from bridge.slurm import (
     JobSpec,
