@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 from bridge import bus as B
 from bridge.client import Client, row_dict
 from bridge.commands import evidence as ev
-from bridge.commands._bus import out_dir
+from bridge.commands._common import out_dir
 from bridge.config import load_config, project_root
 from bridge.errors import InvalidRequest, KakeyaError, problems
 from bridge.presence import read_presences

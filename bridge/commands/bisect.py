@@ -19,7 +19,7 @@ from typing import Any
 
 from bridge import bisect as BI
 from bridge.client import state_dir
-from bridge.commands._bus import add_remote, client
+from bridge.commands._common import add_remote, client
 from bridge.errors import InvalidRequest
 from bridge.evidence import Requirement
 from bridge.presets import parse_assignments

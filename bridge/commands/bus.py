@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-from bridge.commands._bus import add_json, add_remote, client, emit
+from bridge.commands._common import add_json, add_remote, client, emit
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from bridge.commands._bus import add_id, add_json, add_remote, client, emit, event
+from bridge.commands._common import add_id, add_json, add_remote, client, emit, event
 
 
 def register(sub: argparse._SubParsersAction) -> None:

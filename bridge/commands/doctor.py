@@ -15,7 +15,7 @@ from pathlib import Path
 from bridge import bus as B
 from bridge import git, trust
 from bridge.client import default_remote, describe_bus, resolve_remote, state_dir
-from bridge.commands._bus import add_json, add_remote, emit
+from bridge.commands._common import add_json, add_remote, emit
 from bridge.config import Config, SlurmLabel, load_config, project_root
 from bridge.errors import KakeyaError
 from bridge.host import check_accelerator, label_needs

@@ -27,7 +27,7 @@ from bridge import bus as B
 from bridge import evidence
 from bridge.bus import Entry, Manifest
 from bridge.client import Client
-from bridge.commands._bus import add_remote, client
+from bridge.commands._common import add_remote, client
 from bridge.commands.wait import add_wait_args, line
 from bridge.errors import InvalidRequest
 from bridge.evidence import REQUIRED_FILE, DoneResults, Outcome, Requirement

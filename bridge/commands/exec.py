@@ -10,7 +10,7 @@ import argparse
 import datetime as dt
 from pathlib import Path
 
-from bridge.commands._bus import add_json, add_preset_args, add_summary, config_and_root, report
+from bridge.commands._common import add_json, add_preset_args, add_summary, config_and_root, report
 from bridge.execute import execute
 from bridge.presets import get_preset, load_registry, parse_assignments
 

@@ -25,7 +25,7 @@ import yaml
 
 import gates
 from bridge import comment, evidence
-from bridge.commands._bus import add_remote, client
+from bridge.commands._common import add_remote, client
 from bridge.commands.evidence import add_require, add_signer_args, signers_for, subject_sha
 from bridge.commands.evidence import requirements as required
 from bridge.errors import InvalidRequest

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bridge import evidence, git
 from bridge import history as H
-from bridge.commands._bus import add_remote, client
+from bridge.commands._common import add_remote, client
 from bridge.errors import InvalidRequest
 from bridge.evidence import REQUIRED_FILE
 from bridge.trust import ALLOWED_SIGNERS, evidence_signers

@@ -9,7 +9,7 @@ import argparse
 import os
 from pathlib import Path
 
-from bridge.commands._bus import add_remote
+from bridge.commands._common import add_remote
 from bridge.errors import InvalidRequest
 
 

@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 from bridge.client import parse_duration
-from bridge.commands._bus import add_preset_args, add_remote, client
+from bridge.commands._common import add_preset_args, add_remote, client
 from bridge.commands.wait import add_wait_args, follow
 from bridge.config import project_root
 from bridge.presets import parse_assignments

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from bridge import attest
 from bridge import bus as B
-from bridge.commands._bus import (
+from bridge.commands._common import (
     add_id,
     add_json,
     add_remote,

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from bridge.client import Client, state_dir
-from bridge.commands._bus import (
+from bridge.commands._common import (
     add_json,
     add_preset_args,
     add_remote,

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.client import default_remote, resolve_remote, state_dir
-from bridge.commands._bus import add_remote, config_and_root, say_bus
+from bridge.commands._common import add_remote, config_and_root, say_bus
 from bridge.config import Config, SlurmLabel
 from bridge.errors import Interrupted, InvalidRequest
 from bridge.progress import say

@@ -14,7 +14,7 @@ import json
 
 from bridge import bus as B
 from bridge.client import age
-from bridge.commands._bus import add_json, add_remote, client
+from bridge.commands._common import add_json, add_remote, client
 from bridge.presence import Seen, read_presences
 from bridge.trust import trusted_signers
 

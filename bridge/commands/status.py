@@ -13,7 +13,7 @@ import json
 
 from bridge.bus import Progress
 from bridge.client import Row, age, row_dict
-from bridge.commands._bus import add_json, add_remote, client
+from bridge.commands._common import add_json, add_remote, client
 from bridge.progress import describe
 
 COLUMNS = ("ID", "STATE", "PRESET", "RUNNER", "AGE", "VERDICT")

@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 
 from bridge import attest
-from bridge.commands._bus import add_json, config_and_root, emit
+from bridge.commands._common import add_json, config_and_root, emit
 from bridge.errors import InvalidRequest
 from bridge.trust import ALLOWED_SIGNERS, Signers
 

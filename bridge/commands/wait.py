@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.client import Client
-from bridge.commands._bus import add_id, add_json, add_remote, add_summary, client, emit, out_dir, report
+from bridge.commands._common import add_id, add_json, add_remote, add_summary, client, emit, out_dir, report
 from bridge.errors import Interrupted
 from bridge.follow import Ended, Finished, Follower
 from bridge.progress import View, clock, progress_line
