@@ -14,6 +14,7 @@ from bridge.config import Config, load_config, project_root
 from bridge.progress import say
 from bridge.render import verdict_line
 from bridge.result import RunResult, iso_time
+from bridge.trust import ALLOWED_SIGNERS
 
 
 def add_preset_args(parser: argparse.ArgumentParser) -> None:
@@ -133,3 +134,20 @@ def report(
         print(f"report: {out / 'report.html'}")
     print(f"summary: {out / 'summary.md'}")
     return exit_code(result)
+
+
+def add_signer_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allowed-signers",
+        type=Path,
+        metavar="FILE",
+        help=f"accept only done commits signed by these runners (default: {ALLOWED_SIGNERS} of this "
+        "checkout, the trusted base, when it exists; without one, a shared bus is refused unless "
+        "--allow-unsigned)",
+    )
+    parser.add_argument(
+        "--allow-unsigned",
+        action="store_true",
+        help="with no allowed-signers file, accept unsigned evidence on a shared bus (anyone with push "
+        "access could forge it); the embedded bus never needs keys",
+    )

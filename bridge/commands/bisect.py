@@ -14,16 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from bridge import bisect as BI
 from bridge.client import state_dir
-from bridge.commands._common import add_remote, client
+from bridge.commands._common import add_remote, add_signer_args, client
 from bridge.errors import InvalidRequest
 from bridge.evidence import Requirement
 from bridge.presets import parse_assignments
-from bridge.trust import ALLOWED_SIGNERS, evidence_signers
+from bridge.trust import evidence_signers
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -61,12 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--reset", action="store_true", help="forget the bisect in .kakeya/bisect.json and stop"
     )
-    parser.add_argument(
-        "--allowed-signers", type=Path, metavar="FILE", help=f"as gate pr (default {ALLOWED_SIGNERS})"
-    )
-    parser.add_argument(
-        "--allow-unsigned", action="store_true", help="as gate pr: count unsigned runs on a shared bus"
-    )
+    add_signer_args(parser)
     add_remote(parser)
     parser.set_defaults(func=run)
 

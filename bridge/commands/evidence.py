@@ -27,14 +27,14 @@ from bridge import bus as B
 from bridge import evidence
 from bridge.bus import Entry, Manifest
 from bridge.client import Client
-from bridge.commands._common import add_remote, client
+from bridge.commands._common import add_remote, add_signer_args, client
 from bridge.commands.wait import add_wait_args, line
 from bridge.errors import InvalidRequest
 from bridge.evidence import REQUIRED_FILE, DoneResults, Outcome, Requirement
 from bridge.follow import Event, Follower
 from bridge.names import SHA_PATTERN
 from bridge.presets import Preset, load_registry
-from bridge.trust import ALLOWED_SIGNERS, Signers, evidence_signers
+from bridge.trust import Signers, evidence_signers
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -65,23 +65,6 @@ def add_require(parser: argparse.ArgumentParser) -> None:
         "a run on any label counts; pins (operators == >= <= > <; a list parameter's every item must meet "
         ">= <= > <) make a run whose parameters do not meet them no evidence, e.g. "
         "'niah-ladder@h200 contexts>=65536 samples>=5'",
-    )
-
-
-def add_signer_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--allowed-signers",
-        type=Path,
-        metavar="FILE",
-        help=f"accept only done commits signed by these runners (default: {ALLOWED_SIGNERS} of this "
-        "checkout, the trusted base, when it exists; without one, a shared bus is refused unless "
-        "--allow-unsigned)",
-    )
-    parser.add_argument(
-        "--allow-unsigned",
-        action="store_true",
-        help="with no allowed-signers file, accept unsigned evidence on a shared bus (anyone with push "
-        "access could forge it); the embedded bus never needs keys",
     )
 
 

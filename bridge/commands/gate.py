@@ -25,8 +25,8 @@ import yaml
 
 import gates
 from bridge import comment, evidence
-from bridge.commands._common import add_remote, client
-from bridge.commands.evidence import add_require, add_signer_args, signers_for, subject_sha
+from bridge.commands._common import add_remote, add_signer_args, client
+from bridge.commands.evidence import add_require, signers_for, subject_sha
 from bridge.commands.evidence import requirements as required
 from bridge.errors import InvalidRequest
 

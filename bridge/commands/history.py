@@ -17,10 +17,10 @@ from pathlib import Path
 
 from bridge import evidence, git
 from bridge import history as H
-from bridge.commands._common import add_remote, client
+from bridge.commands._common import add_remote, add_signer_args, client
 from bridge.errors import InvalidRequest
 from bridge.evidence import REQUIRED_FILE
-from bridge.trust import ALLOWED_SIGNERS, evidence_signers
+from bridge.trust import evidence_signers
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -61,12 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--branch-to", default="gh-pages", metavar="BRANCH", help="--publish's branch (default gh-pages)"
     )
-    parser.add_argument(
-        "--allowed-signers", type=Path, metavar="FILE", help=f"as gate pr (default {ALLOWED_SIGNERS})"
-    )
-    parser.add_argument(
-        "--allow-unsigned", action="store_true", help="as gate pr: count unsigned runs on a shared bus"
-    )
+    add_signer_args(parser)
     add_remote(parser)
     parser.set_defaults(func=run)
 
