@@ -635,7 +635,7 @@ class Runner:
             )
             if sum(ref.startswith(B.DONE_PREFIX) for ref in moved) >= COMPACT_BATCH:
                 self.compact_next = 0.0  # more left (a bus's first compaction): go on after the next poll
-        except KakeyaError as exc:
+        except Exception as exc:  # a side job: whatever the bus holds, it never takes the runner down
             self.log(f"no compaction this time: {exc}")
 
     # --- the subject --------------------------------------------------------------------------------

@@ -295,6 +295,11 @@ def test_a_compaction_that_fails_is_logged_and_the_runner_goes_on(world: Env, da
     assert r.once() is None
     assert any("no compaction this time: the bus went away" in line for line in said)
     assert L.LEDGER_REF not in all_refs(bus_dir)
+    # not only a bus error: anything a forged ledger makes the compaction trip on is logged, and it goes on
+    r.compact_next = 0.0
+    monkeypatch.setattr(L, "take_lease", lambda *a: (_ for _ in ()).throw(ValueError("odd ledger entry")))
+    assert r.once() is None
+    assert any("no compaction this time: odd ledger entry" in line for line in said)
 
 
 def test_while_compactions_run_a_runner_looks_only_at_the_days_before_its_window(world: Env, daemon: Daemon):
