@@ -712,6 +712,8 @@ def _ssh_ls_refs(store: Path, url: str, prefixes: Sequence[str], timeout: float)
     if (m is None and scp is None) or "'" in url:
         raise BusError(f"{url} is not an ssh URL kakeya can use")
     host, port, path = m.groups() if m else (scp.group(1), None, scp.group(2))  # type: ignore[union-attr]
+    if host.startswith("-"):  # `ssh -oProxyCommand=...`: an option, not a host (as git refuses it)
+        raise BusError(f"{url}: the host {host!r} starts with '-': refused (it would be an ssh option)")
     path = path[1:] if path.startswith("/~") else path
     ssh = (
         os.environ.get("GIT_SSH_COMMAND")

@@ -126,6 +126,11 @@ def test_a_listing_over_ssh_asks_only_for_its_prefixes(world: Env, sshd: Sshd, c
 def test_an_ssh_url_kakeya_cannot_use_or_reach_says_why(world: Env, monkeypatch):
     with pytest.raises(G.BusError, match="is not an ssh URL"):
         G.ls_refs(world.project, "ssh://host/it's", [B.CLAIM_PREFIX], 10)
+    planted = world.project / "pwned"  # a host that is an ssh option would run this command (in the store)
+    for url in ["ssh://-oProxyCommand=touch pwned/bus.git", "-oProxyCommand=touch pwned:bus.git"]:
+        with pytest.raises(G.BusError, match="starts with '-'"):
+            G.ls_refs(world.project, url, [B.CLAIM_PREFIX], 10)
+    assert not planted.exists()
     monkeypatch.setenv("GIT_SSH_COMMAND", "ssh -o BatchMode=yes -o StrictHostKeyChecking=no")
     closed = f"ssh://root@127.0.0.1:{free_port()}/bus.git"
     with pytest.raises(G.BusError, match="refused|closed|Connection"):
