@@ -46,8 +46,22 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bridge import bus as B  # noqa: E402
 from bridge import git as G  # noqa: E402
+from bridge.bus import (  # noqa: E402
+    CLAIM_PATH,
+    DONE_PREFIX,
+    MANIFEST_PATH,
+    NS,
+    Manifest,
+    Snapshot,
+    done_ref,
+    id_preset,
+    id_time,
+    new_id,
+    results_path,
+    subject_ref,
+    utcnow,
+)
 from tests.bridge.bus_support import WRITE_REPORT_PY  # noqa: E402
 
 # --- the relay ---------------------------------------------------------------------------------------
@@ -109,16 +123,16 @@ def template(bus: Path, done: str) -> dict[str, Any]:
     """What `write_history` copies from a real done commit: its request, claim and result files, and the
     commits between it and its subject."""
     chain = G.out(bus, "rev-list", "--first-parent", done).split()
-    manifest = json.loads(G.read_path(bus, done, B.MANIFEST_PATH) or b"{}")
+    manifest = json.loads(G.read_path(bus, done, MANIFEST_PATH) or b"{}")
     subject, rid = manifest["subject"], manifest["id"]
     chain = chain[: chain.index(subject)]
-    results = G.read_dir(bus, done, B.results_path(rid))
+    results = G.read_dir(bus, done, results_path(rid))
     return {
         "id": rid,
         "subject": subject,
         "depth": len(chain),  # done, the claim commits, the request
-        "request": G.read_path(bus, chain[-1], B.MANIFEST_PATH),
-        "claim": G.read_path(bus, done, B.CLAIM_PATH),
+        "request": G.read_path(bus, chain[-1], MANIFEST_PATH),
+        "claim": G.read_path(bus, done, CLAIM_PATH),
         "results": results,
     }
 
@@ -139,8 +153,8 @@ def _commit(
 
 def request_json(template: bytes, rid: str, subject: str) -> bytes:
     """The template's request.json for request `rid` on `subject`: made at its id's time, same time to live."""
-    made = B.Manifest.model_validate_json(template)
-    created = B.id_time(rid)
+    made = Manifest.model_validate_json(template)
+    created = id_time(rid)
     return made.model_copy(
         update={
             "id": rid,
@@ -160,7 +174,7 @@ def write_history(
     The subjects are new commits on the template's subject: the first get `runs_per_subject` runs each, every
     other request a subject of its own. Ids are spread over the last `days` days, oldest first.
     Returns {"subjects": {runs: subject sha}, "ids": [...]}."""
-    now = B.utcnow().replace(microsecond=0)
+    now = utcnow().replace(microsecond=0)
     when = int(now.timestamp())
     plan = [runs for runs in runs_per_subject] + [1] * max(0, count - sum(runs_per_subject))
     stream: list[bytes] = []
@@ -183,7 +197,7 @@ def write_history(
     old_id, old_subject = tpl["id"].encode(), tpl["subject"].encode()
     stream, mark, ids = [], 0, []
     for i, subject in enumerate(quota):
-        rid = B.new_id(B.id_preset(tpl["id"]), now - dt.timedelta(seconds=days * 86400 * (count - i) / count))
+        rid = new_id(id_preset(tpl["id"]), now - dt.timedelta(seconds=days * 86400 * (count - i) / count))
         ids.append(rid)
 
         def swap(data: bytes, rid: str = rid, subject: str = subject) -> bytes:
@@ -195,18 +209,18 @@ def write_history(
             mark + 1,
             tmp,
             subject,
-            {B.MANIFEST_PATH: request_json(tpl["request"], rid, subject)},
+            {MANIFEST_PATH: request_json(tpl["request"], rid, subject)},
             f"kakeya request {rid}",
             when,
         )
         claim = _commit(
-            stream, mark + 2, tmp, req, {B.CLAIM_PATH: swap(tpl["claim"])}, f"kakeya claims {rid}", when
+            stream, mark + 2, tmp, req, {CLAIM_PATH: swap(tpl["claim"])}, f"kakeya claims {rid}", when
         )
-        files = {f"{B.results_path(rid)}/{p}": swap(d) for p, d in tpl["results"].items()}
+        files = {f"{results_path(rid)}/{p}": swap(d) for p, d in tpl["results"].items()}
         done = _commit(stream, mark + 3, tmp, claim, files, f"kakeya done {rid}", when)
         mark += 3
-        stream.append(f"reset {B.done_ref(rid)}\nfrom {done}\n\n".encode())
-        stream.append(f"reset {B.subject_ref(subject, rid)}\nfrom {done}\n\n".encode())
+        stream.append(f"reset {done_ref(rid)}\nfrom {done}\n\n".encode())
+        stream.append(f"reset {subject_ref(subject, rid)}\nfrom {done}\n\n".encode())
     G.run(bus, "fast-import", "--quiet", "--force", input=b"".join(stream))
     G.run(
         bus,
@@ -301,8 +315,8 @@ def compact_in_place(bus: Path, cutoff: dt.datetime) -> int:
     a large history takes many minutes (`--migrate runners` measures that). Returns the results moved."""
     from bridge import ledger as L
 
-    text = G.out(bus, "for-each-ref", "--format=%(objectname)\t%(refname)", B.NS)
-    snap = B.Snapshot.parse(text + "\n")
+    text = G.out(bus, "for-each-ref", "--format=%(objectname)\t%(refname)", NS)
+    snap = Snapshot.parse(text + "\n")
     old = [e for e in snap.entries.values() if e.done and e.created_at < cutoff]
     tip = None
     for i in range(0, len(old), L.CHUNK):
@@ -323,10 +337,10 @@ def compact_in_place(bus: Path, cutoff: dt.datetime) -> int:
         f"update {L.map_ref(k)} {b}" for k, b in zip(L.KINDS, blobs, strict=True)
     ]
     lease = L.lease_commit(
-        bus, "bench", B.utcnow() + dt.timedelta(minutes=5), "b <b@x>"
+        bus, "bench", utcnow() + dt.timedelta(minutes=5), "b <b@x>"
     )  # as a compaction leaves
-    lines += [f"update {L.LEASE_REF} {lease}"] + [f"delete {B.done_ref(e.id)}" for e in old]
-    lines += [f"delete {B.subject_ref(snap.index[e.id][0], e.id)}" for e in old if e.id in snap.index]
+    lines += [f"update {L.LEASE_REF} {lease}"] + [f"delete {done_ref(e.id)}" for e in old]
+    lines += [f"delete {subject_ref(snap.index[e.id][0], e.id)}" for e in old if e.id in snap.index]
     G.run(bus, "update-ref", "--stdin", input="".join(line + "\n" for line in lines).encode())
     return len(old)
 
@@ -404,7 +418,7 @@ def measure_size(
         real = rid.stdout.strip()
         sh(*kakeya("runner", "once", "--labels", "cpu", "--remote", url), cwd=project, env=env)
         t0 = time.perf_counter()
-        tpl = template(bus, G.refs_under(bus, B.DONE_PREFIX)[B.done_ref(real)])
+        tpl = template(bus, G.refs_under(bus, DONE_PREFIX)[done_ref(real)])
         made = write_history(bus, tpl, size - 1, days=size / per_day)
         out["write_history_s"] = round(time.perf_counter() - t0, 2)
         out["refs_on_bus_before_compaction"] = len(G.refs_under(bus, "refs/"))
@@ -414,11 +428,11 @@ def measure_size(
         total = {"bytes": 0, "bytes_down": 0, "seconds": 0.0, "rc": 0, "rounds": 0}
         if migrate == "in-place":
             t0 = time.perf_counter()
-            out["migrated_in_place"] = compact_in_place(bus, B.utcnow() - dt.timedelta(days=2))
+            out["migrated_in_place"] = compact_in_place(bus, utcnow() - dt.timedelta(days=2))
             out["migrated_in_place_s"] = round(time.perf_counter() - t0, 2)
-        cutoff = B.id_time(made["ids"][-1]) - dt.timedelta(days=2.1)  # what the runners' window moves
+        cutoff = id_time(made["ids"][-1]) - dt.timedelta(days=2.1)  # what the runners' window moves
         while total["rounds"] < 40:  # a runner moves up to 1,000 at a time: `runner once` until none is left
-            if not any(B.id_time(ref.rsplit("/", 1)[1]) < cutoff for ref in G.refs_under(bus, B.DONE_PREFIX)):
+            if not any(id_time(ref.rsplit("/", 1)[1]) < cutoff for ref in G.refs_under(bus, DONE_PREFIX)):
                 break
             proc = op("compaction_round", *kakeya(*runner))
             step = out.pop("compaction_round")
@@ -462,7 +476,7 @@ def measure_size(
         # subjects of 1 and 50 runs from the start of the history (in the ledger), and the newest (in refs)
         subjects = {f"{runs}_runs": subject for runs, subject in made["subjects"].items()}
         newest = json.loads(
-            G.read_path(bus, G.refs_under(bus, B.DONE_PREFIX)[B.done_ref(recent)], B.MANIFEST_PATH) or b"{}"
+            G.read_path(bus, G.refs_under(bus, DONE_PREFIX)[done_ref(recent)], MANIFEST_PATH) or b"{}"
         )
         subjects["recent"] = newest["subject"]
         for what, subject in sorted(subjects.items()):

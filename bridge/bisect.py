@@ -29,10 +29,19 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from bridge import bus as B
 from bridge import evidence as E
 from bridge import git
-from bridge.bus import Manifest
+from bridge.bus import (
+    REQ_PREFIX,
+    RUNNERS_PREFIX,
+    Manifest,
+    claim_ref,
+    done_ref,
+    read_manifests,
+    req_ref,
+    subject_ref,
+    utcnow,
+)
 from bridge.client import Client
 from bridge.errors import InvalidRequest, KakeyaError, problems
 from bridge.evidence import DoneResults, Outcome, Requirement
@@ -251,8 +260,8 @@ class Bisect:
         (at least one: a request waits on the bus until a runner comes)."""
         if self.max_in_flight == 1:
             return 1
-        snap = self.c.bus.ls_remote(B.RUNNERS_PREFIX)
-        now = B.utcnow()
+        snap = self.c.bus.ls_remote(RUNNERS_PREFIX)
+        now = utcnow()
         live = sum(
             s.serves(self.req.label or "", now)
             for s in read_presences(self.c.bus, snap.runners, self.signers)
@@ -283,16 +292,16 @@ class Bisect:
 
     def pending_on_bus(self, commits: Sequence[str]) -> dict[str, str]:
         """commit -> id of a live request on the bus for it, of this preset with these parameters."""
-        snap = self.c.bus.ls_remote(f"{B.REQ_PREFIX}{self.req.label}/")
+        snap = self.c.bus.ls_remote(f"{REQ_PREFIX}{self.req.label}/")
         live = [e for e in snap.entries.values() if e.req and e.preset == self.req.preset and not e.done]
         if not live:
             return {}
         self.c.ensure(live, ("req",))
-        manifests = B.read_manifests(self.c.bus.repos(), [e.req for e in live if e.req])
+        manifests = read_manifests(self.c.bus.repos(), [e.req for e in live if e.req])
         out: dict[str, str] = {}
         for e in live:
             m = manifests.get(e.req or "")
-            if not isinstance(m, Manifest) or m.subject not in commits or m.expires_at < B.utcnow():
+            if not isinstance(m, Manifest) or m.subject not in commits or m.expires_at < utcnow():
                 continue
             try:
                 same = self.preset.validate_params(m.params) == self.params
@@ -339,12 +348,8 @@ class Bisect:
             if not flying:
                 return
             snap = self.c.bus.ls_remote(
-                *(
-                    ref
-                    for c, i in flying.items()
-                    for ref in (B.done_ref(i), B.subject_ref(c, i), B.claim_ref(i))
-                ),
-                *(B.req_ref(self.req.label or "", i) for i in flying.values()),
+                *(ref for c, i in flying.items() for ref in (done_ref(i), subject_ref(c, i), claim_ref(i))),
+                *(req_ref(self.req.label or "", i) for i in flying.values()),
             )
             entries = {c: snap.entries.get(i) for c, i in flying.items()}
             ended = [c for c, i in flying.items() if i in snap.index or ((e := entries[c]) and e.done)]

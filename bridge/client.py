@@ -30,10 +30,55 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
-from bridge import bus as B
 from bridge import git
 from bridge import ledger as L
-from bridge.bus import Bus, CancelMarker, Claim, Entry, Manifest, Update
+from bridge.bus import (
+    CANCEL_PATH,
+    CANCEL_PREFIX,
+    CLAIM_PATH,
+    CLAIM_PREFIX,
+    DONE_PREFIX,
+    ID_RE,
+    ID_RULE,
+    LAYOUT,
+    LAYOUT_KAKEYA,
+    LAYOUT_PREFIX,
+    LIVE,
+    MANIFEST_PATH,
+    MAX_TTL,
+    NS,
+    OLD_PREFIXES,
+    PREFIX,
+    REQ_PREFIX,
+    RUNNERS_PREFIX,
+    STAGE_PREFIX,
+    SUBJECT_PREFIX,
+    Bus,
+    CancelMarker,
+    Claim,
+    Entry,
+    Manifest,
+    Snapshot,
+    Update,
+    _File,
+    archive_ref,
+    cancel_ref,
+    claim_ref,
+    done_ref,
+    id_time,
+    is_local_path,
+    layout_ref,
+    new_id,
+    parse_id,
+    parse_or_none,
+    read_manifests,
+    req_ref,
+    request_state,
+    results_path,
+    runner_ref,
+    subject_ref,
+    utcnow,
+)
 from bridge.config import Config, project_root
 from bridge.errors import BusError, InvalidRequest, KakeyaError, WaitTimeout, problems
 from bridge.names import check_label
@@ -43,7 +88,7 @@ from bridge.result import RunResult
 from bridge.trust import Signers, done_problem, key_file, trusted_signers
 
 GC_CHUNK = 500
-IDEM_PREFIX = B.NS + "idem/"  # refs/kakeya/idem/<sha256 of the key>: the request a key made
+IDEM_PREFIX = NS + "idem/"  # refs/kakeya/idem/<sha256 of the key>: the request a key made
 IDEM_PATH = ".kakeya/idempotency.json"
 
 
@@ -51,7 +96,7 @@ def idem_ref(key_sha256: str) -> str:
     return f"{IDEM_PREFIX}{key_sha256}"
 
 
-class Idempotency(B._File):
+class Idempotency(_File):
     """.kakeya/idempotency.json, on a child of the request commit that `idem_ref` points at: the request a key
     made and the runner labels it was asked for (the rest of its content is its request.json)."""
 
@@ -121,7 +166,7 @@ def resolve_remote(remote: str, root: Path, config: Config) -> str:
                 f"give a remote name, a URL, or a path such as ./{remote}",
                 code="unknown-remote",
             )
-    if B.is_local_path(remote):
+    if is_local_path(remote):
         return str(Path(remote).expanduser().resolve())
     return remote
 
@@ -150,7 +195,7 @@ def shown(items: Sequence[str], limit: int = 5) -> str:
 
 def recent_days(days: int = 2) -> list[str]:
     """The UTC dates (YYYYMMDD) of today and the `days - 1` days before: what `status` shows by default."""
-    today = B.utcnow()
+    today = utcnow()
     return sorted({f"{today - dt.timedelta(days=d):%Y%m%d}" for d in range(days)})
 
 
@@ -232,10 +277,10 @@ class Client:
             preset.check_runs_on(each)
         values = preset.validate_params(raw)
         ttl_s = expires_s or self.config.request_ttl_s
-        if ttl_s > B.MAX_TTL.total_seconds():
+        if ttl_s > MAX_TTL.total_seconds():
             raise InvalidRequest(
                 f"--expires {age(ttl_s)} is too long: a request waits for a runner at most "
-                f"{age(B.MAX_TTL.total_seconds())}; give --expires 7d or less"
+                f"{age(MAX_TTL.total_seconds())}; give --expires 7d or less"
             )
         subject_sha, snapshot_of = self.subject(subject, allow_dirty)
         key: str | None = None
@@ -248,8 +293,8 @@ class Client:
                 return first
         chosen = self.pick_label(labels)
         refuse_unsigned(self.bus, chosen, self.config.signing_key, self.root)  # bridge/presence.py
-        now = B.utcnow()
-        rid = B.new_id(preset.name, now)
+        now = utcnow()
+        rid = new_id(preset.name, now)
         manifest = Manifest(
             id=rid,
             preset=preset.name,
@@ -265,20 +310,20 @@ class Client:
         sha = git.child_commit(
             self.bus.store,
             subject_sha,
-            {B.MANIFEST_PATH: manifest.dump()},
+            {MANIFEST_PATH: manifest.dump()},
             f"kakeya request {rid}: {preset.name} on {chosen}",
             self.who(),
             key_file(self.config.signing_key),
         )
-        updates = [Update(B.req_ref(chosen, rid), sha, None)]
+        updates = [Update(req_ref(chosen, rid), sha, None)]
         if key is not None:  # the request and its key in one atomic push: of two retries, one wins
             marker = Idempotency(key_sha256=key, labels=labels, id=rid).dump()
             idem = git.child_commit(
                 self.bus.store, sha, {IDEM_PATH: marker}, f"kakeya key of {rid}", self.who()
             )
             updates.append(Update(idem_ref(key), idem, None))
-        if not self.bus.ls_remote(B.LAYOUT_PREFIX).layouts:  # a new bus: say which layout it speaks
-            self.bus.push([Update(B.layout_ref(), self.layout_marker(), None)])  # either writer's is fine
+        if not self.bus.ls_remote(LAYOUT_PREFIX).layouts:  # a new bus: say which layout it speaks
+            self.bus.push([Update(layout_ref(), self.layout_marker(), None)])  # either writer's is fine
         if not self.bus.swap(updates, atomic=True):
             if idempotency_key is not None and content is not None:  # a concurrent retry pushed first
                 first = self.idempotent(idempotency_key, preset, content)
@@ -291,8 +336,8 @@ class Client:
         """The first of `labels` a live runner serves (one listing of the presences); none: the first."""
         if len(labels) == 1:
             return labels[0]
-        snap = self.bus.ls_remote(B.RUNNERS_PREFIX)
-        now = B.utcnow()
+        snap = self.bus.ls_remote(RUNNERS_PREFIX)
+        now = utcnow()
         seen = read_presences(self.bus, snap.runners, trusted_signers(self.root) if self.in_repo else None)
         return next((lb for lb in labels if any(s.serves(lb, now) for s in seen)), labels[0])
 
@@ -323,10 +368,8 @@ class Client:
         if sha is None:
             return None
         self.bus.fetch_ids([sha], "the idempotency key's request")
-        first = B.parse_or_none(
-            Idempotency, self.local_files([f"{sha}:{IDEM_PATH}"]).get(f"{sha}:{IDEM_PATH}")
-        )
-        manifest = B.read_manifests(self.bus.repos(), [sha]).get(sha)
+        first = parse_or_none(Idempotency, self.local_files([f"{sha}:{IDEM_PATH}"]).get(f"{sha}:{IDEM_PATH}"))
+        manifest = read_manifests(self.bus.repos(), [sha]).get(sha)
         if (
             first is None
             or first.key_sha256 != key
@@ -353,8 +396,8 @@ class Client:
         return manifest
 
     def layout_marker(self) -> str:
-        """The commit the layout marker ref (`B.layout_ref`) points at: a root commit that says the layout."""
-        text = f"kakeya bus layout {B.LAYOUT} (kakeya >= {B.LAYOUT_KAKEYA[B.LAYOUT]})\n"
+        """The commit the layout marker ref (`layout_ref`) points at: a root commit that says the layout."""
+        text = f"kakeya bus layout {LAYOUT} (kakeya >= {LAYOUT_KAKEYA[LAYOUT]})\n"
         tree = git.tree_with(self.bus.store, None, {".kakeya/layout.txt": text.encode()})
         return git.commit(self.bus.store, tree, [], text, "kakeya <kakeya@kakeya.invalid>")
 
@@ -422,12 +465,12 @@ class Client:
     def entry(self, request_id: str, label: str | None = None) -> Entry:
         """One request's refs, from one prefix-scoped listing of just its refs (and of the live requests of
         `label`, or of every label when it is not known)."""
-        B.id_time(request_id)
+        id_time(request_id)
         snap = self.bus.ls_remote(
-            B.req_ref(label, request_id) if label else B.REQ_PREFIX,
-            B.claim_ref(request_id),
-            B.done_ref(request_id),
-            B.cancel_ref(request_id),
+            req_ref(label, request_id) if label else REQ_PREFIX,
+            claim_ref(request_id),
+            done_ref(request_id),
+            cancel_ref(request_id),
             L.map_ref("date"),
         )
         entry = snap.entries.get(request_id)
@@ -443,24 +486,24 @@ class Client:
         (`20261125T1615`), or the start of its six-hex suffix (`663f0b`) among the live requests and those of
         the last two days; from one prefix-scoped listing (never the whole bus). KakeyaError otherwise:
         `not-found`, `ambiguous-id` (naming the candidates) or `bad-id`."""
-        if B.parse_id(text) is not None:
+        if parse_id(text) is not None:
             return text
-        if B.ID_RE.fullmatch(text):  # shaped as a whole id, but not one (a 13th month, far in the future)
-            raise KakeyaError(f"{text!r} is not a request id ({B.ID_RULE})", code="bad-id")
+        if ID_RE.fullmatch(text):  # shaped as a whole id, but not one (a 13th month, far in the future)
+            raise KakeyaError(f"{text!r} is not a request id ({ID_RULE})", code="bad-id")
         if re.fullmatch(r"\d{8}[0-9A-Za-z._-]*", text):
-            scoped = (B.CLAIM_PREFIX + text, B.DONE_PREFIX + text, B.CANCEL_PREFIX + text)
-            snap = self.bus.ls_remote(B.REQ_PREFIX, *scoped, L.map_ref("date"))
+            scoped = (CLAIM_PREFIX + text, DONE_PREFIX + text, CANCEL_PREFIX + text)
+            snap = self.bus.ls_remote(REQ_PREFIX, *scoped, L.map_ref("date"))
             found = {rid for rid in snap.entries if rid.startswith(text)}
             ledger = L.read_map(
                 self.bus, snap, "date"
             )  # finished long ago: in the ledger's shard of that day
             found |= {e.id for e in L.read(self.bus, ledger, [L.date_shard(text)]) if e.id.startswith(text)}
         elif re.fullmatch(r"[0-9a-f]{4,6}", text):
-            snap = self.bus.ls_remote(*B.LIVE, *(B.DONE_PREFIX + day for day in recent_days()))
+            snap = self.bus.ls_remote(*LIVE, *(DONE_PREFIX + day for day in recent_days()))
             found = {rid for rid in snap.entries if rid.rsplit("-", 1)[1].startswith(text)}
         else:
             raise KakeyaError(
-                f"{text!r} is not a request id ({B.ID_RULE}), nor a prefix of one that gives at least its "
+                f"{text!r} is not a request id ({ID_RULE}), nor a prefix of one that gives at least its "
                 "date (20261125T1615...), nor the start of its six-hex suffix (663f0b)",
                 code="bad-id",
             )
@@ -499,8 +542,8 @@ class Client:
         """The live requests and those finished in the last `days` days (by id date; `everything`:
         every done ref) from one prefix-scoped listing; verdicts and leases for commits already here (`fetch`
         fetches the missing done commits first: one more round trip)."""
-        done = [B.DONE_PREFIX] if everything else [B.DONE_PREFIX + day for day in recent_days(days)]
-        snap = self.bus.ls_remote(*B.LIVE, *done, *([L.map_ref("date")] if everything else []))
+        done = [DONE_PREFIX] if everything else [DONE_PREFIX + day for day in recent_days(days)]
+        snap = self.bus.ls_remote(*LIVE, *done, *([L.map_ref("date")] if everything else []))
         if everything:  # the history in the ledger too: every day's shard, fetched by object id in one go
             ledger = L.read_map(self.bus, snap, "date")
             days = list(ledger.shards if ledger else {})
@@ -520,24 +563,24 @@ class Client:
         specs: dict[str, str] = {}
         for e in entries:
             if e.done:
-                specs[e.id] = f"{e.done}:{B.results_path(e.id)}/result.json"
+                specs[e.id] = f"{e.done}:{results_path(e.id)}/result.json"
             elif e.claim:
-                specs[e.id] = f"{e.claim}:{B.CLAIM_PATH}"
+                specs[e.id] = f"{e.claim}:{CLAIM_PATH}"
         found = self.local_files(list(specs.values()))
         # a finished request's commit went with its ref: its done commit holds the same request.json
-        manifests = B.read_manifests(self.bus.repos(), [c for e in entries if (c := e.req or e.done)])
-        now = B.utcnow()
+        manifests = read_manifests(self.bus.repos(), [c for e in entries if (c := e.req or e.done)])
+        now = utcnow()
         rows = []
         for e in entries:
             created = e.created_at
             data = found.get(specs.get(e.id, ""))
             manifest = m if isinstance(m := manifests.get(e.req or e.done or ""), Manifest) else None
-            result = B.parse_or_none(RunResult, data) if e.done else None
-            claim = B.parse_or_none(Claim, data) if e.claim and not e.done else None
+            result = parse_or_none(RunResult, data) if e.done else None
+            claim = parse_or_none(Claim, data) if e.claim and not e.done else None
             status = result.status if result else None
             row = Row(
                 e.id,
-                B.request_state(e, now, manifest=manifest, claim=claim, result_status=status),
+                request_state(e, now, manifest=manifest, claim=claim, result_status=status),
                 e.preset,
                 e.label or (manifest.runner if manifest else None),
                 created.isoformat(timespec="milliseconds"),
@@ -592,7 +635,7 @@ class Client:
             )
         self.ensure([entry])
         repo = self.repo_with(entry.done)
-        files = git.read_dir(repo, entry.done, B.results_path(request_id))
+        files = git.read_dir(repo, entry.done, results_path(request_id))
         if signers is not None:
             problem = done_problem(repo, request_id, entry.done, entry.req, entry.label, signers)
             if problem:
@@ -626,15 +669,15 @@ class Client:
         if entry.req is None:
             raise KakeyaError(f"{request_id} has no request ref on the bus; nothing to cancel")
         self.ensure([entry], ("req",), in_store=True)
-        marker = CancelMarker(id=request_id, by=self.requester(), at=B.utcnow(), reason=reason)
+        marker = CancelMarker(id=request_id, by=self.requester(), at=utcnow(), reason=reason)
         sha = git.child_commit(
             self.bus.store,
             entry.req,
-            {B.CANCEL_PATH: marker.dump()},
+            {CANCEL_PATH: marker.dump()},
             f"kakeya cancel {request_id}",
             self.who(),
         )
-        self.bus.swap([Update(B.cancel_ref(request_id), sha, None)], atomic=False)
+        self.bus.swap([Update(cancel_ref(request_id), sha, None)], atomic=False)
         return entry.state
 
     def gc(self, older_than_days: float, dry_run: bool = False, archive_done: bool = False) -> list[str]:
@@ -643,38 +686,38 @@ class Client:
         `kakeya status` and `gate pr`). Result side refs left behind (refs/kakeya-stage/<id>/...) of done or
         vanished requests go too, whatever their age, and the idempotency keys of requests older than the
         cutoff (`stale_keys`). Returns the refs deleted (or that would be)."""
-        cutoff = B.utcnow() - dt.timedelta(days=older_than_days)
-        snap = self.bus.ls_remote(*B.LIVE, B.DONE_PREFIX, *([B.SUBJECT_PREFIX] if archive_done else []))
+        cutoff = utcnow() - dt.timedelta(days=older_than_days)
+        snap = self.bus.ls_remote(*LIVE, DONE_PREFIX, *([SUBJECT_PREFIX] if archive_done else []))
         entries = [e for e in snap.entries.values() if e.done and e.created_at < cutoff]
-        # side refs a runner could not delete after its done push (B.stage_ref): useless once the request
+        # side refs a runner could not delete after its done push (stage_ref): useless once the request
         # is done (the done commit holds the result) or gone; a request still running keeps its own
         stale = [
             Update(ref, None, sha)
             for ref, sha in self.bus.stage_refs().items()
-            if (e := snap.entries.get(ref[len(B.STAGE_PREFIX) :].split("/")[0])) is None or e.done
+            if (e := snap.entries.get(ref[len(STAGE_PREFIX) :].split("/")[0])) is None or e.done
         ]
         stale += self.stale_keys(cutoff, {rid for rid, e in snap.entries.items() if e.req and not e.done})
         updates = [
             Update(ref, None, sha)
             for e in entries
             for ref, sha in (
-                (B.req_ref(e.label or "", e.id), e.req),
-                (B.claim_ref(e.id), e.claim),
-                (B.cancel_ref(e.id), e.cancel),
-                (B.done_ref(e.id), e.done if archive_done else None),
+                (req_ref(e.label or "", e.id), e.req),
+                (claim_ref(e.id), e.claim),
+                (cancel_ref(e.id), e.cancel),
+                (done_ref(e.id), e.done if archive_done else None),
             )
             if sha
         ]
         # a cancel marker left behind by a request that finished (or went) meanwhile
         updates += [
-            Update(B.cancel_ref(e.id), None, e.cancel)
+            Update(cancel_ref(e.id), None, e.cancel)
             for e in snap.entries.values()
             if e.cancel and not e.req and not e.claim and not e.done
         ]
         if archive_done:  # the archive ref is created in the same atomic push that deletes the done ref
-            updates += [Update(B.archive_ref(e.id), e.done, None) for e in entries]
+            updates += [Update(archive_ref(e.id), e.done, None) for e in entries]
             updates += [  # and the index refs go with it: gate pr reads what is not archived
-                Update(B.subject_ref(subject, e.id), None, sha)
+                Update(subject_ref(subject, e.id), None, sha)
                 for e in entries
                 if e.id in snap.index
                 for subject, sha in [snap.index[e.id]]
@@ -701,8 +744,8 @@ class Client:
         found = self.local_files([f"{sha}:{IDEM_PATH}" for sha in refs.values()])
         out = []
         for ref, sha in refs.items():
-            key = B.parse_or_none(Idempotency, found.get(f"{sha}:{IDEM_PATH}"))
-            made = B.parse_id(key.id) if key is not None else None
+            key = parse_or_none(Idempotency, found.get(f"{sha}:{IDEM_PATH}"))
+            made = parse_id(key.id) if key is not None else None
             if key is None or made is None or (made.time < cutoff and key.id not in live):
                 out.append(Update(ref, None, sha))
         return out
@@ -714,38 +757,36 @@ class Client:
         update is leased on the sha seen, so a runner of layout 1 that moves a claim meanwhile loses that
         lease (it stops), never a result; run it again (idempotent) until it moves nothing. Returns the refs
         written or deleted (or that would be)."""
-        snap = self.bus.ls_remote(*B.OLD_PREFIXES, *B.LIVE, B.DONE_PREFIX, B.SUBJECT_PREFIX, check=False)
-        old = B.Snapshot.parse(
-            "".join(f"{sha}\t{B.NS}{ref[len(B.PREFIX) :]}\n" for ref, sha in snap.old.items())
-        )
+        snap = self.bus.ls_remote(*OLD_PREFIXES, *LIVE, DONE_PREFIX, SUBJECT_PREFIX, check=False)
+        old = Snapshot.parse("".join(f"{sha}\t{NS}{ref[len(PREFIX) :]}\n" for ref, sha in snap.old.items()))
         updates: list[Update] = []
         dones = [e for e in old.entries.values() if e.done]
         # every commit it pushes must be in the store (a push packs from there), and the done results are read
         self.bus.fetch_ids(sorted(set(snap.old.values())), "layout 1 commits", in_store=True)
-        manifests = B.read_manifests(self.bus.repos(), [e.done for e in dones if e.done])
+        manifests = read_manifests(self.bus.repos(), [e.done for e in dones if e.done])
         for e in old.entries.values():
             now = snap.entries.get(e.id)
             for kind in ("claim", "done", "cancel"):
                 sha = getattr(e, kind)
                 if sha is None:
                     continue
-                ref = f"{B.NS}{kind}/{e.id}"
+                ref = f"{NS}{kind}/{e.id}"
                 keep = kind == "done" or not e.done  # a finished request keeps only its done ref
                 if keep and (now is None or getattr(now, kind) is None):
                     updates.append(Update(ref, sha, None))
-                updates.append(Update(f"{B.PREFIX}{kind}/{e.id}", None, sha))
+                updates.append(Update(f"{PREFIX}{kind}/{e.id}", None, sha))
             if e.done:
                 manifest = manifests.get(e.done)
                 if isinstance(manifest, Manifest) and e.id not in snap.index:
-                    updates.append(Update(B.subject_ref(manifest.subject, e.id), e.done, None))
+                    updates.append(Update(subject_ref(manifest.subject, e.id), e.done, None))
                 if now is not None and now.req:
-                    updates.append(Update(B.req_ref(now.label or "", e.id), None, now.req))
+                    updates.append(Update(req_ref(now.label or "", e.id), None, now.req))
         for name, sha in old.runners.items():
             if name not in snap.runners:
-                updates.append(Update(B.runner_ref(name), sha, None))
-            updates.append(Update(f"{B.PREFIX}runners/{name}", None, sha))
-        if str(B.LAYOUT) not in snap.layouts:
-            updates.append(Update(B.layout_ref(), None if dry_run else self.layout_marker(), None))
+                updates.append(Update(runner_ref(name), sha, None))
+            updates.append(Update(f"{PREFIX}runners/{name}", None, sha))
+        if str(LAYOUT) not in snap.layouts:
+            updates.append(Update(layout_ref(), None if dry_run else self.layout_marker(), None))
         if dry_run:
             return [u.ref for u in updates]
         return self._push_chunks(updates)
@@ -753,7 +794,7 @@ class Client:
     def compact(self, older_than_days: float, dry_run: bool = False) -> list[str]:
         """Move the done results made more than `older_than_days` ago into the ledger (bridge/ledger.py), and
         delete the shard refs an earlier ledger kept. Returns the refs deleted (or that would be)."""
-        cutoff = B.utcnow() - dt.timedelta(days=older_than_days)
+        cutoff = utcnow() - dt.timedelta(days=older_than_days)
         return L.compact(self.bus, cutoff, self.who(), dry_run=dry_run)
 
     def _push_chunks(self, updates: list[Update]) -> list[str]:

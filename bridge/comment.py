@@ -22,9 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import gates
-from bridge import bus as B
 from bridge import git
-from bridge.bus import Bus
+from bridge.bus import Bus, results_path
 from bridge.errors import KakeyaError
 from bridge.evidence import Done, DoneResults, Outcome, summary_table
 from bridge.presets import Preset
@@ -154,7 +153,7 @@ def github_web(url: str) -> str | None:
 def plots(shelf: DoneResults, done: Done) -> list[str]:
     """The plot images committed in the done commit's results (plain relative paths only)."""
     repo = shelf.repo_with(done.sha)
-    tree = git.ls_tree(repo, f"{done.sha}:{B.results_path(done.id)}", recursive=True)
+    tree = git.ls_tree(repo, f"{done.sha}:{results_path(done.id)}", recursive=True)
     return sorted(p for p, (_, kind, _) in tree.items() if kind == "blob" and PLOT_RE.fullmatch(p))[
         :PLOTS_PER_RUN
     ]
@@ -166,7 +165,7 @@ def results_section(shelf: DoneResults, outcomes: Sequence[Outcome], link_base: 
         d = o.evidence
         if d is None:
             continue
-        where = f"{d.sha}/{B.results_path(d.id)}"
+        where = f"{d.sha}/{results_path(d.id)}"
         head = f"- `{cell(str(o.requirement), 200, html=False)}`: `{d.id}` (done `{d.sha[:12]}`)"
         if link_base:
             head += f" · [summary]({link_base}/blob/{where}/summary.md)"

@@ -28,8 +28,21 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Tag, TypeAdapter
 
-from bridge import bus as B
-from bridge.bus import Claim, Entry, Snapshot
+from bridge.bus import (
+    CANCEL_PREFIX,
+    CLAIM_PATH,
+    CLAIM_PREFIX,
+    REQ_PREFIX,
+    RUNNERS_PREFIX,
+    Claim,
+    Entry,
+    Manifest,
+    Snapshot,
+    id_time,
+    parse_or_none,
+    read_manifests,
+    utcnow,
+)
 from bridge.client import Client
 from bridge.errors import KakeyaError, NoRunner, WaitTimeout
 from bridge.presence import read_presences
@@ -179,7 +192,7 @@ class Follower:
 
     def events(self) -> Iterator[Event]:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        B.id_time(self.id)
+        id_time(self.id)
         label = None
         while True:  # each look lists only this request's refs (and its label's queue while it is queued)
             entry = self.c.entry(self.id, label)
@@ -214,15 +227,15 @@ class Follower:
             return self.event("cancelled", state="cancelled")
         if self.expires_at is None:  # read once from the request commit
             self.c.ensure([entry], ("req",))
-            manifest = B.read_manifests(self.c.bus.repos(), [entry.req]).get(entry.req)
-            self.expires_at = manifest.expires_at if isinstance(manifest, B.Manifest) else NEVER
-        if self.expires_at < B.utcnow():
+            manifest = read_manifests(self.c.bus.repos(), [entry.req]).get(entry.req)
+            self.expires_at = manifest.expires_at if isinstance(manifest, Manifest) else NEVER
+        if self.expires_at < utcnow():
             return self.event("expired", state="expired", expires_at=iso_time(self.expires_at))
         return None
 
     def event(self, kind: str, **fields: Any) -> Event:
         """The event `kind` of this request, seen now; pydantic.ValidationError when `fields` do not fit it."""
-        return EVENT.validate_python({"event": kind, "id": self.id, "at": iso_time(B.utcnow()), **fields})
+        return EVENT.validate_python({"event": kind, "id": self.id, "at": iso_time(utcnow()), **fields})
 
     def changed(self, kind: str, key: object) -> bool:
         if self.last.get(kind) == key:
@@ -231,10 +244,10 @@ class Follower:
         return True
 
     def look(self, entry: Entry) -> Iterator[Event]:
-        now = B.utcnow()
+        now = utcnow()
         if entry.claim is None:
             snap = self.c.bus.ls_remote(
-                f"{B.REQ_PREFIX}{entry.label}/", B.CLAIM_PREFIX, B.CANCEL_PREFIX, B.RUNNERS_PREFIX
+                f"{REQ_PREFIX}{entry.label}/", CLAIM_PREFIX, CANCEL_PREFIX, RUNNERS_PREFIX
             )
             yield from self.queued(snap, entry, now)
             return
@@ -242,8 +255,8 @@ class Follower:
         if entry.cancel and self.changed("cancelling", entry.cancel):
             yield self.event("cancelling")
         self.c.ensure([entry], ("claim",))
-        claim = B.parse_or_none(
-            Claim, self.c.local_files([f"{entry.claim}:{B.CLAIM_PATH}"]).get(f"{entry.claim}:{B.CLAIM_PATH}")
+        claim = parse_or_none(
+            Claim, self.c.local_files([f"{entry.claim}:{CLAIM_PATH}"]).get(f"{entry.claim}:{CLAIM_PATH}")
         )
         if claim is None:
             return

@@ -16,9 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from bridge import bus as B
 from bridge import git
-from bridge.bus import Bus, Claim, Progress, Update
+from bridge.bus import CLAIM_PATH, Bus, Claim, Progress, Update, cancel_ref, claim_ref
 from bridge.config import Config
 from bridge.errors import KakeyaError
 
@@ -82,10 +81,10 @@ class Lease(threading.Thread):
                 self.runner.log(f"{self.id}: heartbeat/check failed, will retry: {exc}")
 
     def check(self) -> None:
-        snap = self.runner.bus.ls_remote(B.claim_ref(self.id), B.cancel_ref(self.id))
-        if B.cancel_ref(self.id) in snap.refs:
+        snap = self.runner.bus.ls_remote(claim_ref(self.id), cancel_ref(self.id))
+        if cancel_ref(self.id) in snap.refs:
             self.cancelled = True
-        current = snap.refs.get(B.claim_ref(self.id))
+        current = snap.refs.get(claim_ref(self.id))
         if current != self.sha:
             self.lost = f"lease lost: {self.runner.holder(self.id, current)}"
 
@@ -94,12 +93,12 @@ class Lease(threading.Thread):
         sha = git.child_commit(
             self.runner.mirror,
             self.sha,
-            {B.CLAIM_PATH: claim.dump()},
+            {CLAIM_PATH: claim.dump()},
             f"kakeya heartbeat {self.id} #{claim.heartbeat} by {self.runner.name}",
             self.runner.who,
             self.runner.sign_key,
         )
-        if self.runner.bus.swap([Update(B.claim_ref(self.id), sha, self.sha)]):
+        if self.runner.bus.swap([Update(claim_ref(self.id), sha, self.sha)]):
             self.sha, self.claim = sha, claim
         else:
             self.lost = f"lease lost: {self.runner.holder(self.id, None)}"

@@ -31,19 +31,37 @@ from pathlib import Path
 
 from pydantic import AwareDatetime, Field, field_validator
 
-from bridge import bus as B
 from bridge import git
-from bridge.bus import Bus, Entry, Manifest, Snapshot, Update, _File
+from bridge.bus import (
+    DONE_PREFIX,
+    MAX_TTL,
+    NS,
+    SUBJECT_PREFIX,
+    Bus,
+    Entry,
+    Manifest,
+    Snapshot,
+    Update,
+    _File,
+    done_ref,
+    indexed_subject,
+    parse_id,
+    parse_or_none,
+    read_manifests,
+    results_path,
+    subject_ref,
+    utcnow,
+)
 from bridge.errors import BusError, KakeyaError
 from bridge.names import SHA_PATTERN
 from bridge.result import RunResult
 
-LEDGER_REF = B.NS + "ledger"
-MAP_PREFIX = B.NS + "ledger-map/"
+LEDGER_REF = NS + "ledger"
+MAP_PREFIX = NS + "ledger-map/"
 KINDS = ("date", "subject", "preset")
-LEASE_REF = B.NS + "lease/compact"
+LEASE_REF = NS + "lease/compact"
 # the shard refs of an earlier ledger (one ref per shard): compaction deletes them
-SHARD_PREFIX = B.NS + "shard/"
+SHARD_PREFIX = NS + "shard/"
 LEASE_PATH = ".kakeya/lease.json"
 CHUNK = 400  # done commits per ledger commit (its parents)
 PUSH_CHUNK = 2000  # done results per push at most (each push downloads the bus's ref advertisement once)
@@ -67,7 +85,7 @@ class LedgerEntry(_File):
     @field_validator("id")
     @classmethod
     def _id(cls, value: str) -> str:
-        if B.parse_id(value) is None:
+        if parse_id(value) is None:
             raise ValueError(f"{value!r} is not a request id")
         return value
 
@@ -138,7 +156,7 @@ def read_map(bus: Bus, snap: Snapshot, kind: str) -> LedgerMap | None:
     if sha is None:
         return None
     bus.fetch_ids([sha], "the ledger map")
-    found = B.parse_or_none(LedgerMap, git.read_blobs_in(bus.repos(), [sha]).get(sha))
+    found = parse_or_none(LedgerMap, git.read_blobs_in(bus.repos(), [sha]).get(sha))
     if found is None or any(not name.startswith(kind + "/") for name in found.shards):
         raise BusError(f"the ledger map {map_ref(kind)} ({sha[:12]}) on {bus.url} is not a ledger map")
     return found
@@ -159,7 +177,7 @@ def read(bus: Bus, ledger: LedgerMap | None, shards: Iterable[str], under: str =
         listed = git.ls_tree(repo, f"{tree}:{under}" if under else tree, recursive=True)
         specs += [sha for _, kind, sha in listed.values() if kind == "blob"]
     blobs = git.read_blobs_in(repos, sorted(set(specs)))
-    found = {e.id: e for sha in specs if (e := B.parse_or_none(LedgerEntry, blobs.get(sha))) is not None}
+    found = {e.id: e for sha in specs if (e := parse_or_none(LedgerEntry, blobs.get(sha))) is not None}
     return sorted(found.values(), key=lambda e: e.id)
 
 
@@ -225,18 +243,18 @@ def read_lease(bus: Bus, sha: str | None) -> CompactLease | None:
     if sha is None:
         return None
     bus.fetch_ids([sha], "the compaction lease", in_store=True)
-    return B.parse_or_none(CompactLease, git.read_path(bus.store, sha, LEASE_PATH))
+    return parse_or_none(CompactLease, git.read_path(bus.store, sha, LEASE_PATH))
 
 
 def due(bus: Bus, cutoff: dt.datetime, now: dt.datetime) -> bool:
     """Is there anything to compact: a done result made before `cutoff`, or a shard ref of an earlier ledger?
     While compactions run (a lease renewed within MAX_TTL), everything older was moved already: only the done
     refs of the days just before `cutoff` are listed (a few, whatever the rate); else every done ref."""
-    days = [f"{B.DONE_PREFIX}{cutoff - dt.timedelta(days=d):%Y%m%d}" for d in range(B.MAX_TTL.days + 3)]
+    days = [f"{DONE_PREFIX}{cutoff - dt.timedelta(days=d):%Y%m%d}" for d in range(MAX_TTL.days + 3)]
     snap = bus.ls_remote(*days, SHARD_PREFIX, LEASE_REF)
     lease = read_lease(bus, snap.refs.get(LEASE_REF))
-    if lease is None or lease.until < now - B.MAX_TTL:
-        snap = bus.ls_remote(B.DONE_PREFIX, SHARD_PREFIX)
+    if lease is None or lease.until < now - MAX_TTL:
+        snap = bus.ls_remote(DONE_PREFIX, SHARD_PREFIX)
     old = any(e.done and e.created_at < cutoff for e in snap.entries.values())
     return old or any(ref.startswith(SHARD_PREFIX) for ref in snap.refs)
 
@@ -265,13 +283,11 @@ def compact(
     the refs deleted (or that would be). `lease`: (holder, the lease sha it holds, seconds each push renews it
     for): every push renews it, leased on the last one, so a compactor whose lease another took pushes nothing
     more. BusError when a push lost."""
-    snap = bus.ls_remote(B.DONE_PREFIX, B.SUBJECT_PREFIX, LEDGER_REF, MAP_PREFIX, SHARD_PREFIX, LEASE_REF)
+    snap = bus.ls_remote(DONE_PREFIX, SUBJECT_PREFIX, LEDGER_REF, MAP_PREFIX, SHARD_PREFIX, LEASE_REF)
     old = [e for e in snap.entries.values() if e.done and e.created_at < cutoff][:limit]
     index = snap.index
     per_push = max(100, min(PUSH_CHUNK, PUSH_PAIRS // (2 * max(len(snap.refs), 1))))
-    doomed = [B.done_ref(e.id) for e in old] + [
-        B.subject_ref(index[e.id][0], e.id) for e in old if e.id in index
-    ]
+    doomed = [done_ref(e.id) for e in old] + [subject_ref(index[e.id][0], e.id) for e in old if e.id in index]
     stale_shards = {ref: sha for ref, sha in snap.refs.items() if ref.startswith(SHARD_PREFIX)}
     if dry_run or not (old or stale_shards):
         return doomed + (list(stale_shards) if dry_run else [])
@@ -309,12 +325,12 @@ def compact(
                 updates.append(Update(LEDGER_REF, new_tip, tip))
         if lease is not None:
             holder, _, hold_s = lease
-            renewed = lease_commit(store, holder, B.utcnow() + dt.timedelta(seconds=hold_s), who)
+            renewed = lease_commit(store, holder, utcnow() + dt.timedelta(seconds=hold_s), who)
             updates.append(Update(LEASE_REF, renewed, held))
             held = renewed
-        updates += [Update(B.done_ref(e.id), None, e.done) for e in batch]
+        updates += [Update(done_ref(e.id), None, e.done) for e in batch]
         updates += [
-            Update(B.subject_ref(index[e.id][0], e.id), None, index[e.id][1]) for e in batch if e.id in index
+            Update(subject_ref(index[e.id][0], e.id), None, index[e.id][1]) for e in batch if e.id in index
         ]
         if not side.swap(updates, atomic=True):
             raise BusError(
@@ -329,18 +345,18 @@ def compact(
 
 def entries_of(store: Path, chunk: Sequence[Entry], index: dict[str, tuple[str, str]]) -> dict[str, bytes]:
     """The index files (path -> content) of the done results `chunk`, read from their commits in `store`."""
-    files = git.read_blobs(store, [f"{e.done}:{B.results_path(e.id)}/result.json" for e in chunk])
-    manifests = B.read_manifests([store], [e.done for e in chunk if e.done])
+    files = git.read_blobs(store, [f"{e.done}:{results_path(e.id)}/result.json" for e in chunk])
+    manifests = read_manifests([store], [e.done for e in chunk if e.done])
     out: dict[str, bytes] = {}
     for e in chunk:
         if e.done is None:
             raise KakeyaError(f"{e.id} has no done commit")
         m = m if isinstance(m := manifests.get(e.done), Manifest) else None
-        r = B.parse_or_none(RunResult, files.get(f"{e.done}:{B.results_path(e.id)}/result.json"))
+        r = parse_or_none(RunResult, files.get(f"{e.done}:{results_path(e.id)}/result.json"))
         subject = (
             index[e.id][0]
             if e.id in index
-            else B.indexed_subject(m.subject if m else None, r.subject if r else None)
+            else indexed_subject(m.subject if m else None, r.subject if r else None)
         )
         entry = LedgerEntry(
             id=e.id,

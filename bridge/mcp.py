@@ -29,7 +29,7 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
-from bridge import bus as B
+from bridge.bus import MAX_TTL, RUNNERS_PREFIX, utcnow
 from bridge.client import Client, row_dict
 from bridge.commands import evidence as ev
 from bridge.commands._common import out_dir
@@ -72,7 +72,7 @@ class RequestArgs(_Args):
         default=None, description="retry safely: the same key and content returns the first request"
     )
     queue_timeout_s: float | None = Field(
-        default=None, gt=0, le=B.MAX_TTL.total_seconds(), description="expire unless started within this"
+        default=None, gt=0, le=MAX_TTL.total_seconds(), description="expire unless started within this"
     )
     wait: bool = Field(
         default=False, description="follow it until done (progress notifications), then results"
@@ -245,8 +245,8 @@ class Tools:
 
     def runners(self, args: RunnersArgs, progress: Progress) -> Any:
         c = self.client()
-        snap = c.bus.ls_remote(B.RUNNERS_PREFIX)
-        now = B.utcnow()
+        snap = c.bus.ls_remote(RUNNERS_PREFIX)
+        now = utcnow()
         seen = read_presences(c.bus, snap.runners, trusted_signers(c.root) if c.in_repo else None)
         shown = [s for s in seen if args.all or s.state(now) not in ("stopped", "stale")]
         return {"runners": [s.as_dict(now) for s in shown]}

@@ -27,9 +27,8 @@ from typing import Literal
 
 from pydantic import AwareDatetime, Field, ValidationError
 
-from bridge import bus as B
 from bridge import git
-from bridge.bus import Bus, Update, _File
+from bridge.bus import RUNNERS_PREFIX, Bus, Update, _File, runner_ref, utcnow
 from bridge.errors import InvalidRequest, KakeyaError
 from bridge.host import host_fingerprint, tool_versions
 from bridge.names import RUNNER_NAME_RE
@@ -101,8 +100,8 @@ class Beacon(threading.Thread):
                 f"runner name {name!r} cannot name a presence ref: use letters, digits, '.', '-' or '_'"
             )
         self.bus, self.store, self.who, self.sign_key, self.log = bus, store, who, sign_key, log
-        self.ref = B.runner_ref(name)
-        now = B.utcnow()
+        self.ref = runner_ref(name)
+        now = utcnow()
         self.presence = Presence(
             name=name,
             labels=labels,
@@ -154,7 +153,7 @@ class Beacon(threading.Thread):
 
     def publish(self) -> bool:
         with self._lock:
-            presence = self.presence.model_copy(update={"seen_at": B.utcnow()})
+            presence = self.presence.model_copy(update={"seen_at": utcnow()})
         try:
             tree = git.tree_with(self.store, None, {PRESENCE_PATH: presence.dump()})
             message = f"kakeya presence {presence.name}: {presence.state}"
@@ -245,9 +244,9 @@ def refuse_unsigned(bus: Bus, label: str, signing_key: str, root: Path) -> None:
     project, whose allowed-signers file (if any) decides which presences are trusted."""
     if key_file(signing_key) is not None:
         return
-    now = B.utcnow()
+    now = utcnow()
     signers = trusted_signers(root) if git.is_repo(root) else None
-    seen = read_presences(bus, bus.ls_remote(B.RUNNERS_PREFIX).runners, signers)
+    seen = read_presences(bus, bus.ls_remote(RUNNERS_PREFIX).runners, signers)
     live = [s for s in seen if s.presence is not None and s.serves(label, now)]
     if live and all(s.presence is not None and s.presence.require_signed_requests for s in live):
         names = ", ".join(sorted(s.name for s in live))

@@ -23,8 +23,7 @@ from typing import Any, TextIO
 
 from pydantic import ValidationError
 
-from bridge import bus as B
-from bridge.bus import Progress, WorkloadProgress
+from bridge.bus import Progress, WorkloadProgress, utcnow
 from bridge.caps import Unsafe, open_regular, read_capped, read_file
 
 PROGRESS_FILE = "progress.json"  # under the run's out dir; KAKEYA_PROGRESS names it; removed after the run
@@ -45,11 +44,11 @@ class Tracker:
 
     out: Path
     phase: str = "checkout"
-    started_at: dt.datetime = field(default_factory=B.utcnow)
+    started_at: dt.datetime = field(default_factory=utcnow)
     run_dir: Path | None = None  # where the program writes its progress file, when not `out` (a sandbox)
 
     def record(self) -> Progress:
-        now = B.utcnow()
+        now = utcnow()
         return Progress(
             phase=self.phase,  # type: ignore[arg-type]
             started_at=self.started_at,
@@ -99,7 +98,7 @@ def bar(done: int, total: int | None, width: int = 20) -> str:
 
 def describe(progress: Progress, now: dt.datetime | None = None) -> str:
     """One line: phase, the workload's bar and words, elapsed time."""
-    now = now or B.utcnow()
+    now = now or utcnow()
     elapsed = max(progress.elapsed_s, (now - progress.started_at).total_seconds())
     parts = [progress.phase]
     if progress.workload is not None:

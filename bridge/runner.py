@@ -37,8 +37,32 @@ from typing import IO, Any
 from pydantic import ValidationError
 
 from bridge import attest, caps, git, ledger
-from bridge import bus as B
-from bridge.bus import Bus, Claim, Entry, Manifest, Progress, Update
+from bridge.bus import (
+    CANCEL_PREFIX,
+    CLAIM_PATH,
+    CLAIM_PREFIX,
+    DONE_PREFIX,
+    REQ_PREFIX,
+    Bus,
+    Claim,
+    Entry,
+    Manifest,
+    Progress,
+    Snapshot,
+    Update,
+    cancel_ref,
+    claim_ref,
+    done_ref,
+    id_time,
+    indexed_subject,
+    parse_or_none,
+    read_manifests,
+    req_ref,
+    results_path,
+    stage_ref,
+    subject_ref,
+    utcnow,
+)
 from bridge.config import GIT_CREDENTIALS, Config, project_root, secret_file
 from bridge.errors import BusError, InvalidRequest, KakeyaError, Rejected
 from bridge.evidence import apply_baseline
@@ -141,7 +165,7 @@ class Runner:
 
     def now(self) -> dt.datetime:
         """This runner's wall clock (plus config clock_offset_s, with which tests fake a skewed host)."""
-        return B.utcnow() + dt.timedelta(seconds=self.config.clock_offset_s)
+        return utcnow() + dt.timedelta(seconds=self.config.clock_offset_s)
 
     def log(self, msg: str) -> None:
         self._log(f"{dt.datetime.now().astimezone():%H:%M:%S} kakeya runner {self.name}: {msg}")
@@ -176,13 +200,13 @@ class Runner:
                 raise KakeyaError(f"runner {self.name} is {self.paused}; free some space, or lower the floor")
             return None
         if request_id:
-            B.id_time(request_id)
+            id_time(request_id)
             snap = self.bus.ls_remote(
-                B.REQ_PREFIX, B.claim_ref(request_id), B.done_ref(request_id), B.cancel_ref(request_id)
+                REQ_PREFIX, claim_ref(request_id), done_ref(request_id), cancel_ref(request_id)
             )
         else:
             snap = self.bus.ls_remote(
-                *(f"{B.REQ_PREFIX}{label}/" for label in self.labels), B.CLAIM_PREFIX, B.CANCEL_PREFIX
+                *(f"{REQ_PREFIX}{label}/" for label in self.labels), CLAIM_PREFIX, CANCEL_PREFIX
             )
         candidates = self.candidates(snap, request_id)
         self.contended = False
@@ -206,7 +230,7 @@ class Runner:
             git.update_ref(self.mirror, "refs/kakeya/last", missing[0])
 
     def candidates(
-        self, snap: B.Snapshot, request_id: str | None
+        self, snap: Snapshot, request_id: str | None
     ) -> list[tuple[Entry, tuple[str, Claim] | None]]:
         """Requests we may claim, oldest first: unclaimed ones, and claimed ones whose lease has expired."""
         if request_id:
@@ -265,24 +289,24 @@ class Runner:
                 )
                 self.leases[e.claim] = None
                 continue
-            raw = git.read_path(self.mirror, e.claim, B.CLAIM_PATH)
+            raw = git.read_path(self.mirror, e.claim, CLAIM_PATH)
             try:
                 self.leases[e.claim] = Claim.model_validate_json(raw or b"")
             except ValidationError:
-                self.log(f"{e.id}: claim {e.claim[:12]} has no valid {B.CLAIM_PATH}; treating it as expired")
+                self.log(f"{e.id}: claim {e.claim[:12]} has no valid {CLAIM_PATH}; treating it as expired")
                 self.leases[e.claim] = None
 
     def holder(self, request_id: str, sha: str | None) -> str:
         """Who holds the claim now, for messages."""
         try:
-            snap = self.bus.ls_remote(B.claim_ref(request_id), B.done_ref(request_id))
-            if B.done_ref(request_id) in snap.refs:
+            snap = self.bus.ls_remote(claim_ref(request_id), done_ref(request_id))
+            if done_ref(request_id) in snap.refs:
                 return "the request was finished by another runner"
-            sha = snap.refs.get(B.claim_ref(request_id))
+            sha = snap.refs.get(claim_ref(request_id))
             if sha is None:
                 return "the claim was deleted"
             self.bus.fetch_ids([sha], "the claim", in_store=True)
-            raw = git.read_path(self.mirror, sha, B.CLAIM_PATH)
+            raw = git.read_path(self.mirror, sha, CLAIM_PATH)
             return f"taken over by runner {Claim.model_validate_json(raw or b'').runner}"
         except (KakeyaError, ValidationError):
             return f"the claim is now {sha or 'gone'}"
@@ -309,12 +333,12 @@ class Runner:
         sha = git.child_commit(
             self.mirror,
             base,
-            {B.CLAIM_PATH: claim.dump()},
+            {CLAIM_PATH: claim.dump()},
             f"kakeya: {self.name} {verb}",
             self.who,
             self.sign_key,
         )
-        if not self.bus.swap([Update(B.claim_ref(entry.id), sha, old[0] if old else None)]):
+        if not self.bus.swap([Update(claim_ref(entry.id), sha, old[0] if old else None)]):
             self.log(f"{entry.id}: another runner claimed it first")
             return None
         self.log(f"{verb} ({entry.preset} on {entry.label})")
@@ -404,7 +428,7 @@ class Runner:
             else:
                 context = RunContext(request_id=entry.id, runner_name=self.name, runner_labels=self.labels)
                 outcome = not_run(out, "error", why, preset_name=entry.preset, params={}, context=context)
-            prefix = B.results_path(entry.id)
+            prefix = results_path(entry.id)
             files = {f"{prefix}/{name}": data for name, data in outcome.files().items()}
             tree = git.tree_with(self.mirror, lease.sha, files, without=prefix)
             with lease.lock:
@@ -435,7 +459,7 @@ class Runner:
                 self.clear(*left)
 
     def release(self, entry: Entry, sha: str) -> Served:
-        released = self.bus.swap([Update(B.claim_ref(entry.id), None, sha)])
+        released = self.bus.swap([Update(claim_ref(entry.id), None, sha)])
         self.log(
             f"{entry.id}: released the claim before the run started"
             if released
@@ -513,7 +537,7 @@ class Runner:
     def validate(self, entry: Entry) -> tuple[Manifest, Preset, dict[str, Any]]:
         """The request, re-validated against this runner's own registry; Rejected says why not."""
         assert entry.req is not None
-        manifest = B.read_manifests([self.mirror], [entry.req])[entry.req]  # size-capped, parsed
+        manifest = read_manifests([self.mirror], [entry.req])[entry.req]  # size-capped, parsed
         if not isinstance(manifest, Manifest):
             raise Rejected(f"invalid manifest: {manifest}")
         parents = git.parents(self.mirror, entry.req)
@@ -633,7 +657,7 @@ class Runner:
             self.log(
                 f"compacted the bus: {len(moved)} refs of results older than {days:g} days into the ledger"
             )
-            if sum(ref.startswith(B.DONE_PREFIX) for ref in moved) >= COMPACT_BATCH:
+            if sum(ref.startswith(DONE_PREFIX) for ref in moved) >= COMPACT_BATCH:
                 self.compact_next = 0.0  # more left (a bus's first compaction): go on after the next poll
         except Exception as exc:  # a side job: whatever the bus holds, it never takes the runner down
             self.log(f"no compaction this time: {exc}")
@@ -653,20 +677,20 @@ class Runner:
     def result_tree(self, entry: Entry, claim_sha: str, out: Path) -> str:
         """The claim's tree without anything the request put under .kakeya/results/<id>/, plus the run's files
         there (read as bridge/caps.py reads: the caps have removed what cannot be committed)."""
-        prefix = B.results_path(entry.id)
+        prefix = results_path(entry.id)
         found = caps.read_tree(out, 2 * self.config.result_cap_bytes + 4 * self.config.log_cap_bytes)
         files = {f"{prefix}/{rel}": data for rel, data in found.items()}
         return git.tree_with(self.mirror, claim_sha, files, without=prefix)
 
     def stage(self, request_id: str, claim_sha: str, tree: str) -> tuple[str, str] | None:
-        """Push the result's objects to a side ref (B.stage_ref) without holding the lease's lock, so heartbeats
+        """Push the result's objects to a side ref (stage_ref) without holding the lease's lock, so heartbeats
         go on however long a big result takes to upload; the done push then sends only the done commit, its
         claim.json and two trees. (ref, sha) when staged; None when the bus did not take it (the done push
         then carries everything, or goes to the outbox)."""
         sha = git.commit(
             self.mirror, tree, [claim_sha], f"kakeya stage {request_id} by {self.name}", self.who
         )
-        ref = B.stage_ref(request_id, sha)
+        ref = stage_ref(request_id, sha)
         try:
             if self.bus.swap([Update(ref, sha, None)], atomic=False):
                 return ref, sha
@@ -684,7 +708,7 @@ class Runner:
 
     def done_commit(self, entry: Entry, lease: Lease, tree: str, result: RunResult) -> str:
         """The done commit on the lease's last heartbeat (its claim.json), holding `tree`'s results."""
-        tree = git.tree_with(self.mirror, tree, {B.CLAIM_PATH: lease.claim.dump()})
+        tree = git.tree_with(self.mirror, tree, {CLAIM_PATH: lease.claim.dump()})
         verdict = f", verdict {result.verdict}" if result.verdict else ""
         message = f"kakeya done {entry.id}: {result.status}{verdict}\n\n{result.reason or ''}".rstrip() + "\n"
         return git.commit(self.mirror, tree, [lease.sha], message, self.who, self.sign_key)
@@ -714,18 +738,16 @@ class Runner:
         """The done push of `done_sha` for `request_id`: the request, claim and cancel refs as the bus holds
         them now (one prefix-scoped listing), the subject from the done commit's request and result."""
         label = entry.label if entry is not None else None
-        m = B.read_manifests([self.mirror], [done_sha]).get(done_sha)
+        m = read_manifests([self.mirror], [done_sha]).get(done_sha)
         manifest = m if isinstance(m, Manifest) else None
         label = label or (manifest.runner if manifest else None)
-        result = B.parse_or_none(
-            RunResult, git.read_path(self.mirror, done_sha, f"{B.results_path(request_id)}/result.json")
+        result = parse_or_none(
+            RunResult, git.read_path(self.mirror, done_sha, f"{results_path(request_id)}/result.json")
         )
         # the request's subject (validated with its manifest); a result's only when it is a sha at all
-        subject = B.indexed_subject(
-            manifest.subject if manifest else None, result.subject if result else None
-        )
-        index = [B.subject_ref(subject, request_id)] if subject else []
-        wanted = [B.cancel_ref(request_id)] + ([B.req_ref(label, request_id)] if label else [])
+        subject = indexed_subject(manifest.subject if manifest else None, result.subject if result else None)
+        index = [subject_ref(subject, request_id)] if subject else []
+        wanted = [cancel_ref(request_id)] + ([req_ref(label, request_id)] if label else [])
         refs = self.bus.ls_remote(*wanted, *index).refs
         updates = done_updates(
             request_id,
@@ -832,11 +854,11 @@ def done_updates(
     the subject is created and the request and cancel refs in `drop` (ref -> the sha seen) are deleted. The
     done commit descends from the request and every claim commit, so nothing is lost with them."""
     updates = [
-        Update(B.claim_ref(request_id), None, claim_sha),
-        Update(B.done_ref(request_id), done_sha, None),
+        Update(claim_ref(request_id), None, claim_sha),
+        Update(done_ref(request_id), done_sha, None),
     ]
     if subject:
-        updates.append(Update(B.subject_ref(subject, request_id), done_sha, None))
+        updates.append(Update(subject_ref(subject, request_id), done_sha, None))
     return updates + [Update(ref, None, sha) for ref, sha in drop.items()]
 
 

@@ -22,8 +22,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from bridge import bus as B
 from bridge import git
+from bridge.bus import Manifest, read_manifests
 from bridge.errors import InvalidRequest
 from bridge.names import LABEL
 
@@ -147,7 +147,7 @@ def done_signer(
     """(the principal that signed it, None) when done commit `done` is evidence of request `request_id` (its
     request commit `req`, on runner label `label`); (None, why not): not the runner's signed commit, or not
     made on that request."""
-    manifest = found if isinstance(found := B.read_manifests([repo], [done])[done], B.Manifest) else None
+    manifest = found if isinstance(found := read_manifests([repo], [done])[done], Manifest) else None
     label = label or (manifest.runner if manifest else None)
     who, problem = signed_done(repo, done, manifest.subject if manifest else None, label, signers)
     problem = problem or request_problem(repo, request_id, done, req)

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bridge import bus as B
 from bridge import git, trust
+from bridge.bus import PREFIX, RUNNERS_PREFIX, Bus, utcnow
 from bridge.client import default_remote, describe_bus, resolve_remote, state_dir
 from bridge.commands._common import add_json, add_remote, emit
 from bridge.config import Config, SlurmLabel, load_config, project_root
@@ -27,7 +27,7 @@ from bridge.slurm import Slurm
 MIN_GIT = (2, 29)  # fetch --no-write-fetch-head / --stdin
 
 
-NEGATIVE_REFSPEC = f"^refs/heads/{B.PREFIX.removeprefix('refs/heads/')}*"  # ^refs/heads/kakeya/*
+NEGATIVE_REFSPEC = f"^refs/heads/{PREFIX.removeprefix('refs/heads/')}*"  # ^refs/heads/kakeya/*
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -123,10 +123,10 @@ def runners_seen(remote: str, url: str, root: Path, store: Path) -> str:
     """Which live runners serve the bus. The embedded one (no remote: .kakeya/bus.git in this clone) is seen
     only by runners started in this project on this host: with none live, a request waits for ever there, so
     say what that means and how to point requesters and runners at a shared bus."""
-    bus = B.Bus(url, store, timeout_s=30)
+    bus = Bus(url, store, timeout_s=30)
     signers = trust.trusted_signers(root) if git.is_repo(root) else None
-    now = B.utcnow()
-    seen = read_presences(bus, bus.ls_remote(B.RUNNERS_PREFIX).runners, signers)
+    now = utcnow()
+    seen = read_presences(bus, bus.ls_remote(RUNNERS_PREFIX).runners, signers)
     live = [f"{s.name} ({', '.join(s.presence.labels)})" for s in seen if s.presence and s.live(now)]
     names = f"{len(live)} live runner(s): {', '.join(live)}" if live else "no live runner"
     if remote:
@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
         url = resolve_remote(remote, root, cfg)
         store = root if git.is_repo(root) else state_dir(cfg, root)
         try:
-            snap = B.Bus(url, store, timeout_s=30).ls_remote()
+            snap = Bus(url, store, timeout_s=30).ls_remote()
         except KakeyaError as exc:
             raise KakeyaError(
                 f"{exc}; check --remote / KAKEYA_REMOTE / `remote` in kakeya.toml, the network "
@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
             ) from None
         state["url"], state["remote"], state["store"] = url, remote, store
         where = describe_bus(remote, url)
-        bad = f"; {len(snap.ignored)} malformed refs under {B.PREFIX}" if snap.ignored else ""
+        bad = f"; {len(snap.ignored)} malformed refs under {PREFIX}" if snap.ignored else ""
         return f"{where}: {len(snap.entries)} requests readable{bad}"
 
     def isolation() -> str:
@@ -224,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
             return "not tried: the bus could not be read"
         if not git.is_repo(root):
             raise KakeyaError(f"{root} is not a git repository: nothing to push from")
-        ref = f"{B.PREFIX}doctor/{cfg.runner_name}"
+        ref = f"{PREFIX}doctor/{cfg.runner_name}"
         git.push_dry_run(root, str(url), "HEAD", ref)
         return f"a dry-run push of {ref} was accepted"
 

@@ -23,9 +23,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bridge import bus as B
 from bridge import evidence
-from bridge.bus import Entry, Manifest
+from bridge.bus import LIVE, Entry, Manifest, read_manifests, utcnow
 from bridge.client import Client
 from bridge.commands._common import add_remote, add_signer_args, client
 from bridge.commands.wait import add_wait_args, line
@@ -143,10 +142,10 @@ def pending(
     wanted = {o.requirement.preset for o in outcomes if o.status == "missing"}
     if not wanted:
         return {}
-    snap = c.bus.ls_remote(*B.LIVE)
+    snap = c.bus.ls_remote(*LIVE)
     live = [e for e in snap.entries.values() if e.req and not e.done and not e.cancel and e.preset in wanted]
     c.ensure(live, ("req",))
-    manifests = B.read_manifests(c.bus.repos(), [e.req for e in live if e.req])
+    manifests = read_manifests(c.bus.repos(), [e.req for e in live if e.req])
     found: dict[str, str] = {}
     for o in outcomes:
         if o.status != "missing":
@@ -158,7 +157,7 @@ def pending(
                 continue
             if req.label is not None and m.runner != req.label:
                 continue
-            if m.expires_at < B.utcnow():
+            if m.expires_at < utcnow():
                 continue
             try:
                 ok = not req.unmet(preset.validate_params(m.params))

@@ -18,7 +18,7 @@ import argparse
 from pathlib import Path
 
 from bridge import attest
-from bridge import bus as B
+from bridge.bus import results_path
 from bridge.commands._common import (
     add_id,
     add_json,
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"{args.id}: {words}")
     if done is not None:
-        base, where = args.link_base.rstrip("/"), f"{done}/{B.results_path(args.id)}/"
+        base, where = args.link_base.rstrip("/"), f"{done}/{results_path(args.id)}/"
         summary = out / "summary.md"
         summary.write_text(absolute_links(summary.read_text(), f"{base}/blob/{where}", f"{base}/raw/{where}"))
     attestation = None

@@ -12,7 +12,7 @@ import argparse
 import datetime as dt
 import json
 
-from bridge import bus as B
+from bridge.bus import RUNNERS_PREFIX, utcnow
 from bridge.client import age
 from bridge.commands._common import add_json, add_remote, client
 from bridge.presence import Seen, read_presences
@@ -31,8 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     c = client(args)
-    snap = c.bus.ls_remote(B.RUNNERS_PREFIX)
-    now = B.utcnow()
+    snap = c.bus.ls_remote(RUNNERS_PREFIX)
+    now = utcnow()
     seen = read_presences(c.bus, snap.runners, trusted_signers(c.root) if c.in_repo else None)
     shown = [s for s in seen if args.all or s.state(now) not in ("stopped", "stale")]
     if args.json:

@@ -11,9 +11,19 @@ from typing import Any
 
 import gates
 import gates.tables
-from bridge import bus as B
 from bridge import git, ledger, trust
-from bridge.bus import Bus, Entry, Manifest, Snapshot
+from bridge.bus import (
+    DONE_PREFIX,
+    REQ_PREFIX,
+    SUBJECT_PREFIX,
+    Bus,
+    Entry,
+    Manifest,
+    Snapshot,
+    parse_or_none,
+    read_manifests,
+    results_path,
+)
 from bridge.presets import Preset
 from bridge.result import RunResult
 from bridge.trust import Signers
@@ -71,9 +81,9 @@ class DoneResults:
         listing unless `snap`, one fetch by object id of what is not here yet, one batch read."""
         wanted = set(presets)
         if snap is None:  # the live requests too: a done result for a request still pending is checked on it
-            where = [f"{B.SUBJECT_PREFIX}{subject}/"] if subject else [B.DONE_PREFIX]
+            where = [f"{SUBJECT_PREFIX}{subject}/"] if subject else [DONE_PREFIX]
             kind = "subject" if subject else "preset"
-            snap = self.bus.ls_remote(*where, ledger.map_ref(kind), B.REQ_PREFIX)
+            snap = self.bus.ls_remote(*where, ledger.map_ref(kind), REQ_PREFIX)
         if subject is not None:
             found = [
                 Entry(rid, e.label if (e := snap.entries.get(rid)) else None, e.req if e else None, done=sha)
@@ -116,7 +126,7 @@ class DoneResults:
         wanted, among = set(presets), set(subjects)
         if snap is None:  # the live requests too: a done result for a request still pending is checked on it
             snap = self.bus.ls_remote(
-                *(f"{B.SUBJECT_PREFIX}{s}/" for s in sorted(among)), *self._shards(among), B.REQ_PREFIX
+                *(f"{SUBJECT_PREFIX}{s}/" for s in sorted(among)), *self._shards(among), REQ_PREFIX
             )
         found = [
             Entry(rid, e.label if (e := snap.entries.get(rid)) else None, e.req if e else None, done=sha)
@@ -165,14 +175,14 @@ class DoneResults:
         self.bus.fetch_ids(
             [e.done for e in entries if e.done] + [e.req for e in entries if e.req], "done results"
         )
-        files = self.read([f"{e.done}:{B.results_path(e.id)}/result.json" for e in entries])
-        found = B.read_manifests(self.bus.repos(), {c for e in entries for c in (e.done, e.req) if c})
+        files = self.read([f"{e.done}:{results_path(e.id)}/result.json" for e in entries])
+        found = read_manifests(self.bus.repos(), {c for e in entries for c in (e.done, e.req) if c})
         manifests = {c: m for c, m in found.items() if isinstance(m, Manifest)}
         out: dict[str, list[Done]] = {}
         for e in entries:  # oldest first
             assert e.done is not None
             manifest = manifests.get(e.done)
-            result = B.parse_or_none(RunResult, files.get(f"{e.done}:{B.results_path(e.id)}/result.json"))
+            result = parse_or_none(RunResult, files.get(f"{e.done}:{results_path(e.id)}/result.json"))
             label = manifest.runner if manifest else e.label
             requested = manifests.get(e.req) if e.req else None
             out.setdefault(e.preset, []).append(Done(e.id, e.done, label, manifest, result, e.req, requested))
@@ -186,8 +196,8 @@ class DoneResults:
         return git.repo_having(self.bus.repos(), sha)
 
     def report(self, done: Done) -> bytes | None:
-        return self.read([f"{done.sha}:{B.results_path(done.id)}/report.json"]).get(
-            f"{done.sha}:{B.results_path(done.id)}/report.json"
+        return self.read([f"{done.sha}:{results_path(done.id)}/report.json"]).get(
+            f"{done.sha}:{results_path(done.id)}/report.json"
         )
 
     def of(self, preset: str, label: str | None) -> list[Done]:

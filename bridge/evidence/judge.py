@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 import gates
 import gates.tables
-from bridge import bus as B
 from bridge import git, trust
+from bridge.bus import MANIFEST_PATH
 from bridge.evidence.baseline import compare_to_previous
 from bridge.evidence.done import Done, DoneResults, regate
 from bridge.evidence.requirements import Requirement
@@ -182,7 +182,7 @@ def provenance(dones: DoneResults, done: Done, subject: str, req: Requirement, p
 
     problems = []
     if m is None:
-        problems.append(f"its {B.MANIFEST_PATH} is missing or invalid")
+        problems.append(f"its {MANIFEST_PATH} is missing or invalid")
     else:
         problems += disagree(
             "request",

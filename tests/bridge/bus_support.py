@@ -20,8 +20,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bridge import bus as B
 from bridge import git as G
+from bridge.bus import (
+    MANIFEST_PATH,
+    SUBJECT_PREFIX,
+    Bus,
+    Manifest,
+    Update,
+    done_ref,
+    req_ref,
+    results_path,
+    subject_ref,
+    utcnow,
+)
 from bridge.config import load_config
 from bridge.runner import Runner
 
@@ -333,10 +344,10 @@ def kill_pid(pid: int) -> None:
 
 def done_result(store: Path, url: str, request_id: str) -> dict:
     """result.json of a done commit, fetched into `store`."""
-    bus = B.Bus(url, store)
-    sha = bus.ls_remote(B.done_ref(request_id)).refs[B.done_ref(request_id)]
-    bus.fetch([B.done_ref(request_id)])
-    raw = G.read_path(store, sha, f"{B.results_path(request_id)}/result.json")
+    bus = Bus(url, store)
+    sha = bus.ls_remote(done_ref(request_id)).refs[done_ref(request_id)]
+    bus.fetch([done_ref(request_id)])
+    raw = G.read_path(store, sha, f"{results_path(request_id)}/result.json")
     assert raw is not None
     return json.loads(raw)
 
@@ -347,8 +358,8 @@ def push_raw_request(
     """A request commit with any manifest at all (as a misbehaving client would push it)."""
     data = manifest if isinstance(manifest, bytes) else json.dumps(manifest).encode()
     parent = parent or G.rev_parse(store, "HEAD") or ""
-    sha = G.child_commit(store, parent, {B.MANIFEST_PATH: data}, "raw request", "Test <t@example.com>")
-    assert B.Bus(url, store).swap([B.Update(B.req_ref(label, request_id), sha, None)], atomic=False)
+    sha = G.child_commit(store, parent, {MANIFEST_PATH: data}, "raw request", "Test <t@example.com>")
+    assert Bus(url, store).swap([Update(req_ref(label, request_id), sha, None)], atomic=False)
     return sha
 
 
@@ -360,8 +371,8 @@ def manifest_dict(
     params: dict | None = None,
     ttl_s: float = 3600,
 ) -> dict:
-    now = B.utcnow()
-    return B.Manifest(
+    now = utcnow()
+    return Manifest(
         id=request_id,
         preset=preset,
         params=params or {},
@@ -379,9 +390,9 @@ def move_done(
 ) -> None:
     """Point the done ref of `request_id` and every index ref of it at `sha` (None deletes them), and index it
     under `subjects` too, as anyone with push access to the bus could."""
-    bus = B.Bus(url, store)
-    snap = bus.ls_remote(B.done_ref(request_id), B.SUBJECT_PREFIX)
+    bus = Bus(url, store)
+    snap = bus.ls_remote(done_ref(request_id), SUBJECT_PREFIX)
     refs = {ref: old for ref, old in snap.refs.items() if ref.endswith("/" + request_id)}
-    wanted = set(refs) | {B.done_ref(request_id)} | {B.subject_ref(s, request_id) for s in subjects}
-    updates = [B.Update(ref, sha, refs.get(ref)) for ref in sorted(wanted) if refs.get(ref) != sha]
+    wanted = set(refs) | {done_ref(request_id)} | {subject_ref(s, request_id) for s in subjects}
+    updates = [Update(ref, sha, refs.get(ref)) for ref in sorted(wanted) if refs.get(ref) != sha]
     assert not updates or bus.swap(updates, atomic=False)

@@ -14,7 +14,7 @@ from bridge import attest
 from bridge.cli import main
 from bridge.trust import ALLOWED_SIGNERS, principal
 from tests.bridge.bus_support import Daemon, Env
-from tests.bridge.test_gate_pr import Bus
+from tests.bridge.test_gate_pr import LocalBus
 from tests.bridge.test_signing import allow, keys_fixture, signed_runner  # noqa: F401 (the `keys` fixture)
 
 
@@ -26,7 +26,7 @@ def test_a_signed_runs_attestation_verifies_offline_and_every_forgery_fails(
         (principal("r1", ["cpu", "gpu"]), keys["r1"]),
         (principal("r2", ["gpu"]), keys["r2"]),
     )
-    bus = Bus(world, url=daemon.repo())
+    bus = LocalBus(world, url=daemon.repo())
     bus.runner = signed_runner(world, bus.url, "r1", ("cpu",), keys["r1"])
     rid = bus.run("work", tag="a")
     done = bus.done(rid)

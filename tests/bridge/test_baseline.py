@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bridge import bus as B
 from bridge import evidence as E
 from bridge import git as G
+from bridge.bus import Bus, done_ref, new_id, results_path
 from bridge.cli import main
 from bridge.config import load_config
 from bridge.errors import InvalidRequest
@@ -118,10 +118,10 @@ def test_previous_pass_baseline_over_a_series_of_runs(bench: Env, capsys):
     page = (bench.project / "out" / third / "report.html").read_text()
     assert "<title>bench: ran, gate failed</title>" in page and "verdict fail" not in page
     # the done commit on the bus says the same
-    bus = B.Bus(str(bench.project / ".kakeya" / "bus.git"), bench.project)
+    bus = Bus(str(bench.project / ".kakeya" / "bus.git"), bench.project)
     repo = bus.url
-    done = bus.ls_remote(B.done_ref(third)).refs[B.done_ref(third)]
-    on_bus = json.loads(G.read_path(repo, done, f"{B.results_path(third)}/verdict.json") or b"")
+    done = bus.ls_remote(done_ref(third)).refs[done_ref(third)]
+    on_bus = json.loads(G.read_path(repo, done, f"{results_path(third)}/verdict.json") or b"")
     assert on_bus["comparison"]["status"] == "fail" and on_bus["status"] == "fail"
 
     # 4. a run that fails its gate (with a value that would be a fine baseline for nothing below)
@@ -182,10 +182,10 @@ def test_an_unreachable_bus_is_recorded_not_failed(bench: Env, tmp_path: Path):
         bench.project,
         out,
         config=load_config(),
-        context=RunContext(request_id=B.new_id("bench"), runner_labels=["cpu"]),
+        context=RunContext(request_id=new_id("bench"), runner_labels=["cpu"]),
     )
     assert outcome.result.verdict == "pass"
-    bus = B.Bus(str(tmp_path / "no-such-bus"), G.init_bare(tmp_path / "store"))
+    bus = Bus(str(tmp_path / "no-such-bus"), G.init_bare(tmp_path / "store"))
     after = E.apply_baseline(bus, preset, "cpu", outcome)
     assert after.result == outcome.result  # the run's own result stands: verdict pass, no reason added
     after.write()

@@ -16,12 +16,21 @@ from pathlib import Path
 import pytest
 
 from bridge import bisect as BI
-from bridge import bus as B
+from bridge.bus import (
+    REQ_PREFIX,
+    RUNNERS_PREFIX,
+    SUBJECT_PREFIX,
+    Bus,
+    Update,
+    done_ref,
+    read_manifests,
+    req_ref,
+)
 from bridge.cli import main
 from bridge.commands.bisect import show
 from bridge.presets import load_registry
 from tests.bridge.bus_support import Env, move_done, runner_process, stop, wait_for
-from tests.bridge.test_history import Bus, commit, setup_bench
+from tests.bridge.test_history import LocalBus, commit, setup_bench
 
 
 def bisect_process(env: Env, url: str, *args: str) -> subprocess.Popen[str]:
@@ -52,23 +61,23 @@ def branch(env: Env, n: int, planted: int, speed: int) -> list[str]:
 
 def requests_on_bus(url: str, project: Path) -> dict[str, str]:
     """request id -> subject, of every bench request the bus holds (live or done)."""
-    bus = B.Bus(url, project)
-    snap = bus.ls_remote(B.REQ_PREFIX, B.SUBJECT_PREFIX)
+    bus = Bus(url, project)
+    snap = bus.ls_remote(REQ_PREFIX, SUBJECT_PREFIX)
     done = {rid: subject for rid, (subject, _) in snap.index.items()}
     live = [e for e in snap.entries.values() if e.req and e.id not in done]
     bus.fetch_ids([e.req for e in live if e.req])
-    manifests = B.read_manifests(bus.repos(), [e.req for e in live if e.req])
+    manifests = read_manifests(bus.repos(), [e.req for e in live if e.req])
     return {**done, **{e.id: manifests[e.req].subject for e in live}}  # type: ignore[union-attr,index]
 
 
 @pytest.fixture(name="bus")
-def bus_fixture(world: Env) -> Bus:
+def bus_fixture(world: Env) -> LocalBus:
     setup_bench(world)
-    return Bus(world)
+    return LocalBus(world)
 
 
 def test_bisect_finds_the_planted_failure_in_log2_runs_then_again_from_evidence_alone(
-    world: Env, bus: Bus, capsys
+    world: Env, bus: LocalBus, capsys
 ):
     c = branch(world, 8, planted=5, speed=30)  # c5 fails the gate (min 50)
     runner = runner_process(world, bus.url, "r1")
@@ -114,7 +123,7 @@ def test_bisect_finds_the_planted_failure_in_log2_runs_then_again_from_evidence_
     assert len(world.count()) == 3 and len(requests_on_bus(bus.url, world.project)) == 3
 
 
-def test_skipped_commits_next_to_the_first_bad_one_leave_it_ambiguous(world: Env, bus: Bus, capsys):
+def test_skipped_commits_next_to_the_first_bad_one_leave_it_ambiguous(world: Env, bus: LocalBus, capsys):
     c = [commit(world, "good", speed=100), commit(world, "c1 breaks the build", broken=True)]
     c.append(commit(world, "c2 fixes it, slowly", speed=30, broken=False))
     runner = runner_process(world, bus.url, "r1")
@@ -130,7 +139,7 @@ def test_skipped_commits_next_to_the_first_bad_one_leave_it_ambiguous(world: Env
 
 
 def test_a_commit_that_does_not_build_is_skipped_and_existing_evidence_saves_runs(
-    world: Env, bus: Bus, capsys
+    world: Env, bus: LocalBus, capsys
 ):
     c = [commit(world, "good", speed=100)]
     c.append(commit(world, "c1 breaks the build", broken=True))
@@ -154,12 +163,12 @@ def test_a_commit_that_does_not_build_is_skipped_and_existing_evidence_saves_run
     assert events[-1]["requested"] == 3 and events[-1]["good"] == c[2]
 
 
-def test_a_slowed_metric_with_two_requests_in_flight_on_two_runners(world: Env, bus: Bus, capsys):
+def test_a_slowed_metric_with_two_requests_in_flight_on_two_runners(world: Env, bus: LocalBus, capsys):
     c = branch(world, 8, planted=3, speed=80)  # 20 % slower from c3 on, still passing the gate
     runners = [runner_process(world, bus.url, name) for name in ("r1", "r2")]
     try:  # (as many in flight as live runners serve the label: both are live first)
         wait_for(
-            lambda: len(B.Bus(bus.url, world.project).ls_remote(B.RUNNERS_PREFIX).runners) == 2, 30, "runners"
+            lambda: len(Bus(bus.url, world.project).ls_remote(RUNNERS_PREFIX).runners) == 2, 30, "runners"
         )
         code, events = bisect(
             capsys, bus.url, "--good", c[0], "--bad", c[8], "--require", "bench@cpu",
@@ -176,7 +185,7 @@ def test_a_slowed_metric_with_two_requests_in_flight_on_two_runners(world: Env, 
     assert {e["commit"]: e["value"] for e in events if e["event"] == "bad"}[c[3]] == 80
 
 
-def test_an_interrupted_bisect_resumes_with_the_requests_already_made(world: Env, bus: Bus, capsys):
+def test_an_interrupted_bisect_resumes_with_the_requests_already_made(world: Env, bus: LocalBus, capsys):
     c = branch(world, 8, planted=5, speed=30)
     args = ("--good", c[0], "--bad", c[8], "--require", "bench@cpu")
     proc = bisect_process(world, bus.url, *args)  # no runner yet: its first request waits
@@ -219,7 +228,7 @@ def test_an_interrupted_bisect_resumes_with_the_requests_already_made(world: Env
     assert first in on_bus and sorted(world.count()) == sorted([c[4], c[5], c[6], c[7]])
 
 
-def test_bisect_refuses_what_it_cannot_bisect(world: Env, bus: Bus, capsys):
+def test_bisect_refuses_what_it_cannot_bisect(world: Env, bus: LocalBus, capsys):
     c = branch(world, 2, planted=2, speed=30)
 
     def refused(*args: str) -> str:
@@ -242,11 +251,11 @@ def test_bisect_refuses_what_it_cannot_bisect(world: Env, bus: Bus, capsys):
     assert world.count() == [] and requests_on_bus(bus.url, world.project) == {}
 
 
-def test_a_run_indexed_under_a_commit_it_did_not_run_is_no_evidence(world: Env, bus: Bus, capsys):
+def test_a_run_indexed_under_a_commit_it_did_not_run_is_no_evidence(world: Env, bus: LocalBus, capsys):
     c = branch(world, 2, planted=2, speed=30)
     failing = bus.run(c[2])  # c2's real, failing run ...
-    mallory = B.Bus(bus.url, world.project)
-    sha = mallory.ls_remote(B.done_ref(failing)).refs[B.done_ref(failing)]
+    mallory = Bus(bus.url, world.project)
+    sha = mallory.ls_remote(done_ref(failing)).refs[done_ref(failing)]
     mallory.fetch_ids([sha], in_store=True)
     move_done(bus.url, world.project, failing, sha, subjects=(c[1],))  # ... indexed under c1 as well
     runner = runner_process(world, bus.url, "r1")
@@ -262,7 +271,7 @@ def test_a_run_indexed_under_a_commit_it_did_not_run_is_no_evidence(world: Env, 
 
 
 def test_waiting_says_where_requests_are_and_one_deleted_from_the_bus_is_asked_again(
-    world: Env, bus: Bus, capsys
+    world: Env, bus: LocalBus, capsys
 ):
     c = branch(world, 4, planted=4, speed=30)
     path = world.tmp / "bisect.json"
@@ -276,9 +285,9 @@ def test_waiting_says_where_requests_are_and_one_deleted_from_the_bus_is_asked_a
     waiting = next(events)
     assert waiting == {"event": "waiting", "requests": {asked["id"]: "queued"}}
     # Mallory deletes the request ref: the bisect does not wait forever, it forgets it and asks again
-    mallory = B.Bus(bus.url, world.project)
-    ref = B.req_ref("cpu", asked["id"])
-    assert mallory.swap([B.Update(ref, None, mallory.ls_remote(ref).refs[ref])])
+    mallory = Bus(bus.url, world.project)
+    ref = req_ref("cpu", asked["id"])
+    assert mallory.swap([Update(ref, None, mallory.ls_remote(ref).refs[ref])])
     lost = next(events)
     assert lost["event"] == "lost" and lost["id"] == asked["id"] and lost["commit"] == c[2]
     again = next(events)

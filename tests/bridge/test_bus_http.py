@@ -10,8 +10,19 @@ from collections.abc import Iterator
 
 import pytest
 
-from bridge import bus as B
 from bridge import git as G
+from bridge.bus import (
+    CLAIM_PREFIX,
+    DONE_PREFIX,
+    REQ_PREFIX,
+    SUBJECT_PREFIX,
+    Bus,
+    BusUnreachable,
+    claim_ref,
+    done_ref,
+    req_ref,
+    subject_ref,
+)
 from bridge.cli import main
 from tests.bridge.bus_support import Env, HttpGit, git, make_runner
 
@@ -22,12 +33,12 @@ def test_request_run_and_gate_over_http(world: Env, httpgit: HttpGit, capsys):
     head = git(world.project, "rev-parse", "HEAD")
     assert main(["request", "work", "--runner", "cpu", "--remote", url]) == 0
     rid = capsys.readouterr().out.strip().splitlines()[-1]
-    assert B.req_ref("cpu", rid) in G.refs_under(bus_dir, "refs/")
+    assert req_ref("cpu", rid) in G.refs_under(bus_dir, "refs/")
     done = make_runner(url, world).once()
     assert done is not None and done.pushed and done.id == rid
     refs = G.refs_under(bus_dir, "refs/")
-    assert refs[B.done_ref(rid)] == refs[B.subject_ref(head, rid)] == done.done
-    assert B.req_ref("cpu", rid) not in refs and B.claim_ref(rid) not in refs
+    assert refs[done_ref(rid)] == refs[subject_ref(head, rid)] == done.done
+    assert req_ref("cpu", rid) not in refs and claim_ref(rid) not in refs
     assert main(["wait", rid, "--remote", url]) == 0
     capsys.readouterr()
     gate = ["gate", "pr", "--subject", head, "--require", "work@cpu", "--remote", url, "--allow-unsigned"]
@@ -37,11 +48,9 @@ def test_request_run_and_gate_over_http(world: Env, httpgit: HttpGit, capsys):
     assert (world.tmp / "res" / rid / "result.json").is_file()
     # the listing asked the server for the prefix only, and it is exactly what a full listing filters to
     full = G.ls_remote(world.project, url, (), 60)
-    scoped = G.ls_refs(world.project, url, [B.DONE_PREFIX, B.SUBJECT_PREFIX], 60)
+    scoped = G.ls_refs(world.project, url, [DONE_PREFIX, SUBJECT_PREFIX], 60)
     assert scoped == "".join(
-        ln + "\n"
-        for ln in full.splitlines()
-        if ln.split("\t")[1].startswith((B.DONE_PREFIX, B.SUBJECT_PREFIX))
+        ln + "\n" for ln in full.splitlines() if ln.split("\t")[1].startswith((DONE_PREFIX, SUBJECT_PREFIX))
     )
     assert scoped.count("\n") == 2
 
@@ -55,9 +64,9 @@ def test_a_server_of_protocol_v0_gets_the_full_listing_said_once(world: Env, tmp
         said = capsys.readouterr()
         rid = said.out.strip().splitlines()[-1]
         for _ in range(2):
-            listed = G.ls_refs(world.project, url, [B.REQ_PREFIX], 60)
+            listed = G.ls_refs(world.project, url, [REQ_PREFIX], 60)
             assert listed.splitlines() == [
-                f"{G.refs_under(old.base / 'bus.git', 'refs/')[B.req_ref('cpu', rid)]}\t{B.req_ref('cpu', rid)}"
+                f"{G.refs_under(old.base / 'bus.git', 'refs/')[req_ref('cpu', rid)]}\t{req_ref('cpu', rid)}"
             ]
         assert (said.err + capsys.readouterr().err).count("speaks only git protocol v0/v1") == 1
         done = make_runner(url, world).once()
@@ -126,14 +135,14 @@ SHA = "a" * 40
     indirect=["liar"],
 )
 def test_a_lying_or_silent_http_server_never_yields_a_partial_list(world: Env, liar: Liar, error: str):
-    with pytest.raises(B.BusUnreachable, match=f"listing refs/kakeya/done/.*({error})"):
-        B.Bus(liar.url, world.project, timeout_s=2).list([B.DONE_PREFIX])
+    with pytest.raises(BusUnreachable, match=f"listing refs/kakeya/done/.*({error})"):
+        Bus(liar.url, world.project, timeout_s=2).list([DONE_PREFIX])
 
 
 def test_http_errors_say_what_went_wrong(world: Env, httpgit: HttpGit):
     httpgit.repo()
     missing = f"http://127.0.0.1:{httpgit.port}/nope.git"
-    with pytest.raises(B.BusUnreachable, match=r"listing refs/kakeya/claim/.*nope.git.*not found"):
-        B.Bus(missing, world.project).list([B.CLAIM_PREFIX])
-    with pytest.raises(B.BusUnreachable, match="Failed to connect"):
-        B.Bus("http://127.0.0.1:1/bus.git", world.project).list([B.CLAIM_PREFIX])
+    with pytest.raises(BusUnreachable, match=r"listing refs/kakeya/claim/.*nope.git.*not found"):
+        Bus(missing, world.project).list([CLAIM_PREFIX])
+    with pytest.raises(BusUnreachable, match="Failed to connect"):
+        Bus("http://127.0.0.1:1/bus.git", world.project).list([CLAIM_PREFIX])

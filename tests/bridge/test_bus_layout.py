@@ -13,9 +13,33 @@ import time
 import pytest
 
 from benchmarks.bus_scale import Relay, template, write_history
-from bridge import bus as B
 from bridge import evidence as E
 from bridge import git as G
+from bridge.bus import (
+    CLAIM_PATH,
+    CLAIM_PREFIX,
+    DONE_PREFIX,
+    MANIFEST_PATH,
+    NS,
+    PREFIX,
+    RUNNERS_PREFIX,
+    Bus,
+    BusError,
+    BusUnreachable,
+    Claim,
+    Manifest,
+    Update,
+    claim_ref,
+    done_ref,
+    id_time,
+    layout_ref,
+    new_id,
+    req_ref,
+    results_path,
+    runner_ref,
+    subject_ref,
+    utcnow,
+)
 from bridge.cli import main
 from bridge.client import Client
 from bridge.config import load_config
@@ -57,7 +81,7 @@ def test_history_written_by_fast_import_has_the_shape_of_a_real_run(world: Env, 
     url = daemon.repo()
     bus_dir = daemon.base / "bus.git"
     real = served(url, world, tag="real")
-    real_done = all_refs(bus_dir)[B.done_ref(real)]
+    real_done = all_refs(bus_dir)[done_ref(real)]
     tpl = template(bus_dir, real_done)
     made = write_history(bus_dir, tpl, 60, (1, 50))
     assert len(made["ids"]) == 60 and len(set(made["ids"])) == 60
@@ -66,12 +90,12 @@ def test_history_written_by_fast_import_has_the_shape_of_a_real_run(world: Env, 
         mine = sorted(ref.split("/")[2] for ref in refs if ref.endswith("/" + rid))
         assert mine == ["by-subject", "done"], (rid, mine)
     fake = made["ids"][-1]
-    fake_done = refs[B.done_ref(fake)]
+    fake_done = refs[done_ref(fake)]
 
     def shape(done: str, rid: str) -> list[tuple[list[str], int]]:
         """Per commit from the done commit down to the subject: its .kakeya paths (id written as ID) and
         parent count."""
-        manifest = json.loads(G.read_path(bus_dir, done, B.MANIFEST_PATH) or b"{}")
+        manifest = json.loads(G.read_path(bus_dir, done, MANIFEST_PATH) or b"{}")
         chain = G.out(bus_dir, "rev-list", "--first-parent", done).split()
         chain = chain[: chain.index(manifest["subject"])]
         return [
@@ -90,14 +114,14 @@ def test_history_written_by_fast_import_has_the_shape_of_a_real_run(world: Env, 
     assert len(shape(fake_done, fake)) == 3  # done, claim, request
     # and the files are as valid as a real run's: the same models read them
     result = RunResult.model_validate_json(
-        G.read_path(bus_dir, fake_done, f"{B.results_path(fake)}/result.json") or b""
+        G.read_path(bus_dir, fake_done, f"{results_path(fake)}/result.json") or b""
     )
     subject50 = made["subjects"][50]
     assert (result.request_id, result.status) == (fake, "succeeded")
-    B.Manifest.model_validate_json(G.read_path(bus_dir, fake_done, B.MANIFEST_PATH) or b"")
-    B.Claim.model_validate_json(G.read_path(bus_dir, fake_done, B.CLAIM_PATH) or b"")
+    Manifest.model_validate_json(G.read_path(bus_dir, fake_done, MANIFEST_PATH) or b"")
+    Claim.model_validate_json(G.read_path(bus_dir, fake_done, CLAIM_PATH) or b"")
     # `gate pr`, `results` and `status` treat them as real: the subject with 50 runs passes on its newest
-    newest = max(rid for rid in made["ids"] if refs.get(B.subject_ref(subject50, rid)))
+    newest = max(rid for rid in made["ids"] if refs.get(subject_ref(subject50, rid)))
     assert (
         main(
             [
@@ -129,7 +153,7 @@ def test_reads_cost_the_same_bytes_whatever_the_history(world: Env, relayed, cap
     bytes; a full listing grows."""
     direct, url, bus_dir, relay = relayed
     real = served(direct, world, tag="real")
-    tpl = template(bus_dir, all_refs(bus_dir)[B.done_ref(real)])
+    tpl = template(bus_dir, all_refs(bus_dir)[done_ref(real)])
     subject = write_history(bus_dir, tpl, 20, (1,))["subjects"][1]
     runner = make_runner(url, world, name="poller")
     registry = load_registry()
@@ -176,27 +200,27 @@ def test_the_done_push_is_atomic_and_a_lost_lease_pushes_nothing(world: Env, dae
     assert claimed is not None
     claim_sha = claimed[0]
     # someone takes the claim over before r1's done push: the push must change nothing at all
-    thief = G.child_commit(r1.mirror, claim_sha, {B.CLAIM_PATH: b"{}"}, "takeover", "T <t@x>")
-    assert r1.bus.swap([B.Update(B.claim_ref(rid), thief, claim_sha)])
-    done = G.child_commit(r1.mirror, claim_sha, {f"{B.results_path(rid)}/result.json": b"{}"}, "d", "T <t@x>")
+    thief = G.child_commit(r1.mirror, claim_sha, {CLAIM_PATH: b"{}"}, "takeover", "T <t@x>")
+    assert r1.bus.swap([Update(claim_ref(rid), thief, claim_sha)])
+    done = G.child_commit(r1.mirror, claim_sha, {f"{results_path(rid)}/result.json": b"{}"}, "d", "T <t@x>")
     before = all_refs(bus_dir)
     assert r1.push_done(rid, claim_sha, done, entry) is False
     assert all_refs(bus_dir) == before  # no done ref, no index ref, the request and the thief's claim kept
-    assert before[B.req_ref("cpu", rid)] == entry.req and before[B.claim_ref(rid)] == thief
+    assert before[req_ref("cpu", rid)] == entry.req and before[claim_ref(rid)] == thief
 
     # a squatted index ref (someone pushed it first) is replaced by the done push, never a reason to fail
     other = c.request("work", {"tag": "b"}, "cpu", subject="HEAD").id
-    other_req = all_refs(bus_dir)[B.req_ref("cpu", other)]
-    assert r1.bus.swap([B.Update(B.subject_ref(head, other), head, None)], atomic=False)
+    other_req = all_refs(bus_dir)[req_ref("cpu", other)]
+    assert r1.bus.swap([Update(subject_ref(head, other), head, None)], atomic=False)
     result = make_runner(url, world, name="r2").once(request_id=other)
     assert result is not None and result.pushed
     refs = all_refs(bus_dir)
-    assert refs[B.subject_ref(head, other)] == refs[B.done_ref(other)] == result.done
-    assert B.req_ref("cpu", other) not in refs and B.claim_ref(other) not in refs
+    assert refs[subject_ref(head, other)] == refs[done_ref(other)] == result.done
+    assert req_ref("cpu", other) not in refs and claim_ref(other) not in refs
     # the request and the claim commit whose refs went stay reachable from the done commit
     assert G.is_ancestor(bus_dir, other_req, result.done or "")
     claims = G.first_parents(bus_dir, result.done or "", other_req)[1:]
-    assert claims and all(G.read_path(bus_dir, c, B.CLAIM_PATH) for c in claims)
+    assert claims and all(G.read_path(bus_dir, c, CLAIM_PATH) for c in claims)
 
 
 def test_a_bus_of_another_layout_is_refused_with_the_version_to_use(world: Env, daemon: Daemon, capsys):
@@ -204,18 +228,18 @@ def test_a_bus_of_another_layout_is_refused_with_the_version_to_use(world: Env, 
     bus_dir = daemon.base / "bus.git"
     head = git(world.project, "rev-parse", "HEAD")
     served(url, world)
-    assert B.layout_ref() in all_refs(bus_dir)  # a new bus says its layout from its first request
+    assert layout_ref() in all_refs(bus_dir)  # a new bus says its layout from its first request
     # a newer kakeya moved the bus on to layout 3
-    G.update_ref(bus_dir, B.layout_ref(), None)
-    G.run(bus_dir, "update-ref", B.layout_ref(3), head)
+    G.update_ref(bus_dir, layout_ref(), None)
+    G.run(bus_dir, "update-ref", layout_ref(3), head)
     assert main(["status", "--remote", url]) == 1
     err = capsys.readouterr().err
     assert "has bus layout 3; this kakeya speaks layout 2: upgrade kakeya" in err, err
-    with pytest.raises(B.BusError, match="bus layout 3"):
+    with pytest.raises(BusError, match="bus layout 3"):
         make_runner(url, world).once()
     # a bus of layout 1 (everything under refs/heads/kakeya/) that nobody migrated
-    G.update_ref(bus_dir, B.layout_ref(3), None)
-    G.run(bus_dir, "update-ref", f"{B.PREFIX}done/{B.new_id('work')}", head)
+    G.update_ref(bus_dir, layout_ref(3), None)
+    G.run(bus_dir, "update-ref", f"{PREFIX}done/{new_id('work')}", head)
     assert main(["status", "--remote", url]) == 1
     assert "old bus layout 1" in (err := capsys.readouterr().err) and "kakeya bus migrate" in err, err
 
@@ -228,13 +252,13 @@ def test_migrate_upgrades_an_old_bus_once_and_a_live_claim_is_honoured(world: En
     # request a runner of layout 1 holds (its claim there too), a cancel marker and a presence.
     finished = served(url, world, tag="old")
     refs = all_refs(bus_dir)
-    done = refs[B.done_ref(finished)]
+    done = refs[done_ref(finished)]
     req = G.first_parents(bus_dir, done, head)[-1]  # the request commit: the first on the subject
     assert G.parents(bus_dir, req) == [head]
     live = client(url).request("work", {"tag": "live"}, "cpu", subject="HEAD").id
-    live_req = all_refs(bus_dir)[B.req_ref("cpu", live)]
-    now = B.utcnow()
-    claim = B.Claim(
+    live_req = all_refs(bus_dir)[req_ref("cpu", live)]
+    now = utcnow()
+    claim = Claim(
         id=live,
         runner="old-runner",
         labels=["cpu"],
@@ -244,39 +268,39 @@ def test_migrate_upgrades_an_old_bus_once_and_a_live_claim_is_honoured(world: En
         lease_until=now,
         lease_s=3,
     )
-    claim_sha = G.child_commit(bus_dir, live_req, {B.CLAIM_PATH: claim.dump()}, "old claim", "T <t@x>")
+    claim_sha = G.child_commit(bus_dir, live_req, {CLAIM_PATH: claim.dump()}, "old claim", "T <t@x>")
     old = {
-        B.req_ref("cpu", finished): req,
-        f"{B.PREFIX}claim/{finished}": done,
-        f"{B.PREFIX}done/{finished}": done,
-        f"{B.PREFIX}claim/{live}": claim_sha,
-        f"{B.PREFIX}runners/old-runner": head,
+        req_ref("cpu", finished): req,
+        f"{PREFIX}claim/{finished}": done,
+        f"{PREFIX}done/{finished}": done,
+        f"{PREFIX}claim/{live}": claim_sha,
+        f"{PREFIX}runners/old-runner": head,
     }
     G.run(
         bus_dir,
         "update-ref",
         "--stdin",
         input="".join(
-            [f"delete {ref}\n" for ref in all_refs(bus_dir) if ref.startswith(B.NS)]
+            [f"delete {ref}\n" for ref in all_refs(bus_dir) if ref.startswith(NS)]
             + [f"update {ref} {sha}\n" for ref, sha in old.items()]
         ).encode(),
     )
     assert main(["status", "--remote", url]) == 1 and "kakeya bus migrate" in capsys.readouterr().err
     assert main(["bus", "migrate", "--remote", url, "--dry-run"]) == 0
     dry = capsys.readouterr().out
-    assert "would update 10 refs" in dry and B.subject_ref(head, finished) in dry
-    assert all_refs(bus_dir) == {**old, B.req_ref("cpu", live): live_req}  # a dry run changes nothing
+    assert "would update 10 refs" in dry and subject_ref(head, finished) in dry
+    assert all_refs(bus_dir) == {**old, req_ref("cpu", live): live_req}  # a dry run changes nothing
     capsys.readouterr()
     assert main(["bus", "migrate", "--remote", url]) == 0
     assert "updated 10 refs" in capsys.readouterr().out
     after = all_refs(bus_dir)
-    marker = after.pop(B.layout_ref())
+    marker = after.pop(layout_ref())
     assert after == {
-        B.done_ref(finished): done,
-        B.subject_ref(head, finished): done,
-        B.claim_ref(live): claim_sha,
-        B.req_ref("cpu", live): live_req,
-        B.runner_ref("old-runner"): head,
+        done_ref(finished): done,
+        subject_ref(head, finished): done,
+        claim_ref(live): claim_sha,
+        req_ref("cpu", live): live_req,
+        runner_ref("old-runner"): head,
     }
     assert marker
     assert main(["bus", "migrate", "--remote", url]) == 0  # idempotent
@@ -294,7 +318,7 @@ def test_migrate_upgrades_an_old_bus_once_and_a_live_claim_is_honoured(world: En
     assert took is not None and took.id == live and took.pushed
     assert world.count() == ["old", "live"]
     final = all_refs(bus_dir)
-    assert B.claim_ref(live) not in final and B.req_ref("cpu", live) not in final
+    assert claim_ref(live) not in final and req_ref("cpu", live) not in final
 
 
 def test_compact_moves_old_results_into_the_ledger_and_every_reader_still_finds_them(
@@ -303,10 +327,10 @@ def test_compact_moves_old_results_into_the_ledger_and_every_reader_still_finds_
     url = daemon.repo()
     bus_dir = daemon.base / "bus.git"
     real = served(url, world, tag="real")
-    made = write_history(bus_dir, template(bus_dir, all_refs(bus_dir)[B.done_ref(real)]), 40, (1, 5))
+    made = write_history(bus_dir, template(bus_dir, all_refs(bus_dir)[done_ref(real)]), 40, (1, 5))
     ids = made["ids"] + [real]
-    cutoff = B.utcnow().timestamp() - 3 * 86400
-    old = {rid for rid in ids if B.id_time(rid).timestamp() < cutoff}
+    cutoff = utcnow().timestamp() - 3 * 86400
+    old = {rid for rid in ids if id_time(rid).timestamp() < cutoff}
     assert 20 < len(old) < len(ids)
     assert main(["bus", "compact", "--older-than", "3", "--remote", url, "--dry-run"]) == 0
     assert f"would move {2 * len(old)} refs into the ledger" in capsys.readouterr().out
@@ -314,7 +338,7 @@ def test_compact_moves_old_results_into_the_ledger_and_every_reader_still_finds_
     assert f"moved {2 * len(old)} refs into the ledger" in capsys.readouterr().out
     refs = all_refs(bus_dir)
     # only the recent results keep refs; the ledger and its shard refs hold the rest
-    assert {r.rsplit("/", 1)[1] for r in refs if r.startswith(B.DONE_PREFIX)} == set(ids) - old
+    assert {r.rsplit("/", 1)[1] for r in refs if r.startswith(DONE_PREFIX)} == set(ids) - old
     assert not any(r.endswith(tuple(old)) for r in refs)
     ledger = refs["refs/kakeya/ledger"]
     kept = set(G.out(bus_dir, "rev-list", ledger).split())
@@ -322,7 +346,7 @@ def test_compact_moves_old_results_into_the_ledger_and_every_reader_still_finds_
     G.run(bus_dir, "gc", "--prune=now", "--quiet")
     for rid in old:
         done = json.loads(G.read_path(bus_dir, ledger, f"date/{rid[:8]}/{rid}") or b"{}")["done"]
-        assert done in kept and G.read_path(bus_dir, done, f"{B.results_path(rid)}/result.json")
+        assert done in kept and G.read_path(bus_dir, done, f"{results_path(rid)}/result.json")
     tree = G.ls_tree(bus_dir, ledger, recursive=True)
     assert {p.split("/")[0] for p in tree} == {"date", "subject", "preset"}
     assert (
@@ -369,23 +393,23 @@ def test_compact_moves_old_results_into_the_ledger_and_every_reader_still_finds_
 
 def test_listing_errors_and_time_limits_say_what_was_asked(world: Env, daemon: Daemon, tmp_path):
     missing = f"git://127.0.0.1:{daemon.port}/nope.git"
-    with pytest.raises(B.BusUnreachable, match=r"listing refs/kakeya/claim/.*nope.git"):
-        B.Bus(missing, world.project).ls_remote(B.CLAIM_PREFIX)
+    with pytest.raises(BusUnreachable, match=r"listing refs/kakeya/claim/.*nope.git"):
+        Bus(missing, world.project).ls_remote(CLAIM_PREFIX)
     # a server that accepts and never answers: the time limit names what was being listed
     import socket
 
     silent = socket.create_server(("127.0.0.1", 0))
     try:
         url = f"git://127.0.0.1:{silent.getsockname()[1]}/bus.git"
-        with pytest.raises(B.BusUnreachable, match=r"listing refs/kakeya/runners/.*timed out after 1 s"):
-            B.Bus(url, world.project, timeout_s=1).ls_remote(B.RUNNERS_PREFIX)
+        with pytest.raises(BusUnreachable, match=r"listing refs/kakeya/runners/.*timed out after 1 s"):
+            Bus(url, world.project, timeout_s=1).ls_remote(RUNNERS_PREFIX)
     finally:
         silent.close()
     # a local bus is asked through `git upload-pack`: the same scoped answer as over git://
     url = daemon.repo()
     served(url, world)
-    local = B.Bus(str(daemon.base / "bus.git"), world.project).list([B.DONE_PREFIX])
-    assert local == B.Bus(url, world.project).list([B.DONE_PREFIX]) and local.count("\n") == 1
+    local = Bus(str(daemon.base / "bus.git"), world.project).list([DONE_PREFIX])
+    assert local == Bus(url, world.project).list([DONE_PREFIX]) and local.count("\n") == 1
 
 
 def test_an_idle_watch_backs_off_and_a_served_request_resets_it():
@@ -402,7 +426,7 @@ def test_a_baseline_is_looked_for_newest_first_a_batch_at_a_time(world: Env, dae
     url = daemon.repo()
     bus_dir = daemon.base / "bus.git"
     real = served(url, world, tag="real")
-    made = write_history(bus_dir, template(bus_dir, all_refs(bus_dir)[B.done_ref(real)]), 40, (1,))
+    made = write_history(bus_dir, template(bus_dir, all_refs(bus_dir)[done_ref(real)]), 40, (1,))
     ids = sorted(made["ids"] + [real])
     shelf = E.DoneResults(client(url).bus).load(["work"])
     assert [d.id for d in shelf.of("work", None)] == ids[::-1][: E.BATCH]  # only the newest batch was read
@@ -425,10 +449,10 @@ def test_compact_takes_in_a_forged_done_result_without_trusting_what_it_names(
     bus_dir = daemon.base / "bus.git"
     head = git(world.project, "rev-parse", "HEAD")
     served(url, world)  # a real, recent one (stays in refs)
-    rid = B.new_id("work", B.utcnow() - dt.timedelta(days=5))
+    rid = new_id("work", utcnow() - dt.timedelta(days=5))
     junk = json.dumps({"request_id": rid, "subject": "</details><img src=x>", "status": "succeeded"}).encode()
-    forged = G.child_commit(bus_dir, head, {f"{B.results_path(rid)}/result.json": junk}, "forged", "M <m@x>")
-    G.update_ref(bus_dir, B.done_ref(rid), forged)
+    forged = G.child_commit(bus_dir, head, {f"{results_path(rid)}/result.json": junk}, "forged", "M <m@x>")
+    G.update_ref(bus_dir, done_ref(rid), forged)
     assert main(["bus", "compact", "--older-than", "3", "--remote", url]) == 0
     assert "moved 1 refs into the ledger" in capsys.readouterr().out
     ledger = all_refs(bus_dir)["refs/kakeya/ledger"]

@@ -13,10 +13,21 @@ import os
 import pytest
 
 from benchmarks.bus_scale import Relay, template, write_history
-from bridge import bus as B
 from bridge import git as G
 from bridge import ledger as L
 from bridge import runner as runner_module
+from bridge.bus import (
+    DONE_PREFIX,
+    LAYOUT_PREFIX,
+    SUBJECT_PREFIX,
+    Update,
+    done_ref,
+    id_time,
+    layout_ref,
+    new_id,
+    runner_ref,
+    utcnow,
+)
 from bridge.cli import main
 from bridge.client import Client
 from bridge.config import load_config
@@ -39,14 +50,14 @@ def history(url: str, world: Env, bus_dir, count: int = 40) -> dict:
     rid = client(url).request("work", {"tag": "real"}, "cpu", subject="HEAD").id
     done = make_runner(url, world).once(request_id=rid)
     assert done is not None and done.pushed
-    made = write_history(bus_dir, template(bus_dir, all_refs(bus_dir)[B.done_ref(rid)]), count, (1, 5))
+    made = write_history(bus_dir, template(bus_dir, all_refs(bus_dir)[done_ref(rid)]), count, (1, 5))
     made["ids"].append(rid)
     return made
 
 
 def old_ids(made: dict, days: float) -> set[str]:
-    cutoff = B.utcnow() - dt.timedelta(days=days)
-    return {rid for rid in made["ids"] if B.id_time(rid) < cutoff}
+    cutoff = utcnow() - dt.timedelta(days=days)
+    return {rid for rid in made["ids"] if id_time(rid) < cutoff}
 
 
 def test_the_ledger_is_four_refs_and_a_reader_fetches_one_shard_by_id(world: Env, daemon: Daemon, capsys):
@@ -54,13 +65,13 @@ def test_the_ledger_is_four_refs_and_a_reader_fetches_one_shard_by_id(world: Env
     bus_dir = daemon.base / "bus.git"
     made = history(url, world, bus_dir)
     # an earlier ledger kept a ref per shard: compaction deletes them (leased), whatever they point at
-    G.update_ref(bus_dir, L.SHARD_PREFIX + "date/20260101", all_refs(bus_dir)[B.layout_ref()])
+    G.update_ref(bus_dir, L.SHARD_PREFIX + "date/20260101", all_refs(bus_dir)[layout_ref()])
     old = old_ids(made, 3)
     assert main(["bus", "compact", "--older-than", "3", "--remote", url]) == 0
     assert f"moved {2 * len(old) + 1} refs into the ledger" in capsys.readouterr().out
     refs = all_refs(bus_dir)
-    ledger_refs = sorted(r for r in refs if r.startswith("refs/kakeya/") and not r.startswith(B.DONE_PREFIX))
-    ledger_refs = [r for r in ledger_refs if not r.startswith((B.SUBJECT_PREFIX, B.LAYOUT_PREFIX))]
+    ledger_refs = sorted(r for r in refs if r.startswith("refs/kakeya/") and not r.startswith(DONE_PREFIX))
+    ledger_refs = [r for r in ledger_refs if not r.startswith((SUBJECT_PREFIX, LAYOUT_PREFIX))]
     assert ledger_refs == [L.LEDGER_REF, *sorted(L.map_ref(kind) for kind in L.KINDS)]
     # the maps name the ledger commit and every shard tree of its index, each of its own kind
     maps = {
@@ -145,7 +156,7 @@ def test_a_compaction_lease_lets_one_runner_compact_and_a_lost_one_pushes_nothin
     bus_dir = daemon.base / "bus.git"
     made = history(url, world, bus_dir, 20)
     a, b = make_runner(url, world, "ra"), make_runner(url, world, "rb")
-    now = B.utcnow()
+    now = utcnow()
     held = L.take_lease(a.bus, "ra", 60, a.who, now)
     assert held is not None and all_refs(bus_dir)[L.LEASE_REF] == held
     assert L.take_lease(b.bus, "rb", 60, b.who, now) is None  # ra's lease runs: rb does not start
@@ -164,7 +175,7 @@ def test_a_compaction_lease_lets_one_runner_compact_and_a_lost_one_pushes_nothin
     lease = L.CompactLease.model_validate_json(
         G.read_path(bus_dir, all_refs(bus_dir)[L.LEASE_REF], L.LEASE_PATH)
     )
-    assert lease.holder == "rb" and lease.until > B.utcnow()
+    assert lease.holder == "rb" and lease.until > utcnow()
 
 
 def test_a_compaction_that_loses_a_race_to_a_moved_done_ref_lands_nothing(
@@ -187,7 +198,7 @@ def test_a_compaction_that_loses_a_race_to_a_moved_done_ref_lands_nothing(
             raced.append(racing)
             served = make_runner(url, world, "racer").once(request_id=racing)
             assert served is not None and served.pushed
-            G.update_ref(bus_dir, B.done_ref(old[0]), None)
+            G.update_ref(bus_dir, done_ref(old[0]), None)
         return real_tree_with(*args, **kwargs)
 
     monkeypatch.setattr(G, "tree_with", tree_with)
@@ -196,10 +207,10 @@ def test_a_compaction_that_loses_a_race_to_a_moved_done_ref_lands_nothing(
         c.compact(3)
     refs = all_refs(bus_dir)
     assert refs.get(L.LEDGER_REF) == before_ledger is None
-    assert all(B.done_ref(rid) in refs for rid in old[1:]) and B.done_ref(racing) in refs
+    assert all(done_ref(rid) in refs for rid in old[1:]) and done_ref(racing) in refs
     moved = c.compact(3)
-    assert {r.rsplit("/", 1)[1] for r in moved if r.startswith(B.DONE_PREFIX)} == set(old[1:])
-    assert B.done_ref(racing) in all_refs(bus_dir)
+    assert {r.rsplit("/", 1)[1] for r in moved if r.startswith(DONE_PREFIX)} == set(old[1:])
+    assert done_ref(racing) in all_refs(bus_dir)
 
 
 def test_racing_runners_compact_on_their_own_and_serve_each_request_once(
@@ -215,9 +226,9 @@ def test_racing_runners_compact_on_their_own_and_serve_each_request_once(
     ids = [c.request("work", {"tag": f"t{i}"}, "cpu", subject="HEAD").id for i in range(4)]
     procs = [runner_process(world, url, name) for name in ("w1", "w2", "w3")]
     try:
-        wait_for(lambda: all(B.done_ref(rid) in all_refs(bus_dir) for rid in ids), 90, "every request done")
+        wait_for(lambda: all(done_ref(rid) in all_refs(bus_dir) for rid in ids), 90, "every request done")
         wait_for(
-            lambda: not any(B.done_ref(rid) in all_refs(bus_dir) for rid in old), 60, "the old results moved"
+            lambda: not any(done_ref(rid) in all_refs(bus_dir) for rid in old), 60, "the old results moved"
         )
     finally:
         for proc in procs:
@@ -252,7 +263,7 @@ def test_a_runner_with_compaction_off_or_nothing_old_takes_no_lease(world: Env, 
     old = old_ids(made, 3)
 
     def left() -> set[str]:
-        return {rid for rid in old if B.done_ref(rid) in all_refs(bus_dir)}
+        return {rid for rid in old if done_ref(rid) in all_refs(bus_dir)}
 
     assert r.once() is None and len(left()) == len(old) - 4 and L.LEDGER_REF in all_refs(bus_dir)
     assert r.once() is None and len(left()) == len(old) - 8  # straight on: compact_every_s is not waited
@@ -266,7 +277,7 @@ def test_an_idle_runner_once_pushes_no_presence(world: Env, daemon: Daemon):
     url = daemon.repo()
     proc = runner_process(world, url, "idle1", mode="once")
     assert proc.wait(60) == 0
-    assert B.runner_ref("idle1") not in all_refs(daemon.base / "bus.git")
+    assert runner_ref("idle1") not in all_refs(daemon.base / "bus.git")
     assert "nothing to do" in (world.tmp / "idle1.log").read_text()
 
 
@@ -309,9 +320,9 @@ def test_while_compactions_run_a_runner_looks_only_at_the_days_before_its_window
     bus_dir = daemon.base / "bus.git"
     history(url, world, bus_dir, 30)
     assert client(url).compact(3)  # by hand: no lease
-    now = B.utcnow()
-    stray = B.new_id("work", now - dt.timedelta(days=25))  # a done ref older than any compaction left
-    G.update_ref(bus_dir, B.done_ref(stray), all_refs(bus_dir)[L.LEDGER_REF])
+    now = utcnow()
+    stray = new_id("work", now - dt.timedelta(days=25))  # a done ref older than any compaction left
+    G.update_ref(bus_dir, done_ref(stray), all_refs(bus_dir)[L.LEDGER_REF])
     r = make_runner(url, world, "dd")
     cutoff = now - dt.timedelta(days=3)
     assert L.due(r.bus, cutoff, now)  # no lease: every done ref is looked at, the stray one too
@@ -319,5 +330,5 @@ def test_while_compactions_run_a_runner_looks_only_at_the_days_before_its_window
     assert not L.due(r.bus, cutoff, now)  # compactions run: only the days before the cutoff, none there
     assert L.due(r.bus, now - dt.timedelta(days=1), now)  # a later cutoff has results just before it
     lapsed = L.lease_commit(r.bus.store, "dd", now - dt.timedelta(days=9), r.who)
-    assert r.bus.swap([B.Update(L.LEASE_REF, lapsed, all_refs(bus_dir)[L.LEASE_REF])], atomic=False)
+    assert r.bus.swap([Update(L.LEASE_REF, lapsed, all_refs(bus_dir)[L.LEASE_REF])], atomic=False)
     assert L.due(r.bus, cutoff, now)  # no compaction for longer than a request lives: everything again

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.bus_scale import Relay, template, write_history
-from bridge import bus as B
 from bridge import git as G
+from bridge.bus import CLAIM_PREFIX, DONE_PREFIX, done_ref, runner_ref
 from bridge.cli import main
 from tests.bridge.bus_support import Env, free_port, git, make_runner
 
@@ -95,23 +95,21 @@ def test_a_listing_over_ssh_asks_only_for_its_prefixes(world: Env, sshd: Sshd, c
     rid_text = capsys.readouterr().out.strip().splitlines()[-1]
     served = make_runner(url, world).once()
     assert served is not None and served.pushed and served.id == rid_text
-    write_history(
-        bus_dir, template(bus_dir, G.refs_under(bus_dir, B.DONE_PREFIX)[B.done_ref(served.id)]), 300
-    )
+    write_history(bus_dir, template(bus_dir, G.refs_under(bus_dir, DONE_PREFIX)[done_ref(served.id)]), 300)
     relay = Relay(sshd.port)
     try:
         relayed = sshd.url(bus_dir, relay.port)
         relay.reset()
-        claims = G.ls_refs(world.project, relayed, [B.CLAIM_PREFIX, B.runner_ref("x")], 60)
+        claims = G.ls_refs(world.project, relayed, [CLAIM_PREFIX, runner_ref("x")], 60)
         few = relay.down
         relay.reset()
-        done = G.ls_refs(world.project, relayed, [B.DONE_PREFIX], 60)
+        done = G.ls_refs(world.project, relayed, [DONE_PREFIX], 60)
         many = relay.down
     finally:
         relay.close()
     assert claims == ""
     assert len(done.splitlines()) == 301 and all(
-        ln.split("\t")[1].startswith(B.DONE_PREFIX) for ln in done.splitlines()
+        ln.split("\t")[1].startswith(DONE_PREFIX) for ln in done.splitlines()
     )
     said = capsys.readouterr().err
     if accepts:  # v2: what is asked for crosses the wire, and nothing else
@@ -125,17 +123,17 @@ def test_a_listing_over_ssh_asks_only_for_its_prefixes(world: Env, sshd: Sshd, c
 
 def test_an_ssh_url_kakeya_cannot_use_or_reach_says_why(world: Env, monkeypatch):
     with pytest.raises(G.BusError, match="is not an ssh URL"):
-        G.ls_refs(world.project, "ssh://host/it's", [B.CLAIM_PREFIX], 10)
+        G.ls_refs(world.project, "ssh://host/it's", [CLAIM_PREFIX], 10)
     planted = world.project / "pwned"  # a host that is an ssh option would run this command (in the store)
     for url in ["ssh://-oProxyCommand=touch pwned/bus.git", "-oProxyCommand=touch pwned:bus.git"]:
         with pytest.raises(G.BusError, match="starts with '-'"):
-            G.ls_refs(world.project, url, [B.CLAIM_PREFIX], 10)
+            G.ls_refs(world.project, url, [CLAIM_PREFIX], 10)
     assert not planted.exists()
     monkeypatch.setenv("GIT_SSH_COMMAND", "ssh -o BatchMode=yes -o StrictHostKeyChecking=no")
     closed = f"ssh://root@127.0.0.1:{free_port()}/bus.git"
     with pytest.raises(G.BusError, match="refused|closed|Connection"):
-        G.ls_refs(world.project, closed, [B.CLAIM_PREFIX], 10)
+        G.ls_refs(world.project, closed, [CLAIM_PREFIX], 10)
     monkeypatch.delenv("GIT_SSH_COMMAND")
     git(world.project, "config", "core.sshCommand", "/nonexistent-ssh")
     with pytest.raises(G.BusError, match="cannot run ssh"):
-        G.ls_refs(world.project, "git@127.0.0.1:bus.git", [B.CLAIM_PREFIX], 10)
+        G.ls_refs(world.project, "git@127.0.0.1:bus.git", [CLAIM_PREFIX], 10)

@@ -9,8 +9,24 @@ from pathlib import Path
 
 import pytest
 
-from bridge import bus as B
 from bridge import git as G
+from bridge.bus import (
+    CANCEL_PATH,
+    MANIFEST_PATH,
+    NS,
+    PREFIX,
+    Bus,
+    Manifest,
+    Update,
+    cancel_ref,
+    done_ref,
+    new_id,
+    req_ref,
+    results_path,
+    stage_ref,
+    subject_ref,
+    utcnow,
+)
 from bridge.cli import main
 from bridge.client import Client, age, parse_duration, resolve_remote
 from bridge.config import load_config
@@ -69,7 +85,7 @@ def test_run_on_the_embedded_bus_passes_fails_and_refuses(world: Env, capsys):
     bus = world.project / ".kakeya" / "bus.git"
     assert (bus / "HEAD").is_file() and git(world.project, "status", "--porcelain") == ""
     # the done push left only the done ref and its index ref (the request and claim refs went with it)
-    refs = B.Bus(str(bus), world.project).ls_remote(B.PREFIX, B.NS).refs
+    refs = Bus(str(bus), world.project).ls_remote(PREFIX, NS).refs
     assert sorted(r.split("/")[2] for r in refs) == ["by-subject", "done"]
 
     assert main(["run", "strict", "-p", "tag=two", "--out", "strict-out"]) == 1
@@ -132,13 +148,13 @@ def test_request_validates_before_anything_is_pushed(world: Env, capsys):
     git(world.project, "commit", "-qm", "b")
     assert main(["request", "work", "--runner", "gpu", "--subject", first, "--expires", "2h"]) == 0
     rid = capsys.readouterr().out.strip()
-    manifest = B.Manifest.model_validate_json(_manifest(bus, rid, "gpu"))
+    manifest = Manifest.model_validate_json(_manifest(bus, rid, "gpu"))
     assert manifest.subject == first and manifest.runner == "gpu" and manifest.requester == "t@example.com"
     assert 7190 < (manifest.expires_at - manifest.created_at).total_seconds() <= 7200
 
 
 def _manifest(bus: Path, rid: str, label: str) -> bytes:
-    return git(bus, "show", f"{B.req_ref(label, rid)}:.kakeya/request.json").encode()
+    return git(bus, "show", f"{req_ref(label, rid)}:.kakeya/request.json").encode()
 
 
 def test_status_wait_results_and_cancel(world: Env, capsys):
@@ -226,17 +242,17 @@ def test_request_wait_over_git_daemon_and_gc(world: Env, daemon: Daemon, capsys)
         == 4
     )
     assert "timed out" in capsys.readouterr().err
-    snap = B.Bus(url, other).ls_remote()
+    snap = Bus(url, other).ls_remote()
     assert sum(1 for e in snap.entries.values() if not e.done) == 1
     assert snap.entries[rid].req is None and snap.entries[rid].claim is None  # gone with the done push
     # a cancel marker pushed after the done push is all gc has left to delete
-    late = G.child_commit(other, snap.entries[rid].done or "", {B.CANCEL_PATH: b"{}"}, "late", "T <t@x>")
-    assert B.Bus(url, other).swap([B.Update(B.cancel_ref(rid), late, None)], atomic=False)
+    late = G.child_commit(other, snap.entries[rid].done or "", {CANCEL_PATH: b"{}"}, "late", "T <t@x>")
+    assert Bus(url, other).swap([Update(cancel_ref(rid), late, None)], atomic=False)
     assert main(["bus", "gc", "--older-than", "0", "--remote", url, "--dry-run"]) == 0
     assert "would delete 1 refs" in capsys.readouterr().out
     assert main(["bus", "gc", "--older-than", "0", "--remote", url]) == 0
     assert "deleted 1 refs" in capsys.readouterr().out
-    after = B.Bus(url, other).ls_remote()
+    after = Bus(url, other).ls_remote()
     assert after.entries[rid].done == snap.entries[rid].done and after.entries[rid].cancel is None
     assert len(after.entries) == 2
     assert main(["bus", "gc", "--older-than", "1", "--remote", url]) == 0
@@ -256,21 +272,21 @@ def test_bus_gc_deletes_result_side_refs_of_done_or_vanished_requests_only(
     done_id = client(url).request("work", {"tag": "x"}, "cpu").id
     r.once()
     pending_id = client(url).request("work", {"tag": "y"}, "cpu").id
-    snap = B.Bus(url, world.project).ls_remote()
+    snap = Bus(url, world.project).ls_remote()
     sha = snap.entries[done_id].done
     assert sha
-    git(world.project, "fetch", "-q", url, B.done_ref(done_id))
-    strays = [B.stage_ref(i, sha) for i in (done_id, pending_id, "r-20260101-000000-gone")]
+    git(world.project, "fetch", "-q", url, done_ref(done_id))
+    strays = [stage_ref(i, sha) for i in (done_id, pending_id, "r-20260101-000000-gone")]
     git(world.project, "push", "-q", url, *(f"{sha}:{ref}" for ref in strays))
-    assert set(B.Bus(url, world.project).stage_refs()) == set(strays)
+    assert set(Bus(url, world.project).stage_refs()) == set(strays)
     assert main(["bus", "gc", "--older-than", "1", "--remote", url, "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert strays[0] in out and strays[2] in out and strays[1] not in out
     assert "would delete 2 refs" in out
     assert main(["bus", "gc", "--older-than", "1", "--remote", url]) == 0
     assert "deleted 2 refs" in capsys.readouterr().out
-    assert set(B.Bus(url, world.project).stage_refs()) == {strays[1]}  # the running request keeps its own
-    assert B.Bus(url, world.project).ls_remote().entries[done_id].done == sha  # nothing else went
+    assert set(Bus(url, world.project).stage_refs()) == {strays[1]}  # the running request keeps its own
+    assert Bus(url, world.project).ls_remote().entries[done_id].done == sha  # nothing else went
 
 
 def test_unreachable_remote_is_a_clear_error_with_nothing_half_written(world: Env, tmp_path: Path, capsys):
@@ -286,10 +302,10 @@ def test_unreachable_remote_is_a_clear_error_with_nothing_half_written(world: En
     assert user_state(world.project) == before
     daemon.start()
     try:
-        assert B.Bus(url, world.project).ls_remote().refs == {}  # nothing was written by the failed attempt
+        assert Bus(url, world.project).ls_remote().refs == {}  # nothing was written by the failed attempt
         assert main(["request", "work", "--runner", "cpu", "--remote", url]) == 0
         rid = capsys.readouterr().out.strip()
-        assert list(B.Bus(url, world.project).ls_remote().refs) == [B.req_ref("cpu", rid)]
+        assert list(Bus(url, world.project).ls_remote().refs) == [req_ref("cpu", rid)]
         assert user_state(world.project) == before
     finally:
         daemon.stop()
@@ -302,9 +318,9 @@ def test_status_over_2000_finished_requests_is_one_round_trip(world: Env, daemon
     git(world.project, "push", "-q", str(bus), "HEAD:refs/heads/main")
     # 2,000 finished requests in the shape a done push leaves (a done ref on the request commit, its index ref;
     # no request or claim ref), written with one `git fast-import`
-    stream, t0 = [], B.utcnow().replace(microsecond=0)
+    stream, t0 = [], utcnow().replace(microsecond=0)
     for i in range(2000):
-        rid = B.new_id("work", t0 - dt.timedelta(seconds=i))
+        rid = new_id("work", t0 - dt.timedelta(seconds=i))
         result = json.dumps(
             {
                 "schema_version": 1,
@@ -315,8 +331,8 @@ def test_status_over_2000_finished_requests_is_one_round_trip(world: Env, daemon
             }
         ).encode()
         for ref, frm, path, data in (
-            ("refs/tmp/req", head, B.MANIFEST_PATH, b"{}"),
-            (B.done_ref(rid), f":{2 * i + 1}", f"{B.results_path(rid)}/result.json", result),
+            ("refs/tmp/req", head, MANIFEST_PATH, b"{}"),
+            (done_ref(rid), f":{2 * i + 1}", f"{results_path(rid)}/result.json", result),
         ):
             mark = 2 * i + (1 if "req" in ref else 2)
             stream.append(
@@ -325,7 +341,7 @@ def test_status_over_2000_finished_requests_is_one_round_trip(world: Env, daemon
                 + data
                 + b"\n"
             )
-        stream.append(f"reset {B.subject_ref(head, rid)}\nfrom :{2 * i + 2}\n\n".encode())
+        stream.append(f"reset {subject_ref(head, rid)}\nfrom :{2 * i + 2}\n\n".encode())
     G.run(bus, "fast-import", "--quiet", input=b"".join(stream))
     G.update_ref(bus, "refs/tmp/req", None)
     before = daemon.connections()

@@ -11,11 +11,11 @@ import textwrap
 import pytest
 import yaml
 
-from bridge import bus as B
 from bridge import comment
+from bridge.bus import results_path
 from bridge.cli import main
 from tests.bridge.bus_support import PRESETS, WRITE_REPORT_PY, Env, git
-from tests.bridge.test_gate_pr import Bus
+from tests.bridge.test_gate_pr import LocalBus
 
 # The subject's program: its report's cpu_count is the number in value.txt of the commit under test, and it
 # leaves plots in its run directory (one with a name that could break out of markdown).
@@ -46,7 +46,7 @@ def set_value(env: Env, value: int) -> str:
 
 
 @pytest.fixture(name="bus")
-def bus_fixture(world: Env) -> Bus:
+def bus_fixture(world: Env) -> LocalBus:
     (world.project / "bench.py").write_text(BENCH_PY)
     for name, extra in (
         ("bench", {}),
@@ -57,10 +57,10 @@ def bus_fixture(world: Env) -> Bus:
         ),
     ):
         (world.presets / f"{name}.yaml").write_text(yaml.safe_dump({"name": name, **BENCH, **extra}))
-    return Bus(world)
+    return LocalBus(world)
 
 
-def write_comment(bus: Bus, subject: str, *extra: str, require: str = "bench@cpu") -> tuple[int, str]:
+def write_comment(bus: LocalBus, subject: str, *extra: str, require: str = "bench@cpu") -> tuple[int, str]:
     path = bus.env.tmp / "comment.md"
     rc = main(
         ["gate", "pr", "--subject", subject, "--require", require, "--remote", bus.url, "--allow-unsigned"]
@@ -70,7 +70,7 @@ def write_comment(bus: Bus, subject: str, *extra: str, require: str = "bench@cpu
 
 
 def test_the_comment_compares_with_the_base_branchs_latest_trusted_run_and_links_summaries_and_plots(
-    world: Env, bus: Bus, capsys
+    world: Env, bus: LocalBus, capsys
 ):
     base = set_value(world, 8)
     base_run = bus.run("bench", tag="base")
@@ -93,7 +93,7 @@ def test_the_comment_compares_with_the_base_branchs_latest_trusted_run_and_links
     assert row in text
     assert side_run not in text  # newer, same parameters, but not on the base's history
     done = bus.done(head_run)
-    where = f"{done}/{B.results_path(head_run)}"
+    where = f"{done}/{results_path(head_run)}"
     assert f"[summary](https://github.com/org/kakeya/blob/{where}/summary.md)" in text
     assert f"![plots/curve.png](https://github.com/org/kakeya/raw/{where}/plots/curve.png)" in text
     assert "x](javascript:alert(1)).png" in bus.files(head_run)  # committed by the run, but
@@ -110,7 +110,7 @@ def test_the_comment_compares_with_the_base_branchs_latest_trusted_run_and_links
     capsys.readouterr()
 
 
-def test_a_regression_beyond_the_presets_tolerance_is_significant(world: Env, bus: Bus, capsys):
+def test_a_regression_beyond_the_presets_tolerance_is_significant(world: Env, bus: LocalBus, capsys):
     base = set_value(world, 100)
     base_run = bus.run("guarded")
     head = set_value(world, 80)
@@ -125,7 +125,7 @@ def test_a_regression_beyond_the_presets_tolerance_is_significant(world: Env, bu
     capsys.readouterr()
 
 
-def test_a_base_the_bus_does_not_have_is_said_not_guessed(world: Env, bus: Bus, capsys):
+def test_a_base_the_bus_does_not_have_is_said_not_guessed(world: Env, bus: LocalBus, capsys):
     head = set_value(world, 3)
     bus.run("bench")
     rc, text = write_comment(bus, head, "--base", "f" * 40)
@@ -133,7 +133,7 @@ def test_a_base_the_bus_does_not_have_is_said_not_guessed(world: Env, bus: Bus, 
     capsys.readouterr()
 
 
-def test_a_refused_gate_still_writes_its_comment(world: Env, bus: Bus, capsys):
+def test_a_refused_gate_still_writes_its_comment(world: Env, bus: LocalBus, capsys):
     head = git(world.project, "rev-parse", "HEAD")
     path = world.tmp / "comment.md"
     rc = main(
@@ -211,7 +211,7 @@ def test_significance_is_the_noise_test_else_the_tolerance_else_unknown():
     assert change(base=2).significant() == "—"  # no new value: nothing to say
 
 
-def test_a_preset_whose_gate_checks_no_number_says_so(world: Env, bus: Bus, capsys):
+def test_a_preset_whose_gate_checks_no_number_says_so(world: Env, bus: LocalBus, capsys):
     base = set_value(world, 2)
     rc, text = write_comment(bus, base, "--base", base, require="flag@cpu")
     assert rc == 1 and "no evidence to compare yet" in text

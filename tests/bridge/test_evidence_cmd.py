@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge import bus as B
+from bridge.bus import new_id
 from bridge.cli import main
 from bridge.client import Client
 from bridge.commands.evidence import follow_all, params_for
@@ -66,7 +66,7 @@ def test_evidence_requests_what_is_missing_and_waits_for_all(world: Env, daemon:
     c.request("work", {"tag": "zz"}, "cpu", subject=head)  # the pin not met
     late = c.request("cpuonly", {"seconds": 0.5}, "cpu", subject=head, expires_s=0.5)
     wait_for(lambda: c.status_one(late.id).state == "expired", 30, "a request to expire")
-    forged = B.new_id("cpuonly")  # parameters the preset does not take
+    forged = new_id("cpuonly")  # parameters the preset does not take
     push_raw_request(
         url, world.project, "cpu", forged, manifest_dict(forged, "cpuonly", head, params={"seconds": "lots"})
     )
@@ -129,5 +129,5 @@ def test_following_several_stops_them_all_when_one_fails(world: Env, daemon: Dae
     queued = c.request("work", {}, "cpu")
     before = threading.active_count()
     with pytest.raises(KakeyaError, match="no request"):
-        list(follow_all(c, [queued.id, B.new_id("work")]))
+        list(follow_all(c, [queued.id, new_id("work")]))
     wait_for(lambda: threading.active_count() == before, 20, "the other follower to stop")

@@ -11,15 +11,25 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bridge import bus as B
+from bridge.bus import (
+    CANCEL_PREFIX,
+    CLAIM_PREFIX,
+    DONE_PREFIX,
+    MANIFEST_PATH,
+    Bus,
+    Manifest,
+    Update,
+    done_ref,
+    req_ref,
+)
 from bridge.cli import main
 from bridge.client import Client
 from bridge.config import load_config
 from tests.bridge.bus_support import PRESETS, Env, git, make_runner, push_raw_request
 
 
-def manifest(bus: Path, rid: str, label: str = "cpu") -> B.Manifest:
-    return B.Manifest.model_validate_json(git(bus, "show", f"{B.req_ref(label, rid)}:{B.MANIFEST_PATH}"))
+def manifest(bus: Path, rid: str, label: str = "cpu") -> Manifest:
+    return Manifest.model_validate_json(git(bus, "show", f"{req_ref(label, rid)}:{MANIFEST_PATH}"))
 
 
 def test_untracked_files_warn_and_only_tracked_changes_block(world: Env, capsys):
@@ -77,21 +87,21 @@ def test_ids_by_unique_prefix_or_suffix_from_a_scoped_listing(
         push_raw_request(c.url, world.project, "cpu", rid, b"{}")  # refs are all that is read
     # a hostile ref whose name only looks like an id is no candidate
     sha = git(world.project, "rev-parse", "HEAD")
-    assert c.bus.swap([B.Update(B.req_ref("cpu", "20260601T10-evil"), sha, None)], atomic=False)
+    assert c.bus.swap([Update(req_ref("cpu", "20260601T10-evil"), sha, None)], atomic=False)
     listed: list[tuple[str, ...]] = []
-    real = B.Bus.list
+    real = Bus.list
     monkeypatch.setattr(
-        B.Bus, "list", lambda self, prefixes: listed.append(tuple(prefixes)) or real(self, prefixes)
+        Bus, "list", lambda self, prefixes: listed.append(tuple(prefixes)) or real(self, prefixes)
     )
 
     assert main(["status", "20260601T11", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["id"] == ids[2]
     # never a full listing of the done, claim or cancel refs: each is asked by the prefix given
     first = listed[0]
-    assert B.DONE_PREFIX + "20260601T11" in first and not {
-        B.DONE_PREFIX,
-        B.CLAIM_PREFIX,
-        B.CANCEL_PREFIX,
+    assert DONE_PREFIX + "20260601T11" in first and not {
+        DONE_PREFIX,
+        CLAIM_PREFIX,
+        CANCEL_PREFIX,
     } & set(first)
     assert main(["status", "20260601T10", "--json"]) == 1
     err = json.loads(capsys.readouterr().out)
@@ -108,7 +118,7 @@ def test_ids_by_unique_prefix_or_suffix_from_a_scoped_listing(
     rid = c.request("work", {"tag": "old"}, "cpu").id
     assert make_runner(c.url, world).once(request_id=rid) is not None
     assert main(["bus", "compact", "--older-than", "0"]) == 0
-    assert B.done_ref(rid) not in c.bus.ls_remote(B.DONE_PREFIX).refs
+    assert done_ref(rid) not in c.bus.ls_remote(DONE_PREFIX).refs
     capsys.readouterr()
     assert main(["results", rid[:-2], "--out", "res"]) == 0
     assert (world.project / "res" / rid / "result.json").is_file()

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bridge import bus as B
 from bridge import evidence as E
 from bridge import git as G
+from bridge.bus import MANIFEST_PATH, Bus, done_ref, indexed_subject, new_id, results_path
 from bridge.cli import main
 from bridge.client import Client
 from bridge.config import load_config
@@ -29,7 +29,7 @@ from tests.bridge.bus_support import (
 )
 
 
-class Bus:
+class LocalBus:
     """A bare bus in the test's temp dir, a client for it and one runner serving cpu."""
 
     def __init__(self, env: Env, url: str | None = None):
@@ -45,13 +45,13 @@ class Bus:
         return rid
 
     def done(self, rid: str) -> str:
-        return B.Bus(self.url, self.env.project).ls_remote(B.done_ref(rid)).refs[B.done_ref(rid)]
+        return Bus(self.url, self.env.project).ls_remote(done_ref(rid)).refs[done_ref(rid)]
 
     def files(self, rid: str) -> dict[str, bytes]:
         """The done commit's .kakeya/results/<id>/ files, fetched into the project."""
-        B.Bus(self.url, self.env.project).fetch([B.done_ref(rid)])
+        Bus(self.url, self.env.project).fetch([done_ref(rid)])
         repo = self.env.project
-        return G.read_dir(repo, self.done(rid), B.results_path(rid))
+        return G.read_dir(repo, self.done(rid), results_path(rid))
 
     def push_done(self, rid: str, parent: str, files: dict[str, bytes], replace: bool) -> str:
         """A done commit on `parent` with `files` (paths relative to the repository), pushed as kakeya/done/<rid>
@@ -59,18 +59,16 @@ class Bus:
         repo = self.env.project
         sha = G.child_commit(repo, parent, files, "edited after the run", "Mallory <m@example.com>")
         expect = self.done(rid) if replace else None
-        assert (
-            expect is not None or B.done_ref(rid) not in B.Bus(self.url, repo).ls_remote(B.done_ref(rid)).refs
-        )
+        assert expect is not None or done_ref(rid) not in Bus(self.url, repo).ls_remote(done_ref(rid)).refs
         # as anyone with push access could, it is indexed under every subject its files name
         named = set()
-        for path in (B.MANIFEST_PATH, f"{B.results_path(rid)}/result.json"):
+        for path in (MANIFEST_PATH, f"{results_path(rid)}/result.json"):
             try:
                 named.add(json.loads(G.read_path(repo, sha, path) or b"{}").get("subject"))
             except ValueError:
                 pass
         move_done(
-            self.url, repo, rid, sha, tuple(s for s in named if isinstance(s, str) and B.indexed_subject(s))
+            self.url, repo, rid, sha, tuple(s for s in named if isinstance(s, str) and indexed_subject(s))
         )
         return sha
 
@@ -83,7 +81,7 @@ def commit(env: Env, name: str) -> str:
 
 
 def gate(
-    bus: Bus,
+    bus: LocalBus,
     subject: str,
     *require: str,
     summary: Path | None = None,
@@ -119,12 +117,12 @@ def set_gate(env: Env, preset: str, value: int) -> None:
 
 
 @pytest.fixture(name="bus")
-def bus_fixture(world: Env) -> Bus:
-    return Bus(world)
+def bus_fixture(world: Env) -> LocalBus:
+    return LocalBus(world)
 
 
 def test_no_evidence_then_evidence_for_another_commit_then_passing_evidence(
-    world: Env, bus: Bus, capsys, tmp_path
+    world: Env, bus: LocalBus, capsys, tmp_path
 ):
     first = git(world.project, "rev-parse", "HEAD")
     summary = tmp_path / "summary.md"
@@ -163,7 +161,7 @@ def test_no_evidence_then_evidence_for_another_commit_then_passing_evidence(
     assert "<details>" not in added  # gate sections only for what did not pass
 
 
-def test_the_newest_evidence_counts_and_a_label_must_match(world: Env, bus: Bus, capsys):
+def test_the_newest_evidence_counts_and_a_label_must_match(world: Env, bus: LocalBus, capsys):
     head = git(world.project, "rev-parse", "HEAD")
     passed = bus.run("work", tag="p")
     assert gate(bus, head, "work@cpu", "work@gpu") == 1
@@ -171,7 +169,7 @@ def test_the_newest_evidence_counts_and_a_label_must_match(world: Env, bus: Bus,
         f"✓ work@cpu: pass — {passed}{UNSIGNED}",
         f"✗ work@gpu: missing — no trusted, executed work@gpu run on the bus names {head[:12]}",
     ]
-    failed = B.new_id("work")  # a request the runner rejects is the newest, but nothing ran: the pass counts
+    failed = new_id("work")  # a request the runner rejects is the newest, but nothing ran: the pass counts
     push_raw_request(
         bus.url, world.project, "cpu", failed, manifest_dict(failed, "work", head, params={"seconds": 999})
     )
@@ -181,7 +179,7 @@ def test_the_newest_evidence_counts_and_a_label_must_match(world: Env, bus: Bus,
     assert (o["status"], o["request_id"]) == ("pass", passed)
     assert [(i["request_id"], i["kind"]) for i in o["ignored"]] == [(failed, "not-run")]
     other = commit(world, "o.txt")  # where the rejected request is all there is, nothing ran: it fails
-    rejected = B.new_id("work")
+    rejected = new_id("work")
     push_raw_request(
         bus.url,
         world.project,
@@ -202,7 +200,9 @@ def test_the_newest_evidence_counts_and_a_label_must_match(world: Env, bus: Bus,
     assert capsys.readouterr().out.splitlines()[0] == f"✓ work@cpu: pass — {again}{UNSIGNED}"
 
 
-def test_a_failing_report_fails_and_the_runner_verdict_is_not_trusted(world: Env, bus: Bus, capsys, tmp_path):
+def test_a_failing_report_fails_and_the_runner_verdict_is_not_trusted(
+    world: Env, bus: LocalBus, capsys, tmp_path
+):
     head = git(world.project, "rev-parse", "HEAD")
     strict = bus.run("strict")  # wants 4096 CPUs: the runner's verdict is fail
     work = bus.run("work")  # the runner's verdict is pass
@@ -228,12 +228,12 @@ def test_a_failing_report_fails_and_the_runner_verdict_is_not_trusted(world: Env
     assert any("gated with this registry's sha256:" in n for n in found["work@cpu"]["notes"])
 
 
-def test_a_report_edited_after_the_run_does_not_pass(world: Env, bus: Bus, capsys):
+def test_a_report_edited_after_the_run_does_not_pass(world: Env, bus: LocalBus, capsys):
     head = git(world.project, "rev-parse", "HEAD")
     other = commit(world, "other.txt")
     git(world.project, "checkout", "-q", head)
     rid = bus.run("strict")  # fails: cpu_count 1 < 4096
-    prefix = B.results_path(rid)
+    prefix = results_path(rid)
     files = bus.files(rid)
     report = json.loads(files["report.json"])
     assert report["subject"] == head
@@ -306,21 +306,21 @@ def test_a_report_edited_after_the_run_does_not_pass(world: Env, bus: Bus, capsy
     assert capsys.readouterr().out == f"✓ strict@cpu: pass — {rid}{UNSIGNED}\n"
 
 
-def test_a_done_commit_pushed_for_another_commit_does_not_count(world: Env, bus: Bus, capsys):
+def test_a_done_commit_pushed_for_another_commit_does_not_count(world: Env, bus: LocalBus, capsys):
     first = git(world.project, "rev-parse", "HEAD")
     rid = bus.run("work")
     second = commit(world, "second.txt")
     files = bus.files(rid)
     # Someone copies the first commit's passing evidence into a new done result that claims the second commit.
-    forged = B.new_id("work")
+    forged = new_id("work")
     result = {**json.loads(files["result.json"]), "subject": second, "request_id": forged}
     report = {**json.loads(files["report.json"]), "subject": second}
-    prefix = B.results_path(forged)
+    prefix = results_path(forged)
     bus.push_done(
         forged,
         bus.done(rid),
         {
-            B.MANIFEST_PATH: json.dumps(manifest_dict(forged, "work", second)).encode(),
+            MANIFEST_PATH: json.dumps(manifest_dict(forged, "work", second)).encode(),
             f"{prefix}/result.json": json.dumps(result).encode(),
             f"{prefix}/report.json": json.dumps(report).encode(),
         },
@@ -338,11 +338,11 @@ def test_a_done_commit_pushed_for_another_commit_does_not_count(world: Env, bus:
         }
     ]
     # a result.json that names the subject while its request does not
-    other = B.new_id("work")
+    other = new_id("work")
     bus.push_done(
         other,
         bus.done(rid),
-        {f"{B.results_path(other)}/result.json": json.dumps({**result, "request_id": other}).encode()},
+        {f"{results_path(other)}/result.json": json.dumps({**result, "request_id": other}).encode()},
         replace=False,
     )
     assert gate(bus, second, "work@cpu", as_json=True) == 1
@@ -351,13 +351,13 @@ def test_a_done_commit_pushed_for_another_commit_does_not_count(world: Env, bus:
     assert f"its request names subject {first}, not {second}" in o["ignored"][0]["reason"]
     assert f"its request names id {rid}, not {other}" in o["ignored"][0]["reason"]
     # a request that names the subject and a result.json that does not (nor is readable at all)
-    third = B.new_id("work")
+    third = new_id("work")
     bus.push_done(
         third,
         bus.done(rid),
         {
-            B.MANIFEST_PATH: json.dumps(manifest_dict(third, "work", second)).encode(),
-            f"{B.results_path(third)}/result.json": b"{}",
+            MANIFEST_PATH: json.dumps(manifest_dict(third, "work", second)).encode(),
+            f"{results_path(third)}/result.json": b"{}",
         },
         replace=False,
     )
@@ -375,7 +375,7 @@ def test_a_done_commit_pushed_for_another_commit_does_not_count(world: Env, bus:
 
 def test_over_a_url_bus_the_evidence_is_fetched_once(world: Env, capsys):
     bare = G.init_bare(world.tmp / "remote.git")
-    bus = Bus(world, url=f"file://{bare}")
+    bus = LocalBus(world, url=f"file://{bare}")
     head = git(world.project, "rev-parse", "HEAD")
     rid = bus.run("work")
     assert bus.client.bus_dir is None  # not read in place: fetched into the project's object store
@@ -388,7 +388,7 @@ def test_over_a_url_bus_the_evidence_is_fetched_once(world: Env, capsys):
     assert G.present(world.project, [bus.done(rid)])
 
 
-def test_bad_requirements_are_refused_before_the_bus_is_read(world: Env, bus: Bus, capsys):
+def test_bad_requirements_are_refused_before_the_bus_is_read(world: Env, bus: LocalBus, capsys):
     head = git(world.project, "rev-parse", "HEAD")
     assert gate(bus, head, "ghost@cpu") == 2
     assert "unknown preset 'ghost'" in capsys.readouterr().err
@@ -421,7 +421,7 @@ def test_bad_requirements_are_refused_before_the_bus_is_read(world: Env, bus: Bu
     ]
 
 
-def test_the_summary_stays_under_1_mib_with_many_requirements(world: Env, bus: Bus, capsys, tmp_path):
+def test_the_summary_stays_under_1_mib_with_many_requirements(world: Env, bus: LocalBus, capsys, tmp_path):
     head = git(world.project, "rev-parse", "HEAD")
     bus.run("strict")
     # 20000 requirements, each with a long reason and a failing gate: far more than 1 MiB of markdown
@@ -465,7 +465,7 @@ def test_the_summary_stays_under_1_mib_with_many_requirements(world: Env, bus: B
 
 def test_a_run_that_did_not_succeed_fails_whatever_its_report(world: Env, capsys):
     """A run that could not start (a variable its preset needs is not set on the runner) ends in an error result."""
-    bus = Bus(world)
+    bus = LocalBus(world)
     bus.runner.environ = {k: v for k, v in bus.runner.environ.items() if k != "KAKEYA_TEST_COUNTER"}
     head = git(world.project, "rev-parse", "HEAD")
     rid = bus.run("work")
@@ -477,12 +477,12 @@ def test_a_run_that_did_not_succeed_fails_whatever_its_report(world: Env, capsys
     )
 
 
-def test_a_request_for_the_subject_that_never_ran_there(world: Env, bus: Bus, capsys):
+def test_a_request_for_the_subject_that_never_ran_there(world: Env, bus: LocalBus, capsys):
     """A request commit whose manifest names the subject but whose parent is another commit is rejected by the
     runner; its done result is the newest that names the subject, and fails."""
     head = git(world.project, "rev-parse", "HEAD")
     other = commit(world, "c.txt")
-    rid = B.new_id("work")
+    rid = new_id("work")
     push_raw_request(bus.url, world.project, "cpu", rid, manifest_dict(rid, "work", head), parent=other)
     assert bus.runner.once(request_id=rid).status == "rejected"
     assert gate(bus, head, "work@cpu") == 1
@@ -494,7 +494,7 @@ def test_a_request_for_the_subject_that_never_ran_there(world: Env, bus: Bus, ca
     ]
 
 
-def test_outcomes_in_which_nothing_ran_never_mask_a_run_that_did(world: Env, bus: Bus, capsys):
+def test_outcomes_in_which_nothing_ran_never_mask_a_run_that_did(world: Env, bus: LocalBus, capsys):
     head = git(world.project, "rev-parse", "HEAD")
     passed = bus.run("work")
     expired = bus.client.request("work", {}, "cpu", expires_s=0.001).id
@@ -503,7 +503,7 @@ def test_outcomes_in_which_nothing_ran_never_mask_a_run_that_did(world: Env, bus
     cancelled = bus.client.request("work", {}, "cpu").id
     bus.client.cancel(cancelled)
     assert bus.runner.once(request_id=cancelled).status == "cancelled"
-    rid = B.new_id("work")
+    rid = new_id("work")
     other = commit(world, "r.txt")
     push_raw_request(bus.url, world.project, "cpu", rid, manifest_dict(rid, "work", head), parent=other)
     assert bus.runner.once(request_id=rid).status == "rejected"

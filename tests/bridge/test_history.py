@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bridge import bus as B
 from bridge import git as G
 from bridge import history as H
+from bridge.bus import SUBJECT_PREFIX, Bus
 from bridge.cli import main
 from bridge.client import Client
 from bridge.config import load_config
@@ -67,7 +67,7 @@ def commit(env: Env, title: str, speed: int | None = None, broken: bool | None =
     return git(env.project, "rev-parse", "HEAD")
 
 
-class Bus:
+class LocalBus:
     def __init__(self, env: Env):
         self.env = env
         self.url = str(G.init_bare(env.tmp / "bus.git"))
@@ -81,19 +81,21 @@ class Bus:
         return rid
 
 
-def history(bus: Bus, capsys, *args: str) -> tuple[int, str]:
+def history(bus: LocalBus, capsys, *args: str) -> tuple[int, str]:
     capsys.readouterr()
     code = main(["history", *args, "--remote", bus.url, "--allow-unsigned"])
     return code, capsys.readouterr().out
 
 
 @pytest.fixture(name="bus")
-def bus_fixture(world: Env) -> Bus:
+def bus_fixture(world: Env) -> LocalBus:
     setup_bench(world)
-    return Bus(world)
+    return LocalBus(world)
 
 
-def test_history_table_json_plot_page_and_the_noise_decision(world: Env, bus: Bus, capsys, tmp_path: Path):
+def test_history_table_json_plot_page_and_the_noise_decision(
+    world: Env, bus: LocalBus, capsys, tmp_path: Path
+):
     c0 = commit(world, "bench at 100", speed=100)
     c1 = commit(world, "docs only")
     c2 = commit(world, "slow down", speed=80)
@@ -104,8 +106,8 @@ def test_history_table_json_plot_page_and_the_noise_decision(world: Env, bus: Bu
             bus.run(subject, seed)
     # Mallory indexes a real run of c0 under c3 too (anyone with push access can): it belongs to c0, so it
     # is no evidence for c3 and c3 shows no run
-    mallory = B.Bus(bus.url, world.project)
-    rid, (_, sha) = next(iter(mallory.ls_remote(f"{B.SUBJECT_PREFIX}{c0}/").index.items()))
+    mallory = Bus(bus.url, world.project)
+    rid, (_, sha) = next(iter(mallory.ls_remote(f"{SUBJECT_PREFIX}{c0}/").index.items()))
     mallory.fetch_ids([sha], in_store=True)
     move_done(bus.url, world.project, rid, sha, subjects=(c3,))
 
@@ -157,13 +159,13 @@ def test_history_table_json_plot_page_and_the_noise_decision(world: Env, bus: Bu
     )
     # the done results moved into the ledger (kakeya bus compact): the same history, read from its shards
     assert bus.client.compact(0)
-    left = B.Bus(bus.url, world.project).ls_remote(B.SUBJECT_PREFIX).index
+    left = Bus(bus.url, world.project).ls_remote(SUBJECT_PREFIX).index
     assert set(left) <= {rid}  # (at most Mallory's second index ref of one id: compact moves one per id)
     code, out = history(bus, capsys, "bench@cpu", "--branch", "main", "--json")
     assert json.loads(out)["points"] == h["points"]
 
 
-def test_with_allowed_signers_unsigned_runs_are_no_history(world: Env, bus: Bus, capsys):
+def test_with_allowed_signers_unsigned_runs_are_no_history(world: Env, bus: LocalBus, capsys):
     """With an allowed-signers file in the trusted checkout, a run counts only as a signed done commit of an
     allowed runner (as for `gate pr`): these unsigned ones, which anyone with push access could have made
     under the runner's name, are not shown, --allow-unsigned or not."""
@@ -181,7 +183,7 @@ def test_with_allowed_signers_unsigned_runs_are_no_history(world: Env, bus: Bus,
     assert [len(p["runs"]) for p in json.loads(out)["points"]] == [0, 1]
 
 
-def test_history_refuses_what_it_cannot_show(world: Env, bus: Bus, capsys):
+def test_history_refuses_what_it_cannot_show(world: Env, bus: LocalBus, capsys):
     assert main(["history", "bench@gpu", "--remote", bus.url, "--allow-unsigned"]) == 2  # not a label of it
     assert main(["history", "bench@cpu", "--branch", "nope", "--remote", bus.url, "--allow-unsigned"]) == 2
     assert main(["history", "--remote", bus.url]) == 2  # neither a requirement nor --publish
@@ -197,7 +199,7 @@ def test_history_refuses_what_it_cannot_show(world: Env, bus: Bus, capsys):
     assert "allowed-signers" in capsys.readouterr().err
 
 
-def test_publish_commits_a_dashboard_without_touching_the_working_tree(world: Env, bus: Bus, capsys):
+def test_publish_commits_a_dashboard_without_touching_the_working_tree(world: Env, bus: LocalBus, capsys):
     c0 = commit(world, "bench at 100", speed=100)
     (world.project / ".github").mkdir()
     (world.project / ".github" / "kakeya-required.yml").write_text("required:\n  - bench@cpu\n  - work@cpu\n")

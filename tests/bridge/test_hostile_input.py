@@ -11,8 +11,21 @@ from pathlib import Path
 
 import pytest
 
-from bridge import bus as B
 from bridge import git as G
+from bridge.bus import (
+    CLAIM_PATH,
+    MANIFEST_PATH,
+    Bus,
+    Manifest,
+    claim_ref,
+    done_ref,
+    id_time,
+    new_id,
+    read_manifests,
+    req_ref,
+    results_path,
+    utcnow,
+)
 from bridge.cli import main
 from bridge.client import Client
 from bridge.config import load_config
@@ -61,11 +74,11 @@ def test_ids_that_are_not_real_times_are_ignored_by_status_gc_runners_and_gate(w
     honest = client.request("strict", {"tag": "h"}, "cpu").id
     served = runner.once(request_id=honest)
     assert served is not None and served.pushed and served.verdict == "fail"
-    B.Bus(url, world.project).fetch([B.done_ref(honest)])
-    done = B.Bus(url, world.project).ls_remote(B.done_ref(honest)).refs[B.done_ref(honest)]
-    files = G.read_dir(world.project, done, B.results_path(honest))
+    Bus(url, world.project).fetch([done_ref(honest)])
+    done = Bus(url, world.project).ls_remote(done_ref(honest)).refs[done_ref(honest)]
+    files = G.read_dir(world.project, done, results_path(honest))
 
-    now = B.utcnow()
+    now = utcnow()
     month = now + dt.timedelta(days=30)
     hostile = {  # id -> (created_at, expires_at) its manifest says
         "00000000T000000.000Z-strict-abcdef": (iso(now), iso(now + dt.timedelta(hours=1))),
@@ -73,7 +86,7 @@ def test_ids_that_are_not_real_times_are_ignored_by_status_gc_runners_and_gate(w
             "9999-12-31T23:59:59.999+00:00",
             "9999-12-31T23:59:59.999999+00:00",
         ),
-        B.new_id("strict", month): (iso(month), iso(month + dt.timedelta(hours=1))),
+        new_id("strict", month): (iso(month), iso(month + dt.timedelta(hours=1))),
         "20261301T000000.000Z-strict-abcdef": (iso(now), iso(now + dt.timedelta(hours=1))),
         "20260101T236000.000Z-strict-abcdef": (iso(now), iso(now + dt.timedelta(hours=1))),
         "19991231T235959.999Z-strict-abcdef": (
@@ -88,34 +101,34 @@ def test_ids_that_are_not_real_times_are_ignored_by_status_gc_runners_and_gate(w
         req = plant(
             world.project,
             url,
-            B.req_ref("cpu", rid),
+            req_ref("cpu", rid),
             head,
-            {B.MANIFEST_PATH: raw_manifest(rid, head, created, expires)},
+            {MANIFEST_PATH: raw_manifest(rid, head, created, expires)},
         )
         result = {**json.loads(files["result.json"]), "request_id": rid, "verdict": "pass"}
         report = json.loads(files["report.json"])
         report["probe"]["cpu_count"] = 8192
-        prefix = B.results_path(rid)
+        prefix = results_path(rid)
         forged = {
             f"{prefix}/result.json": json.dumps(result).encode(),
             f"{prefix}/report.json": json.dumps(report).encode(),
             f"{prefix}/verdict.json": json.dumps({"status": "pass", "checks": []}).encode(),
         }
-        plant(world.project, url, B.done_ref(rid), req, forged)
-        planted += [B.req_ref("cpu", rid), B.done_ref(rid)]
+        plant(world.project, url, done_ref(rid), req, forged)
+        planted += [req_ref("cpu", rid), done_ref(rid)]
     # and requests waiting under those ids for a runner to take (one per hostile id, under the work preset)
     for rid in hostile:
         queued = rid.replace("-strict-", "-work-")
         plant(
             world.project,
             url,
-            B.req_ref("cpu", queued),
+            req_ref("cpu", queued),
             head,
-            {B.MANIFEST_PATH: raw_manifest(queued, head, iso(now), iso(now + dt.timedelta(hours=1)), "work")},
+            {MANIFEST_PATH: raw_manifest(queued, head, iso(now), iso(now + dt.timedelta(hours=1)), "work")},
         )
-        planted.append(B.req_ref("cpu", queued))
+        planted.append(req_ref("cpu", queued))
 
-    snap = B.Bus(url, world.project).ls_remote()
+    snap = Bus(url, world.project).ls_remote()
     assert set(snap.refs) >= set(planted)  # they are on the bus ...
     assert sorted(snap.ignored) == sorted(planted)  # ... and every reader ignores them
     assert list(snap.entries) == [honest]
@@ -133,7 +146,7 @@ def test_ids_that_are_not_real_times_are_ignored_by_status_gc_runners_and_gate(w
     assert served is not None and served.id == waiting and served.pushed
     assert runner.once() is None
     assert world.count() == ["h", "w"]
-    after = B.Bus(url, world.project).ls_remote()
+    after = Bus(url, world.project).ls_remote()
     assert not any("/claim/" in r for r in after.refs)  # the done pushes took the claims
     assert {e.id for e in after.entries.values() if e.done} == {honest, waiting}
 
@@ -162,8 +175,8 @@ def test_ids_that_are_not_real_times_are_ignored_by_status_gc_runners_and_gate(w
 
     # bus gc: no crash; finished honest requests are collected, the refs it cannot read are left alone
     assert main(["bus", "gc", "--older-than", "0", "--remote", url]) == 0
-    refs = B.Bus(url, world.project).ls_remote().refs
-    assert B.req_ref("cpu", honest) not in refs and B.done_ref(honest) in refs
+    refs = Bus(url, world.project).ls_remote().refs
+    assert req_ref("cpu", honest) not in refs and done_ref(honest) in refs
     assert set(planted) <= set(refs)
 
 
@@ -173,22 +186,22 @@ def test_a_result_whose_created_at_is_not_its_id_time_is_not_evidence(world: Env
     head = git(world.project, "rev-parse", "HEAD")
     honest = client.request("strict", {"tag": "h"}, "cpu").id  # fails: strict wants 4096 CPUs
     assert make_runner(url, world).once(request_id=honest).verdict == "fail"
-    bus = B.Bus(url, world.project)
-    bus.fetch([B.done_ref(honest)])
-    files = G.read_dir(world.project, bus.ls_remote().refs[B.done_ref(honest)], B.results_path(honest))
+    bus = Bus(url, world.project)
+    bus.fetch([done_ref(honest)])
+    files = G.read_dir(world.project, bus.ls_remote().refs[done_ref(honest)], results_path(honest))
     # a forged pass under a fresh id, whose manifest says it was made two days before that id's time
-    rid = B.new_id("strict")
-    made = B.id_time(rid) - dt.timedelta(days=2)
+    rid = new_id("strict")
+    made = id_time(rid) - dt.timedelta(days=2)
     manifest = raw_manifest(rid, head, iso(made), iso(made + dt.timedelta(days=3)))
-    req = plant(world.project, url, B.req_ref("cpu", rid), head, {B.MANIFEST_PATH: manifest})
+    req = plant(world.project, url, req_ref("cpu", rid), head, {MANIFEST_PATH: manifest})
     report = json.loads(files["report.json"])
     report["probe"]["cpu_count"] = 8192
     result = {**json.loads(files["result.json"]), "request_id": rid, "verdict": "pass"}
     forged = {
-        f"{B.results_path(rid)}/result.json": json.dumps(result).encode(),
-        f"{B.results_path(rid)}/report.json": json.dumps(report).encode(),
+        f"{results_path(rid)}/result.json": json.dumps(result).encode(),
+        f"{results_path(rid)}/report.json": json.dumps(report).encode(),
     }
-    plant(world.project, url, B.done_ref(rid), req, forged)
+    plant(world.project, url, done_ref(rid), req, forged)
     assert (
         main(
             [
@@ -226,7 +239,7 @@ def test_hostile_manifests_are_rejected_each_in_one_done_commit(world: Env):
     cases: dict[str, str] = {}
 
     def raw(manifest) -> str:
-        rid = B.new_id("work")
+        rid = new_id("work")
         push_raw_request(url, world.project, "cpu", rid, manifest(rid))
         return rid
 
@@ -238,14 +251,14 @@ def test_hostile_manifests_are_rejected_each_in_one_done_commit(world: Env):
     def year_out(rid: str) -> dict:
         return {
             **manifest_dict(rid, "work", head),
-            "expires_at": iso(B.id_time(rid) + dt.timedelta(days=365)),
+            "expires_at": iso(id_time(rid) + dt.timedelta(days=365)),
         }
 
     cases[raw(year_out)] = "at most 7 days after it"
 
     # created_at two days before the time of its id
     def backdated(rid: str) -> dict:
-        made = B.id_time(rid) - dt.timedelta(days=2)
+        made = id_time(rid) - dt.timedelta(days=2)
         return {
             **manifest_dict(rid, "work", head),
             "created_at": iso(made),
@@ -264,19 +277,19 @@ def test_hostile_manifests_are_rejected_each_in_one_done_commit(world: Env):
     served = [runner.once() for _ in range(len(cases))]
     assert runner.once() is None
     assert {s.id: s.status for s in served if s} == {rid: "rejected" for rid in cases}
-    refs = B.Bus(url, world.project).ls_remote().refs
+    refs = Bus(url, world.project).ls_remote().refs
     for rid, why in cases.items():
         result = done_result(world.project, url, rid)
         assert result["status"] == "rejected" and why in result["reason"], (rid, result["reason"])
         assert result["argv"] == [] and result["started_at"] is None
         # one done commit, on the claim, on the request (whose refs went with the done push)
-        done = refs[B.done_ref(rid)]
-        assert B.claim_ref(rid) not in refs and B.req_ref("cpu", rid) not in refs
+        done = refs[done_ref(rid)]
+        assert claim_ref(rid) not in refs and req_ref("cpu", rid) not in refs
         (parent,) = G.parents(world.project, done)  # the result is in this one commit, not before it
-        assert G.read_path(world.project, parent, B.CLAIM_PATH) is not None  # the claim commit
-        assert G.read_path(world.project, parent, f"{B.results_path(rid)}/result.json") is None
-    (req,) = G.parents(world.project, G.parents(world.project, refs[B.done_ref(big)])[0])  # the request
-    (size,) = G.blob_sizes(world.project, [f"{req}:{B.MANIFEST_PATH}"]).values()
+        assert G.read_path(world.project, parent, CLAIM_PATH) is not None  # the claim commit
+        assert G.read_path(world.project, parent, f"{results_path(rid)}/result.json") is None
+    (req,) = G.parents(world.project, G.parents(world.project, refs[done_ref(big)])[0])  # the request
+    (size,) = G.blob_sizes(world.project, [f"{req}:{MANIFEST_PATH}"]).values()
     assert size > 1 << 20
     assert done_result(world.project, url, big)["reason"] == (
         f"invalid manifest: .kakeya/request.json is {size} bytes, over the 65536-byte cap"
@@ -296,8 +309,8 @@ def test_the_client_refuses_an_expiry_past_the_longest_wait(world: Env, capsys, 
     assert main(["request", "work", "--runner", "cpu", "--expires", "7d"]) == 0
     (entry,) = client.bus.ls_remote().entries.values()
     client.ensure([entry], ("req",))
-    manifest = B.read_manifests(client.bus.repos(), [entry.req or ""])[entry.req or ""]
-    assert isinstance(manifest, B.Manifest)
+    manifest = read_manifests(client.bus.repos(), [entry.req or ""])[entry.req or ""]
+    assert isinstance(manifest, Manifest)
     assert manifest.expires_at - manifest.created_at == dt.timedelta(days=7)
     # nor can the configured default ask for more
     monkeypatch.setenv("KAKEYA_REQUEST_TTL", str(8 * 86400))

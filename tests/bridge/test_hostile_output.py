@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bridge import bus as B
 from bridge import git as G
+from bridge.bus import CLAIM_PATH, MANIFEST_PATH, Bus, Claim, Update, new_id, req_ref, results_path
 from bridge.caps import DROPPED_LINES, apply_caps
 from bridge.cli import main
 from bridge.client import Client
@@ -151,7 +151,7 @@ class Bench:
     def __init__(self, world: Env, url: str, isolation: str = "none"):
         self.world, self.url, self.isolation = world, url, isolation
         self.client = Client(load_config(), remote=url)
-        self.bus = B.Bus(url, world.project)
+        self.bus = Bus(url, world.project)
 
     def runner(self, name: str = "r1", *args: str) -> subprocess.Popen[bytes]:
         return runner_process(self.world, self.url, name, "--poll", "0.2", *args)
@@ -163,7 +163,7 @@ class Bench:
     def files(self, rid: str) -> dict[str, bytes]:
         """Every file of the done commit under .kakeya/results/<id>/."""
         done = self.bus.ls_remote().entries[rid].done or ""
-        return G.read_dir(self.world.project, done, B.results_path(rid))
+        return G.read_dir(self.world.project, done, results_path(rid))
 
     def one_done(self, rid: str) -> None:
         """Exactly one done commit: the done push took the request and claim refs, and the done commit's history
@@ -184,7 +184,7 @@ class Bench:
         for rid, entry in self.bus.ls_remote().entries.items():
             if not entry.done:
                 continue
-            files = G.read_dir(self.world.project, entry.done, B.results_path(rid))
+            files = G.read_dir(self.world.project, entry.done, results_path(rid))
             result = json.loads(files.get("result.json", b"{}"))
             if result.get("params", {}).get("mode") == mode and result.get("exit_code") is not None:
                 history = G.out(self.world.project, "log", "--format=%s", entry.done)
@@ -237,7 +237,7 @@ def test_a_fifo_at_the_progress_path_blocks_no_heartbeat(hostile: Bench):
     assert result["status"] == "succeeded" and result["verdict"] == "pass"
     rid = result["request_id"]
     done = hostile.bus.ls_remote().entries[rid].done or ""
-    claim = B.Claim.model_validate_json(G.read_path(hostile.world.project, done, B.CLAIM_PATH) or b"")
+    claim = Claim.model_validate_json(G.read_path(hostile.world.project, done, CLAIM_PATH) or b"")
     assert claim.runner == result["runner_name"] and claim.heartbeat >= 3  # 8 s run, 3 s lease, 1 s beats
     assert "takes over" not in hostile.log("r1") + hostile.log("r2")
 
@@ -316,19 +316,19 @@ def test_a_workload_written_verdict_is_replaced_by_the_runners_own(hostile: Benc
 
 def test_files_planted_under_the_results_path_of_the_request_are_not_in_the_done_commit(hostile: Bench):
     world = hostile.world
-    rid = B.new_id("work")
+    rid = new_id("work")
     subject = G.rev_parse(world.project, "HEAD") or ""
-    prefix = B.results_path(rid)
+    prefix = results_path(rid)
     forged = json.dumps({"status": "pass", "checks": []}).encode()
     planted = {
-        B.MANIFEST_PATH: json.dumps(manifest_dict(rid, "work", subject, params={"tag": "planted"})).encode(),
+        MANIFEST_PATH: json.dumps(manifest_dict(rid, "work", subject, params={"tag": "planted"})).encode(),
         f"{prefix}/verdict.json": forged,
         f"{prefix}/result.json": b'{"status": "succeeded"}',
         f"{prefix}/planted.txt": b"the requester wrote this",
         f"{prefix}/plots/x.png": b"not a plot",
     }
     sha = G.child_commit(world.project, subject, planted, "hostile request", "Test <t@example.com>")
-    assert hostile.bus.swap([B.Update(B.req_ref("cpu", rid), sha, None)], atomic=False)
+    assert hostile.bus.swap([Update(req_ref("cpu", rid), sha, None)], atomic=False)
     proc = hostile.runner()
     try:
         result = hostile.done(rid)

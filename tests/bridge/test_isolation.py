@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bridge import bus as B
 from bridge import git as G
+from bridge.bus import STAGE_PREFIX, Bus, done_ref, results_path
 from bridge.cli import main
 from bridge.client import Client
 from bridge.config import load_config
@@ -238,7 +238,7 @@ def test_a_sigkilled_runners_request_is_taken_over_and_done_once(world: Env, dae
         victim.wait(10)
         wait_for(lambda: not pid_alive(program), 5, "the run to die with its runner")
         died = time.monotonic() - killed
-        bus = B.Bus(url, world.project)
+        bus = Bus(url, world.project)
         done = wait_for(lambda: bus.ls_remote().entries[rid].done, 60, "the takeover's done commit", step=0.1)
         took = time.monotonic() - killed
     finally:
@@ -293,10 +293,10 @@ def test_a_result_whose_push_the_remote_dropped_is_pushed_after_restart(world: E
             kill_pid(pid)
         log = world.tmp / "p.log"
         wait_for(lambda: "not pushed yet" in log.read_text(), 30, "the runner to keep its result")
-        assert B.done_ref(rid) not in B.Bus(str(daemon.base / "bus.git"), world.project).ls_remote().refs
+        assert done_ref(rid) not in Bus(str(daemon.base / "bus.git"), world.project).ls_remote().refs
         daemon.start()
         restarted = time.monotonic()
-        bus = B.Bus(url, world.project)
+        bus = Bus(url, world.project)
         wait_for(lambda: bus.ls_remote().entries[rid].done, 60, "the delayed push", step=0.2)
         print(
             f"\nFIGURE remote killed mid-push: result pushed {time.monotonic() - restarted:.2f} s after restart"
@@ -305,9 +305,9 @@ def test_a_result_whose_push_the_remote_dropped_is_pushed_after_restart(world: E
         assert stop(runner) == 0
     assert "delayed result pushed" in (world.tmp / "p.log").read_text()
     assert done_result(world.project, url, rid)["status"] == "succeeded"
-    bus.fetch([B.done_ref(rid)])
+    bus.fetch([done_ref(rid)])
     done = bus.ls_remote().entries[rid].done
-    noise = G.read_path(world.project, done or "", f"{B.results_path(rid)}/noise.bin")
+    noise = G.read_path(world.project, done or "", f"{results_path(rid)}/noise.bin")
     assert noise is not None and len(noise) == 48 << 20  # nothing lost
 
 
@@ -330,7 +330,7 @@ def test_two_runners_with_skewed_clocks_run_20_requests_once_each(world: Env, da
             del os.environ["KAKEYA_CLOCK_OFFSET"]
     started = time.monotonic()
     try:
-        bus = B.Bus(url, world.project)
+        bus = Bus(url, world.project)
         wait_for(
             lambda: sum(1 for e in bus.ls_remote().entries.values() if e.done) == 20, 150, "20 done", step=0.5
         )
@@ -367,7 +367,7 @@ def test_a_200_mib_result_is_capped_done_once_and_starves_nobody(world: Env, dae
         del os.environ["KAKEYA_FILES_CAP"]
     started = time.monotonic()
     try:
-        bus = B.Bus(url, world.project)
+        bus = Bus(url, world.project)
         wait_for(
             lambda: all(bus.ls_remote().entries[r].done for r in [big, *small]), 90, "all done", step=0.3
         )
@@ -388,8 +388,8 @@ def test_a_200_mib_result_is_capped_done_once_and_starves_nobody(world: Env, dae
     assert len(list(world.marks.glob("big.*"))) == 1  # done once
     assert sorted(world.count()) == ["big", "n0", "n1", "n2"]
     assert grew < 2 << 20
-    bus.fetch([B.done_ref(big)])
-    files = G.read_dir(world.project, bus.ls_remote().entries[big].done or "", B.results_path(big))
+    bus.fetch([done_ref(big)])
+    files = G.read_dir(world.project, bus.ls_remote().entries[big].done or "", results_path(big))
     assert files["small.txt"] == b"kept" and "huge.bin" not in files
 
 
@@ -425,7 +425,7 @@ def test_a_push_longer_than_the_lease_keeps_the_lease_and_is_done_once(
     served: list = []
     thread = threading.Thread(target=lambda: served.append(runner.once()))
     thread.start()
-    bus = B.Bus(url, world.project)
+    bus = Bus(url, world.project)
     wait_for(lambda: bus.ls_remote().entries[rid].claim, 30, "the claim")
     other = runner_process(world, url, "b", "--poll", "0.2", "--lease", "2")
     try:
@@ -442,8 +442,8 @@ def test_a_push_longer_than_the_lease_keeps_the_lease_and_is_done_once(
     assert world.count() == ["big"]  # ran once: the lease was never lost to the other runner
     assert "takes over" not in (world.tmp / "b.log").read_text()
     done = bus.ls_remote().entries[rid].done or ""
-    assert len(G.read_path(world.project, done, f"{B.results_path(rid)}/blob.bin") or b"") == 3 << 20
-    assert G.out(daemon.base / "bus.git", "for-each-ref", B.STAGE_PREFIX) == ""  # the side ref is gone
+    assert len(G.read_path(world.project, done, f"{results_path(rid)}/blob.bin") or b"") == 3 << 20
+    assert G.out(daemon.base / "bus.git", "for-each-ref", STAGE_PREFIX) == ""  # the side ref is gone
 
 
 def test_report_and_result_caps_drop_and_list(tmp_path: Path):
@@ -543,14 +543,14 @@ def test_a_workload_cannot_steal_the_runners_secrets(world: Env, daemon: Daemon)
     ]
     proc = subprocess.run(cmd, cwd=world.project, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    bus = B.Bus(url, world.project)
-    bus.fetch([B.done_ref(rid)])
+    bus = Bus(url, world.project)
+    bus.fetch([done_ref(rid)])
     done = bus.ls_remote().entries[rid].done or ""
     tree = G.ls_tree(world.project, done, recursive=True)
     blobs = G.read_blobs(world.project, sorted({sha for _mode, _kind, sha in tree.values()}))
     committed = b"\n".join(blobs.values()) + G.out(world.project, "log", "--format=%B", done).encode()
-    result = json.loads(blobs[tree[f"{B.results_path(rid)}/result.json"][2]])
-    stdout = blobs[tree[f"{B.results_path(rid)}/logs/stdout.log"][2]].decode()
+    result = json.loads(blobs[tree[f"{results_path(rid)}/result.json"][2]])
+    stdout = blobs[tree[f"{results_path(rid)}/logs/stdout.log"][2]].decode()
     assert result["status"] == "succeeded" and result["isolation"] == f"user (uid {RUN_UID})", (
         result["reason"],
         stdout,
@@ -561,7 +561,7 @@ def test_a_workload_cannot_steal_the_runners_secrets(world: Env, daemon: Daemon)
     for value in values:
         for form in (value.encode(), base64.b64encode(value.encode()), value.encode()[::-1]):
             assert form not in committed, f"{value} leaked as {form!r}"
-    assert blobs[tree[f"{B.results_path(rid)}/loot.bin"][2]]  # its loot was committed: it held no secret
+    assert blobs[tree[f"{results_path(rid)}/loot.bin"][2]]  # its loot was committed: it held no secret
 
 
 def test_a_secret_the_runner_reads_from_a_file_never_reaches_a_run(
@@ -583,13 +583,13 @@ def test_a_secret_the_runner_reads_from_a_file_never_reaches_a_run(
     assert token not in "".join(os.environ.values())  # and its process environment does not
     served = runner.once()
     assert served is not None and served.status == "succeeded" and served.pushed, served
-    bus = B.Bus(url, world.project)
-    bus.fetch([B.done_ref(rid)])
+    bus = Bus(url, world.project)
+    bus.fetch([done_ref(rid)])
     done = bus.ls_remote().entries[rid].done or ""
     tree = G.ls_tree(world.project, done, recursive=True)
     blobs = G.read_blobs(world.project, sorted({sha for _mode, _kind, sha in tree.values()}))
-    stdout = blobs[tree[f"{B.results_path(rid)}/logs/stdout.log"][2]]
-    assert b"steal done" in stdout and len(blobs[tree[f"{B.results_path(rid)}/loot.bin"][2]]) > 1000
+    stdout = blobs[tree[f"{results_path(rid)}/logs/stdout.log"][2]]
+    assert b"steal done" in stdout and len(blobs[tree[f"{results_path(rid)}/loot.bin"][2]]) > 1000
     committed = b"\n".join(blobs.values())  # every environment the run could read, raw and encoded
     for form in (token.encode(), base64.b64encode(token.encode()), token.encode()[::-1]):
         assert form not in committed

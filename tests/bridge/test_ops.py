@@ -18,8 +18,8 @@ from pathlib import Path
 
 import yaml
 
-from bridge import bus as B
 from bridge import git as G
+from bridge.bus import DONE_PREFIX, REQ_PREFIX, RUNNERS_PREFIX, SUBJECT_PREFIX, Bus, done_ref
 from bridge.cli import main
 from bridge.client import Client
 from bridge.commands.wait import line as wait_line
@@ -61,13 +61,13 @@ def piped_runner(
 
 
 def is_done(url: str, world: Env, rid: str) -> bool:
-    return bool(B.Bus(url, world.project).ls_remote(B.done_ref(rid)).refs)
+    return bool(Bus(url, world.project).ls_remote(done_ref(rid)).refs)
 
 
 def left_refs(url: str, world: Env) -> list[str]:
     """Refs other than done, index and presence refs: a claim, a request, a stage ref left behind."""
-    refs = B.Bus(url, world.project).ls_remote().refs
-    return [r for r in refs if not r.startswith((B.DONE_PREFIX, B.SUBJECT_PREFIX, "refs/kakeya/runners/"))]
+    refs = Bus(url, world.project).ls_remote().refs
+    return [r for r in refs if not r.startswith((DONE_PREFIX, SUBJECT_PREFIX, "refs/kakeya/runners/"))]
 
 
 def test_a_runner_whose_reader_left_serves_on(world: Env, daemon: Daemon):
@@ -89,7 +89,7 @@ def test_a_runner_whose_reader_left_serves_on(world: Env, daemon: Daemon):
         result = done_result(world.project, url, rid)
         assert (result["status"], result["verdict"], result["reason"]) == ("succeeded", "pass", None)
     assert sorted(world.count()) == ["a", "b"] and left_refs(url, world) == []
-    bus = B.Bus(url, world.project)
+    bus = Bus(url, world.project)
     assert [s.presence.state for s in read_presences(bus, bus.ls_remote().runners) if s.presence] == [
         "stopped"
     ]
@@ -246,10 +246,10 @@ def test_an_unsigned_request_to_runners_that_take_only_signed_ones_is_refused_up
     strict = load_config().model_copy(
         update={"require_signed_requests": True, "allowed_requesters": str(requesters)}
     )
-    bus = B.Bus(url, world.project)
+    bus = Bus(url, world.project)
 
     def presence(name: str) -> str:
-        sha = bus.ls_remote(B.RUNNERS_PREFIX).runners[name]
+        sha = bus.ls_remote(RUNNERS_PREFIX).runners[name]
         bus.fetch_ids([sha], "presence")
         return (G.read_path(world.project, sha, PRESENCE_PATH) or b"").decode()
 
@@ -270,7 +270,7 @@ def test_an_unsigned_request_to_runners_that_take_only_signed_ones_is_refused_up
             "unsigned: set signing_key (KAKEYA_SIGNING_KEY) to your SSH key, listed in their "
             "allowed_requesters file, and request again"
         )
-        assert not bus.ls_remote(B.REQ_PREFIX).entries
+        assert not bus.ls_remote(REQ_PREFIX).entries
         monkeypatch.setenv("KAKEYA_SIGNING_KEY", str(alice))  # signed: it goes to them
         assert main(request) == 0
         signed = capsys.readouterr().out.strip()

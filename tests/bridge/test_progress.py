@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bridge import bus as B
 from bridge import git as G
+from bridge.bus import Bus, Update, runner_ref, utcnow
 from bridge.cli import main
 from bridge.presence import PRESENCE_PATH, Presence
 from bridge.progress import PROGRESS_CAP, Tracker, read_workload
@@ -232,7 +232,7 @@ def test_a_bad_progress_file_is_ignored_and_never_fails_the_run(world: Env, daem
         )
     runner = runner_process(world, url, "r1", "--poll", "0.2", "--lease", "3")
     try:
-        bus = B.Bus(url, world.project)
+        bus = Bus(url, world.project)
         wait_for(lambda: sum(1 for e in bus.ls_remote().entries.values() if e.done) == 2, 60, "both runs")
     finally:
         stop(runner)
@@ -246,14 +246,14 @@ def test_a_bad_progress_file_is_ignored_and_never_fails_the_run(world: Env, daem
 def push_presence(url: str, store: Path, name: str, data: bytes) -> None:
     tree = G.tree_with(store, None, {PRESENCE_PATH: data})
     sha = G.commit(store, tree, [], "presence", "Test <t@example.com>")
-    assert B.Bus(url, store).swap([B.Update(B.runner_ref(name), sha, None)], atomic=False)
+    assert Bus(url, store).swap([Update(runner_ref(name), sha, None)], atomic=False)
 
 
 def test_no_live_runner_is_said_at_once_and_ends_the_wait_with_its_own_code(
     world: Env, daemon: Daemon, capsys
 ):
     url = daemon.repo()
-    now = B.utcnow()
+    now = utcnow()
     old = now - dt.timedelta(minutes=10)
     gone = Presence(
         name="old",
@@ -313,7 +313,7 @@ def test_no_live_runner_is_said_at_once_and_ends_the_wait_with_its_own_code(
     lines = err.splitlines()  # the bus line every bus command prints, then one line
     assert waiter.returncode == 130 and len(lines) == 2 and lines[0].startswith("kakeya: bus: "), err
     assert "stopped waiting" in lines[1], err
-    entry = B.Bus(url, world.project).ls_remote().entries[rid]
+    entry = Bus(url, world.project).ls_remote().entries[rid]
     assert entry.req and not entry.cancel and not entry.claim
 
 
@@ -364,7 +364,7 @@ def test_with_allowed_signers_only_a_runner_key_for_its_labels_makes_a_live_pres
         ),  # r1's key, more labels than it may serve
         signed_runner(world, url, "thief", ("gpu",), keys["stranger"]),
     ]
-    now = B.utcnow()
+    now = utcnow()
     plain = Presence(
         name="plain",
         labels=["gpu"],

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bridge import bus as B
 from bridge import git as G
+from bridge.bus import Bus, archive_ref, done_ref, layout_ref, req_ref
 from bridge.cli import main
 from tests.bridge.bus_support import Daemon, Env, done_result, free_port, git, pid_alive, wait_for
 
@@ -48,7 +48,7 @@ def test_in_a_clone_the_bus_is_origin_and_every_command_says_so(world: Env, daem
     rid = captured.out.strip()
     assert captured.err == f"kakeya: bus: remote origin ({origin})\n"
     assert not (world.project / ".kakeya").exists()  # nothing went to an embedded bus
-    assert B.req_ref("cpu", rid) in B.Bus(origin, world.project).ls_remote().refs
+    assert req_ref("cpu", rid) in Bus(origin, world.project).ls_remote().refs
 
     # a runner host's own clone of the project serves it with no --remote: its bus is its origin too
     host = world.tmp / "host"
@@ -77,8 +77,8 @@ def test_the_configured_remote_wins_over_origin(world: Env, daemon: Daemon, caps
     git(world.project, "commit", "-qm", "config")
     assert main(["request", "work", "--runner", "cpu"]) == 0
     rid = capsys.readouterr().out.strip()
-    assert rid in B.Bus(team, world.project).ls_remote().entries
-    assert B.Bus(daemon.repo("origin.git"), world.project).ls_remote().entries == {}
+    assert rid in Bus(team, world.project).ls_remote().entries
+    assert Bus(daemon.repo("origin.git"), world.project).ls_remote().entries == {}
 
 
 def test_ctrl_c_to_the_group_of_kakeya_run_ends_the_run_in_one_done_commit(world: Env):
@@ -98,7 +98,7 @@ def test_ctrl_c_to_the_group_of_kakeya_run_ends_the_run_in_one_done_commit(world
     bus = str(world.project / ".kakeya" / "bus.git")
     result = done_result(world.project, bus, rid)
     assert (result["status"], result["reason"]) == ("error", "interrupted by SIGINT")
-    entry = B.Bus(bus, world.project).ls_remote().entries[rid]
+    entry = Bus(bus, world.project).ls_remote().entries[rid]
     assert entry.done and entry.claim is None and entry.req is None  # one done commit; the live refs went
     assert not pid_alive(int(started.split()[0])) and world.count() == []
 
@@ -252,7 +252,7 @@ def test_summary_has_results_stderr_tail_and_absolute_links_for_a_job_summary(wo
     base = "https://github.com/org/kakeya"
     assert main(["results", rid, "--out", "gh", "--link-base", base + "/"]) == 0
     capsys.readouterr()
-    done = B.Bus(str(world.project / ".kakeya" / "bus.git"), world.project).ls_remote().entries[rid].done
+    done = Bus(str(world.project / ".kakeya" / "bus.git"), world.project).ls_remote().entries[rid].done
     linked = (world.project / "gh" / rid / "summary.md").read_text()
     where = f"{done}/.kakeya/results/{rid}/"
     assert f"- [logs/stdout.log]({base}/blob/{where}logs/stdout.log)" in linked
@@ -397,10 +397,10 @@ def test_bus_gc_archives_old_done_refs_out_of_every_clones_fetch(world: Env, dae
     from bridge.runner import Runner
 
     Runner(url, config=load_config(), name="r", labels=["cpu"], workdir=world.tmp / "r").once()
-    done = B.Bus(url, world.project).ls_remote().entries[rid].done
+    done = Bus(url, world.project).ls_remote().entries[rid].done
     assert main(["bus", "gc", "--older-than", "0", "--archive-done", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert B.done_ref(rid) in out and "would delete 2 refs" in out  # the done ref and its index ref
+    assert done_ref(rid) in out and "would delete 2 refs" in out  # the done ref and its index ref
     assert main(["bus", "gc", "--older-than", "0", "--archive-done"]) == 0
     assert "deleted 2 refs" in capsys.readouterr().out
     refs = dict(
@@ -408,8 +408,8 @@ def test_bus_gc_archives_old_done_refs_out_of_every_clones_fetch(world: Env, dae
         for line in git(world.project, "ls-remote", url).splitlines()
         if "\t" in line
     )
-    marker = refs.pop(B.layout_ref())
-    assert refs == {B.archive_ref(rid): done}  # only the archive ref is left, on the same done commit
+    marker = refs.pop(layout_ref())
+    assert refs == {archive_ref(rid): done}  # only the archive ref is left, on the same done commit
     assert G.read_path(world.project, marker, ".kakeya/layout.txt").startswith(b"kakeya bus layout 2")
     assert main(["status"]) == 0 and rid not in capsys.readouterr().out
     clone = world.tmp / "clone"

@@ -10,9 +10,8 @@ import threading
 
 import pytest
 
-from bridge import bus as B
 from bridge import git as G
-from bridge.bus import Update
+from bridge.bus import REQ_PREFIX, RUNNERS_PREFIX, Update, parse_id
 from bridge.cli import main
 from bridge.client import IDEM_PATH, IDEM_PREFIX, Client, Idempotency
 from bridge.config import load_config
@@ -21,7 +20,7 @@ from tests.bridge.bus_support import Daemon, Env, make_runner, wait_for
 
 
 def requests_on(c: Client) -> list[str]:
-    return sorted(c.bus.ls_remote(B.REQ_PREFIX).entries)
+    return sorted(c.bus.ls_remote(REQ_PREFIX).entries)
 
 
 def test_a_retried_request_returns_the_first_id_queued_running_and_done(world: Env, daemon: Daemon):
@@ -103,7 +102,7 @@ def test_a_forged_key_ref_is_refused_not_trusted(world: Env, daemon: Daemon):
     other labels than that request's cannot make a retry of other content return it."""
     c = Client(load_config(), remote=daemon.repo())
     other = c.request("work", {"tag": "x"}, "cpu")
-    req = c.bus.ls_remote(B.REQ_PREFIX).entries[other.id].req
+    req = c.bus.ls_remote(REQ_PREFIX).entries[other.id].req
     assert req is not None
     plain = Idempotency.key_hash("k-plain")
     c.bus.push([Update(IDEM_PREFIX + plain, req, None)])
@@ -129,7 +128,7 @@ def test_runner_labels_fall_back_to_the_first_with_a_live_runner(world: Env, dae
     assert c.request("work", {}, "gpu,cpu").runner == "gpu"  # none live: the first
     live = make_runner(c.url, world, name="cpu-1", labels=("cpu",))
     live.start_presence()
-    wait_for(lambda: "cpu-1" in c.bus.ls_remote(B.RUNNERS_PREFIX).runners, 30, "the runner's presence")
+    wait_for(lambda: "cpu-1" in c.bus.ls_remote(RUNNERS_PREFIX).runners, 30, "the runner's presence")
     try:
         assert c.request("work", {}, "gpu,cpu").runner == "cpu"
         assert c.request("work", {}, ["cpu", "gpu"]).runner == "cpu"
@@ -151,7 +150,7 @@ def test_a_request_past_its_queue_timeout_expires_and_never_runs(world: Env, dae
     event = json.loads(capsys.readouterr().out)
     c = Client(load_config(), remote=url)
     rid = event["id"]
-    assert event["runner"] == "cpu" and B.parse_id(rid) is not None
+    assert event["runner"] == "cpu" and parse_id(rid) is not None
     wait_for(lambda: c.status_one(rid).state == "expired", 30, "the request to expire")
     assert "no runner started it before" in (c.status_one(rid).reason or "")
     served = make_runner(url, world).once()

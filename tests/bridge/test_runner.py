@@ -10,8 +10,21 @@ import threading
 import time
 from pathlib import Path
 
-from bridge import bus as B
 from bridge import git as G
+from bridge.bus import (
+    CLAIM_PATH,
+    DONE_PREFIX,
+    LIVE,
+    SUBJECT_PREFIX,
+    Bus,
+    Claim,
+    Update,
+    claim_ref,
+    done_ref,
+    new_id,
+    results_path,
+    subject_ref,
+)
 from bridge.cli import main
 from bridge.client import Client
 from bridge.config import load_config
@@ -33,12 +46,12 @@ from tests.bridge.bus_support import (
 )
 
 
-def done_claim(store: Path, url: str, request_id: str) -> B.Claim:
-    bus = B.Bus(url, store)
-    sha = bus.ls_remote(B.done_ref(request_id)).refs[B.done_ref(request_id)]
-    bus.fetch([B.done_ref(request_id)])
+def done_claim(store: Path, url: str, request_id: str) -> Claim:
+    bus = Bus(url, store)
+    sha = bus.ls_remote(done_ref(request_id)).refs[done_ref(request_id)]
+    bus.fetch([done_ref(request_id)])
     repo = store
-    return B.Claim.model_validate_json(G.read_path(repo, sha, B.CLAIM_PATH) or b"")
+    return Claim.model_validate_json(G.read_path(repo, sha, CLAIM_PATH) or b"")
 
 
 def test_request_runner_results_end_to_end_over_git_daemon(world: Env, daemon: Daemon, capsys):
@@ -62,19 +75,19 @@ def test_request_runner_results_end_to_end_over_git_daemon(world: Env, daemon: D
     assert world.count() == ["e2e"]
     # the done push deleted the request and claim refs and indexed the result under its subject; the done
     # commit descends from the claim, the request and the subject
-    snap = B.Bus(url, world.project).ls_remote(*B.LIVE, B.DONE_PREFIX, B.SUBJECT_PREFIX)
+    snap = Bus(url, world.project).ls_remote(*LIVE, DONE_PREFIX, SUBJECT_PREFIX)
     entry = snap.entries[rid]
     assert (entry.req, entry.claim, entry.cancel) == (None, None, None) and entry.done
     assert snap.index == {rid: (result["subject"], entry.done)}
-    assert set(snap.refs) == {B.done_ref(rid), B.subject_ref(result["subject"], rid)}
+    assert set(snap.refs) == {done_ref(rid), subject_ref(result["subject"], rid)}
     assert G.parents(world.project, G.parents(world.project, entry.done)[0]) != []
-    assert G.read_path(world.project, entry.done, B.CLAIM_PATH) is not None
+    assert G.read_path(world.project, entry.done, CLAIM_PATH) is not None
     assert main(["runner", "once", "--labels", "cpu", "--remote", url, "--request", rid]) == 0
     assert "nothing to do" in capsys.readouterr().out
     other = Client(load_config(), remote=url).request("work", {}, "cpu", subject="HEAD").id
     assert main(["runner", "once", "--labels", "cpu-b", "--remote", url, "--request", other]) == 1
     assert "is for runner label 'cpu'; this runner serves cpu-b" in capsys.readouterr().err
-    assert main(["runner", "once", "--labels", "cpu", "--remote", url, "--request", B.new_id("work")]) == 1
+    assert main(["runner", "once", "--labels", "cpu", "--remote", url, "--request", new_id("work")]) == 1
     assert world.count() == ["e2e"]
     # worktrees are removed after the run; the mirror keeps no per-request refs
     mirror = world.project / ".kakeya" / "runners" / "gpu-box"
@@ -93,7 +106,7 @@ def test_four_runner_processes_execute_40_requests_exactly_once(world: Env, daem
     git(staging, "push", "-q", url, "refs/heads/kakeya/*:refs/heads/kakeya/*")
     procs = [runner_process(world, url, f"w{i}", "--poll", "0.5", "--lease", "5") for i in range(4)]
     try:
-        bus = B.Bus(url, world.project)
+        bus = Bus(url, world.project)
         wait_for(
             lambda: sum(1 for e in bus.ls_remote().entries.values() if e.done) == 40,
             150,
@@ -104,11 +117,11 @@ def test_four_runner_processes_execute_40_requests_exactly_once(world: Env, daem
         codes = [stop(p) for p in procs]
     assert codes == [0, 0, 0, 0]
     assert sorted(world.count()) == sorted(f"t{i}" for i in range(40))  # each executed exactly once
-    bus.fetch([B.done_ref(i) for i in ids])
+    bus.fetch([done_ref(i) for i in ids])
     names = []
     repo = world.project
     for rid, entry in bus.ls_remote().entries.items():
-        result = json.loads(G.read_path(repo, entry.done or "", f"{B.results_path(rid)}/result.json") or b"")
+        result = json.loads(G.read_path(repo, entry.done or "", f"{results_path(rid)}/result.json") or b"")
         assert result["status"] == "succeeded" and result["request_id"] == rid
         names.append(result["runner_name"])
     assert len(set(names)) >= 2, names
@@ -126,10 +139,10 @@ def test_a_sigkilled_runner_loses_its_claim_to_another_after_the_lease(world: En
             "the first attempt to start",
         )
     )
-    bus = B.Bus(url, world.project)
+    bus = Bus(url, world.project)
     wait_for(lambda: world.mark("k", "started").exists(), 10, "the program")
     time.sleep(1.0)  # let a heartbeat or two land
-    held = bus.ls_remote(B.claim_ref(rid)).refs[B.claim_ref(rid)]
+    held = bus.ls_remote(claim_ref(rid)).refs[claim_ref(rid)]
     first.send_signal(signal.SIGKILL)
     first.wait(10)
     kill_pid(program)  # the host died: its run died with it
@@ -185,7 +198,7 @@ def test_rejections_end_in_done_commits_and_run_nothing(world: Env):
     cases = {}
 
     def raw(preset: str, manifest) -> str:
-        rid = B.new_id(preset)
+        rid = new_id(preset)
         push_raw_request(url, world.project, "cpu", rid, manifest(rid) if callable(manifest) else manifest)
         return rid
 
@@ -197,7 +210,7 @@ def test_rejections_end_in_done_commits_and_run_nothing(world: Env):
         "unknown parameter 'shell'"
     )
     cases[raw("work", b"{not json")] = "invalid manifest: manifest: Invalid JSON"
-    cases[raw("work", lambda r: manifest_dict(B.new_id("work"), "work", head))] = "invalid manifest: id is"
+    cases[raw("work", lambda r: manifest_dict(new_id("work"), "work", head))] = "invalid manifest: id is"
     cases[raw("work", lambda r: manifest_dict(r, "work", head, label="gpu"))] = (
         "invalid manifest: runner is 'gpu'"
     )
@@ -286,7 +299,7 @@ def test_sigterm_finishes_the_current_run_and_a_second_one_ends_it(world: Env, d
     later = client.request("work", {"tag": "g"}, "cpu").id
     assert stop(proc, signal.SIGTERM) == 0
     assert done_result(world.project, url, finish)["status"] == "succeeded"
-    assert later not in {i for i, e in B.Bus(url, world.project).ls_remote().entries.items() if e.claim}
+    assert later not in {i for i, e in Bus(url, world.project).ls_remote().entries.items() if e.claim}
     assert world.count() == ["f"]
 
     killed = client.request("work", {"tag": "k", "mode": "sleep", "seconds": "60"}, "cpu").id
@@ -341,8 +354,8 @@ def test_a_takeover_during_the_run_stops_the_holder_in_process(world: Env):
     # another runner takes the claim over with a lease on the sha it saw (as after an expired lease)
     thief = make_runner(client.url, world, "b")
     entry = thief.bus.ls_remote().entries[rid]
-    thief.bus.fetch([B.claim_ref(rid)])
-    seen = B.Claim.model_validate_json(G.read_path(thief.mirror, entry.claim, B.CLAIM_PATH) or b"")
+    thief.bus.fetch([claim_ref(rid)])
+    seen = Claim.model_validate_json(G.read_path(thief.mirror, entry.claim, CLAIM_PATH) or b"")
     took = thief.claim(entry, (entry.claim, seen))
     assert took is not None
     thread.join(30)
@@ -360,8 +373,8 @@ def test_an_unreadable_claim_is_treated_as_expired(world: Env):
     rid = client.request("work", {"tag": "u"}, "cpu").id
     entry = client.entry(rid)
     repo = world.project
-    bogus = G.child_commit(repo, entry.req or "", {B.CLAIM_PATH: b"not json"}, "bogus claim", "X <x@e>")
-    assert client.bus.swap([B.Update(B.claim_ref(rid), bogus, None)])
+    bogus = G.child_commit(repo, entry.req or "", {CLAIM_PATH: b"not json"}, "bogus claim", "X <x@e>")
+    assert client.bus.swap([Update(claim_ref(rid), bogus, None)])
     served = make_runner(client.url, world).once()
     assert served is not None and served.status == "succeeded" and served.pushed
     assert done_claim(world.project, client.url, rid).takeover_of == "unknown"
@@ -377,7 +390,7 @@ def test_watch_serves_until_stopped_and_backs_off_while_the_bus_is_away(world: E
     )
     thread = threading.Thread(target=runner.watch, kwargs={"poll_s": 0.2, "max_backoff_s": 0.4})
     thread.start()
-    bus = B.Bus(client.url, world.project)
+    bus = Bus(client.url, world.project)
     wait_for(lambda: all(bus.ls_remote().entries[i].done for i in ids), 30, "both requests")
     Path(client.url).rename(client.url + ".away")
     wait_for(lambda: any("retrying in" in ln for ln in lines), 10, "a failed poll")

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
-from bridge import bus as B
 from bridge import git as G
+from bridge.bus import Bus, done_ref
 from bridge.cli import main
 from bridge.client import Client
 from bridge.config import load_config
@@ -29,7 +29,7 @@ def test_runner_once_json_says_what_it_served_and_when_it_was_idle(world: Env, t
     capsys.readouterr()
 
     rc, event = once(capsys, url, "--request", rid)
-    done = B.Bus(url, world.project).ls_remote(B.done_ref(rid)).refs[B.done_ref(rid)]
+    done = Bus(url, world.project).ls_remote(done_ref(rid)).refs[done_ref(rid)]
     assert rc == 0
     assert event == {
         "event": "served",

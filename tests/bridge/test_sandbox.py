@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bridge import bus as B
 from bridge import git as G
+from bridge.bus import Bus, done_ref, results_path
 from bridge.client import Client
 from bridge.config import Config, load_config
 from bridge.errors import KakeyaError
@@ -382,10 +382,10 @@ def daemons(token: str) -> list[int]:
 
 
 def committed(store: Path, url: str, rid: str) -> tuple[dict, dict[str, bytes], str]:
-    bus = B.Bus(url, store)
-    bus.fetch([B.done_ref(rid)])
-    done = bus.ls_remote(B.done_ref(rid)).refs[B.done_ref(rid)]
-    files = G.read_dir(store, done, B.results_path(rid))
+    bus = Bus(url, store)
+    bus.fetch([done_ref(rid)])
+    done = bus.ls_remote(done_ref(rid)).refs[done_ref(rid)]
+    files = G.read_dir(store, done, results_path(rid))
     return json.loads(files["result.json"]), files, done
 
 
@@ -495,7 +495,7 @@ def run_matrix(world: Env, daemon: Daemon, side: Side) -> None:
     )
     client = Client(load_config(), remote=url)
     registry = load_registry(presets)
-    bus = B.Bus(url, world.project)
+    bus = Bus(url, world.project)
 
     def serve(preset: str, params: dict) -> tuple[dict, dict[str, bytes], str]:
         rid = client.request(preset, params, "cpu", registry=registry).id
@@ -598,7 +598,7 @@ def test_kakeya_run_of_ones_own_request_runs_unsigned_where_the_key_is_in_reach(
     assert world.count() == ["mine"]
     done = next(
         e.done
-        for e in B.Bus(str(world.project / ".kakeya" / "bus.git"), world.project).ls_remote().entries.values()
+        for e in Bus(str(world.project / ".kakeya" / "bus.git"), world.project).ls_remote().entries.values()
     )
     assert done and "gpgsig" not in G.out(world.project / ".kakeya" / "bus.git", "cat-file", "commit", done)
 

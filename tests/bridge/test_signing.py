@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge import bus as B
 from bridge import git as G
+from bridge.bus import Bus, done_ref, req_ref, results_path
 from bridge.cli import main
 from bridge.config import load_config
 from bridge.errors import InvalidRequest
@@ -19,7 +19,7 @@ from bridge.isolation import bwrap_available
 from bridge.runner import Runner
 from bridge.trust import ALLOWED_SIGNERS, Signers, principal, signers_line
 from tests.bridge.bus_support import Daemon, Env, git, move_done
-from tests.bridge.test_gate_pr import Bus, commit, gate, outcomes
+from tests.bridge.test_gate_pr import LocalBus, commit, gate, outcomes
 
 
 def keygen(path: Path) -> Path:
@@ -73,13 +73,13 @@ def test_signed_evidence_passes_and_every_forgery_fails_for_its_own_reason(
     git(world.project, "add", "-A")
     git(world.project, "commit", "-qm", "allowed signers")
     first = git(world.project, "rev-parse", "HEAD")
-    bus = Bus(world, url=daemon.repo())
+    bus = LocalBus(world, url=daemon.repo())
     bus.runner = signed_runner(world, bus.url, "r1", ("cpu",), keys["r1"])
     rid = bus.run("work", tag="a")
     done = bus.done(rid)
     signers = world.project / ALLOWED_SIGNERS
     # the claim and the done commit are signed: git itself says so
-    B.Bus(bus.url, world.project).fetch([B.done_ref(rid)])
+    Bus(bus.url, world.project).fetch([done_ref(rid)])
     for sha in (done, G.parents(world.project, done)[0]):
         ok, code, who, _ = G.verify_commit(world.project, sha, signers)
         assert (ok, code, who) == (True, "G", "r1@cpu+gpu")
@@ -101,7 +101,7 @@ def test_signed_evidence_passes_and_every_forgery_fails_for_its_own_reason(
         return o["ignored"][0]
 
     # 1. A report edited after the run: one more commit on the done ref (the checks would still pass).
-    prefix = B.results_path(rid)
+    prefix = results_path(rid)
     report = json.loads(bus.files(rid)["report.json"])
     edited = {
         f"{prefix}/report.json": json.dumps({**report, "probe": {**report["probe"], "cpu_count": 2}}).encode()
@@ -128,13 +128,13 @@ def test_signed_evidence_passes_and_every_forgery_fails_for_its_own_reason(
 
     def forge(sign_key: Path | None, label: str = "cpu", preset: str = "work") -> str:
         fid = bus.client.request(preset, {}, label).id
-        B.Bus(bus.url, world.project).fetch([B.req_ref(label, fid)])
-        req = B.Bus(bus.url, world.project).ls_remote(B.req_ref(label, fid)).refs[B.req_ref(label, fid)]
+        Bus(bus.url, world.project).fetch([req_ref(label, fid)])
+        req = Bus(bus.url, world.project).ls_remote(req_ref(label, fid)).refs[req_ref(label, fid)]
         files = {
-            f"{B.results_path(fid)}/result.json": json.dumps(
+            f"{results_path(fid)}/result.json": json.dumps(
                 {**result, "subject": second, "request_id": fid, "preset": preset, "runner_labels": [label]}
             ).encode(),
-            f"{B.results_path(fid)}/report.json": json.dumps({**report, "subject": second}).encode(),
+            f"{results_path(fid)}/report.json": json.dumps({**report, "subject": second}).encode(),
         }
         sha = G.child_commit(
             world.project, req, files, "forged", "Mallory <m@x>", str(sign_key) if sign_key else None
@@ -195,7 +195,7 @@ def test_signed_requests_only_run_when_a_requester_signed_them(
     world: Env, daemon: Daemon, keys: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ):
     requesters = allow(world.tmp / "requesters", ("alice@example.com", keys["alice"]))
-    bus = Bus(world, url=daemon.repo())
+    bus = LocalBus(world, url=daemon.repo())
     runner = signed_runner(
         world,
         bus.url,

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bridge import bus as B
 from bridge import git as G
+from bridge.bus import CLAIM_PATH, Bus, Claim
 from bridge.client import Client
 from bridge.config import Config, SlurmLabel, load_config
 from bridge.errors import InvalidRequest
@@ -512,8 +512,8 @@ def test_heartbeats_carry_the_slurm_state_and_a_bus_cancel_scancels(
             for rid in (running, pending):
                 entry = client.entry(rid)
                 client.ensure([entry], ("claim",), in_store=True)
-                path = f"{entry.claim}:{B.CLAIM_PATH}"
-                claim = B.Claim.model_validate_json(client.local_files([path])[path] or b"")
+                path = f"{entry.claim}:{CLAIM_PATH}"
+                claim = Claim.model_validate_json(client.local_files([path])[path] or b"")
                 p = claim.progress
                 out[rid] = f"{p.phase} ({p.scheduler})" if p else None
             return out
@@ -670,7 +670,7 @@ def test_a_runner_process_killed_mid_run_is_restarted_and_adopts_its_job(
     assert not slurm.queue()[job_name(rid)].ended  # the job goes on without its runner
     second = start()
     try:
-        wait_for(lambda: B.Bus(bus, world.project).ls_remote().entries[rid].done, 90, "the adopted job's end")
+        wait_for(lambda: Bus(bus, world.project).ls_remote().entries[rid].done, 90, "the adopted job's end")
     finally:
         stop(second)
     waited, _ = waiter.communicate(timeout=60)
@@ -789,7 +789,7 @@ def test_runner_once_on_a_slurm_label_serves_one_request_through_slurm(
     assert job_name(served) in slurm.queue()  # it was Slurm's job
     assert len(world.count()) == 1  # one request, not both
     other = second if served == first else first
-    assert not B.Bus(bus, world.project).ls_remote().entries[other].claim  # the other one untouched
+    assert not Bus(bus, world.project).ls_remote().entries[other].claim  # the other one untouched
     # asked for by id: that one
     proc = subprocess.run([*argv, "--request", other], cwd=world.project, capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.startswith(f"{other}: "), proc.stdout + proc.stderr
@@ -825,4 +825,4 @@ def test_runner_watch_drains_at_a_first_sigterm_and_scancels_at_a_second(
         assert "stopped by SIGTERM" in done[rid]["reason"], done[rid]["reason"]
         assert slurm.queue()[job_name(rid)].state == "CANCELLED"
     assert world.count() == []  # neither program finished
-    assert not B.Bus(bus, world.project).ls_remote().entries[late].claim  # nothing new was claimed
+    assert not Bus(bus, world.project).ls_remote().entries[late].claim  # nothing new was claimed

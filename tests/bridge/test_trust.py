@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 import gates
-from bridge import bus as B
 from bridge import evidence as E
 from bridge import host
+from bridge.bus import MANIFEST_PATH, Bus, new_id, req_ref, results_path
 from bridge.cli import main
 from bridge.config import load_config
 from bridge.errors import InvalidRequest, KakeyaError
@@ -27,7 +27,7 @@ from bridge.presets import Preset, load_registry
 from bridge.runner import Runner
 from bridge.trust import ALLOWED_SIGNERS, principal
 from tests.bridge.bus_support import WRITE_REPORT_PY, Daemon, Env, git, make_runner, manifest_dict
-from tests.bridge.test_gate_pr import Bus, gate, outcomes
+from tests.bridge.test_gate_pr import LocalBus, gate, outcomes
 from tests.bridge.test_signing import allow, keygen, signed_runner
 
 CUDA_HERE = host.hardware_for(["h200"], force=True) == []  # this host has CUDA: the refusals cannot be shown
@@ -52,7 +52,7 @@ def trusted_base(env: Env, *signers: tuple[str, Path]) -> None:
 def test_a_shared_bus_without_allowed_signers_is_refused_with_the_steps(
     world: Env, daemon: Daemon, capsys, tmp_path: Path
 ):
-    bus = Bus(world, url=daemon.repo())
+    bus = LocalBus(world, url=daemon.repo())
     head = git(world.project, "rev-parse", "HEAD")
     rid = bus.run("work")
     summary = tmp_path / "summary.md"
@@ -100,14 +100,14 @@ def test_the_embedded_bus_needs_no_keys(world: Env, capsys):
 def test_a_failing_signed_run_plus_a_commit_editing_its_report_is_refused(
     world: Env, daemon: Daemon, keys: dict[str, Path], capsys
 ):
-    bus = Bus(world, url=daemon.repo())
+    bus = LocalBus(world, url=daemon.repo())
     bus.runner = signed_runner(world, bus.url, "r1", ("cpu",), keys["r1"])
     head = git(world.project, "rev-parse", "HEAD")
     rid = bus.run("strict")  # signed, and fails: cpu_count 1 < 4096
     signed_done = bus.done(rid)
     report = json.loads(bus.files(rid)["report.json"])
     forged = {**report, "probe": {**report["probe"], "cpu_count": 8192}}
-    bus.push_done(rid, signed_done, {f"{B.results_path(rid)}/report.json": json.dumps(forged).encode()}, True)
+    bus.push_done(rid, signed_done, {f"{results_path(rid)}/report.json": json.dumps(forged).encode()}, True)
     # With no allowed-signers file, the bus is refused outright (only --allow-unsigned would take the edit) ...
     assert gate(bus, head, "strict@cpu", allow_unsigned=False) == 2
     assert "no allowed-signers file" in capsys.readouterr().err
@@ -133,7 +133,7 @@ def test_newer_unsigned_expired_or_cancelled_results_never_mask_a_signed_pass(
 ):
     trusted_base(world, (principal("r1", ["cpu"]), keys["r1"]))
     head = git(world.project, "rev-parse", "HEAD")
-    bus = Bus(world, url=daemon.repo())
+    bus = LocalBus(world, url=daemon.repo())
     bus.runner = signed_runner(world, bus.url, "r1", ("cpu",), keys["r1"])
     passed = bus.run("work", tag="p")
     # A newer run by an honest runner whose key is missing, and which failed (its preset's variable is unset) ...
@@ -143,8 +143,8 @@ def test_newer_unsigned_expired_or_cancelled_results_never_mask_a_signed_pass(
     assert honest.once(request_id=rid).status == "error"
     # ... a newer forged pass, unsigned, by someone with push access (a copy of the signed one) ...
     forged = bus.client.request("work", {"tag": "f"}, "cpu").id
-    B.Bus(bus.url, world.project).fetch([B.req_ref("cpu", forged)])
-    req = B.Bus(bus.url, world.project).ls_remote(B.req_ref("cpu", forged)).refs[B.req_ref("cpu", forged)]
+    Bus(bus.url, world.project).fetch([req_ref("cpu", forged)])
+    req = Bus(bus.url, world.project).ls_remote(req_ref("cpu", forged)).refs[req_ref("cpu", forged)]
     files = bus.files(passed)
     result = {
         **json.loads(files["result.json"]),
@@ -155,8 +155,8 @@ def test_newer_unsigned_expired_or_cancelled_results_never_mask_a_signed_pass(
         forged,
         req,
         {
-            f"{B.results_path(forged)}/result.json": json.dumps(result).encode(),
-            f"{B.results_path(forged)}/report.json": files["report.json"],
+            f"{results_path(forged)}/result.json": json.dumps(result).encode(),
+            f"{results_path(forged)}/report.json": files["report.json"],
         },
         replace=False,
     )
@@ -249,7 +249,7 @@ def test_an_h200_runner_without_cuda_refuses_to_start_and_forced_its_results_say
     url = daemon.repo()
     trusted_base(world, (principal("gpu1", ["h200"]), keys["r1"]))
     head = git(world.project, "rev-parse", "HEAD")
-    bus = Bus(world, url=url)
+    bus = LocalBus(world, url=url)
     client = bus.client
     rid = client.request("devwork", {}, "h200").id
     # the doctor fails the label, and the runner refuses to start for the same reason: nothing is claimed
@@ -261,7 +261,7 @@ def test_an_h200_runner_without_cuda_refuses_to_start_and_forced_its_results_say
     assert "this host lacks the hardware of label(s) h200" in capsys.readouterr().err
     with pytest.raises(KakeyaError, match="lacks the hardware of label.s. h200"):
         Runner(url, config=load_config(), name="x", labels=["cpu", "h200"], workdir=tmp_path / "x")
-    assert B.Bus(url, world.project).ls_remote().entries[rid].state == "requested"
+    assert Bus(url, world.project).ls_remote().entries[rid].state == "requested"
     # forced: it serves, signed, and the result says which labels were forced
     forced = signed_runner(world, url, "gpu1", ("h200",), keys["r1"])
     assert forced.forced_labels == ["h200"]
@@ -421,7 +421,7 @@ def test_nvml_provenance_is_recorded_and_shown_by_gate_pr(
     words = "cuda: NVIDIA H200 (140 GiB, MIG disabled), NVIDIA H200 (140 GiB, MIG enabled); driver 550.54.15, CUDA 12.4"
     assert host.accelerator_words(acc) == words
     # a run records it in result.json; gate pr, the job summary and report.html show it
-    bus = Bus(world, url=daemon.repo())
+    bus = LocalBus(world, url=daemon.repo())
     head = git(world.project, "rev-parse", "HEAD")
     rid = bus.run("work")
     assert json.loads(bus.files(rid)["result.json"])["host"]["accelerator"] == acc
@@ -505,7 +505,7 @@ def test_pins_are_parsed_once_typed_against_the_preset():
 
 
 def test_a_run_that_does_not_meet_the_pins_is_not_evidence(world: Env, daemon: Daemon, capsys):
-    bus = Bus(world, url=daemon.repo())
+    bus = LocalBus(world, url=daemon.repo())
     head = git(world.project, "rev-parse", "HEAD")
     cheap = bus.run("work", tag="a")  # seconds=0: the cheapest allowed
     assert gate(bus, head, "work@cpu seconds>=0.2 tag==a", as_json=True) == 1
@@ -579,18 +579,18 @@ def test_a_newer_run_on_another_label_is_gated_for_its_own_label(world: Env):
 
 
 def test_what_an_ignored_result_says_cannot_open_html_in_the_job_summary(world: Env, capsys, tmp_path: Path):
-    bus = Bus(world)
+    bus = LocalBus(world)
     head = git(world.project, "rev-parse", "HEAD")
     rid = bus.run("work")
     files = bus.files(rid)
-    hostile = B.new_id("work")
+    hostile = new_id("work")
     result = {**json.loads(files["result.json"]), "request_id": hostile, "subject": "</details><img src=x>"}
     bus.push_done(
         hostile,
         bus.done(rid),
         {
-            B.MANIFEST_PATH: json.dumps(manifest_dict(hostile, "work", head)).encode(),
-            f"{B.results_path(hostile)}/result.json": json.dumps(result).encode(),
+            MANIFEST_PATH: json.dumps(manifest_dict(hostile, "work", head)).encode(),
+            f"{results_path(hostile)}/result.json": json.dumps(result).encode(),
         },
         replace=False,
     )
@@ -611,7 +611,7 @@ def test_a_forged_previous_pass_is_no_baseline(world: Env, daemon: Daemon, keys:
     (world.presets / "bench.yaml").write_text(yaml.safe_dump({**BENCH, "runners": ["cpu"]}))
     (world.project / "bench.py").write_text(BENCH_PY)
     trusted_base(world, (principal("r1", ["cpu"]), keys["r1"]))
-    bus = Bus(world, url=daemon.repo())
+    bus = LocalBus(world, url=daemon.repo())
     bus.runner = signed_runner(world, bus.url, "r1", ("cpu",), keys["r1"])
 
     def measured(value: int) -> str:
@@ -622,18 +622,18 @@ def test_a_forged_previous_pass_is_no_baseline(world: Env, daemon: Daemon, keys:
 
     first = measured(100)
     forged = bus.client.request("bench", {}, "cpu").id  # a request nobody ran, and a forged pass for it
-    B.Bus(bus.url, world.project).fetch([B.req_ref("cpu", forged)])
-    req = B.Bus(bus.url, world.project).ls_remote(B.req_ref("cpu", forged)).refs[B.req_ref("cpu", forged)]
+    Bus(bus.url, world.project).fetch([req_ref("cpu", forged)])
+    req = Bus(bus.url, world.project).ls_remote(req_ref("cpu", forged)).refs[req_ref("cpu", forged)]
     files = bus.files(first)
     report = json.loads(files["report.json"])
     bus.push_done(
         forged,
         req,
         {
-            f"{B.results_path(forged)}/result.json": json.dumps(
+            f"{results_path(forged)}/result.json": json.dumps(
                 {**json.loads(files["result.json"]), "request_id": forged}
             ).encode(),
-            f"{B.results_path(forged)}/report.json": json.dumps(
+            f"{results_path(forged)}/report.json": json.dumps(
                 {**report, "probe": {**report["probe"], "memory_bytes": 1000}}
             ).encode(),
         },
