@@ -5,22 +5,20 @@ layer: `ParallelState`). A Mamba-2 mixer keeps a `Mamba2State` (conv + SSM state
 engine/backends/torch/linear.py) beside the attention layers' K/V: greedy equals transformers
 `generate`, speculative decoding equals greedy after the window wraps under every policy, with exact
 rollback of both states (which transformers' one-token step updates in place), the state counted in
-`state_bytes`; batched sessions are refused with the reason; the mlx backend refuses these models."""
+`state_bytes`; batched sessions are refused with the reason. On MLX: tests/engine/test_mamba2_mlx.py."""
 
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import engine
 from engine.backends.torch.linear import DeltaNetState, Mamba2State
-from engine.geometry import MAMBA2, UnsupportedModelError
+from engine.geometry import MAMBA2
 from engine.policy import Policy, expected_kv_bytes, full, hybrid, layer_slot_bytes, parse_policy, sink_window
 from tests.engine import tiny_families, tiny_models
-from tests.engine.backends import HAVE_MLX
 
 NEW = 30
 FAMILIES = ["bamba", "granitemoehybrid", "falcon_h1", "nemotron_h"]
@@ -108,18 +106,6 @@ def test_batched_sessions_are_refused_with_the_reason(name: str) -> None:
         ValueError, match=r"rows=2.*mamba2 layers yet \(their states are batch 1\).*one at a time"
     ):
         tm.session(full(), rows=2)
-
-
-@pytest.mark.skipif(not HAVE_MLX, reason="mlx / mlx-lm not installed")
-@pytest.mark.parametrize("family", ["bamba", "falcon_h1", "deepseek_v3"])
-def test_the_mlx_backend_refuses_them_in_one_line(family: str, tmp_path: Path) -> None:
-    from engine.backends.mlx.session import load_mlx
-
-    tm = tiny_families.deepseek_v3() if family == "deepseek_v3" else tiny_families.mamba2_hybrid(family)
-    tm.model.save_pretrained(tmp_path)
-    kind = {"deepseek_v3": "multi-head latent attention", "bamba": "mamba2"}.get(family, "attention\\+mamba2")
-    with pytest.raises(UnsupportedModelError, match=f"'{family}': layer kind '{kind}'.* on the mlx backend"):
-        load_mlx(tmp_path)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
