@@ -28,7 +28,10 @@ imports torch.
 Linear-attention layers (mlx-lm's qwen3_5 / qwen3_next gated delta-net) use an `ArraysCache(size=2)`-like
 object: `DeltaNetState` ([0] convolution state, [1] recurrent state, `lengths`, `advance`, `make_mask`);
 rollback is `engine.backends.base`'s (snapshots + recomputation). mlx-lm builds those models' layer
-kinds from `full_attention_interval`, which `mlx_config` derives from `layer_types`.
+kinds from `full_attention_interval`, which `mlx_config` derives from `layer_types`. Mamba-2 mixers
+(falcon_h1, granitemoehybrid, nemotron_h) get the same kind of state (`engine/backends/mlx/mamba.py`);
+multi-head latent attention (deepseek_v3) needs nothing of its own: mlx-lm hands `update_and_fetch` the
+latent as K and the rope key as V, which `KV` stores with their own head sizes.
 """
 
 from __future__ import annotations
