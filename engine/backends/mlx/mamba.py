@@ -9,7 +9,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from engine.backends.base import NoState
+from engine.backends.base import NoState, ParallelLayer
 from engine.backends.mlx.linear import DeltaNetState
 from engine.geometry import MAMBA2, PARALLEL_MAMBA2, STATELESS
 
@@ -24,14 +24,10 @@ class Mamba2State(DeltaNetState):
     SSM state in place and copies it). Batch 1, as on torch (`engine.backends.base.batch_unsupported`)."""
 
 
-class ParallelState:
-    """A Falcon-H1 layer: mlx-lm calls it with a `CacheList(ArraysCache(size=2), KVCache())`, i.e.
-    `cache[0]` the Mamba-2 mixer's state and `cache[1]` the attention layer's (`KV` or `QuantizedKV`, in
-    its group under the policy). Rollback trims the K/V (the group hides the slots) and restores the
-    Mamba-2 snapshot; K/V bytes are the attention's, `state_bytes` the mixer's."""
-
-    def __init__(self, kv: Any, mamba: Mamba2State) -> None:
-        self.kv, self.mamba = kv, mamba
+class ParallelState(ParallelLayer):
+    """A Falcon-H1 layer (`engine.backends.base.ParallelLayer`): mlx-lm calls it as its
+    `CacheList(ArraysCache(size=2), KVCache())`, `cache[0]` the Mamba-2 mixer's state and `cache[1]` the
+    attention layer's (`KV` or `QuantizedKV`)."""
 
     def __getitem__(self, i: int) -> Any:
         return (self.mamba, self.kv)[i]
@@ -39,27 +35,6 @@ class ParallelState:
     @property
     def state(self) -> list[mx.array]:
         return [*self.mamba.state, *self.kv.state]
-
-    def snapshot(self) -> list[mx.array | None]:
-        return self.mamba.snapshot()
-
-    def restore(self, snapshot: list[mx.array | None]) -> None:
-        self.mamba.restore(snapshot)
-
-    def trim(self, n: int) -> None:
-        self.kv.trim(n)
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.kv.nbytes)
-
-    @property
-    def allocated_bytes(self) -> int:
-        return int(self.kv.allocated_bytes)
-
-    @property
-    def state_bytes(self) -> int:
-        return self.mamba.state_bytes
 
 
 def mixer_states(layer_types: Sequence[str], states: list[Any]) -> tuple[list[Any], list[Any]]:
