@@ -193,6 +193,14 @@ def test_mlx_hidden_states_are_the_torch_engines(name: str) -> None:
 
 
 @needs_mlx
+def test_mlx_reports_the_dtype_nemotron_h_is_loaded_in() -> None:
+    """Its embedding is `backbone.embeddings` (mlx's cpu runs its MoE in float32 only: load, no forward)."""
+    from engine.backends.mlx.session import load_mlx
+
+    assert load_mlx(_model("mlx", "nemotron_h").path, dtype="bfloat16").dtype_name == "bfloat16"
+
+
+@needs_mlx
 @pytest.mark.parametrize("family", ["bamba", "jamba"])
 def test_mlx_refuses_the_families_it_lacks_in_one_line(family: str, tmp_path: Path) -> None:
     from engine.backends.mlx.session import load_mlx

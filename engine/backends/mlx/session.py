@@ -91,7 +91,10 @@ class MLXModel(Tokenized):
 
     @property
     def dtype(self) -> mx.Dtype:
-        return self.model.model.embed_tokens.weight.dtype if hasattr(self.model, "model") else mx.float32
+        """The input embedding's dtype (Nemotron-H: `backbone.embeddings`)."""
+        inner = getattr(self.model, "model", None) or getattr(self.model, "backbone", None)
+        embed = getattr(inner, "embed_tokens", None) or getattr(inner, "embeddings", None)
+        return mx.float32 if embed is None else embed.weight.dtype
 
     device: mx.Device = mx.default_device()  # where the forwards run (load_mlx sets it)
 
