@@ -171,12 +171,12 @@ class Geometry:
                         return int(config[k])
                 raise KeyError(keys[0])
 
-            heads, head = first("mamba_n_heads", "mamba_num_heads"), first("mamba_d_head", "mamba_head_dim")
+            m_heads, head = first("mamba_n_heads", "mamba_num_heads"), first("mamba_d_head", "mamba_head_dim")
             groups, state = first("mamba_n_groups", "n_groups"), first("mamba_d_state", "ssm_state_size")
             linear = {
-                "linear_conv_dim": heads * head + 2 * groups * state,
+                "linear_conv_dim": m_heads * head + 2 * groups * state,
                 "linear_conv_kernel": first("mamba_d_conv", "conv_kernel"),
-                "linear_state_size": heads * head * state,
+                "linear_state_size": m_heads * head * state,
             }
         elif LINEAR_ATTENTION in types:
             k_heads, v_heads = int(config["linear_num_key_heads"]), int(config["linear_num_value_heads"])

@@ -106,6 +106,37 @@ class NoState:
         pass
 
 
+class ParallelLayer:
+    """A layer with attention beside a recurrent mixer reading the same input (Falcon-H1): `kv` its K/V
+    state (in its group under the policy), `mamba` the mixer's `RecurrentState`. Rollback trims the K/V
+    (the group hides the slots) and restores the mixer's snapshot; K/V bytes are the attention's,
+    `state_bytes` the mixer's. Each backend's `ParallelState` adds how its models reach the two."""
+
+    def __init__(self, kv: Any, mamba: Any) -> None:
+        self.kv, self.mamba = kv, mamba
+
+    def snapshot(self) -> Any:
+        return self.mamba.snapshot()
+
+    def restore(self, snapshot: Any) -> None:
+        self.mamba.restore(snapshot)
+
+    def trim(self, n: int) -> None:
+        self.kv.trim(n)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.kv.nbytes)
+
+    @property
+    def allocated_bytes(self) -> int:
+        return int(self.kv.allocated_bytes)
+
+    @property
+    def state_bytes(self) -> int:
+        return int(self.mamba.state_bytes)
+
+
 def batch_unsupported(geometry: Geometry, policy: Policy) -> str | None:
     """Why sessions of this model and policy cannot hold several rows yet (None: they can). Attention
     layers (plain or quantized K/V) take rows; linear-attention states are batch 1."""

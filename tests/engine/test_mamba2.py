@@ -1,29 +1,32 @@
-"""Mamba-2 hybrids on torch (issue 32 item 3): Bamba (Mamba-2 layers 0, 2; attention 1, 3), Granite-4.0-H
-(`granitemoehybrid`: Mamba-2 x3, attention, MoE MLPs), Nemotron-H (Mamba-2, MoE, attention, MLP: the mlp
-and moe layers have no mixer and cache nothing) and Falcon-H1 (attention beside a Mamba-2 mixer in each
-layer: `ParallelState`). A Mamba-2 mixer keeps a `Mamba2State` (conv + SSM state,
-engine/backends/torch/linear.py) beside the attention layers' K/V: greedy equals transformers
-`generate`, speculative decoding equals greedy after the window wraps under every policy, with exact
-rollback of both states (which transformers' one-token step updates in place), the state counted in
-`state_bytes`; batched sessions are refused with the reason; the mlx backend refuses these models."""
+"""Mamba-2 hybrids (issue 32 item 3) on torch and on MLX: Bamba (Mamba-2 layers 0, 2; attention 1, 3;
+torch only: mlx-lm has no bamba), Granite-4.0-H (`granitemoehybrid`: Mamba-2 x3, attention, MoE MLPs),
+Nemotron-H (Mamba-2, MoE, attention, MLP: the mlp and moe layers have no mixer and cache nothing) and
+Falcon-H1 (attention beside a Mamba-2 mixer in each layer: `ParallelState`). A Mamba-2 mixer keeps a
+`Mamba2State` (conv + SSM state: engine/backends/torch/linear.py, engine/backends/mlx/mamba.py) beside
+the attention layers' K/V: greedy equals transformers `generate` (on MLX also the torch engine under a
+bounded window), speculative decoding (a model drafter, prompt lookup) equals greedy after the window wraps
+under every policy, with exact rollback of both states, the state counted in `state_bytes`; batched
+sessions are refused with the reason; on MLX Bamba and Jamba (Mamba-1) are refused at load in one line.
+The MLX :qN policies run on copies with attention heads of 32 (mx.quantize's smallest group)."""
 
 from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import engine
-from engine.backends.torch.linear import DeltaNetState, Mamba2State
-from engine.geometry import MAMBA2, UnsupportedModelError
+from engine.geometry import MAMBA2, PARALLEL_MAMBA2, Geometry, UnsupportedModelError, config_dict
 from engine.policy import Policy, expected_kv_bytes, full, hybrid, layer_slot_bytes, parse_policy, sink_window
 from tests.engine import tiny_families, tiny_models
-from tests.engine.backends import HAVE_MLX
+from tests.engine.backends import HAVE_MLX, on
 
 NEW = 30
 FAMILIES = ["bamba", "granitemoehybrid", "falcon_h1", "nemotron_h"]
+MLX_FAMILIES = FAMILIES[1:]  # mlx-lm has no bamba
 # Mamba-2 state bytes per mixer (float32): SSM heads x head_dim x d_state + conv: 3 inputs of x + B + C
 STATE = {
     "bamba": 4 * 32 * 16 * 4 + 3 * (128 + 2 * 16) * 4,
@@ -31,64 +34,115 @@ STATE = {
     "falcon_h1": 4 * 16 * 16 * 4 + 3 * (64 + 2 * 16) * 4,
     "nemotron_h": 4 * 32 * 16 * 4 + 3 * (128 + 2 * 16) * 4,
 }
+# the MLX copies for :qN policies: attention heads of 32 (Granite-4.0-H's head is hidden / heads)
+WIDE = {
+    "granitemoehybrid": {"num_attention_heads": 2},
+    "falcon_h1": {"head_dim": 32},
+    "nemotron_h": {"head_dim": 32},
+}
+needs_mlx = pytest.mark.skipif(not HAVE_MLX, reason="mlx / mlx-lm not installed")
+
+
+def _cases(names: list[str] = FAMILIES) -> list[Any]:
+    """(backend, family) for each family on torch and, where mlx-lm has it, on MLX."""
+    mlx = [pytest.param("mlx", n, marks=needs_mlx) for n in names if n in MLX_FAMILIES]
+    return [("torch", n) for n in names] + mlx
+
+
+def _torch(name: str, backend: str = "torch", quantized: bool = False) -> Any:
+    """The transformers model (the oracle) whose weights `_model` runs."""
+    return tiny_families.mamba2_hybrid(name, **(WIDE[name] if backend == "mlx" and quantized else {}))
+
+
+def _model(backend: str, name: str, quantized: bool = False) -> engine.Model:
+    return on(backend, _torch(name, backend, quantized))
 
 
 @functools.cache
-def _greedy(name: str, policy: Policy, prompt_len: int) -> tuple[int, ...]:
-    tm = tiny_families.mamba2_hybrid(name)
+def _greedy(backend: str, name: str, policy: Policy, prompt_len: int = 17) -> tuple[int, ...]:
+    model = _model(backend, name, policy.bits is not None)
     ids = tiny_models.prompt(prompt_len, seed=prompt_len)
-    return tuple(engine.generate(tm.session(policy, prefill_chunk=8), ids, engine.Stop(NEW)).tokens)
+    return tuple(engine.generate(model.session(policy, prefill_chunk=8), ids, engine.Stop(NEW)).tokens)
 
 
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize(("backend", "name"), _cases())
 @pytest.mark.parametrize("policy", [full(), hybrid(2, 64)], ids=str)
-def test_covering_window_equals_transformers_generate(name: str, policy: Policy) -> None:
-    tm = tiny_families.mamba2_hybrid(name)
-    kinds = set(tm.geometry.layer_types)
+def test_covering_window_equals_transformers_generate(backend: str, name: str, policy: Policy) -> None:
+    kinds = set(_model(backend, name).geometry.layer_types)
     assert kinds in (
         {MAMBA2, "full_attention"},
         {"attention+mamba2"},
         {MAMBA2, "full_attention", "mlp_block", "moe_block"},
     )
     ids = tiny_models.prompt(17, seed=17)
-    assert list(_greedy(name, policy, 17)) == tiny_models.hf_greedy(tm, ids, NEW)
+    assert list(_greedy(backend, name, policy)) == tiny_models.hf_greedy(_torch(name), ids, NEW)
 
 
-@pytest.mark.parametrize("name", FAMILIES)
+@needs_mlx
+@pytest.mark.parametrize("name", MLX_FAMILIES)
+def test_a_bounded_window_decodes_on_mlx_as_on_torch(name: str) -> None:
+    policy = sink_window(2, 6)
+    assert _greedy("mlx", name, policy) == _greedy("torch", name, policy) != _greedy("torch", name, full())
+
+
+# a narrower copy of the model as drafter: partly wrong
+NARROW = {("torch", "falcon_h1"): sink_window(2, 10), ("mlx", "falcon_h1"): sink_window(4, 8)}
+
+
+@pytest.mark.parametrize(("backend", "name"), _cases())
 @pytest.mark.parametrize("text", ["sink_window:2:6", "hybrid:2:6", "sink_window:2:6:q8", "full"])
 @pytest.mark.parametrize("k", [1, 4])
-def test_speculative_equals_greedy_after_the_window_wraps(name: str, text: str, k: int) -> None:
+def test_speculative_equals_greedy_after_the_window_wraps(backend: str, name: str, text: str, k: int) -> None:
     policy = parse_policy(text)
-    tm = tiny_families.mamba2_hybrid(name)
+    model = _model(backend, name, policy.bits is not None)
     ids = tiny_models.prompt(17, seed=17)
-    verifier = tm.session(policy, max_block=k + 1, prefill_chunk=8)
-    narrow = sink_window(2, 10) if name == "falcon_h1" else sink_window(1, 3)  # narrower: partly wrong
-    drafter = engine.ModelDrafter(tm.session(narrow, max_block=k + 1))
+    verifier = model.session(policy, max_block=k + 1, prefill_chunk=8)
+    narrow = NARROW.get((backend, name), sink_window(1, 3))
+    drafter = engine.ModelDrafter(model.session(narrow, max_block=k + 1))
     gen = engine.speculative_generate(verifier, drafter, ids, k, engine.Stop(NEW))
-    assert tuple(gen.tokens) == _greedy(name, policy, 17)
+    assert tuple(gen.tokens) == _greedy(backend, name, policy)
     if k > 1:
         assert 0 < gen.accepted < gen.drafted  # partly rejected blocks: the states were rolled back
-    geo = tm.geometry
+    geo = model.geometry
     slot = layer_slot_bytes(policy, geo, "float32")
     assert verifier.kv_bytes() == expected_kv_bytes(verifier.specs, verifier.position, k + 1, slot)
     assert verifier.state_bytes() == geo.state_bytes("float32")
-    mixers = sum(t in (MAMBA2, "attention+mamba2") for t in geo.layer_types)
+    mixers = sum(t in (MAMBA2, PARALLEL_MAMBA2) for t in geo.layer_types)
     assert [b for b in geo.state_bytes("float32") if b] == [STATE[name]] * mixers
 
 
-def test_a_snapshot_that_does_not_copy_the_ssm_state_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    """transformers' one-token Mamba-2 step writes the SSM state in place: a snapshot holding a reference
-    (as DeltaNetState's may) would roll back to a state that moved on; the trim test below sees it."""
-    assert _rollback_gap("bamba") < 1e-4 and _rollback_gap("falcon_h1") < 1e-4
-    monkeypatch.setattr(Mamba2State, "snapshot", DeltaNetState.snapshot)
-    assert _rollback_gap("bamba") > 1e-3 and _rollback_gap("falcon_h1") > 1e-3
+SNAPSHOT_CASES = [
+    ("torch", "bamba"),
+    ("torch", "falcon_h1"),
+    pytest.param("mlx", "granitemoehybrid", marks=needs_mlx),
+    pytest.param("mlx", "falcon_h1", marks=needs_mlx),
+]
 
 
-def _rollback_gap(name: str) -> float:
-    tm = tiny_families.mamba2_hybrid(name)
+@pytest.mark.parametrize(("backend", "name"), SNAPSHOT_CASES)
+def test_a_snapshot_that_shares_the_live_state_is_caught(
+    backend: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """transformers' one-token Mamba-2 step writes the SSM state in place: a torch snapshot holding a
+    reference (as DeltaNetState's may) rolls back to a state that moved on. mlx-lm's mixers assign new
+    arrays into the cache entries: an MLX snapshot must copy the list of them. The trim test sees both."""
+    assert _rollback_gap(backend, name) < 1e-4
+    if backend == "torch":
+        from engine.backends.torch.linear import DeltaNetState, Mamba2State
+
+        monkeypatch.setattr(Mamba2State, "snapshot", DeltaNetState.snapshot)
+    else:
+        from engine.backends.mlx.mamba import Mamba2State as MLXMamba2State
+
+        monkeypatch.setattr(MLXMamba2State, "snapshot", lambda self: self.cache)
+    assert _rollback_gap(backend, name) > 1e-3
+
+
+def _rollback_gap(backend: str, name: str) -> float:
+    model = _model(backend, name)
     ids = tiny_models.prompt(30, seed=5)
-    a = tm.session(sink_window(2, 6), max_block=6, prefill_chunk=8)
-    b = tm.session(sink_window(2, 6), max_block=6, prefill_chunk=8)
+    a = model.session(sink_window(2, 6), max_block=6, prefill_chunk=8)
+    b = model.session(sink_window(2, 6), max_block=6, prefill_chunk=8)
     a.prefill(ids[:20])
     b.prefill(ids[:20])
     for t in ids[20:24]:  # one token at a time: the in-place step
@@ -101,33 +155,65 @@ def _rollback_gap(name: str) -> float:
     return float(np.abs(la - lb).max())
 
 
-@pytest.mark.parametrize("name", ["bamba", "falcon_h1"])
-def test_batched_sessions_are_refused_with_the_reason(name: str) -> None:
-    tm = tiny_families.mamba2_hybrid(name)
+@pytest.mark.parametrize(("backend", "name"), _cases(["bamba", "falcon_h1"]))
+def test_batched_sessions_are_refused_with_the_reason(backend: str, name: str) -> None:
     with pytest.raises(
         ValueError, match=r"rows=2.*mamba2 layers yet \(their states are batch 1\).*one at a time"
     ):
-        tm.session(full(), rows=2)
+        _model(backend, name).session(full(), rows=2)
 
 
-@pytest.mark.skipif(not HAVE_MLX, reason="mlx / mlx-lm not installed")
-@pytest.mark.parametrize("family", ["bamba", "falcon_h1", "deepseek_v3"])
-def test_the_mlx_backend_refuses_them_in_one_line(family: str, tmp_path: Path) -> None:
-    from engine.backends.mlx.session import load_mlx
-
-    tm = tiny_families.deepseek_v3() if family == "deepseek_v3" else tiny_families.mamba2_hybrid(family)
-    tm.model.save_pretrained(tmp_path)
-    kind = {"deepseek_v3": "multi-head latent attention", "bamba": "mamba2"}.get(family, "attention\\+mamba2")
-    with pytest.raises(UnsupportedModelError, match=f"'{family}': layer kind '{kind}'.* on the mlx backend"):
-        load_mlx(tmp_path)
-
-
-@pytest.mark.parametrize("name", FAMILIES)
-def test_prompt_lookup_drafting_equals_greedy_after_the_window_wraps(name: str) -> None:
+@pytest.mark.parametrize(("backend", "name"), _cases())
+def test_prompt_lookup_drafting_equals_greedy_after_the_window_wraps(backend: str, name: str) -> None:
     """The other drafter kind that needs no second model: prompt lookup on a repetitive prompt."""
-    tm = tiny_families.mamba2_hybrid(name)
+    model = _model(backend, name)
     ids = tiny_models.prompt(10, seed=4) * 3
-    greedy = engine.generate(tm.session(sink_window(2, 6), prefill_chunk=8), ids, engine.Stop(NEW)).tokens
-    verifier = tm.session(sink_window(2, 6), max_block=5, prefill_chunk=8)
+    greedy = engine.generate(model.session(sink_window(2, 6), prefill_chunk=8), ids, engine.Stop(NEW)).tokens
+    verifier = model.session(sink_window(2, 6), max_block=5, prefill_chunk=8)
     gen = engine.speculative_generate(verifier, engine.PromptLookupDrafter(), ids, 4, engine.Stop(NEW))
     assert gen.tokens == greedy and gen.drafted > 0
+
+
+def test_attention_heads_are_read_apart_from_the_mamba_heads() -> None:
+    """Granite-4.0-H's config has no head_dim: its attention head is hidden / attention heads (2 heads of
+    32 beside 4 Mamba-2 heads of 32), as transformers and mlx-lm build it."""
+    geo = Geometry.from_config(config_dict(tiny_families.granite_hybrid_config(**WIDE["granitemoehybrid"])))
+    assert (geo.kv_heads, geo.head_dim) == (2, 32) and geo.linear_state_size == 4 * 32 * 16
+
+
+@needs_mlx
+@pytest.mark.parametrize("name", ["nemotron_h", "falcon_h1"])
+def test_mlx_hidden_states_are_the_torch_engines(name: str) -> None:
+    """Recorded on mlx-lm's own names (Nemotron-H: backbone, norm_f; Falcon-H1: final_layernorm)."""
+    ids = tiny_models.prompt(12, seed=2)
+    wanted = (0, 2, _model("torch", name).geometry.n_layers)
+    got, want = (_model(b, name).session(full()).prefill(ids, hidden=wanted) for b in ("mlx", "torch"))
+    for i in wanted:
+        assert np.abs(np.array(got.hidden[i].tolist()) - want.hidden[i].numpy()).max() < 1e-4
+
+
+@needs_mlx
+def test_mlx_reports_the_dtype_nemotron_h_is_loaded_in() -> None:
+    """Its embedding is `backbone.embeddings` (mlx's cpu runs its MoE in float32 only: load, no forward)."""
+    from engine.backends.mlx.session import load_mlx
+
+    assert load_mlx(_model("mlx", "nemotron_h").path, dtype="bfloat16").dtype_name == "bfloat16"
+
+
+@needs_mlx
+@pytest.mark.parametrize("family", ["bamba", "jamba"])
+def test_mlx_refuses_the_families_it_lacks_in_one_line(family: str, tmp_path: Path) -> None:
+    from engine.backends.mlx.session import load_mlx
+
+    if family == "jamba":
+        tiny_families.jamba_module().save_pretrained(tmp_path)
+        match = r"^model type 'jamba': layer kind 'mamba' \(Mamba state-space mixer\) is not supported"
+    else:
+        _torch("bamba").model.save_pretrained(tmp_path)
+        match = (
+            r"^model type 'bamba': layer kind 'mamba2' .* on the mlx backend for this model type \(mlx-lm's "
+            r"Mamba-2 hybrids decoded: falcon_h1, granitemoehybrid, nemotron_h; use the torch backend\)"
+        )
+    with pytest.raises(UnsupportedModelError, match=match) as err:
+        load_mlx(tmp_path)
+    assert "\n" not in str(err.value)

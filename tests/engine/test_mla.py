@@ -1,45 +1,90 @@
-"""Multi-head latent attention (DeepSeek-V3 / Kimi-K2 family, `kv_lora_rank`) on torch: the cache holds
-what the model hands it, one head per position of the normalized latent (K, kv_lora_rank = 16) and the
-post-RoPE decoupled key (V, qk_rope_head_dim = 8), so K and V have their own head sizes under every policy
-(full, sink_window, hybrid, quantized); greedy equals transformers `generate` with a covering window, the
-bytes reported are the bytes stored, and speculative decoding equals greedy after the window wraps."""
+"""Multi-head latent attention (DeepSeek-V3 / Kimi-K2 family, `kv_lora_rank`) on torch and on MLX (mlx-lm's
+deepseek_v3): the cache holds what the model hands it, one head per position of the normalized latent (K,
+kv_lora_rank) and the post-RoPE decoupled key (V, qk_rope_head_dim), so K and V have their own head sizes
+under every policy (full, sink_window, hybrid, quantized); greedy equals transformers `generate` with a
+covering window, the bytes reported are the bytes stored, and speculative decoding (a model drafter, prompt
+lookup) equals greedy after the window wraps, with exact rollback. The tiny torch model has a latent of 16
+and a rope key of 8; the MLX one 64 and 32 (mx.quantize takes groups of 32, 64 or 128, so its :qN policies
+need a group of 32 dividing both). On MLX an MLA family whose mlx-lm code caches something else
+(deepseek_v2: per-head K/V) is refused at load in one line."""
 
 from __future__ import annotations
 
 import functools
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import engine
+from engine.geometry import UnsupportedModelError
 from engine.policy import Policy, expected_kv_bytes, full, hybrid, layer_slot_bytes, parse_policy, sink_window
 from tests.engine import tiny_families, tiny_models
+from tests.engine.backends import HAVE_MLX, on
 
 NEW = 40
+DIMS = {"torch": (16, 8), "mlx": (64, 32)}  # (kv_lora_rank, qk_rope_head_dim): K's and V's head sizes
+# a narrower copy of the model as drafter: partly wrong
+DRAFTER = {"torch": sink_window(1, 3), "mlx": sink_window(4, 4)}
+needs_mlx = pytest.mark.skipif(not HAVE_MLX, reason="mlx / mlx-lm not installed")
 
 
-def _model() -> engine.Model:
-    return tiny_families.deepseek_v3()
+def _torch(backend: str = "torch") -> Any:
+    """The transformers model (the oracle) whose weights `_model(backend)` runs."""
+    if backend == "torch":
+        return tiny_families.deepseek_v3()
+    k, v = DIMS[backend]
+    return tiny_families.deepseek_v3(kv_lora_rank=k, qk_rope_head_dim=v)
+
+
+def _model(backend: str = "torch") -> engine.Model:
+    return on(backend, _torch(backend))
 
 
 @functools.cache
-def _greedy(policy: Policy, prompt_len: int) -> tuple[int, ...]:
+def _greedy(backend: str, policy: Policy, prompt_len: int) -> tuple[int, ...]:
     ids = tiny_models.prompt(prompt_len, seed=prompt_len)
-    return tuple(engine.generate(_model().session(policy, prefill_chunk=8), ids, engine.Stop(NEW)).tokens)
+    session = _model(backend).session(policy, prefill_chunk=8)
+    return tuple(engine.generate(session, ids, engine.Stop(NEW)).tokens)
 
 
-def test_geometry_counts_the_latent_and_the_rope_key_as_stored() -> None:
-    geo = _model().geometry
+def _one_slot(state: Any) -> int:
+    """Bytes one position takes in a layer's buffers, read from the buffers themselves (torch: `k`, `v` or
+    the quantized `parts`; mlx: its `state`)."""
+    if hasattr(state, "parts"):
+        arrays = [t for part in state.parts for t in part]
+    else:
+        arrays = state.state if hasattr(state, "keys") else [state.k, state.v]
+    return sum(t[0, :, 0].nbytes for t in arrays)
+
+
+def test_geometry_counts_the_latent_and_the_rope_key_as_stored(backend: str) -> None:
+    k, v = DIMS[backend]
+    geo = _model(backend).geometry
     assert geo.layer_types == ("full_attention",) * 2
-    assert (geo.kv_heads, geo.head_dim, geo.value_dim) == (1, 16, 8)
-    assert geo.slot_bytes("float32") == [(16 + 8) * 4] * 2  # not 2 x heads x (qk_head_dim or v_head_dim)
+    assert (geo.kv_heads, geo.head_dim, geo.value_dim) == (1, k, v)
+    assert geo.slot_bytes("float32") == [(k + v) * 4] * 2  # not 2 x heads x (qk_head_dim or v_head_dim)
+    session = _model(backend).session(full())
+    session.prefill(tiny_models.prompt(5))
+    assert session.kv_bytes() == [5 * (k + v) * 4] * 2
+    assert all(_one_slot(s) == (k + v) * 4 for s in session.states)
 
 
 @pytest.mark.parametrize("policy", [full(), sink_window(4, 200), hybrid(2, 8)], ids=str)
 @pytest.mark.parametrize("prompt_len", [1, 17])
-def test_covering_window_equals_transformers_generate(policy: Policy, prompt_len: int) -> None:
+def test_covering_window_equals_transformers_generate(backend: str, policy: Policy, prompt_len: int) -> None:
     ids = tiny_models.prompt(prompt_len, seed=prompt_len)
-    assert list(_greedy(policy, prompt_len)) == tiny_models.hf_greedy(_model(), ids, NEW)
+    assert list(_greedy(backend, policy, prompt_len)) == tiny_models.hf_greedy(_torch(backend), ids, NEW)
+
+
+@needs_mlx
+def test_a_bounded_window_decodes_on_mlx_as_on_torch() -> None:
+    policy = sink_window(2, 6)
+    ids = tiny_models.prompt(17, seed=17)
+    torch_twin = engine.generate(_torch("mlx").session(policy, prefill_chunk=8), ids, engine.Stop(NEW)).tokens
+    assert list(_greedy("mlx", policy, 17)) == torch_twin
+    assert torch_twin != tiny_models.hf_greedy(_torch("mlx"), ids, NEW)  # the window matters
 
 
 POLICIES = ["sink_window:4:8", "hybrid:2:6", "sink_window:2:6:q8", "sink_window:2:6:k8v4", "full:q4"]
@@ -47,47 +92,38 @@ POLICIES = ["sink_window:4:8", "hybrid:2:6", "sink_window:2:6:q8", "sink_window:
 
 @pytest.mark.parametrize("text", POLICIES)
 @pytest.mark.parametrize("k", [1, 4])
-def test_speculative_equals_greedy_after_the_window_wraps(text: str, k: int) -> None:
+def test_speculative_equals_greedy_after_the_window_wraps(backend: str, text: str, k: int) -> None:
     policy = parse_policy(text)
     prompt_len = 17
     ids = tiny_models.prompt(prompt_len, seed=prompt_len)
-    verifier = _model().session(policy, max_block=k + 1, prefill_chunk=8)
-    drafter = engine.ModelDrafter(
-        _model().session(sink_window(1, 3), max_block=k + 1)
-    )  # narrower: partly wrong
+    verifier = _model(backend).session(policy, max_block=k + 1, prefill_chunk=8)
+    drafter = engine.ModelDrafter(_model(backend).session(DRAFTER[backend], max_block=k + 1))
     gen = engine.speculative_generate(verifier, drafter, ids, k, engine.Stop(NEW))
-    assert tuple(gen.tokens) == _greedy(policy, prompt_len)
+    assert tuple(gen.tokens) == _greedy(backend, policy, prompt_len)
     assert prompt_len + NEW > 2 + 8  # the window wrapped
     if k > 1:
         assert 0 < gen.accepted < gen.drafted  # blocks were partly rejected: rollback was exercised
     # what is reported is what is stored: the formula, and the buffers' own sizes
-    geo = _model().geometry
-    slot = layer_slot_bytes(policy, geo, "float32")
+    slot = layer_slot_bytes(policy, _model(backend).geometry, "float32")
     assert verifier.kv_bytes() == expected_kv_bytes(verifier.specs, verifier.position, k + 1, slot)
-    for state in verifier.states:
-        held = state.group.held()
-        if policy.bits is None:
-            assert state.k.shape[1:] == (1, state.k.shape[2], 16) and state.v.shape[-1] == 8
-            assert state.nbytes == held * (state.k[0, :, 0].nbytes + state.v[0, :, 0].nbytes)
-        else:
-            stored = sum(t[0, :, 0].nbytes for part in state.parts for t in part)
-            assert state.nbytes == held * stored
+    for state, one in zip(verifier.states, slot, strict=True):
+        assert _one_slot(state) == one and state.nbytes == state.group.held() * one
 
 
-def test_quantized_latent_stays_close_to_the_model_dtype() -> None:
+def test_quantized_latent_stays_close_to_the_model_dtype(backend: str) -> None:
     """q8 K/V on the latent and rope key: the first-step logits stay close to the float32 cache's."""
     ids = tiny_models.prompt(24, seed=3)
     logits = [
-        np.array(_model().session(p, prefill_chunk=8).prefill(ids, logits=True).logits.tolist())
+        np.array(_model(backend).session(p, prefill_chunk=8).prefill(ids, logits=True).logits.tolist())
         for p in (full(), parse_policy("full:q8"))
     ]
     assert np.abs(logits[0] - logits[1]).max() < 0.05 * np.abs(logits[0]).max()
 
 
-def test_rollback_restores_the_cache_exactly() -> None:
+def test_rollback_restores_the_cache_exactly(backend: str) -> None:
     ids = tiny_models.prompt(30, seed=5)
-    a = _model().session(sink_window(2, 6), max_block=6, prefill_chunk=8)
-    b = _model().session(sink_window(2, 6), max_block=6, prefill_chunk=8)
+    a = _model(backend).session(sink_window(2, 6), max_block=6, prefill_chunk=8)
+    b = _model(backend).session(sink_window(2, 6), max_block=6, prefill_chunk=8)
     a.prefill(ids[:20])
     b.prefill(ids[:22])
     a.forward(ids[20:26])
@@ -98,11 +134,50 @@ def test_rollback_restores_the_cache_exactly() -> None:
 
 
 @pytest.mark.parametrize("text", ["sink_window:2:6", "hybrid:2:6:q8"])
-def test_prompt_lookup_drafting_equals_greedy_after_the_window_wraps(text: str) -> None:
+def test_prompt_lookup_drafting_equals_greedy_after_the_window_wraps(backend: str, text: str) -> None:
     """The other drafter kind that needs no second model: prompt lookup on a repetitive prompt."""
     policy = parse_policy(text)
     ids = tiny_models.prompt(10, seed=4) * 3
-    greedy = engine.generate(_model().session(policy, prefill_chunk=8), ids, engine.Stop(NEW)).tokens
-    verifier = _model().session(policy, max_block=5, prefill_chunk=8)
+    greedy = engine.generate(_model(backend).session(policy, prefill_chunk=8), ids, engine.Stop(NEW)).tokens
+    verifier = _model(backend).session(policy, max_block=5, prefill_chunk=8)
     gen = engine.speculative_generate(verifier, engine.PromptLookupDrafter(), ids, 4, engine.Stop(NEW))
     assert gen.tokens == greedy and gen.drafted > 0
+
+
+@needs_mlx
+def test_mlx_refuses_a_quantized_cache_no_mx_quantize_group_fits() -> None:
+    """The torch-sized latent (16) and rope key (8): no group mx.quantize takes divides both."""
+    with pytest.raises(
+        ValueError, match="mx.quantize takes groups of 32, 64, 128 values, not 8 .*K and V head sizes"
+    ):
+        on("mlx", tiny_families.deepseek_v3()).session(parse_policy("full:q8"))
+
+
+@needs_mlx
+def test_mlx_refuses_an_mla_family_caching_per_head_kv_in_one_line(tmp_path: Path) -> None:
+    """mlx-lm's deepseek_v2 caches per-head K/V, not the latent `Geometry` counts: refused at load."""
+    import torch
+    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
+
+    from engine.backends.mlx.session import load_mlx
+
+    torch.manual_seed(0)
+    config = DeepseekV2Config(
+        **tiny_families.TINY,
+        kv_lora_rank=16,
+        q_lora_rank=None,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=16,
+        v_head_dim=8,
+        n_routed_experts=2,
+        num_experts_per_tok=1,
+        moe_intermediate_size=32,
+    )
+    DeepseekV2ForCausalLM(config).save_pretrained(tmp_path)
+    with pytest.raises(
+        UnsupportedModelError,
+        match=r"^model type 'deepseek_v2': layer kind 'multi-head latent attention' is not supported on the "
+        r"mlx backend for this model type \(decoded: deepseek_v3, kimi_k2; use the torch backend\)",
+    ) as err:
+        load_mlx(tmp_path)
+    assert "\n" not in str(err.value)

@@ -6,6 +6,7 @@ Mamba-2 layers beside attention layers) and a Jamba config (Mamba-1 layers: refu
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 
@@ -26,10 +27,17 @@ TINY = dict(
 )
 
 
-def deepseek_v3_config() -> object:
+def _config(cls: Any, overrides: dict[str, Any], **kwargs: Any) -> object:
+    """`cls(**kwargs)` with `overrides` (config keys a test changes, e.g. wider heads) taking precedence."""
+    return cls(**{**kwargs, **overrides})
+
+
+def deepseek_v3_config(**overrides: Any) -> object:
     from transformers import DeepseekV3Config
 
-    return DeepseekV3Config(
+    return _config(
+        DeepseekV3Config,
+        overrides,
         **TINY,
         num_key_value_heads=4,
         kv_lora_rank=16,
@@ -46,10 +54,12 @@ def deepseek_v3_config() -> object:
     )
 
 
-def falcon_h1_config() -> object:
+def falcon_h1_config(**overrides: Any) -> object:
     from transformers import FalconH1Config
 
-    return FalconH1Config(
+    return _config(
+        FalconH1Config,
+        overrides,
         **TINY,
         num_key_value_heads=2,
         head_dim=16,
@@ -65,11 +75,11 @@ def falcon_h1_config() -> object:
 
 
 @functools.cache
-def deepseek_v3(seed: int = 0) -> TorchModel:
+def deepseek_v3(seed: int = 0, **overrides: Any) -> TorchModel:
     from transformers import DeepseekV3ForCausalLM
 
     torch.manual_seed(seed)
-    model = DeepseekV3ForCausalLM(deepseek_v3_config())
+    model = DeepseekV3ForCausalLM(deepseek_v3_config(**overrides))
     model.generation_config.eos_token_id = None
     return TorchModel(model)
 
@@ -95,20 +105,27 @@ MAMBA2_TINY = dict(
 )
 
 
-def bamba_config() -> object:
+def bamba_config(**overrides: Any) -> object:
     """Bamba (IBM): Mamba-2 layers 0 and 2, attention layers 1 and 3."""
     from transformers import BambaConfig
 
-    return BambaConfig(
-        **{**TINY, "num_hidden_layers": 4}, num_key_value_heads=2, attn_layer_indices=[1, 3], **MAMBA2_TINY
+    return _config(
+        BambaConfig,
+        overrides,
+        **{**TINY, "num_hidden_layers": 4},
+        num_key_value_heads=2,
+        attn_layer_indices=[1, 3],
+        **MAMBA2_TINY,
     )
 
 
-def granite_hybrid_config() -> object:
+def granite_hybrid_config(**overrides: Any) -> object:
     """Granite-4.0-H (`granitemoehybrid`): Mamba-2 x3 then attention, MoE MLPs."""
     from transformers import GraniteMoeHybridConfig
 
-    return GraniteMoeHybridConfig(
+    return _config(
+        GraniteMoeHybridConfig,
+        overrides,
         **{**TINY, "num_hidden_layers": 4},
         num_key_value_heads=2,
         layer_types=["mamba", "mamba", "mamba", "attention"],
@@ -118,12 +135,14 @@ def granite_hybrid_config() -> object:
     )
 
 
-def nemotron_h_config() -> object:
+def nemotron_h_config(**overrides: Any) -> object:
     """Nemotron-H: Mamba-2, MoE (no mixer), attention, MLP (no mixer)."""
     from transformers import NemotronHConfig
 
     tiny = {k: v for k, v in TINY.items() if k != "num_hidden_layers"}  # from layers_block_type
-    return NemotronHConfig(
+    return _config(
+        NemotronHConfig,
+        overrides,
         **tiny,
         num_key_value_heads=2,
         head_dim=16,
@@ -144,7 +163,7 @@ def nemotron_h_config() -> object:
 
 
 @functools.cache
-def mamba2_hybrid(name: str, seed: int = 0) -> TorchModel:
+def mamba2_hybrid(name: str, seed: int = 0, **overrides: Any) -> TorchModel:
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
@@ -153,7 +172,7 @@ def mamba2_hybrid(name: str, seed: int = 0) -> TorchModel:
         "granitemoehybrid": granite_hybrid_config,
         "falcon_h1": falcon_h1_config,
         "nemotron_h": nemotron_h_config,
-    }[name]()
+    }[name](**overrides)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     model.generation_config.eos_token_id = None
     return TorchModel(model)

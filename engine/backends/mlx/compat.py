@@ -18,11 +18,20 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from transformers import AutoConfig
 
-from engine.geometry import FULL_ATTENTION, LINEAR_ATTENTION, SLIDING_ATTENTION
+from engine.geometry import (
+    FULL_ATTENTION,
+    LINEAR_ATTENTION,
+    MAMBA2,
+    PARALLEL_MAMBA2,
+    SLIDING_ATTENTION,
+    STATELESS,
+    Geometry,
+    UnsupportedModelError,
+)
 
 # Model types whose mlx-lm `Model.__call__` is `head(model.model(...))`: prefill computes the head for
 # the last position only. Others get the full logits (correct, slower for large vocabularies).
-PLAIN_HEAD = frozenset({"gemma3_text", "qwen3", "qwen2", "llama", "mistral"})
+PLAIN_HEAD = frozenset({"gemma3_text", "qwen3", "qwen2", "llama", "mistral", "deepseek_v3", "kimi_k2"})
 # Model types whose mlx-lm attention calls `base.scaled_dot_product_attention(..., cache=cache)` on what
 # `update_and_fetch` returned: a quantized cache with `bits` / `group_size` is attended quantized there.
 QUANTIZED_SDPA = frozenset({"gemma3_text", "qwen3", "qwen2", "llama", "mistral", "qwen3_5", "qwen3_next"})
@@ -47,18 +56,26 @@ def _recording(cls: type) -> type:
     return type(f"Recording{cls.__name__}", (cls,), {"__call__": __call__})
 
 
+FINAL_NORMS = ("norm", "norm_f", "final_layernorm")  # the final norm's name (Nemotron-H, Falcon-H1)
+
+
 @contextmanager
 def hidden_states(model: nn.Module, wanted: tuple[int, ...]) -> Iterator[dict[int, mx.array]]:
     """Hidden states of the forwards run inside, as transformers' output_hidden_states numbers them:
     i < n_layers is the input of layer i (0: the embeddings as the layers see them), n_layers the final
     norm's output. mlx-lm models expose none, so the layers' classes are swapped for recording ones."""
     into: dict[int, mx.array] = {}
-    inner = getattr(model, "model", None) or getattr(getattr(model, "language_model", None), "model", None)
-    layers, norm = getattr(inner, "layers", None), getattr(inner, "norm", None)
+    inner = (
+        getattr(model, "model", None)
+        or getattr(model, "backbone", None)  # Nemotron-H
+        or getattr(getattr(model, "language_model", None), "model", None)
+    )
+    layers = getattr(inner, "layers", None)
+    norm = next((getattr(inner, n) for n in FINAL_NORMS if n in (inner or {})), None)
     if wanted and (layers is None or norm is None):
         raise NotImplementedError(
             f"the mlx backend cannot return hidden states of {type(model).__module__}: its mlx-lm code has "
-            "no model.layers and model.norm to record"
+            "no model.layers and final norm to record"
         )
     mods = [(m, i, True) for i, m in enumerate(layers or []) if i in wanted]
     if norm is not None and len(layers or []) in wanted:
@@ -97,14 +114,17 @@ def mlx_config(path: Path) -> dict[str, Any]:
 
     Gemma-3 (`gemma3_text`): mlx-lm ignores `layer_types` and `rope_parameters`; it reads the integer
     `sliding_window_pattern` (layer i is global iff (i + 1) % pattern == 0; default 6) and the flat
-    `rope_theta`, `rope_local_base_freq` and `rope_scaling`.
+    `rope_theta`, `rope_local_base_freq` and `rope_scaling`. Every other model: the flat rope keys
+    (`_flat_rope`), and the keys of `MAMBA2_HYBRIDS` / `LINEAR_HYBRIDS`.
     """
     config = json.loads((path / "config.json").read_text())
-    extra: dict[str, Any] = {}
-    if config.get("model_type") in LINEAR_HYBRIDS:
+    model_type = config.get("model_type")
+    if model_type in LINEAR_HYBRIDS:
         return _linear_hybrid_config(path, config)
-    if config.get("model_type") != "gemma3_text":
-        return extra
+    if model_type != "gemma3_text":
+        extra = _flat_rope(config, config.get("rope_parameters") or {})
+        return extra | (_mamba2_hybrid_config(config) if model_type in MAMBA2_HYBRIDS else {})
+    extra = {}
     types = config.get("layer_types")
     if types:
         pattern = _pattern(types)
@@ -117,12 +137,9 @@ def mlx_config(path: Path) -> dict[str, Any]:
         extra["sliding_window_pattern"] = pattern
     rope = config.get("rope_parameters") or {}
     full, local = rope.get(FULL_ATTENTION) or {}, rope.get(SLIDING_ATTENTION) or {}
-    if "rope_theta" not in config and "rope_theta" in full:
-        extra["rope_theta"] = full["rope_theta"]
+    extra.update(_flat_rope(config, full))
     if "rope_local_base_freq" not in config and "rope_theta" in local:
         extra["rope_local_base_freq"] = local["rope_theta"]
-    if config.get("rope_scaling") is None and full.get("rope_type", "default") != "default":
-        extra["rope_scaling"] = {k: v for k, v in full.items() if k != "rope_theta"}
     if local.get("rope_type", "default") != "default":
         raise ValueError(f"{path}: mlx-lm's gemma3_text has no rope scaling on sliding layers")
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
@@ -146,12 +163,78 @@ def _linear_hybrid_config(path: Path, config: dict[str, Any]) -> dict[str, Any]:
                 f"{path}: mlx-lm's {extra['model_type']} has only linear and full attention layers"
             )
         extra["full_attention_interval"] = _pattern(types)
-    # transformers 5 writes rope settings under `rope_parameters`; mlx-lm's qwen3_next reads them top level
-    rope = config.get("rope_parameters") or {}
-    for key in ("rope_theta", "partial_rotary_factor"):
-        if key not in config and key in rope:
-            extra[key] = rope[key]
+    return extra | _flat_rope(config, config.get("rope_parameters") or {})
+
+
+def _flat_rope(config: dict[str, Any], rope: dict[str, Any]) -> dict[str, Any]:
+    """transformers 5 writes rope settings under `rope_parameters` (`rope`: its dict for the model's
+    attention); mlx-lm reads `rope_theta`, `partial_rotary_factor` and `rope_scaling` top level (and
+    defaults `rope_theta` per model: Falcon-H1's 1e11)."""
+    extra = {k: rope[k] for k in ("rope_theta", "partial_rotary_factor") if k not in config and k in rope}
+    if config.get("rope_scaling") is None and rope.get("rope_type", "default") != "default":
+        extra["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
     return extra
+
+
+INF = {"__float__": "Infinity"}  # how transformers writes float("inf") into config.json
+# Mamba-2 hybrids mlx-lm has (transformers model type = mlx-lm module), decoded by the mlx backend.
+MAMBA2_HYBRIDS = ("falcon_h1", "granitemoehybrid", "nemotron_h")
+# Multi-head latent attention models whose mlx-lm code caches what `Geometry` counts (the latent and the
+# rope key, one head per position): mlx-lm's deepseek_v3 (kimi_k2 is remapped to it). Its deepseek_v2
+# caches per-head K/V instead; other MLA families are refused on the mlx backend until checked.
+MLA_MODELS = ("deepseek_v3", "kimi_k2")
+
+
+def check_mlx_support(model_type: str, geometry: Geometry) -> None:
+    """Refuse at load, in one line, what the mlx backend does not decode: Mamba-2 mixers and multi-head
+    latent attention outside the mlx-lm models checked here (`MAMBA2_HYBRIDS`, `MLA_MODELS`), and any
+    layer kind `Geometry` knows that this backend has no state for."""
+    for kind in dict.fromkeys(geometry.layer_types):
+        if kind not in MLX_KINDS:
+            raise UnsupportedModelError(model_type, kind, " on the mlx backend (use the torch backend)")
+        if kind in (MAMBA2, PARALLEL_MAMBA2, *STATELESS) and model_type not in MAMBA2_HYBRIDS:
+            raise UnsupportedModelError(
+                model_type,
+                kind,
+                f" on the mlx backend for this model type (mlx-lm's Mamba-2 hybrids decoded: "
+                f"{', '.join(MAMBA2_HYBRIDS)}; use the torch backend)",
+            )
+    if geometry.v_head_dim and model_type not in MLA_MODELS:
+        raise UnsupportedModelError(
+            model_type,
+            "multi-head latent attention",
+            f" on the mlx backend for this model type (decoded: {', '.join(MLA_MODELS)}; use the torch backend)",
+        )
+
+
+MLX_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION, LINEAR_ATTENTION, MAMBA2, PARALLEL_MAMBA2, *STATELESS)
+
+
+def _mamba2_hybrid_config(config: dict[str, Any]) -> dict[str, Any]:
+    """What mlx-lm's Mamba-2 hybrids read differently from transformers 5.
+
+    Granite-4.0-H: transformers writes `layer_types` as linear_attention / full_attention, mlx-lm wants
+    mamba / attention; transformers applies RoPE only for `position_embedding_type == "rope"`, mlx-lm
+    unless it is "nope". Nemotron-H: transformers clamps the SSM time step to (`time_step_min`, inf) in its
+    multi-token forward, mlx-lm to `time_step_limit` (mlx-lm runs one forward for blocks and single tokens
+    alike, so its blocks and steps agree)."""
+    if config["model_type"] == "granitemoehybrid":
+        names = {FULL_ATTENTION: "attention", LINEAR_ATTENTION: "mamba"}
+        extra = {
+            "position_embedding_type": "rope" if config.get("position_embedding_type") == "rope" else "nope"
+        }
+        if types := config.get("layer_types"):
+            extra["layer_types"] = [names.get(t, t) for t in types]
+        return extra
+    if config["model_type"] == "nemotron_h":
+        return {"time_step_limit": (float(config.get("time_step_min", 0.001)), float("inf"))}
+    limit = config.get("time_step_limit")  # Falcon-H1: mlx-lm's mixer has (0, inf) built in
+    if limit is not None and (limit[0] != 0.0 or limit[1] not in (INF, float("inf"))):
+        raise ValueError(
+            f"falcon_h1 with time_step_limit {limit}: mlx-lm's falcon_h1 clamps the SSM time step to (0, inf); "
+            "use the torch backend"
+        )
+    return {}
 
 
 def _pattern(types: list[str]) -> int:

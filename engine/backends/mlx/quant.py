@@ -31,7 +31,8 @@ class QuantizedKV(KV):
         if group not in MLX_GROUPS:
             raise ValueError(
                 f"mx.quantize takes groups of {', '.join(map(str, MLX_GROUPS))} values, not {group} "
-                "(the group is clamped to head_dim): use the torch backend for this model"
+                "(the group is clamped to the K and V head sizes, which it must divide): use the torch "
+                "backend for this model"
             )
         super().__init__(arrays, layer)
         self.kv_bits = bits

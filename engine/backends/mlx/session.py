@@ -28,11 +28,15 @@ imports torch.
 Linear-attention layers (mlx-lm's qwen3_5 / qwen3_next gated delta-net) use an `ArraysCache(size=2)`-like
 object: `DeltaNetState` ([0] convolution state, [1] recurrent state, `lengths`, `advance`, `make_mask`);
 rollback is `engine.backends.base`'s (snapshots + recomputation). mlx-lm builds those models' layer
-kinds from `full_attention_interval`, which `mlx_config` derives from `layer_types`.
+kinds from `full_attention_interval`, which `mlx_config` derives from `layer_types`. Mamba-2 mixers
+(falcon_h1, granitemoehybrid, nemotron_h) get the same kind of state (`engine/backends/mlx/mamba.py`);
+multi-head latent attention (deepseek_v3) needs nothing of its own: mlx-lm hands `update_and_fetch` the
+latent as K and the rope key as V, which `KV` stores with their own head sizes.
 """
 
 from __future__ import annotations
 
+import math
 import platform
 from pathlib import Path
 from typing import Any
@@ -47,6 +51,7 @@ from engine.backends.mlx.compat import (
     PLAIN_HEAD,
     QUANTIZED_SDPA,
     check_layer_types,
+    check_mlx_support,
     hidden_states,
     mlx_config,
     transformers_view,
@@ -55,10 +60,11 @@ from engine.backends.mlx.compat import (
 from engine.backends.mlx.device import pick_device, pick_dtype
 from engine.backends.mlx.kv import KV, GroupArrays
 from engine.backends.mlx.linear import DeltaNetState
+from engine.backends.mlx.mamba import mixer_states
 from engine.backends.mlx.quant import QuantizedKV
 from engine.cache import Forward
 from engine.decode import Step
-from engine.geometry import MAMBA2, PARALLEL_MAMBA2, Geometry, UnsupportedModelError, read_geometry
+from engine.geometry import Geometry, read_geometry
 from engine.policy import Policy
 
 
@@ -85,7 +91,10 @@ class MLXModel(Tokenized):
 
     @property
     def dtype(self) -> mx.Dtype:
-        return self.model.model.embed_tokens.weight.dtype if hasattr(self.model, "model") else mx.float32
+        """The input embedding's dtype (Nemotron-H: `backbone.embeddings`)."""
+        inner = getattr(self.model, "model", None) or getattr(self.model, "backbone", None)
+        embed = getattr(inner, "embed_tokens", None) or getattr(inner, "embeddings", None)
+        return mx.float32 if embed is None else embed.weight.dtype
 
     device: mx.Device = mx.default_device()  # where the forwards run (load_mlx sets it)
 
@@ -131,9 +140,9 @@ class MLXSession(BaseSession):
         self.owner = model
         self.arrays = [GroupArrays(g, model.sliding_window) for g in self.groups]
         arrays_of = {id(a.group): a for a in self.arrays}
-        bits = policy.bits
-        group = policy.group_for(model.geometry.head_dim) if bits else 0
-        self.states = self.cache = [
+        bits, geo = policy.bits, model.geometry
+        group = policy.group_for(math.gcd(geo.head_dim, geo.value_dim)) if bits else 0  # divides K's and V's
+        states = [
             DeltaNetState()
             if g is None
             else KV(arrays_of[id(g)], i)
@@ -141,6 +150,7 @@ class MLXSession(BaseSession):
             else QuantizedKV(arrays_of[id(g)], i, bits, group, model.model_type in QUANTIZED_SDPA)
             for i, g in enumerate(self.group_of)
         ]
+        self.states, self.cache = mixer_states(geo.layer_types, states)  # Mamba-2 hybrids
 
     def _dropped(self, slots: list[list[list[int]] | None]) -> None:
         for a, dropped in zip(self.arrays, slots, strict=True):
@@ -184,12 +194,7 @@ def load_mlx(path: Path, dtype: str = "auto", device: str = "auto", compile: boo
     dev = pick_device(device)
     want = pick_dtype(dtype, dev)
     # a kind the engine does not handle: UnsupportedModelError, before mlx-lm reads the model
-    geo = read_geometry(path)
-    mamba = [t for t in geo.layer_types if t in (MAMBA2, PARALLEL_MAMBA2)]
-    if mamba or geo.v_head_dim:  # torch only so far
-        kind = mamba[0] if mamba else "multi-head latent attention"
-        model_type = str(load_config(path).get("model_type", "?"))
-        raise UnsupportedModelError(model_type, kind, " on the mlx backend (use the torch backend)")
+    check_mlx_support(str(load_config(path).get("model_type", "?")), read_geometry(path))
     extra = mlx_config(path)
     model, _ = load_model(path, model_config=extra)
     if want != mx.float32 or weights_dtype(model) != mx.float32:

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
+
+from engine.backends.base import ParallelLayer
 
 
 class DeltaNetState:
@@ -59,13 +59,11 @@ class Mamba2State(DeltaNetState):
         return tuple(None if t is None else t.clone() for t in (self.conv, self.recurrent))  # type: ignore[return-value]
 
 
-class ParallelState:
-    """A Falcon-H1 layer: attention (its `KV` or `QuantizedKV`, in its group under the policy) beside a
-    Mamba-2 mixer (`Mamba2State`) reading the same input. K/V calls go to `kv`, state calls to `mamba`;
-    rollback trims the K/V (the group hides the slots) and restores the Mamba-2 snapshot."""
+class ParallelState(ParallelLayer):
+    """A Falcon-H1 layer (`engine.backends.base.ParallelLayer`): attention (its `KV` or `QuantizedKV`)
+    beside a Mamba-2 mixer (`Mamba2State`). K/V calls go to `kv`, state calls to `mamba`."""
 
-    def __init__(self, kv: Any, mamba: Mamba2State) -> None:
-        self.kv, self.mamba = kv, mamba
+    mamba: Mamba2State
 
     def update(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.kv.update(key, value)  # type: ignore[no-any-return]
@@ -84,24 +82,3 @@ class ParallelState:
 
     def update_conv(self, x: torch.Tensor) -> torch.Tensor:
         return self.mamba.update_conv(x)
-
-    def snapshot(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        return self.mamba.snapshot()
-
-    def restore(self, snapshot: tuple[torch.Tensor | None, torch.Tensor | None]) -> None:
-        self.mamba.restore(snapshot)
-
-    def trim(self, n: int) -> None:
-        self.kv.trim(n)
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.kv.nbytes)
-
-    @property
-    def allocated_bytes(self) -> int:
-        return int(self.kv.allocated_bytes)
-
-    @property
-    def state_bytes(self) -> int:
-        return self.mamba.state_bytes
