@@ -38,11 +38,17 @@ def attention_kind(kind: str) -> str:
 # Kinds read from configs that the engine does not decode yet (refused at load), with what they are.
 MAMBA = "mamba"  # a Mamba-1 mixer (Jamba)
 OTHER_LINEAR = "linear_attention(not gated delta-net)"  # MiniMax lightning, Kimi delta attention, ...
+CROSS_ATTENTION = "cross_attention"  # Mllama's layers that attend to image features (`cross_attention_layers`)
+PROMPTED = "prompted_attention"  # CPM-Ant, MVP with prompts: learned prompt positions ahead of every input
+OWN_CACHE = "own_cache"  # XLNet's mems, XLM's dict, GPT-1's none: no transformers Cache to hand the K/V to
 DESCRIBED = {
     MAMBA2: "Mamba-2 state-space mixer",
     MAMBA: "Mamba state-space mixer",
     PARALLEL_MAMBA2: "attention beside a Mamba-2 mixer in each layer",
     OTHER_LINEAR: "a linear-attention kernel other than gated delta-net",
+    CROSS_ATTENTION: "cross-attention to image features",
+    PROMPTED: "attention over learned prompt positions the model prepends to every input",
+    OWN_CACHE: "attention that keeps its own past, not a transformers Cache",
 }
 SUPPORTED = (
     "full_attention, sliding_attention, linear_attention (gated delta-net), mamba2, attention+mamba2, "
@@ -78,6 +84,10 @@ def layer_kinds(config: Mapping[str, Any]) -> tuple[str, ...]:
         types = [PARALLEL_MAMBA2] * n_layers
     if not types:
         types = [SLIDING_ATTENTION if config.get("sliding_window") else FULL_ATTENTION] * n_layers
+    if cross := config.get("cross_attention_layers"):  # Mllama: these layers attend to the image only
+        types = [CROSS_ATTENTION if i in cross else t for i, t in enumerate(types)]
+    if config.get("prompt_length") and config.get("use_prompt", True):  # CPM-Ant; MVP with use_prompt
+        types = [PROMPTED] * n_layers
     mamba = any(str(k).startswith("mamba_") or k == "ssm_state_size" for k in config)
     delta = "linear_num_key_heads" in config and "linear_conv_kernel_dim" in config
     linear = MAMBA2 if mamba else LINEAR_ATTENTION if delta else OTHER_LINEAR

@@ -59,6 +59,12 @@ TINY: dict[str, Any] = {
     "eos_token_id": None,
     "tie_word_embeddings": False,
     "is_decoder": True,  # BERT-style models are causal LMs only as decoders
+    # encoder-decoder families (BART, Pegasus, Marian, ...) used as decoders: num_hidden_layers and
+    # num_attention_heads name the encoder's (attribute_map), the decoder's are their own fields
+    "decoder_layers": 4,
+    "decoder_attention_heads": 4,
+    "decoder_ffn_dim": 128,
+    "encoder_ffn_dim": 128,
     "rotary_dim": 8,  # partial rotary (GPT-J, CodeGen): within the head
     # mixture of experts: few and small
     "num_experts": 4,
@@ -91,6 +97,7 @@ TINY: dict[str, Any] = {
     "ssm_state_size": 16,
     "mamba_chunk_size": 16,
     "sliding_window": 64,
+    "default_language": "en_XX",  # X-MOD: the language adapter a forward uses
 }
 
 # Per type: what its defaults need to be a hybrid at 4 layers (attention beside the Mamba-2 layers).
@@ -198,6 +205,7 @@ def build(model_type: str) -> torch.nn.Module:
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     model.generation_config.eos_token_id = None
+    model.generation_config.forced_eos_token_id = None  # BART-style: the last new token forced to EOS
     return model.float().eval()
 
 

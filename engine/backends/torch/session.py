@@ -19,7 +19,9 @@ token with a state runs the recurrent step (and updates the convolution state in
 
 from __future__ import annotations
 
+import inspect
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,7 +36,16 @@ from engine.backends.torch.linear import DeltaNetState, Mamba2State, ParallelSta
 from engine.backends.torch.quant import QuantizedKV
 from engine.cache import Forward, Group, visible_mask
 from engine.decode import Step
-from engine.geometry import LINEAR_ATTENTION, MAMBA2, PARALLEL_MAMBA2, STATELESS, Geometry, config_dict
+from engine.geometry import (
+    LINEAR_ATTENTION,
+    MAMBA2,
+    OWN_CACHE,
+    PARALLEL_MAMBA2,
+    STATELESS,
+    Geometry,
+    UnsupportedModelError,
+    config_dict,
+)
 from engine.policy import Policy
 
 
@@ -49,7 +60,13 @@ class PolicyCache:
         self.restorer = restorer
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.session.position
+        """Positions fed before this forward, as transformers' caches count them before their update (models
+        with learned absolute positions, BART / TrOCR / ..., number the new tokens from it)."""
+        return self.session.groups[0].planned().start
+
+    @property
+    def is_initialized(self) -> bool:  # HRM-Text asks whether this is the first forward
+        return self.get_seq_length() > 0
 
     def update(
         self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
@@ -111,6 +128,11 @@ class TorchModel(Tokenized):
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         eos = model.generation_config.eos_token_id if model.generation_config else None
         self.geometry = Geometry.from_config({**config_dict(text), "dtype": str(config.dtype)}, eos)
+        forward = inspect.signature(model.forward).parameters
+        if why := _own_cache(forward):
+            raise UnsupportedModelError(str(text.model_type), OWN_CACHE, why)
+        # BART, TrOCR, BLOOM, ...: the model numbers the new tokens itself (from the cache's length)
+        self.own_positions = "position_ids" not in forward
         self.eos_ids = self.geometry.eos_ids
         impl = config._attn_implementation
         if impl not in ("sdpa", "eager"):
@@ -182,6 +204,12 @@ class TorchSession(BaseSession):
         rows: int = 1,
         restorer: Restorer | None = None,
     ) -> None:
+        if rows > 1 and model.own_positions:
+            raise ValueError(
+                f"batched decoding (rows={rows}) needs a model that takes position_ids: this one numbers "
+                "the new tokens itself from the cache's length, one count for every row; decode these rows "
+                "one at a time (rows=1)"
+            )
         super().__init__(model.geometry, policy, max_block, prefill_chunk, rows)
         self.owner = model
         self.restorer = restorer
@@ -274,7 +302,7 @@ class TorchSession(BaseSession):
         self, ids: list[int], forwards: list[Forward], last_only: bool, logits: bool, hidden: tuple[int, ...]
     ) -> Step:
         out = self._call(self._ids([ids]), forwards, last_only, bool(hidden))
-        rows = out.logits[0]
+        rows = out.logits[0, -1:] if last_only else out.logits[0]  # TrOCR ignores logits_to_keep
         states = {i: out.hidden_states[i][0, -rows.shape[0] :] for i in hidden}
         return Step(_greedy(rows), rows if logits else None, states)
 
@@ -296,6 +324,18 @@ class TorchSession(BaseSession):
                 (1, 1, 1, max(n, 2 * self._ones.shape[-1], 1024)), dtype=torch.bool, device=self.device
             )
         return self._ones[..., :n]
+
+
+def _own_cache(forward: Mapping[str, inspect.Parameter]) -> str:
+    """Why a model's forward (its parameters) cannot take the engine's `PolicyCache` ('' when it can): it
+    takes no cache argument at all (GPT-1, XLNet's `mems`), or one typed as its own dict (XLM)."""
+    name = next((k for k in ("past_key_values", "cache") if k in forward), None)
+    if name is None:
+        other = next((k for k in ("mems", "past", "cache_params", "state") if k in forward), None)
+        return f": its forward takes {other!r}, no past_key_values" if other else ": its forward takes no cache"
+    if "dict" in str(forward[name].annotation):
+        return f": its forward's {name} is a dict of its own, not a transformers Cache"
+    return ""
 
 
 def _greedy(logits: torch.Tensor) -> Any:
