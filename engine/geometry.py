@@ -38,7 +38,7 @@ def attention_kind(kind: str) -> str:
 # Kinds read from configs that the engine does not decode yet (refused at load), with what they are.
 MAMBA = "mamba"  # a Mamba-1 mixer (Jamba)
 OTHER_LINEAR = "linear_attention(not gated delta-net)"  # MiniMax lightning, Kimi delta attention, ...
-CROSS_ATTENTION = "cross_attention"  # Mllama's layers that attend to image features (`cross_attention_layers`)
+CROSS_ATTENTION = "cross_attention"  # Mllama: layers that attend to the image (`cross_attention_layers`)
 PROMPTED = "prompted_attention"  # CPM-Ant, MVP with prompts: learned prompt positions ahead of every input
 OWN_CACHE = "own_cache"  # XLNet's mems, XLM's dict, GPT-1's none: no transformers Cache to hand the K/V to
 DESCRIBED = {

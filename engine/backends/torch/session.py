@@ -332,7 +332,9 @@ def _own_cache(forward: Mapping[str, inspect.Parameter]) -> str:
     name = next((k for k in ("past_key_values", "cache") if k in forward), None)
     if name is None:
         other = next((k for k in ("mems", "past", "cache_params", "state") if k in forward), None)
-        return f": its forward takes {other!r}, no past_key_values" if other else ": its forward takes no cache"
+        return (
+            f": its forward takes {other!r}, no past_key_values" if other else ": its forward takes no cache"
+        )
     if "dict" in str(forward[name].annotation):
         return f": its forward's {name} is a dict of its own, not a transformers Cache"
     return ""
