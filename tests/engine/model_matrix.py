@@ -104,7 +104,10 @@ TINY: dict[str, Any] = {
 PER_TYPE: dict[str, dict[str, Any]] = {
     "bamba": {"attn_layer_indices": [1, 3]},
     "granitemoehybrid": {"layer_types": ["mamba", "mamba", "mamba", "attention"]},
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2},
     "nemotron_h": {"n_groups": 1},
+    "zamba": {"layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"], "n_mamba_heads": 2},
+    "zamba2": {"layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"], "n_mamba_heads": 4},
 }
 MAX_PARAMETERS = 10_000_000
 

@@ -58,7 +58,7 @@ from engine.backends.mlx.linear import DeltaNetState
 from engine.backends.mlx.quant import QuantizedKV
 from engine.cache import Forward
 from engine.decode import Step
-from engine.geometry import MAMBA2, PARALLEL_MAMBA2, Geometry, UnsupportedModelError, read_geometry
+from engine.geometry import MAMBA, MAMBA2, PARALLEL, Geometry, UnsupportedModelError, read_geometry
 from engine.policy import Policy
 
 
@@ -185,7 +185,7 @@ def load_mlx(path: Path, dtype: str = "auto", device: str = "auto", compile: boo
     want = pick_dtype(dtype, dev)
     # a kind the engine does not handle: UnsupportedModelError, before mlx-lm reads the model
     geo = read_geometry(path)
-    mamba = [t for t in geo.layer_types if t in (MAMBA2, PARALLEL_MAMBA2)]
+    mamba = [t for t in geo.layer_types if t in (MAMBA2, MAMBA, *PARALLEL)]
     if mamba or geo.v_head_dim:  # torch only so far
         kind = mamba[0] if mamba else "multi-head latent attention"
         model_type = str(load_config(path).get("model_type", "?"))

@@ -32,21 +32,28 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from engine.backends.base import BaseSession, NoState, Tokenized
 from engine.backends.torch.device import device_name, peak_memory_bytes, pick_device, pick_dtype
 from engine.backends.torch.kv import KV, GroupTensors
-from engine.backends.torch.linear import DeltaNetState, Mamba2State, ParallelState
+from engine.backends.torch.linear import DeltaNetState, Mamba2State, MambaState, ParallelState
 from engine.backends.torch.quant import QuantizedKV
 from engine.cache import Forward, Group, visible_mask
 from engine.decode import Step
 from engine.geometry import (
     LINEAR_ATTENTION,
+    MAMBA,
     MAMBA2,
     OWN_CACHE,
+    PARALLEL,
+    PARALLEL_MAMBA,
     PARALLEL_MAMBA2,
     STATELESS,
+    STEPWISE,
     Geometry,
     UnsupportedModelError,
     config_dict,
 )
 from engine.policy import Policy
+
+# The recurrent state of each kind of layer with a Mamba mixer (alone, or beside attention); else gated delta-net.
+_STATE = {MAMBA2: Mamba2State, PARALLEL_MAMBA2: Mamba2State, MAMBA: MambaState, PARALLEL_MAMBA: MambaState}
 
 
 class PolicyCache:
@@ -220,7 +227,7 @@ class TorchSession(BaseSession):
         bits = policy.bits
         geo = model.geometry
         group = policy.group_for(math.gcd(geo.head_dim, geo.value_dim)) if bits else 0  # divides K's and V's
-        recurrent = [Mamba2State if t == MAMBA2 else DeltaNetState for t in geo.layer_types]
+        recurrent = [_STATE.get(t, DeltaNetState) for t in geo.layer_types]
         self.states = [
             recurrent[i](kernel)
             if g is None
@@ -230,8 +237,8 @@ class TorchSession(BaseSession):
             for i, g in enumerate(self.group_of)
         ]
         for i, t in enumerate(geo.layer_types):
-            if t == PARALLEL_MAMBA2:  # Falcon-H1: the layer's K/V beside its Mamba-2 state
-                self.states[i] = ParallelState(self.states[i], Mamba2State(kernel))
+            if t in PARALLEL:  # Falcon-H1, Zamba(2): the layer's K/V beside its Mamba(-2) state
+                self.states[i] = ParallelState(self.states[i], recurrent[i](kernel))
             elif t in STATELESS:  # Nemotron-H's mlp / moe layers
                 self.states[i] = NoState()
         self.cache = PolicyCache(self, self.states, restorer)
@@ -295,6 +302,23 @@ class TorchSession(BaseSession):
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
             output_hidden_states=hidden,
+        )
+
+    def _forward(
+        self, ids: list[int], last_only: bool, logits: bool, hidden: tuple[int, ...], row: int | None
+    ) -> Step:
+        """A block fed after the first forward of a model with Mamba-1 mixers (Jamba) runs one token per
+        forward: transformers' multi-token Mamba-1 scan starts from a zero SSM state (it takes no initial
+        state), so only its one-token step continues the state. Exact, at one forward per token."""
+        if self.position == 0 or len(ids) == 1 or not set(STEPWISE) & set(self.owner.geometry.layer_types):
+            return super()._forward(ids, last_only, logits, hidden, row)
+        steps = [super(TorchSession, self)._forward([t], False, logits, hidden, row) for t in ids]
+        if last_only:
+            return steps[-1]
+        return Step(
+            [t for s in steps for t in s.tokens],
+            torch.cat([s.logits for s in steps]) if logits else None,
+            {i: torch.cat([s.hidden[i] for s in steps]) for i in hidden},
         )
 
     @torch.inference_mode()
