@@ -1,7 +1,8 @@
 """Random-weight tiny models of the families issue 32 is about (float32, built from transformers' own
 configs, cached per process): a DeepSeek-V3 (multi-head latent attention: K of 16 + 8 rope dims, V of 8),
 Mamba-2 hybrids (Falcon-H1: attention beside a Mamba-2 mixer in every layer; Bamba and Granite-4.0-H:
-Mamba-2 layers beside attention layers) and a Jamba config (Mamba-1 layers: refused)."""
+Mamba-2 layers beside attention layers; Zamba2: Mamba-2 beside a shared attention block) and the
+Mamba (v1) hybrids Jamba and Zamba."""
 
 from __future__ import annotations
 
@@ -143,8 +144,43 @@ def nemotron_h_config() -> object:
     )
 
 
+def zamba_config() -> object:
+    """Zamba: Mamba (v1, 2 heads) layers; hybrid layers: the shared attention block, then a Mamba mixer."""
+    from transformers import ZambaConfig
+
+    return ZambaConfig(
+        **{**TINY, "num_hidden_layers": 4},
+        num_key_value_heads=4,
+        layers_block_type=["mamba", "hybrid", "mamba", "hybrid"],
+        n_mamba_heads=2,
+        mamba_d_state=8,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_dt_rank=8,
+    )
+
+
+def zamba2_config() -> object:
+    """Zamba2: Mamba-2 layers; hybrid layers: the shared attention block, then a Mamba-2 mixer."""
+    from transformers import Zamba2Config
+
+    return Zamba2Config(
+        **{**TINY, "num_hidden_layers": 4},
+        num_key_value_heads=4,
+        layers_block_type=["mamba", "hybrid", "mamba", "hybrid"],
+        n_mamba_heads=4,
+        mamba_d_state=16,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_ngroups=1,
+        chunk_size=16,
+    )
+
+
 @functools.cache
 def mamba2_hybrid(name: str, seed: int = 0) -> TorchModel:
+    """A tiny Mamba hybrid by model type: the Mamba-2 ones (bamba, granitemoehybrid, falcon_h1,
+    nemotron_h, zamba2) and those with Mamba (v1) mixers (jamba, zamba)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
@@ -153,6 +189,9 @@ def mamba2_hybrid(name: str, seed: int = 0) -> TorchModel:
         "granitemoehybrid": granite_hybrid_config,
         "falcon_h1": falcon_h1_config,
         "nemotron_h": nemotron_h_config,
+        "zamba2": zamba2_config,
+        "jamba": jamba_config,
+        "zamba": zamba_config,
     }[name]()
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     model.generation_config.eos_token_id = None
@@ -160,7 +199,7 @@ def mamba2_hybrid(name: str, seed: int = 0) -> TorchModel:
 
 
 def jamba_config() -> object:
-    """Jamba: Mamba-1 layers beside attention (a kind the engine refuses)."""
+    """Jamba: a Mamba (v1) layer, then an attention layer with a mixture-of-experts MLP."""
     from transformers import JambaConfig
 
     return JambaConfig(
@@ -175,11 +214,3 @@ def jamba_config() -> object:
         mamba_expand=2,
         mamba_dt_rank=8,
     )
-
-
-@functools.cache
-def jamba_module(seed: int = 0) -> torch.nn.Module:
-    from transformers import JambaForCausalLM
-
-    torch.manual_seed(seed)
-    return JambaForCausalLM(jamba_config())
