@@ -46,6 +46,7 @@ OTHER_LINEAR = "linear_attention(not gated delta-net)"  # MiniMax lightning, Kim
 CROSS_ATTENTION = "cross_attention"  # Mllama: layers that attend to the image (`cross_attention_layers`)
 PROMPTED = "prompted_attention"  # CPM-Ant, MVP with prompts: learned prompt positions ahead of every input
 OWN_CACHE = "own_cache"  # XLNet's mems, XLM's dict, GPT-1's none: no transformers Cache to hand the K/V to
+ALIBI_MASK = "alibi(padding mask)"  # BLOOM, Falcon with alibi: biases built from a 2-D padding mask
 DESCRIBED = {
     MAMBA2: "Mamba-2 state-space mixer",
     MAMBA: "Mamba state-space mixer",
@@ -55,6 +56,7 @@ DESCRIBED = {
     CROSS_ATTENTION: "cross-attention to image features",
     PROMPTED: "attention over learned prompt positions the model prepends to every input",
     OWN_CACHE: "attention that keeps its own past, not a transformers Cache",
+    ALIBI_MASK: "ALiBi position biases built from a 2-D padding mask",
 }
 SUPPORTED = (
     "full_attention, sliding_attention, linear_attention (gated delta-net), mamba2, mamba, attention+mamba2, "

@@ -206,12 +206,14 @@ def test_an_alibi_model_is_refused_a_bounded_policy_in_one_line_and_exact_under_
         ("xlm", "layer kind 'own_cache' .* its forward's cache is a dict of its own"),
         ("mllama", "layer kind 'cross_attention' \\(cross-attention to image features\\)"),
         ("cpmant", "layer kind 'prompted_attention' \\(attention over learned prompt positions"),
+        ("bloom", "layer kind 'alibi\\(padding mask\\)' .* builds them from the 2-D padding mask"),
     ],
 )
 def test_a_model_the_engine_cannot_feed_is_refused_at_load_in_one_line(model_type: str, what: str) -> None:
     """Legacy models with their own past (GPT-1 keeps none, XLNet its mems, XLM a dict), Mllama's
-    cross-attention layers and CPM-Ant's prompt positions: refused when the model is wrapped, before any
-    forward, in one line naming the model type, what it has and what is supported."""
+    cross-attention layers, CPM-Ant's prompt positions and BLOOM's ALiBi from a padding mask: refused when
+    the model is wrapped, before any forward, in one line naming the model type, what it has and what is
+    supported."""
     model = model_matrix.build(model_type)
     calls: list[int] = []
     model.register_forward_pre_hook(lambda *_: calls.append(1))

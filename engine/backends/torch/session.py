@@ -37,6 +37,7 @@ from engine.backends.torch.quant import QuantizedKV
 from engine.cache import Forward, Group, visible_mask
 from engine.decode import Step
 from engine.geometry import (
+    ALIBI_MASK,
     LINEAR_ATTENTION,
     MAMBA,
     MAMBA2,
@@ -138,6 +139,13 @@ class TorchModel(Tokenized):
         forward = inspect.signature(model.forward).parameters
         if why := _own_cache(forward):
             raise UnsupportedModelError(str(text.model_type), OWN_CACHE, why)
+        if self.geometry.alibi and hasattr(inspect.getmodule(type(model)), "build_alibi_tensor"):
+            raise UnsupportedModelError(  # MPT builds its biases from positions: it decodes under full
+                str(text.model_type),
+                ALIBI_MASK,
+                ": its modeling code builds them from the 2-D padding mask, where the engine hands every model "
+                "a prepared 4-D mask",
+            )
         # BART, TrOCR, BLOOM, ...: the model numbers the new tokens itself (from the cache's length)
         self.own_positions = "position_ids" not in forward
         self.eos_ids = self.geometry.eos_ids
