@@ -144,37 +144,28 @@ def nemotron_h_config() -> object:
     )
 
 
+# Zamba and Zamba2: Mamba layers 0, 2; hybrid layers 1, 3 (the shared attention block, then a Mamba mixer)
+ZAMBA_TINY = dict(
+    **{**TINY, "num_hidden_layers": 4},
+    num_key_value_heads=4,
+    layers_block_type=["mamba", "hybrid", "mamba", "hybrid"],
+    mamba_d_conv=4,
+    mamba_expand=2,
+)
+
+
 def zamba_config() -> object:
-    """Zamba: Mamba (v1, 2 heads) layers; hybrid layers: the shared attention block, then a Mamba mixer."""
+    """Zamba: Mamba (v1) mixers of 2 heads."""
     from transformers import ZambaConfig
 
-    return ZambaConfig(
-        **{**TINY, "num_hidden_layers": 4},
-        num_key_value_heads=4,
-        layers_block_type=["mamba", "hybrid", "mamba", "hybrid"],
-        n_mamba_heads=2,
-        mamba_d_state=8,
-        mamba_d_conv=4,
-        mamba_expand=2,
-        mamba_dt_rank=8,
-    )
+    return ZambaConfig(**ZAMBA_TINY, n_mamba_heads=2, mamba_d_state=8, mamba_dt_rank=8)
 
 
 def zamba2_config() -> object:
-    """Zamba2: Mamba-2 layers; hybrid layers: the shared attention block, then a Mamba-2 mixer."""
+    """Zamba2: Mamba-2 mixers."""
     from transformers import Zamba2Config
 
-    return Zamba2Config(
-        **{**TINY, "num_hidden_layers": 4},
-        num_key_value_heads=4,
-        layers_block_type=["mamba", "hybrid", "mamba", "hybrid"],
-        n_mamba_heads=4,
-        mamba_d_state=16,
-        mamba_d_conv=4,
-        mamba_expand=2,
-        mamba_ngroups=1,
-        chunk_size=16,
-    )
+    return Zamba2Config(**ZAMBA_TINY, n_mamba_heads=4, mamba_d_state=16, mamba_ngroups=1, chunk_size=16)
 
 
 @functools.cache
