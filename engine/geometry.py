@@ -23,30 +23,44 @@ SLIDING_ATTENTION = "sliding_attention"
 LINEAR_ATTENTION = "linear_attention"  # gated delta-net: a convolution state and a recurrent state, no K/V
 MAMBA2 = "mamba2"  # a Mamba-2 mixer (Nemotron-H, Granite-4.0-H, Bamba): a convolution state and an SSM state
 PARALLEL_MAMBA2 = "attention+mamba2"  # attention and a Mamba-2 mixer side by side in one layer (Falcon-H1)
+MAMBA = "mamba"  # a Mamba (v1) mixer (Jamba, Zamba): a convolution state and an SSM state
+PARALLEL_MAMBA = "attention+mamba"  # Zamba's hybrid layers: (shared) attention, then a Mamba (v1) mixer
 # Nemotron-H's blocks with no token mixer (its layers_block_type's mlp / moe): nothing cached
 STATELESS = ("mlp_block", "moe_block")
-LAYER_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION, LINEAR_ATTENTION, MAMBA2, PARALLEL_MAMBA2, *STATELESS)
-RECURRENT = (LINEAR_ATTENTION, MAMBA2)  # constant-size state, no K/V, no positions to hide
-STATEFUL = (*RECURRENT, PARALLEL_MAMBA2)  # layers with a recurrent state (rolled back by snapshots)
+PARALLEL = (PARALLEL_MAMBA2, PARALLEL_MAMBA)  # attention K/V and a recurrent state in one layer
+LAYER_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION, LINEAR_ATTENTION, MAMBA2, MAMBA, *PARALLEL, *STATELESS)
+RECURRENT = (LINEAR_ATTENTION, MAMBA2, MAMBA)  # constant-size state, no K/V, no positions to hide
+STATEFUL = (*RECURRENT, *PARALLEL)  # layers with a recurrent state (rolled back by snapshots)
+# transformers' multi-token Mamba (v1) scan starts from a zero state (it takes no initial state): after the
+# first forward these layers continue their state only one token per forward (the torch session's rule)
+STEPWISE = (MAMBA, PARALLEL_MAMBA)
 
 
 def attention_kind(kind: str) -> str:
     """The attention a layer of `kind` does (its cache policy and mask): a Falcon-H1 layer's is full."""
-    return FULL_ATTENTION if kind == PARALLEL_MAMBA2 else kind
+    return FULL_ATTENTION if kind in PARALLEL else kind
 
 
 # Kinds read from configs that the engine does not decode yet (refused at load), with what they are.
-MAMBA = "mamba"  # a Mamba-1 mixer (Jamba)
 OTHER_LINEAR = "linear_attention(not gated delta-net)"  # MiniMax lightning, Kimi delta attention, ...
+CROSS_ATTENTION = "cross_attention"  # Mllama: layers that attend to the image (`cross_attention_layers`)
+PROMPTED = "prompted_attention"  # CPM-Ant, MVP with prompts: learned prompt positions ahead of every input
+OWN_CACHE = "own_cache"  # XLNet's mems, XLM's dict, GPT-1's none: no transformers Cache to hand the K/V to
+ALIBI_MASK = "alibi(padding mask)"  # BLOOM, Falcon with alibi: biases built from a 2-D padding mask
 DESCRIBED = {
     MAMBA2: "Mamba-2 state-space mixer",
     MAMBA: "Mamba state-space mixer",
     PARALLEL_MAMBA2: "attention beside a Mamba-2 mixer in each layer",
+    PARALLEL_MAMBA: "attention beside a Mamba mixer in one layer",
     OTHER_LINEAR: "a linear-attention kernel other than gated delta-net",
+    CROSS_ATTENTION: "cross-attention to image features",
+    PROMPTED: "attention over learned prompt positions the model prepends to every input",
+    OWN_CACHE: "attention that keeps its own past, not a transformers Cache",
+    ALIBI_MASK: "ALiBi position biases built from a 2-D padding mask",
 }
 SUPPORTED = (
-    "full_attention, sliding_attention, linear_attention (gated delta-net), mamba2, attention+mamba2, "
-    "mlp_block, moe_block"
+    "full_attention, sliding_attention, linear_attention (gated delta-net), mamba2, mamba, attention+mamba2, "
+    "attention+mamba, mlp_block, moe_block"
 )
 
 
@@ -78,16 +92,21 @@ def layer_kinds(config: Mapping[str, Any]) -> tuple[str, ...]:
         types = [PARALLEL_MAMBA2] * n_layers
     if not types:
         types = [SLIDING_ATTENTION if config.get("sliding_window") else FULL_ATTENTION] * n_layers
+    if cross := config.get("cross_attention_layers"):  # Mllama: these layers attend to the image only
+        types = [CROSS_ATTENTION if i in cross else t for i, t in enumerate(types)]
+    if config.get("prompt_length") and config.get("use_prompt", True):  # CPM-Ant; MVP with use_prompt
+        types = [PROMPTED] * n_layers
     mamba = any(str(k).startswith("mamba_") or k == "ssm_state_size" for k in config)
+    v1 = "mamba_dt_rank" in config  # Jamba, Zamba: Mamba (v1) mixers (Mamba-2 configs name no dt rank)
     delta = "linear_num_key_heads" in config and "linear_conv_kernel_dim" in config
-    linear = MAMBA2 if mamba else LINEAR_ATTENTION if delta else OTHER_LINEAR
+    linear = (MAMBA if v1 else MAMBA2) if mamba else LINEAR_ATTENTION if delta else OTHER_LINEAR
     out = []
     for t in types:
         t = str(t)
         if t in ("mamba2", LINEAR_ATTENTION):
             t = MAMBA2 if t == "mamba2" else linear
-        elif t == "hybrid" and mamba:  # Falcon-H1's layers_block_type
-            t = PARALLEL_MAMBA2
+        elif t == "hybrid" and mamba:  # Falcon-H1's, Zamba(2)'s layers_block_type
+            t = PARALLEL_MAMBA if v1 else PARALLEL_MAMBA2
         elif f"{t}_block" in STATELESS and blocks:  # Nemotron-H: a block that is only an MLP / MoE
             t = f"{t}_block"
         elif t == "attention":
@@ -171,12 +190,23 @@ class Geometry:
                         return int(config[k])
                 raise KeyError(keys[0])
 
-            m_heads, head = first("mamba_n_heads", "mamba_num_heads"), first("mamba_d_head", "mamba_head_dim")
-            groups, state = first("mamba_n_groups", "n_groups"), first("mamba_d_state", "ssm_state_size")
+            m_heads = first("mamba_n_heads", "mamba_num_heads", "n_mamba_heads")  # the last: Zamba2's names
+            head = first("mamba_d_head", "mamba_head_dim", "mamba_headdim")
+            groups = first("mamba_n_groups", "n_groups", "mamba_ngroups")
+            state = first("mamba_d_state", "ssm_state_size")
             linear = {
                 "linear_conv_dim": m_heads * head + 2 * groups * state,
                 "linear_conv_kernel": first("mamba_d_conv", "conv_kernel"),
                 "linear_state_size": m_heads * head * state,
+            }
+        elif (
+            MAMBA in types or PARALLEL_MAMBA in types
+        ):  # Mamba (v1): conv over x (expand x hidden channels); SSM state channels x d_state
+            channels = int(config["mamba_expand"]) * hidden
+            linear = {
+                "linear_conv_dim": channels,
+                "linear_conv_kernel": int(config["mamba_d_conv"]),
+                "linear_state_size": channels * int(config["mamba_d_state"]),
             }
         elif LINEAR_ATTENTION in types:
             k_heads, v_heads = int(config["linear_num_key_heads"]), int(config["linear_num_value_heads"])

@@ -59,6 +59,12 @@ TINY: dict[str, Any] = {
     "eos_token_id": None,
     "tie_word_embeddings": False,
     "is_decoder": True,  # BERT-style models are causal LMs only as decoders
+    # encoder-decoder families (BART, Pegasus, Marian, ...) used as decoders: num_hidden_layers and
+    # num_attention_heads name the encoder's (attribute_map), the decoder's are their own fields
+    "decoder_layers": 4,
+    "decoder_attention_heads": 4,
+    "decoder_ffn_dim": 128,
+    "encoder_ffn_dim": 128,
     "rotary_dim": 8,  # partial rotary (GPT-J, CodeGen): within the head
     # mixture of experts: few and small
     "num_experts": 4,
@@ -91,13 +97,17 @@ TINY: dict[str, Any] = {
     "ssm_state_size": 16,
     "mamba_chunk_size": 16,
     "sliding_window": 64,
+    "default_language": "en_XX",  # X-MOD: the language adapter a forward uses
 }
 
 # Per type: what its defaults need to be a hybrid at 4 layers (attention beside the Mamba-2 layers).
 PER_TYPE: dict[str, dict[str, Any]] = {
     "bamba": {"attn_layer_indices": [1, 3]},
     "granitemoehybrid": {"layer_types": ["mamba", "mamba", "mamba", "attention"]},
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2},
     "nemotron_h": {"n_groups": 1},
+    "zamba": {"layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"], "n_mamba_heads": 2},
+    "zamba2": {"layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"], "n_mamba_heads": 4},
 }
 MAX_PARAMETERS = 10_000_000
 
@@ -198,6 +208,7 @@ def build(model_type: str) -> torch.nn.Module:
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     model.generation_config.eos_token_id = None
+    model.generation_config.forced_eos_token_id = None  # BART-style: the last new token forced to EOS
     return model.float().eval()
 
 

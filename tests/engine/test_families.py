@@ -5,6 +5,7 @@ by `engine.load` and by a workload's command line (exit 2, no traceback)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,29 +13,39 @@ from pathlib import Path
 import pytest
 
 from engine.backends.torch.session import TorchModel
-from engine.geometry import MAMBA, MAMBA2, PARALLEL_MAMBA2, Geometry, UnsupportedModelError, layer_kinds
-from tests.engine import tiny_families
+from engine.geometry import (
+    CROSS_ATTENTION,
+    MAMBA,
+    MAMBA2,
+    PARALLEL_MAMBA,
+    PARALLEL_MAMBA2,
+    PROMPTED,
+    Geometry,
+    UnsupportedModelError,
+    layer_kinds,
+)
+from tests.engine import model_matrix, tiny_families
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_jamba_is_refused_in_one_line_before_any_forward() -> None:
-    config = tiny_families.jamba_config().to_dict()  # type: ignore[attr-defined]
+def test_an_unsupported_kind_is_refused_in_one_line_before_any_forward() -> None:
+    """MiniMax: lightning attention (a linear-attention kernel that is not gated delta-net)."""
+    config = model_matrix.tiny_config("minimax")
     with pytest.raises(UnsupportedModelError) as err:
-        Geometry.from_config(config)
+        Geometry.from_config(config.to_dict())
     message = str(err.value)
-    assert (
-        "\n" not in message
-        and "'jamba'" in message
-        and "layer kind 'mamba' (Mamba state-space mixer)" in message
+    assert "\n" not in message and message.startswith(
+        "model type 'minimax': layer kind 'linear_attention(not gated delta-net)' (a linear-attention kernel "
+        "other than gated delta-net) is not supported"
     )
     assert (
         "supported: full_attention, sliding_attention, linear_attention (gated delta-net), mamba2" in message
     )
-    model = tiny_families.jamba_module()
+    model = model_matrix.build("minimax")
     calls: list[int] = []
     model.register_forward_pre_hook(lambda *_: calls.append(1))
-    with pytest.raises(UnsupportedModelError, match="jamba"):
+    with pytest.raises(UnsupportedModelError, match="minimax"):
         TorchModel(model)
     assert calls == []  # refused before the first forward
 
@@ -72,6 +83,32 @@ def test_jamba_is_refused_in_one_line_before_any_forward() -> None:
             (MAMBA, "full_attention", MAMBA, "full_attention"),
         ),
         ({"model_type": "falcon_h1", "num_hidden_layers": 1, "mamba_d_ssm": 64}, (PARALLEL_MAMBA2,)),
+        # Zamba names its Mamba (v1) layers as Zamba2 its Mamba-2 ones: told apart by the dt rank
+        (
+            {
+                "model_type": "zamba",
+                "num_hidden_layers": 2,
+                "mamba_d_state": 16,
+                "mamba_dt_rank": 4,
+                "layers_block_type": ["linear_attention", "hybrid"],
+            },
+            (MAMBA, PARALLEL_MAMBA),
+        ),
+        (
+            {
+                "model_type": "zamba2",
+                "num_hidden_layers": 2,
+                "mamba_d_state": 16,
+                "layers_block_type": ["linear_attention", "hybrid"],
+            },
+            (MAMBA2, PARALLEL_MAMBA2),
+        ),
+        # kinds refused: Mllama's cross-attention layers, CPM-Ant's prompt positions
+        (
+            {"model_type": "mllama_text_model", "num_hidden_layers": 2, "cross_attention_layers": [1]},
+            ("full_attention", CROSS_ATTENTION),
+        ),
+        ({"model_type": "cpmant", "num_hidden_layers": 2, "prompt_length": 32}, (PROMPTED, PROMPTED)),
         # MiniMax's lightning attention is not gated delta-net
         (
             {
@@ -107,9 +144,9 @@ def test_a_config_without_decoder_keys_is_refused_not_a_key_error() -> None:
 
 
 def test_a_workload_exits_2_in_one_line_on_an_unsupported_family(tmp_path: Path) -> None:
-    """The niah workload on a saved tiny Jamba config: exit 2 with one usage line naming the model type
+    """The niah workload on a saved tiny MiniMax config: exit 2 with one usage line naming the model type
     and the layer kind, before any weights load (there are none to load); no traceback, no report."""
-    tiny_families.jamba_config().save_pretrained(tmp_path / "m")  # type: ignore[attr-defined]
+    model_matrix.tiny_config("minimax").save_pretrained(tmp_path / "m")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
         [
@@ -130,7 +167,7 @@ def test_a_workload_exits_2_in_one_line_on_an_unsupported_family(tmp_path: Path)
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr and not (tmp_path / "r.json").exists()
     last = out.stderr.strip().splitlines()[-1]
-    assert "model type 'jamba': layer kind 'mamba'" in last and "supported:" in last
+    assert "model type 'minimax': layer kind 'linear_attention(not" in last and "supported:" in last
 
 
 def test_mla_is_read_as_full_attention_with_its_own_k_and_v_sizes() -> None:
@@ -147,7 +184,7 @@ def test_an_alibi_model_is_refused_a_bounded_policy_in_one_line_and_exact_under_
     """MPT biases each key by its index among the attended keys (ALiBi), so a ring buffer, which reorders
     them, would change its output: a bounded policy is refused; full equals `generate`."""
     import engine
-    from tests.engine import model_matrix, tiny_models
+    from tests.engine import tiny_models
 
     tm = TorchModel(model_matrix.build("mpt"))
     assert tm.geometry.alibi
@@ -159,3 +196,52 @@ def test_an_alibi_model_is_refused_a_bounded_policy_in_one_line_and_exact_under_
     ours = engine.generate(tm.session(engine.full()), ids, engine.Stop(12)).tokens
     assert ours == tiny_models.hf_greedy(tm, ids, 12)
     assert not tiny_families.deepseek_v3().geometry.alibi
+
+
+@pytest.mark.parametrize(
+    ("model_type", "what"),
+    [
+        ("openai-gpt", "layer kind 'own_cache' .* its forward takes no cache"),
+        ("xlnet", "layer kind 'own_cache' .* its forward takes 'mems', no past_key_values"),
+        ("xlm", "layer kind 'own_cache' .* its forward's cache is a dict of its own"),
+        ("mllama", "layer kind 'cross_attention' \\(cross-attention to image features\\)"),
+        ("cpmant", "layer kind 'prompted_attention' \\(attention over learned prompt positions"),
+        ("bloom", "layer kind 'alibi\\(padding mask\\)' .* builds them from the 2-D padding mask"),
+    ],
+)
+def test_a_model_the_engine_cannot_feed_is_refused_at_load_in_one_line(model_type: str, what: str) -> None:
+    """Legacy models with their own past (GPT-1 keeps none, XLNet its mems, XLM a dict), Mllama's
+    cross-attention layers, CPM-Ant's prompt positions and BLOOM's ALiBi from a padding mask: refused when
+    the model is wrapped, before any forward, in one line naming the model type, what it has and what is
+    supported."""
+    model = model_matrix.build(model_type)
+    calls: list[int] = []
+    model.register_forward_pre_hook(lambda *_: calls.append(1))
+    with pytest.raises(UnsupportedModelError) as err:
+        TorchModel(model)
+    message = str(err.value)
+    assert re.match(f"^model type '{model_type}[^']*': {what}.* \\(supported: full_attention", message)
+    assert "\n" not in message and calls == []
+
+
+@pytest.mark.parametrize("model_type", ["bart", "trocr", "roformer", "hrm_text"])
+def test_models_that_number_positions_themselves_decode_exactly(model_type: str) -> None:
+    """BART-style (learned positions), TrOCR and RoFormer number the new tokens from the cache's length
+    (`get_seq_length`: the positions before this forward, as transformers' caches count them); TrOCR
+    returns every position's logits whatever `logits_to_keep` says; HRM-Text asks the cache whether it is
+    initialized. Chunked greedy equals `generate`, speculative equals greedy after the window wraps."""
+    import engine
+    from tests.engine import tiny_models
+
+    tm = TorchModel(model_matrix.build(model_type))
+    assert tm.own_positions == (model_type != "hrm_text")
+    ids = tiny_models.prompt(12, seed=1)
+    assert len(tm.session(engine.full(), prefill_chunk=8).prefill(ids).tokens) == 1
+    ours = engine.generate(tm.session(engine.full(), prefill_chunk=5), ids, engine.Stop(12)).tokens
+    assert ours == tiny_models.hf_greedy(tm, ids, 12)
+    assert model_matrix._speculative(tm, ids) == "exact"
+    if tm.own_positions:  # one count for every row: rows at different positions would be numbered alike
+        with pytest.raises(
+            ValueError, match=r"rows=2\) needs a model that takes position_ids.*one at a time"
+        ):
+            tm.session(engine.full(), rows=2)

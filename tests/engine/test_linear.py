@@ -138,12 +138,12 @@ def test_bytes_attention_kv_and_recurrent_state_separately(backend: str) -> None
 def test_unknown_layer_kind_fails_naming_it_and_the_supported_kinds() -> None:
     config = {
         "num_hidden_layers": 2,
-        "layer_types": ["mamba", "full_attention"],
+        "layer_types": ["rwkv", "full_attention"],
         "num_attention_heads": 4,
         "hidden_size": 64,
         "vocab_size": 256,
     }
-    with pytest.raises(ValueError, match="'mamba'.*full_attention, sliding_attention, linear_attention"):
+    with pytest.raises(ValueError, match="'rwkv'.*full_attention, sliding_attention, linear_attention"):
         Geometry.from_config(config)
 
 

@@ -7,7 +7,13 @@ the attention layers' K/V: greedy equals transformers `generate` (on MLX also th
 bounded window), speculative decoding (a model drafter, prompt lookup) equals greedy after the window wraps
 under every policy, with exact rollback of both states, the state counted in `state_bytes`; batched
 sessions are refused with the reason; on MLX Bamba and Jamba (Mamba-1) are refused at load in one line.
-The MLX :qN policies run on copies with attention heads of 32 (mx.quantize's smallest group)."""
+The MLX :qN policies run on copies with attention heads of 32 (mx.quantize's smallest group).
+
+The same on torch for Zamba2 (Mamba-2 layers; hybrid layers: a shared attention block, then a Mamba-2 mixer)
+and the hybrids with Mamba (v1) mixers (`MambaState`): Jamba (a Mamba layer, then attention with MoE) and
+Zamba (Zamba2's layout with Mamba mixers), on fewer policies (they are slower). transformers' multi-token
+Mamba (v1) scan takes no initial state, so after the first forward the torch session feeds those one
+token per forward (`STEPWISE`)."""
 
 from __future__ import annotations
 
@@ -19,7 +25,8 @@ import numpy as np
 import pytest
 
 import engine
-from engine.geometry import MAMBA2, PARALLEL_MAMBA2, Geometry, UnsupportedModelError, config_dict
+from engine.backends.torch import session as torch_session
+from engine.geometry import MAMBA, MAMBA2, STATEFUL, Geometry, UnsupportedModelError, config_dict
 from engine.policy import Policy, expected_kv_bytes, full, hybrid, layer_slot_bytes, parse_policy, sink_window
 from tests.engine import tiny_families, tiny_models
 from tests.engine.backends import HAVE_MLX, on
@@ -27,12 +34,17 @@ from tests.engine.backends import HAVE_MLX, on
 NEW = 30
 FAMILIES = ["bamba", "granitemoehybrid", "falcon_h1", "nemotron_h"]
 MLX_FAMILIES = FAMILIES[1:]  # mlx-lm has no bamba
+SLOWER = ["zamba2", "jamba", "zamba"]  # torch only: Zamba2, and the Mamba (v1) hybrids
 # Mamba-2 state bytes per mixer (float32): SSM heads x head_dim x d_state + conv: 3 inputs of x + B + C
 STATE = {
     "bamba": 4 * 32 * 16 * 4 + 3 * (128 + 2 * 16) * 4,
     "granitemoehybrid": 4 * 32 * 16 * 4 + 3 * (128 + 2 * 16) * 4,
     "falcon_h1": 4 * 16 * 16 * 4 + 3 * (64 + 2 * 16) * 4,
     "nemotron_h": 4 * 32 * 16 * 4 + 3 * (128 + 2 * 16) * 4,
+    "zamba2": 4 * 32 * 16 * 4 + 3 * (128 + 2 * 16) * 4,
+    # Mamba (v1): SSM state (2 x 64) channels x d_state 8 + conv: 3 inputs of the channels
+    "jamba": 128 * 8 * 4 + 3 * 128 * 4,
+    "zamba": 128 * 8 * 4 + 3 * 128 * 4,
 }
 # the MLX copies for :qN policies: attention heads of 32 (Granite-4.0-H's head is hidden / heads)
 WIDE = {
@@ -65,7 +77,7 @@ def _greedy(backend: str, name: str, policy: Policy, prompt_len: int = 17) -> tu
     return tuple(engine.generate(model.session(policy, prefill_chunk=8), ids, engine.Stop(NEW)).tokens)
 
 
-@pytest.mark.parametrize(("backend", "name"), _cases())
+@pytest.mark.parametrize(("backend", "name"), _cases(FAMILIES + SLOWER))
 @pytest.mark.parametrize("policy", [full(), hybrid(2, 64)], ids=str)
 def test_covering_window_equals_transformers_generate(backend: str, name: str, policy: Policy) -> None:
     kinds = set(_model(backend, name).geometry.layer_types)
@@ -73,6 +85,9 @@ def test_covering_window_equals_transformers_generate(backend: str, name: str, p
         {MAMBA2, "full_attention"},
         {"attention+mamba2"},
         {MAMBA2, "full_attention", "mlp_block", "moe_block"},
+        {MAMBA2, "attention+mamba2"},
+        {MAMBA, "full_attention"},
+        {MAMBA, "attention+mamba"},
     )
     ids = tiny_models.prompt(17, seed=17)
     assert list(_greedy(backend, name, policy)) == tiny_models.hf_greedy(_torch(name), ids, NEW)
@@ -86,12 +101,21 @@ def test_a_bounded_window_decodes_on_mlx_as_on_torch(name: str) -> None:
 
 
 # a narrower copy of the model as drafter: partly wrong
-NARROW = {("torch", "falcon_h1"): sink_window(2, 10), ("mlx", "falcon_h1"): sink_window(4, 8)}
+NARROW = {("mlx", "falcon_h1"): sink_window(4, 8)} | {
+    ("torch", n): sink_window(2, 10)
+    for n in ("falcon_h1", "zamba", "zamba2")  # sink_window:1:3 drafts all wrong
+}
+POLICIES = ["sink_window:2:6", "hybrid:2:6", "sink_window:2:6:q8", "full"]
+CASES: list[Any] = [("torch", n, t, k) for n in FAMILIES for t in POLICIES for k in (1, 4)]
+CASES += [
+    pytest.param("mlx", n, t, k, marks=needs_mlx) for n in MLX_FAMILIES for t in POLICIES for k in (1, 4)
+]
+CASES += [
+    ("torch", n, t, k) for n in SLOWER for t, k in (("sink_window:2:6", 4), ("hybrid:2:6:q8", 4), ("full", 1))
+]
 
 
-@pytest.mark.parametrize(("backend", "name"), _cases())
-@pytest.mark.parametrize("text", ["sink_window:2:6", "hybrid:2:6", "sink_window:2:6:q8", "full"])
-@pytest.mark.parametrize("k", [1, 4])
+@pytest.mark.parametrize(("backend", "name", "text", "k"), CASES)
 def test_speculative_equals_greedy_after_the_window_wraps(backend: str, name: str, text: str, k: int) -> None:
     policy = parse_policy(text)
     model = _model(backend, name, policy.bits is not None)
@@ -107,13 +131,14 @@ def test_speculative_equals_greedy_after_the_window_wraps(backend: str, name: st
     slot = layer_slot_bytes(policy, geo, "float32")
     assert verifier.kv_bytes() == expected_kv_bytes(verifier.specs, verifier.position, k + 1, slot)
     assert verifier.state_bytes() == geo.state_bytes("float32")
-    mixers = sum(t in (MAMBA2, PARALLEL_MAMBA2) for t in geo.layer_types)
+    mixers = sum(t in STATEFUL for t in geo.layer_types)
     assert [b for b in geo.state_bytes("float32") if b] == [STATE[name]] * mixers
 
 
 SNAPSHOT_CASES = [
     ("torch", "bamba"),
     ("torch", "falcon_h1"),
+    ("torch", "jamba"),  # MambaState inherits the snapshot
     pytest.param("mlx", "granitemoehybrid", marks=needs_mlx),
     pytest.param("mlx", "falcon_h1", marks=needs_mlx),
 ]
@@ -155,10 +180,30 @@ def _rollback_gap(backend: str, name: str) -> float:
     return float(np.abs(la - lb).max())
 
 
-@pytest.mark.parametrize(("backend", "name"), _cases(["bamba", "falcon_h1"]))
+def _chunked_gap(name: str) -> float:
+    """The logits of a prompt fed in chunks of 4 against the same prompt fed in one forward."""
+    tm = tiny_families.mamba2_hybrid(name)
+    ids = tiny_models.prompt(12, seed=3)
+    whole = tm.session(full()).prefill(ids, logits=True).logits
+    chunked = tm.session(full(), prefill_chunk=4).prefill(ids, logits=True).logits
+    return float(np.abs(np.array(whole.tolist()) - np.array(chunked.tolist())).max())
+
+
+def test_a_mamba_block_after_the_first_forward_runs_one_token_per_forward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without the one-token rule a chunk fed after the first runs transformers' multi-token Mamba (v1)
+    scan from a zero SSM state: its logits move away from one forward's. Mamba-2's scan takes the state."""
+    assert _chunked_gap("jamba") < 1e-4 and _chunked_gap("zamba") < 1e-4
+    monkeypatch.setattr(torch_session, "STEPWISE", ())
+    assert _chunked_gap("jamba") > 1e-3 and _chunked_gap("zamba") > 1e-3
+    assert _chunked_gap("zamba2") < 1e-4
+
+
+@pytest.mark.parametrize(("backend", "name"), _cases(["bamba", "falcon_h1", "jamba", "zamba"]))
 def test_batched_sessions_are_refused_with_the_reason(backend: str, name: str) -> None:
     with pytest.raises(
-        ValueError, match=r"rows=2.*mamba2 layers yet \(their states are batch 1\).*one at a time"
+        ValueError, match=r"rows=2.*mamba2? layers yet \(their states are batch 1\).*one at a time"
     ):
         _model(backend, name).session(full(), rows=2)
 
@@ -205,11 +250,10 @@ def test_mlx_reports_the_dtype_nemotron_h_is_loaded_in() -> None:
 def test_mlx_refuses_the_families_it_lacks_in_one_line(family: str, tmp_path: Path) -> None:
     from engine.backends.mlx.session import load_mlx
 
-    if family == "jamba":
-        tiny_families.jamba_module().save_pretrained(tmp_path)
-        match = r"^model type 'jamba': layer kind 'mamba' \(Mamba state-space mixer\) is not supported"
+    _torch(family).model.save_pretrained(tmp_path)
+    if family == "jamba":  # Mamba (v1) mixers: torch only
+        match = r"^model type 'jamba': layer kind 'mamba'.* on the mlx backend \(use the torch backend\)"
     else:
-        _torch("bamba").model.save_pretrained(tmp_path)
         match = (
             r"^model type 'bamba': layer kind 'mamba2' .* on the mlx backend for this model type \(mlx-lm's "
             r"Mamba-2 hybrids decoded: falcon_h1, granitemoehybrid, nemotron_h; use the torch backend\)"

@@ -1,7 +1,8 @@
 """Random-weight tiny models of the families issue 32 is about (float32, built from transformers' own
 configs, cached per process): a DeepSeek-V3 (multi-head latent attention: K of 16 + 8 rope dims, V of 8),
 Mamba-2 hybrids (Falcon-H1: attention beside a Mamba-2 mixer in every layer; Bamba and Granite-4.0-H:
-Mamba-2 layers beside attention layers) and a Jamba config (Mamba-1 layers: refused)."""
+Mamba-2 layers beside attention layers; Zamba2: Mamba-2 beside a shared attention block) and the
+Mamba (v1) hybrids Jamba and Zamba."""
 
 from __future__ import annotations
 
@@ -162,8 +163,42 @@ def nemotron_h_config(**overrides: Any) -> object:
     )
 
 
+# Zamba and Zamba2: Mamba layers 0, 2; hybrid layers 1, 3 (the shared attention block, then a Mamba mixer)
+ZAMBA_TINY = dict(
+    **{**TINY, "num_hidden_layers": 4},
+    num_key_value_heads=4,
+    layers_block_type=["mamba", "hybrid", "mamba", "hybrid"],
+    mamba_d_conv=4,
+    mamba_expand=2,
+)
+
+
+def zamba_config(**overrides: Any) -> object:
+    """Zamba: Mamba (v1) mixers of 2 heads."""
+    from transformers import ZambaConfig
+
+    return _config(ZambaConfig, overrides, **ZAMBA_TINY, n_mamba_heads=2, mamba_d_state=8, mamba_dt_rank=8)
+
+
+def zamba2_config(**overrides: Any) -> object:
+    """Zamba2: Mamba-2 mixers."""
+    from transformers import Zamba2Config
+
+    return _config(
+        Zamba2Config,
+        overrides,
+        **ZAMBA_TINY,
+        n_mamba_heads=4,
+        mamba_d_state=16,
+        mamba_ngroups=1,
+        chunk_size=16,
+    )
+
+
 @functools.cache
 def mamba2_hybrid(name: str, seed: int = 0, **overrides: Any) -> TorchModel:
+    """A tiny Mamba hybrid by model type: the Mamba-2 ones (bamba, granitemoehybrid, falcon_h1,
+    nemotron_h, zamba2) and those with Mamba (v1) mixers (jamba, zamba)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
@@ -172,17 +207,22 @@ def mamba2_hybrid(name: str, seed: int = 0, **overrides: Any) -> TorchModel:
         "granitemoehybrid": granite_hybrid_config,
         "falcon_h1": falcon_h1_config,
         "nemotron_h": nemotron_h_config,
+        "zamba2": zamba2_config,
+        "jamba": jamba_config,
+        "zamba": zamba_config,
     }[name](**overrides)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     model.generation_config.eos_token_id = None
     return TorchModel(model)
 
 
-def jamba_config() -> object:
-    """Jamba: Mamba-1 layers beside attention (a kind the engine refuses)."""
+def jamba_config(**overrides: Any) -> object:
+    """Jamba: a Mamba (v1) layer, then an attention layer with a mixture-of-experts MLP."""
     from transformers import JambaConfig
 
-    return JambaConfig(
+    return _config(
+        JambaConfig,
+        overrides,
         **{**TINY, "num_hidden_layers": 2},
         num_key_value_heads=2,
         attn_layer_period=2,
@@ -194,11 +234,3 @@ def jamba_config() -> object:
         mamba_expand=2,
         mamba_dt_rank=8,
     )
-
-
-@functools.cache
-def jamba_module(seed: int = 0) -> torch.nn.Module:
-    from transformers import JambaForCausalLM
-
-    torch.manual_seed(seed)
-    return JambaForCausalLM(jamba_config())

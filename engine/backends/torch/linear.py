@@ -1,4 +1,5 @@
-"""One recurrent layer's state: `DeltaNetState` (gated delta-net), `Mamba2State` (a Mamba-2 mixer), and
+"""One recurrent layer's state: `DeltaNetState` (gated delta-net), `Mamba2State` (a Mamba-2 mixer),
+`MambaState` (a Mamba-1 mixer), and
 `ParallelState` (Falcon-H1: attention K/V beside a Mamba-2 state in one layer)."""
 
 from __future__ import annotations
@@ -57,6 +58,13 @@ class Mamba2State(DeltaNetState):
 
     def snapshot(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         return tuple(None if t is None else t.clone() for t in (self.conv, self.recurrent))  # type: ignore[return-value]
+
+
+class MambaState(Mamba2State):
+    """One Mamba (v1) mixer's state (Jamba): `conv` the last kernel - 1 inputs of its causal convolution
+    [batch, expand x hidden, kernel - 1] and `recurrent` the SSM state [batch, expand x hidden, d_state].
+    transformers' one-token step updates both in place (`causal_conv1d_update`,
+    `mamba_selective_state_update`'s `state.copy_`): the snapshot copies both, as `Mamba2State`'s."""
 
 
 class ParallelState(ParallelLayer):

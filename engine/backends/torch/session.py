@@ -19,7 +19,9 @@ token with a state runs the recurrent step (and updates the convolution state in
 
 from __future__ import annotations
 
+import inspect
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,12 +32,29 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from engine.backends.base import BaseSession, NoState, Tokenized
 from engine.backends.torch.device import device_name, peak_memory_bytes, pick_device, pick_dtype
 from engine.backends.torch.kv import KV, GroupTensors
-from engine.backends.torch.linear import DeltaNetState, Mamba2State, ParallelState
+from engine.backends.torch.linear import DeltaNetState, Mamba2State, MambaState, ParallelState
 from engine.backends.torch.quant import QuantizedKV
 from engine.cache import Forward, Group, visible_mask
 from engine.decode import Step
-from engine.geometry import LINEAR_ATTENTION, MAMBA2, PARALLEL_MAMBA2, STATELESS, Geometry, config_dict
+from engine.geometry import (
+    ALIBI_MASK,
+    LINEAR_ATTENTION,
+    MAMBA,
+    MAMBA2,
+    OWN_CACHE,
+    PARALLEL,
+    PARALLEL_MAMBA,
+    PARALLEL_MAMBA2,
+    STATELESS,
+    STEPWISE,
+    Geometry,
+    UnsupportedModelError,
+    config_dict,
+)
 from engine.policy import Policy
+
+# The recurrent state of each kind of layer with a Mamba mixer (alone, or beside attention); else gated delta-net.
+_STATE = {MAMBA2: Mamba2State, PARALLEL_MAMBA2: Mamba2State, MAMBA: MambaState, PARALLEL_MAMBA: MambaState}
 
 
 class PolicyCache:
@@ -49,7 +68,13 @@ class PolicyCache:
         self.restorer = restorer
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.session.position
+        """Positions fed before this forward, as transformers' caches count them before their update (models
+        with learned absolute positions, BART / TrOCR / ..., number the new tokens from it)."""
+        return self.session.groups[0].planned().start
+
+    @property
+    def is_initialized(self) -> bool:  # HRM-Text asks whether this is the first forward
+        return self.get_seq_length() > 0
 
     def update(
         self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
@@ -111,6 +136,18 @@ class TorchModel(Tokenized):
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         eos = model.generation_config.eos_token_id if model.generation_config else None
         self.geometry = Geometry.from_config({**config_dict(text), "dtype": str(config.dtype)}, eos)
+        forward = inspect.signature(model.forward).parameters
+        if why := _own_cache(forward):
+            raise UnsupportedModelError(str(text.model_type), OWN_CACHE, why)
+        if self.geometry.alibi and hasattr(inspect.getmodule(type(model)), "build_alibi_tensor"):
+            raise UnsupportedModelError(  # MPT builds its biases from positions: it decodes under full
+                str(text.model_type),
+                ALIBI_MASK,
+                ": its modeling code builds them from the 2-D padding mask, where the engine hands every model "
+                "a prepared 4-D mask",
+            )
+        # BART, TrOCR, BLOOM, ...: the model numbers the new tokens itself (from the cache's length)
+        self.own_positions = "position_ids" not in forward
         self.eos_ids = self.geometry.eos_ids
         impl = config._attn_implementation
         if impl not in ("sdpa", "eager"):
@@ -182,6 +219,12 @@ class TorchSession(BaseSession):
         rows: int = 1,
         restorer: Restorer | None = None,
     ) -> None:
+        if rows > 1 and model.own_positions:
+            raise ValueError(
+                f"batched decoding (rows={rows}) needs a model that takes position_ids: this one numbers "
+                "the new tokens itself from the cache's length, one count for every row; decode these rows "
+                "one at a time (rows=1)"
+            )
         super().__init__(model.geometry, policy, max_block, prefill_chunk, rows)
         self.owner = model
         self.restorer = restorer
@@ -192,7 +235,7 @@ class TorchSession(BaseSession):
         bits = policy.bits
         geo = model.geometry
         group = policy.group_for(math.gcd(geo.head_dim, geo.value_dim)) if bits else 0  # divides K's and V's
-        recurrent = [Mamba2State if t == MAMBA2 else DeltaNetState for t in geo.layer_types]
+        recurrent = [_STATE.get(t, DeltaNetState) for t in geo.layer_types]
         self.states = [
             recurrent[i](kernel)
             if g is None
@@ -202,8 +245,8 @@ class TorchSession(BaseSession):
             for i, g in enumerate(self.group_of)
         ]
         for i, t in enumerate(geo.layer_types):
-            if t == PARALLEL_MAMBA2:  # Falcon-H1: the layer's K/V beside its Mamba-2 state
-                self.states[i] = ParallelState(self.states[i], Mamba2State(kernel))
+            if t in PARALLEL:  # Falcon-H1, Zamba(2): the layer's K/V beside its Mamba(-2) state
+                self.states[i] = ParallelState(self.states[i], recurrent[i](kernel))
             elif t in STATELESS:  # Nemotron-H's mlp / moe layers
                 self.states[i] = NoState()
         self.cache = PolicyCache(self, self.states, restorer)
@@ -269,12 +312,29 @@ class TorchSession(BaseSession):
             output_hidden_states=hidden,
         )
 
+    def _forward(
+        self, ids: list[int], last_only: bool, logits: bool, hidden: tuple[int, ...], row: int | None
+    ) -> Step:
+        """A block fed after the first forward of a model with Mamba-1 mixers (Jamba) runs one token per
+        forward: transformers' multi-token Mamba-1 scan starts from a zero SSM state (it takes no initial
+        state), so only its one-token step continues the state. Exact, at one forward per token."""
+        if self.position == 0 or len(ids) == 1 or not set(STEPWISE) & set(self.owner.geometry.layer_types):
+            return super()._forward(ids, last_only, logits, hidden, row)
+        steps = [super(TorchSession, self)._forward([t], False, logits, hidden, row) for t in ids]
+        if last_only:
+            return steps[-1]
+        return Step(
+            [t for s in steps for t in s.tokens],
+            torch.cat([s.logits for s in steps]) if logits else None,
+            {i: torch.cat([s.hidden[i] for s in steps]) for i in hidden},
+        )
+
     @torch.inference_mode()
     def _run(
         self, ids: list[int], forwards: list[Forward], last_only: bool, logits: bool, hidden: tuple[int, ...]
     ) -> Step:
         out = self._call(self._ids([ids]), forwards, last_only, bool(hidden))
-        rows = out.logits[0]
+        rows = out.logits[0, -1:] if last_only else out.logits[0]  # TrOCR ignores logits_to_keep
         states = {i: out.hidden_states[i][0, -rows.shape[0] :] for i in hidden}
         return Step(_greedy(rows), rows if logits else None, states)
 
@@ -296,6 +356,20 @@ class TorchSession(BaseSession):
                 (1, 1, 1, max(n, 2 * self._ones.shape[-1], 1024)), dtype=torch.bool, device=self.device
             )
         return self._ones[..., :n]
+
+
+def _own_cache(forward: Mapping[str, inspect.Parameter]) -> str:
+    """Why a model's forward (its parameters) cannot take the engine's `PolicyCache` ('' when it can): it
+    takes no cache argument at all (GPT-1, XLNet's `mems`), or one typed as its own dict (XLM)."""
+    name = next((k for k in ("past_key_values", "cache") if k in forward), None)
+    if name is None:
+        other = next((k for k in ("mems", "past", "cache_params", "state") if k in forward), None)
+        return (
+            f": its forward takes {other!r}, no past_key_values" if other else ": its forward takes no cache"
+        )
+    if "dict" in str(forward[name].annotation):
+        return f": its forward's {name} is a dict of its own, not a transformers Cache"
+    return ""
 
 
 def _greedy(logits: torch.Tensor) -> Any:
