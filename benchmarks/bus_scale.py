@@ -327,15 +327,8 @@ def compact_in_place(bus: Path, cutoff: dt.datetime) -> int:
         )
     if tip is None:
         return 0
-    shards = L.shard_trees(bus, tip)
-    maps = [
-        L.LedgerMap(ledger=tip, shards={n: t for n, t in shards.items() if n.startswith(k + "/")})
-        for k in L.KINDS
-    ]
-    blobs = G.write_blobs(bus, [m.dump() for m in maps])
-    lines = [f"update {L.LEDGER_REF} {tip}"] + [
-        f"update {L.map_ref(k)} {b}" for k, b in zip(L.KINDS, blobs, strict=True)
-    ]
+    maps = L.write_maps(bus, tip)
+    lines = [f"update {L.LEDGER_REF} {tip}"] + [f"update {L.map_ref(k)} {b}" for k, b in maps.items()]
     lease = L.lease_commit(
         bus, "bench", utcnow() + dt.timedelta(minutes=5), "b <b@x>"
     )  # as a compaction leaves
@@ -368,6 +361,7 @@ def measure_size(
     served = work / "served"
     bus = G.init_bare(served / "bus.git")
     G.run(bus, "config", "http.receivepack", "true")
+    G.run(bus, "config", "uploadpack.allowFilter", "true")  # as GitHub and GitLab do (docs/bus.md)
     project, presets = work / "project", work / "presets"
     presets.mkdir(parents=True)
     (presets / "bench.yaml").write_text(yaml.safe_dump(PRESET))

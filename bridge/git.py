@@ -759,14 +759,32 @@ def _ssh_ls_refs(store: Path, url: str, prefixes: Sequence[str], timeout: float)
 
 
 def fetch(
-    store: Path, url: str, refspecs: Sequence[str], timeout: float, depth: int | None = None
+    store: Path,
+    url: str,
+    refspecs: Sequence[str],
+    timeout: float,
+    depth: int | None = None,
+    tree_filter: str | None = None,
 ) -> str | None:
-    """Fetch `refspecs` into `store` in one go (`depth`: that many commits of each history), writing no
-    FETCH_HEAD; git's message when it failed."""
+    """Fetch `refspecs` into `store` in one go (`depth`: that many commits of each history; `tree_filter`:
+    git's --filter, e.g. tree:0 for a tree without what it holds), writing no FETCH_HEAD; git's message when it
+    failed. A filtered fetch names `url` a promisor remote for that one git only (GIT_CONFIG_*), so git never
+    writes that into the store's config; a server that does not filter (uploadpack.allowFilter) sends all."""
+    promisor = None
+    if tree_filter:  # after any GIT_CONFIG_* of the caller's own
+        n = int(os.environ.get("GIT_CONFIG_COUNT", "0") or 0)
+        promisor = {
+            "GIT_CONFIG_COUNT": str(n + 2),
+            f"GIT_CONFIG_KEY_{n}": f"remote.{url}.promisor",
+            f"GIT_CONFIG_VALUE_{n}": "true",
+            f"GIT_CONFIG_KEY_{n + 1}": f"remote.{url}.partialclonefilter",
+            f"GIT_CONFIG_VALUE_{n + 1}": tree_filter,
+        }
     proc = run(
         store,
         "fetch",
         *([f"--depth={depth}"] if depth else []),
+        *([f"--filter={tree_filter}"] if tree_filter else []),
         "--no-write-fetch-head",
         "--no-auto-gc",
         "--no-tags",
@@ -776,6 +794,7 @@ def fetch(
         *_pack(url, "upload-pack"),
         url,
         input="".join(r + "\n" for r in refspecs).encode(),
+        env=promisor,
         timeout=timeout,
         check=False,
     )

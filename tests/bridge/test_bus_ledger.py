@@ -32,6 +32,7 @@ from bridge.cli import main
 from bridge.client import Client
 from bridge.config import load_config
 from bridge.errors import BusError
+from bridge.evidence import DoneResults
 from bridge.runner import Runner
 from tests.bridge.bus_support import Daemon, Env, git, make_runner, runner_process, stop, wait_for
 from tests.bridge.test_baseline import bench_fixture, run  # noqa: F401 — the `bench` fixture
@@ -66,9 +67,10 @@ def test_the_ledger_is_four_refs_and_a_reader_fetches_one_shard_by_id(world: Env
     made = history(url, world, bus_dir)
     # an earlier ledger kept a ref per shard: compaction deletes them (leased), whatever they point at
     G.update_ref(bus_dir, L.SHARD_PREFIX + "date/20260101", all_refs(bus_dir)[layout_ref()])
+    G.update_ref(bus_dir, L.OLD_MAPS[0], all_refs(bus_dir)[layout_ref()])  # and one subject map of 256 shards
     old = old_ids(made, 3)
     assert main(["bus", "compact", "--older-than", "3", "--remote", url]) == 0
-    assert f"moved {2 * len(old) + 1} refs into the ledger" in capsys.readouterr().out
+    assert f"moved {2 * len(old) + 2} refs into the ledger" in capsys.readouterr().out
     refs = all_refs(bus_dir)
     ledger_refs = sorted(r for r in refs if r.startswith("refs/kakeya/") and not r.startswith(DONE_PREFIX))
     ledger_refs = [r for r in ledger_refs if not r.startswith((SUBJECT_PREFIX, LAYOUT_PREFIX))]
@@ -84,7 +86,7 @@ def test_the_ledger_is_four_refs_and_a_reader_fetches_one_shard_by_id(world: Env
     assert {n: t for m in maps.values() for n, t in m.shards.items()} == L.shard_trees(
         bus_dir, refs[L.LEDGER_REF]
     )
-    assert all(n.startswith(kind + "/") for kind, m in maps.items() for n in m.shards)
+    assert all(L.map_kind(n) == kind for kind, m in maps.items() for n in m.shards)
     assert {f"date/{rid[:8]}" for rid in old} <= set(maps["date"].shards)
     ledger_map = maps["date"]
 
@@ -104,7 +106,7 @@ def test_the_ledger_is_four_refs_and_a_reader_fetches_one_shard_by_id(world: Env
         trees = {ledger_map.shards[f"date/{moved[:8]}"]}
         date_map = refs[L.map_ref("date")]
         assert G.present(fresh.bus.store, [*trees, date_map]) == {*trees, date_map}
-        assert not G.present(fresh.bus.store, [refs[L.map_ref("subject")]])  # nor the other maps
+        assert not G.present(fresh.bus.store, [refs[L.map_ref("subject-0")]])  # nor the other maps
         others = set(ledger_map.shards.values()) - trees
         assert not G.present(fresh.bus.store, sorted(others)) & others  # no other shard came
         assert not G.present(fresh.bus.store, [refs[L.LEDGER_REF]])  # nor the ledger commit
@@ -119,6 +121,40 @@ def test_the_ledger_is_four_refs_and_a_reader_fetches_one_shard_by_id(world: Env
         G.update_ref(bus_dir, L.map_ref("date"), G.write_blobs(bus_dir, [data])[0])
         with pytest.raises(BusError, match="is not a ledger map"):
             client(url).entry(moved)
+
+
+def test_one_subject_in_the_ledger_is_its_map_its_shard_tree_alone_and_its_own_directory(
+    world: Env, daemon: Daemon
+):
+    """What `gate pr` reads of a subject whose results are in the ledger: its map (the shards of its first hex
+    digit), its shard's tree without what it holds (a filtered fetch: the other subjects of the shard never
+    come) and its own directory; the store's config is left as it was (no promisor remote written)."""
+    url = daemon.repo()
+    bus_dir = daemon.base / "bus.git"
+    G.run(bus_dir, "config", "uploadpack.allowFilter", "true")
+    made = history(url, world, bus_dir, 80)
+    assert client(url).compact(3)
+    tip = all_refs(bus_dir)[L.LEDGER_REF]
+    shards = G.ls_tree(bus_dir, f"{tip}:subject")
+    crowded = {n: G.ls_tree(bus_dir, sha) for n, (_, _, sha) in shards.items()}
+    subject, siblings = next((min(d), d) for d in crowded.values() if len(d) > 1)  # 80 subjects: some share
+    other = world.tmp / "other"
+    git(world.tmp, "clone", "-q", str(world.project), str(other))
+    config = (other / ".git" / "config").read_text()
+    fresh = Client(load_config(), root=other, remote=url)
+    shelf = DoneResults(fresh.bus).load(["work"], subject=subject)
+    ran = {
+        rid
+        for rid in made["ids"]
+        if json.loads(G.read_path(bus_dir, tip, f"date/{rid[:8]}/{rid}") or b"{}").get("subject") == subject
+    }
+    assert ran and {d.id for d in shelf.dones["work"]} >= ran
+    store = fresh.bus.store
+    shard = shards[subject[:2]][2]
+    assert G.present(store, [shard, siblings[subject][2]]) == {shard, siblings[subject][2]}
+    others = {sha for name, (_, _, sha) in siblings.items() if name != subject}
+    assert not G.present(store, sorted(others))  # the shard's other subjects did not come
+    assert (other / ".git" / "config").read_text() == config
 
 
 def test_a_server_that_sends_no_unnamed_object_gets_the_ledger_at_depth_one(
