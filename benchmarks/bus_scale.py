@@ -22,7 +22,9 @@ through `Relay`, a TCP relay that counts the bytes each way.
   clone        a teammate's `git clone` of the bus and a no-op `git fetch`
   gc           `kakeya bus gc --older-than 30`
 
-Growth per operation = its cost at the largest size / at the smallest (the target: within 2x).
+Growth per operation = its cost at the largest size / at the smallest (the target: within 2x). `cpu_s` is the
+client's CPU time (the command and the git it starts): on a shared host, what the command costs whatever the
+load; `seconds` is wall time under that load.
 """
 
 from __future__ import annotations
@@ -245,6 +247,15 @@ PRESET = {
 }
 
 
+def children_cpu() -> float:
+    """The CPU seconds (user + system) of this process's finished children and theirs: what a command cost on
+    the client, whatever the load of the host (the server's git runs under the daemon, not counted)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def sh(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(args), cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
@@ -398,7 +409,7 @@ def measure_size(
         def op(name: str, *argv: str, cwd: Path = project) -> subprocess.CompletedProcess[str]:
             for _attempt in range(2):  # the test HTTP server under load: a dropped connection, once
                 relay.reset()
-                t0 = time.perf_counter()
+                t0, cpu0 = time.perf_counter(), children_cpu()
                 proc = sh(*argv, cwd=cwd, env=env)
                 if proc.returncode == 0 or "Empty reply from server" not in proc.stderr:
                     break
@@ -407,6 +418,7 @@ def measure_size(
                 "bytes": relay.up + relay.down,
                 "bytes_down": relay.down,
                 "seconds": round(time.perf_counter() - t0, 3),
+                "cpu_s": round(children_cpu() - cpu0, 3),
                 "rc": proc.returncode,
             }
             if proc.returncode != 0:
@@ -509,6 +521,11 @@ def growth(small: dict[str, Any], large: dict[str, Any]) -> dict[str, dict[str, 
         name: {
             "bytes": round(large[name]["bytes"] / max(small[name]["bytes"], 1), 2),
             "seconds": round(large[name]["seconds"] / max(small[name]["seconds"], 1e-3), 2),
+            **(
+                {"cpu_s": round(large[name]["cpu_s"] / max(small[name]["cpu_s"], 1e-3), 2)}
+                if "cpu_s" in small[name] and "cpu_s" in large[name]
+                else {}
+            ),
         }
         for name in small
         if isinstance(small[name], dict) and "bytes" in small[name] and name in large
