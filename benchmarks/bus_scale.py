@@ -329,13 +329,7 @@ def compact_in_place(bus: Path, cutoff: dt.datetime) -> int:
     text = G.out(bus, "for-each-ref", "--format=%(objectname)\t%(refname)", NS)
     snap = Snapshot.parse(text + "\n")
     old = [e for e in snap.entries.values() if e.done and e.created_at < cutoff]
-    tip = None
-    for i in range(0, len(old), L.CHUNK):
-        chunk = old[i : i + L.CHUNK]
-        tree = G.tree_with(bus, tip, L.entries_of(bus, chunk, snap.index))
-        tip = G.commit(
-            bus, tree, ([tip] if tip else []) + [e.done for e in chunk if e.done], "ledger", "b <b@x>"
-        )
+    tip = L.ledger_commits(bus, None, old, snap.index, "b <b@x>")
     if tip is None:
         return 0
     maps = L.write_maps(bus, tip)

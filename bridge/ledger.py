@@ -370,12 +370,7 @@ def compact(
         side.fetch_ids(
             [e.done for e in batch if e.done] + ([tip] if tip else []), "done results", in_store=True, depth=1
         )
-        new_tip = tip
-        for i in range(0, len(batch), CHUNK):
-            chunk = batch[i : i + CHUNK]
-            tree = git.tree_with(store, new_tip, entries_of(store, chunk, index))
-            parents = ([new_tip] if new_tip else []) + [e.done for e in chunk if e.done]
-            new_tip = git.commit(store, tree, parents, f"kakeya ledger: {len(chunk)} done results", who)
+        new_tip = ledger_commits(store, tip, batch, index, who)
         updates = [Update(ref, None, sha) for ref, sha in stale_shards.items()]
         new_maps = dict(maps)
         if new_tip is not None and (new_tip != tip or None in maps.values()):
@@ -401,6 +396,20 @@ def compact(
         tip, maps, stale_shards = new_tip, new_maps, {}
         deleted += [u.ref for u in updates if u.new is None]
     return deleted
+
+
+def ledger_commits(
+    store: Path | str, tip: str | None, done: Sequence[Entry], index: dict[str, tuple[str, str]], who: str
+) -> str | None:
+    """The ledger commits that take the results `done` in on top of `tip` (CHUNK a commit: its parents are the
+    previous ledger commit and those done commits), written in one go (`git.import_commits`: the cost of what
+    changes, whatever the ledger holds); the new tip (`tip` when `done` is empty)."""
+    chunks = [done[i : i + CHUNK] for i in range(0, len(done), CHUNK)]
+    commits = [
+        (entries_of(store, c, index), [e.done for e in c if e.done], f"kakeya ledger: {len(c)} done results")
+        for c in chunks
+    ]
+    return git.import_commits(store, tip, commits, who) if commits else tip
 
 
 def entries_of(store: Path, chunk: Sequence[Entry], index: dict[str, tuple[str, str]]) -> dict[str, bytes]:

@@ -31,7 +31,7 @@ from bridge.bus import (
 from bridge.cli import main
 from bridge.client import Client
 from bridge.config import load_config
-from bridge.errors import BusError
+from bridge.errors import BusError, KakeyaError
 from bridge.evidence import DoneResults
 from bridge.runner import Runner
 from tests.bridge.bus_support import Daemon, Env, git, make_runner, runner_process, stop, wait_for
@@ -226,18 +226,18 @@ def test_a_compaction_that_loses_a_race_to_a_moved_done_ref_lands_nothing(
     monkeypatch.setenv("KAKEYA_COMPACT_AFTER_DAYS", "0")  # the racing runner compacts nothing itself
     c = client(url)
     racing = c.request("work", {"tag": "race"}, "cpu", subject="HEAD").id
-    real_tree_with = G.tree_with
+    real_import = G.import_commits
     raced: list[str] = []
 
-    def tree_with(*args, **kwargs):
+    def import_commits(*args, **kwargs):
         if not raced:  # once: a racing done push, and a done ref gone
             raced.append(racing)
             served = make_runner(url, world, "racer").once(request_id=racing)
             assert served is not None and served.pushed
             G.update_ref(bus_dir, done_ref(old[0]), None)
-        return real_tree_with(*args, **kwargs)
+        return real_import(*args, **kwargs)
 
-    monkeypatch.setattr(G, "tree_with", tree_with)
+    monkeypatch.setattr(G, "import_commits", import_commits)
     before_ledger = all_refs(bus_dir).get(L.LEDGER_REF)
     with pytest.raises(BusError, match="nothing of this push landed"):
         c.compact(3)
@@ -368,3 +368,24 @@ def test_while_compactions_run_a_runner_looks_only_at_the_days_before_its_window
     lapsed = L.lease_commit(r.bus.store, "dd", now - dt.timedelta(days=9), r.who)
     assert r.bus.swap([Update(L.LEASE_REF, lapsed, all_refs(bus_dir)[L.LEASE_REF])], atomic=False)
     assert L.due(r.bus, cutoff, now)  # no compaction for longer than a request lives: everything again
+
+
+def test_import_commits_writes_the_tree_tree_with_would_and_refuses_unsafe_paths(tmp_path):
+    """The compactor's commits (one `git fast-import`): on a base, each commit's tree is the one before it with
+    its files added, its parents the one before it and its own; `..` or a newline in a path is refused."""
+    repo = G.init_bare(tmp_path / "r.git")
+    who = "K <k@x>"
+    base = G.commit(repo, G.tree_with(repo, None, {"a/x": b"1\n", "b/y": b"2\n"}), [], "base", who)
+    other = G.commit(repo, G.tree_with(repo, None, {"o": b"o\n"}), [], "other", who)
+    files = [{"a/z": b"3\n", "c/w": b"3\n"}, {"b/y": b"4\n"}]
+    tip = G.import_commits(repo, base, [(files[0], [other], "one"), (files[1], [], "two")], who)
+    want = G.tree_with(repo, G.tree_with(repo, base, files[0]), files[1])
+    assert G.out(repo, "rev-parse", f"{tip}^{{tree}}") == want
+    first = G.parents(repo, tip)
+    assert len(first) == 1 and G.parents(repo, first[0]) == [base, other]
+    assert not G.refs_under(repo, "refs/")  # no ref moved (the temporary one is gone)
+    root = G.import_commits(repo, None, [({"d/e": b"5\n"}, [], "root")], who)
+    assert G.parents(repo, root) == [] and G.read_path(repo, root, "d/e") == b"5\n"
+    for bad in ("a/../x", "a\nb", "a//b"):
+        with pytest.raises(KakeyaError, match="refusing to write"):
+            G.import_commits(repo, base, [({bad: b"x"}, [], "bad")], who)
