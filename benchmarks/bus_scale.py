@@ -22,7 +22,9 @@ through `Relay`, a TCP relay that counts the bytes each way.
   clone        a teammate's `git clone` of the bus and a no-op `git fetch`
   gc           `kakeya bus gc --older-than 30`
 
-Growth per operation = its cost at the largest size / at the smallest (the target: within 2x).
+Growth per operation = its cost at the largest size / at the smallest (the target: within 2x). `cpu_s` is the
+client's CPU time (the command and the git it starts): on a shared host, what the command costs whatever the
+load; `seconds` is wall time under that load.
 """
 
 from __future__ import annotations
@@ -245,6 +247,15 @@ PRESET = {
 }
 
 
+def children_cpu() -> float:
+    """The CPU seconds (user + system) of this process's finished children and theirs: what a command cost on
+    the client, whatever the load of the host (the server's git runs under the daemon, not counted)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def sh(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(args), cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
@@ -318,24 +329,11 @@ def compact_in_place(bus: Path, cutoff: dt.datetime) -> int:
     text = G.out(bus, "for-each-ref", "--format=%(objectname)\t%(refname)", NS)
     snap = Snapshot.parse(text + "\n")
     old = [e for e in snap.entries.values() if e.done and e.created_at < cutoff]
-    tip = None
-    for i in range(0, len(old), L.CHUNK):
-        chunk = old[i : i + L.CHUNK]
-        tree = G.tree_with(bus, tip, L.entries_of(bus, chunk, snap.index))
-        tip = G.commit(
-            bus, tree, ([tip] if tip else []) + [e.done for e in chunk if e.done], "ledger", "b <b@x>"
-        )
+    tip = L.ledger_commits(bus, None, old, snap.index, "b <b@x>")
     if tip is None:
         return 0
-    shards = L.shard_trees(bus, tip)
-    maps = [
-        L.LedgerMap(ledger=tip, shards={n: t for n, t in shards.items() if n.startswith(k + "/")})
-        for k in L.KINDS
-    ]
-    blobs = G.write_blobs(bus, [m.dump() for m in maps])
-    lines = [f"update {L.LEDGER_REF} {tip}"] + [
-        f"update {L.map_ref(k)} {b}" for k, b in zip(L.KINDS, blobs, strict=True)
-    ]
+    maps = L.write_maps(bus, tip)
+    lines = [f"update {L.LEDGER_REF} {tip}"] + [f"update {L.map_ref(k)} {b}" for k, b in maps.items()]
     lease = L.lease_commit(
         bus, "bench", utcnow() + dt.timedelta(minutes=5), "b <b@x>"
     )  # as a compaction leaves
@@ -368,6 +366,7 @@ def measure_size(
     served = work / "served"
     bus = G.init_bare(served / "bus.git")
     G.run(bus, "config", "http.receivepack", "true")
+    G.run(bus, "config", "uploadpack.allowFilter", "true")  # as GitHub and GitLab do (docs/bus.md)
     project, presets = work / "project", work / "presets"
     presets.mkdir(parents=True)
     (presets / "bench.yaml").write_text(yaml.safe_dump(PRESET))
@@ -375,7 +374,13 @@ def measure_size(
     (project / "bench_program.py").write_text(PROGRAM)
     (project / ".gitignore").write_text("/out/\n/.kakeya/\n")
     env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("KAKEYA_")},
+        # bytecode cached, as an installed kakeya has it (a sandbox's PYTHONDONTWRITEBYTECODE would make every
+        # command compile all of its modules again: about half a second under load)
+        **{
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("KAKEYA_") and k != "PYTHONDONTWRITEBYTECODE"
+        },
         "KAKEYA_PRESETS": str(presets),
         "KAKEYA_RUNNER_NAME": "bench",
         "GIT_AUTHOR_NAME": "B",
@@ -398,7 +403,7 @@ def measure_size(
         def op(name: str, *argv: str, cwd: Path = project) -> subprocess.CompletedProcess[str]:
             for _attempt in range(2):  # the test HTTP server under load: a dropped connection, once
                 relay.reset()
-                t0 = time.perf_counter()
+                t0, cpu0 = time.perf_counter(), children_cpu()
                 proc = sh(*argv, cwd=cwd, env=env)
                 if proc.returncode == 0 or "Empty reply from server" not in proc.stderr:
                     break
@@ -407,6 +412,7 @@ def measure_size(
                 "bytes": relay.up + relay.down,
                 "bytes_down": relay.down,
                 "seconds": round(time.perf_counter() - t0, 3),
+                "cpu_s": round(children_cpu() - cpu0, 3),
                 "rc": proc.returncode,
             }
             if proc.returncode != 0:
@@ -503,6 +509,23 @@ def measure_size(
     return out
 
 
+def growth(small: dict[str, Any], large: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Each operation's cost at the larger size over its cost at the smaller (the target: within 2x)."""
+    return {
+        name: {
+            "bytes": round(large[name]["bytes"] / max(small[name]["bytes"], 1), 2),
+            "seconds": round(large[name]["seconds"] / max(small[name]["seconds"], 1e-3), 2),
+            **(
+                {"cpu_s": round(large[name]["cpu_s"] / max(small[name]["cpu_s"], 1e-3), 2)}
+                if "cpu_s" in small[name] and "cpu_s" in large[name]
+                else {}
+            ),
+        }
+        for name in small
+        if isinstance(small[name], dict) and "bytes" in small[name] and name in large
+    }
+
+
 def main() -> None:
     import argparse
     import platform
@@ -547,15 +570,11 @@ def main() -> None:
             runs[str(size)]["load_avg_after"] = os.getloadavg()
             runs[str(size)]["measured_s"] = round(time.perf_counter() - t0, 1)
             print(json.dumps({transport: {size: runs[str(size)]}}), flush=True)
-        small, large = runs[str(sizes[0])], runs[str(sizes[-1])]
-        result["growth"][transport] = {
-            name: {
-                "bytes": round(large[name]["bytes"] / max(small[name]["bytes"], 1), 2),
-                "seconds": round(large[name]["seconds"] / max(small[name]["seconds"], 1e-3), 2),
-            }
-            for name in small
-            if isinstance(small[name], dict) and "bytes" in small[name] and name in large
-        }
+        result["growth"][transport] = growth(runs[str(sizes[0])], runs[str(sizes[-1])])
+        if len(sizes) > 2:  # from the first size whose history fills the runners' window (2 days) on
+            result.setdefault("growth_window_full", {})[transport] = growth(
+                runs[str(sizes[1])], runs[str(sizes[-1])]
+            )
     result["host"]["load_avg_after"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -529,18 +529,24 @@ class Bus:
             raise cls(f"cannot fetch from the bus at {self.url}: {msg}")
 
     def fetch_ids(
-        self, shas: Sequence[str], what: str = "objects", in_store: bool = False, depth: int | None = None
+        self,
+        shas: Sequence[str],
+        what: str = "objects",
+        in_store: bool = False,
+        depth: int | None = None,
+        tree_filter: str | None = None,
     ) -> None:
         """Fetch the commits `shas` (objects only) that no local repository of the bus (the store, with
         `in_store`) has yet, by object id in one round trip (never a named refspec each: the server matches
-        those one by one); `depth`: only that many commits of each history (the store becomes shallow)."""
+        those one by one); `depth`: only that many commits of each history (the store becomes shallow);
+        `tree_filter`: git's --filter (`git.fetch`)."""
         missing = sorted(set(shas))
         for repo in self.repos()[:1] if in_store else self.repos():
             missing = sorted(set(missing) - git.present(repo, missing))
         if not missing:
             return
         try:
-            msg = git.fetch(self.store, self.url, missing, self.timeout_s, depth)
+            msg = git.fetch(self.store, self.url, missing, self.timeout_s, depth, tree_filter)
         except BusError as exc:  # a time limit: say what was being fetched
             raise BusUnreachable(f"fetching {len(missing)} {what} from {self.url}: {exc}") from None
         if msg is not None:

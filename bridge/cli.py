@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.metadata
 import json
 import os
 import sys
@@ -79,10 +78,20 @@ class Parser(argparse.ArgumentParser):
 
 
 def package_version() -> str:
+    import importlib.metadata  # only for --version: its import is a tenth of a second
+
     try:
         return importlib.metadata.version("kakeya")
     except importlib.metadata.PackageNotFoundError:
         return "unknown (not installed)"
+
+
+class Version(argparse.Action):
+    """--version: the package's version, looked up only when asked for."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print(f"kakeya {package_version()}")
+        parser.exit()
 
 
 def verbs(parser: argparse.ArgumentParser, path: str = "") -> Iterator[tuple[str, argparse.ArgumentParser]]:
@@ -94,16 +103,20 @@ def verbs(parser: argparse.ArgumentParser, path: str = "") -> Iterator[tuple[str
                 yield from verbs(sub, f"{path} {name}".strip())
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or of command `only` (what one `kakeya VERB ...` needs: a command module
+    imports what it uses, so `kakeya gate pr` never imports the runner)."""
     parser = Parser(
         prog="kakeya",
         description="Request hardware runs through git; gate the evidence.",
         epilog=f"exit codes: {EXIT_CODES}.\n\nexample:\n  kakeya run probe --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"kakeya {package_version()}")
+    parser.add_argument(
+        "--version", action=Version, nargs=0, default=argparse.SUPPRESS, help="show the version"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMANDS:
+    for name in COMMANDS if only is None else [only]:
         importlib.import_module(f"bridge.commands.{name.replace('-', '_')}").register(sub)
     for path, verb in verbs(parser):
         if verb.epilog is None and path in EXAMPLES:
@@ -122,7 +135,8 @@ def fail(exc: KakeyaError, as_json: bool) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    verb = next((a for a in argv if not a.startswith("-")), None)  # the top level takes no option value
+    parser = build_parser(verb if verb in COMMANDS else None)
     try:
         args = parser.parse_args(argv)
     except UsageError as exc:

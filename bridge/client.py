@@ -26,7 +26,7 @@ import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, ValidationError
 
@@ -83,9 +83,11 @@ from bridge.config import Config, project_root
 from bridge.errors import BusError, InvalidRequest, KakeyaError, WaitTimeout, problems
 from bridge.names import check_label
 from bridge.presence import read_presences, refuse_unsigned
-from bridge.presets import Preset, get_preset, load_registry
 from bridge.result import RunResult
 from bridge.trust import Signers, done_problem, key_file, trusted_signers
+
+if TYPE_CHECKING:
+    from bridge.presets import Preset
 
 GC_CHUNK = 500
 IDEM_PREFIX = NS + "idem/"  # refs/kakeya/idem/<sha256 of the key>: the request a key made
@@ -271,6 +273,8 @@ class Client:
         `expired` (the manifest's expires_at, at most MAX_TTL). `idempotency_key`: a retry with the same key
         and the same content (preset, parameters, labels, subject) returns the first request, queued, running
         or done; other content under the same key is refused (`IDEM_PREFIX`)."""
+        from bridge.presets import get_preset, load_registry  # the gates' checks: only a request needs them
+
         preset = get_preset(registry if registry is not None else load_registry(), preset_name)
         labels = runner_labels(label)
         for each in labels:

@@ -357,6 +357,49 @@ def commit(
         ) from None
 
 
+def import_commits(
+    repo: Path | str,
+    base: str | None,
+    commits: Sequence[tuple[Mapping[str, bytes], Sequence[str], str]],
+    who: str,
+) -> str:
+    """A chain of commits on `base` (a commit, None: the first is a root), each (files: posix path -> content
+    added or replaced on the tree before it, its other parents, its message), written with one `git
+    fast-import`: it rewrites only the directories the files are in, where `tree_with` reads and writes the
+    whole tree (an index of it), so a large tree costs what changes, not what it holds. The last commit's sha;
+    no ref moves (a temporary one is deleted)."""
+    name, _, email = who.partition(" <")
+    ident = f"{_clean(name) or 'kakeya'} <{_clean(email.rstrip('>')) or 'kakeya@kakeya.invalid'}> {int(time.time())} +0000"
+    ref = f"refs/kakeya-import/{os.getpid()}-{time.monotonic_ns()}"
+    stream, blobs = [f"reset {ref}\n".encode()], {}
+    for mark, (files, parents, message) in enumerate(commits, start=1):
+        for path, data in files.items():
+            if (
+                any(part in ("", ".", "..", ".git") for part in path.split("/"))
+                or path[0] == '"'
+                or "\n" in path
+            ):
+                raise KakeyaError(f"refusing to write {path!r} into a commit")
+            if data not in blobs:
+                blobs[data] = f":{len(commits) + len(blobs) + 1}"
+                stream.append(f"blob\nmark {blobs[data]}\ndata {len(data)}\n".encode() + data + b"\n")
+        text = message.encode()
+        first = f":{mark - 1}" if mark > 1 else base
+        stream.append(
+            f"commit {ref}\nmark :{mark}\nauthor {ident}\ncommitter {ident}\ndata {len(text)}\n".encode()
+            + text
+            + b"\n"
+            + (f"from {first}\n".encode() if first else b"")
+            + b"".join(f"merge {p}\n".encode() for p in parents)
+            + b"".join(f"M {FILE_MODE} {blobs[d]} {p}\n".encode() for p, d in files.items())
+            + b"\n"
+        )
+    run(repo, "fast-import", "--quiet", "--done", input=b"".join(stream) + b"done\n")
+    sha = out(repo, "rev-parse", "--verify", ref)
+    run(repo, "update-ref", "-d", ref, sha)
+    return sha
+
+
 def ssh_signing(key: str) -> list[str]:
     """`git -c` options that sign with the SSH key file `key` (no global config is written)."""
     return ["-c", "gpg.format=ssh", "-c", f"user.signingkey={key}"]
@@ -759,14 +802,32 @@ def _ssh_ls_refs(store: Path, url: str, prefixes: Sequence[str], timeout: float)
 
 
 def fetch(
-    store: Path, url: str, refspecs: Sequence[str], timeout: float, depth: int | None = None
+    store: Path,
+    url: str,
+    refspecs: Sequence[str],
+    timeout: float,
+    depth: int | None = None,
+    tree_filter: str | None = None,
 ) -> str | None:
-    """Fetch `refspecs` into `store` in one go (`depth`: that many commits of each history), writing no
-    FETCH_HEAD; git's message when it failed."""
+    """Fetch `refspecs` into `store` in one go (`depth`: that many commits of each history; `tree_filter`:
+    git's --filter, e.g. tree:0 for a tree without what it holds), writing no FETCH_HEAD; git's message when it
+    failed. A filtered fetch names `url` a promisor remote for that one git only (GIT_CONFIG_*), so git never
+    writes that into the store's config; a server that does not filter (uploadpack.allowFilter) sends all."""
+    promisor = None
+    if tree_filter:  # after any GIT_CONFIG_* of the caller's own
+        n = int(os.environ.get("GIT_CONFIG_COUNT", "0") or 0)
+        promisor = {
+            "GIT_CONFIG_COUNT": str(n + 2),
+            f"GIT_CONFIG_KEY_{n}": f"remote.{url}.promisor",
+            f"GIT_CONFIG_VALUE_{n}": "true",
+            f"GIT_CONFIG_KEY_{n + 1}": f"remote.{url}.partialclonefilter",
+            f"GIT_CONFIG_VALUE_{n + 1}": tree_filter,
+        }
     proc = run(
         store,
         "fetch",
         *([f"--depth={depth}"] if depth else []),
+        *([f"--filter={tree_filter}"] if tree_filter else []),
         "--no-write-fetch-head",
         "--no-auto-gc",
         "--no-tags",
@@ -776,6 +837,7 @@ def fetch(
         *_pack(url, "upload-pack"),
         url,
         input="".join(r + "\n" for r in refspecs).encode(),
+        env=promisor,
         timeout=timeout,
         check=False,
     )

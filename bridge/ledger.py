@@ -2,18 +2,21 @@
 
     refs/kakeya/ledger              a commit chain: each commit's parents are the previous ledger commit and
                                     the done commits it took in (they stay reachable); its tree is the index
-    refs/kakeya/ledger-map/<kind>   a blob (LedgerMap) for each kind of shard (date, subject, preset): the
-                                    ledger commit it describes and each shard of that kind's tree id
+    refs/kakeya/ledger-map/<kind>   a blob (LedgerMap) for each kind of map (date, preset, and subject-<h> for
+                                    each first hex digit <h> of a subject): the ledger commit it describes and
+                                    the tree id of each of its shards
     refs/kakeya/lease/compact       the compaction lease (CompactLease): who compacts, and until when no
                                     other runner starts to
 
 The index (each entry a LedgerEntry, JSON): date/<YYYYMMDD>/<id>, subject/<ab>/<subject>/<id>,
 preset/<preset>/<label>/<YYYYMM>/<id>. A shard is one directory: date/<day>, subject/<ab> (<ab>: the subject's
-first two hex digits) or preset/<preset>/<label>/<month>, under 3,000 entries at 2,000 requests a day. Five
-refs, whatever the history: a reader lists the map ref of the kind it reads, fetches that map blob by id (one
-line per shard: the subject map, what `gate pr` reads, never holds more than 256), then only the shard trees it
-needs, by object id (protocol v2 upload-pack serves any object reachable from a ref; `read` falls back to a
-depth-1 fetch of the ledger where a server refuses).
+first two hex digits) or preset/<preset>/<label>/<month>, under 3,000 entries at 2,000 requests a day. 20
+refs, whatever the history: a reader lists the map ref of the kind it reads, fetches that map blob by id, then
+only the shard trees it needs, by object id (protocol v2 upload-pack serves any object reachable from a ref;
+`read` falls back to a depth-1 fetch of the ledger where a server refuses). One subject's entries
+(`read_subjects`, what `gate pr` reads) cost the same at any size: its map (the 16 shards of its first hex
+digit), its shard's tree alone (`--filter=tree:0`: one line per subject of that shard, not their entries), then
+its own directory.
 
 `compact` (`kakeya bus compact`, and the runners on their own: `Runner.maybe_compact`) moves done results older
 than a few days in: per chunk, one atomic push moves the ledger and its map (leased on what it saw), renews the
@@ -58,7 +61,11 @@ from bridge.result import RunResult
 
 LEDGER_REF = NS + "ledger"
 MAP_PREFIX = NS + "ledger-map/"
-KINDS = ("date", "subject", "preset")
+HEX = "0123456789abcdef"
+KINDS = ("date", "preset", *(f"subject-{h}" for h in HEX))  # the maps: subject-<h> for the subjects <h>...
+OLD_MAPS = (
+    MAP_PREFIX + "subject",
+)  # the one subject map of an earlier ledger (256 shards): compaction deletes it
 LEASE_REF = NS + "lease/compact"
 # the shard refs of an earlier ledger (one ref per shard): compaction deletes them
 SHARD_PREFIX = NS + "shard/"
@@ -105,6 +112,12 @@ class LedgerMap(_File):
                 raise ValueError(f"{name!r}: {sha!r} is not a shard and its tree id")
         return value
 
+    def of(self, kind: str) -> LedgerMap:
+        """The shards of map `kind` only (KINDS)."""
+        return LedgerMap(
+            ledger=self.ledger, shards={n: t for n, t in self.shards.items() if map_kind(n) == kind}
+        )
+
 
 class CompactLease(_File):
     """refs/kakeya/lease/compact's .kakeya/lease.json: `holder` compacts; nobody else starts before `until`."""
@@ -134,6 +147,17 @@ def paths(entry: LedgerEntry) -> list[str]:
     return out
 
 
+def map_kind(shard: str) -> str:
+    """The map (KINDS) that names shard `shard`: date, preset, or subject-<h> (the subject's first hex digit)."""
+    kind = shard.split("/")[0]
+    return f"subject-{shard[len('subject/')]}" if kind == "subject" else kind
+
+
+def subject_map(subject: str) -> str:
+    """The map that names the shard of `subject`."""
+    return map_kind(subject_shard(subject))
+
+
 def date_shard(request_id: str) -> str:
     return f"date/{request_id[:8]}"
 
@@ -152,41 +176,75 @@ def preset_shard(preset: str, label: str | None, month: str) -> str:
 def read_map(bus: Bus, snap: Snapshot, kind: str) -> LedgerMap | None:
     """The ledger map of `kind` that the listing `snap` (which asked for its map_ref) names, fetched by id;
     None: no ledger."""
-    sha = snap.refs.get(map_ref(kind))
-    if sha is None:
-        return None
-    bus.fetch_ids([sha], "the ledger map")
-    found = parse_or_none(LedgerMap, git.read_blobs_in(bus.repos(), [sha]).get(sha))
-    if found is None or any(not name.startswith(kind + "/") for name in found.shards):
-        raise BusError(f"the ledger map {map_ref(kind)} ({sha[:12]}) on {bus.url} is not a ledger map")
+    return read_maps(bus, snap, [kind]).get(kind)
+
+
+def read_maps(bus: Bus, snap: Snapshot, kinds: Sequence[str]) -> dict[str, LedgerMap]:
+    """The ledger maps of `kinds` that the listing `snap` names (those it has), fetched by id in one go."""
+    shas = {kind: sha for kind in kinds if (sha := snap.refs.get(map_ref(kind)))}
+    bus.fetch_ids(sorted(set(shas.values())), "the ledger maps")
+    blobs = git.read_blobs_in(bus.repos(), sorted(set(shas.values())))
+    found = {}
+    for kind, sha in shas.items():
+        got = parse_or_none(LedgerMap, blobs.get(sha))
+        if got is None or any(map_kind(name) != kind for name in got.shards):
+            raise BusError(f"the ledger map {map_ref(kind)} ({sha[:12]}) on {bus.url} is not a ledger map")
+        found[kind] = got
     return found
 
 
-def read(bus: Bus, ledger: LedgerMap | None, shards: Iterable[str], under: str = "") -> list[LedgerEntry]:
-    """The entries of the ledger's shards named `shards` (those under the path `under` of each, e.g. a
-    subject), oldest first: one fetch by object id of the shard trees not here yet."""
+def read(bus: Bus, ledger: LedgerMap | None, shards: Iterable[str]) -> list[LedgerEntry]:
+    """The entries of the ledger's shards named `shards`, oldest first: one fetch by object id of the shard
+    trees not here yet."""
     if ledger is None:
         return []
     trees = sorted({ledger.shards[s] for s in shards if s in ledger.shards})
-    if not trees:
+    return entries_in(fetch_trees(bus, ledger, trees), trees) if trees else []
+
+
+def read_subjects(bus: Bus, snap: Snapshot, subjects: Iterable[str]) -> list[LedgerEntry]:
+    """The ledger's entries of `subjects` (the listing `snap` asked for their maps: `subject_map`), oldest
+    first, at a cost that does not grow with the ledger: their maps (16 shards each), their shards' trees
+    alone (`--filter=tree:0`: one line per subject of the shard, none of their entries), then their own
+    directories; each step one fetch by object id. A server that does not filter sends the whole shards."""
+    among = sorted(set(subjects))
+    maps = read_maps(bus, snap, sorted({subject_map(s) for s in among}))
+    shard = {s: m.shards.get(subject_shard(s)) for s in among if (m := maps.get(subject_map(s)))}
+    shards = sorted({t for t in shard.values() if t})
+    if not shards:
         return []
-    repos = fetch_trees(bus, ledger, trees)
+    ledger = next(iter(maps.values()))
+    repos = fetch_trees(bus, ledger, shards, tree_filter="tree:0")
+    listed = {t: git.ls_tree(git.repo_having(repos, t), t) for t in shards}
+    dirs = sorted(
+        {got[2] for s, t in shard.items() if t and (got := listed[t].get(s)) is not None and got[1] == "tree"}
+    )
+    if not dirs:
+        return []
+    found = entries_in(fetch_trees(bus, ledger, dirs), dirs)
+    return [e for e in found if e.subject in among]
+
+
+def entries_in(repos: Sequence[Path], trees: Sequence[str]) -> list[LedgerEntry]:
+    """The ledger entries (blobs) anywhere under `trees`, from the first of `repos` that has each, by id."""
     specs = []
     for tree in trees:
-        repo = git.repo_having(repos, tree)
-        listed = git.ls_tree(repo, f"{tree}:{under}" if under else tree, recursive=True)
+        listed = git.ls_tree(git.repo_having(repos, tree), tree, recursive=True)
         specs += [sha for _, kind, sha in listed.values() if kind == "blob"]
     blobs = git.read_blobs_in(repos, sorted(set(specs)))
     found = {e.id: e for sha in specs if (e := parse_or_none(LedgerEntry, blobs.get(sha))) is not None}
     return sorted(found.values(), key=lambda e: e.id)
 
 
-def fetch_trees(bus: Bus, ledger: LedgerMap, trees: Sequence[str]) -> list[Path]:
-    """Fetch the shard `trees` by object id; where the server refuses objects that no ref names (protocol
-    v0/v1 without uploadpack.allowReachableSHA1InWant), the ledger commit at depth 1 into the ledger store
-    instead (its whole index, no history). The local repositories that hold them."""
+def fetch_trees(
+    bus: Bus, ledger: LedgerMap, trees: Sequence[str], tree_filter: str | None = None
+) -> list[Path]:
+    """Fetch the `trees` by object id (`tree_filter`: git's --filter, e.g. tree:0 for the trees alone); where
+    the server refuses objects that no ref names (protocol v0/v1 without uploadpack.allowReachableSHA1InWant),
+    the ledger commit at depth 1 into the ledger store instead (its whole index, no history). The local
+    repositories that hold them."""
     try:
-        bus.fetch_ids(trees, "ledger shards")
+        bus.fetch_ids(trees, "ledger shards", tree_filter=tree_filter)
         return bus.repos()
     except BusError as exc:
         if not any(why in str(exc) for why in ("not our ref", "unadvertised object", "upload-pack")):
@@ -232,6 +290,12 @@ def shard_trees(repo: Path | str, tree: str) -> dict[str, str]:
     }
 
 
+def write_maps(repo: Path | str, tip: str) -> dict[str, str]:
+    """The map blobs (KINDS) of ledger commit `tip`, written into `repo`: kind -> blob id."""
+    whole = LedgerMap(ledger=tip, shards=shard_trees(repo, tip))
+    return dict(zip(KINDS, git.write_blobs(repo, [whole.of(kind).dump() for kind in KINDS]), strict=True))
+
+
 def lease_commit(repo: Path | str, holder: str, until: dt.datetime, who: str) -> str:
     lease = CompactLease(holder=holder, until=until)
     tree = git.tree_with(repo, None, {LEASE_PATH: lease.dump()})
@@ -247,16 +311,17 @@ def read_lease(bus: Bus, sha: str | None) -> CompactLease | None:
 
 
 def due(bus: Bus, cutoff: dt.datetime, now: dt.datetime) -> bool:
-    """Is there anything to compact: a done result made before `cutoff`, or a shard ref of an earlier ledger?
+    """Is there anything to compact: a done result made before `cutoff`, or a shard ref or the one subject map
+    of an earlier ledger?
     While compactions run (a lease renewed within MAX_TTL), everything older was moved already: only the done
     refs of the days just before `cutoff` are listed (a few, whatever the rate); else every done ref."""
     days = [f"{DONE_PREFIX}{cutoff - dt.timedelta(days=d):%Y%m%d}" for d in range(MAX_TTL.days + 3)]
-    snap = bus.ls_remote(*days, SHARD_PREFIX, LEASE_REF)
+    snap = bus.ls_remote(*days, SHARD_PREFIX, *OLD_MAPS, LEASE_REF)
     lease = read_lease(bus, snap.refs.get(LEASE_REF))
     if lease is None or lease.until < now - MAX_TTL:
-        snap = bus.ls_remote(DONE_PREFIX, SHARD_PREFIX)
+        snap = bus.ls_remote(DONE_PREFIX, SHARD_PREFIX, *OLD_MAPS)
     old = any(e.done and e.created_at < cutoff for e in snap.entries.values())
-    return old or any(ref.startswith(SHARD_PREFIX) for ref in snap.refs)
+    return old or any(ref.startswith(SHARD_PREFIX) or ref in OLD_MAPS for ref in snap.refs)
 
 
 def take_lease(bus: Bus, holder: str, hold_s: float, who: str, now: dt.datetime) -> str | None:
@@ -288,7 +353,9 @@ def compact(
     index = snap.index
     per_push = max(100, min(PUSH_CHUNK, PUSH_PAIRS // (2 * max(len(snap.refs), 1))))
     doomed = [done_ref(e.id) for e in old] + [subject_ref(index[e.id][0], e.id) for e in old if e.id in index]
-    stale_shards = {ref: sha for ref, sha in snap.refs.items() if ref.startswith(SHARD_PREFIX)}
+    stale_shards = {
+        ref: sha for ref, sha in snap.refs.items() if ref.startswith(SHARD_PREFIX) or ref in OLD_MAPS
+    }
     if dry_run or not (old or stale_shards):
         return doomed + (list(stale_shards) if dry_run else [])
     side = ledger_bus(bus)
@@ -303,23 +370,11 @@ def compact(
         side.fetch_ids(
             [e.done for e in batch if e.done] + ([tip] if tip else []), "done results", in_store=True, depth=1
         )
-        new_tip = tip
-        for i in range(0, len(batch), CHUNK):
-            chunk = batch[i : i + CHUNK]
-            tree = git.tree_with(store, new_tip, entries_of(store, chunk, index))
-            parents = ([new_tip] if new_tip else []) + [e.done for e in chunk if e.done]
-            new_tip = git.commit(store, tree, parents, f"kakeya ledger: {len(chunk)} done results", who)
+        new_tip = ledger_commits(store, tip, batch, index, who)
         updates = [Update(ref, None, sha) for ref, sha in stale_shards.items()]
         new_maps = dict(maps)
         if new_tip is not None and (new_tip != tip or None in maps.values()):
-            shards = shard_trees(store, new_tip)
-            blobs = [
-                LedgerMap(
-                    ledger=new_tip, shards={n: t for n, t in shards.items() if n.startswith(kind + "/")}
-                )
-                for kind in KINDS
-            ]
-            new_maps = dict(zip(KINDS, git.write_blobs(store, [m.dump() for m in blobs]), strict=True))
+            new_maps = write_maps(store, new_tip)
             updates += [Update(map_ref(kind), new_maps[kind], maps[kind]) for kind in KINDS]
             if new_tip != tip:
                 updates.append(Update(LEDGER_REF, new_tip, tip))
@@ -341,6 +396,20 @@ def compact(
         tip, maps, stale_shards = new_tip, new_maps, {}
         deleted += [u.ref for u in updates if u.new is None]
     return deleted
+
+
+def ledger_commits(
+    store: Path | str, tip: str | None, done: Sequence[Entry], index: dict[str, tuple[str, str]], who: str
+) -> str | None:
+    """The ledger commits that take the results `done` in on top of `tip` (CHUNK a commit: its parents are the
+    previous ledger commit and those done commits), written in one go (`git.import_commits`: the cost of what
+    changes, whatever the ledger holds); the new tip (`tip` when `done` is empty)."""
+    chunks = [done[i : i + CHUNK] for i in range(0, len(done), CHUNK)]
+    commits = [
+        (entries_of(store, c, index), [e.done for e in c if e.done], f"kakeya ledger: {len(c)} done results")
+        for c in chunks
+    ]
+    return git.import_commits(store, tip, commits, who) if commits else tip
 
 
 def entries_of(store: Path, chunk: Sequence[Entry], index: dict[str, tuple[str, str]]) -> dict[str, bytes]:

@@ -80,40 +80,21 @@ class DoneResults:
         <subject>/, what `gate pr` needs), else every done ref of them (for baselines). One prefix-scoped
         listing unless `snap`, one fetch by object id of what is not here yet, one batch read."""
         wanted = set(presets)
-        if snap is None:  # the live requests too: a done result for a request still pending is checked on it
-            where = [f"{SUBJECT_PREFIX}{subject}/"] if subject else [DONE_PREFIX]
-            kind = "subject" if subject else "preset"
-            snap = self.bus.ls_remote(*where, ledger.map_ref(kind), REQ_PREFIX)
         if subject is not None:
-            found = [
-                Entry(rid, e.label if (e := snap.entries.get(rid)) else None, e.req if e else None, done=sha)
-                for rid, (subj, sha) in snap.index.items()
-                if subj == subject
-            ]
-            # and those in the ledger: one small tree, fetched by id
-            if ledger.map_ref("subject") in snap.refs:
-                shelved = ledger.read(
-                    self.bus,
-                    ledger.read_map(self.bus, snap, "subject"),
-                    [ledger.subject_shard(subject)],
-                    subject,
-                )
-                known = {e.id for e in found}
-                found += [e for e in ledger.as_entries(shelved).values() if e.id not in known]
-        else:
-            found = [e for e in snap.entries.values() if e.done]
+            return self.load_subjects(presets, [subject], snap)
+        if snap is None:  # the live requests too: a done result for a request still pending is checked on it
+            snap = self.bus.ls_remote(DONE_PREFIX, ledger.map_ref("preset"), REQ_PREFIX)
+        found = [e for e in snap.entries.values() if e.done]
         entries = sorted((e for e in found if e.preset in wanted), key=lambda e: e.id)
         self.dones.update({name: [] for name in wanted})
-        if subject is None:  # for baselines, newest first: a batch now, older ones when asked (`more`)
-            self.known |= {e.id for e in entries}
-            if ledger.map_ref("preset") in snap.refs:  # then the ledger, a month at a time (`more`)
-                self.ledger = ledger.read_map(self.bus, snap, "preset")
-            for name in wanted:
-                self.later[name] = [e for e in entries if e.preset == name]
-                self.months[name] = ledger.preset_months(self.ledger, name)
-                self.more(name)
-            return self
-        self.dones.update(self.done_results(entries))
+        # for baselines, newest first: a batch now, older ones when asked (`more`)
+        self.known |= {e.id for e in entries}
+        if ledger.map_ref("preset") in snap.refs:  # then the ledger, a month at a time (`more`)
+            self.ledger = ledger.read_map(self.bus, snap, "preset")
+        for name in wanted:
+            self.later[name] = [e for e in entries if e.preset == name]
+            self.months[name] = ledger.preset_months(self.ledger, name)
+            self.more(name)
         return self
 
     def load_subjects(
@@ -142,18 +123,12 @@ class DoneResults:
 
     @staticmethod
     def _shards(subjects: set[str]) -> list[str]:
-        """The ledger refs to list for `subjects`' results moved into the ledger: its subject map."""
-        return [ledger.map_ref("subject")]
+        """The ledger refs to list for `subjects`' results moved into the ledger: their subject maps."""
+        return sorted({ledger.map_ref(ledger.subject_map(s)) for s in subjects})
 
     def _shelved(self, snap: Snapshot, subjects: set[str]) -> list[ledger.LedgerEntry]:
-        """The ledger's entries of `subjects` (each shard a small tree, fetched by id; one subject: only its
-        directory)."""
-        if ledger.map_ref("subject") not in snap.refs:
-            return []
-        shards = sorted({ledger.subject_shard(s) for s in subjects})
-        under = next(iter(subjects)) if len(subjects) == 1 else ""
-        found = ledger.read(self.bus, ledger.read_map(self.bus, snap, "subject"), shards, under)
-        return [e for e in found if e.subject in subjects]
+        """The ledger's entries of `subjects` (`ledger.read_subjects`: the same cost at any size)."""
+        return ledger.read_subjects(self.bus, snap, subjects)
 
     def more(self, preset: str) -> bool:
         """Read the next (older) batch of `preset`'s done results not read yet; False when none is left."""

@@ -31,7 +31,8 @@ from bridge.bus import (
 from bridge.cli import main
 from bridge.client import Client
 from bridge.config import load_config
-from bridge.errors import BusError
+from bridge.errors import BusError, KakeyaError
+from bridge.evidence import DoneResults
 from bridge.runner import Runner
 from tests.bridge.bus_support import Daemon, Env, git, make_runner, runner_process, stop, wait_for
 from tests.bridge.test_baseline import bench_fixture, run  # noqa: F401 — the `bench` fixture
@@ -66,9 +67,10 @@ def test_the_ledger_is_four_refs_and_a_reader_fetches_one_shard_by_id(world: Env
     made = history(url, world, bus_dir)
     # an earlier ledger kept a ref per shard: compaction deletes them (leased), whatever they point at
     G.update_ref(bus_dir, L.SHARD_PREFIX + "date/20260101", all_refs(bus_dir)[layout_ref()])
+    G.update_ref(bus_dir, L.OLD_MAPS[0], all_refs(bus_dir)[layout_ref()])  # and one subject map of 256 shards
     old = old_ids(made, 3)
     assert main(["bus", "compact", "--older-than", "3", "--remote", url]) == 0
-    assert f"moved {2 * len(old) + 1} refs into the ledger" in capsys.readouterr().out
+    assert f"moved {2 * len(old) + 2} refs into the ledger" in capsys.readouterr().out
     refs = all_refs(bus_dir)
     ledger_refs = sorted(r for r in refs if r.startswith("refs/kakeya/") and not r.startswith(DONE_PREFIX))
     ledger_refs = [r for r in ledger_refs if not r.startswith((SUBJECT_PREFIX, LAYOUT_PREFIX))]
@@ -84,7 +86,7 @@ def test_the_ledger_is_four_refs_and_a_reader_fetches_one_shard_by_id(world: Env
     assert {n: t for m in maps.values() for n, t in m.shards.items()} == L.shard_trees(
         bus_dir, refs[L.LEDGER_REF]
     )
-    assert all(n.startswith(kind + "/") for kind, m in maps.items() for n in m.shards)
+    assert all(L.map_kind(n) == kind for kind, m in maps.items() for n in m.shards)
     assert {f"date/{rid[:8]}" for rid in old} <= set(maps["date"].shards)
     ledger_map = maps["date"]
 
@@ -104,7 +106,7 @@ def test_the_ledger_is_four_refs_and_a_reader_fetches_one_shard_by_id(world: Env
         trees = {ledger_map.shards[f"date/{moved[:8]}"]}
         date_map = refs[L.map_ref("date")]
         assert G.present(fresh.bus.store, [*trees, date_map]) == {*trees, date_map}
-        assert not G.present(fresh.bus.store, [refs[L.map_ref("subject")]])  # nor the other maps
+        assert not G.present(fresh.bus.store, [refs[L.map_ref("subject-0")]])  # nor the other maps
         others = set(ledger_map.shards.values()) - trees
         assert not G.present(fresh.bus.store, sorted(others)) & others  # no other shard came
         assert not G.present(fresh.bus.store, [refs[L.LEDGER_REF]])  # nor the ledger commit
@@ -119,6 +121,40 @@ def test_the_ledger_is_four_refs_and_a_reader_fetches_one_shard_by_id(world: Env
         G.update_ref(bus_dir, L.map_ref("date"), G.write_blobs(bus_dir, [data])[0])
         with pytest.raises(BusError, match="is not a ledger map"):
             client(url).entry(moved)
+
+
+def test_one_subject_in_the_ledger_is_its_map_its_shard_tree_alone_and_its_own_directory(
+    world: Env, daemon: Daemon
+):
+    """What `gate pr` reads of a subject whose results are in the ledger: its map (the shards of its first hex
+    digit), its shard's tree without what it holds (a filtered fetch: the other subjects of the shard never
+    come) and its own directory; the store's config is left as it was (no promisor remote written)."""
+    url = daemon.repo()
+    bus_dir = daemon.base / "bus.git"
+    G.run(bus_dir, "config", "uploadpack.allowFilter", "true")
+    made = history(url, world, bus_dir, 80)
+    assert client(url).compact(3)
+    tip = all_refs(bus_dir)[L.LEDGER_REF]
+    shards = G.ls_tree(bus_dir, f"{tip}:subject")
+    crowded = {n: G.ls_tree(bus_dir, sha) for n, (_, _, sha) in shards.items()}
+    subject, siblings = next((min(d), d) for d in crowded.values() if len(d) > 1)  # 80 subjects: some share
+    other = world.tmp / "other"
+    git(world.tmp, "clone", "-q", str(world.project), str(other))
+    config = (other / ".git" / "config").read_text()
+    fresh = Client(load_config(), root=other, remote=url)
+    shelf = DoneResults(fresh.bus).load(["work"], subject=subject)
+    ran = {
+        rid
+        for rid in made["ids"]
+        if json.loads(G.read_path(bus_dir, tip, f"date/{rid[:8]}/{rid}") or b"{}").get("subject") == subject
+    }
+    assert ran and {d.id for d in shelf.dones["work"]} >= ran
+    store = fresh.bus.store
+    shard = shards[subject[:2]][2]
+    assert G.present(store, [shard, siblings[subject][2]]) == {shard, siblings[subject][2]}
+    others = {sha for name, (_, _, sha) in siblings.items() if name != subject}
+    assert not G.present(store, sorted(others))  # the shard's other subjects did not come
+    assert (other / ".git" / "config").read_text() == config
 
 
 def test_a_server_that_sends_no_unnamed_object_gets_the_ledger_at_depth_one(
@@ -190,18 +226,18 @@ def test_a_compaction_that_loses_a_race_to_a_moved_done_ref_lands_nothing(
     monkeypatch.setenv("KAKEYA_COMPACT_AFTER_DAYS", "0")  # the racing runner compacts nothing itself
     c = client(url)
     racing = c.request("work", {"tag": "race"}, "cpu", subject="HEAD").id
-    real_tree_with = G.tree_with
+    real_import = G.import_commits
     raced: list[str] = []
 
-    def tree_with(*args, **kwargs):
+    def import_commits(*args, **kwargs):
         if not raced:  # once: a racing done push, and a done ref gone
             raced.append(racing)
             served = make_runner(url, world, "racer").once(request_id=racing)
             assert served is not None and served.pushed
             G.update_ref(bus_dir, done_ref(old[0]), None)
-        return real_tree_with(*args, **kwargs)
+        return real_import(*args, **kwargs)
 
-    monkeypatch.setattr(G, "tree_with", tree_with)
+    monkeypatch.setattr(G, "import_commits", import_commits)
     before_ledger = all_refs(bus_dir).get(L.LEDGER_REF)
     with pytest.raises(BusError, match="nothing of this push landed"):
         c.compact(3)
@@ -332,3 +368,24 @@ def test_while_compactions_run_a_runner_looks_only_at_the_days_before_its_window
     lapsed = L.lease_commit(r.bus.store, "dd", now - dt.timedelta(days=9), r.who)
     assert r.bus.swap([Update(L.LEASE_REF, lapsed, all_refs(bus_dir)[L.LEASE_REF])], atomic=False)
     assert L.due(r.bus, cutoff, now)  # no compaction for longer than a request lives: everything again
+
+
+def test_import_commits_writes_the_tree_tree_with_would_and_refuses_unsafe_paths(tmp_path):
+    """The compactor's commits (one `git fast-import`): on a base, each commit's tree is the one before it with
+    its files added, its parents the one before it and its own; `..` or a newline in a path is refused."""
+    repo = G.init_bare(tmp_path / "r.git")
+    who = "K <k@x>"
+    base = G.commit(repo, G.tree_with(repo, None, {"a/x": b"1\n", "b/y": b"2\n"}), [], "base", who)
+    other = G.commit(repo, G.tree_with(repo, None, {"o": b"o\n"}), [], "other", who)
+    files = [{"a/z": b"3\n", "c/w": b"3\n"}, {"b/y": b"4\n"}]
+    tip = G.import_commits(repo, base, [(files[0], [other], "one"), (files[1], [], "two")], who)
+    want = G.tree_with(repo, G.tree_with(repo, base, files[0]), files[1])
+    assert G.out(repo, "rev-parse", f"{tip}^{{tree}}") == want
+    first = G.parents(repo, tip)
+    assert len(first) == 1 and G.parents(repo, first[0]) == [base, other]
+    assert not G.refs_under(repo, "refs/")  # no ref moved (the temporary one is gone)
+    root = G.import_commits(repo, None, [({"d/e": b"5\n"}, [], "root")], who)
+    assert G.parents(repo, root) == [] and G.read_path(repo, root, "d/e") == b"5\n"
+    for bad in ("a/../x", "a\nb", "a//b"):
+        with pytest.raises(KakeyaError, match="refusing to write"):
+            G.import_commits(repo, base, [({bad: b"x"}, [], "bad")], who)
