@@ -123,7 +123,11 @@ def prefixed_generate(
     kind: str, verifier: Any, policy: Policy, prompt: list[int], want: Sequence[int]
 ) -> Any:
     """Speculative decoding of len(want) tokens (k = 4) on `verifier` under `policy` with a random drafter of
-    `kind` whose blocks start with a correct prefix of every length (`Prefixed`): the engine.Generation."""
+    `kind` whose blocks start with a correct prefix of every length (`Prefixed`): the engine.Generation. A
+    block drafter must have read the verifier's features of every fed position but the last block's."""
     session = verifier.session(policy, max_block=5, prefill_chunk=8)
     prefixed = Prefixed(drafter(kind, verifier), want)
-    return engine.speculative_generate(session, prefixed, prompt, 4, engine.Stop(len(want)))
+    gen = engine.speculative_generate(session, prefixed, prompt, 4, engine.Stop(len(want)))
+    if kind == "block":
+        assert session.position - 5 <= prefixed.position < session.position == len(prompt) + len(want) - 1
+    return gen
