@@ -5,7 +5,6 @@ K/V; its LM head sees the masked positions only; its trainer is deterministic; b
 from __future__ import annotations
 
 import functools
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -13,13 +12,12 @@ import pytest
 import torch
 
 import engine
-from engine.drafters.diffusion.config import DiffusionConfig
 from engine.drafters.diffusion.drafter import DiffusionDrafter
-from engine.drafters.diffusion.torch import TinyDLM, TorchDiffusionModel, save_model
+from engine.drafters.diffusion.torch import TorchDiffusionModel
 from engine.drafters.load import load_diffusion_model
 from engine.policy import Policy, full, hybrid, sink_window
 from engine.zoo import corpus
-from tests.engine import tiny_models
+from tests.engine import tiny_drafters, tiny_models
 from tests.engine.backends import BACKENDS, HAVE_MLX, on
 
 MLX_MARKS = BACKENDS[1].marks
@@ -30,24 +28,6 @@ def _both(cases: list[tuple]) -> list:
     return [pytest.param(*c, "torch", id=f"torch-{c}") for c in cases] + [
         pytest.param(*c, "mlx", marks=MLX_MARKS, id=f"mlx-{c}") for c in cases
     ]
-
-
-@functools.cache
-def _random_dlm_dir() -> Path:
-    """A random-weight diffusion drafter model over the tiny models' vocabulary, saved so both backends load it."""
-    torch.manual_seed(3)
-    cfg = DiffusionConfig(
-        vocab_size=tiny_models.VOCAB,
-        hidden=32,
-        layers=1,
-        heads=2,
-        intermediate=64,
-        max_positions=24,
-        context=12,
-    )
-    path = Path(tempfile.mkdtemp(prefix="kakeya-dlm-")) / "random-dlm"
-    save_model(TinyDLM(cfg), path)
-    return path
 
 
 @functools.cache
@@ -86,7 +66,7 @@ def test_random_diffusion_drafter_is_exactly_greedy(policy: Policy, k: int, back
     tm = on(backend, tiny_models.gemma())
     ids = tiny_models.prompt(40, seed=40)
     want = engine.generate(tm.session(policy), ids, engine.Stop(100))
-    dlm = load_diffusion_model(str(_random_dlm_dir()), backend=backend)  # type: ignore[arg-type]
+    dlm = load_diffusion_model(str(tiny_drafters.dlm_dir()), backend=backend)  # type: ignore[arg-type]
     got = engine.speculative_generate(
         tm.session(policy, max_block=k + 1), DiffusionDrafter(dlm, steps=3), ids, k, engine.Stop(100)
     )
@@ -126,7 +106,7 @@ def test_holds_no_kv_and_runs_the_head_on_masked_positions_only() -> None:
 
 
 def test_proposal_length_is_bounded_by_the_model() -> None:
-    dlm = load_diffusion_model(str(_random_dlm_dir()))
+    dlm = load_diffusion_model(str(tiny_drafters.dlm_dir()))
     drafter = DiffusionDrafter(dlm)  # context 12 of 24 positions: at most 12 mask slots
     drafter.begin([5, 6, 7])
     assert len(drafter.propose(8, 20)) == 12 and drafter.propose(9, 0) == []

@@ -4,8 +4,8 @@ Nemotron-H (Mamba-2, MoE, attention, MLP: the mlp and moe layers have no mixer a
 Falcon-H1 (attention beside a Mamba-2 mixer in each layer: `ParallelState`). A Mamba-2 mixer keeps a
 `Mamba2State` (conv + SSM state: engine/backends/torch/linear.py, engine/backends/mlx/mamba.py) beside
 the attention layers' K/V: greedy equals transformers `generate` (on MLX also the torch engine under a
-bounded window), speculative decoding (a model drafter, prompt lookup) equals greedy after the window wraps
-under every policy, with exact rollback of both states, the state counted in `state_bytes`; batched
+bounded window), speculative decoding (a model drafter, prompt lookup, a random block drafter reading the
+hidden states, a random masked-diffusion drafter) equals greedy after the window wraps under every policy, with exact rollback of both states, the state counted in `state_bytes`; batched
 sessions are refused with the reason; on MLX Bamba and Jamba (Mamba-1) are refused at load in one line.
 The MLX :qN policies run on copies with attention heads of 32 (mx.quantize's smallest group).
 
@@ -28,7 +28,7 @@ import engine
 from engine.backends.torch import session as torch_session
 from engine.geometry import MAMBA, MAMBA2, STATEFUL, Geometry, UnsupportedModelError, config_dict
 from engine.policy import Policy, expected_kv_bytes, full, hybrid, layer_slot_bytes, parse_policy, sink_window
-from tests.engine import tiny_families, tiny_models
+from tests.engine import tiny_drafters, tiny_families, tiny_models
 from tests.engine.backends import HAVE_MLX, on
 
 NEW = 30
@@ -217,6 +217,27 @@ def test_prompt_lookup_drafting_equals_greedy_after_the_window_wraps(backend: st
     verifier = model.session(sink_window(2, 6), max_block=5, prefill_chunk=8)
     gen = engine.speculative_generate(verifier, engine.PromptLookupDrafter(), ids, 4, engine.Stop(NEW))
     assert gen.tokens == greedy and gen.drafted > 0
+
+
+KINDS, WRAPS = tiny_drafters.KINDS, POLICIES[:3]  # sink_window, hybrid, quantized: all after the wrap
+DRAFTER_CASES: list[Any] = [("torch", n, t, d) for n in FAMILIES for t in WRAPS for d in KINDS]
+DRAFTER_CASES += [
+    pytest.param("mlx", n, t, d, marks=needs_mlx) for n in MLX_FAMILIES for t in WRAPS for d in KINDS
+]
+DRAFTER_CASES += [("torch", n, "sink_window:2:6", d) for n in SLOWER for d in KINDS]
+
+
+@pytest.mark.parametrize(("backend", "name", "text", "kind"), DRAFTER_CASES)
+def test_block_and_diffusion_drafters_equal_greedy_after_the_window_wraps(
+    backend: str, name: str, text: str, kind: str
+) -> None:
+    """Random drafters built to the model's shapes (the block drafter reads layer 1 and the final hidden
+    state), their blocks given a correct prefix of every length: partly rejected, both states rolled back."""
+    policy = parse_policy(text)
+    want = _greedy(backend, name, policy)
+    model = _model(backend, name, policy.bits is not None)
+    gen = tiny_drafters.prefixed_generate(kind, model, policy, tiny_models.prompt(17, seed=17), want)
+    assert tuple(gen.tokens) == want and 0 < gen.accepted < gen.drafted
 
 
 def test_attention_heads_are_read_apart_from_the_mamba_heads() -> None:

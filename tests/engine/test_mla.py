@@ -3,7 +3,8 @@ deepseek_v3): the cache holds what the model hands it, one head per position of 
 kv_lora_rank) and the post-RoPE decoupled key (V, qk_rope_head_dim), so K and V have their own head sizes
 under every policy (full, sink_window, hybrid, quantized); greedy equals transformers `generate` with a
 covering window, the bytes reported are the bytes stored, and speculative decoding (a model drafter, prompt
-lookup) equals greedy after the window wraps, with exact rollback. The tiny torch model has a latent of 16
+lookup, a random block drafter reading its hidden states, a random masked-diffusion drafter) equals greedy
+after the window wraps, with exact rollback. The tiny torch model has a latent of 16
 and a rope key of 8; the MLX one 64 and 32 (mx.quantize takes groups of 32, 64 or 128, so its :qN policies
 need a group of 32 dividing both). On MLX an MLA family whose mlx-lm code caches something else
 (deepseek_v2: per-head K/V) is refused at load in one line."""
@@ -20,7 +21,7 @@ import pytest
 import engine
 from engine.geometry import UnsupportedModelError
 from engine.policy import Policy, expected_kv_bytes, full, hybrid, layer_slot_bytes, parse_policy, sink_window
-from tests.engine import tiny_families, tiny_models
+from tests.engine import tiny_drafters, tiny_families, tiny_models
 from tests.engine.backends import HAVE_MLX, on
 
 NEW = 40
@@ -142,6 +143,21 @@ def test_prompt_lookup_drafting_equals_greedy_after_the_window_wraps(backend: st
     verifier = _model(backend).session(policy, max_block=5, prefill_chunk=8)
     gen = engine.speculative_generate(verifier, engine.PromptLookupDrafter(), ids, 4, engine.Stop(NEW))
     assert gen.tokens == greedy and gen.drafted > 0
+
+
+@pytest.mark.parametrize("kind", tiny_drafters.KINDS)
+@pytest.mark.parametrize("text", ["sink_window:2:6", "hybrid:2:6", "sink_window:2:6:q8"])
+def test_block_and_diffusion_drafters_equal_greedy_after_the_window_wraps(
+    backend: str, text: str, kind: str
+) -> None:
+    """Random drafters built to the model's shapes (the block drafter reads layer 1 and the final hidden
+    state), their blocks given a correct prefix of every length: partly rejected, rolled back exactly."""
+    policy = parse_policy(text)
+    want = _greedy(backend, policy, 17)
+    gen = tiny_drafters.prefixed_generate(
+        kind, _model(backend), policy, tiny_models.prompt(17, seed=17), want
+    )
+    assert tuple(gen.tokens) == want and 0 < gen.accepted < gen.drafted
 
 
 @needs_mlx
