@@ -82,17 +82,26 @@ def proposal(
 
 
 def _prefill(
-    verifier: Session, drafter: Drafter, prompt: Sequence[int], layers: tuple[int, ...], logits: bool
+    verifier: Session,
+    drafter: Drafter,
+    prompt: Sequence[int],
+    layers: tuple[int, ...],
+    logits: bool,
+    row: int | None = None,
 ) -> Step:
-    """The prompt fed to the verifier; the step of its last position (its logits when asked)."""
+    """The prompt fed to the verifier (to batch `row` alone of a batched one); the step of its last
+    position (its logits when asked). A feature drafter observes every position's hidden states."""
     if not layers:
-        return verifier.prefill(prompt, logits=logits)
-    observe = drafter.observe  # type: ignore[attr-defined]
+        return verifier.prefill(prompt, logits=logits, row=row)
     chunk = getattr(verifier, "prefill_chunk", 512)
     for i in range(0, len(prompt), chunk):
         last = i + chunk >= len(prompt)
-        step = verifier.forward(prompt[i : i + chunk], hidden=layers, logits=logits and last)
-        observe(step.hidden, len(step.tokens))
+        step = verifier.forward(prompt[i : i + chunk], hidden=layers, logits=logits and last, row=row)
+        if row is None:
+            drafter.observe(step.hidden, len(step.tokens))  # type: ignore[attr-defined]
+        else:  # a RowsDrafter: this row's features, as a batch of one
+            rows: Any = drafter
+            rows.observe_rows({j: h[None] for j, h in step.hidden.items()}, [len(step.tokens)], [row])
     return Step(step.tokens[-1:], None if step.logits is None else step.logits[-1:])
 
 
@@ -166,8 +175,9 @@ def speculative_generate(
 
 
 class RowsDrafter(Protocol):
-    """Drafts for every row of a batched verifier at once (the model drafter's `BatchedModelDrafter`); any
-    other drafter runs one instance per row (`PerRow`)."""
+    """Drafts for every row of a batched verifier at once (the model drafter's `BatchedModelDrafter`, the
+    block drafter's `BatchedBlockDrafter`); any other drafter runs one instance per row (`PerRow`). A
+    drafter that reads the verifier's hidden states has a non-empty `layers` and `observe_rows`."""
 
     rows: int
 
@@ -181,13 +191,31 @@ class RowsDrafter(Protocol):
         """Row r accepted ns[r] drafts and committed `committed[r]` (None: it stopped, or had stopped)."""
         ...
 
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Only these rows go on (renumbered 0.. in this order): the verifier dropped the others."""
+        ...
+
+
+class FeatureRows(RowsDrafter, Protocol):
+    """A `RowsDrafter` conditioned on the verifier's hidden states (a batch of `FeatureDrafter`s)."""
+
+    layers: tuple[int, ...]
+
+    def observe_rows(
+        self, hidden: dict[int, Any], counts: Sequence[int], which: Sequence[int] | None = None
+    ) -> None:
+        """The features of the next counts[i] fed positions of row which[i] (None: row i): the first
+        counts[i] of hidden[layer][i] ([rows, m, hidden size] each)."""
+        ...
+
 
 class PerRow:
-    """One `Drafter` per row, as a `RowsDrafter`."""
+    """One `Drafter` per row, as a `RowsDrafter` (a `FeatureRows` when they read hidden states)."""
 
     def __init__(self, drafters: Sequence[Drafter]) -> None:
         self.drafters = list(drafters)
         self.rows = len(self.drafters)
+        self.layers: tuple[int, ...] = tuple(getattr(self.drafters[0], "layers", ())) if drafters else ()
 
     def begin_rows(self, prompts: Sequence[Sequence[int]]) -> None:
         for d, p in zip(self.drafters, prompts, strict=True):
@@ -203,6 +231,18 @@ class PerRow:
         for d, n, new in zip(self.drafters, ns, committed, strict=True):
             if new is not None:
                 d.accept(n, new)
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        self.drafters = [self.drafters[r] for r in rows]
+        self.rows = len(self.drafters)
+
+    def observe_rows(
+        self, hidden: dict[int, Any], counts: Sequence[int], which: Sequence[int] | None = None
+    ) -> None:
+        for i, n in enumerate(counts):
+            if n:
+                drafter: Any = self.drafters[i if which is None else which[i]]
+                drafter.observe({layer: h[i] for layer, h in hidden.items()}, n)
 
 
 class DraftLength:
@@ -255,20 +295,22 @@ def speculative_generate_batch(
     adapt: bool = False,
 ) -> list[Generation]:
     """Greedy speculative decoding of `verifier.rows` prompts at once, one drafter per row (or one
-    `RowsDrafter` drafting for all rows in batched forwards): each block
-    every live row drafts up to k tokens, all rows are verified in one batched forward (a row with fewer
-    drafts is padded), each row accepts its own prefix and rolls back on its own (`trim` per row). A row
-    that has stopped leaves the decision loop: it is fed its last token (plus padding) and rolled back
-    in full each block, so it neither grows nor holds the others back. Each row's tokens equal
-    `generate` on its prompt alone under the same policy (tests/engine/test_speculative_batch.py).
+    `RowsDrafter` drafting for all rows in batched forwards): each block every live row drafts up to k
+    tokens, all live rows are verified in one batched forward (a row with fewer drafts is padded), each
+    row accepts its own prefix and rolls back on its own (`trim` per row). A row that stops leaves the
+    batch: the verifier (`Session.keep_rows`) and the drafter drop it, so later blocks compute nothing for
+    it (the session ends holding the rows that stopped last). Each row's tokens equal `generate` on its
+    prompt alone under the same policy (tests/engine/test_speculative_batch.py).
+
+    A drafter that reads the verifier's hidden states (`layers`: the block drafter) gets each row's
+    prompt features from that row's chunked prefill and, after each block, the features of each row's
+    committed positions from the very verify forward that fed them (`observe_rows`), as in
+    `speculative_generate`.
 
     `adapt`: each block's draft length from measured costs and acceptance (`DraftLength`), between 0 (a
-    plain batched step) and k; the tokens stay exact whatever k a block takes.
-
-    Drafters that read the verifier's hidden states (`FeatureDrafter`: the block drafter, Gemma 4's
-    assistant) are refused: a batched forward returns tokens only, not per-row hidden states (yet)."""
+    plain batched step) and k; the tokens stay exact whatever k a block takes."""
     rows = verifier.rows
-    drafter = drafters if hasattr(drafters, "propose_rows") else PerRow(drafters)  # type: ignore[arg-type]
+    drafter: Any = drafters if hasattr(drafters, "propose_rows") else PerRow(drafters)  # type: ignore[arg-type]
     if len(prompts) != rows or drafter.rows != rows or not all(prompts):
         raise ValueError(f"speculative_generate_batch takes {rows} non-empty prompts and {rows} drafters")
     if k < 1:
@@ -277,59 +319,63 @@ def speculative_generate_batch(
         raise ValueError(
             f"the verifier's sequence needs max_block >= k + 1 = {k + 1} (has {verifier.max_block})"
         )
-    if any(getattr(d, "layers", ()) for d in getattr(drafter, "drafters", [drafter])):
-        raise ValueError(
-            "batched speculative decoding does not take drafters that read the verifier's hidden states "
-            "(block, gemma4-assistant) yet: decode those rows one at a time (rows=1)"
-        )
+    layers = tuple(getattr(drafter, "layers", ()))
     t0 = time.perf_counter()
     drafter.begin_rows(prompts)
-    outs = [verifier.prefill(prompt, row=r).tokens for r, prompt in enumerate(prompts)]
+    outs = [_prefill(verifier, drafter, list(p), layers, False, r).tokens for r, p in enumerate(prompts)]
     t1 = time.perf_counter()
     gens = [Generation(o, "max_new_tokens", len(p), t1 - t0, 0.0) for o, p in zip(outs, prompts, strict=True)]
     reasons: list[StopReason | None] = [stop.check(o) for o in outs]
+    live = [r for r in range(rows) if reasons[r] is None]  # the prompt row of each verifier row
+    _leave(verifier, drafter, live)
     length = DraftLength(k) if adapt else None
-    while any(r is None for r in reasons):
+    while live:
         block_k = length.choose() if length else k
         started = time.perf_counter()
         drafts = drafter.propose_rows(
-            [o[-1] for o in outs],
-            [
-                min(block_k, stop.max_new_tokens - len(o) - 1) if why is None else None
-                for o, why in zip(outs, reasons, strict=True)
-            ],
+            [outs[r][-1] for r in live], [min(block_k, stop.max_new_tokens - len(outs[r]) - 1) for r in live]
         )
-        ns: list[int] = [0] * rows  # what each live row accepted and committed
-        committed: list[list[int] | None] = [None] * rows
         m = 1 + max(len(d) for d in drafts)
-        fed = [[o[-1], *d] for o, d in zip(outs, drafts, strict=True)]
-        preds = verifier.forward_rows([f + [f[-1]] * (m - len(f)) for f in fed])
-        trims = [m] * rows  # a stopped row: everything fed this block is rolled back
+        fed = [[outs[r][-1], *d] for r, d in zip(live, drafts, strict=True)]
+        step = verifier.forward_rows([f + [f[-1]] * (m - len(f)) for f in fed], hidden=layers)
+        ns = [0] * len(live)  # what each row accepted and committed (None: it stopped)
+        committed: list[list[int] | None] = [None] * len(live)
+        kept = [0] * len(live)  # positions each row keeps fed: [last, d1..d(done-1)]
         block_drafted, block_accepted = [0] * k, [0] * k
-        for r, (gen, d) in enumerate(zip(gens, drafts, strict=True)):
-            if reasons[r] is not None:
-                continue
+        for i, (r, d) in enumerate(zip(live, drafts, strict=True)):
+            gen, preds = gens[r], step.tokens[i]
             n = 0
-            while n < len(d) and d[n] == preds[r][n]:
+            while n < len(d) and d[n] == preds[n]:
                 n += 1
-            new = [*d[:n], preds[r][n]]
+            new = [*d[:n], preds[n]]
             gen.forwards += 1
             gen.drafted += len(d)
             gen.accepted += n
             gen.count_positions(len(d), n)
-            for i in range(len(d)):
-                block_drafted[i] += 1
-                block_accepted[i] += i < n
-            done, reasons[r] = commit(outs[r], new, stop)
-            trims[r] = m - done  # keep [last, d1..d(done-1)]
+            for j in range(len(d)):
+                block_drafted[j] += 1
+                block_accepted[j] += j < n
+            kept[i], reasons[r] = commit(outs[r], new, stop)
             if reasons[r] is None:
-                ns[r], committed[r] = n, new
-        verifier.trim(trims)
+                ns[i], committed[i] = n, new
+        verifier.trim([m - done for done in kept])
+        going = [i for i, r in enumerate(live) if reasons[r] is None]
+        if layers:
+            drafter.observe_rows(step.hidden, [kept[i] if reasons[r] is None else 0 for i, r in enumerate(live)])
         drafter.accept_rows(ns, committed)
         if length:
             length.record(block_k, time.perf_counter() - started, block_drafted, block_accepted)
+        _leave(verifier, drafter, going)
+        live = [live[i] for i in going]
     decode_s = time.perf_counter() - t1
     for gen, reason in zip(gens, reasons, strict=True):
         assert reason is not None
         gen.stop_reason, gen.decode_s = reason, decode_s
     return gens
+
+
+def _leave(verifier: Session, drafter: RowsDrafter, going: list[int]) -> None:
+    """Rows not in `going` have stopped: the verifier and the drafter drop them (unless none goes on)."""
+    if going and len(going) < verifier.rows:
+        verifier.keep_rows(going)
+        drafter.keep_rows(going)

@@ -76,8 +76,9 @@ def test_each_row_equals_greedy_alone(backend: str, policy: Policy, kind: str, k
         assert g.accepted <= g.drafted and g.forwards >= (len(g.tokens) - 1) / (k + 1)
     if kind == "narrow":
         assert 0 < sum(g.accepted for g in gens) < sum(g.drafted for g in gens)
-    # a stopped row is rolled back in full each block: every row holds exactly its own positions
-    assert session.positions == [len(p) + len(a) - 1 for p, a in zip(prompts, alone, strict=True)]
+    # stopped rows left the batch: the session holds the rows that stopped last, at their own positions
+    want = [len(p) + len(a) - 1 for p, a in zip(prompts, alone, strict=True)]
+    assert session.rows < len(prompts) and all(p in want for p in session.positions)
 
 
 def test_batch_of_one_equals_the_unbatched_loop() -> None:
