@@ -246,42 +246,66 @@ class PerRow:
 
 
 class DraftLength:
-    """The draft length of each block from measured costs (`speculative_generate_batch(adapt=True)`): the
-    wall time of a block (drafting + verify forward) at k = 0 (a plain step) and at k = k_max, each an
-    exponential average, linear in between; and the running per-position acceptance (of the blocks
-    drafting position i, the fraction whose draft i was accepted: expected tokens per block at k =
-    1 + the sum of the first k). Each block takes the k of the most tokens per second, down to 0 (plain
-    decoding) when drafting no longer pays; both ends are measured again every `refresh` blocks."""
+    """The draft length of each block from measured costs (`speculative_generate_batch(adapt=True)`).
 
-    def __init__(self, k_max: int, refresh: int = 16) -> None:
+    Cost: the wall time of a block (drafting + verify forward + bookkeeping) at each draft length it ran,
+    the least of its last `samples` blocks (timing noise only ever adds); a k not measured is interpolated
+    linearly between the measured ones at k >= 1 (k = 0, a plain step, has no drafting cost and is never
+    interpolated). The first block only warms up (its time is not a cost). Acceptance: per draft position
+    i, of the blocks drafting position i, the fraction whose draft i was accepted, so a block at k
+    commits 1 + the sum of the first k fractions per row. Each block takes the k of the most tokens per
+    second, down to 0 (plain decoding) when drafting no longer pays. The first blocks measure k_max, 1
+    and 0; then every `refresh` blocks one of them is measured again (a cost only the chosen k would
+    refresh could go stale); a cost measured with many more rows than now is forgotten (rows leave the
+    batch as they finish, and a block of fewer rows costs less)."""
+
+    def __init__(self, k_max: int, refresh: int = 16, samples: int = 4) -> None:
         self.k_max = k_max
         self.refresh = refresh
-        self.cost: dict[int, float] = {}  # k (0 or k_max) -> seconds per block
+        self.samples = samples
+        self.probes = list(dict.fromkeys((k_max, 1, 0)))
+        self.times: dict[int, list[tuple[float, int]]] = {}  # k -> its last blocks' (seconds, rows)
         self.drafted = [0] * k_max
         self.accepted = [0] * k_max
         self.blocks = 0
 
-    def choose(self) -> int:
+    def choose(self, rows: int = 1) -> int:
         self.blocks += 1
-        for k in (self.k_max, 0):
-            if k not in self.cost or self.blocks % self.refresh == (0 if k else self.refresh // 2):
-                return k
-        c0, ck = self.cost[0], self.cost[self.k_max]
-        rates = [0.0] * (self.k_max + 1)
-        tokens = 1.0
-        for k in range(self.k_max + 1):
-            if k:
-                d = self.drafted[k - 1]
-                tokens += self.accepted[k - 1] / d if d else 0.0
-            rates[k] = tokens / (c0 + (ck - c0) * k / self.k_max)
-        return max(range(self.k_max + 1), key=lambda k: (rates[k], -k))
+        for k, seen in list(self.times.items()):
+            if not (seen := [t for t in seen if 4 * rows >= 3 * t[1]]):
+                del self.times[k]
+            else:
+                self.times[k] = seen
+        if self.blocks == 1:
+            return self.k_max
+        if missing := [k for k in self.probes if k not in self.times]:
+            return missing[0]
+        if self.blocks % self.refresh == 0:
+            return self.probes[self.blocks // self.refresh % len(self.probes)]
+        tokens, best, best_rate = 1.0, 0, 1.0 / self.cost(0)
+        for k in range(1, self.k_max + 1):
+            d = self.drafted[k - 1]
+            tokens += self.accepted[k - 1] / d if d else 0.0
+            if (rate := tokens / self.cost(k)) > best_rate:
+                best, best_rate = k, rate
+        return best
 
-    def record(self, k: int, seconds: float, drafted: Sequence[int], accepted: Sequence[int]) -> None:
-        """One block at draft length k took `seconds`; rows drafted/accepted per position (summed)."""
-        if k in (0, self.k_max):
-            old = self.cost.get(k)
-            self.cost[k] = seconds if old is None else 0.7 * old + 0.3 * seconds
-        for i, (d, a) in enumerate(zip(drafted, accepted, strict=True)):
+    def cost(self, k: int) -> float:
+        """Seconds per block at k: measured, or (k >= 1) linear between the nearest measured lengths."""
+        if k in self.times:
+            return min(t for t, _ in self.times[k])
+        lo = max(j for j in self.times if 0 < j < k)
+        hi = min(j for j in self.times if j > k)
+        return self.cost(lo) + (self.cost(hi) - self.cost(lo)) * (k - lo) / (hi - lo)
+
+    def record(
+        self, k: int, seconds: float, drafted: Sequence[int], accepted: Sequence[int], rows: int = 1
+    ) -> None:
+        """One block of `rows` rows at draft length k took `seconds`; drafted/accepted per position
+        (summed over the rows)."""
+        if self.blocks > 1:
+            self.times[k] = [*self.times.get(k, [])[1 - self.samples :], (seconds, rows)]
+        for i, (d, a) in enumerate(zip(drafted, accepted, strict=False)):
             self.drafted[i] += d
             self.accepted[i] += a
 
@@ -330,7 +354,7 @@ def speculative_generate_batch(
     _leave(verifier, drafter, live)
     length = DraftLength(k) if adapt else None
     while live:
-        block_k = length.choose() if length else k
+        block_k = length.choose(len(live)) if length else k
         started = time.perf_counter()
         drafts = drafter.propose_rows(
             [outs[r][-1] for r in live], [min(block_k, stop.max_new_tokens - len(outs[r]) - 1) for r in live]
@@ -361,10 +385,12 @@ def speculative_generate_batch(
         verifier.trim([m - done for done in kept])
         going = [i for i, r in enumerate(live) if reasons[r] is None]
         if layers:
-            drafter.observe_rows(step.hidden, [kept[i] if reasons[r] is None else 0 for i, r in enumerate(live)])
+            drafter.observe_rows(
+                step.hidden, [kept[i] if reasons[r] is None else 0 for i, r in enumerate(live)]
+            )
         drafter.accept_rows(ns, committed)
         if length:
-            length.record(block_k, time.perf_counter() - started, block_drafted, block_accepted)
+            length.record(block_k, time.perf_counter() - started, block_drafted, block_accepted, len(live))
         _leave(verifier, drafter, going)
         live = [live[i] for i in going]
     decode_s = time.perf_counter() - t1

@@ -184,6 +184,7 @@ class MLXSession(BaseSession):
         for s in self.states:
             s.keep_rows(index)
 
+
 def load_mlx(path: Path, dtype: str = "auto", device: str = "auto", compile: bool | str = False) -> MLXModel:
     """Load an mlx-lm model to run on `device` (checked before the weights load) in `dtype`."""
     if compile:

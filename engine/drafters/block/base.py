@@ -110,7 +110,9 @@ class BlockRowsBase:
         if max(self.length[r] + n for _, r, n in picked) > self._capacity():
             keep = [min(n, self.window) for n in self.length]  # drop what no block attends to any more
             most = max(n for _, _, n in picked)
-            self._compact([n - m for n, m in zip(self.length, keep, strict=True)], keep, max(2 * (max(keep) + most), 64))
+            self._compact(
+                [n - m for n, m in zip(self.length, keep, strict=True)], keep, max(2 * (max(keep) + most), 64)
+            )
             self.length = keep
         self._observe(hidden, picked)
         for _, r, n in picked:
@@ -149,7 +151,9 @@ class BlockRowsBase:
         )
         return a, b, np.repeat(seen[:, None], 1 + k, 1)
 
-    def writes(self, picked: Sequence[tuple[int, int, int]]) -> tuple[list[int], list[int], list[int], list[int]]:
+    def writes(
+        self, picked: Sequence[tuple[int, int, int]]
+    ) -> tuple[list[int], list[int], list[int], list[int]]:
         """Where `_observe` writes the K/V of the picked rows' features [len(picked), m, ...]: (destination
         row, buffer position, source row among the picked, source position) per observed position."""
         rows: list[int] = []
