@@ -248,29 +248,35 @@ class PerRow:
 class DraftLength:
     """The draft length of each block from measured costs (`speculative_generate_batch(adapt=True)`).
 
-    Cost: the wall time of a block (drafting + verify forward + bookkeeping) at each draft length it ran,
+    Cost: the time of a block (drafting + verify forward + bookkeeping; CPU time of the process for a
+    verifier on the CPU, so that other processes' load does not count, wall time on an accelerator) at
+    each draft length it ran,
     the least of its last `samples` blocks (timing noise only ever adds); a k not measured is interpolated
-    linearly between the measured ones at k >= 1 (k = 0, a plain step, has no drafting cost and is never
-    interpolated). The first block only warms up (its time is not a cost). Acceptance: per draft position
-    i, of the blocks drafting position i, the fraction whose draft i was accepted, so a block at k
-    commits 1 + the sum of the first k fractions per row. Each block takes the k of the most tokens per
-    second, down to 0 (plain decoding) when drafting no longer pays. The first blocks measure k_max, 1
-    and 0; then every `refresh` blocks one of them is measured again (a cost only the chosen k would
-    refresh could go stale); a cost measured with many more rows than now is forgotten (rows leave the
-    batch as they finish, and a block of fewer rows costs less)."""
+    linearly between the nearest measured ones (0 and k_max are always measured). The first block only
+    warms up (its time is not a cost). Acceptance: per draft position i, of the blocks drafting position
+    i, the fraction whose draft i was accepted, so a block at k commits 1 + the sum of the first k
+    fractions per row. Each block takes the k of the most tokens per second, down to 0 (plain decoding)
+    when drafting no longer pays; the k it runs is measured as it runs, so a cost misjudged low corrects
+    itself. A cost misjudged high would not: the other end (k_max or 0) is measured again every `refresh`
+    blocks while the best k is within `margin` of a plain step's rate, every 4 * `refresh` when it wins
+    clearly (each probe of k = 0 costs a block of one token per row). A cost measured with many more rows
+    than now is forgotten (rows leave the batch as they finish, and a block of fewer rows costs less)."""
 
-    def __init__(self, k_max: int, refresh: int = 16, samples: int = 4) -> None:
+    def __init__(self, k_max: int, refresh: int = 16, samples: int = 4, margin: float = 1.3) -> None:
         self.k_max = k_max
         self.refresh = refresh
         self.samples = samples
-        self.probes = list(dict.fromkeys((k_max, 1, 0)))
+        self.margin = margin
         self.times: dict[int, list[tuple[float, int]]] = {}  # k -> its last blocks' (seconds, rows)
         self.drafted = [0] * k_max
         self.accepted = [0] * k_max
         self.blocks = 0
+        self.since = 0  # blocks since the last probe
+        self.probes = 0
 
     def choose(self, rows: int = 1) -> int:
         self.blocks += 1
+        self.since += 1
         for k, seen in list(self.times.items()):
             if not (seen := [t for t in seen if 4 * rows >= 3 * t[1]]):
                 del self.times[k]
@@ -278,23 +284,28 @@ class DraftLength:
                 self.times[k] = seen
         if self.blocks == 1:
             return self.k_max
-        if missing := [k for k in self.probes if k not in self.times]:
+        if missing := [k for k in (self.k_max, 0) if k not in self.times]:
+            self.since = 0
             return missing[0]
-        if self.blocks % self.refresh == 0:
-            return self.probes[self.blocks // self.refresh % len(self.probes)]
-        tokens, best, best_rate = 1.0, 0, 1.0 / self.cost(0)
+        tokens, rates = 1.0, [1.0 / self.cost(0)]
         for k in range(1, self.k_max + 1):
             d = self.drafted[k - 1]
             tokens += self.accepted[k - 1] / d if d else 0.0
-            if (rate := tokens / self.cost(k)) > best_rate:
-                best, best_rate = k, rate
+            rates.append(tokens / self.cost(k))
+        best = max(range(self.k_max + 1), key=lambda k: (rates[k], k))
+        every = self.refresh * (4 if rates[best] > self.margin * rates[0] else 1)
+        if self.since >= every:  # the ends other than the best, in turn
+            self.since = 0
+            self.probes += 1
+            ends = [k for k in (0, self.k_max) if k != best]
+            return ends[self.probes % len(ends)]
         return best
 
     def cost(self, k: int) -> float:
-        """Seconds per block at k: measured, or (k >= 1) linear between the nearest measured lengths."""
+        """Seconds per block at k: measured, or linear between the nearest measured draft lengths."""
         if k in self.times:
             return min(t for t, _ in self.times[k])
-        lo = max(j for j in self.times if 0 < j < k)
+        lo = max(j for j in self.times if j < k)
         hi = min(j for j in self.times if j > k)
         return self.cost(lo) + (self.cost(hi) - self.cost(lo)) * (k - lo) / (hi - lo)
 
@@ -353,9 +364,10 @@ def speculative_generate_batch(
     live = [r for r in range(rows) if reasons[r] is None]  # the prompt row of each verifier row
     _leave(verifier, drafter, live)
     length = DraftLength(k) if adapt else None
+    clock = time.process_time if getattr(verifier, "on_cpu", False) else time.perf_counter
     while live:
         block_k = length.choose(len(live)) if length else k
-        started = time.perf_counter()
+        started = clock()
         drafts = drafter.propose_rows(
             [outs[r][-1] for r in live], [min(block_k, stop.max_new_tokens - len(outs[r]) - 1) for r in live]
         )
@@ -390,7 +402,7 @@ def speculative_generate_batch(
             )
         drafter.accept_rows(ns, committed)
         if length:
-            length.record(block_k, time.perf_counter() - started, block_drafted, block_accepted, len(live))
+            length.record(block_k, clock() - started, block_drafted, block_accepted, len(live))
         _leave(verifier, drafter, going)
         live = [live[i] for i in going]
     decode_s = time.perf_counter() - t1

@@ -142,6 +142,10 @@ class MLXSession(BaseSession):
             for i, g in enumerate(self.group_of)
         ]
 
+    @property
+    def on_cpu(self) -> bool:
+        return self.owner.device.type == mx.cpu
+
     def _dropped(self, slots: list[list[list[int]] | None]) -> None:
         for a, dropped in zip(self.arrays, slots, strict=True):
             a.drop(dropped)
