@@ -6,6 +6,8 @@ included), long after the windows have wrapped."""
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -327,3 +329,21 @@ def test_diffusion_drafter_batched_is_exact(backend: str) -> None:
     drafters = [DiffusionDrafter(model, steps=2) for _ in prompts]
     gens = engine.speculative_generate_batch(session, drafters, prompts, k, engine.Stop(40))
     assert [g.tokens for g in gens] == alone and sum(g.accepted for g in gens) > 0
+
+
+def test_throughput_table_has_the_block_drafter_batched(tmp_path: Path) -> None:
+    """The throughput report's batch table: the block drafter's batched runs (tok/s, acceptance length,
+    per-position acceptance), every row's digests equal."""
+    from engine.workloads import throughput
+
+    out = tmp_path / "tp.json"
+    argv = ["--model", "zoo:tiny-hybrid", "--drafter", "block:zoo:tiny-block-drafter", "--k", "4"]
+    argv += ["--prompts", "2", "--new-tokens", "24", "--repeats", "1", "--batches", "1,3", "--threads", "1"]
+    assert throughput.main([*argv, "--out", str(out), "--plot", "none"]) == 0
+    report = json.loads(out.read_text())
+    for b in report["batched"]:
+        sp = b["speculative"]
+        assert sp["exact"] and sp["acceptance_length"] > 1.5 and len(sp["position_acceptance"]) == 4
+        assert sp["adaptive"] == throughput.ADAPT
+    assert [(d["batch"], d["row"]) for d in report["prompts"][0]["digests"]] == [(1, 0), (3, 0), (3, 2)]
+    assert all(d["greedy"] == d["speculative"] for p in report["prompts"] for d in p["digests"])
