@@ -250,33 +250,31 @@ class DraftLength:
 
     Cost: the time of a block (drafting + verify forward + bookkeeping; CPU time of the process for a
     verifier on the CPU, so that other processes' load does not count, wall time on an accelerator) at
-    each draft length it ran,
-    the least of its last `samples` blocks (timing noise only ever adds); a k not measured is interpolated
-    linearly between the nearest measured ones (0 and k_max are always measured). The first block only
-    warms up (its time is not a cost). Acceptance: per draft position i, of the blocks drafting position
-    i, the fraction whose draft i was accepted, so a block at k commits 1 + the sum of the first k
-    fractions per row. Each block takes the k of the most tokens per second, down to 0 (plain decoding)
-    when drafting no longer pays; the k it runs is measured as it runs, so a cost misjudged low corrects
-    itself. A cost misjudged high would not: the other end (k_max or 0) is measured again every `refresh`
-    blocks while the best k is within `margin` of a plain step's rate, every 4 * `refresh` when it wins
-    clearly (each probe of k = 0 costs a block of one token per row). A cost measured with many more rows
-    than now is forgotten (rows leave the batch as they finish, and a block of fewer rows costs less)."""
+    each draft length it ran, the least of its last `samples` blocks (timing noise only ever adds); a k
+    not measured is interpolated linearly between the nearest measured ones (0 and k_max are always
+    measured). The first block only warms up (its time is not a cost). Acceptance: per draft position
+    i, of the blocks drafting position i, the fraction whose draft i was accepted, so a block at k
+    commits 1 + the sum of the first k fractions per row. Each block takes the k of the most tokens per
+    second, down to 0 (plain decoding) when drafting no longer pays; the k it runs is measured as it
+    runs, so a cost misjudged low corrects itself. One misjudged high would not: an end (0 or k_max)
+    other than the best is measured again once the time spent since the last probe pays for it within
+    `budget` (a probe loses its cost less the time the best k takes for the tokens the probe commits:
+    a plain step probed while drafting wins, or a long draft probed while plain steps win, is rare). A
+    cost measured with many more rows than now is forgotten (rows leave the batch as they finish, and a
+    block of fewer rows costs less)."""
 
-    def __init__(self, k_max: int, refresh: int = 16, samples: int = 4, margin: float = 1.3) -> None:
+    def __init__(self, k_max: int, samples: int = 4, budget: float = 0.03) -> None:
         self.k_max = k_max
-        self.refresh = refresh
         self.samples = samples
-        self.margin = margin
+        self.budget = budget
         self.times: dict[int, list[tuple[float, int]]] = {}  # k -> its last blocks' (seconds, rows)
         self.drafted = [0] * k_max
         self.accepted = [0] * k_max
         self.blocks = 0
-        self.since = 0  # blocks since the last probe
-        self.probes = 0
+        self.spent = 0.0  # seconds since the last probe
 
     def choose(self, rows: int = 1) -> int:
         self.blocks += 1
-        self.since += 1
         for k, seen in list(self.times.items()):
             if not (seen := [t for t in seen if 4 * rows >= 3 * t[1]]):
                 del self.times[k]
@@ -285,20 +283,19 @@ class DraftLength:
         if self.blocks == 1:
             return self.k_max
         if missing := [k for k in (self.k_max, 0) if k not in self.times]:
-            self.since = 0
+            self.spent = 0.0
             return missing[0]
-        tokens, rates = 1.0, [1.0 / self.cost(0)]
+        tokens = [1.0]
         for k in range(1, self.k_max + 1):
             d = self.drafted[k - 1]
-            tokens += self.accepted[k - 1] / d if d else 0.0
-            rates.append(tokens / self.cost(k))
+            tokens.append(tokens[-1] + (self.accepted[k - 1] / d if d else 0.0))
+        rates = [tokens[k] / self.cost(k) for k in range(self.k_max + 1)]
         best = max(range(self.k_max + 1), key=lambda k: (rates[k], k))
-        every = self.refresh * (4 if rates[best] > self.margin * rates[0] else 1)
-        if self.since >= every:  # the ends other than the best, in turn
-            self.since = 0
-            self.probes += 1
-            ends = [k for k in (0, self.k_max) if k != best]
-            return ends[self.probes % len(ends)]
+        loss = {k: self.cost(k) - tokens[k] / rates[best] for k in (0, self.k_max) if k != best}
+        probe = min(loss, key=loss.__getitem__)
+        if self.spent * self.budget >= loss[probe]:
+            self.spent = 0.0
+            return probe
         return best
 
     def cost(self, k: int) -> float:
@@ -316,6 +313,7 @@ class DraftLength:
         (summed over the rows)."""
         if self.blocks > 1:
             self.times[k] = [*self.times.get(k, [])[1 - self.samples :], (seconds, rows)]
+            self.spent += seconds
         for i, (d, a) in enumerate(zip(drafted, accepted, strict=False)):
             self.drafted[i] += d
             self.accepted[i] += a

@@ -138,25 +138,36 @@ class MLXBlockDrafterModel(nn.Module):
         return model
 
 
-class MLXBlockDrafter(BlockDrafterBase):
-    """The engine.speculative `FeatureDrafter` over an `MLXBlockDrafterModel` (bookkeeping: BlockDrafterBase);
-    buffers [1, heads, capacity, head_dim] per layer, in float32 like the weights."""
+class Buffers:
+    """What both MLX block drafters hold: the model, per-layer K/V buffers [rows, heads, capacity, head_dim]
+    in the weights' dtype, and the mask slot's first-layer projections (the same every block)."""
 
     def __init__(self, model: MLXBlockDrafterModel) -> None:
-        super().__init__(model.config)
         self.model = model
         self.dtype = model.fc.weight.dtype
         self.kv: list[tuple[mx.array, mx.array]] = []
         self.mask_qkv = model.mask_qkv()
         mx.eval(self.mask_qkv)
 
-    def _reset(self) -> None:
-        c = self.config
-        empty = mx.zeros((1, c.num_heads, 0, c.head_dim), self.dtype)
+    def _empty(self, rows: int) -> None:
+        c = self.model.config
+        empty = mx.zeros((rows, c.num_heads, 0, c.head_dim), self.dtype)
         self.kv = [(empty, empty) for _ in range(c.num_layers)]
 
     def _capacity(self) -> int:
         return self.kv[0][0].shape[2]
+
+
+class MLXBlockDrafter(Buffers, BlockDrafterBase):
+    """The engine.speculative `FeatureDrafter` over an `MLXBlockDrafterModel` (bookkeeping: BlockDrafterBase);
+    buffers [1, heads, capacity, head_dim] per layer, in float32 like the weights."""
+
+    def __init__(self, model: MLXBlockDrafterModel) -> None:
+        BlockDrafterBase.__init__(self, model.config)
+        Buffers.__init__(self, model)
+
+    def _reset(self) -> None:
+        self._empty(1)
 
     def _context_kv(self, hidden: dict[int, Any], rows: int) -> list[tuple[mx.array, mx.array]]:
         feats = mx.concatenate([hidden[i][:rows] for i in self.layers], -1).astype(self.dtype)
@@ -188,26 +199,17 @@ class MLXBlockDrafter(BlockDrafterBase):
         return ids.tolist()  # type: ignore[return-value]
 
 
-class MLXBatchedBlockDrafter(BlockRowsBase):
+class MLXBatchedBlockDrafter(Buffers, BlockRowsBase):
     """The engine.speculative `FeatureRows` over an `MLXBlockDrafterModel`: every row of a batched verifier
     observed and drafted in one forward each, lazily (one host sync per block, as `MLXBlockDrafter`);
     buffers [rows, heads, capacity, head_dim] per layer (bookkeeping: BlockRowsBase)."""
 
     def __init__(self, model: MLXBlockDrafterModel, rows: int) -> None:
-        super().__init__(model.config, rows)
-        self.model = model
-        self.dtype = model.fc.weight.dtype
-        self.kv: list[tuple[mx.array, mx.array]] = []
-        self.mask_qkv = model.mask_qkv()
-        mx.eval(self.mask_qkv)
+        BlockRowsBase.__init__(self, model.config, rows)
+        Buffers.__init__(self, model)
 
     def _reset(self) -> None:
-        c = self.config
-        empty = mx.zeros((self.rows, c.num_heads, 0, c.head_dim), self.dtype)
-        self.kv = [(empty, empty) for _ in range(c.num_layers)]
-
-    def _capacity(self) -> int:
-        return self.kv[0][0].shape[2]
+        self._empty(self.rows)
 
     def _compact(self, starts: list[int], keep: list[int], size: int) -> None:
         def moved(buf: mx.array) -> mx.array:
