@@ -7,8 +7,9 @@ zoo:tiny-block-drafter, hybrid:4:64, k = 4, 4 zoo code prompts of 96 tokens cycl
 tokens): for each backend and batch size B, batched greedy (`generate_batch`), batched speculative
 decoding with k fixed and with the adaptive draft length (`speculative_generate_batch(adapt=True)`,
 engine.speculative.DraftLength). Each method runs once per repeat, interleaved, so a busy spell of a
-shared machine hits all of them alike; the fastest run of each counts. Reported per method: decode tok/s
-over all rows (wall time; and CPU time of the process, which other processes' load does not inflate), the
+shared machine hits all of them alike; the fastest run of each counts (on each clock). Reported per
+method: decode tok/s over all rows (wall time; and CPU time of the process in the decode phase, read at
+the engine's own clock reads, which other processes' load does not inflate; threads = 1), the
 speedup over batched greedy on both clocks, acceptance length (tokens per row per verify forward),
 per-position acceptance, the draft lengths the adaptive runs chose, and whether every row equals greedy
 decoding of its prompt (checked: a row that is not exact is an error). The load average before and after
@@ -28,6 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engine  # noqa: E402
+import engine.decode as decode  # noqa: E402
 import engine.speculative as spec  # noqa: E402
 from engine.drafters import load_drafter, parse_drafter  # noqa: E402
 from engine.report import write_report  # noqa: E402
@@ -36,37 +38,56 @@ from engine.zoo import corpus  # noqa: E402
 METHODS = ("greedy", "fixed", "adaptive")
 
 
+class Clocks:
+    """Stands in for the `time` module of engine.decode and engine.speculative during a run: every
+    `perf_counter()` they read is logged with the process's CPU time at that moment, so the CPU time of
+    the decode phase (between the reads that bound `Generation.decode_s`) is known exactly."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[float, float]] = []
+
+    def perf_counter(self) -> float:
+        wall, cpu = time.perf_counter(), time.process_time()
+        self.log.append((wall, cpu))
+        return wall
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    def cpu_since(self, wall: float) -> float:
+        """CPU time from the logged read closest to `wall` to the last read."""
+        start = min(self.log, key=lambda e: abs(e[0] - wall))
+        return self.log[-1][1] - start[1]
+
+
 def _run(
     model: Any, method: str, rows: list[list[int]], args: argparse.Namespace, make: Any
 ) -> dict[str, Any]:
     """One batched run; its decode time on both clocks, its tokens and acceptance."""
     b, stop, k = len(rows), engine.Stop(args.new_tokens, model.eos_ids), args.k
     chosen: list[int] = []
-    if method == "greedy":
-        session = model.session(engine.parse_policy(args.policy), rows=b)
-        c0 = time.process_time()
-        gens = engine.generate_batch(session, rows, stop)
-    else:
-        session = model.session(engine.parse_policy(args.policy), k + 1, rows=b)
-        drafter = make(session)
-        drafters = drafter if hasattr(drafter, "propose_rows") else [drafter]
-        choose = spec.DraftLength.choose
+    clocks = Clocks()
+    choose = spec.DraftLength.choose
 
-        def record(self: spec.DraftLength, n: int = 1) -> int:
-            chosen.append(choose(self, n))
-            return chosen[-1]
+    def record(self: spec.DraftLength, n: int = 1) -> int:
+        chosen.append(choose(self, n))
+        return chosen[-1]
 
-        spec.DraftLength.choose = record  # type: ignore[method-assign]
-        try:
-            c0 = time.process_time()
-            gens = engine.speculative_generate_batch(
-                session, drafters, rows, k, stop, adapt=method == "adaptive"
-            )
-        finally:
-            spec.DraftLength.choose = choose  # type: ignore[method-assign]
-    cpu = time.process_time() - c0
+    spec.DraftLength.choose = record  # type: ignore[method-assign]
+    decode.time, spec.time = clocks, clocks  # type: ignore[assignment]
+    try:
+        if method == "greedy":
+            gens = engine.generate_batch(model.session(engine.parse_policy(args.policy), rows=b), rows, stop)
+        else:
+            session = model.session(engine.parse_policy(args.policy), k + 1, rows=b)
+            drafter = make(session)
+            drafters = drafter if hasattr(drafter, "propose_rows") else [drafter]
+            adapt = method == "adaptive"
+            gens = engine.speculative_generate_batch(session, drafters, rows, k, stop, adapt=adapt)
+    finally:
+        spec.DraftLength.choose = choose  # type: ignore[method-assign]
+        decode.time, spec.time = time, time  # type: ignore[assignment]
     decode_wall = gens[0].decode_s
-    decode_cpu = cpu * decode_wall / (gens[0].prefill_s + decode_wall)  # the decode share of the CPU time
     new = sum(len(g.tokens) for g in gens) - b  # the first token of each row comes from prefill
     forwards = sum(g.forwards for g in gens)
     n = max((len(g.position_drafted) for g in gens), default=0)
@@ -75,7 +96,7 @@ def _run(
     return {
         "tokens": [g.tokens for g in gens],
         "decode_s": decode_wall,
-        "decode_cpu_s": decode_cpu,
+        "decode_cpu_s": clocks.cpu_since(clocks.log[-1][0] - decode_wall),
         "new_tokens": new,
         "acceptance_length": new / forwards if forwards and method != "greedy" else 1.0,
         "position_acceptance": [a / d if d else 0.0 for a, d in zip(accepted, drafted, strict=True)],
