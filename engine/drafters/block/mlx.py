@@ -234,6 +234,9 @@ class MLXBatchedBlockDrafter(Buffers, BlockRowsBase):
             vb[rows, :, at] = v[src, :, j]
             kv.append((kb, vb))
         self.kv = kv
+        # evaluated now, not with the next block: a plain step (k = 0) drafts nothing, and the writes of
+        # a run of them would pile up into one graph of whole-buffer copies
+        mx.async_eval(self.kv)
 
     def _draft(self, lasts: list[int], ks: list[int]) -> list[list[int]]:
         a, b, seen = self.block_mask(ks)
