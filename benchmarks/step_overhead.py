@@ -101,7 +101,7 @@ def measure(
 def _step(session: Any, last: list[list[int]], rows: int) -> list[list[int]]:
     if rows == 1:
         return [session.forward(last[0][-1:]).tokens]
-    return session.forward_rows([t[-1:] for t in last])
+    return session.forward_rows([t[-1:] for t in last]).tokens
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,7 @@ a kind), models (resolve, load, Model).
 Backends (engine/backends/: base, torch, mlx) provide a `Model` with `session(policy, max_block)`.
 """
 
-from engine.decode import Generation, Session, Step, Stop, generate, generate_batch
+from engine.decode import BatchStep, Generation, Session, Step, Stop, generate, generate_batch
 from engine.drafters import DrafterSpec, ModelDrafter, PromptLookupDrafter, load_drafter
 from engine.geometry import Geometry
 from engine.models import Model, ModelNotFoundError, load, resolve, zoo_models
@@ -35,6 +35,7 @@ __all__ = [
     "Sampling",
     "Session",
     "Step",
+    "BatchStep",
     "Stop",
     "full",
     "generate",

@@ -335,6 +335,14 @@ class Group:
                 self.table[r, slots] = EMPTY
         return dropped
 
+    def keep_rows(self, rows: list[int]) -> None:
+        """Keep only these rows (renumbered 0.. in this order), each with its own counters and table row."""
+        self.layouts = [self.layouts[r] for r in rows]
+        self.table = self.table[rows]
+        self.rows = len(rows)
+        self._row_index = np.arange(self.rows)[:, None]
+        self.forward = None
+
     def held(self) -> int:
         """Slots in use (positions held, with EMPTY slots of a pending rollback counted); all rows."""
         return sum(lay.held() for lay in self.layouts)

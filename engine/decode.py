@@ -31,6 +31,17 @@ class Step:
     hidden: dict[int, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class BatchStep:
+    """What one batched forward (`Session.forward_rows`) answers: `tokens[r]` the greedy token after each
+    position fed to row r (host lists); only when asked, `logits` [rows, m, vocab] and `hidden` {layer:
+    [rows, m, hidden size]} (numbered as in `Step`), backend arrays on the model's device."""
+
+    tokens: list[list[int]]
+    logits: Any = None
+    hidden: dict[int, Any] = field(default_factory=dict)
+
+
 class Session(Protocol):
     """One model + one bounded cache. Positions are fed in order from 0; `position` = positions fed.
     `max_block` is the cache's slack: the largest block fed in ring layers at once and the largest
@@ -55,13 +66,23 @@ class Session(Protocol):
         prefills one `row` at a time."""
         ...
 
-    def forward_rows(self, ids: Sequence[Sequence[int]]) -> list[list[int]]:
+    def forward_rows(
+        self, ids: Sequence[Sequence[int]], *, logits: bool = False, hidden: Iterable[int] = ()
+    ) -> BatchStep:
         """Batched session: feed every row the same number (<= max_block) of tokens, each at its own next
-        positions; the greedy token after each fed position, per row."""
+        positions; per row the greedy token after each fed position (and the logits, hidden states)."""
         ...
 
-    def forward(self, ids: Sequence[int], *, logits: bool = False, hidden: Iterable[int] = ()) -> Step:
-        """Feed len(ids) <= max_block tokens in one forward; the step of each fed position."""
+    def forward(
+        self, ids: Sequence[int], *, logits: bool = False, hidden: Iterable[int] = (), row: int | None = None
+    ) -> Step:
+        """Feed len(ids) <= max_block tokens in one forward; the step of each fed position. A batched
+        session feeds one `row` alone this way (a prompt whose every position's features are wanted)."""
+        ...
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Batched session: keep only these rows (renumbered 0.. in this order); the others' K/V and
+        positions are dropped, so later forwards compute nothing for them."""
         ...
 
     def trim(self, n: int | Sequence[int]) -> None:
@@ -202,7 +223,7 @@ def generate_batch(session: Session, prompts: Sequence[Sequence[int]], stop: Sto
     while any(r is None for r in reasons):
         step = session.forward_rows([o[-1:] for o in outs])
         forwards += 1
-        for r, tokens in enumerate(step):
+        for r, tokens in enumerate(step.tokens):
             if reasons[r] is None:
                 outs[r] += tokens
                 reasons[r] = stop.check(outs[r])

@@ -82,17 +82,26 @@ def proposal(
 
 
 def _prefill(
-    verifier: Session, drafter: Drafter, prompt: Sequence[int], layers: tuple[int, ...], logits: bool
+    verifier: Session,
+    drafter: Drafter,
+    prompt: Sequence[int],
+    layers: tuple[int, ...],
+    logits: bool,
+    row: int | None = None,
 ) -> Step:
-    """The prompt fed to the verifier; the step of its last position (its logits when asked)."""
+    """The prompt fed to the verifier (to batch `row` alone of a batched one); the step of its last
+    position (its logits when asked). A feature drafter observes every position's hidden states."""
     if not layers:
-        return verifier.prefill(prompt, logits=logits)
-    observe = drafter.observe  # type: ignore[attr-defined]
+        return verifier.prefill(prompt, logits=logits, row=row)
     chunk = getattr(verifier, "prefill_chunk", 512)
     for i in range(0, len(prompt), chunk):
         last = i + chunk >= len(prompt)
-        step = verifier.forward(prompt[i : i + chunk], hidden=layers, logits=logits and last)
-        observe(step.hidden, len(step.tokens))
+        step = verifier.forward(prompt[i : i + chunk], hidden=layers, logits=logits and last, row=row)
+        if row is None:
+            drafter.observe(step.hidden, len(step.tokens))  # type: ignore[attr-defined]
+        else:  # a RowsDrafter: this row's features, as a batch of one
+            rows: Any = drafter
+            rows.observe_rows({j: h[None] for j, h in step.hidden.items()}, [len(step.tokens)], [row])
     return Step(step.tokens[-1:], None if step.logits is None else step.logits[-1:])
 
 
@@ -166,8 +175,9 @@ def speculative_generate(
 
 
 class RowsDrafter(Protocol):
-    """Drafts for every row of a batched verifier at once (the model drafter's `BatchedModelDrafter`); any
-    other drafter runs one instance per row (`PerRow`)."""
+    """Drafts for every row of a batched verifier at once (the model drafter's `BatchedModelDrafter`, the
+    block drafter's `BatchedBlockDrafter`); any other drafter runs one instance per row (`PerRow`). A
+    drafter that reads the verifier's hidden states has a non-empty `layers` and `observe_rows`."""
 
     rows: int
 
@@ -181,13 +191,31 @@ class RowsDrafter(Protocol):
         """Row r accepted ns[r] drafts and committed `committed[r]` (None: it stopped, or had stopped)."""
         ...
 
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Only these rows go on (renumbered 0.. in this order): the verifier dropped the others."""
+        ...
+
+
+class FeatureRows(RowsDrafter, Protocol):
+    """A `RowsDrafter` conditioned on the verifier's hidden states (a batch of `FeatureDrafter`s)."""
+
+    layers: tuple[int, ...]
+
+    def observe_rows(
+        self, hidden: dict[int, Any], counts: Sequence[int], which: Sequence[int] | None = None
+    ) -> None:
+        """The features of the next counts[i] fed positions of row which[i] (None: row i): the first
+        counts[i] of hidden[layer][i] ([rows, m, hidden size] each)."""
+        ...
+
 
 class PerRow:
-    """One `Drafter` per row, as a `RowsDrafter`."""
+    """One `Drafter` per row, as a `RowsDrafter` (a `FeatureRows` when they read hidden states)."""
 
     def __init__(self, drafters: Sequence[Drafter]) -> None:
         self.drafters = list(drafters)
         self.rows = len(self.drafters)
+        self.layers: tuple[int, ...] = tuple(getattr(self.drafters[0], "layers", ())) if drafters else ()
 
     def begin_rows(self, prompts: Sequence[Sequence[int]]) -> None:
         for d, p in zip(self.drafters, prompts, strict=True):
@@ -204,44 +232,89 @@ class PerRow:
             if new is not None:
                 d.accept(n, new)
 
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        self.drafters = [self.drafters[r] for r in rows]
+        self.rows = len(self.drafters)
+
+    def observe_rows(
+        self, hidden: dict[int, Any], counts: Sequence[int], which: Sequence[int] | None = None
+    ) -> None:
+        for i, n in enumerate(counts):
+            if n:
+                drafter: Any = self.drafters[i if which is None else which[i]]
+                drafter.observe({layer: h[i] for layer, h in hidden.items()}, n)
+
 
 class DraftLength:
-    """The draft length of each block from measured costs (`speculative_generate_batch(adapt=True)`): the
-    wall time of a block (drafting + verify forward) at k = 0 (a plain step) and at k = k_max, each an
-    exponential average, linear in between; and the running per-position acceptance (of the blocks
-    drafting position i, the fraction whose draft i was accepted: expected tokens per block at k =
-    1 + the sum of the first k). Each block takes the k of the most tokens per second, down to 0 (plain
-    decoding) when drafting no longer pays; both ends are measured again every `refresh` blocks."""
+    """The draft length of each block from measured costs (`speculative_generate_batch(adapt=True)`).
 
-    def __init__(self, k_max: int, refresh: int = 16) -> None:
+    Cost: the time of a block (drafting + verify forward + bookkeeping; CPU time of the process for a
+    verifier on the CPU, so that other processes' load does not count, wall time on an accelerator) at
+    each draft length it ran, the least of its last `samples` blocks (timing noise only ever adds); a k
+    not measured is interpolated linearly between the nearest measured ones (0 and k_max are always
+    measured). The first block only warms up (its time is not a cost). Acceptance: per draft position
+    i, of the blocks drafting position i, the fraction whose draft i was accepted, so a block at k
+    commits 1 + the sum of the first k fractions per row. Each block takes the k of the most tokens per
+    second, down to 0 (plain decoding) when drafting no longer pays; the k it runs is measured as it
+    runs, so a cost misjudged low corrects itself. One misjudged high would not: an end (0 or k_max)
+    other than the best is measured again once the time spent since the last probe pays for it within
+    `budget` (a probe loses its cost less the time the best k takes for the tokens the probe commits:
+    a plain step probed while drafting wins, or a long draft probed while plain steps win, is rare). A
+    cost measured with many more rows than now is forgotten (rows leave the batch as they finish, and a
+    block of fewer rows costs less)."""
+
+    def __init__(self, k_max: int, samples: int = 4, budget: float = 0.03) -> None:
         self.k_max = k_max
-        self.refresh = refresh
-        self.cost: dict[int, float] = {}  # k (0 or k_max) -> seconds per block
+        self.samples = samples
+        self.budget = budget
+        self.times: dict[int, list[tuple[float, int]]] = {}  # k -> its last blocks' (seconds, rows)
         self.drafted = [0] * k_max
         self.accepted = [0] * k_max
         self.blocks = 0
+        self.spent = 0.0  # seconds since the last probe
 
-    def choose(self) -> int:
+    def choose(self, rows: int = 1) -> int:
         self.blocks += 1
-        for k in (self.k_max, 0):
-            if k not in self.cost or self.blocks % self.refresh == (0 if k else self.refresh // 2):
-                return k
-        c0, ck = self.cost[0], self.cost[self.k_max]
-        rates = [0.0] * (self.k_max + 1)
-        tokens = 1.0
-        for k in range(self.k_max + 1):
-            if k:
-                d = self.drafted[k - 1]
-                tokens += self.accepted[k - 1] / d if d else 0.0
-            rates[k] = tokens / (c0 + (ck - c0) * k / self.k_max)
-        return max(range(self.k_max + 1), key=lambda k: (rates[k], -k))
+        for k, seen in list(self.times.items()):
+            if not (seen := [t for t in seen if 4 * rows >= 3 * t[1]]):
+                del self.times[k]
+            else:
+                self.times[k] = seen
+        if self.blocks == 1:
+            return self.k_max
+        if missing := [k for k in (self.k_max, 0) if k not in self.times]:
+            self.spent = 0.0
+            return missing[0]
+        tokens = [1.0]
+        for k in range(1, self.k_max + 1):
+            d = self.drafted[k - 1]
+            tokens.append(tokens[-1] + (self.accepted[k - 1] / d if d else 0.0))
+        rates = [tokens[k] / self.cost(k) for k in range(self.k_max + 1)]
+        best = max(range(self.k_max + 1), key=lambda k: (rates[k], k))
+        loss = {k: self.cost(k) - tokens[k] / rates[best] for k in (0, self.k_max) if k != best}
+        probe = min(loss, key=loss.__getitem__)
+        if self.spent * self.budget >= loss[probe]:
+            self.spent = 0.0
+            return probe
+        return best
 
-    def record(self, k: int, seconds: float, drafted: Sequence[int], accepted: Sequence[int]) -> None:
-        """One block at draft length k took `seconds`; rows drafted/accepted per position (summed)."""
-        if k in (0, self.k_max):
-            old = self.cost.get(k)
-            self.cost[k] = seconds if old is None else 0.7 * old + 0.3 * seconds
-        for i, (d, a) in enumerate(zip(drafted, accepted, strict=True)):
+    def cost(self, k: int) -> float:
+        """Seconds per block at k: measured, or linear between the nearest measured draft lengths."""
+        if k in self.times:
+            return min(t for t, _ in self.times[k])
+        lo = max(j for j in self.times if j < k)
+        hi = min(j for j in self.times if j > k)
+        return self.cost(lo) + (self.cost(hi) - self.cost(lo)) * (k - lo) / (hi - lo)
+
+    def record(
+        self, k: int, seconds: float, drafted: Sequence[int], accepted: Sequence[int], rows: int = 1
+    ) -> None:
+        """One block of `rows` rows at draft length k took `seconds`; drafted/accepted per position
+        (summed over the rows)."""
+        if self.blocks > 1:
+            self.times[k] = [*self.times.get(k, [])[1 - self.samples :], (seconds, rows)]
+            self.spent += seconds
+        for i, (d, a) in enumerate(zip(drafted, accepted, strict=False)):
             self.drafted[i] += d
             self.accepted[i] += a
 
@@ -255,20 +328,22 @@ def speculative_generate_batch(
     adapt: bool = False,
 ) -> list[Generation]:
     """Greedy speculative decoding of `verifier.rows` prompts at once, one drafter per row (or one
-    `RowsDrafter` drafting for all rows in batched forwards): each block
-    every live row drafts up to k tokens, all rows are verified in one batched forward (a row with fewer
-    drafts is padded), each row accepts its own prefix and rolls back on its own (`trim` per row). A row
-    that has stopped leaves the decision loop: it is fed its last token (plus padding) and rolled back
-    in full each block, so it neither grows nor holds the others back. Each row's tokens equal
-    `generate` on its prompt alone under the same policy (tests/engine/test_speculative_batch.py).
+    `RowsDrafter` drafting for all rows in batched forwards): each block every live row drafts up to k
+    tokens, all live rows are verified in one batched forward (a row with fewer drafts is padded), each
+    row accepts its own prefix and rolls back on its own (`trim` per row). A row that stops leaves the
+    batch: the verifier (`Session.keep_rows`) and the drafter drop it, so later blocks compute nothing for
+    it (the session ends holding the rows that stopped last). Each row's tokens equal `generate` on its
+    prompt alone under the same policy (tests/engine/test_speculative_batch.py).
+
+    A drafter that reads the verifier's hidden states (`layers`: the block drafter) gets each row's
+    prompt features from that row's chunked prefill and, after each block, the features of each row's
+    committed positions from the very verify forward that fed them (`observe_rows`), as in
+    `speculative_generate`.
 
     `adapt`: each block's draft length from measured costs and acceptance (`DraftLength`), between 0 (a
-    plain batched step) and k; the tokens stay exact whatever k a block takes.
-
-    Drafters that read the verifier's hidden states (`FeatureDrafter`: the block drafter, Gemma 4's
-    assistant) are refused: a batched forward returns tokens only, not per-row hidden states (yet)."""
+    plain batched step) and k; the tokens stay exact whatever k a block takes."""
     rows = verifier.rows
-    drafter = drafters if hasattr(drafters, "propose_rows") else PerRow(drafters)  # type: ignore[arg-type]
+    drafter: Any = drafters if hasattr(drafters, "propose_rows") else PerRow(drafters)  # type: ignore[arg-type]
     if len(prompts) != rows or drafter.rows != rows or not all(prompts):
         raise ValueError(f"speculative_generate_batch takes {rows} non-empty prompts and {rows} drafters")
     if k < 1:
@@ -277,59 +352,66 @@ def speculative_generate_batch(
         raise ValueError(
             f"the verifier's sequence needs max_block >= k + 1 = {k + 1} (has {verifier.max_block})"
         )
-    if any(getattr(d, "layers", ()) for d in getattr(drafter, "drafters", [drafter])):
-        raise ValueError(
-            "batched speculative decoding does not take drafters that read the verifier's hidden states "
-            "(block, gemma4-assistant) yet: decode those rows one at a time (rows=1)"
-        )
+    layers = tuple(getattr(drafter, "layers", ()))
     t0 = time.perf_counter()
     drafter.begin_rows(prompts)
-    outs = [verifier.prefill(prompt, row=r).tokens for r, prompt in enumerate(prompts)]
+    outs = [_prefill(verifier, drafter, list(p), layers, False, r).tokens for r, p in enumerate(prompts)]
     t1 = time.perf_counter()
     gens = [Generation(o, "max_new_tokens", len(p), t1 - t0, 0.0) for o, p in zip(outs, prompts, strict=True)]
     reasons: list[StopReason | None] = [stop.check(o) for o in outs]
+    live = [r for r in range(rows) if reasons[r] is None]  # the prompt row of each verifier row
+    _leave(verifier, drafter, live)
     length = DraftLength(k) if adapt else None
-    while any(r is None for r in reasons):
-        block_k = length.choose() if length else k
-        started = time.perf_counter()
+    clock = time.process_time if getattr(verifier, "on_cpu", False) else time.perf_counter
+    while live:
+        block_k = length.choose(len(live)) if length else k
+        started = clock()
         drafts = drafter.propose_rows(
-            [o[-1] for o in outs],
-            [
-                min(block_k, stop.max_new_tokens - len(o) - 1) if why is None else None
-                for o, why in zip(outs, reasons, strict=True)
-            ],
+            [outs[r][-1] for r in live], [min(block_k, stop.max_new_tokens - len(outs[r]) - 1) for r in live]
         )
-        ns: list[int] = [0] * rows  # what each live row accepted and committed
-        committed: list[list[int] | None] = [None] * rows
         m = 1 + max(len(d) for d in drafts)
-        fed = [[o[-1], *d] for o, d in zip(outs, drafts, strict=True)]
-        preds = verifier.forward_rows([f + [f[-1]] * (m - len(f)) for f in fed])
-        trims = [m] * rows  # a stopped row: everything fed this block is rolled back
+        fed = [[outs[r][-1], *d] for r, d in zip(live, drafts, strict=True)]
+        step = verifier.forward_rows([f + [f[-1]] * (m - len(f)) for f in fed], hidden=layers)
+        ns = [0] * len(live)  # what each row accepted and committed (None: it stopped)
+        committed: list[list[int] | None] = [None] * len(live)
+        kept = [0] * len(live)  # positions each row keeps fed: [last, d1..d(done-1)]
         block_drafted, block_accepted = [0] * k, [0] * k
-        for r, (gen, d) in enumerate(zip(gens, drafts, strict=True)):
-            if reasons[r] is not None:
-                continue
+        for i, (r, d) in enumerate(zip(live, drafts, strict=True)):
+            gen, preds = gens[r], step.tokens[i]
             n = 0
-            while n < len(d) and d[n] == preds[r][n]:
+            while n < len(d) and d[n] == preds[n]:
                 n += 1
-            new = [*d[:n], preds[r][n]]
+            new = [*d[:n], preds[n]]
             gen.forwards += 1
             gen.drafted += len(d)
             gen.accepted += n
             gen.count_positions(len(d), n)
-            for i in range(len(d)):
-                block_drafted[i] += 1
-                block_accepted[i] += i < n
-            done, reasons[r] = commit(outs[r], new, stop)
-            trims[r] = m - done  # keep [last, d1..d(done-1)]
+            for j in range(len(d)):
+                block_drafted[j] += 1
+                block_accepted[j] += j < n
+            kept[i], reasons[r] = commit(outs[r], new, stop)
             if reasons[r] is None:
-                ns[r], committed[r] = n, new
-        verifier.trim(trims)
+                ns[i], committed[i] = n, new
+        verifier.trim([m - done for done in kept])
+        going = [i for i, r in enumerate(live) if reasons[r] is None]
+        if layers:
+            drafter.observe_rows(
+                step.hidden, [kept[i] if reasons[r] is None else 0 for i, r in enumerate(live)]
+            )
         drafter.accept_rows(ns, committed)
         if length:
-            length.record(block_k, time.perf_counter() - started, block_drafted, block_accepted)
+            length.record(block_k, clock() - started, block_drafted, block_accepted, len(live))
+        _leave(verifier, drafter, going)
+        live = [live[i] for i in going]
     decode_s = time.perf_counter() - t1
     for gen, reason in zip(gens, reasons, strict=True):
         assert reason is not None
         gen.stop_reason, gen.decode_s = reason, decode_s
     return gens
+
+
+def _leave(verifier: Session, drafter: RowsDrafter, going: list[int]) -> None:
+    """Rows not in `going` have stopped: the verifier and the drafter drop them (unless none goes on)."""
+    if going and len(going) < verifier.rows:
+        verifier.keep_rows(going)
+        drafter.keep_rows(going)

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from engine.cache import Forward, Group
-from engine.decode import Step
+from engine.decode import BatchStep, Step
 from engine.geometry import RECURRENT, STATEFUL, STATELESS, Geometry, attention_kind
 from engine.policy import LayerSpec, Policy, layer_specs
 
@@ -67,6 +67,10 @@ class LayerState(Protocol):
 
     def trim(self, n: int) -> None: ...
 
+    def keep_rows(self, index: Any) -> None:
+        """Keep only the batch rows `index` (a backend index array) of the buffers."""
+        ...
+
     @property
     def nbytes(self) -> int: ...
 
@@ -103,6 +107,9 @@ class NoState:
     state_bytes = 0
 
     def trim(self, n: int) -> None:
+        pass
+
+    def keep_rows(self, index: Any) -> None:
         pass
 
 
@@ -187,6 +194,11 @@ class BaseSession(ABC):
             )
 
     @property
+    def on_cpu(self) -> bool:
+        """The model runs on the CPU (timings of its forwards: CPU time of the process is theirs)."""
+        return False
+
+    @property
     def position(self) -> int:
         return self.groups[0].position
 
@@ -211,24 +223,51 @@ class BaseSession(ABC):
             self._forward(chunk, True, False, (), row)
         return self._forward(chunks[-1], True, logits, tuple(hidden), row)
 
-    def forward(self, ids: Sequence[int], *, logits: bool = False, hidden: Iterable[int] = ()) -> Step:
-        if self.rows > 1:
-            raise ValueError(f"this session decodes {self.rows} rows: feed them with forward_rows")
-        return self._forward(list(ids), False, logits, tuple(hidden), None)
+    def forward(
+        self, ids: Sequence[int], *, logits: bool = False, hidden: Iterable[int] = (), row: int | None = None
+    ) -> Step:
+        if row is None and self.rows > 1:
+            raise ValueError(
+                f"this session decodes {self.rows} rows: feed them with forward_rows (or one with row=)"
+            )
+        return self._forward(list(ids), False, logits, tuple(hidden), row)
 
-    def forward_rows(self, ids: Sequence[Sequence[int]]) -> list[list[int]]:
-        """Feed every row m <= max_block tokens at its own next positions in one batched forward; the
-        greedy token after each fed position, per row (the one host copy of the forward)."""
+    def forward_rows(
+        self, ids: Sequence[Sequence[int]], *, logits: bool = False, hidden: Iterable[int] = ()
+    ) -> BatchStep:
+        """Feed every row m <= max_block tokens at its own next positions in one batched forward; per row
+        the greedy token after each fed position (the one host copy of the forward), and on request the
+        logits [rows, m, vocab] and hidden states {layer: [rows, m, hidden]} on the device."""
         rows = [list(r) for r in ids]
         if len(rows) != self.rows or len({len(r) for r in rows}) != 1 or not rows[0]:
             raise ValueError(f"forward_rows takes {self.rows} rows of the same length >= 1")
-        return self._run_rows(rows, [g.advance(len(rows[0])) for g in self.groups])
+        layers = self._hidden(hidden)
+        return self._run_rows(rows, [g.advance(len(rows[0])) for g in self.groups], logits, layers)
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Keep only these batch rows, renumbered 0.. in the given order: every group forgets the others'
+        positions and each layer state drops their K/V (`keep_rows` of the backend's states, with the
+        device index of the kept rows), so a finished row costs later forwards nothing."""
+        rows = list(rows)
+        if not rows or len(set(rows)) != len(rows) or not all(0 <= r < self.rows for r in rows):
+            raise ValueError(f"keep_rows takes distinct rows among 0..{self.rows - 1} (got {rows})")
+        if rows == list(range(self.rows)):
+            return
+        for g in self.groups:
+            g.keep_rows(rows)
+        self.rows = len(rows)
+        self._kept(rows)
+
+    def _hidden(self, hidden: Iterable[int]) -> tuple[int, ...]:
+        layers = tuple(hidden)
+        if bad := [i for i in layers if not 0 <= i <= len(self.specs)]:
+            raise ValueError(f"no hidden state {bad[0]}: layers are 0 (embeddings) to {len(self.specs)}")
+        return layers
 
     def _forward(
         self, ids: list[int], last_only: bool, logits: bool, hidden: tuple[int, ...], row: int | None
     ) -> Step:
-        if bad := [i for i in hidden if not 0 <= i <= len(self.specs)]:
-            raise ValueError(f"no hidden state {bad[0]}: layers are 0 (embeddings) to {len(self.specs)}")
+        hidden = self._hidden(hidden)
         if self.linear:
             self.rollback.record(self.position, ids, [self.states[i].snapshot() for i in self.linear])
         return self._run(ids, [g.advance(len(ids), row or 0) for g in self.groups], last_only, logits, hidden)
@@ -240,8 +279,14 @@ class BaseSession(ABC):
         """One model forward of `ids` with each group's planned `Forward` (in `self.groups` order)."""
 
     @abstractmethod
-    def _run_rows(self, ids: list[list[int]], forwards: list[Forward]) -> list[list[int]]:
+    def _run_rows(
+        self, ids: list[list[int]], forwards: list[Forward], logits: bool, hidden: tuple[int, ...]
+    ) -> BatchStep:
         """One batched model forward of `ids` [rows, m], each group's `Forward` covering every row."""
+
+    @abstractmethod
+    def _kept(self, rows: list[int]) -> None:
+        """The backend's half of `keep_rows`: its group mirrors and each layer state keep these rows."""
 
     def trim(self, n: int | Sequence[int]) -> None:
         """Forget the last n positions fed (a sequence: n[r] of batch row r, each row on its own)."""

@@ -14,11 +14,12 @@ the fraction whose draft i was accepted), and `exact`: whether the two token lis
 token by token; `digests`: per batch size and row that decoded the prompt, hashes of the plain greedy and
 the speculative token lists (the gate checks each pair is equal).
 
-Batched (`--batches`): per batch size B, greedy decoding of B prompts at once (the prompts cycled) and, for
-a drafter that reads no hidden states, batched speculative decoding of the same rows
-(engine.speculative_generate_batch; k fixed: `ADAPT` off, as the adaptive draft length did not pay on
-the zoo pair at 64 new tokens, docs/speculative.md): decode tok/s of both, speedup, acceptance length and
-per-position acceptance; each row's digests go to its prompt's `digests`. `--temperature T` > 0 adds, per
+Batched (`--batches`): per batch size B, greedy decoding of B prompts at once (the prompts cycled) and
+batched speculative decoding of the same rows with the same drafter kind (engine.speculative_generate_batch;
+a model or block drafter drafts for all rows in batched forwards; `ADAPT`: the draft length adapts per
+block, docs/speculative.md): decode tok/s of both, speedup, acceptance length and per-position acceptance;
+each row's digests go to its prompt's `digests`. A drafter that cannot batch (Gemma 4's assistant) says
+why on stderr and leaves `speculative` null. `--temperature T` > 0 adds, per
 prompt, plain sampling against lossless speculative sampling at T (seeded by --seed): tok/s, speedup and
 acceptance (no parity: the draws differ).
 
@@ -63,8 +64,10 @@ HUMANEVAL_STYLE = [
 ]
 
 
-# batched speculative runs adapt the draft length per block (engine.speculative.DraftLength)?
-ADAPT = False
+# batched speculative runs adapt the draft length per block (engine.speculative.DraftLength)? On: with the
+# block drafter on the zoo pair (benchmarks/results/batched_speculative-cpu.json) fixed k = 4 was 0.98x
+# batched greedy at B = 32 and adaptive 1.19x, at the price of ~10% at B = 1 and 8 (still 1.5-2x)
+ADAPT = True
 
 
 class Config(cli.ModelConfig):
@@ -174,7 +177,7 @@ class Batched(BaseModel):
     exact: bool  # every row equals greedy decoding of its prompt alone
     kv_bytes: int
     kv_bytes_per_row: list[int]
-    speculative: BatchedSpeculative | None = None  # None: the drafter reads hidden states (not batched yet)
+    speculative: BatchedSpeculative | None = None  # None: the drafter cannot batch (Gemma 4's assistant)
 
 
 class Summary(BaseModel):

@@ -78,8 +78,8 @@ def test_rows_stop_on_their_own_and_blocks_of_several_tokens_are_exact(backend: 
         single.prefill(p, row=r)
     for i in range(0, 27, 3):
         fed = [a[i : i + 3] for a in alone]
-        one_by_one = [single.forward_rows([[f[j]] for f in fed]) for j in range(3)]
-        assert block.forward_rows(fed) == [[s[r][0] for s in one_by_one] for r in range(2)]
+        one_by_one = [single.forward_rows([[f[j]] for f in fed]).tokens for j in range(3)]
+        assert block.forward_rows(fed).tokens == [[s[r][0] for s in one_by_one] for r in range(2)]
     with pytest.raises(ValueError, match="at most max_block=3"):
         block.forward_rows([[1, 2, 3, 4], [1, 2, 3, 4]])
     with pytest.raises(ValueError, match="rows of the same length"):

@@ -38,6 +38,10 @@ class GroupArrays:
         else:  # rows rolled back by different counts (batched speculative decoding): copy the table
             self.stale = True
 
+    def keep_rows(self, index: mx.array) -> None:
+        """The group kept the rows `index` (`Group.keep_rows`): keep their table rows."""
+        self.table = self.table[index]
+
     def load(self, fwd: Forward) -> None:
         self.asked = False
         plan, host = fwd.plan, self.group.table
@@ -149,6 +153,11 @@ class KV:
 
     def trim(self, n: int) -> None:
         """Nothing to drop: the group marks the trimmed slots EMPTY and the next writes reuse them."""
+
+    def keep_rows(self, index: mx.array) -> None:
+        """Keep the batch rows `index` of the buffers (the others' K/V are freed)."""
+        if self.keys is not None and self.values is not None:
+            self.keys, self.values = self.keys[index], self.values[index]
 
     @property
     def state(self) -> list[mx.array]:

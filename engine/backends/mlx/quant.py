@@ -114,6 +114,12 @@ class QuantizedKV(KV):
         self.k, self.v = grown
         self.keys = self.k[0]  # `empty()` and mlx-lm read `keys`
 
+    def keep_rows(self, index: mx.array) -> None:
+        """Keep the batch rows `index` of every buffer (the others' codes are freed)."""
+        if self.k:
+            self.k, self.v = [t[index] for t in self.k], [t[index] for t in self.v]
+            self.keys = self.k[0]
+
     @property
     def state(self) -> list[mx.array]:
         return [*self.k, *self.v]

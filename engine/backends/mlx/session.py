@@ -63,7 +63,7 @@ from engine.backends.mlx.linear import DeltaNetState
 from engine.backends.mlx.mamba import mixer_states
 from engine.backends.mlx.quant import QuantizedKV
 from engine.cache import Forward
-from engine.decode import Step
+from engine.decode import BatchStep, Step
 from engine.geometry import Geometry, read_geometry
 from engine.policy import Policy
 
@@ -152,6 +152,10 @@ class MLXSession(BaseSession):
         ]
         self.states, self.cache = mixer_states(geo.layer_types, states)  # Mamba-2 hybrids
 
+    @property
+    def on_cpu(self) -> bool:
+        return self.owner.device.type == mx.cpu
+
     def _dropped(self, slots: list[list[list[int]] | None]) -> None:
         for a, dropped in zip(self.arrays, slots, strict=True):
             a.drop(dropped)
@@ -177,11 +181,22 @@ class MLXSession(BaseSession):
             mx.eval(tokens, [c.state for c in self.cache], list(kept.values()), rows if logits else [])
         return Step([int(t) for t in tokens.tolist()], rows if logits else None, kept)  # type: ignore[union-attr]
 
-    def _run_rows(self, ids: list[list[int]], forwards: list[Forward]) -> list[list[int]]:
-        with mx.stream(self.owner.device):
-            tokens = mx.argmax(self._call(ids, forwards, None), axis=-1)
-            mx.eval(tokens, [c.state for c in self.cache])
-        return tokens.tolist()  # type: ignore[return-value]
+    def _run_rows(
+        self, ids: list[list[int]], forwards: list[Forward], logits: bool, hidden: tuple[int, ...]
+    ) -> BatchStep:
+        with mx.stream(self.owner.device), hidden_states(self.owner.model, hidden) as states:
+            out = self._call(ids, forwards, None)
+            tokens = mx.argmax(out, axis=-1)
+            kept = {i: states[i] for i in hidden}
+            mx.eval(tokens, [c.state for c in self.cache], list(kept.values()), out if logits else [])
+        return BatchStep(tokens.tolist(), out if logits else None, kept)  # type: ignore[arg-type]
+
+    def _kept(self, rows: list[int]) -> None:
+        index = mx.array(rows)
+        for a in self.arrays:
+            a.keep_rows(index)
+        for s in self.states:
+            s.keep_rows(index)
 
 
 def load_mlx(path: Path, dtype: str = "auto", device: str = "auto", compile: bool | str = False) -> MLXModel:

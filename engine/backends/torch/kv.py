@@ -78,6 +78,14 @@ class GroupTensors:
         else:  # rows rolled back by different counts (batched speculative decoding): copy the table
             self.stale = True
 
+    def keep_rows(self, index: torch.Tensor) -> None:
+        """The group kept the rows `index` (`Group.keep_rows`): keep their table rows, forget the per-rows
+        caches."""
+        self.table = self.table.index_select(0, index)
+        self._bases.clear()
+        self._constant.clear()
+        self._flat = None
+
     def sinks_hidden_mask(self, fwd: Forward, convert: Any) -> torch.Tensor:
         """The mask of a step that sees every slot but the sinks (`Plan.sinks_hidden`): the same tensor
         every such step, made once per (rows, view) and passed through `convert` (additive or not)."""
@@ -174,6 +182,13 @@ class KV:
 
     def trim(self, n: int) -> None:
         """Nothing to drop: the group marks the trimmed slots EMPTY and the next writes reuse them."""
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        """Keep the batch rows `index` of the buffers (a copy: the others' K/V are freed)."""
+        if self.k is None or self.v is None:
+            return
+        self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+        self._flat = self.k.view(-1, self.k.shape[3]), self.v.view(-1, self.v.shape[3])
 
     @property
     def nbytes(self) -> int:

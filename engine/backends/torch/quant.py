@@ -226,6 +226,14 @@ class QuantizedKV:
     def trim(self, n: int) -> None:
         """Nothing to drop: the group marks the trimmed slots EMPTY and the next writes reuse them."""
 
+    def keep_rows(self, index: torch.Tensor) -> None:
+        """Keep the batch rows `index` of every buffer (a copy: the others' codes are freed)."""
+        self.parts = [[t.index_select(0, index) for t in buf] for buf in self.parts]
+        self.kernels = [
+            kv_kernels.Buffers.of(*buf, b, self.group_size)
+            for buf, b in zip(self.parts, self.bits, strict=False)
+        ]
+
     @property
     def nbytes(self) -> int:
         """Codes, scales and biases of the positions held."""

@@ -35,7 +35,7 @@ from engine.backends.torch.kv import KV, GroupTensors
 from engine.backends.torch.linear import DeltaNetState, Mamba2State, MambaState, ParallelState
 from engine.backends.torch.quant import QuantizedKV
 from engine.cache import Forward, Group, visible_mask
-from engine.decode import Step
+from engine.decode import BatchStep, Step
 from engine.geometry import (
     ALIBI_MASK,
     LINEAR_ATTENTION,
@@ -252,6 +252,10 @@ class TorchSession(BaseSession):
         self.cache = PolicyCache(self, self.states, restorer)
         self._ones = torch.ones((1, 1, 1, 0), dtype=torch.bool, device=self.device)
 
+    @property
+    def on_cpu(self) -> bool:
+        return self.device.type == "cpu"
+
     @torch.inference_mode()
     def _dropped(self, slots: list[list[list[int]] | None]) -> None:
         for t, dropped in zip(self.tensors, slots, strict=True):
@@ -339,8 +343,20 @@ class TorchSession(BaseSession):
         return Step(_greedy(rows), rows if logits else None, states)
 
     @torch.inference_mode()
-    def _run_rows(self, ids: list[list[int]], forwards: list[Forward]) -> list[list[int]]:
-        return _greedy(self._call(self._ids(ids), forwards, False, False).logits)
+    def _run_rows(
+        self, ids: list[list[int]], forwards: list[Forward], logits: bool, hidden: tuple[int, ...]
+    ) -> BatchStep:
+        out = self._call(self._ids(ids), forwards, False, bool(hidden))
+        states = {i: out.hidden_states[i] for i in hidden}
+        return BatchStep(_greedy(out.logits), out.logits if logits else None, states)
+
+    @torch.inference_mode()
+    def _kept(self, rows: list[int]) -> None:
+        index = torch.tensor(rows, device=self.device)
+        for t in self.tensors:
+            t.keep_rows(index)
+        for s in self.states:
+            s.keep_rows(index)
 
     def _ids(self, ids: list[list[int]]) -> torch.Tensor:
         return torch.from_numpy(np.array(ids, dtype=np.int64)).to(self.device, non_blocking=True)

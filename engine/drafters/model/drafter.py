@@ -92,7 +92,7 @@ class BatchedModelDrafter:
             return out
         feeds = [self.pending[r] if drafting[r] else [lasts[r]] for r in range(self.rows)]
         m = max(len(f) for f in feeds)
-        preds = self.session.forward_rows([f + [f[-1]] * (m - len(f)) for f in feeds])
+        preds = self.session.forward_rows([f + [f[-1]] * (m - len(f)) for f in feeds]).tokens
         for r, f in enumerate(feeds):
             if drafting[r]:
                 out[r].append(preds[r][len(f) - 1])
@@ -100,7 +100,9 @@ class BatchedModelDrafter:
         self.session.trim([m - len(f) if drafting[r] else m for r, f in enumerate(feeds)])
         extra = [0] * self.rows  # fed past a row's own drafts: rolled back at the end
         for j in range(1, max(k or 0 for k in ks)):
-            preds = self.session.forward_rows([[o[-1]] if o else [lasts[r]] for r, o in enumerate(out)])
+            preds = self.session.forward_rows(
+                [[o[-1]] if o else [lasts[r]] for r, o in enumerate(out)]
+            ).tokens
             for r, k in enumerate(ks):
                 if drafting[r] and j < (k or 0):
                     out[r].append(preds[r][0])
@@ -123,3 +125,10 @@ class BatchedModelDrafter:
                 self.pending[r].append(new[n - 1])
         if any(trims):
             self.session.trim(trims)
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Only these rows go on: the drafter's session drops the others too."""
+        self.session.keep_rows(rows)
+        self.pending = [self.pending[r] for r in rows]
+        self.fed_draft = [self.fed_draft[r] for r in rows]
+        self.rows = len(rows)
