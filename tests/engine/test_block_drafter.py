@@ -26,12 +26,12 @@ POLICIES = [full(), sink_window(4, 8), sink_window(0, 5), hybrid(2, 6)]
 
 
 @functools.cache
-def _random_drafter(window: int = 64, seed: int = 0) -> BlockDrafterModel:
+def _random_drafter(window: int = 64, seed: int = 0, vocab: int = tiny_models.VOCAB) -> BlockDrafterModel:
     """A random-weight block drafter on the tiny Gemma's features (hidden 64, 4 layers)."""
     torch.manual_seed(seed)
     config = BlockConfig(
         verifier="tests",
-        vocab_size=tiny_models.VOCAB,
+        vocab_size=vocab,
         target_layers=[1, 4],
         target_hidden_size=64,
         hidden_size=32,

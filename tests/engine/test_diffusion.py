@@ -33,11 +33,11 @@ def _both(cases: list[tuple]) -> list:
 
 
 @functools.cache
-def _random_dlm_dir() -> Path:
+def _random_dlm_dir(vocab: int = tiny_models.VOCAB) -> Path:
     """A random-weight diffusion drafter model over the tiny models' vocabulary, saved so both backends load it."""
     torch.manual_seed(3)
     cfg = DiffusionConfig(
-        vocab_size=tiny_models.VOCAB,
+        vocab_size=vocab,
         hidden=32,
         layers=1,
         heads=2,
