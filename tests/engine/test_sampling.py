@@ -388,3 +388,76 @@ def test_every_drafter_kind_runs_sampled(kind: DrafterKind) -> None:
     assert 0 < gen.accepted < gen.drafted
     drafter = make(model.session(full(), max_block=K + 1))
     assert isinstance(drafter, SamplingDrafter) == (PROPOSALS[kind] == "distribution")
+
+
+def _batch_sampled(prompts: list[list[int]], settings: Sampling, new: int) -> list[engine.Generation]:
+    """Batched speculative sampling of `prompts` (row r seeded settings.seed + r), prompt lookup drafting."""
+    session = tiny_models.gemma(vocab=V).session(full(), max_block=K + 1, rows=len(prompts))
+    drafters = [engine.PromptLookupDrafter() for _ in prompts]
+    return engine.speculative_generate_batch(
+        session, drafters, prompts, K, engine.Stop(new), sampling=settings
+    )
+
+
+def _pit_pvalue(prompts: list[list[int]], gens: list[engine.Generation], settings: Sampling) -> float:
+    """Each generated token x against the verifier's own distribution p after its context (one forward
+    over each row's whole sequence): its randomized probability integral transform P(X < x) + U p(x) is
+    uniform on [0, 1) iff every x is drawn from p; chi-square over 10 equal bins."""
+    rng = np.random.default_rng(0)
+    lengths = {len(p) for p in prompts}
+    assert len(lengths) == 1
+    start = lengths.pop() - 1
+    ids = torch.tensor([[*p, *g.tokens[:-1]] for p, g in zip(prompts, gens, strict=True)])
+    with torch.inference_mode():
+        logits = tiny_models.gemma(vocab=V).model(input_ids=ids).logits[:, start:].numpy()
+    p = settings.probs(logits)
+    x = np.array([g.tokens for g in gens])[..., None]
+    px = np.take_along_axis(p, x, -1)[..., 0]
+    if (px == 0).any():
+        return 0.0  # a token plain sampling never draws
+    u = np.take_along_axis(np.cumsum(p, -1) - p, x, -1)[..., 0] + rng.random(px.shape) * px
+    counts = np.bincount(np.minimum((u * 10).astype(np.int64), 9).reshape(-1), minlength=10)
+    want = u.size / 10
+    stat = float(((counts - want) ** 2 / want).sum())
+    return float(torch.special.gammaincc(torch.tensor(4.5, dtype=torch.float64), torch.tensor(stat / 2)))
+
+
+PIT_ROWS, PIT_NEW = 32, 160
+
+
+def test_batched_speculative_sampling_draws_from_the_target() -> None:
+    """A batched run (rows stopping at different blocks leave the batch): every token it commits is
+    distributed as plain sampling draws it after that row's context; the planted bug fails the test."""
+    prompts = [[1, 2, 3, 4, 5]] * PIT_ROWS
+    gens = _batch_sampled(prompts, SETTINGS, PIT_NEW)
+    assert sum(g.accepted for g in gens) > 0.2 * sum(len(g.tokens) for g in gens)
+    assert _pit_pvalue(prompts, gens, SETTINGS) > ALPHA
+
+
+def test_batched_planted_off_by_one_fails(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(sampling_module, "_at", _ratio_at_next_position)
+    prompts = [[1, 2, 3, 4, 5]] * PIT_ROWS
+    assert _pit_pvalue(prompts, _batch_sampled(prompts, SETTINGS, PIT_NEW), SETTINGS) < ALPHA
+
+
+def test_a_batch_row_samples_as_it_would_alone() -> None:
+    """Each row its own rule and random stream: row r of a batch (seed + r) is exactly `speculative_generate`
+    of its prompt alone with that seed (deterministic drafts), whatever the other rows hold."""
+    prompts = [tiny_models.prompt(6 + 3 * r, seed=r) * 2 for r in range(3)]
+    prompts = [[t % V for t in p] for p in prompts]
+    settings = Sampling(temperature=0.9, top_p=0.95, seed=11)
+    batch = _batch_sampled(prompts, settings, 40)
+    for r, (prompt, gen) in enumerate(zip(prompts, batch, strict=True)):
+        session = tiny_models.gemma(vocab=V).session(full(), max_block=K + 1)
+        alone = engine.speculative_generate(
+            session,
+            engine.PromptLookupDrafter(),
+            prompt,
+            K,
+            engine.Stop(40),
+            Sampling(0.9, top_p=0.95, seed=11 + r),
+        )
+        assert gen.tokens == alone.tokens and gen.drafted == alone.drafted > 0
+    # another row beside it does not change row 0
+    other = _batch_sampled([prompts[0], prompts[2]], settings, 40)
+    assert other[0].tokens == batch[0].tokens
