@@ -380,14 +380,6 @@ def _sampled(
     p_tokens, s_tokens = sum(len(g.tokens) - 1 for g in plain), sum(len(g.tokens) - 1 for g in spec)
     p_s, s_s = sum(g.decode_s for g in plain), sum(g.decode_s for g in spec)
     forwards, drafted = sum(g.forwards for g in spec), sum(g.drafted for g in spec)
-    n = max(len(g.position_drafted) for g in spec)
-    by_position = [
-        (
-            sum(g.position_accepted[i] for g in spec if i < len(g.position_accepted)),
-            sum(g.position_drafted[i] for g in spec if i < len(g.position_drafted)),
-        )
-        for i in range(n)
-    ]
     return Sampled(
         temperature=config.temperature,
         seeds=seeds,
@@ -401,8 +393,21 @@ def _sampled(
         speedup=_rate(s_tokens, s_s) / _rate(p_tokens, p_s) if p_tokens else 0.0,
         acceptance_length=s_tokens / forwards if forwards else 1.0,
         acceptance_rate=sum(g.accepted for g in spec) / drafted if drafted else 0.0,
-        position_acceptance=[a / d if d else 0.0 for a, d in by_position],
+        position_acceptance=position_acceptance(spec),
     )
+
+
+def position_acceptance(gens: list[Any]) -> list[float]:
+    """Per draft position i over generations: blocks whose draft i was accepted / blocks drafting i."""
+    n = max((len(g.position_drafted) for g in gens), default=0)
+    pairs = [
+        (
+            sum(g.position_accepted[i] for g in gens if i < len(g.position_accepted)),
+            sum(g.position_drafted[i] for g in gens if i < len(g.position_drafted)),
+        )
+        for i in range(n)
+    ]
+    return [a / d if d else 0.0 for a, d in pairs]
 
 
 def summarize_sampled(runs: list[Sampled]) -> SampledSummary | None:

@@ -206,6 +206,19 @@ def test_both_backends_draw_the_same_tokens_for_a_seed() -> None:
     drafter = engine.ModelDrafter(on("mlx", tiny_models.qwen(seed=7, layers=1)).session(full(), max_block=5))
     gen = engine.speculative_generate(_verifier("mlx"), drafter, ids, 4, engine.Stop(NEW), settings)
     assert len(gen.tokens) == NEW and gen.drafted > 0
+    # batched speculative sampling: each row's own stream on either backend, the same tokens
+    prompts = [ids * 2, tiny_models.prompt(7, seed=5) * 2]
+
+    def batch(backend: str) -> list[list[int]]:
+        model = on(backend, tiny_models.gemma())
+        session = model.session(sink_window(4, 8), max_block=5, rows=2, prefill_chunk=16)
+        lookups = [engine.PromptLookupDrafter() for _ in prompts]
+        gens = engine.speculative_generate_batch(
+            session, lookups, prompts, 4, engine.Stop(NEW), sampling=settings
+        )
+        return [g.tokens for g in gens]
+
+    assert batch("mlx") == batch("torch")
 
 
 def test_generate_sampling_seeded_and_greedy_limits() -> None:
