@@ -5,7 +5,8 @@ workload (issue 31's target: >= 1.5x plain sampling decode tok/s at B=1, tempera
 
 Per backend (torch, mlx) and draft length k, every prompt and seed, interleaved so a busy spell of this
 shared machine hits every method alike: plain sampling (`generate` with a `Sampling`), speculative
-sampling with the block drafter handing its q to the rule (`propose_sampled`), the same drafter counted
+sampling with the block drafter handing its q to the rule (`propose_sampled`: the whole block fed, its
+first k rows drawn), the same from a block of k mask slots (k < block size), the same drafter counted
 as one-hot (its argmax drafts: the rule accepts a draft with the verifier's own probability of it), and,
 once per prompt, greedy and greedy speculative decoding (acceptance at temperature 0, for comparison).
 Decode tok/s are over all runs of a method (tokens after the first / time after prefill). Then one
@@ -26,13 +27,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import numpy as np  # noqa: E402
+
 import engine  # noqa: E402
 import engine.drafters.block.base as block_base  # noqa: E402
 import engine.speculative as speculative  # noqa: E402
 from engine.drafters import load_drafter, parse_drafter  # noqa: E402
 from engine.report import write_report  # noqa: E402
-from engine.sampling import Sampling  # noqa: E402
+from engine.sampling import Sampling, draw  # noqa: E402
 from engine.workloads import cli  # noqa: E402
+from engine.workloads.throughput import position_acceptance  # noqa: E402
 from engine.zoo import corpus  # noqa: E402
 
 
@@ -54,6 +58,19 @@ class OneHot:
 
     def observe(self, hidden: dict[int, Any], rows: int) -> None:
         self.drafter.observe(hidden, rows)
+
+
+class KSlots(OneHot):
+    """The block drafter sampling its drafts from a block of k mask slots, not the whole block."""
+
+    def propose_sampled(
+        self, last: int, k: int, sampling: Sampling, rng: np.random.Generator
+    ) -> tuple[list[int], np.ndarray]:
+        k = min(k, self.drafter.config.block_size)
+        if k == 0:
+            return [], np.zeros((0, self.drafter.config.vocab_size))
+        q = sampling.probs(self.drafter._logits(last, k))
+        return [int(t) for t in draw(q, rng)], q
 
 
 @contextmanager
@@ -86,14 +103,9 @@ def _rate(gens: list[engine.Generation]) -> float:
 
 def _acceptance(gens: list[engine.Generation]) -> dict[str, Any]:
     forwards = sum(g.forwards for g in gens)
-    n = max(len(g.position_drafted) for g in gens)
-    drafted = [sum(g.position_drafted[i] for g in gens if i < len(g.position_drafted)) for i in range(n)]
-    accepted = [sum(g.position_accepted[i] for g in gens if i < len(g.position_accepted)) for i in range(n)]
     return {
         "acceptance_length": sum(len(g.tokens) - 1 for g in gens) / forwards if forwards else 1.0,
-        "position_acceptance": [
-            round(a / d, 4) if d else 0.0 for a, d in zip(accepted, drafted, strict=True)
-        ],
+        "position_acceptance": [round(x, 4) for x in position_acceptance(gens)],
     }
 
 
@@ -104,11 +116,11 @@ def measure(backend: str, k: int, args: argparse.Namespace) -> dict[str, Any]:
     prompts = [model.encode(t) for t in corpus.code_prompts(args.prompts, args.seed, args.prompt_tokens)]
     stop = engine.Stop(args.new_tokens, model.eos_ids)
 
-    def spec(ids: list[int], sampling: Sampling | None, one_hot: bool = False) -> engine.Generation:
+    def spec(ids: list[int], sampling: Sampling | None, wrap: Any = None) -> engine.Generation:
         session = model.session(policy, k + 1)
         drafter = make(session)
         return engine.speculative_generate(
-            session, OneHot(drafter) if one_hot else drafter, ids, k, stop, sampling
+            session, wrap(drafter) if wrap else drafter, ids, k, stop, sampling
         )
 
     def plain(ids: list[int], sampling: Sampling | None) -> engine.Generation:
@@ -121,9 +133,9 @@ def measure(backend: str, k: int, args: argparse.Namespace) -> dict[str, Any]:
         lambda: spec(prompts[0], None),
     ):
         fn()  # one-off costs out of the figures
-    runs: dict[str, list[engine.Generation]] = {
-        m: [] for m in ("plain", "spec", "one_hot", "greedy", "greedy_spec")
-    }
+    k_slots = k < make(model.session(policy, k + 1)).config.block_size  # else the same as spec
+    methods = ("plain", "spec", *(["spec_k_slots"] if k_slots else []), "one_hot", "greedy", "greedy_spec")
+    runs: dict[str, list[engine.Generation]] = {m: [] for m in methods}
     for ids in prompts:
         runs["greedy"].append(plain(ids, None))
         runs["greedy_spec"].append(spec(ids, None))
@@ -131,7 +143,9 @@ def measure(backend: str, k: int, args: argparse.Namespace) -> dict[str, Any]:
             s = Sampling(args.temperature, seed=seed)
             runs["plain"].append(plain(ids, s))
             runs["spec"].append(spec(ids, s))
-            runs["one_hot"].append(spec(ids, s, one_hot=True))
+            if k_slots:
+                runs["spec_k_slots"].append(spec(ids, s, KSlots))
+            runs["one_hot"].append(spec(ids, s, OneHot))
     per_seed = []
     for i, seed in enumerate(range(args.seed, args.seed + args.seeds)):
         pick = [p * args.seeds + i for p in range(len(prompts))]
@@ -154,16 +168,18 @@ def measure(backend: str, k: int, args: argparse.Namespace) -> dict[str, Any]:
         "speedup_sampled_one_hot": rates["one_hot"] / rates["plain"],
         "speedup_greedy": rates["greedy_spec"] / rates["greedy"],
         "per_seed": per_seed,
-        "acceptance": {m: _acceptance(runs[m]) for m in ("spec", "one_hot", "greedy_spec")},
+        "acceptance": {m: _acceptance(runs[m]) for m in methods if m not in ("plain", "greedy")},
         "host_sampler_ms_per_block": 1000 * host[0] / blocks,
         "block_ms": 1000 * block_s,
         "host_sampler_fraction": host[0] / blocks / block_s,
     }
     print(
         f"{backend:5s} k={k}: plain sampling {rates['plain']:.1f} tok/s, speculative sampling {rates['spec']:.1f} "
-        f"({out['speedup_sampled']:.2f}x; one-hot drafts {out['speedup_sampled_one_hot']:.2f}x), greedy "
+        f"({out['speedup_sampled']:.2f}x; one-hot drafts {out['speedup_sampled_one_hot']:.2f}x; k mask slots "
+        f"{rates.get('spec_k_slots', rates['spec']) / rates['plain']:.2f}x), greedy "
         f"{rates['greedy']:.1f} -> {rates['greedy_spec']:.1f} ({out['speedup_greedy']:.2f}x); acceptance length "
-        f"sampled {out['acceptance']['spec']['acceptance_length']:.2f}, one-hot "
+        f"sampled {out['acceptance']['spec']['acceptance_length']:.2f} (k mask slots "
+        f"{out['acceptance'].get('spec_k_slots', out['acceptance']['spec'])['acceptance_length']:.2f}), one-hot "
         f"{out['acceptance']['one_hot']['acceptance_length']:.2f}, greedy "
         f"{out['acceptance']['greedy_spec']['acceptance_length']:.2f}; host sampler "
         f"{out['host_sampler_ms_per_block']:.2f} ms of a {out['block_ms']:.2f} ms block",
