@@ -56,8 +56,8 @@ class BlockDrafterBase:
         j's distribution does not depend on the drafts before it: q_j is what draft j was drawn from, given
         them, as the rejection rule needs. The whole block is fed whatever k (its first k rows are the
         drafts): the drafter is trained on full blocks, and its first rows come out closer to the
-        verifier's distribution so (zoo pair at temperature 0.7, k = 4: acceptance length 2.66 against
-        2.50 with k mask slots; benchmarks/results/speculative_sampling-cpu.json)."""
+        verifier's distribution so (zoo pair at temperature 0.7, k = 4: acceptance length 2.55 against
+        2.43 with k mask slots; benchmarks/results/speculative_sampling-cpu.json)."""
         k = min(k, self.config.block_size)
         if k == 0:
             return [], np.zeros((0, self.config.vocab_size))
