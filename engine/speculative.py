@@ -267,42 +267,75 @@ class PerRow:
 
 
 class DraftLength:
-    """The draft length of each block from measured costs (`speculative_generate_batch(adapt=True)`): the
-    wall time of a block (drafting + verify forward) at k = 0 (a plain step) and at k = k_max, each an
-    exponential average, linear in between; and the running per-position acceptance (of the blocks
-    drafting position i, the fraction whose draft i was accepted: expected tokens per block at k =
-    1 + the sum of the first k). Each block takes the k of the most tokens per second, down to 0 (plain
-    decoding) when drafting no longer pays; both ends are measured again every `refresh` blocks."""
+    """The draft length of each block from measured costs (`speculative_generate_batch(adapt=True)`).
 
-    def __init__(self, k_max: int, refresh: int = 16) -> None:
+    Cost: the time of a block (drafting + verify forward + bookkeeping; CPU time of the process for a
+    verifier on the CPU, so that other processes' load does not count, wall time on an accelerator) at
+    each draft length it ran, the least of its last `samples` blocks (timing noise only ever adds); a k
+    not measured is interpolated linearly between the nearest measured ones (0 and k_max are always
+    measured). The first block only warms up (its time is not a cost). Acceptance: per draft position
+    i, of the blocks drafting position i, the fraction whose draft i was accepted, so a block at k
+    commits 1 + the sum of the first k fractions per row. Each block takes the k of the most tokens per
+    second, down to 0 (plain decoding) when drafting no longer pays; the k it runs is measured as it
+    runs, so a cost misjudged low corrects itself. One misjudged high would not: an end (0 or k_max)
+    other than the best is measured again once the time spent since the last probe pays for it within
+    `budget` (a probe loses its cost less the time the best k takes for the tokens the probe commits:
+    a plain step probed while drafting wins, or a long draft probed while plain steps win, is rare). A
+    cost measured with many more rows than now is forgotten (rows leave the batch as they finish, and a
+    block of fewer rows costs less)."""
+
+    def __init__(self, k_max: int, samples: int = 4, budget: float = 0.03) -> None:
         self.k_max = k_max
-        self.refresh = refresh
-        self.cost: dict[int, float] = {}  # k (0 or k_max) -> seconds per block
+        self.samples = samples
+        self.budget = budget
+        self.times: dict[int, list[tuple[float, int]]] = {}  # k -> its last blocks' (seconds, rows)
         self.drafted = [0] * k_max
         self.accepted = [0] * k_max
         self.blocks = 0
+        self.spent = 0.0  # seconds since the last probe
 
-    def choose(self) -> int:
+    def choose(self, rows: int = 1) -> int:
         self.blocks += 1
-        for k in (self.k_max, 0):
-            if k not in self.cost or self.blocks % self.refresh == (0 if k else self.refresh // 2):
-                return k
-        c0, ck = self.cost[0], self.cost[self.k_max]
-        rates = [0.0] * (self.k_max + 1)
-        tokens = 1.0
-        for k in range(self.k_max + 1):
-            if k:
-                d = self.drafted[k - 1]
-                tokens += self.accepted[k - 1] / d if d else 0.0
-            rates[k] = tokens / (c0 + (ck - c0) * k / self.k_max)
-        return max(range(self.k_max + 1), key=lambda k: (rates[k], -k))
+        for k, seen in list(self.times.items()):
+            if not (seen := [t for t in seen if 4 * rows >= 3 * t[1]]):
+                del self.times[k]
+            else:
+                self.times[k] = seen
+        if self.blocks == 1:
+            return self.k_max
+        if missing := [k for k in (self.k_max, 0) if k not in self.times]:
+            self.spent = 0.0
+            return missing[0]
+        tokens = [1.0]
+        for k in range(1, self.k_max + 1):
+            d = self.drafted[k - 1]
+            tokens.append(tokens[-1] + (self.accepted[k - 1] / d if d else 0.0))
+        rates = [tokens[k] / self.cost(k) for k in range(self.k_max + 1)]
+        best = max(range(self.k_max + 1), key=lambda k: (rates[k], k))
+        loss = {k: self.cost(k) - tokens[k] / rates[best] for k in (0, self.k_max) if k != best}
+        probe = min(loss, key=loss.__getitem__)
+        if self.spent * self.budget >= loss[probe]:
+            self.spent = 0.0
+            return probe
+        return best
 
-    def record(self, k: int, seconds: float, drafted: Sequence[int], accepted: Sequence[int]) -> None:
-        """One block at draft length k took `seconds`; rows drafted/accepted per position (summed)."""
-        if k in (0, self.k_max):
-            old = self.cost.get(k)
-            self.cost[k] = seconds if old is None else 0.7 * old + 0.3 * seconds
-        for i, (d, a) in enumerate(zip(drafted, accepted, strict=True)):
+    def cost(self, k: int) -> float:
+        """Seconds per block at k: measured, or linear between the nearest measured draft lengths."""
+        if k in self.times:
+            return min(t for t, _ in self.times[k])
+        lo = max(j for j in self.times if j < k)
+        hi = min(j for j in self.times if j > k)
+        return self.cost(lo) + (self.cost(hi) - self.cost(lo)) * (k - lo) / (hi - lo)
+
+    def record(
+        self, k: int, seconds: float, drafted: Sequence[int], accepted: Sequence[int], rows: int = 1
+    ) -> None:
+        """One block of `rows` rows at draft length k took `seconds`; drafted/accepted per position
+        (summed over the rows)."""
+        if self.blocks > 1:
+            self.times[k] = [*self.times.get(k, [])[1 - self.samples :], (seconds, rows)]
+            self.spent += seconds
+        for i, (d, a) in enumerate(zip(drafted, accepted, strict=False)):
             self.drafted[i] += d
             self.accepted[i] += a
 
@@ -364,9 +397,10 @@ def speculative_generate_batch(
     live = [r for r in range(rows) if reasons[r] is None]  # the prompt row of each verifier row
     _leave(verifier, drafter, live)
     length = DraftLength(k) if adapt else None
+    clock = time.process_time if getattr(verifier, "on_cpu", False) else time.perf_counter
     while live:
-        block_k = length.choose() if length else k
-        started = time.perf_counter()
+        block_k = length.choose(len(live)) if length else k
+        started = clock()
         drafts = drafter.propose_rows(
             [outs[r][-1] for r in live], [min(block_k, stop.max_new_tokens - len(outs[r]) - 1) for r in live]
         )
@@ -401,7 +435,7 @@ def speculative_generate_batch(
             )
         drafter.accept_rows(ns, committed)
         if length:
-            length.record(block_k, time.perf_counter() - started, block_drafted, block_accepted)
+            length.record(block_k, clock() - started, block_drafted, block_accepted, len(live))
         _leave(verifier, drafter, going)
         live = [live[i] for i in going]
     decode_s = time.perf_counter() - t1

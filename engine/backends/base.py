@@ -163,6 +163,11 @@ class BaseSession(ABC):
             )
 
     @property
+    def on_cpu(self) -> bool:
+        """The model runs on the CPU (timings of its forwards: CPU time of the process is theirs)."""
+        return False
+
+    @property
     def position(self) -> int:
         return self.groups[0].position
 

@@ -23,7 +23,8 @@ from engine.models import Backend, Model, load
 from engine.policy import Policy, full
 from engine.speculative import Drafter, RowsDrafter
 
-# verifier session -> its drafter; a model drafter on a batched session (rows > 1): one RowsDrafter for all rows
+# verifier session -> its drafter; a model or block drafter on a batched session (rows > 1): one RowsDrafter
+# for all rows
 DrafterFactory = Callable[[Session], Drafter | RowsDrafter]
 PROBE = "def count_vowels(text: str) -> int:\n    return sum(c in 'aeiou' for c in text.lower())\n"
 
@@ -64,7 +65,7 @@ def load_drafter(
                 f"the drafter {spec.ref} does not share the verifier's vocabulary ({vocab} tokens, "
                 f"the verifier has {verifier.geometry.vocab_size})"
             )
-        return lambda session: make()
+        return lambda session: make(session.rows)
     if spec.kind == "diffusion":
         model = diffusion_model(spec.path(), backend)
         steps = spec.option("steps")
@@ -78,25 +79,30 @@ def load_drafter(
     raise ValueError(f"unknown drafter kind {spec.kind!r}")
 
 
-def block_drafters(path: Path, backend: Backend, device: Any = None) -> Callable[[], Any]:
-    """Fresh block drafters (engine.drafters.block.base.BlockDrafterBase) on one set of weights loaded
-    from `path` on `backend` (torch: on `device`, default cpu; MLX: its default device)."""
+def block_drafters(path: Path, backend: Backend, device: Any = None) -> Callable[..., Any]:
+    """Fresh block drafters on one set of weights loaded from `path` on `backend` (torch: on `device`,
+    default cpu; MLX: its default device): called with `rows` (default 1), one drafter
+    (engine.drafters.block.base.BlockDrafterBase) or, for rows > 1, one for all rows of a batched
+    verifier (BlockRowsBase)."""
     if backend == "torch":
-        from engine.drafters.block.torch import BlockDrafter, BlockDrafterModel
+        from engine.drafters.block.torch import BatchedBlockDrafter, BlockDrafter, BlockDrafterModel
 
         weights = BlockDrafterModel.load(path, device or "cpu")
-        return lambda: BlockDrafter(weights)
+        return lambda rows=1: BlockDrafter(weights) if rows == 1 else BatchedBlockDrafter(weights, rows)
     try:
-        from engine.drafters.block.mlx import MLXBlockDrafter, MLXBlockDrafterModel
+        from engine.drafters.block.mlx import MLXBatchedBlockDrafter, MLXBlockDrafter, MLXBlockDrafterModel
     except ImportError as exc:
         raise ValueError(f"the mlx backend is not available here: {exc}") from exc
     mlx_weights = MLXBlockDrafterModel.load(path)
-    return lambda: MLXBlockDrafter(mlx_weights)
+    return lambda rows=1: (
+        MLXBlockDrafter(mlx_weights) if rows == 1 else MLXBatchedBlockDrafter(mlx_weights, rows)
+    )
 
 
-def load_block_drafter(ref: str, backend: Backend = "torch", device: Any = None) -> Any:
-    """One block drafter from a model reference (tests, benchmarks, the trainer's card)."""
-    return block_drafters(DrafterSpec("block", ref).path(), backend, device)()
+def load_block_drafter(ref: str, backend: Backend = "torch", device: Any = None, rows: int = 1) -> Any:
+    """One block drafter from a model reference (tests, benchmarks, the trainer's card); rows > 1: one
+    for every row of a batched verifier."""
+    return block_drafters(DrafterSpec("block", ref).path(), backend, device)(rows)
 
 
 def diffusion_model(path: Path, backend: Backend) -> DiffusionModel:

@@ -14,11 +14,12 @@ the fraction whose draft i was accepted), and `exact`: whether the two token lis
 token by token; `digests`: per batch size and row that decoded the prompt, hashes of the plain greedy and
 the speculative token lists (the gate checks each pair is equal).
 
-Batched (`--batches`): per batch size B, greedy decoding of B prompts at once (the prompts cycled) and, for
-a drafter that reads no hidden states, batched speculative decoding of the same rows
-(engine.speculative_generate_batch; k fixed: `ADAPT` off, as the adaptive draft length did not pay on
-the zoo pair at 64 new tokens, docs/speculative.md): decode tok/s of both, speedup, acceptance length and
-per-position acceptance; each row's digests go to its prompt's `digests`. `--temperature T` > 0 adds, per
+Batched (`--batches`): per batch size B, greedy decoding of B prompts at once (the prompts cycled) and
+batched speculative decoding of the same rows with the same drafter kind (engine.speculative_generate_batch;
+a model or block drafter drafts for all rows in batched forwards; `ADAPT`: the draft length adapts per
+block, docs/speculative.md): decode tok/s of both, speedup, acceptance length and per-position acceptance;
+each row's digests go to its prompt's `digests`. A drafter that cannot batch (Gemma 4's assistant) says
+why on stderr and leaves `speculative` null. `--temperature T` > 0 adds, per
 prompt, plain sampling against lossless speculative sampling at T, `--repeats` runs of each (run i seeded
 --seed + i): tok/s, speedup, acceptance length and per position (no parity: the draws differ), over all
 prompts in `summary.sampled`.
@@ -194,7 +195,7 @@ class Batched(BaseModel):
     exact: bool  # every row equals greedy decoding of its prompt alone
     kv_bytes: int
     kv_bytes_per_row: list[int]
-    speculative: BatchedSpeculative | None = None  # None: the drafter reads hidden states (not batched yet)
+    speculative: BatchedSpeculative | None = None  # None: the drafter cannot batch (Gemma 4's assistant)
 
 
 class Summary(BaseModel):

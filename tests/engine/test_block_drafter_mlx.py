@@ -114,9 +114,12 @@ def test_throughput_runs_the_block_drafter_on_mlx(tmp_path: Path) -> None:
     report = tmp_path / "throughput.json"
     argv = ["--model", "zoo:tiny-hybrid", "--drafter", "zoo:tiny-block-drafter", "--backend", "mlx"]
     argv += ["--k", "8", "--prompts", "1", "--new-tokens", "40", "--repeats", "1", "--threads", "1"]
+    argv += ["--batches", "1,2"]
     assert throughput.main([*argv, "--out", str(report), "--plot", "none"]) == 0
     data = json.loads(report.read_text())
     assert data["config"]["backend"] == "mlx"
     summary = data["summary"]
     assert summary["all_exact"] and len(summary["position_acceptance"]) == 8
     assert summary["position_acceptance"][0] > 0.5
+    # batched too (one MLXBatchedBlockDrafter for the rows), every row exact
+    assert [(b["batch"], b["speculative"]["exact"]) for b in data["batched"]] == [(1, True), (2, True)]

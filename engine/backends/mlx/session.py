@@ -142,6 +142,10 @@ class MLXSession(BaseSession):
             for i, g in enumerate(self.group_of)
         ]
 
+    @property
+    def on_cpu(self) -> bool:
+        return self.owner.device.type == mx.cpu
+
     def _dropped(self, slots: list[list[list[int]] | None]) -> None:
         for a, dropped in zip(self.arrays, slots, strict=True):
             a.drop(dropped)
@@ -183,6 +187,7 @@ class MLXSession(BaseSession):
             a.keep_rows(index)
         for s in self.states:
             s.keep_rows(index)
+
 
 def load_mlx(path: Path, dtype: str = "auto", device: str = "auto", compile: bool | str = False) -> MLXModel:
     """Load an mlx-lm model to run on `device` (checked before the weights load) in `dtype`."""

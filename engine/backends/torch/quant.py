@@ -230,7 +230,8 @@ class QuantizedKV:
         """Keep the batch rows `index` of every buffer (a copy: the others' codes are freed)."""
         self.parts = [[t.index_select(0, index) for t in buf] for buf in self.parts]
         self.kernels = [
-            kv_kernels.Buffers.of(*buf, b, self.group_size) for buf, b in zip(self.parts, self.bits, strict=False)
+            kv_kernels.Buffers.of(*buf, b, self.group_size)
+            for buf, b in zip(self.parts, self.bits, strict=False)
         ]
 
     @property

@@ -209,6 +209,10 @@ class TorchSession(BaseSession):
         self.cache = PolicyCache(self, self.states, restorer)
         self._ones = torch.ones((1, 1, 1, 0), dtype=torch.bool, device=self.device)
 
+    @property
+    def on_cpu(self) -> bool:
+        return self.device.type == "cpu"
+
     @torch.inference_mode()
     def _dropped(self, slots: list[list[list[int]] | None]) -> None:
         for t, dropped in zip(self.tensors, slots, strict=True):

@@ -95,3 +95,119 @@ class BlockDrafterBase:
     def _draft(self, last: int, k: int) -> list[int]:
         """The k argmax tokens of one block forward attending to the last `window` buffered positions."""
         raise NotImplementedError
+
+
+class BlockRowsBase:
+    """The engine.speculative `FeatureRows` bookkeeping of the block drafter for every row of a batched
+    verifier at once (`BatchedBlockDrafter` on each backend): the same context as one `BlockDrafterBase`
+    per row (the last `window` observed positions of each row, at its own positions), held in buffers
+    [rows, heads, capacity, head_dim] per layer. Each block's observed features are projected in one
+    forward for all rows, and all rows draft in one block forward: row r attends to its own window
+    (a mask hides the other rows' spans) and to its own first 1 + k[r] block slots, so each row proposes
+    what its own `BlockDrafterBase` would (up to float rounding of the masked attention)."""
+
+    def __init__(self, config: BlockConfig, rows: int) -> None:
+        self.config = config
+        self.layers = tuple(config.target_layers)
+        self.window = config.window
+        self.rows = rows
+        self.length = [0] * rows  # context positions held in the buffers, per row
+        self.position = [0] * rows  # context positions observed, per row
+
+    def begin_rows(self, prompts: Sequence[Sequence[int]]) -> None:
+        if len(prompts) != self.rows:
+            raise ValueError(f"this drafter drafts for {self.rows} rows (got {len(prompts)} prompts)")
+        self._reset()
+        self.length = [0] * self.rows
+        self.position = [0] * self.rows
+
+    def observe_rows(
+        self, hidden: dict[int, Any], counts: Sequence[int], which: Sequence[int] | None = None
+    ) -> None:
+        rows = list(range(len(counts))) if which is None else list(which)
+        picked = [(i, r, n) for i, (r, n) in enumerate(zip(rows, counts, strict=True)) if n]
+        if not picked:
+            return
+        if max(self.length[r] + n for _, r, n in picked) > self._capacity():
+            keep = [min(n, self.window) for n in self.length]  # drop what no block attends to any more
+            most = max(n for _, _, n in picked)
+            self._compact(
+                [n - m for n, m in zip(self.length, keep, strict=True)], keep, max(2 * (max(keep) + most), 64)
+            )
+            self.length = keep
+        self._observe(hidden, picked)
+        for _, r, n in picked:
+            self.length[r] += n
+            self.position[r] += n
+
+    def propose_rows(self, lasts: Sequence[int], ks: Sequence[int | None]) -> list[list[int]]:
+        ks = [min(k or 0, self.config.block_size) for k in ks]
+        if not any(ks):
+            return [[] for _ in ks]
+        drafts = self._draft(list(lasts), ks)
+        return [d[:k] for d, k in zip(drafts, ks, strict=True)]
+
+    def accept_rows(self, ns: Sequence[int], committed: Sequence[Sequence[int] | None]) -> None:
+        """Nothing to roll back: only committed positions reach the context (through `observe_rows`)."""
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        rows = list(rows)
+        self._keep(rows)
+        self.length = [self.length[r] for r in rows]
+        self.position = [self.position[r] for r in rows]
+        self.rows = len(rows)
+
+    def block_mask(self, ks: Sequence[int]) -> tuple[int, int, np.ndarray | None]:
+        """The buffer range [a, b) a block forward of max(ks) slots reads (every row's window lies within
+        it) and its mask [rows, 1 + max(ks), b - a + 1 + max(ks)]: row r sees its own window and its
+        first 1 + ks[r] block slots (None: every row sees everything)."""
+        length = np.array(self.length)
+        lo = np.maximum(length - self.window, 0)
+        a, b, k = int(lo.min()), int(length.max()), max(ks)
+        if lo.max() == a and length.min() == b and min(ks) == k:
+            return a, b, None
+        at = np.arange(a, b)
+        seen = np.concatenate(
+            ((at >= lo[:, None]) & (at < length[:, None]), np.arange(1 + k) <= np.array(ks)[:, None]), 1
+        )
+        return a, b, np.repeat(seen[:, None], 1 + k, 1)
+
+    def writes(
+        self, picked: Sequence[tuple[int, int, int]]
+    ) -> tuple[list[int], list[int], list[int], list[int]]:
+        """Where `_observe` writes the K/V of the picked rows' features [len(picked), m, ...]: (destination
+        row, buffer position, source row among the picked, source position) per observed position."""
+        rows: list[int] = []
+        at: list[int] = []
+        src: list[int] = []
+        j: list[int] = []
+        for p, (_, r, n) in enumerate(picked):
+            rows += [r] * n
+            at += range(self.length[r], self.length[r] + n)
+            src += [p] * n
+            j += range(n)
+        return rows, at, src, j
+
+    # backend hooks
+    def _reset(self) -> None:
+        """Empty K/V buffers of `rows` rows."""
+        raise NotImplementedError
+
+    def _capacity(self) -> int:
+        raise NotImplementedError
+
+    def _compact(self, starts: list[int], keep: list[int], size: int) -> None:
+        """New buffers of `size` positions, row r starting with its positions starts[r]..+keep[r]."""
+        raise NotImplementedError
+
+    def _observe(self, hidden: dict[int, Any], picked: list[tuple[int, int, int]]) -> None:
+        """Project the features of (index i in hidden, row r, count n) and write their K/V (`writes`)."""
+        raise NotImplementedError
+
+    def _draft(self, lasts: list[int], ks: list[int]) -> list[list[int]]:
+        """Per row, max(ks) argmax tokens of one batched block forward (row r: its window, 1 + ks[r] slots)."""
+        raise NotImplementedError
+
+    def _keep(self, rows: list[int]) -> None:
+        """Keep only these rows of the buffers."""
+        raise NotImplementedError

@@ -15,7 +15,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from engine.drafters.block.base import BlockDrafterBase
+from engine.drafters.block.base import BlockDrafterBase, BlockRowsBase
 from engine.drafters.block.config import BlockConfig, read_config
 
 
@@ -44,41 +44,45 @@ class Layer(nn.Module):
         self.up = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.down = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
 
-    def heads(self, x: mx.array) -> mx.array:  # [1, m, inner] -> [1, heads, m, head_dim]
-        return x.reshape(1, -1, self.heads_, self.head_dim).transpose(0, 2, 1, 3)
+    def heads(self, x: mx.array) -> mx.array:  # [rows, m, inner] -> [rows, heads, m, head_dim]
+        return x.reshape(x.shape[0], -1, self.heads_, self.head_dim).transpose(0, 2, 1, 3)
 
-    def rope(self, x: mx.array, offset: int) -> mx.array:
+    def rope(self, x: mx.array, offset: int | mx.array) -> mx.array:
+        """RoPE at positions offset.. (an array: each row's own offset)."""
         return mx.fast.rope(x, self.head_dim, traditional=False, base=self.theta, scale=1.0, offset=offset)
 
-    def kv(self, ctx: mx.array, offset: int) -> tuple[mx.array, mx.array]:
-        """The context's K/V [1, heads, m, head_dim] from the projected features ctx [1, m, hidden] at
-        positions offset.."""
+    def kv(self, ctx: mx.array, offset: int | mx.array) -> tuple[mx.array, mx.array]:
+        """The context's K/V [rows, heads, m, head_dim] from the projected features ctx [rows, m, hidden]
+        at positions offset.. (per row when an array)."""
         return self.rope(self.heads(self.k(ctx)), offset), self.heads(self.v(ctx))
 
     def qkv(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-        """The q, k, v projections [1, m, inner] of x (before RoPE)."""
+        """The q, k, v projections [rows, m, inner] of x (before RoPE)."""
         h = self.attn_norm(x)
         return self.q(h), self.k(h), self.v(h)
 
     def __call__(
         self,
         x: mx.array,
-        offset: int,
+        offset: int | mx.array,
         ck: mx.array,
         cv: mx.array,
         qkv: tuple[mx.array, mx.array, mx.array] | None = None,
         tail: bool = False,
+        mask: mx.array | None = None,
     ) -> mx.array:
-        """x [1, m, hidden] at positions offset.. attending to the context ck/cv and to all of x; qkv: this
-        layer's `qkv(x)` when known; tail: only rows 1.. come out (row 0 is attended to, nothing more)."""
+        """x [rows, m, hidden] at positions offset.. attending to the context ck/cv and to all of x (mask:
+        [rows, 1, m, keys] where not everything); qkv: this layer's `qkv(x)` when known; tail: only block
+        slots 1.. come out (slot 0 is attended to, nothing more)."""
         q, k, v = self.qkv(x) if qkv is None else qkv
         k = mx.concatenate((ck, self.rope(self.heads(k), offset)), 2)
         v = mx.concatenate((cv, self.heads(v)), 2)
         if tail:
             x, q, offset = x[:, 1:], q[:, 1:], offset + 1
+            mask = None if mask is None else mask[:, :, 1:]
         q = self.rope(self.heads(q), offset)
-        a = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.head_dim**-0.5)
-        x = x + self.o(a.transpose(0, 2, 1, 3).reshape(1, -1, self.heads_ * self.head_dim))
+        a = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.head_dim**-0.5, mask=mask)
+        x = x + self.o(a.transpose(0, 2, 1, 3).reshape(x.shape[0], -1, self.heads_ * self.head_dim))
         h = self.mlp_norm(x)
         return x + self.down(nn.gelu_approx(self.gate(h)) * self.up(h))
 
@@ -104,23 +108,27 @@ class MLXBlockDrafterModel(nn.Module):
 
     def block_logits(
         self,
-        last: int,
+        lasts: list[int],
         k: int,
-        offset: int,
+        offset: int | mx.array,
         kv: list[tuple[mx.array, mx.array]],
         mask_qkv: tuple[mx.array, mx.array, mx.array] | None = None,
+        mask: mx.array | None = None,
     ) -> mx.array:
-        """[k, vocab]: the logits at the k mask slots of [last, MASK x k] at positions offset.. (mask_qkv:
-        `mask_qkv()`, computed once: the first layer projects only `last`)."""
-        e = self.embed(mx.array([[last]]))
-        x = mx.concatenate((e, mx.broadcast_to(self.mask_embed, (1, k, e.shape[-1]))), 1)
+        """[rows, k, vocab]: the logits at the k mask slots of [last, MASK x k] of each row at positions
+        offset.. (per row when an array; mask: `Layer`'s); mask_qkv: `mask_qkv()`, computed once: the
+        first layer projects only the `lasts`."""
+        e = self.embed(mx.array(lasts)[:, None])
+        shape = (len(lasts), k, e.shape[-1])
+        x = mx.concatenate((e, mx.broadcast_to(self.mask_embed, shape)), 1)
         q, k_, v = (
-            mx.concatenate((p, mx.broadcast_to(m, (1, k, m.shape[-1]))), 1)
+            mx.concatenate((p, mx.broadcast_to(m, (len(lasts), k, m.shape[-1]))), 1)
             for p, m in zip(self.layers[0].qkv(e), mask_qkv or self.mask_qkv(), strict=True)
         )
         for i, (layer, (ck, cv)) in enumerate(zip(self.layers, kv, strict=True)):
-            x = layer(x, offset, ck, cv, (q, k_, v) if i == 0 else None, tail=i == len(self.layers) - 1)
-        return self.lm_head(self.norm(x[0]))
+            qkv = (q, k_, v) if i == 0 else None
+            x = layer(x, offset, ck, cv, qkv, tail=i == len(self.layers) - 1, mask=mask)
+        return self.lm_head(self.norm(x))
 
     @classmethod
     def load(cls, path: Path) -> MLXBlockDrafterModel:
@@ -130,25 +138,36 @@ class MLXBlockDrafterModel(nn.Module):
         return model
 
 
-class MLXBlockDrafter(BlockDrafterBase):
-    """The engine.speculative `FeatureDrafter` over an `MLXBlockDrafterModel` (bookkeeping: BlockDrafterBase);
-    buffers [1, heads, capacity, head_dim] per layer, in float32 like the weights."""
+class Buffers:
+    """What both MLX block drafters hold: the model, per-layer K/V buffers [rows, heads, capacity, head_dim]
+    in the weights' dtype, and the mask slot's first-layer projections (the same every block)."""
 
     def __init__(self, model: MLXBlockDrafterModel) -> None:
-        super().__init__(model.config)
         self.model = model
         self.dtype = model.fc.weight.dtype
         self.kv: list[tuple[mx.array, mx.array]] = []
         self.mask_qkv = model.mask_qkv()
         mx.eval(self.mask_qkv)
 
-    def _reset(self) -> None:
-        c = self.config
-        empty = mx.zeros((1, c.num_heads, 0, c.head_dim), self.dtype)
+    def _empty(self, rows: int) -> None:
+        c = self.model.config
+        empty = mx.zeros((rows, c.num_heads, 0, c.head_dim), self.dtype)
         self.kv = [(empty, empty) for _ in range(c.num_layers)]
 
     def _capacity(self) -> int:
         return self.kv[0][0].shape[2]
+
+
+class MLXBlockDrafter(Buffers, BlockDrafterBase):
+    """The engine.speculative `FeatureDrafter` over an `MLXBlockDrafterModel` (bookkeeping: BlockDrafterBase);
+    buffers [1, heads, capacity, head_dim] per layer, in float32 like the weights."""
+
+    def __init__(self, model: MLXBlockDrafterModel) -> None:
+        BlockDrafterBase.__init__(self, model.config)
+        Buffers.__init__(self, model)
+
+    def _reset(self) -> None:
+        self._empty(1)
 
     def _context_kv(self, hidden: dict[int, Any], rows: int) -> list[tuple[mx.array, mx.array]]:
         feats = mx.concatenate([hidden[i][:rows] for i in self.layers], -1).astype(self.dtype)
@@ -172,7 +191,7 @@ class MLXBlockDrafter(BlockDrafterBase):
         """[k, vocab] (lazy): the block forward's logits at the k mask slots."""
         lo = max(0, self.length - self.window)
         kv = [(kb[:, :, lo : self.length], vb[:, :, lo : self.length]) for kb, vb in self.kv]
-        return self.model.block_logits(last, k, self.position, kv, self.mask_qkv)
+        return self.model.block_logits([last], k, self.position, kv, self.mask_qkv)[0]
 
     def _logits(self, last: int, k: int) -> mx.array:
         logits = self.block_logits(last, k)
@@ -183,3 +202,54 @@ class MLXBlockDrafter(BlockDrafterBase):
         ids = mx.argmax(self.block_logits(last, k), axis=-1)
         mx.eval(ids, self.kv)  # the writes `observe` queued, evaluated with the block
         return ids.tolist()  # type: ignore[return-value]
+
+
+class MLXBatchedBlockDrafter(Buffers, BlockRowsBase):
+    """The engine.speculative `FeatureRows` over an `MLXBlockDrafterModel`: every row of a batched verifier
+    observed and drafted in one forward each, lazily (one host sync per block, as `MLXBlockDrafter`);
+    buffers [rows, heads, capacity, head_dim] per layer (bookkeeping: BlockRowsBase)."""
+
+    def __init__(self, model: MLXBlockDrafterModel, rows: int) -> None:
+        BlockRowsBase.__init__(self, model.config, rows)
+        Buffers.__init__(self, model)
+
+    def _reset(self) -> None:
+        self._empty(self.rows)
+
+    def _compact(self, starts: list[int], keep: list[int], size: int) -> None:
+        def moved(buf: mx.array) -> mx.array:
+            out = mx.zeros((buf.shape[0], buf.shape[1], size, buf.shape[3]), buf.dtype)
+            for r, (start, n) in enumerate(zip(starts, keep, strict=True)):
+                out[r, :, :n] = buf[r, :, start : start + n]
+            return out
+
+        self.kv = [(moved(kb), moved(vb)) for kb, vb in self.kv]
+
+    def _observe(self, hidden: dict[int, Any], picked: list[tuple[int, int, int]]) -> None:
+        index = mx.array([i for i, _, _ in picked])
+        m = max(n for _, _, n in picked)
+        feats = mx.concatenate([hidden[i][index, :m] for i in self.layers], -1).astype(self.dtype)
+        ctx = self.model.context(feats)
+        offsets = mx.array([self.position[r] for _, r, _ in picked])
+        rows, at, src, j = (mx.array(x) for x in self.writes(picked))
+        kv = []
+        for layer, (kb, vb) in zip(self.model.layers, self.kv, strict=True):
+            k, v = layer.kv(ctx, offsets)
+            kb[rows, :, at] = k[src, :, j]
+            vb[rows, :, at] = v[src, :, j]
+            kv.append((kb, vb))
+        self.kv = kv
+
+    def _draft(self, lasts: list[int], ks: list[int]) -> list[list[int]]:
+        a, b, seen = self.block_mask(ks)
+        kv = [(kb[:, :, a:b], vb[:, :, a:b]) for kb, vb in self.kv]
+        mask = None if seen is None else mx.array(seen)[:, None]
+        offsets = mx.array(self.position)
+        logits = self.model.block_logits(lasts, max(ks), offsets, kv, self.mask_qkv, mask)
+        ids = mx.argmax(logits, axis=-1)
+        mx.eval(ids, self.kv)  # the writes `observe_rows` queued, evaluated with the block
+        return ids.tolist()  # type: ignore[return-value]
+
+    def _keep(self, rows: list[int]) -> None:
+        index = mx.array(rows)
+        self.kv = [(kb[index], vb[index]) for kb, vb in self.kv]

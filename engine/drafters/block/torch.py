@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from engine.drafters.block.base import BlockDrafterBase
+from engine.drafters.block.base import BlockDrafterBase, BlockRowsBase
 from engine.drafters.block.config import BlockConfig, read_config
 
 
@@ -187,6 +187,63 @@ class BlockDrafter(BlockDrafterBase):
 
     def _draft(self, last: int, k: int) -> list[int]:
         return self.block_logits(last, k).argmax(-1).tolist()
+
+
+class BatchedBlockDrafter(BlockRowsBase):
+    """The engine.speculative `FeatureRows` over a `BlockDrafterModel`: every row of a batched verifier
+    observed and drafted in one forward each (bookkeeping: BlockRowsBase)."""
+
+    def __init__(self, model: BlockDrafterModel, rows: int) -> None:
+        super().__init__(model.config, rows)
+        self.model = model.eval()
+        self.param = next(model.parameters())
+        self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def _reset(self) -> None:
+        c = self.config
+        empty = self.param.new_empty((self.rows, c.num_heads, 0, c.head_dim))
+        self.kv = [(empty, empty) for _ in range(c.num_layers)]
+
+    def _capacity(self) -> int:
+        return self.kv[0][0].shape[2]
+
+    def _compact(self, starts: list[int], keep: list[int], size: int) -> None:
+        def moved(buf: torch.Tensor) -> torch.Tensor:
+            out = buf.new_empty((buf.shape[0], buf.shape[1], size, buf.shape[3]))
+            for r, (start, n) in enumerate(zip(starts, keep, strict=True)):
+                out[r, :, :n] = buf[r, :, start : start + n]
+            return out
+
+        self.kv = [(moved(kb), moved(vb)) for kb, vb in self.kv]
+
+    @torch.inference_mode()
+    def _observe(self, hidden: dict[int, Any], picked: list[tuple[int, int, int]]) -> None:
+        dev = self.param.device
+        index = torch.tensor([i for i, _, _ in picked], device=dev)
+        m = max(n for _, _, n in picked)
+        feats = torch.cat([hidden[i].index_select(0, index)[:, :m] for i in self.layers], -1).to(self.param)
+        starts = torch.tensor([self.position[r] for _, r, _ in picked], device=dev)
+        pos = starts[:, None] + torch.arange(m, device=dev)
+        ctx = self.model.context(feats)
+        rows, at, src, j = (torch.tensor(x, device=dev) for x in self.writes(picked))
+        for layer, (kb, vb) in zip(self.model.layers, self.kv, strict=True):
+            k, v = layer.kv(ctx, pos)
+            kb[rows, :, at] = k[src, :, j]
+            vb[rows, :, at] = v[src, :, j]
+
+    @torch.inference_mode()
+    def _draft(self, lasts: list[int], ks: list[int]) -> list[list[int]]:
+        dev = self.param.device
+        a, b, seen = self.block_mask(ks)
+        kv = [(kb[:, :, a:b], vb[:, :, a:b]) for kb, vb in self.kv]
+        x = self.model.block_input(torch.tensor(lasts, device=dev), max(ks))
+        pos = torch.tensor(self.position, device=dev)[:, None] + torch.arange(1 + max(ks), device=dev)
+        mask = None if seen is None else torch.from_numpy(seen).to(dev)[:, None]
+        return self.model.logits(x, pos, kv, mask)[:, 1:].argmax(-1).tolist()
+
+    def _keep(self, rows: list[int]) -> None:
+        index = torch.tensor(rows, device=self.param.device)
+        self.kv = [(kb.index_select(0, index), vb.index_select(0, index)) for kb, vb in self.kv]
 
 
 def _moved(buf: torch.Tensor, start: int, n: int, size: int) -> torch.Tensor:
