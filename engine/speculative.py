@@ -20,9 +20,10 @@ verified them. No extra verifier forward; other drafters never cost a hidden-sta
 Sampling (`sampling` with a temperature > 0): lossless speculative sampling. The verify forward returns
 its logits, and engine.sampling.verify applies the rejection rule: each committed token is distributed
 exactly as plain sampling (engine.decode.generate with the same `Sampling`) would draw it. A drafter
-that samples its drafts (a `SamplingDrafter`: the model drafter) returns its proposal distribution q;
-every other drafter proposes deterministically, as under greedy decoding, and counts as q = one-hot
-(`proposal`; which kind does which: engine.drafters.spec.PROPOSALS).
+that samples its drafts (a `SamplingDrafter`: the model and block drafters) returns its proposal
+distribution q; every other drafter proposes deterministically, as under greedy decoding, and counts as
+q = one-hot (`proposal`; which kind does which: engine.drafters.spec.PROPOSALS). `accepted_prefix`
+decides a row's block, greedy or sampled, at batch 1 and for each row of a batch (its own random stream).
 """
 
 from __future__ import annotations
