@@ -16,7 +16,8 @@ p (tests/engine/test_sampling.py checks it with a chi-square test).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -69,6 +70,19 @@ class Sampling:
             p = np.where(drop, 0.0, p)
             p /= p.sum(-1, keepdims=True)
         return p
+
+
+def row_samplings(sampling: Sampling | Sequence[Sampling] | None, rows: int) -> list[Sampling | None]:
+    """Each batch row's settings (None: greedy): one per row as given, or one `Sampling` for all rows
+    with row r seeded `seed + r` (each row its own random stream)."""
+    if sampling is None:
+        return [None] * rows
+    if isinstance(sampling, Sampling):
+        return [None if sampling.greedy else replace(sampling, seed=sampling.seed + r) for r in range(rows)]
+    given = list(sampling)
+    if len(given) != rows:
+        raise ValueError(f"{rows} batch rows need {rows} Sampling settings (got {len(given)})")
+    return [None if s.greedy else s for s in given]
 
 
 def host(x: Any) -> np.ndarray:

@@ -20,9 +20,10 @@ verified them. No extra verifier forward; other drafters never cost a hidden-sta
 Sampling (`sampling` with a temperature > 0): lossless speculative sampling. The verify forward returns
 its logits, and engine.sampling.verify applies the rejection rule: each committed token is distributed
 exactly as plain sampling (engine.decode.generate with the same `Sampling`) would draw it. A drafter
-that samples its drafts (a `SamplingDrafter`: the model drafter) returns its proposal distribution q;
-every other drafter proposes deterministically, as under greedy decoding, and counts as q = one-hot
-(`proposal`; which kind does which: engine.drafters.spec.PROPOSALS).
+that samples its drafts (a `SamplingDrafter`: the model and block drafters) returns its proposal
+distribution q; every other drafter proposes deterministically, as under greedy decoding, and counts as
+q = one-hot (`proposal`; which kind does which: engine.drafters.spec.PROPOSALS). `accepted_prefix`
+decides a row's block, greedy or sampled, at batch 1 and for each row of a batch (its own random stream).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from engine.decode import Generation, Session, Step, Stop, StopReason, commit
-from engine.sampling import Sampling, draw, verify
+from engine.sampling import Sampling, draw, host, row_samplings, verify
 
 
 class Drafter(Protocol):
@@ -79,6 +80,41 @@ def proposal(
     if isinstance(drafter, SamplingDrafter):
         return drafter.propose_sampled(last, k, sampling, rng)
     return drafter.propose(last, k), None
+
+
+def _first(step: Step, sampling: Sampling | None, rng: np.random.Generator | None) -> list[int]:
+    """The first new token from the prefill's step: its greedy token, or drawn from its logits."""
+    if sampling is None or rng is None:
+        return step.tokens
+    return [int(draw(sampling.probs(step.logits), rng)[0])]
+
+
+def accepted_prefix(
+    drafts: Sequence[int],
+    preds: Sequence[int],
+    logits: Any,
+    q: np.ndarray | None,
+    sampling: Sampling | None,
+    rng: np.random.Generator | None,
+) -> tuple[int, int]:
+    """One row's verdict on its drafts: (n, the token committed after the first n drafts). Greedy
+    (`sampling` None): the longest prefix equal to the verifier's own tokens `preds`, then preds[n].
+    Sampled: the rejection rule (engine.sampling.verify) on the verifier's logits after [last, drafts]
+    (the first len(drafts) + 1 rows of `logits`; any backend's array or numpy), with the drafter's
+    proposal q [len(drafts), vocab] (None: one-hot), drawing from this row's own `rng`."""
+    if sampling is None or rng is None:
+        n = 0
+        while n < len(drafts) and drafts[n] == preds[n]:
+            n += 1
+        return n, preds[n]
+    n_accepted, token = verify(
+        sampling.probs(logits[: len(drafts) + 1])[None],
+        np.array(drafts, dtype=np.int64).reshape(1, -1),
+        np.array([len(drafts)]),
+        None if q is None else q[None],
+        rng,
+    )
+    return int(n_accepted[0]), int(token[0])
 
 
 def _prefill(
@@ -130,8 +166,7 @@ def speculative_generate(
     layers = tuple(getattr(drafter, "layers", ()))
     t0 = time.perf_counter()
     drafter.begin(prompt)
-    first = _prefill(verifier, drafter, list(prompt), layers, sampling is not None)
-    out = first.tokens if sampling is None else [int(draw(sampling.probs(first.logits), rng)[0])]
+    out = _first(_prefill(verifier, drafter, list(prompt), layers, sampling is not None), sampling, rng)
     t1 = time.perf_counter()
     gen = Generation(out, "max_new_tokens", len(prompt), t1 - t0, 0.0)
     reason = stop.check(out)
@@ -139,25 +174,12 @@ def speculative_generate(
         last = out[-1]
         budget = min(k, stop.max_new_tokens - len(out) - 1)
         if sampling is None or rng is None:
-            drafts = drafter.propose(last, budget)
-            step = verifier.forward([last, *drafts], hidden=layers)
-            preds = step.tokens
-            n = 0
-            while n < len(drafts) and drafts[n] == preds[n]:
-                n += 1
-            new = [*drafts[:n], preds[n]]
+            drafts, q = drafter.propose(last, budget), None
         else:
             drafts, q = proposal(drafter, last, budget, sampling, rng)
-            step = verifier.forward([last, *drafts], hidden=layers, logits=True)
-            accepted, token = verify(
-                sampling.probs(step.logits)[None],
-                np.array(drafts, dtype=np.int64)[None],
-                np.array([len(drafts)]),
-                None if q is None else q[None],
-                rng,
-            )
-            n = int(accepted[0])
-            new = [*drafts[:n], int(token[0])]
+        step = verifier.forward([last, *drafts], hidden=layers, logits=sampling is not None)
+        n, token = accepted_prefix(drafts, step.tokens, step.logits, q, sampling, rng)
+        new = [*drafts[:n], token]
         gen.forwards += 1
         gen.drafted += len(drafts)
         gen.accepted += n
@@ -326,8 +348,9 @@ def speculative_generate_batch(
     k: int,
     stop: Stop,
     adapt: bool = False,
+    sampling: Sampling | Sequence[Sampling] | None = None,
 ) -> list[Generation]:
-    """Greedy speculative decoding of `verifier.rows` prompts at once, one drafter per row (or one
+    """Speculative decoding of `verifier.rows` prompts at once, one drafter per row (or one
     `RowsDrafter` drafting for all rows in batched forwards): each block every live row drafts up to k
     tokens, all live rows are verified in one batched forward (a row with fewer drafts is padded), each
     row accepts its own prefix and rolls back on its own (`trim` per row). A row that stops leaves the
@@ -341,7 +364,13 @@ def speculative_generate_batch(
     `speculative_generate`.
 
     `adapt`: each block's draft length from measured costs and acceptance (`DraftLength`), between 0 (a
-    plain batched step) and k; the tokens stay exact whatever k a block takes."""
+    plain batched step) and k; the tokens stay exact whatever k a block takes.
+
+    `sampling` (temperature > 0): lossless speculative sampling per row, each row deciding its prefix by the
+    rejection rule on its own (`accepted_prefix`) with its own random stream: row r draws with
+    `sampling[r]` (one `Sampling` for all: seed + r), so its tokens are those of `speculative_generate` of
+    its prompt alone with that seed when the drafts are deterministic, whatever the other rows do. Every
+    drafter proposes as under greedy decoding here and counts as one-hot (q is a batch-1 feature)."""
     rows = verifier.rows
     drafter: Any = drafters if hasattr(drafters, "propose_rows") else PerRow(drafters)  # type: ignore[arg-type]
     if len(prompts) != rows or drafter.rows != rows or not all(prompts):
@@ -353,9 +382,16 @@ def speculative_generate_batch(
             f"the verifier's sequence needs max_block >= k + 1 = {k + 1} (has {verifier.max_block})"
         )
     layers = tuple(getattr(drafter, "layers", ()))
+    samplings = row_samplings(sampling, rows)
+    rngs = [s.rng() if s else None for s in samplings]
     t0 = time.perf_counter()
     drafter.begin_rows(prompts)
-    outs = [_prefill(verifier, drafter, list(p), layers, False, r).tokens for r, p in enumerate(prompts)]
+    outs = [
+        _first(
+            _prefill(verifier, drafter, list(p), layers, samplings[r] is not None, r), samplings[r], rngs[r]
+        )
+        for r, p in enumerate(prompts)
+    ]
     t1 = time.perf_counter()
     gens = [Generation(o, "max_new_tokens", len(p), t1 - t0, 0.0) for o, p in zip(outs, prompts, strict=True)]
     reasons: list[StopReason | None] = [stop.check(o) for o in outs]
@@ -371,17 +407,17 @@ def speculative_generate_batch(
         )
         m = 1 + max(len(d) for d in drafts)
         fed = [[outs[r][-1], *d] for r, d in zip(live, drafts, strict=True)]
-        step = verifier.forward_rows([f + [f[-1]] * (m - len(f)) for f in fed], hidden=layers)
+        sampled = any(samplings[r] for r in live)
+        step = verifier.forward_rows([f + [f[-1]] * (m - len(f)) for f in fed], hidden=layers, logits=sampled)
+        logits = host(step.logits) if sampled else None
         ns = [0] * len(live)  # what each row accepted and committed (None: it stopped)
         committed: list[list[int] | None] = [None] * len(live)
         kept = [0] * len(live)  # positions each row keeps fed: [last, d1..d(done-1)]
         block_drafted, block_accepted = [0] * k, [0] * k
         for i, (r, d) in enumerate(zip(live, drafts, strict=True)):
-            gen, preds = gens[r], step.tokens[i]
-            n = 0
-            while n < len(d) and d[n] == preds[n]:
-                n += 1
-            new = [*d[:n], preds[n]]
+            gen, row_logits = gens[r], None if logits is None else logits[i]
+            n, token = accepted_prefix(d, step.tokens[i], row_logits, None, samplings[r], rngs[r])
+            new = [*d[:n], token]
             gen.forwards += 1
             gen.drafted += len(d)
             gen.accepted += n

@@ -54,13 +54,14 @@ NOT_YET: dict[tuple[str, Backend], str] = {
 
 # How each kind proposes under speculative sampling (engine/sampling.py's rule), in one place:
 # "distribution": it draws its drafts from its own distribution and returns it (q; engine.speculative's
-# `SamplingDrafter`); "deterministic": it proposes as under greedy decoding (prompt lookup; argmax of one
-# block forward, of denoising steps, of the assistant) and counts as q = one-hot, accepting a draft with
+# `SamplingDrafter`: the model drafter, row by row; the block drafter, every row of its one block forward);
+# "deterministic": it proposes as under greedy decoding (prompt lookup; argmax of denoising steps, of the
+# assistant) and counts as q = one-hot, accepting a draft with
 # the verifier's own probability of it. tests/engine/test_sampling.py checks the loaded drafters agree.
 PROPOSALS: dict[DrafterKind, Literal["distribution", "deterministic"]] = {
     "lookup": "deterministic",
     "model": "distribution",
-    "block": "deterministic",
+    "block": "distribution",
     "diffusion": "deterministic",
     "gemma4-assistant": "deterministic",
 }

@@ -20,8 +20,9 @@ a model or block drafter drafts for all rows in batched forwards; `ADAPT`: the d
 block, docs/speculative.md): decode tok/s of both, speedup, acceptance length and per-position acceptance;
 each row's digests go to its prompt's `digests`. A drafter that cannot batch (Gemma 4's assistant) says
 why on stderr and leaves `speculative` null. `--temperature T` > 0 adds, per
-prompt, plain sampling against lossless speculative sampling at T (seeded by --seed): tok/s, speedup and
-acceptance (no parity: the draws differ).
+prompt, plain sampling against lossless speculative sampling at T, `--repeats` runs of each (run i seeded
+--seed + i): tok/s, speedup, acceptance length and per position (no parity: the draws differ), over all
+prompts in `summary.sampled`.
 
 A model drafter's own cache: `--drafter-policy` (default: sink_window with the policy's sink and window, or
 full when the policy is full - a drafter only needs recent context).
@@ -126,15 +127,34 @@ class BatchDigests(Digests):
 
 
 class Sampled(BaseModel):
-    """Plain sampling vs lossless speculative sampling at the config's temperature (one seeded run each)."""
+    """Plain sampling vs lossless speculative sampling at the config's temperature: `repeats` runs of each,
+    interleaved, run i seeded seed + i (no parity: the draws differ); tok/s over all runs."""
+
+    model_config = ConfigDict(extra="forbid")
+    temperature: float
+    seeds: list[int]
+    plain_tokens: int  # tokens after the first, over all runs
+    plain_decode_s: float
+    speculative_tokens: int
+    speculative_decode_s: float
+    speculative_forwards: int  # verify forwards over all runs
+    plain_decode_tok_s: float
+    speculative_decode_tok_s: float
+    speedup: float
+    acceptance_length: float
+    acceptance_rate: float
+    position_acceptance: list[float]
+
+
+class SampledSummary(BaseModel):
+    """Over all prompts: plain vs speculative sampling decode tok/s, speedup and acceptance."""
 
     model_config = ConfigDict(extra="forbid")
     temperature: float
     plain_decode_tok_s: float
     speculative_decode_tok_s: float
     speedup: float
-    acceptance_length: float
-    acceptance_rate: float
+    mean_acceptance_length: float
 
 
 class Prompt(BaseModel):
@@ -200,6 +220,7 @@ class Summary(BaseModel):
     # decode tok/s over all prompts, one sample per repeat (for noise-aware baselines)
     greedy_decode_tok_s_samples: list[float] = []
     speculative_decode_tok_s_samples: list[float] = []
+    sampled: SampledSummary | None = None  # --temperature > 0
 
 
 def is_zoo_tokenizer(model: engine.Model) -> bool:
@@ -259,6 +280,8 @@ def throughput(config: Config) -> dict[str, Any]:
     engine.generate(model.session(policy), warm, engine.Stop(4))
     session = model.session(policy, config.k + 1)
     engine.speculative_generate(session, make_drafter(session), warm, config.k, engine.Stop(4))
+    if config.temperature:
+        _sampled(model, config.model_copy(update={"repeats": 1}), make_drafter, warm, engine.Stop(4))
     rows: list[Prompt] = []
     per_repeat: dict[str, list[list[Any]]] = {"greedy": [], "speculative": []}  # [prompt][repeat] runs
     greedy_tokens: list[list[int]] = []
@@ -305,7 +328,10 @@ def throughput(config: Config) -> dict[str, Any]:
                 )
             )
     summary = summarize(rows, config.min_speedup).model_copy(
-        update={f"{m}_decode_tok_s_samples": repeat_rates(per_repeat[m]) for m in per_repeat}
+        update={
+            **{f"{m}_decode_tok_s_samples": repeat_rates(per_repeat[m]) for m in per_repeat},
+            "sampled": summarize_sampled([r.sampled for r in rows if r.sampled]),
+        }
     )
     alone = [model.encode(t) for t in texts]
     batched = []
@@ -344,18 +370,61 @@ def digest(tokens: list[int]) -> str:
 def _sampled(
     model: engine.Model, config: Config, make_drafter: DrafterFactory, ids: list[int], stop: Any
 ) -> Sampled:
-    """Plain sampling vs speculative sampling at the config's temperature, seeded by the config's seed."""
-    settings = engine.Sampling(temperature=config.temperature, seed=config.seed)
-    plain = engine.generate(model.session(config.policy), ids, stop, settings)
-    session = model.session(config.policy, config.k + 1)
-    spec = engine.speculative_generate(session, make_drafter(session), ids, config.k, stop, settings)
+    """Plain sampling vs speculative sampling at the config's temperature, `repeats` seeded runs each."""
+    seeds = [config.seed + i for i in range(config.repeats)]
+    plain, spec = [], []
+    for seed in seeds:  # interleaved, so a busy spell hits both alike
+        settings = engine.Sampling(temperature=config.temperature, seed=seed)
+        plain.append(engine.generate(model.session(config.policy), ids, stop, settings))
+        session = model.session(config.policy, config.k + 1)
+        spec.append(
+            engine.speculative_generate(session, make_drafter(session), ids, config.k, stop, settings)
+        )
+    p_tokens, s_tokens = sum(len(g.tokens) - 1 for g in plain), sum(len(g.tokens) - 1 for g in spec)
+    p_s, s_s = sum(g.decode_s for g in plain), sum(g.decode_s for g in spec)
+    forwards, drafted = sum(g.forwards for g in spec), sum(g.drafted for g in spec)
     return Sampled(
         temperature=config.temperature,
-        plain_decode_tok_s=plain.decode_tok_s,
-        speculative_decode_tok_s=spec.decode_tok_s,
-        speedup=spec.decode_tok_s / plain.decode_tok_s if plain.decode_tok_s else 0.0,
-        acceptance_length=spec.acceptance_length,
-        acceptance_rate=spec.accepted / spec.drafted if spec.drafted else 0.0,
+        seeds=seeds,
+        plain_tokens=p_tokens,
+        plain_decode_s=p_s,
+        speculative_tokens=s_tokens,
+        speculative_decode_s=s_s,
+        speculative_forwards=forwards,
+        plain_decode_tok_s=_rate(p_tokens, p_s),
+        speculative_decode_tok_s=_rate(s_tokens, s_s),
+        speedup=_rate(s_tokens, s_s) / _rate(p_tokens, p_s) if p_tokens else 0.0,
+        acceptance_length=s_tokens / forwards if forwards else 1.0,
+        acceptance_rate=sum(g.accepted for g in spec) / drafted if drafted else 0.0,
+        position_acceptance=position_acceptance(spec),
+    )
+
+
+def position_acceptance(gens: list[Any]) -> list[float]:
+    """Per draft position i over generations: blocks whose draft i was accepted / blocks drafting i."""
+    n = max((len(g.position_drafted) for g in gens), default=0)
+    pairs = [
+        (
+            sum(g.position_accepted[i] for g in gens if i < len(g.position_accepted)),
+            sum(g.position_drafted[i] for g in gens if i < len(g.position_drafted)),
+        )
+        for i in range(n)
+    ]
+    return [a / d if d else 0.0 for a, d in pairs]
+
+
+def summarize_sampled(runs: list[Sampled]) -> SampledSummary | None:
+    if not runs:
+        return None
+    plain = _rate(sum(r.plain_tokens for r in runs), sum(r.plain_decode_s for r in runs))
+    spec = _rate(sum(r.speculative_tokens for r in runs), sum(r.speculative_decode_s for r in runs))
+    forwards = sum(r.speculative_forwards for r in runs)
+    return SampledSummary(
+        temperature=runs[0].temperature,
+        plain_decode_tok_s=plain,
+        speculative_decode_tok_s=spec,
+        speedup=spec / plain if plain else 0.0,
+        mean_acceptance_length=sum(r.speculative_tokens for r in runs) / forwards if forwards else 1.0,
     )
 
 
@@ -531,7 +600,8 @@ def main(argv: list[str] | None = None) -> int:
         "--temperature",
         type=float,
         default=0.0,
-        help="> 0: also plain vs speculative sampling per prompt at this temperature (seeded by --seed)",
+        help="> 0: also plain vs speculative sampling per prompt at this temperature (--repeats runs, seeded "
+        "--seed + i)",
     )
     parser.add_argument("--min-speedup", type=float, default=1.0, help="summary.speedup_ok: speedup >= this")
     parser.add_argument(
@@ -563,6 +633,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{' '.join(f'{p:.2f}' for p in s['position_acceptance'])}), exact {s['exact_prompts']}/{s['prompts']}"
         + (f"; plot {png}" if png else "")
     )
+    if sm := s.get("sampled"):
+        print(
+            f"sampling at temperature {sm['temperature']}: plain {sm['plain_decode_tok_s']:.1f} tok/s, speculative "
+            f"{sm['speculative_decode_tok_s']:.1f} tok/s, speedup {sm['speedup']:.2f}x, acceptance length "
+            f"{sm['mean_acceptance_length']:.2f} (no parity check: the draws differ)"
+        )
     if report["batched"]:
         print("batch  greedy tok/s  speculative tok/s  speedup  acceptance length  per position")
         for row in report["batched"]:

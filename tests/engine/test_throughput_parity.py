@@ -38,6 +38,10 @@ def test_digests_per_prompt_and_batch_size_and_the_gate_passes(report: dict[str,
     for p in report["prompts"]:
         s = p["sampled"]
         assert s["temperature"] == 0.7 and s["plain_decode_tok_s"] > 0 and 0 <= s["acceptance_rate"] <= 1
+        assert s["seeds"] == [0] and s["speculative_forwards"] > 0 and len(s["position_acceptance"]) == 3
+        assert "digests" not in s  # sampled streams differ from greedy: no parity check applies to them
+    sm = report["summary"]["sampled"]
+    assert sm["temperature"] == 0.7 and sm["speedup"] > 0 and sm["mean_acceptance_length"] >= 1
     verdict = _gate(report, "throughput-code")
     assert not verdict.violations
     assert [c.status for c in verdict.checks if c.check in ("all_true", "same")] == ["pass", "pass"]

@@ -32,14 +32,18 @@ KINDS = ["block", "diffusion"]
 
 @functools.cache
 def block_model(
-    window: int = 64, seed: int = 0, target_layers: tuple[int, ...] = (1, 4), target_hidden_size: int = 64
+    window: int = 64,
+    seed: int = 0,
+    target_layers: tuple[int, ...] = (1, 4),
+    target_hidden_size: int = 64,
+    vocab: int = VOCAB,
 ) -> BlockDrafterModel:
     """A random-weight block drafter reading `target_layers` of a verifier of `target_hidden_size` (default:
     the tiny Gemma's features, hidden 64, 4 layers)."""
     torch.manual_seed(seed)
     config = BlockConfig(
         verifier="tests",
-        vocab_size=VOCAB,
+        vocab_size=vocab,
         target_layers=list(target_layers),
         target_hidden_size=target_hidden_size,
         hidden_size=32,
@@ -62,11 +66,11 @@ def block_dir(target_layers: tuple[int, ...], target_hidden_size: int) -> Path:
 
 
 @functools.cache
-def dlm_dir() -> Path:
+def dlm_dir(vocab: int = VOCAB) -> Path:
     """A random-weight diffusion drafter model over the tiny models' vocabulary, saved so both backends load it."""
     torch.manual_seed(3)
     cfg = DiffusionConfig(
-        vocab_size=VOCAB,
+        vocab_size=vocab,
         hidden=32,
         layers=1,
         heads=2,
@@ -74,7 +78,7 @@ def dlm_dir() -> Path:
         max_positions=24,
         context=12,
     )
-    path = _TMP / "random-dlm"
+    path = _TMP / f"random-dlm-{vocab}"
     save_model(TinyDLM(cfg), path)
     return path
 

@@ -38,14 +38,19 @@ def _randomize_norms(model: torch.nn.Module) -> None:
 
 @functools.cache
 def gemma(
-    seed: int = 0, sliding_window: int = 16, layers: int = 4, attn: str = "sdpa", head_dim: int = 16
+    seed: int = 0,
+    sliding_window: int = 16,
+    layers: int = 4,
+    attn: str = "sdpa",
+    head_dim: int = 16,
+    vocab: int = VOCAB,
 ) -> TorchModel:
     """A Gemma3 with alternating sliding / full layers."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     torch.manual_seed(seed)
     config = Gemma3TextConfig(
-        vocab_size=VOCAB,
+        vocab_size=vocab,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=layers,
@@ -174,14 +179,14 @@ def qwen3_next(seed: int = 0) -> TorchModel:
 
 
 @functools.cache
-def gemma4(seed: int = 0, sliding_window: int = 8) -> TorchModel:
+def gemma4(seed: int = 0, sliding_window: int = 8, vocab: int = VOCAB) -> TorchModel:
     """A Gemma 4 text model: 6 layers alternating sliding / full, the last 2 reusing the K/V of layers
     2 (sliding) and 3 (full), per-layer input embeddings on."""
     from transformers import Gemma4ForCausalLM, Gemma4TextConfig
 
     torch.manual_seed(seed)
     config = Gemma4TextConfig(
-        vocab_size=VOCAB,
+        vocab_size=vocab,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=6,
@@ -193,7 +198,7 @@ def gemma4(seed: int = 0, sliding_window: int = 8) -> TorchModel:
         layer_types=["sliding_attention", "full_attention"] * 3,
         num_kv_shared_layers=2,
         hidden_size_per_layer_input=8,
-        vocab_size_per_layer_input=VOCAB,
+        vocab_size_per_layer_input=vocab,
         initializer_range=0.2,
         max_position_embeddings=4096,
         eos_token_id=None,
@@ -207,7 +212,7 @@ def gemma4(seed: int = 0, sliding_window: int = 8) -> TorchModel:
 
 
 @functools.cache
-def gemma4_assistant(seed: int = 1, sliding_window: int = 8) -> torch.nn.Module:
+def gemma4_assistant(seed: int = 1, sliding_window: int = 8, vocab: int = VOCAB) -> torch.nn.Module:
     """A Gemma 4 assistant for `gemma4()`: 2 layers (sliding, full) reading its K/V (same kv heads and
     head_dim), hidden size 32, backbone hidden size 64."""
     from transformers import Gemma4AssistantConfig
@@ -217,7 +222,7 @@ def gemma4_assistant(seed: int = 1, sliding_window: int = 8) -> torch.nn.Module:
     torch.manual_seed(seed)
     text = {
         "model_type": "gemma4_text",
-        "vocab_size": VOCAB,
+        "vocab_size": vocab,
         "hidden_size": 32,
         "intermediate_size": 64,
         "num_hidden_layers": 2,

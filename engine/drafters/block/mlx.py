@@ -193,6 +193,11 @@ class MLXBlockDrafter(Buffers, BlockDrafterBase):
         kv = [(kb[:, :, lo : self.length], vb[:, :, lo : self.length]) for kb, vb in self.kv]
         return self.model.block_logits([last], k, self.position, kv, self.mask_qkv)[0]
 
+    def _logits(self, last: int, k: int) -> mx.array:
+        logits = self.block_logits(last, k)
+        mx.eval(logits, self.kv)  # the writes `observe` queued, evaluated with the block
+        return logits
+
     def _draft(self, last: int, k: int) -> list[int]:
         ids = mx.argmax(self.block_logits(last, k), axis=-1)
         mx.eval(ids, self.kv)  # the writes `observe` queued, evaluated with the block

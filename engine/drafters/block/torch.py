@@ -182,6 +182,9 @@ class BlockDrafter(BlockDrafterBase):
         pos = torch.arange(self.position, self.position + k + 1, device=self.param.device)
         return self.model.logits(x, pos, kv)[1:]
 
+    def _logits(self, last: int, k: int) -> torch.Tensor:
+        return self.block_logits(last, k)
+
     def _draft(self, last: int, k: int) -> list[int]:
         return self.block_logits(last, k).argmax(-1).tolist()
 

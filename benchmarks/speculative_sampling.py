@@ -1,0 +1,220 @@
+"""Speculative sampling against plain sampling at a temperature, with the block drafter on the zoo code
+workload (issue 31's target: >= 1.5x plain sampling decode tok/s at B=1, temperature 0.7). Writes JSON.
+
+    python benchmarks/speculative_sampling.py --out benchmarks/results/speculative_sampling-cpu.json
+
+Per backend (torch, mlx) and draft length k, every prompt and seed, interleaved so a busy spell of this
+shared machine hits every method alike: plain sampling (`generate` with a `Sampling`), speculative
+sampling with the block drafter handing its q to the rule (`propose_sampled`: the whole block fed, its
+first k rows drawn), the same from a block of k mask slots (k < block size), the same drafter counted
+as one-hot (its argmax drafts: the rule accepts a draft with the verifier's own probability of it), and,
+once per prompt, greedy and greedy speculative decoding (acceptance at temperature 0, for comparison).
+Decode tok/s are over all runs of a method (tokens after the first / time after prefill). Then one
+instrumented pass measures the host sampler per block: time in `Sampling.probs`, the rule (`verify`) and
+the drafter's draws, against the whole block. Not a test: nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+import engine  # noqa: E402
+import engine.drafters.block.base as block_base  # noqa: E402
+import engine.speculative as speculative  # noqa: E402
+from engine.drafters import load_drafter, parse_drafter  # noqa: E402
+from engine.report import write_report  # noqa: E402
+from engine.sampling import Sampling, draw  # noqa: E402
+from engine.workloads import cli  # noqa: E402
+from engine.workloads.throughput import position_acceptance  # noqa: E402
+from engine.zoo import corpus  # noqa: E402
+
+
+class OneHot:
+    """A drafter proposing as under greedy decoding (no `propose_sampled`): the rule counts it one-hot."""
+
+    def __init__(self, drafter: Any) -> None:
+        self.drafter = drafter
+        self.layers = drafter.layers
+
+    def begin(self, prompt: list[int]) -> None:
+        self.drafter.begin(prompt)
+
+    def propose(self, last: int, k: int) -> list[int]:
+        return self.drafter.propose(last, k)
+
+    def accept(self, n: int, committed: list[int]) -> None:
+        self.drafter.accept(n, committed)
+
+    def observe(self, hidden: dict[int, Any], rows: int) -> None:
+        self.drafter.observe(hidden, rows)
+
+
+class KSlots(OneHot):
+    """The block drafter sampling its drafts from a block of k mask slots, not the whole block."""
+
+    def propose_sampled(
+        self, last: int, k: int, sampling: Sampling, rng: np.random.Generator
+    ) -> tuple[list[int], np.ndarray]:
+        k = min(k, self.drafter.config.block_size)
+        if k == 0:
+            return [], np.zeros((0, self.drafter.config.vocab_size))
+        q = sampling.probs(self.drafter._logits(last, k))
+        return [int(t) for t in draw(q, rng)], q
+
+
+@contextmanager
+def host_timer(acc: list[float]) -> Iterator[None]:
+    """Add the seconds spent in the host sampler (probabilities, the rule, the drafter's draws) to acc[0]."""
+
+    def timed(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            out = fn(*args, **kwargs)
+            acc[0] += time.perf_counter() - t
+            return out
+
+        return run
+
+    saved = (Sampling.probs, speculative.verify, block_base.draw)
+    Sampling.probs = timed(Sampling.probs)  # type: ignore[method-assign]
+    speculative.verify = timed(speculative.verify)
+    block_base.draw = timed(block_base.draw)
+    try:
+        yield
+    finally:
+        Sampling.probs, speculative.verify, block_base.draw = saved  # type: ignore[method-assign]
+
+
+def _rate(gens: list[engine.Generation]) -> float:
+    seconds = sum(g.decode_s for g in gens)
+    return sum(len(g.tokens) - 1 for g in gens) / seconds if seconds else 0.0
+
+
+def _acceptance(gens: list[engine.Generation]) -> dict[str, Any]:
+    forwards = sum(g.forwards for g in gens)
+    return {
+        "acceptance_length": sum(len(g.tokens) - 1 for g in gens) / forwards if forwards else 1.0,
+        "position_acceptance": [round(x, 4) for x in position_acceptance(gens)],
+    }
+
+
+def measure(backend: str, k: int, args: argparse.Namespace) -> dict[str, Any]:
+    model = engine.load(args.model, backend, "float32", "cpu" if backend == "torch" else "auto")  # type: ignore[arg-type]
+    make = load_drafter(parse_drafter(args.drafter), model, k=k)
+    policy = engine.parse_policy(args.policy)
+    prompts = [model.encode(t) for t in corpus.code_prompts(args.prompts, args.seed, args.prompt_tokens)]
+    stop = engine.Stop(args.new_tokens, model.eos_ids)
+
+    def spec(ids: list[int], sampling: Sampling | None, wrap: Any = None) -> engine.Generation:
+        session = model.session(policy, k + 1)
+        drafter = make(session)
+        return engine.speculative_generate(
+            session, wrap(drafter) if wrap else drafter, ids, k, stop, sampling
+        )
+
+    def plain(ids: list[int], sampling: Sampling | None) -> engine.Generation:
+        return engine.generate(model.session(policy), ids, stop, sampling)
+
+    warm = Sampling(args.temperature, seed=10**6)
+    for fn in (
+        lambda: plain(prompts[0], warm),
+        lambda: spec(prompts[0], warm),
+        lambda: spec(prompts[0], None),
+    ):
+        fn()  # one-off costs out of the figures
+    k_slots = k < make(model.session(policy, k + 1)).config.block_size  # else the same as spec
+    methods = ("plain", "spec", *(["spec_k_slots"] if k_slots else []), "one_hot", "greedy", "greedy_spec")
+    runs: dict[str, list[engine.Generation]] = {m: [] for m in methods}
+    for ids in prompts:
+        runs["greedy"].append(plain(ids, None))
+        runs["greedy_spec"].append(spec(ids, None))
+        for seed in range(args.seed, args.seed + args.seeds):
+            s = Sampling(args.temperature, seed=seed)
+            runs["plain"].append(plain(ids, s))
+            runs["spec"].append(spec(ids, s))
+            if k_slots:
+                runs["spec_k_slots"].append(spec(ids, s, KSlots))
+            runs["one_hot"].append(spec(ids, s, OneHot))
+    per_seed = []
+    for i, seed in enumerate(range(args.seed, args.seed + args.seeds)):
+        pick = [p * args.seeds + i for p in range(len(prompts))]
+        plain_s, spec_s = _rate([runs["plain"][j] for j in pick]), _rate([runs["spec"][j] for j in pick])
+        per_seed.append(
+            {"seed": seed, "plain_tok_s": plain_s, "spec_tok_s": spec_s, "speedup": spec_s / plain_s}
+        )
+    host, sampled_blocks = [0.0], []
+    with host_timer(host):
+        for ids in prompts:
+            sampled_blocks.append(spec(ids, Sampling(args.temperature, seed=args.seed)))
+    blocks = sum(g.forwards for g in sampled_blocks)
+    block_s = sum(g.decode_s for g in sampled_blocks) / blocks
+    rates = {m: _rate(g) for m, g in runs.items()}
+    out = {
+        "backend": backend,
+        "k": k,
+        "decode_tok_s": rates,
+        "speedup_sampled": rates["spec"] / rates["plain"],
+        "speedup_sampled_one_hot": rates["one_hot"] / rates["plain"],
+        "speedup_greedy": rates["greedy_spec"] / rates["greedy"],
+        "per_seed": per_seed,
+        "acceptance": {m: _acceptance(runs[m]) for m in methods if m not in ("plain", "greedy")},
+        "host_sampler_ms_per_block": 1000 * host[0] / blocks,
+        "block_ms": 1000 * block_s,
+        "host_sampler_fraction": host[0] / blocks / block_s,
+    }
+    print(
+        f"{backend:5s} k={k}: plain sampling {rates['plain']:.1f} tok/s, speculative sampling {rates['spec']:.1f} "
+        f"({out['speedup_sampled']:.2f}x; one-hot drafts {out['speedup_sampled_one_hot']:.2f}x; k mask slots "
+        f"{rates.get('spec_k_slots', rates['spec']) / rates['plain']:.2f}x), greedy "
+        f"{rates['greedy']:.1f} -> {rates['greedy_spec']:.1f} ({out['speedup_greedy']:.2f}x); acceptance length "
+        f"sampled {out['acceptance']['spec']['acceptance_length']:.2f} (k mask slots "
+        f"{out['acceptance'].get('spec_k_slots', out['acceptance']['spec'])['acceptance_length']:.2f}), one-hot "
+        f"{out['acceptance']['one_hot']['acceptance_length']:.2f}, greedy "
+        f"{out['acceptance']['greedy_spec']['acceptance_length']:.2f}; host sampler "
+        f"{out['host_sampler_ms_per_block']:.2f} ms of a {out['block_ms']:.2f} ms block",
+        flush=True,
+    )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/speculative_sampling-cpu.json"))
+    ap.add_argument("--model", default="zoo:tiny-hybrid")
+    ap.add_argument("--drafter", default="block:zoo:tiny-block-drafter")
+    ap.add_argument("--policy", default="hybrid:4:64")
+    ap.add_argument("--backends", type=lambda s: s.split(","), default=["torch", "mlx"])
+    ap.add_argument("--ks", type=cli.int_list, default=[4, 8], help="draft lengths")
+    ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--prompt-tokens", type=int, default=96)
+    ap.add_argument("--new-tokens", type=int, default=96)
+    ap.add_argument("--seeds", type=int, default=3, help="seeds per prompt (seed, seed + 1, ...)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    cli.set_threads(args.threads)
+    load_start = list(os.getloadavg())
+    results = [measure(b, k, args) for b in args.backends for k in args.ks]
+    load = {"load_average": load_start, "load_average_end": list(os.getloadavg())}  # (1, 5, 15 min)
+    command = "python benchmarks/speculative_sampling.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    body = {"config": {**vars(args), "out": str(args.out), "command": command, **load}, "results": results}
+    write_report(args.out, "bench-speculative-sampling", 1, body)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
