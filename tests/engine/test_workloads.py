@@ -470,6 +470,45 @@ def test_compression_cross_check(
     assert _gate(report, "compression-table").status == "fail"
 
 
+@pytest.mark.parametrize(
+    ("drafter", "printed", "kv", "layers"),
+    [
+        ("diffusion:zoo:tiny-dlm", "diffusion:zoo:tiny-dlm:steps=4", False, None),  # weights only
+        ("zoo:tiny-dlm", "diffusion:zoo:tiny-dlm:steps=4", False, None),  # the kind its config.json says
+        ("model:zoo:tiny-drafter", "model:zoo:tiny-drafter", True, 1),
+        ("lookup", "lookup", False, None),
+    ],
+)
+def test_compression_counts_what_each_drafter_kind_holds(
+    drafter: str, printed: str, kv: bool, layers: int | None, tmp_path: Path
+) -> None:
+    out = tmp_path / "c.json"
+    argv = ["--drafter", drafter, "--batches", "1", "--seq-lens", "4096", "--check-lens", "none"]
+    compression.main([*argv, "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["config"]["drafter"] == printed and _gate(report).status == "pass"
+    assert report["drafter"]["layers"] == layers
+    assert (report["drafter"]["weight_bytes"] > 0) == (drafter != "lookup")
+    assert all((r["drafter_kv_bytes"] > 0) == kv for r in report["table"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--drafter", "block:zoo:tiny-block-drafter"], "a block drafter's bytes are not counted yet"),
+        (["--drafter", "model:zoo:tiny-dlm"], "is a diffusion drafter"),
+        (["--k", "0"], "--k 0 is plain decoding: use --drafter none"),
+    ],
+)
+def test_compression_refuses_a_drafter_it_does_not_count(
+    argv: list[str], line: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        compression.main([*argv, "--check-lens", "none", "--out", str(tmp_path / "c.json")])
+    assert exc.value.code == 2 and line in capsys.readouterr().err
+    assert not (tmp_path / "c.json").exists()
+
+
 def test_oldest_visible_matches_the_reference_rule() -> None:
     from engine.policy import layer_specs
 
