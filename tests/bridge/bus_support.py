@@ -335,6 +335,18 @@ def pid_alive(pid: int) -> bool:
     return not state.startswith("Z")
 
 
+def processes_with(token: str) -> list[int]:
+    """The pids of the processes whose command line holds `token` (Linux /proc; none elsewhere)."""
+    found = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        try:
+            if entry.name.isdigit() and token.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:  # gone while /proc was read
+            continue
+    return found
+
+
 def kill_pid(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)

@@ -81,15 +81,16 @@ def commit(env: Env, name: str) -> str:
 
 
 def gate(
-    bus: LocalBus,
+    bus: LocalBus | str,
     subject: str,
     *require: str,
     summary: Path | None = None,
     as_json: bool = False,
     allow_unsigned: bool = True,
 ) -> int:
-    """`kakeya gate pr` on the bus (a shared one: unsigned evidence is allowed only with `allow_unsigned`)."""
-    args = ["gate", "pr", "--subject", subject, "--remote", bus.url]
+    """`kakeya gate pr` on the bus (or its URL; a shared bus: unsigned evidence is allowed only with
+    `allow_unsigned`)."""
+    args = ["gate", "pr", "--subject", subject, "--remote", bus if isinstance(bus, str) else bus.url]
     if allow_unsigned:
         args.append("--allow-unsigned")
     for r in require:
@@ -104,6 +105,14 @@ UNSIGNED = " · unsigned (allowed) · accelerator: none"  # what a line says of 
 
 def outcomes(capsys) -> dict[str, dict]:
     return {o["requirement"]: o for o in json.loads(capsys.readouterr().out)}
+
+
+def missing(capsys, requirement: str) -> list[dict]:
+    """What `gate --json` says of `requirement`: no evidence (missing, no request); returns the results it
+    ignored, each with its request id, kind and reason."""
+    o = outcomes(capsys)[requirement]
+    assert (o["status"], o["request_id"]) == ("missing", None), o
+    return o["ignored"]
 
 
 def set_gate(env: Env, preset: str, value: int) -> None:
@@ -189,9 +198,8 @@ def test_the_newest_evidence_counts_and_a_label_must_match(world: Env, bus: Loca
     )
     assert bus.runner.once(request_id=rejected).status == "rejected"
     assert gate(bus, other, "work@cpu", as_json=True) == 1
-    o = outcomes(capsys)["work@cpu"]
-    assert (o["status"], o["request_id"]) == ("missing", None)
-    assert o["ignored"][0]["request_id"] == rejected and o["ignored"][0]["reason"].startswith(
+    (ignored, *_) = missing(capsys, "work@cpu")
+    assert ignored["request_id"] == rejected and ignored["reason"].startswith(
         "rejected: bad parameters: preset work: parameter seconds=999 must be between"
     )
     git(world.project, "checkout", "-q", head)
@@ -266,9 +274,8 @@ def test_a_report_edited_after_the_run_does_not_pass(world: Env, bus: LocalBus, 
         replace=True,
     )
     assert gate(bus, head, "strict@cpu", as_json=True) == 1
-    o = outcomes(capsys)["strict@cpu"]
-    assert (o["status"], o["request_id"]) == ("missing", None)  # no evidence: a mismatch is ignored
-    assert o["ignored"] == [
+    # no evidence: a mismatch is ignored
+    assert missing(capsys, "strict@cpu") == [
         {
             "request_id": rid,
             "kind": "mismatch",
@@ -327,9 +334,7 @@ def test_a_done_commit_pushed_for_another_commit_does_not_count(world: Env, bus:
         replace=False,
     )
     assert gate(bus, second, "work@cpu", as_json=True) == 1
-    o = outcomes(capsys)["work@cpu"]
-    assert (o["status"], o["request_id"]) == ("missing", None)
-    assert o["ignored"] == [
+    assert missing(capsys, "work@cpu") == [
         {
             "request_id": forged,
             "kind": "mismatch",
@@ -398,22 +403,7 @@ def test_bad_requirements_are_refused_before_the_bus_is_read(world: Env, bus: Lo
     assert "must look like PRESET, PRESET@LABEL or PRESET@LABEL PARAM>=VALUE" in capsys.readouterr().err
     assert gate(bus, "not-a-commit", "work@cpu") == 2
     assert "'not-a-commit' is not a commit" in capsys.readouterr().err
-    assert (
-        main(
-            [
-                "gate",
-                "pr",
-                "--subject",
-                head,
-                "--require",
-                "work@cpu",
-                "--remote",
-                str(world.tmp / "no-such-bus"),
-                "--allow-unsigned",
-            ]
-        )
-        == 1
-    )
+    assert gate(str(world.tmp / "no-such-bus"), head, "work@cpu") == 1
     assert "cannot reach the bus" in capsys.readouterr().err
     assert E.check_requirements(["work@cpu", "work@cpu", "work"], load_registry()) == [
         E.Requirement("work", "cpu"),
