@@ -48,7 +48,7 @@ import engine
 from engine.drafters import DrafterKind, DrafterSpec, parse_drafter
 from engine.geometry import ITEMSIZE, Geometry, read_geometry
 from engine.policy import drafter_policy, expected_kv_bytes, layer_slot_bytes, layer_specs, with_precision
-from engine.report import write_report
+from engine.report import geometry_block, write_report
 from engine.workloads import cli
 from engine.zoo import corpus
 
@@ -320,14 +320,11 @@ def compression(config: Config) -> dict[str, Any]:
     )
     return {
         "config": config.model_dump(),
-        "geometry": {
-            "layer_types": geo.layer_types,
-            "sliding_window": geo.sliding_window,
-            "kv_heads": geo.kv_heads,
-            "head_dim": geo.head_dim,
-            "bytes_per_slot": max(geo.slot_bytes(config.dtype)),
-            "state_bytes_per_sequence": sum(geo.state_bytes(config.dtype)),
-        },
+        "geometry": geometry_block(
+            geo,
+            bytes_per_slot=max(geo.slot_bytes(config.dtype)),
+            state_bytes_per_sequence=sum(geo.state_bytes(config.dtype)),
+        ),
         "drafter": {
             "params": params,
             "weight_bytes": weights,

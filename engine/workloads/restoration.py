@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 import engine
 from engine.geometry import SLIDING_ATTENTION
+from engine.report import geometry_block
 from engine.workloads import cli, niah, plots
 from engine.zoo import corpus
 
@@ -289,12 +290,7 @@ def study(config: Config) -> dict[str, Any]:
     )
     return {
         "config": config.model_dump(),
-        "geometry": {
-            "layer_types": types,
-            "sliding_window": geo.sliding_window,
-            "kv_heads": geo.kv_heads,
-            "head_dim": geo.head_dim,
-        },
+        "geometry": geometry_block(geo),
         "training": training.model_dump(),
         "arms": [r.model_dump() for r in rows],
         "summary": summary.model_dump(),

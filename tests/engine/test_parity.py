@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 import gates  # noqa: E402
 from engine.workloads.cli import first_divergence  # noqa: E402
 from engine.workloads.parity import prompts  # noqa: E402
+from tests.engine.workload_support import ZOO_TOKENS, save_zoo_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,11 +26,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random Gemma-3 (sliding window 8, so 40-token prompts wrap it) over the zoo vocabulary."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    from engine.zoo import corpus, tokenizer
-
-    torch.manual_seed(0)
     config = Gemma3TextConfig(
-        vocab_size=len(corpus.VOCAB),
+        **ZOO_TOKENS,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=4,
@@ -41,10 +39,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         initializer_range=0.2,
         tie_word_embeddings=False,
     )
-    path = tmp_path_factory.mktemp("parity") / "gemma"
-    Gemma3ForCausalLM(config).save_pretrained(path)
-    tokenizer.save(path)
-    return path
+    return save_zoo_model(tmp_path_factory.mktemp("parity") / "gemma", Gemma3ForCausalLM, config, 0)
 
 
 def _preset() -> dict:

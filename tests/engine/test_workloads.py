@@ -13,10 +13,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import engine  # noqa: E402
-import gates  # noqa: E402
 from engine.policy import oldest_visible  # noqa: E402
 from engine.workloads import cli, compression, niah, throughput  # noqa: E402
 from tests.engine.backends import HAVE_MLX  # noqa: E402
+from tests.engine.workload_support import ZOO_TOKENS, save_zoo_model, tiny_throughput  # noqa: E402
+from tests.engine.workload_support import gate as _gate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 torch.set_num_threads(1)
@@ -25,11 +26,8 @@ torch.set_num_threads(1)
 def _save_gemma(path: Path, layers: list[str], seed: int, window: int = 16) -> Path:
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    from engine.zoo import corpus, tokenizer
-
-    torch.manual_seed(seed)
     config = Gemma3TextConfig(
-        vocab_size=len(corpus.VOCAB),
+        **ZOO_TOKENS,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=len(layers),
@@ -40,13 +38,8 @@ def _save_gemma(path: Path, layers: list[str], seed: int, window: int = 16) -> P
         layer_types=layers,
         initializer_range=0.2,
         tie_word_embeddings=False,
-        eos_token_id=1,
-        bos_token_id=2,
-        pad_token_id=0,
     )
-    Gemma3ForCausalLM(config).save_pretrained(path)
-    tokenizer.save(path)
-    return path
+    return save_zoo_model(path, Gemma3ForCausalLM, config, seed)
 
 
 @pytest.fixture(scope="module")
@@ -60,15 +53,6 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def drafter_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _save_gemma(tmp_path_factory.mktemp("wl") / "drafter", ["full_attention"], 1)
-
-
-def _gate(report: dict[str, Any], preset: str | None = None) -> gates.Verdict:
-    import yaml
-
-    checks = []
-    if preset:
-        checks = gates.parse_checks(yaml.safe_load((ROOT / "presets" / f"{preset}.yaml").read_text())["gate"])
-    return gates.evaluate(report, checks, kind=report["kind"], schema_version=1)
 
 
 # --- niah -------------------------------------------------------------------------------------------------
@@ -221,28 +205,7 @@ def test_niah_refuses_bad_arguments(tmp_path: Path) -> None:
 
 def test_throughput_tiny_report(model_dir: Path, drafter_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "tp.json"
-    args = [
-        "--model",
-        str(model_dir),
-        "--policy",
-        "sink_window:2:8",
-        "--k",
-        "3",
-        "--prompts",
-        "2",
-        "--prompt-tokens",
-        "24",
-        "--new-tokens",
-        "20",
-        "--repeats",
-        "1",
-        "--min-speedup",
-        "1.0",
-        "--batches",
-        "1,3",
-        "--out",
-        str(out),
-    ]
+    args = tiny_throughput(model_dir, "--policy", "sink_window:2:8", "--batches", "1,3", "--out", str(out))
     assert throughput.main([*args, "--drafter", str(drafter_dir)]) == 0
     report = json.loads(out.read_text())
     assert _gate(report).status == "pass", _gate(report).reasons()
@@ -279,32 +242,8 @@ def test_throughput_tiny_report(model_dir: Path, drafter_dir: Path, tmp_path: Pa
 @pytest.mark.skipif(not HAVE_MLX, reason="mlx / mlx-lm not installed")
 def test_throughput_mlx_backend(model_dir: Path, drafter_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "tp.json"
-    throughput.main(
-        [
-            "--model",
-            str(model_dir),
-            "--backend",
-            "mlx",
-            "--drafter",
-            str(drafter_dir),
-            "--policy",
-            "hybrid:2:8",
-            "--k",
-            "3",
-            "--prompts",
-            "2",
-            "--prompt-tokens",
-            "24",
-            "--new-tokens",
-            "20",
-            "--repeats",
-            "1",
-            "--plot",
-            "none",
-            "--out",
-            str(out),
-        ]
-    )
+    args = ["--backend", "mlx", "--drafter", str(drafter_dir), "--policy", "hybrid:2:8", "--plot", "none"]
+    throughput.main(tiny_throughput(model_dir, *args, "--out", str(out)))
     report = json.loads(out.read_text())
     assert _gate(report).status == "pass" and report["config"]["backend"] == "mlx"
     assert report["summary"]["all_exact"] and all(p["speculative"]["tokens"] == 20 for p in report["prompts"])

@@ -14,9 +14,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import gates  # noqa: E402
 from bridge.presets import load_registry  # noqa: E402
 from engine.workloads import compression, niah, throughput  # noqa: E402
+from tests.engine.workload_support import gate as _gate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 torch.set_num_threads(1)
@@ -30,11 +30,6 @@ def _argv(preset: str, params: dict[str, Any], out: Path) -> list[str]:
         {"python": sys.executable, "report": str(out), "run_dir": str(out.parent)},
         os.environ,
     )
-
-
-def _gate(report: dict[str, Any], preset: str) -> gates.Verdict:
-    p = load_registry()[preset]
-    return gates.evaluate(report, p.gate, kind=p.report.kind, schema_version=p.report.schema_version)
 
 
 def test_niah_gate_passes_for_hybrid_and_fails_for_sink_window(tmp_path: Path) -> None:
