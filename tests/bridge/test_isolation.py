@@ -31,6 +31,7 @@ from bridge.errors import KakeyaError
 from bridge.isolation import userns_available
 from bridge.proc import descendants
 from tests.bridge.bus_support import (
+    DETACH_PY,
     WRITE_REPORT_PY,
     Daemon,
     Env,
@@ -47,25 +48,21 @@ from tests.bridge.bus_support import (
 LINUX = sys.platform.startswith("linux")
 ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
-HOSTILE_PY = WRITE_REPORT_PY + textwrap.dedent("""
+HOSTILE_PY = (
+    WRITE_REPORT_PY
+    + DETACH_PY
+    + textwrap.dedent("""
     import base64, subprocess, sys, time
 
     mode, marks = sys.argv[1], os.environ["MARKS"]
 
     def daemonize(name):
-        # a process in its own session whose parent exits: no longer a descendant of the run
-        if os.fork() == 0:
-            os.setsid()
-            if os.fork() == 0:
-                devnull = os.open(os.devnull, os.O_RDWR)
-                for fd in (0, 1, 2):
-                    os.dup2(devnull, fd)
-                with open(os.path.join(marks, name + ".pid"), "w") as fh:
-                    fh.write(str(os.getpid()))
-                time.sleep(20)
-                open(os.path.join(marks, name + ".alive"), "w").close()
+        if detach():
+            with open(os.path.join(marks, name + ".pid"), "w") as fh:
+                fh.write(str(os.getpid()))
+            time.sleep(20)
+            open(os.path.join(marks, name + ".alive"), "w").close()
             os._exit(0)
-        os.wait()
         while not os.path.exists(os.path.join(marks, name + ".pid")):
             time.sleep(0.01)
 
@@ -116,6 +113,7 @@ HOSTILE_PY = WRITE_REPORT_PY + textwrap.dedent("""
         fh.write(mode + "\\n")
     write_report()
 """)
+)
 
 
 def hostile_preset(timeout_s: int = 60, python: str = "{python}", **extra: object) -> dict:
