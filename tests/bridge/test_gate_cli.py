@@ -10,18 +10,15 @@ from pathlib import Path
 import pytest
 
 from bridge.cli import main
+from tests.gates.conftest import PROBE as GATES_PROBE
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# The gates tests' probe report (an H200 host), here from a 4-CPU host with MLX and no CUDA
 PROBE = {
-    "kind": "probe",
-    "schema_version": 1,
-    "created_at": "2026-11-22T08:50:00+00:00",
+    **GATES_PROBE,
     "environment": {
-        "python": "3.11.7",
-        "os": "Linux 6.1",
-        "machine": "x86_64",
-        "hostname": "vm",
+        **GATES_PROBE["environment"],
         "cpu_count": 4,
         "memory_bytes": None,
         "versions": {"python": "3.11.7"},

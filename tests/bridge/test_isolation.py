@@ -150,13 +150,18 @@ def exec_result(out: Path) -> dict:
 # --- no process outlives its run -------------------------------------------------------------------
 
 
+def exec_hostile(world: Env, mode: str, exit_code: int) -> tuple[float, dict, int]:
+    """`kakeya exec hostile -p mode=MODE` (exiting `exit_code`): the seconds it took, its result and the pid
+    of the daemon it left."""
+    started = time.monotonic()
+    assert main(["exec", "hostile", "-p", f"mode={mode}", "--out", str(world.tmp / "o")]) == exit_code
+    took = time.monotonic() - started
+    return took, exec_result(world.tmp / "o"), int(world.mark(mode, "pid").read_text())
+
+
 def test_a_setsid_daemon_dies_when_its_program_exits(world: Env):
     add_hostile(world)
-    started = time.monotonic()
-    assert main(["exec", "hostile", "-p", "mode=daemon", "--out", str(world.tmp / "o")]) == 0
-    took = time.monotonic() - started
-    result = exec_result(world.tmp / "o")
-    daemon = int(world.mark("daemon", "pid").read_text())
+    took, result, daemon = exec_hostile(world, "daemon", 0)
     print(f"\nFIGURE setsid daemon at exit: run took {took:.2f} s, strays killed {result['strays_killed']}")
     assert result["status"] == "succeeded" and result["strays_killed"] == 1
     assert not pid_alive(daemon) and took < 15
@@ -166,11 +171,7 @@ def test_a_setsid_daemon_dies_when_its_program_exits(world: Env):
 
 def test_a_5_s_time_limit_ends_within_10_s_with_nothing_left(world: Env):
     add_hostile(world, timeout_s=5)
-    started = time.monotonic()
-    assert main(["exec", "hostile", "-p", "mode=hang", "--out", str(world.tmp / "o")]) == 1
-    took = time.monotonic() - started
-    result = exec_result(world.tmp / "o")
-    daemon = int(world.mark("hang", "pid").read_text())
+    took, result, daemon = exec_hostile(world, "hang", 1)
     print(f"\nFIGURE 5 s time limit: ended after {took:.2f} s, strays killed {result['strays_killed']}")
     assert result["status"] == "timed-out" and took < 10
     assert result["strays_killed"] >= 1 and not pid_alive(daemon)

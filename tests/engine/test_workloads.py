@@ -15,11 +15,17 @@ torch = pytest.importorskip("torch")
 import engine  # noqa: E402
 from engine.policy import oldest_visible  # noqa: E402
 from engine.workloads import cli, compression, niah, throughput  # noqa: E402
+from tests.engine import tiny_models  # noqa: E402
 from tests.engine.backends import HAVE_MLX  # noqa: E402
-from tests.engine.workload_support import ZOO_TOKENS, save_zoo_model, tiny_throughput  # noqa: E402
+from tests.engine.workload_support import (  # noqa: E402
+    CROSS_CHECKED,
+    SEEDS_TABLE,
+    ZOO_TOKENS,
+    save_zoo_model,
+    tiny_throughput,
+)
 from tests.engine.workload_support import gate as _gate  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 torch.set_num_threads(1)
 
 
@@ -28,15 +34,10 @@ def _save_gemma(path: Path, layers: list[str], seed: int, window: int = 16) -> P
 
     config = Gemma3TextConfig(
         **ZOO_TOKENS,
-        hidden_size=64,
-        intermediate_size=128,
+        **tiny_models.ATTENTION,
         num_hidden_layers=len(layers),
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
         sliding_window=window,
         layer_types=layers,
-        initializer_range=0.2,
         tie_word_embeddings=False,
     )
     return save_zoo_model(path, Gemma3ForCausalLM, config, seed)
@@ -324,28 +325,16 @@ def test_compression_reproduces_the_seed_table(tmp_path: Path) -> None:
         )
     )
     out = tmp_path / "c.json"
-    compression.main(
-        [
-            "--model",
-            str(model),
-            "--policy",
-            "sink_window:4:24",
-            "--drafter",
-            "none",
-            "--k",
-            "0",
-            "--drafter-weights",
-            str(596_049_920 * 2),
-            "--batches",
-            "8,64",
-            "--seq-lens",
-            "8192,32768,131072,1048576",
-            "--check-lens",
-            "none",
-            "--out",
-            str(out),
-        ]
-    )
+    args = [
+        "--model",
+        str(model),
+        *SEEDS_TABLE,
+        "--batches",
+        "8,64",
+        "--seq-lens",
+        "8192,32768,131072,1048576",
+    ]
+    compression.main([*args, "--check-lens", "none", "--out", str(out)])
     report = json.loads(out.read_text())
     assert _gate(report).status == "pass" and report["config"]["dtype"] == "bfloat16"
     rows = {(r["batch"], r["seq_len"]): r for r in report["table"]}
@@ -361,24 +350,7 @@ def test_compression_cross_check(
     model_dir: Path, drafter_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "c.json"
-    args = [
-        "--model",
-        str(model_dir),
-        "--drafter",
-        str(drafter_dir),
-        "--policy",
-        "sink_window:2:8,hybrid:2:8",
-        "--k",
-        "3",
-        "--batches",
-        "1,64",
-        "--seq-lens",
-        "8192,1048576",
-        "--check-lens",
-        "12,40",
-        "--out",
-        str(out),
-    ]
+    args = ["--model", str(model_dir), "--drafter", str(drafter_dir), *CROSS_CHECKED, "--out", str(out)]
     compression.main(args)
     report = json.loads(out.read_text())
     assert _gate(report, "compression-table").status == "pass", _gate(report, "compression-table").reasons()

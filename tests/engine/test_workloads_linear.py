@@ -15,10 +15,15 @@ torch = pytest.importorskip("torch")
 from engine.workloads import compression, niah, parity, throughput  # noqa: E402
 from tests.engine import tiny_models  # noqa: E402
 from tests.engine.backends import HAVE_MLX  # noqa: E402
-from tests.engine.workload_support import ZOO_TOKENS, save_zoo_model, tiny_throughput  # noqa: E402
+from tests.engine.workload_support import (  # noqa: E402
+    CROSS_CHECKED,
+    SEEDS_TABLE,
+    ZOO_TOKENS,
+    save_zoo_model,
+    tiny_throughput,
+)
 from tests.engine.workload_support import gate as _gate  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 SLOT = 2 * 2 * 16 * 4  # K and V of one position in the one attention layer: 2 heads x 16, float32
 STATE = 3 * (4 * 16 * 16 * 4 + 3 * (2 * 2 * 16 + 4 * 16) * 4)  # 3 linear layers: recurrent + convolution
 torch.set_num_threads(1)
@@ -105,15 +110,7 @@ def test_compression_cross_checks_the_state_and_shows_it_apart(
     model_dir: Path, drafter_dir: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "c.json"
-    args = [
-        "--model",
-        str(model_dir),
-        "--drafter",
-        str(drafter_dir),
-        "--policy",
-        "sink_window:2:8,hybrid:2:8",
-    ]
-    args += ["--k", "3", "--batches", "1,64", "--seq-lens", "8192,1048576", "--check-lens", "12,40"]
+    args = ["--model", str(model_dir), "--drafter", str(drafter_dir), *CROSS_CHECKED]
     assert compression.main([*args, "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert _gate(report, "compression-table").status == "pass", _gate(report, "compression-table").reasons()
@@ -138,17 +135,8 @@ def test_compression_reference_configs_from_the_cli(model_dir: Path, tmp_path: P
     """`--reference`: the table for a published architecture; the seeds' Qwen3-1.7B numbers, and Qwen3.5
     (transformers' qwen3_5_text defaults) with its recurrent state apart; the cross-check loads --model."""
     out = tmp_path / "c.json"
-    args = [
-        "--policy",
-        "sink_window:4:24",
-        "--drafter",
-        "none",
-        "--k",
-        "0",
-        "--drafter-weights",
-        str(596_049_920 * 2),
-    ]
-    args += ["--batches", "8,64", "--seq-lens", "8192,131072", "--check-lens", "none", "--out", str(out)]
+    args = [*SEEDS_TABLE, "--batches", "8,64", "--seq-lens", "8192,131072", "--check-lens", "none"]
+    args += ["--out", str(out)]
     rows = {}
     for ref in ("qwen3-1.7b", "qwen3.5-text-defaults"):
         assert compression.main([*args, "--reference", ref]) == 0
