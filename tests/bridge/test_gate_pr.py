@@ -44,6 +44,16 @@ class LocalBus:
         assert served is not None and served.pushed
         return rid
 
+    def not_run(self) -> tuple[str, str]:
+        """Two work@cpu requests served without running: one expired, one cancelled (their ids)."""
+        expired = self.client.request("work", {}, "cpu", expires_s=0.001).id
+        time.sleep(0.05)
+        assert self.runner.once(request_id=expired).status == "expired"
+        cancelled = self.client.request("work", {}, "cpu").id
+        self.client.cancel(cancelled)
+        assert self.runner.once(request_id=cancelled).status == "cancelled"
+        return expired, cancelled
+
     def done(self, rid: str) -> str:
         return Bus(self.url, self.env.project).ls_remote(done_ref(rid)).refs[done_ref(rid)]
 
@@ -107,12 +117,13 @@ def outcomes(capsys) -> dict[str, dict]:
     return {o["requirement"]: o for o in json.loads(capsys.readouterr().out)}
 
 
-def missing(capsys, requirement: str) -> list[dict]:
-    """What `gate --json` says of `requirement`: no evidence (missing, no request); returns the results it
-    ignored, each with its request id, kind and reason."""
+def missing(capsys, bus: LocalBus, subject: str, requirement: str) -> list[tuple[str, str, str]]:
+    """`gate pr --json` of `requirement` for `subject`: it fails with no evidence (missing, no request);
+    returns the results it ignored, each as (request id, kind, reason)."""
+    assert gate(bus, subject, requirement, as_json=True) == 1
     o = outcomes(capsys)[requirement]
     assert (o["status"], o["request_id"]) == ("missing", None), o
-    return o["ignored"]
+    return [(i["request_id"], i["kind"], i["reason"]) for i in o["ignored"]]
 
 
 def set_gate(env: Env, preset: str, value: int) -> None:
@@ -197,9 +208,8 @@ def test_the_newest_evidence_counts_and_a_label_must_match(world: Env, bus: Loca
         manifest_dict(rejected, "work", other, params={"seconds": 999}),
     )
     assert bus.runner.once(request_id=rejected).status == "rejected"
-    assert gate(bus, other, "work@cpu", as_json=True) == 1
-    (ignored, *_) = missing(capsys, "work@cpu")
-    assert ignored["request_id"] == rejected and ignored["reason"].startswith(
+    (seen, _, reason), *_ = missing(capsys, bus, other, "work@cpu")
+    assert seen == rejected and reason.startswith(
         "rejected: bad parameters: preset work: parameter seconds=999 must be between"
     )
     git(world.project, "checkout", "-q", head)
@@ -273,14 +283,13 @@ def test_a_report_edited_after_the_run_does_not_pass(world: Env, bus: LocalBus, 
         {**edited(subject=head), f"{prefix}/result.json": json.dumps(result).encode()},
         replace=True,
     )
-    assert gate(bus, head, "strict@cpu", as_json=True) == 1
     # no evidence: a mismatch is ignored
-    assert missing(capsys, "strict@cpu") == [
-        {
-            "request_id": rid,
-            "kind": "mismatch",
-            "reason": f"does not belong to {head[:12]}: it ran on a runner labelled gpu, not cpu",
-        }
+    assert missing(capsys, bus, head, "strict@cpu") == [
+        (
+            rid,
+            "mismatch",
+            f"does not belong to {head[:12]}: it ran on a runner labelled gpu, not cpu",
+        )
     ]
     bus.push_done(rid, bus.done(rid), {f"{prefix}/result.json": files["result.json"]}, replace=True)
 
@@ -333,14 +342,13 @@ def test_a_done_commit_pushed_for_another_commit_does_not_count(world: Env, bus:
         },
         replace=False,
     )
-    assert gate(bus, second, "work@cpu", as_json=True) == 1
-    assert missing(capsys, "work@cpu") == [
-        {
-            "request_id": forged,
-            "kind": "mismatch",
-            "reason": f"does not belong to {second[:12]}: its done commit {bus.done(forged)[:12]} "
+    assert missing(capsys, bus, second, "work@cpu") == [
+        (
+            forged,
+            "mismatch",
+            f"does not belong to {second[:12]}: its done commit {bus.done(forged)[:12]} "
             f"does not descend from {second[:12]}",
-        }
+        )
     ]
     # a result.json that names the subject while its request does not
     other = new_id("work")
@@ -487,12 +495,7 @@ def test_a_request_for_the_subject_that_never_ran_there(world: Env, bus: LocalBu
 def test_outcomes_in_which_nothing_ran_never_mask_a_run_that_did(world: Env, bus: LocalBus, capsys):
     head = git(world.project, "rev-parse", "HEAD")
     passed = bus.run("work")
-    expired = bus.client.request("work", {}, "cpu", expires_s=0.001).id
-    time.sleep(0.05)
-    assert bus.runner.once(request_id=expired).status == "expired"
-    cancelled = bus.client.request("work", {}, "cpu").id
-    bus.client.cancel(cancelled)
-    assert bus.runner.once(request_id=cancelled).status == "cancelled"
+    expired, cancelled = bus.not_run()
     rid = new_id("work")
     other = commit(world, "r.txt")
     push_raw_request(bus.url, world.project, "cpu", rid, manifest_dict(rid, "work", head), parent=other)

@@ -17,6 +17,7 @@ import tempfile
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -313,6 +314,19 @@ def test_a_result_whose_push_the_remote_dropped_is_pushed_after_restart(world: E
 # --- clock skew ------------------------------------------------------------------------------------
 
 
+def serve_until(procs: list[subprocess.Popen[bytes]], done: Callable[[], bool], timeout: float) -> float:
+    """Let the runner processes serve until `done()` (within `timeout` s), then stop them (each must exit 0);
+    the seconds it took."""
+    started = time.monotonic()
+    try:
+        wait_for(done, timeout, "the requests done", step=0.5)
+        took = time.monotonic() - started
+    finally:
+        codes = [stop(p) for p in procs]
+    assert codes == [0] * len(procs)
+    return took
+
+
 def test_two_runners_with_skewed_clocks_run_20_requests_once_each(world: Env, daemon: Daemon):
     url = daemon.repo()
     staging = G.init_bare(world.tmp / "staging.git")
@@ -327,16 +341,8 @@ def test_two_runners_with_skewed_clocks_run_20_requests_once_each(world: Env, da
             procs.append(runner_process(world, url, name, "--poll", "0.2", "--lease", "2"))
         finally:
             del os.environ["KAKEYA_CLOCK_OFFSET"]
-    started = time.monotonic()
-    try:
-        bus = Bus(url, world.project)
-        wait_for(
-            lambda: sum(1 for e in bus.ls_remote().entries.values() if e.done) == 20, 150, "20 done", step=0.5
-        )
-    finally:
-        codes = [stop(p) for p in procs]
-    took = time.monotonic() - started
-    assert codes == [0, 0]
+    bus = Bus(url, world.project)
+    took = serve_until(procs, lambda: sum(1 for e in bus.ls_remote().entries.values() if e.done) == 20, 150)
     runs = world.count()
     names = {done_result(world.project, url, rid)["runner_name"] for rid in bus.ls_remote().entries}
     takeovers = sum((world.tmp / f"{n}.log").read_text().count("takes over") for n in ("ahead", "behind"))
@@ -364,16 +370,8 @@ def test_a_200_mib_result_is_capped_done_once_and_starves_nobody(world: Env, dae
         procs = [runner_process(world, url, f"c{i}", "--poll", "0.2", "--lease", "2") for i in range(2)]
     finally:
         del os.environ["KAKEYA_FILES_CAP"]
-    started = time.monotonic()
-    try:
-        bus = Bus(url, world.project)
-        wait_for(
-            lambda: all(bus.ls_remote().entries[r].done for r in [big, *small]), 90, "all done", step=0.3
-        )
-    finally:
-        codes = [stop(p) for p in procs]
-    took = time.monotonic() - started
-    assert codes == [0, 0]
+    bus = Bus(url, world.project)
+    took = serve_until(procs, lambda: all(bus.ls_remote().entries[r].done for r in [big, *small]), 90)
     grew = sum(p.stat().st_size for p in bus_dir.rglob("*") if p.is_file()) - before
     result = done_result(world.project, url, big)
     print(
