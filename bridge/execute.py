@@ -68,6 +68,29 @@ def secret_values(
     return [v for n in names for v in (environ.get(n), env.get(n)) if v]
 
 
+def provenance(preset: Preset, values: Mapping[str, Any], context: RunContext, **more: Any) -> dict[str, Any]:
+    """What every result records of its run, whichever executor runs it: the preset, its content hash, the
+    parameters, the host's fingerprint, the tool versions, who asked and where (`context`), and `more`."""
+    return dict(
+        preset=preset.name,
+        preset_hash=preset.content_hash,
+        params=dict(values),
+        host=host_fingerprint(),
+        tools=tool_versions(),
+        **more,
+        **context.model_dump(),
+    )
+
+
+def render_argv(
+    preset: Preset, values: Mapping[str, Any], run_dir: Path, environ: Mapping[str, str]
+) -> list[str]:
+    """The preset's argv, its builtins filled for a program that writes in `run_dir`: `{python}` this
+    interpreter, `{report}` run_dir/report.json, `{run_dir}`."""
+    builtins = {"python": sys.executable, "report": str(run_dir / REPORT), "run_dir": str(run_dir)}
+    return preset.render_argv(values, builtins, environ)
+
+
 def build_env(
     preset_env: Mapping[str, str],
     environ: Mapping[str, str],
@@ -124,14 +147,7 @@ def run_preset(
     context = context or RunContext()
     checkout, out_dir = checkout.resolve(), out_dir.resolve()
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
-    base = dict(
-        preset=preset.name,
-        preset_hash=preset.content_hash,
-        params=dict(values),
-        host=host_fingerprint(),
-        tools=tool_versions(),
-        **context.model_dump(),
-    )
+    base = provenance(preset, values, context)
     redact = Redactor(secret_values(preset, config, environ, {}))
     scratch = Path(tempfile.mkdtemp(prefix="kakeya-run-"))
     try:
@@ -141,8 +157,7 @@ def run_preset(
             preset_env = preset.render_env(environ)
             redact = Redactor(secret_values(preset, config, environ, preset_env))
             run_dir = scratch / "out" if iso.private else out_dir  # where the program writes
-            builtins = {"python": sys.executable, "report": str(run_dir / REPORT), "run_dir": str(run_dir)}
-            argv = preset.render_argv(values, builtins, environ)
+            argv = render_argv(preset, values, run_dir, environ)
         except KakeyaError as exc:
             result = RunResult(status="error", reason=f"could not start: {exc}", **base)
             return RunOutcome(out_dir, result, redact=redact)

@@ -37,7 +37,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bridge import launcher  # standard library only; bound read-only by path into the sandbox
 from bridge.errors import KakeyaError
+from bridge.presets import models_dirs
 
 UNSHARE_USERNS = ["unshare", "--user", "--pid", "--fork", "--mount-proc"]
 NOBODY = "nobody"
@@ -230,9 +232,6 @@ def _system_binds() -> list[str]:
 def exposed(environ: Mapping[str, str]) -> list[Path]:
     """What a bwrap sandbox shows read-only besides the system: the venv, its base interpreter, the models
     directories and the launcher."""
-    from bridge import launcher  # the launcher is standard library only; bound read-only by path
-    from bridge.presets import models_dirs
-
     paths = [Path(sys.prefix), Path(sys.base_prefix), Path(os.path.realpath(sys.executable)).parent.parent]
     paths += [d for d in models_dirs(environ) if d.is_dir()]
     paths.append(Path(launcher.__file__))

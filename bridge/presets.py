@@ -407,11 +407,13 @@ class PolicyParam(_Base):
 class DrafterParam(_Base):
     """A drafter spec as engine.drafters.DrafterSpec reads it (`lookup`, `model:REF`, `diffusion:REF:steps=4`):
     the bridge's own grammar (docs/presets.md), bounded by the preset: the kinds allowed, each kind's options
-    with their ranges. REF is a model reference as `type: model` takes it."""
+    with their ranges. REF is a model reference as `type: model` takes it. `none: true` also allows the value
+    `none`, no drafter (a workload that counts what a drafter holds: engine.workloads.compression)."""
 
     type: Literal["drafter"]
     kinds: list[DrafterKind] = Field(min_length=1)
     options: dict[DrafterKind, dict[str, tuple[int, int]]] = {}  # kind -> option -> (min, max)
+    none: bool = False
     default: str | None = None
 
     @field_validator("options")
@@ -424,7 +426,10 @@ class DrafterParam(_Base):
         return options
 
     def parse(self, raw: Any) -> str:
-        parts = _grammar_text(raw, f"a drafter spec ({self.bounds()})").split(":")
+        text = _grammar_text(raw, f"a drafter spec ({self.bounds()})")
+        if self.none and text == "none":
+            return raw
+        parts = text.split(":")
         kind, rest = parts[0], parts[1:]
         if kind not in self.kinds:
             raise ValueError(
@@ -453,11 +458,12 @@ class DrafterParam(_Base):
         return kind if kind == "lookup" else f"{kind}:REF{opts}"
 
     def bounds(self) -> str:
-        return " | ".join(self._form(k) for k in self.kinds) + " (REF: zoo:NAME or a model directory name)"
+        forms = (["none"] if self.none else []) + [self._form(k) for k in self.kinds]
+        return " | ".join(forms) + " (REF: zoo:NAME or a model directory name)"
 
     def _schema(self) -> dict[str, Any]:
         ref = f"(?:{_ZOO.pattern[1:-1]}|{_MODEL_NAME.pattern[1:-1]})"
-        alts = []
+        alts = ["none"] if self.none else []
         for kind in self.kinds:
             opts = "".join(
                 f"(?::{o}={_upto(hi, lo)})?"
@@ -548,9 +554,9 @@ class Resources(BaseModel):
 # The presets as shipped when `content_hash` became one rule (fields at their defaults left out) and their
 # policy and drafter parameters typed (`type: policy`, `type: drafter`, a regex string before): the rule's
 # hash of each -> the hash its runs were signed with then, so that their evidence still matches. Frozen: a
-# definition changed since hashes by the rule (tests/bridge/test_preset_hash.py).
+# definition changed since hashes by the rule and its alias goes (compression-table: one drafter parameter,
+# issue 30; tests/bridge/test_preset_hash.py).
 SIGNED_AS: dict[str, str] = {
-    "sha256:dadb6dc9ea2c9b3efcf6595970a4b5bf9fb03d414bdd13164f1285b85f9c7b21": "sha256:2f6ca24074be1bc2b6723fe5bcb4c7a27f09aaff33f1301f8f820218cc1f9aeb",  # compression-table
     "sha256:49431350318e59166f28a96074ff70f6756316596488c973331c065f3330b081": "sha256:284b28b8c4f27ee12badf7156fd128b7fd1b81a4c80fd2c87e9b6c66b4fe9068",  # niah-ladder
     "sha256:179ef6651feeeed9133519f73c1c6e581d55dca43f6c26c61b518ba2139b5f17": "sha256:21e1ffcfd177b91f8a2ea96d072f523038015f6d1ff0ed91ab6cb9238120e9bb",  # niah-sink-window
     "sha256:bb118e34707771af9424edd5ba9850b6271a96eafcc11c97b1e68c0df1e519a2": "sha256:2bb708bc7fbf52925671a1a80cb5d97a9b2977a0eab91e72a99a6d894fa2c663",  # niah-smoke

@@ -41,12 +41,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from bridge.caps import REPORT
 from bridge.caps import collect as collect_files
 from bridge.config import Config, SlurmLabel
 from bridge.errors import KakeyaError
-from bridge.execute import RunSetup, build_env, ended_outcome, secret_values
-from bridge.host import host_fingerprint, tool_versions
+from bridge.execute import RunSetup, build_env, ended_outcome, provenance, render_argv, secret_values
 from bridge.isolation import Isolation
 from bridge.logs import Redactor
 from bridge.outcome import RunOutcome
@@ -451,19 +449,15 @@ class SlurmExecutor:
         (out_dir / "logs").mkdir(parents=True, exist_ok=True)
         preset_env = preset.render_env(environ)
         redact = Redactor(secret_values(preset, self.config, environ, preset_env))
-        builtins = {"python": sys.executable, "report": str(run_dir / REPORT), "run_dir": str(run_dir)}
-        argv = preset.render_argv(values, builtins, environ)
+        argv = render_argv(preset, values, run_dir, environ)
         env = build_env(preset_env, environ, cwd, run_dir, context, scratch)
-        provenance = dict(
-            preset=preset.name,
-            preset_hash=preset.content_hash,
-            params=dict(values),
-            host=host_fingerprint(),
-            tools=tool_versions(),
+        base = provenance(
+            preset,
+            values,
+            context,
             isolation=f"not chosen: the job never started{ON_NODE}",  # the node chooses (alloc.json)
             network="host",
             argv=[redact.text(a) for a in argv],
-            **context.model_dump(),
         )
         return RunSetup(
             argv=tuple(argv),
@@ -477,7 +471,7 @@ class SlurmExecutor:
             ),
             timeout_s=preset.timeout_s,
             config=self.config,
-            provenance=MappingProxyType(provenance),
+            provenance=MappingProxyType(base),
             redact=redact,
             resources=preset.resources,
         )

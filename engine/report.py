@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from engine.geometry import Geometry
 from engine.models import runtime
 
 TOOLS = (("torch", "torch"), ("transformers", "transformers"), ("mlx", "mlx.core"), ("mlx_lm", "mlx_lm"))
@@ -58,6 +59,18 @@ def environment() -> dict[str, Any]:
 def _runtime() -> dict[str, Any]:
     """Device, dtype and peak accelerator memory of the models this process loaded (none: {})."""
     return runtime()
+
+
+def geometry_block(geo: Geometry, **more: Any) -> dict[str, Any]:
+    """A report's `geometry`: the model's layer kinds, native sliding window, K/V heads and head size (what
+    its K/V bytes are read against), then `more` of the workload's own."""
+    return {
+        "layer_types": list(geo.layer_types),
+        "sliding_window": geo.sliding_window,
+        "kv_heads": geo.kv_heads,
+        "head_dim": geo.head_dim,
+        **more,
+    }
 
 
 def subject() -> str | None:

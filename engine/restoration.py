@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from engine.backends.torch.session import TorchModel, TorchSession
@@ -255,8 +256,11 @@ def attention_output(
     return scores.masked_fill(~allowed[None], float("-inf")).softmax(-1) @ v
 
 
-@dataclass(frozen=True)
-class TrainResult:
+class TrainResult(BaseModel):
+    """How f_theta's training went: steps, rows of `row_tokens` positions, and the first and last step's
+    loss and relative MSE of the K/V and of the attention output (the restoration workload reports it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
     steps: int
     rows: int
     row_tokens: int
@@ -321,6 +325,9 @@ def train_ftheta(
         history.append((float(loss.detach()), float(kv.detach()), float(attn.detach())))  # type: ignore[union-attr]
     if not history:
         raise ValueError("train_ftheta needs steps >= 1")
-    (l0, k0, a0), (l1, k1, a1) = history[0], history[-1]
-    t = pairs[0][1].length
-    return TrainResult(steps, len(pairs), t, l0, l1, k0, k1, a0, a1)
+    ends = {  # first_loss, last_loss, first_kv_rel_mse, ...: the first and the last step's (loss, kv, attn)
+        f"{end}_{name}": value
+        for end, step in (("first", history[0]), ("last", history[-1]))
+        for name, value in zip(("loss", "kv_rel_mse", "attn_rel_mse"), step, strict=True)
+    }
+    return TrainResult(steps=steps, rows=len(pairs), row_tokens=pairs[0][1].length, **ends)

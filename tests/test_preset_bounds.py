@@ -16,7 +16,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted((ROOT / "presets").glob("*.yaml"))
 # A value the workload only accepts together with another parameter (the preset's description says so).
-TOGETHER = {("compression-table", "k", 0): {"draft": "none"}}
+TOGETHER = {("compression-table", "k", 0): {"drafter": "none"}}
 
 
 class Accepted(Exception):

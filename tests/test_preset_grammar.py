@@ -17,6 +17,7 @@ import pytest
 from bridge.presets import DrafterParam, PolicyParam, _upto, load_registry
 from engine.drafters.spec import DrafterSpec
 from engine.workloads.cli import policies as engine_policies
+from engine.workloads.compression import NO_DRAFTER
 
 REGISTRY = load_registry()
 TYPED = [
@@ -36,6 +37,9 @@ def accepts(spec: Any, value: str) -> bool:
 
 
 def engine_accepts(spec: Any, value: str) -> bool:
+    """`none` is no drafter: the one workload whose preset allows it (compression) reads it before a spec."""
+    if isinstance(spec, DrafterParam) and spec.none and value == NO_DRAFTER:
+        return True
     try:
         engine_policies(value) if isinstance(spec, PolicyParam) else DrafterSpec.parse(value)
     except ValueError:
@@ -69,7 +73,7 @@ def policy_values(spec: PolicyParam) -> list[str]:
 
 def drafter_values(spec: DrafterParam) -> list[str]:
     refs = ["zoo:tiny-drafter", "zoo:x", "gemma-3-1b", "org/model.v2", "a" * 128]
-    out = []
+    out = ["none"] if spec.none else []
     for kind in spec.kinds:
         if kind == "lookup":
             out.append("lookup")
@@ -137,7 +141,7 @@ DRAFTER = DrafterParam(
 
 BAD_POLICIES = ["", "lru:4:64", "hybrid:4", "hybrid:4:0", "hybrid:-1:64", "full:4:64", "hybrid:4:64:q3",
                 "hybrid:4:64,hybrid:8:64", "hybrid:x:64", "sink_window:4:64:q8:g32:x", "hybrid::64"]  # fmt: skip
-BAD_DRAFTERS = ["", "zoo:tiny-dlm", "lookup:zoo:x", "model", "diffusion", "diffusion:zoo:x:steps=0",
+BAD_DRAFTERS = ["", "none", "zoo:tiny-dlm", "lookup:zoo:x", "model", "diffusion", "diffusion:zoo:x:steps=0",
                 "telepathy:zoo:x", "model:zoo:x:steps=4", "diffusion:zoo:x:steps=2:steps=3",
                 "diffusion:zoo:x:steps=four", "Lookup"]  # fmt: skip
 

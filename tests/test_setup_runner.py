@@ -72,27 +72,17 @@ def no_gpu_path(tmp_path: Path) -> str:
     return f"{bindir}:{os.environ['PATH']}"
 
 
-def linux_args(bus: Path, *extra: str) -> list[str]:
-    return [
-        "--os",
-        "linux",
-        "--venv",
-        str(VENV),
-        "--skip-install",
-        "--labels",
-        "cpu,h200",
-        "--name",
-        "box-1",
-        "--remote",
-        str(bus),
-        "--dry-run-service",
-        *extra,
-    ]
+def service_args(
+    bus: Path, *extra: str, os: str = "linux", labels: str = "cpu,h200", name: str = "box-1"
+) -> list[str]:
+    """setup-runner.sh's flags for a runner service on `os` (written, not started: --dry-run-service)."""
+    common = ["--venv", str(VENV), "--skip-install", "--labels", labels, "--name", name, "--remote", str(bus)]
+    return ["--os", os, *common, "--dry-run-service", *extra]
 
 
 def test_linux_service_unit_runs_the_watcher_with_the_hosts_labels(home, bus, no_gpu_path):
     proc = setup(
-        home, *linux_args(bus), path=no_gpu_path, env={"KAKEYA_MODELS": str(home / "models")}, check=False
+        home, *service_args(bus), path=no_gpu_path, env={"KAKEYA_MODELS": str(home / "models")}, check=False
     )
     # The doctor's h200 check fails on a host without CUDA (the next test pins that down); nothing else may.
     assert proc.returncode == 0 or "FAIL  h200     label h200 needs CUDA" in proc.stdout, proc.stdout
@@ -141,7 +131,7 @@ def test_linux_service_unit_runs_the_watcher_with_the_hosts_labels(home, bus, no
 
 
 def test_doctor_runs_against_the_hosts_bus_and_its_failure_is_the_scripts(home, bus, no_gpu_path, tmp_path):
-    proc = setup(home, *linux_args(bus), path=no_gpu_path, check=False)
+    proc = setup(home, *service_args(bus), path=no_gpu_path, check=False)
     assert "== kakeya doctor" in proc.stdout and str(bus) in proc.stdout.split("== kakeya doctor")[1]
     doctor = proc.stdout.split("== kakeya doctor")[1]
     assert "ok    bus" in doctor
@@ -149,7 +139,7 @@ def test_doctor_runs_against_the_hosts_bus_and_its_failure_is_the_scripts(home, 
     failing = [ln for ln in doctor.splitlines() if ln.startswith("FAIL")]
     assert all(ln.startswith("FAIL  h200     label h200 needs CUDA") for ln in failing), doctor
     assert proc.returncode == (1 if failing else 0), proc.stdout + proc.stderr
-    proc = setup(home, *linux_args(tmp_path / "missing.git"), path=no_gpu_path, check=False)
+    proc = setup(home, *service_args(tmp_path / "missing.git"), path=no_gpu_path, check=False)
     assert proc.returncode == 1
     assert "kakeya doctor reported problems (exit 1)" in proc.stdout
     # Everything else was still done: the unit is there, pointing at the (unreachable) remote.
@@ -169,7 +159,7 @@ def test_service_step_runs_systemctl_and_stops_with_a_hint_when_it_fails(home, b
             f'if [ "$2" = restart ] && [ -n "$FAIL_RESTART" ]; then exit 3; fi\n'
         )
         (bindir / tool).chmod(0o755)
-    args = [a for a in linux_args(bus, "--no-doctor") if a != "--dry-run-service"] + ["--service"]
+    args = [a for a in service_args(bus, "--no-doctor") if a != "--dry-run-service"] + ["--service"]
     proc = setup(home, *args, path=no_gpu_path)
     user = subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout.strip()
     assert calls.read_text().splitlines() == [
@@ -186,9 +176,9 @@ def test_service_step_runs_systemctl_and_stops_with_a_hint_when_it_fails(home, b
 
 
 def test_running_twice_gives_the_same_result(home, bus, no_gpu_path):
-    first = setup(home, *linux_args(bus, "--no-doctor"), path=no_gpu_path)
+    first = setup(home, *service_args(bus, "--no-doctor"), path=no_gpu_path)
     before = snapshot(home)
-    second = setup(home, *linux_args(bus, "--no-doctor"), path=no_gpu_path)
+    second = setup(home, *service_args(bus, "--no-doctor"), path=no_gpu_path)
     assert snapshot(home) == before
     assert "wrote:" in first.stdout and "wrote:" not in second.stdout
     assert "unchanged:" in second.stdout and "kept:" in second.stdout
@@ -197,26 +187,10 @@ def test_running_twice_gives_the_same_result(home, bus, no_gpu_path):
 
 
 def test_a_changed_option_rewrites_the_unit_and_keeps_the_secrets(home, bus, no_gpu_path):
-    setup(home, *linux_args(bus, "--no-doctor"), path=no_gpu_path)
+    setup(home, *service_args(bus, "--no-doctor"), path=no_gpu_path)
     secrets = home / ".config" / "kakeya" / "runner.env"
     secrets.write_text("HF_TOKEN=hf_not_a_real_token\n")
-    proc = setup(
-        home,
-        "--os",
-        "linux",
-        "--venv",
-        str(VENV),
-        "--skip-install",
-        "--labels",
-        "h200",
-        "--name",
-        "box-1",
-        "--remote",
-        str(bus),
-        "--dry-run-service",
-        "--no-doctor",
-        path=no_gpu_path,
-    )
+    proc = setup(home, *service_args(bus, "--no-doctor", labels="h200"), path=no_gpu_path)
     unit = (home / ".config" / "systemd" / "user" / "kakeya-runner.service").read_text()
     assert f"ExecStart={VENV}/bin/kakeya runner watch --labels h200\n" in unit
     assert "cpu" not in unit
@@ -230,31 +204,16 @@ def test_nvidia_smi_selects_the_cuda_build(home, bus, no_gpu_path, tmp_path):
         "#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-0)'\necho 'GPU 1: NVIDIA H200 (UUID: GPU-1)'\n"
     )
     fake.chmod(0o755)
-    proc = setup(home, *linux_args(bus, "--no-doctor"), path=no_gpu_path)
+    proc = setup(home, *service_args(bus, "--no-doctor"), path=no_gpu_path)
     assert "torch==2.13.0, CUDA build (nvidia-smi lists 2 GPU(s)); kakeya[torch]" in proc.stdout
     fake.write_text("#!/bin/sh\nexit 9\n")
-    proc = setup(home, *linux_args(bus, "--no-doctor"), path=no_gpu_path)
+    proc = setup(home, *service_args(bus, "--no-doctor"), path=no_gpu_path)
     assert "CPU build" in proc.stdout and "kakeya[torch,mlx]" in proc.stdout
 
 
 def test_macos_launch_agent_sources_the_secrets_and_keeps_the_watcher_alive(home, bus, no_gpu_path):
-    proc = setup(
-        home,
-        "--os",
-        "macos",
-        "--venv",
-        str(VENV),
-        "--skip-install",
-        "--labels",
-        "mac-m4",
-        "--name",
-        "mini",
-        "--remote",
-        str(bus),
-        "--dry-run-service",
-        "--no-doctor",
-        path=no_gpu_path,
-    )
+    args = service_args(bus, "--no-doctor", os="macos", labels="mac-m4", name="mini")
+    proc = setup(home, *args, path=no_gpu_path)
     plist_path = home / "Library" / "LaunchAgents" / "dev.kakeya.runner.plist"
     plist = plistlib.loads(plist_path.read_bytes())
     args = plist["ProgramArguments"]
@@ -277,7 +236,7 @@ def test_actions_runner_env_is_updated_in_place(home, bus, no_gpu_path, tmp_path
     runner_dir = tmp_path / "actions-runner"
     runner_dir.mkdir()
     (runner_dir / ".env").write_text("LANG=C.UTF-8\nKAKEYA_VENV=/old/venv\n")
-    args = [*linux_args(bus, "--no-doctor"), "--actions-runner", str(runner_dir)]
+    args = [*service_args(bus, "--no-doctor"), "--actions-runner", str(runner_dir)]
     setup(home, *args, path=no_gpu_path)
     setup(home, *args, path=no_gpu_path)
     key = home / ".config" / "kakeya" / "signing-key"
@@ -311,7 +270,7 @@ def test_skip_install_needs_an_existing_venv(home, tmp_path):
 
 
 def test_one_runner_per_gpu_is_a_templated_unit_with_one_instance_per_gpu(home, bus, no_gpu_path):
-    proc = setup(home, *linux_args(bus, "--no-doctor"), "--gpus", "2", path=no_gpu_path)
+    proc = setup(home, *service_args(bus, "--no-doctor"), "--gpus", "2", path=no_gpu_path)
     units = home / ".config" / "systemd" / "user"
     assert not (units / "kakeya-runner.service").exists()
     template = units / "kakeya-runner@.service"
@@ -330,7 +289,7 @@ def test_one_runner_per_gpu_is_a_templated_unit_with_one_instance_per_gpu(home, 
     if analyze:
         out = subprocess.run([analyze, "verify", str(template)], capture_output=True, text=True, timeout=60)
         assert "Unknown" not in out.stdout + out.stderr, out.stdout + out.stderr
-    bad = setup(home, *linux_args(bus, "--no-doctor"), "--gpus", "two", path=no_gpu_path, check=False)
+    bad = setup(home, *service_args(bus, "--no-doctor"), "--gpus", "two", path=no_gpu_path, check=False)
     assert bad.returncode == 1 and "--gpus must be a number" in bad.stderr
 
 
@@ -338,7 +297,7 @@ def test_the_runner_gets_a_signing_key_and_the_line_to_commit(home, bus, no_gpu_
     from bridge import git
     from bridge.trust import Signers, signature_problem
 
-    proc = setup(home, *linux_args(bus, "--no-doctor"), path=no_gpu_path)
+    proc = setup(home, *service_args(bus, "--no-doctor"), path=no_gpu_path)
     key = home / ".config" / "kakeya" / "signing-key"
     assert key.stat().st_mode & 0o777 == 0o600
     kind, data = key.with_suffix(".pub").read_text().split()[:2]
@@ -362,21 +321,21 @@ def test_the_runner_gets_a_signing_key_and_the_line_to_commit(home, bus, no_gpu_
     unsigned = git.commit(repo, tree, [], "unsigned", "box-1 <b@x>")
     assert (signature_problem(repo, unsigned, signers, "the commit") or "").startswith("unsigned")
     # Run again: the key is kept, the same line printed.
-    again = setup(home, *linux_args(bus, "--no-doctor"), path=no_gpu_path)
+    again = setup(home, *service_args(bus, "--no-doctor"), path=no_gpu_path)
     assert f"kept: {key}" in again.stdout and f"\n  {line}\n" in again.stdout
 
 
 def test_the_run_user_is_made_as_root_and_dry_run_makes_nothing(home, bus, no_gpu_path):
     calls = Path(no_gpu_path.split(":")[0]) / "useradd.calls"
     useradd = "useradd --system --no-create-home --shell /usr/sbin/nologin kakeya-run"
-    dry = setup(home, *linux_args(bus, "--no-doctor"), path=no_gpu_path)
+    dry = setup(home, *service_args(bus, "--no-doctor"), path=no_gpu_path)
     root = os.geteuid() == 0
     if root:
         assert f"would run: {useradd}" in dry.stdout
     else:
         assert "not root: no run user made" in dry.stdout and "would run: useradd" not in dry.stdout
     assert not calls.exists()  # a dry run makes no user
-    real = [a for a in linux_args(bus, "--no-doctor") if a != "--dry-run-service"]
+    real = [a for a in service_args(bus, "--no-doctor") if a != "--dry-run-service"]
     proc = setup(home, *real, path=no_gpu_path)
     if root:
         assert calls.read_text().splitlines() == [useradd] and f"+ {useradd}" in proc.stdout
@@ -386,10 +345,10 @@ def test_the_run_user_is_made_as_root_and_dry_run_makes_nothing(home, bus, no_gp
         assert "bubblewrap installed: bubblewrap " in proc.stdout
         assert not (Path(no_gpu_path.split(":")[0]) / "install.calls").exists()
     existing = subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout.strip()
-    proc = setup(home, *linux_args(bus, "--no-doctor"), "--run-user", existing, path=no_gpu_path)
+    proc = setup(home, *service_args(bus, "--no-doctor"), "--run-user", existing, path=no_gpu_path)
     assert f"run user exists: {existing} (uid {os.getuid()})" in proc.stdout
     bad = setup(
-        home, *linux_args(bus, "--no-doctor"), "--run-user", "Bad User", path=no_gpu_path, check=False
+        home, *service_args(bus, "--no-doctor"), "--run-user", "Bad User", path=no_gpu_path, check=False
     )
     assert bad.returncode == 1 and "--run-user 'Bad User' must be a user name" in bad.stderr
 
@@ -429,7 +388,7 @@ def test_dry_run_writes_nothing_runs_nothing_and_says_what_it_would_do(home, bus
     assert list(home.iterdir()) == [] and not calls.exists()
     assert f"would write: {home}/Library/LaunchAgents/dev.kakeya.runner.plist (mode 644)" in mac.stdout
     # after a real setup, a dry run compares: what is the same is unchanged, a change would be written
-    real = [*linux_args(bus, "--no-doctor"), "--service"]
+    real = [*service_args(bus, "--no-doctor"), "--service"]
     setup(home, *[a for a in real if a != "--dry-run-service"], path=no_gpu_path)
     before, ran = snapshot(home), calls.read_text()
     again = setup(home, *real, "--dry-run", path=no_gpu_path)
@@ -450,7 +409,7 @@ def test_the_stop_grace_reaches_the_launch_agent_and_the_unit(home, bus, no_gpu_
     setup(home, *mac, "--no-doctor", path=no_gpu_path, env={"KAKEYA_STOP_GRACE": "900"})
     plist = plistlib.loads(plist_path.read_bytes())
     assert (plist["ExitTimeOut"], plist["EnvironmentVariables"]["KAKEYA_STOP_GRACE"]) == (960, "900")
-    setup(home, *linux_args(bus, "--no-doctor"), path=no_gpu_path, env={"KAKEYA_STOP_GRACE": "900"})
+    setup(home, *service_args(bus, "--no-doctor"), path=no_gpu_path, env={"KAKEYA_STOP_GRACE": "900"})
     unit = (home / ".config" / "systemd" / "user" / "kakeya-runner.service").read_text().splitlines()
     assert "Environment=KAKEYA_STOP_GRACE=900" in unit and "TimeoutStopSec=960" in unit
     bad = setup(home, *mac, path=no_gpu_path, env={"KAKEYA_STOP_GRACE": "5m"}, check=False)

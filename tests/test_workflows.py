@@ -21,6 +21,23 @@ KAKEYA = Path(sys.executable).parent / "kakeya"
 SHA = "0123456789abcdef0123456789abcdef01234567"
 
 
+def run_script(
+    name: str, env: dict[str, str], timeout: int = 60, root: Path = ROOT, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`bash .github/scripts/NAME` of `root` in `env` only (nothing of this process's environment)."""
+    path = root / ".github" / "scripts" / name
+    return subprocess.run(
+        ["bash", str(path)], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def stand_in(path: Path, body: str, exit_code: int = 0) -> Path:
+    """An executable /bin/sh script at `path` (a stand-in for kakeya or gh) that runs `body`."""
+    path.write_text(f"#!/bin/sh\n{body}\nexit {exit_code}\n")
+    path.chmod(0o755)
+    return path
+
+
 def load(name: str) -> dict:
     data = yaml.safe_load((WORKFLOWS / name).read_text())
     data["on"] = data.pop(True, data.get("on"))  # YAML 1.1 reads the key `on` as true
@@ -373,14 +390,7 @@ def job(
         "RUNNER_NAME": "gh runner 1",
         **env,
     }
-    proc = subprocess.run(
-        ["bash", str(ROOT / ".github" / "scripts" / "runner-job.sh")],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    return proc, summary.read_text()
+    return run_script("runner-job.sh", environ, timeout=600), summary.read_text()
 
 
 def done_ids(remote: Path) -> set[str]:
@@ -482,14 +492,7 @@ def pr_gate(tmp_path: Path, remote: Path, subject: str) -> tuple[subprocess.Comp
         "ALLOW_UNSIGNED": "true",  # the repository ships no allowed-signers file: its setting allows unsigned
         **({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}),
     }
-    proc = subprocess.run(
-        ["bash", str(ROOT / ".github" / "scripts" / "pr-gate.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    return proc, summary.read_text()
+    return run_script("pr-gate.sh", env, timeout=300), summary.read_text()
 
 
 @pytest.mark.slow
@@ -530,32 +533,29 @@ def test_pr_gate_passes_with_evidence_and_says_how_to_get_it_without(tmp_path, b
     assert head in summary and "How to provide the evidence" not in summary
 
 
+def pr_env(kakeya: Path, **more: str) -> dict[str, str]:
+    """pr-gate.sh's environment for PR 42 of subject SHA, with `kakeya` standing in for the CLI."""
+    path = f"{KAKEYA.parent}:{os.environ['PATH']}"
+    return {"PATH": path, "SUBJECT": SHA, "PR": "42", "KAKEYA": str(kakeya), "GITHUB_RUN_ID": "777", **more}
+
+
+def gate_stand_in(tmp_path: Path, flag: str, text: str, verdict: int) -> Path:
+    """A stand-in for `kakeya gate pr`: records its argv in tmp_path/argv, writes `text` (printf) to the file
+    after `flag`, exits `verdict`."""
+    return stand_in(
+        tmp_path / "kakeya-stand-in",
+        f"""printf '%s\\n' "$@" > "{tmp_path}/argv"
+while [ $# -gt 1 ]; do [ "$1" = {flag} ] && printf "{text}" > "$2"; shift; done""",
+        verdict,
+    )
+
+
 @pytest.mark.parametrize("verdict", [0, 1])
 def test_pr_gate_script_builds_the_gate_command_from_the_requirements(tmp_path, verdict):
     """`kakeya gate pr` replaced by a stand-in that records its arguments: what the script asks and writes."""
-    stand_in = tmp_path / "kakeya-stand-in"
-    stand_in.write_text(f"""#!/bin/sh
-printf '%s\\n' "$@" > "{tmp_path}/argv"
-while [ $# -gt 1 ]; do [ "$1" = --summary ] && echo "| the gate's table |" > "$2"; shift; done
-exit {verdict}
-""")
-    stand_in.chmod(0o755)
+    kakeya = gate_stand_in(tmp_path, "--summary", "| the gate's table |\\n", verdict)
     summary = tmp_path / "summary.md"
-    env = {
-        "PATH": f"{KAKEYA.parent}:{os.environ['PATH']}",
-        "SUBJECT": SHA,
-        "PR": "42",
-        "KAKEYA": str(stand_in),
-        "GITHUB_STEP_SUMMARY": str(summary),
-        "GITHUB_RUN_ID": "777",
-    }
-    proc = subprocess.run(
-        ["bash", str(ROOT / ".github" / "scripts" / "pr-gate.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_script("pr-gate.sh", pr_env(kakeya, GITHUB_STEP_SUMMARY=str(summary)))
     assert proc.returncode == verdict, proc.stdout + proc.stderr
     argv = (tmp_path / "argv").read_text().splitlines()
     entries = required().stdout.split()
@@ -576,33 +576,17 @@ exit {verdict}
 def test_pr_gate_script_asks_for_the_comment_against_the_base_and_adds_the_instructions(tmp_path, verdict):
     """With COMMENT and BASE (a pull request): `kakeya gate pr` writes the comment, compared with the base and
     linked under the repository's web address; on a failure the instructions are appended to it too."""
-    stand_in = tmp_path / "kakeya-stand-in"
-    stand_in.write_text(f"""#!/bin/sh
-printf '%s\\n' "$@" > "{tmp_path}/argv"
-while [ $# -gt 1 ]; do [ "$1" = --comment ] && printf '<!-- kakeya-evidence -->\\n| table |\\n' > "$2"; shift; done
-exit {verdict}
-""")
-    stand_in.chmod(0o755)
+    kakeya = gate_stand_in(tmp_path, "--comment", "<!-- kakeya-evidence -->\\n| table |\\n", verdict)
     comment = tmp_path / "comment.md"
     base = "f" * 40
-    env = {
-        "PATH": f"{KAKEYA.parent}:{os.environ['PATH']}",
-        "SUBJECT": SHA,
-        "PR": "42",
-        "KAKEYA": str(stand_in),
-        "COMMENT": str(comment),
-        "BASE": base,
-        "GITHUB_SERVER_URL": "https://github.com",
-        "GITHUB_REPOSITORY": "org/kakeya",
-        "GITHUB_RUN_ID": "777",
-    }
-    proc = subprocess.run(
-        ["bash", str(ROOT / ".github" / "scripts" / "pr-gate.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    env = pr_env(
+        kakeya,
+        COMMENT=str(comment),
+        BASE=base,
+        GITHUB_SERVER_URL="https://github.com",
+        GITHUB_REPOSITORY="org/kakeya",
     )
+    proc = run_script("pr-gate.sh", env)
     assert proc.returncode == verdict, proc.stdout + proc.stderr
     argv = (tmp_path / "argv").read_text().splitlines()
     i = argv.index("--comment")
@@ -625,25 +609,18 @@ def pr_comment(
     tmp_path: Path, comment: Path, pr: str, listed: str = ""
 ) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     """pr-comment.sh with a stand-in `gh` that logs its arguments and prints `listed` for the listing."""
-    gh = tmp_path / "gh"
-    gh.write_text(f"""#!/bin/sh
-printf '%s|' "$@" >> "{tmp_path}/gh.log"; echo >> "{tmp_path}/gh.log"
-case "$*" in *--paginate*) printf '%s' '{listed}' ;; esac
-""")
-    gh.chmod(0o755)
+    stand_in(
+        tmp_path / "gh",
+        f"""printf '%s|' "$@" >> "{tmp_path}/gh.log"; echo >> "{tmp_path}/gh.log"
+case "$*" in *--paginate*) printf '%s' '{listed}' ;; esac""",
+    )
     env = {
         "PATH": f"{tmp_path}:{os.environ['PATH']}",
         "COMMENT": str(comment),
         "REPO": "org/kakeya",
         "PR": pr,
     }
-    proc = subprocess.run(
-        ["bash", str(ROOT / ".github" / "scripts" / "pr-comment.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_script("pr-comment.sh", env)
     log = tmp_path / "gh.log"
     return proc, log.read_text().splitlines() if log.exists() else []
 
@@ -694,20 +671,13 @@ def test_pr_gate_passes_the_allowed_signers_of_the_base_checkout(tmp_path, signe
     (head / ".github" / "kakeya-allowed-signers").write_text(
         'evil@h200 namespaces="git" ssh-ed25519 AAAAevil\n'
     )
-    stand_in = tmp_path / "kakeya-stand-in"
-    stand_in.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {tmp_path}/argv\npwd > {tmp_path}/cwd\n")
-    stand_in.chmod(0o755)
-    env = {"PATH": os.environ["PATH"], "SUBJECT": SHA, "KAKEYA": str(stand_in)}
+    kakeya = stand_in(
+        tmp_path / "kakeya-stand-in", f"printf '%s\\n' \"$@\" > {tmp_path}/argv\npwd > {tmp_path}/cwd"
+    )
+    env = {"PATH": os.environ["PATH"], "SUBJECT": SHA, "KAKEYA": str(kakeya)}
     if not signed:  # the repository's setting KAKEYA_ALLOW_UNSIGNED=true: gate pr is told so
         env["ALLOW_UNSIGNED"] = "true"
-    proc = subprocess.run(
-        ["bash", str(base / ".github" / "scripts" / "pr-gate.sh")],
-        cwd=head,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_script("pr-gate.sh", env, root=base, cwd=head)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     argv = (tmp_path / "argv").read_text().splitlines()
     assert (tmp_path / "cwd").read_text().strip() == str(

@@ -41,7 +41,11 @@ def add_json(parser: argparse.ArgumentParser, prefix: str = "") -> None:
     )
 
 
-def add_summary(parser: argparse.ArgumentParser) -> None:
+def add_output(
+    parser: argparse.ArgumentParser, where: str = "write the results into DIR/<id> (default out/<id>)"
+) -> None:
+    """Where a run's results are written (`--out`: `out_dir`) and what of them is printed (`--summary`)."""
+    parser.add_argument("--out", type=Path, metavar="DIR", help=where)
     parser.add_argument(
         "--summary", action="store_true", help="print the whole summary.md, not only the verdict table"
     )

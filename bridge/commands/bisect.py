@@ -21,7 +21,7 @@ from bridge.client import state_dir
 from bridge.commands._common import add_remote, add_signer_args, client
 from bridge.errors import InvalidRequest
 from bridge.evidence import Requirement
-from bridge.presets import parse_assignments
+from bridge.presets import load_registry, parse_assignments
 from bridge.trust import evidence_signers
 
 
@@ -66,8 +66,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge.presets import load_registry
-
     c = client(args)
     path = BI.state_path(state_dir(c.config, c.root))
     if args.reset:

@@ -4,11 +4,14 @@ per check ({"name", "ok", "detail"}), then a `doctor` event with the count that 
 from __future__ import annotations
 
 import argparse
+import email.utils
 import os
 import re
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -148,10 +151,6 @@ def clock_skew(url: str, timeout: float = 10.0) -> str:
     to read. Leases never compare clocks (bridge/runner.py), so skew is reported, not failed."""
     if not re.match(r"^https?://", url):
         return "not measurable for this bus (a path, file://, git:// or ssh remote carries no clock)"
-    import email.utils
-    import urllib.error
-    import urllib.request
-
     probe = url.rstrip("/") + "/info/refs?service=git-upload-pack"
     sent = time.time()
     try:

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-from pathlib import Path
 
-from bridge.commands._common import add_json, add_preset_args, add_summary, config_and_root, report
+from bridge.commands._common import add_json, add_output, add_preset_args, config_and_root, report
 from bridge.execute import execute
 from bridge.presets import get_preset, load_registry, parse_assignments
 
@@ -18,8 +17,7 @@ from bridge.presets import get_preset, load_registry, parse_assignments
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("exec", help="run a preset against the current working tree (no bus)")
     add_preset_args(parser)
-    parser.add_argument("--out", type=Path, help="output directory (default: out/exec/<time>-<preset>)")
-    add_summary(parser)
+    add_output(parser, "output directory (default: out/exec/<time>-<preset>)")
     add_json(parser)
     parser.set_defaults(func=run)
 

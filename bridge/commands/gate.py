@@ -29,6 +29,7 @@ from bridge.commands._common import add_remote, add_signer_args, client
 from bridge.commands.evidence import add_require, signers_for, subject_sha
 from bridge.commands.evidence import requirements as required
 from bridge.errors import InvalidRequest
+from bridge.presets import get_preset, load_registry
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -154,8 +155,6 @@ def _checks_file(path: Path) -> tuple[list[gates.Check], str | None, int | None]
 
 def _preset_of(report: Path) -> str:
     """The one preset whose report kind is `report`'s kind; InvalidRequest (naming the candidates) otherwise."""
-    from bridge.presets import load_registry
-
     try:
         kind = gates.load_report(report).get("kind")
     except gates.ReportError as exc:
@@ -175,8 +174,6 @@ def run_check(args: argparse.Namespace) -> int:
     if args.checks:
         checks, kind, version = _checks_file(args.checks)
     else:
-        from bridge.presets import get_preset, load_registry
-
         preset = get_preset(load_registry(), args.preset or _preset_of(args.report))
         checks, kind, version = preset.gate, preset.report.kind, preset.report.schema_version
     verdict = gates.evaluate_file(args.report, checks, kind=kind, schema_version=version)
@@ -205,8 +202,6 @@ def run_compare(args: argparse.Namespace) -> int:
 
 
 def run_pr(args: argparse.Namespace) -> int:
-    from bridge.presets import load_registry
-
     registry = load_registry()
     c = client(args)
     requirements = required(c, args.require, registry)

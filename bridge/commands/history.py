@@ -20,6 +20,7 @@ from bridge import history as H
 from bridge.commands._common import add_remote, add_signer_args, client
 from bridge.errors import InvalidRequest
 from bridge.evidence import REQUIRED_FILE
+from bridge.presets import load_registry
 from bridge.trust import evidence_signers
 
 
@@ -78,8 +79,6 @@ def required(root: Path, ref: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge.presets import load_registry
-
     if args.limit < 1:
         raise InvalidRequest("--limit must be at least 1")
     if args.publish == bool(args.requirement):

@@ -22,8 +22,8 @@ from bridge.bus import results_path
 from bridge.commands._common import (
     add_id,
     add_json,
+    add_output,
     add_remote,
-    add_summary,
     client,
     emit,
     event,
@@ -39,8 +39,7 @@ from bridge.trust import ALLOWED_SIGNERS, UNSIGNED, done_signer, evidence_signer
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("results", help="fetch and write the results of a finished request")
     add_id(parser)
-    parser.add_argument("--out", type=Path, help="write the results into DIR/<id> (default out/<id>)")
-    add_summary(parser)
+    add_output(parser)
     add_json(parser)
     parser.add_argument(
         "--verify",

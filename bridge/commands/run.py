@@ -14,14 +14,13 @@ import argparse
 import os
 import signal
 import sys
-from pathlib import Path
 
 from bridge.client import Client, state_dir
 from bridge.commands._common import (
     add_json,
+    add_output,
     add_preset_args,
     add_remote,
-    add_summary,
     config_and_root,
     emit,
     event,
@@ -45,8 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="LABEL",
         help="runner label (default: the first of this host's labels the preset allows)",
     )
-    parser.add_argument("--out", type=Path, help="write the results into DIR/<id> (default out/<id>)")
-    add_summary(parser)
+    add_output(parser)
     add_json(parser)
     add_remote(parser)
     parser.set_defaults(func=run)

@@ -12,11 +12,10 @@ Exit 0 pass, 1 fail or any other outcome (cancelled, expired), 2 rejected, 3 no 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from bridge.client import Client
-from bridge.commands._common import add_id, add_json, add_remote, add_summary, client, emit, out_dir, report
+from bridge.commands._common import add_id, add_json, add_output, add_remote, client, emit, out_dir, report
 from bridge.errors import Interrupted
 from bridge.follow import Ended, Finished, Follower
 from bridge.progress import View, clock, progress_line
@@ -25,8 +24,7 @@ from bridge.progress import View, clock, progress_line
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("wait", help="follow a request until it is done, then fetch its results")
     add_id(parser)
-    parser.add_argument("--out", type=Path, help="write the results into DIR/<id> (default out/<id>)")
-    add_summary(parser)
+    add_output(parser)
     add_remote(parser)
     add_wait_args(parser)
     parser.set_defaults(func=run)

@@ -10,11 +10,15 @@ Computed, not measured, from the model's config and the cache policy with the en
                 + the drafter's weights, held once and amortised over all B x S tokens
     net bytes per token = net / (B x S);   compression ratio = full / net
 
-as the seeds' table does (its drafter, a diffusion drafter, holds no K/V; pass `--drafter none
---drafter-weights BYTES` for such a drafter). The drafter's weights are its parameter count (read from
-its safetensors headers) times the table's dtype size; its cache is sink_window(sink, window) of the
-policy (full when the policy is full). The cross-check loads the models and prefills `--check-lens`
-tokens (batch 1) under each policy, and compares the K/V bytes the caches hold with the formula.
+as the seeds' table does. `--drafter SPEC` is one drafter spec (engine.drafters.spec), or `none` (no
+drafter; with `--k 0`, plain decoding). What it holds: `model:REF` its weights and its K/V, under
+sink_window(sink, window) of the policy (full when the policy is full); `diffusion:REF` and
+`gemma4-assistant:REF` their weights only (they hold no K/V between blocks); `lookup` and `none` nothing.
+The weights are the model's parameter count (read from its safetensors headers) times the table's dtype
+size, or `--drafter-weights BYTES` (the seeds' diffusion drafter, whose files are not here: `--drafter none
+--drafter-weights BYTES`). A block drafter's context K/V is not counted yet: `block:REF` is refused.
+The cross-check loads the models and prefills `--check-lens` tokens (batch 1) under each policy, and
+compares the K/V bytes the caches hold with the formula.
 
 Linear-attention layers (Qwen3.5, Qwen3-Next) hold a constant-size state per sequence whatever the
 policy: each row shows it apart (`state_bytes`, B x the verifier's state; `kv_bytes` is attention K/V only)
@@ -36,26 +40,36 @@ import struct
 import sys
 from math import prod
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 import engine
+from engine.drafters import DrafterKind, DrafterSpec, parse_drafter
 from engine.geometry import ITEMSIZE, Geometry, read_geometry
 from engine.policy import drafter_policy, expected_kv_bytes, layer_slot_bytes, layer_specs, with_precision
-from engine.report import write_report
+from engine.report import geometry_block, write_report
 from engine.workloads import cli
 from engine.zoo import corpus
 
 BATCHES = [1, 8, 64]
 QUANTIZED = ("q8", "q4", "k8v4")  # the table's quantized columns
 SEQ_LENS = [8192, 32768, 131072, 262144, 1048576]
+NO_DRAFTER = "none"  # --drafter none: no drafter at all
+# what a drafter of each kind holds, in the table: weights, and K/V (a model drafter's own cache); a kind
+# not listed is refused (block: its context K/V is not counted yet)
+HOLDS: dict[DrafterKind, tuple[bool, bool]] = {
+    "lookup": (False, False),
+    "model": (True, True),
+    "diffusion": (True, False),
+    "gemma4-assistant": (True, False),
+}
 
 
 class Config(cli.ModelConfig):
     reference: str | None  # a REFERENCE_CONFIGS name: the table's verifier architecture (None: the model's)
     policies: list[cli.PolicyField] = Field(min_length=1)
-    drafter: str  # a model whose K/V and weights count, or none / lookup (no weights)
+    drafter: cli.Drafter | Literal["none"]  # whose weights and K/V count (HOLDS), or none
     drafter_weights: int | None = Field(ge=0)
     k: int = Field(ge=0)
     batches: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)
@@ -224,9 +238,9 @@ def cross_check(config: Config, geo: Geometry, dgeo: Geometry | None) -> list[Ch
     """Prefill each check length under each policy (batch 1); measured K/V bytes vs the formula."""
 
     model = engine.load(config.model, config.backend, config.dtype, config.device)
-    dmodel = (
-        None if dgeo is None else engine.load(config.drafter, config.backend, config.dtype, config.device)
-    )
+    dmodel = None
+    if dgeo is not None and isinstance(config.drafter, DrafterSpec):
+        dmodel = engine.load(str(config.drafter.path()), config.backend, config.dtype, config.device)
     jobs: list[tuple[str, engine.Model, engine.Policy, Geometry, int]] = []
     for policy in [engine.full(), *config.policies]:
         block = 1 if policy == engine.full() else config.k + 1
@@ -273,11 +287,14 @@ def compression(config: Config) -> dict[str, Any]:
         else checked or read_geometry(engine.resolve(config.model))
     )
     dgeo, weights, params = None, 0, None
-    if config.drafter not in ("none", "lookup"):
-        dpath = engine.resolve(config.drafter)
-        dgeo = read_geometry(dpath)
-        params = safetensors_params(dpath)
-        weights = params * ITEMSIZE[config.dtype]
+    if isinstance(config.drafter, DrafterSpec):
+        has_weights, has_kv = HOLDS[config.drafter.kind]
+        dpath = config.drafter.path() if config.drafter.ref else None
+        if dpath and has_kv:
+            dgeo = read_geometry(dpath)
+        if dpath and has_weights:
+            params = safetensors_params(dpath)
+            weights = params * ITEMSIZE[config.dtype]
     if config.drafter_weights is not None:
         weights = config.drafter_weights
     rows = table(config, geo, dgeo, weights)
@@ -303,14 +320,11 @@ def compression(config: Config) -> dict[str, Any]:
     )
     return {
         "config": config.model_dump(),
-        "geometry": {
-            "layer_types": geo.layer_types,
-            "sliding_window": geo.sliding_window,
-            "kv_heads": geo.kv_heads,
-            "head_dim": geo.head_dim,
-            "bytes_per_slot": max(geo.slot_bytes(config.dtype)),
-            "state_bytes_per_sequence": sum(geo.state_bytes(config.dtype)),
-        },
+        "geometry": geometry_block(
+            geo,
+            bytes_per_slot=max(geo.slot_bytes(config.dtype)),
+            state_bytes_per_sequence=sum(geo.state_bytes(config.dtype)),
+        ),
         "drafter": {
             "params": params,
             "weight_bytes": weights,
@@ -339,6 +353,19 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def drafter_flag(text: str) -> DrafterSpec | Literal["none"]:
+    """`--drafter`: `none`, or a drafter spec of a kind the table counts (HOLDS); ValueError otherwise."""
+    if text.strip() == NO_DRAFTER:
+        return NO_DRAFTER
+    spec = parse_drafter(text)
+    if spec.kind not in HOLDS:
+        counted = ", ".join([NO_DRAFTER, *HOLDS])
+        raise ValueError(
+            f"--drafter {spec}: a {spec.kind} drafter's bytes are not counted yet (use {counted})"
+        )
+    return spec
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -354,13 +381,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--policy", default="sink_window:4:64,hybrid:4:64", help="policies, comma-separated")
     parser.add_argument(
-        "--drafter", default="zoo:tiny-drafter", help="drafter model, or none / lookup (no weights)"
-    )
-    parser.add_argument(
-        "--draft",
-        choices=("model", "none"),
-        default="model",
-        help="none: no drafter, whatever --drafter says (for presets, whose --drafter is a model)",
+        "--drafter",
+        default="model:zoo:tiny-drafter",
+        help="the drafter whose weights and K/V count: lookup | model:REF | diffusion:REF | "
+        "gemma4-assistant:REF (a bare REF: the kind its config.json says), or none",
     )
     parser.add_argument(
         "--drafter-weights", type=int, help="drafter weight bytes (overrides the drafter's files)"
@@ -398,13 +422,14 @@ def main(argv: list[str] | None = None) -> int:
             if reference
             else read_geometry(engine.resolve(args.model)).dtype
         )
+        drafter = drafter_flag(args.drafter)
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
-    if args.draft == "none":
-        args.drafter = "none"
-    if args.k == 0 and args.drafter not in ("none", "lookup"):
+    if args.k == 0 and drafter not in (NO_DRAFTER, DrafterSpec("lookup")):
         parser.error("--k 0 is plain decoding: use --drafter none")
-    config = cli.make_config(parser, Config, args, reference=reference, dtype=dtype, policies=policies)
+    config = cli.make_config(
+        parser, Config, args, reference=reference, dtype=dtype, policies=policies, drafter=drafter
+    )
     report = write_report(args.out, "compression", 1, compression(config))
     print(markdown(report))
     s = report["summary"]

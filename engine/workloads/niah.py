@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 import engine
 from engine.geometry import read_geometry
 from engine.policy import expected_kv_bytes, layer_slot_bytes, oldest_visible
+from engine.report import geometry_block
 from engine.workloads import cli, plots
 from engine.zoo import corpus
 
@@ -327,12 +328,7 @@ def niah(config: Config) -> dict[str, Any]:
     )
     body: dict[str, Any] = {
         "config": config.model_dump(),
-        "geometry": {
-            "layer_types": geo.layer_types,
-            "sliding_window": geo.sliding_window,
-            "kv_heads": geo.kv_heads,
-            "head_dim": geo.head_dim,
-        },
+        "geometry": geometry_block(geo),
         "placement": {"sink": sink, "window": window},
         "rungs": [r.model_dump() for r in rungs],
         "summary": summary.model_dump(),

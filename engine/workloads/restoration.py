@@ -32,10 +32,13 @@ import sys
 import time
 from typing import Annotated, Any, Literal
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 import engine
+from engine import restoration
 from engine.geometry import SLIDING_ATTENTION
+from engine.report import geometry_block
 from engine.workloads import cli, niah, plots
 from engine.zoo import corpus
 
@@ -64,21 +67,11 @@ class Config(cli.ModelConfig):
         return self
 
 
-class Training(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Training(restoration.TrainResult):
     source: str  # the drafter whose K/V f_theta reads
     rank: int
     params: int
     param_bytes: int
-    steps: int
-    rows: int
-    row_tokens: int
-    first_loss: float
-    last_loss: float
-    first_kv_rel_mse: float
-    last_kv_rel_mse: float
-    first_attn_rel_mse: float
-    last_attn_rel_mse: float
     seconds: float
 
 
@@ -112,8 +105,6 @@ class Summary(BaseModel):
 
 def training_pairs(verifier: Any, drafter: Any, rows: int, tokens: int, seed: int) -> list[tuple[Any, Any]]:
     """(drafter trace, verifier trace) of `rows` zoo training haystacks (seeded apart from the study's)."""
-    from engine import restoration
-
     rng = random.Random(f"restoration-train:{seed}")
     pairs = []
     for _ in range(rows):
@@ -136,10 +127,6 @@ def _hit(model: engine.Model, tokens: list[int], answer: str) -> bool:
 
 
 def study(config: Config) -> dict[str, Any]:
-    import torch
-
-    from engine import restoration
-
     t0 = time.perf_counter()
     model = engine.load(config.model, "torch", config.dtype, config.device)
     drafter = engine.load(config.drafter, "torch", config.dtype, config.device)
@@ -176,7 +163,7 @@ def study(config: Config) -> dict[str, Any]:
         params=params,
         param_bytes=f.nbytes,
         seconds=round(time.perf_counter() - t_train, 3),
-        **result.__dict__,
+        **result.model_dump(),
     )
 
     arms: list[tuple[str, engine.Policy, Restore, float | None]] = [
@@ -289,12 +276,7 @@ def study(config: Config) -> dict[str, Any]:
     )
     return {
         "config": config.model_dump(),
-        "geometry": {
-            "layer_types": types,
-            "sliding_window": geo.sliding_window,
-            "kv_heads": geo.kv_heads,
-            "head_dim": geo.head_dim,
-        },
+        "geometry": geometry_block(geo),
         "training": training.model_dump(),
         "arms": [r.model_dump() for r in rows],
         "summary": summary.model_dump(),

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import sys
 import time
@@ -34,7 +33,7 @@ from engine.drafters.block.torch import BlockDrafter, BlockDrafterModel
 from engine.models import resolve
 from engine.policy import full
 from engine.zoo import corpus, tokenizer
-from engine.zoo.train import greedy
+from engine.zoo.train import cosine_lr, greedy
 
 VERIFIER = "zoo:tiny-hybrid"
 
@@ -181,13 +180,6 @@ def loss_of(
     return loss, acc
 
 
-def lr_at(step: int, recipe: Recipe) -> float:
-    if step < recipe.warmup:
-        return recipe.lr * (step + 1) / recipe.warmup
-    frac = (step - recipe.warmup) / max(1, recipe.steps - recipe.warmup)
-    return recipe.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
-
-
 def init_from_verifier(model: BlockDrafterModel, verifier: Gemma3ForCausalLM) -> None:
     """Start the token embedding and the output head from the verifier's (tied) embedding."""
     emb = verifier.get_input_embeddings().weight
@@ -225,7 +217,7 @@ def train(recipe: Recipe, out: Path, command: str, log=print) -> Record:
     window_loss, window_acc = [], []
     for step in range(recipe.steps):
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, recipe)
+            g["lr"] = cosine_lr(step, recipe.steps, recipe.lr, recipe.warmup, 0.1)
         loss, acc = loss_of(model, recipe, batch(groups, recipe, random.Random(f"{recipe.seed}:{step}")))
         opt.zero_grad()
         loss.backward()

@@ -16,7 +16,6 @@ recipe and the thread count.
 from __future__ import annotations
 
 import argparse
-import math
 import random
 import sys
 import time
@@ -31,7 +30,7 @@ from engine.drafters.diffusion.config import DiffusionConfig
 from engine.drafters.diffusion.torch import TinyDLM, save_model
 from engine.models import ZOO_DIR, resolve
 from engine.zoo import corpus, tokenizer
-from engine.zoo.train import versions
+from engine.zoo.train import TrainRun, adamw, cosine_lr, versions
 
 
 class Distill(BaseModel):
@@ -59,14 +58,8 @@ class Recipe(BaseModel):
     distill: Distill = Distill()
 
 
-class TrainRecord(BaseModel):
+class TrainRecord(TrainRun):
     recipe: Recipe
-    command: str
-    threads: int
-    wall_s: float
-    params: int
-    final: dict[str, float]  # means over the last logged window of steps
-    versions: dict[str, str]
 
 
 VOCAB = len(corpus.VOCAB)
@@ -145,13 +138,6 @@ def make_batch(
     return ids.masked_fill(mask, recipe.config.mask_id), mask, targets
 
 
-def lr_at(step: int, recipe: Recipe) -> float:
-    if step < recipe.warmup:
-        return recipe.lr * (step + 1) / recipe.warmup
-    t = (step - recipe.warmup) / max(1, recipe.steps - recipe.warmup)
-    return recipe.lr * (recipe.min_lr_frac + (1 - recipe.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
-
-
 def train(recipe: Recipe, out: Path, command: str = "", log=print) -> TrainRecord:
     t0 = time.time()
     torch.manual_seed(recipe.seed)
@@ -160,20 +146,14 @@ def train(recipe: Recipe, out: Path, command: str = "", log=print) -> TrainRecor
         model.embed.weight.normal_(0.0, 0.02)
         model.pos.weight.normal_(0.0, 0.02)
     pool = distill_pool(recipe.distill, recipe.seed, log) if recipe.distill.frac > 0 else []
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": recipe.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=recipe.lr,
-        betas=(0.9, 0.98),
-    )
+    opt = adamw(model, recipe.lr, recipe.weight_decay)
     model.train()
     window: list[tuple[float, float]] = []
     final: dict[str, float] = {}
     for step in range(recipe.steps):
         ids, mask, targets = make_batch(recipe, pool, random.Random(f"{recipe.name}:{recipe.seed}:{step}"))
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, recipe)
+            g["lr"] = cosine_lr(step, recipe.steps, recipe.lr, recipe.warmup, recipe.min_lr_frac)
         logits = model(ids, mask)
         loss = F.cross_entropy(logits, targets)
         opt.zero_grad(set_to_none=True)
@@ -203,7 +183,7 @@ def train(recipe: Recipe, out: Path, command: str = "", log=print) -> TrainRecor
         final=final,
         versions=versions(),
     )
-    (out / "train_record.json").write_text(record.model_dump_json(indent=2) + "\n")
+    record.write(out)
     return record
 
 

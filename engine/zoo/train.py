@@ -94,17 +94,26 @@ class Recipe(BaseModel):
     distill: Distill | None = None
 
 
-class TrainRecord(BaseModel):
-    """What `train` did; written next to the weights as train_record.json."""
+class TrainRun(BaseModel):
+    """How a zoo model was trained, whatever its recipe (engine.zoo.train, engine.zoo.dlm): written next to
+    the weights as train_record.json (`write`)."""
 
-    recipe: Recipe
     command: str
     threads: int
     wall_s: float
-    steps: int
     params: int
     final: dict[str, float]  # means over the last logged window of steps
     versions: dict[str, str]
+
+    def write(self, out: Path) -> None:
+        (out / "train_record.json").write_text(self.model_dump_json(indent=2) + "\n")
+
+
+class TrainRecord(TrainRun):
+    """What `train` did."""
+
+    recipe: Recipe
+    steps: int
 
 
 RECIPES: dict[str, Recipe] = {
@@ -256,11 +265,28 @@ def distill_pool(spec: Distill, seed: int, log) -> dict[int, torch.Tensor]:
 # --- training ----------------------------------------------------------------------------------
 
 
+def cosine_lr(step: int, total: int, lr: float, warmup: int, min_lr_frac: float) -> float:
+    """The zoo trainers' schedule: linear warm-up to `lr` over `warmup` steps, then a cosine decay to
+    min_lr_frac x lr at step `total`."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    t = (step - warmup) / max(1, total - warmup)
+    return lr * (min_lr_frac + (1 - min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def adamw(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW (betas 0.9, 0.98) with weight decay on the weight matrices only (not on norms and biases)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr,
+        betas=(0.9, 0.98),
+    )
+
+
 def lr_at(step: int, total: int, recipe: Recipe) -> float:
-    if step < recipe.warmup:
-        return recipe.lr * (step + 1) / recipe.warmup
-    t = (step - recipe.warmup) / max(1, total - recipe.warmup)
-    return recipe.lr * (recipe.min_lr_frac + (1 - recipe.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
+    return cosine_lr(step, total, recipe.lr, recipe.warmup, recipe.min_lr_frac)
 
 
 def smoke_recipe(recipe: Recipe) -> Recipe:
@@ -283,13 +309,7 @@ def train(recipe: Recipe, out: Path, command: str = "", log=print) -> TrainRecor
     model.set_attn_implementation("sdpa")
     pool = distill_pool(recipe.distill, recipe.seed, log) if recipe.distill else None
     model.train()
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": recipe.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=recipe.lr,
-        betas=(0.9, 0.98),
-    )
+    opt = adamw(model, recipe.lr, recipe.weight_decay)
     total = sum(p.steps for p in recipe.phases)
     step = 0
     window: list[tuple[float, float, float, float]] = []
@@ -347,7 +367,7 @@ def train(recipe: Recipe, out: Path, command: str = "", log=print) -> TrainRecor
         final=final,
         versions=versions(),
     )
-    (out / "train_record.json").write_text(record.model_dump_json(indent=2) + "\n")
+    record.write(out)
     return record
 
 

@@ -33,6 +33,7 @@ from bridge.bus import (
     subject_ref,
     utcnow,
 )
+from bridge.client import Client
 from bridge.config import load_config
 from bridge.runner import Runner
 
@@ -52,6 +53,24 @@ WRITE_REPORT_PY = textwrap.dedent("""
                             "mlx_default_device": None}}
         with open(os.environ["KAKEYA_REPORT"], "w") as fh:
             json.dump(report, fh)
+""")
+
+# For test programs that leave processes behind: `detach()` forks a process in a session of its own whose
+# parent exits (no longer a descendant of the run), stdio on /dev/null; True in it, False in the caller.
+DETACH_PY = textwrap.dedent("""
+    import os
+
+    def detach():
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                devnull = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(devnull, fd)
+                return True
+            os._exit(0)
+        os.wait()
+        return False
 """)
 
 WORK_PY = WRITE_REPORT_PY + textwrap.dedent("""
@@ -105,6 +124,26 @@ PRESETS = {
     },
     "cpuonly": {**_WORK, "runners": ["cpu"]},
 }
+
+
+def script_preset(name: str, description: str, script: str, param: str, spec: dict, **more: object) -> dict:
+    """A test preset that runs `{python} SCRIPT {PARAM}` (one parameter, `spec`) on cpu, 60 s at most, and
+    writes a probe report; `more`: its other fields (env, gate)."""
+    return {
+        "name": name,
+        "description": description,
+        "runners": ["cpu"],
+        "timeout_s": 60,
+        "argv": ["{python}", script, "{" + param + "}"],
+        "params": {param: spec},
+        "report": {"kind": "probe", "schema_version": 1},
+        **more,
+    }
+
+
+def client(url: str) -> Client:
+    """A client of the bus at `url`, with the test world's config (its presets, fast polls)."""
+    return Client(load_config(), remote=url)
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -333,6 +372,18 @@ def pid_alive(pid: int) -> bool:
         if not state:
             return False
     return not state.startswith("Z")
+
+
+def processes_with(token: str) -> list[int]:
+    """The pids of the processes whose command line holds `token` (Linux /proc; none elsewhere)."""
+    found = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        try:
+            if entry.name.isdigit() and token.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:  # gone while /proc was read
+            continue
+    return found
 
 
 def kill_pid(pid: int) -> None:

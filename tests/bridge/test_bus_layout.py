@@ -41,15 +41,10 @@ from bridge.bus import (
     utcnow,
 )
 from bridge.cli import main
-from bridge.client import Client
-from bridge.config import load_config
 from bridge.presets import load_registry
 from bridge.result import RunResult
-from tests.bridge.bus_support import Daemon, Env, HttpGit, git, make_runner
-
-
-def client(url: str) -> Client:
-    return Client(load_config(), remote=url)
+from tests.bridge.bus_support import Daemon, Env, HttpGit, client, git, make_runner
+from tests.bridge.test_gate_pr import gate
 
 
 def served(url: str, world: Env, **params: str) -> str:
@@ -122,22 +117,7 @@ def test_history_written_by_fast_import_has_the_shape_of_a_real_run(world: Env, 
     Claim.model_validate_json(G.read_path(bus_dir, fake_done, CLAIM_PATH) or b"")
     # `gate pr`, `results` and `status` treat them as real: the subject with 50 runs passes on its newest
     newest = max(rid for rid in made["ids"] if refs.get(subject_ref(subject50, rid)))
-    assert (
-        main(
-            [
-                "gate",
-                "pr",
-                "--subject",
-                subject50,
-                "--require",
-                "work@cpu",
-                "--remote",
-                url,
-                "--allow-unsigned",
-            ]
-        )
-        == 0
-    )
+    assert gate(url, subject50, "work@cpu") == 0
     assert capsys.readouterr().out.startswith(f"✓ work@cpu: pass — {newest} · unsigned (allowed)")
     assert main(["results", fake, "--remote", url, "--out", str(world.tmp / "fake")]) == 0
     assert json.loads((world.tmp / "fake" / fake / "result.json").read_text())["request_id"] == fake
@@ -364,22 +344,7 @@ def test_compact_moves_old_results_into_the_ledger_and_every_reader_still_finds_
         rid for rid in made["ids"] if G.read_path(bus_dir, ledger, f"subject/{subject5[:2]}/{subject5}/{rid}")
     )
     assert five and set(five) <= old
-    assert (
-        main(
-            [
-                "gate",
-                "pr",
-                "--subject",
-                subject5,
-                "--require",
-                "work@cpu",
-                "--remote",
-                url,
-                "--allow-unsigned",
-            ]
-        )
-        == 0
-    )
+    assert gate(url, subject5, "work@cpu") == 0
     assert capsys.readouterr().out.startswith(f"✓ work@cpu: pass — {max(five)} · unsigned (allowed)")
     moved = min(old)
     assert main(["results", moved, "--remote", url, "--out", str(world.tmp / "moved")]) == 0

@@ -34,12 +34,8 @@ from bridge.config import load_config
 from bridge.errors import BusError, KakeyaError
 from bridge.evidence import DoneResults
 from bridge.runner import Runner
-from tests.bridge.bus_support import Daemon, Env, git, make_runner, runner_process, stop, wait_for
+from tests.bridge.bus_support import Daemon, Env, client, git, make_runner, runner_process, stop, wait_for
 from tests.bridge.test_baseline import bench_fixture, run  # noqa: F401 — the `bench` fixture
-
-
-def client(url: str) -> Client:
-    return Client(load_config(), remote=url)
 
 
 def all_refs(bus_dir) -> dict[str, str]:

@@ -10,18 +10,15 @@ from pathlib import Path
 import pytest
 
 from bridge.cli import main
+from tests.gates.conftest import PROBE as GATES_PROBE
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# The gates tests' probe report (an H200 host), here from a 4-CPU host with MLX and no CUDA
 PROBE = {
-    "kind": "probe",
-    "schema_version": 1,
-    "created_at": "2026-11-22T08:50:00+00:00",
+    **GATES_PROBE,
     "environment": {
-        "python": "3.11.7",
-        "os": "Linux 6.1",
-        "machine": "x86_64",
-        "hostname": "vm",
+        **GATES_PROBE["environment"],
         "cpu_count": 4,
         "memory_bytes": None,
         "versions": {"python": "3.11.7"},
@@ -244,24 +241,16 @@ def test_installed_kakeya_gate_check_subprocess(tmp_path, report):
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "bridge.cli"]
     checks = write(tmp_path / "checks.yaml", "- {check: min, path: /probe/cpu_count, value: 5}\n")
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [*cmd, "gate", "check", str(report), "--checks", str(checks)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=120,
-    )
+
+    def kakeya(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*cmd, *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120
+        )
+
+    proc = kakeya("gate", "check", str(report), "--checks", str(checks))
     assert proc.returncode == 1, proc.stderr
     assert "| ✗ | min | 4 | ≥ 5 | `/probe/cpu_count` |" in proc.stdout
     n, b = _metric_reports(tmp_path, 100, 100)
-    proc = subprocess.run(
-        [*cmd, "gate", "compare", n, b, "--metric", "/probe/memory_bytes", "--max-regression", "1"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=120,
-    )
+    proc = kakeya("gate", "compare", n, b, "--metric", "/probe/memory_bytes", "--max-regression", "1")
     assert proc.returncode == 0, proc.stderr
     assert "**Compare: ✓ pass**" in proc.stdout

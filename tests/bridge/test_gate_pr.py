@@ -44,6 +44,16 @@ class LocalBus:
         assert served is not None and served.pushed
         return rid
 
+    def not_run(self) -> tuple[str, str]:
+        """Two work@cpu requests served without running: one expired, one cancelled (their ids)."""
+        expired = self.client.request("work", {}, "cpu", expires_s=0.001).id
+        time.sleep(0.05)
+        assert self.runner.once(request_id=expired).status == "expired"
+        cancelled = self.client.request("work", {}, "cpu").id
+        self.client.cancel(cancelled)
+        assert self.runner.once(request_id=cancelled).status == "cancelled"
+        return expired, cancelled
+
     def done(self, rid: str) -> str:
         return Bus(self.url, self.env.project).ls_remote(done_ref(rid)).refs[done_ref(rid)]
 
@@ -81,15 +91,16 @@ def commit(env: Env, name: str) -> str:
 
 
 def gate(
-    bus: LocalBus,
+    bus: LocalBus | str,
     subject: str,
     *require: str,
     summary: Path | None = None,
     as_json: bool = False,
     allow_unsigned: bool = True,
 ) -> int:
-    """`kakeya gate pr` on the bus (a shared one: unsigned evidence is allowed only with `allow_unsigned`)."""
-    args = ["gate", "pr", "--subject", subject, "--remote", bus.url]
+    """`kakeya gate pr` on the bus (or its URL; a shared bus: unsigned evidence is allowed only with
+    `allow_unsigned`)."""
+    args = ["gate", "pr", "--subject", subject, "--remote", bus if isinstance(bus, str) else bus.url]
     if allow_unsigned:
         args.append("--allow-unsigned")
     for r in require:
@@ -104,6 +115,15 @@ UNSIGNED = " · unsigned (allowed) · accelerator: none"  # what a line says of 
 
 def outcomes(capsys) -> dict[str, dict]:
     return {o["requirement"]: o for o in json.loads(capsys.readouterr().out)}
+
+
+def missing(capsys, bus: LocalBus, subject: str, requirement: str) -> list[tuple[str, str, str]]:
+    """`gate pr --json` of `requirement` for `subject`: it fails with no evidence (missing, no request);
+    returns the results it ignored, each as (request id, kind, reason)."""
+    assert gate(bus, subject, requirement, as_json=True) == 1
+    o = outcomes(capsys)[requirement]
+    assert (o["status"], o["request_id"]) == ("missing", None), o
+    return [(i["request_id"], i["kind"], i["reason"]) for i in o["ignored"]]
 
 
 def set_gate(env: Env, preset: str, value: int) -> None:
@@ -188,10 +208,8 @@ def test_the_newest_evidence_counts_and_a_label_must_match(world: Env, bus: Loca
         manifest_dict(rejected, "work", other, params={"seconds": 999}),
     )
     assert bus.runner.once(request_id=rejected).status == "rejected"
-    assert gate(bus, other, "work@cpu", as_json=True) == 1
-    o = outcomes(capsys)["work@cpu"]
-    assert (o["status"], o["request_id"]) == ("missing", None)
-    assert o["ignored"][0]["request_id"] == rejected and o["ignored"][0]["reason"].startswith(
+    (seen, _, reason), *_ = missing(capsys, bus, other, "work@cpu")
+    assert seen == rejected and reason.startswith(
         "rejected: bad parameters: preset work: parameter seconds=999 must be between"
     )
     git(world.project, "checkout", "-q", head)
@@ -265,15 +283,13 @@ def test_a_report_edited_after_the_run_does_not_pass(world: Env, bus: LocalBus, 
         {**edited(subject=head), f"{prefix}/result.json": json.dumps(result).encode()},
         replace=True,
     )
-    assert gate(bus, head, "strict@cpu", as_json=True) == 1
-    o = outcomes(capsys)["strict@cpu"]
-    assert (o["status"], o["request_id"]) == ("missing", None)  # no evidence: a mismatch is ignored
-    assert o["ignored"] == [
-        {
-            "request_id": rid,
-            "kind": "mismatch",
-            "reason": f"does not belong to {head[:12]}: it ran on a runner labelled gpu, not cpu",
-        }
+    # no evidence: a mismatch is ignored
+    assert missing(capsys, bus, head, "strict@cpu") == [
+        (
+            rid,
+            "mismatch",
+            f"does not belong to {head[:12]}: it ran on a runner labelled gpu, not cpu",
+        )
     ]
     bus.push_done(rid, bus.done(rid), {f"{prefix}/result.json": files["result.json"]}, replace=True)
 
@@ -326,16 +342,13 @@ def test_a_done_commit_pushed_for_another_commit_does_not_count(world: Env, bus:
         },
         replace=False,
     )
-    assert gate(bus, second, "work@cpu", as_json=True) == 1
-    o = outcomes(capsys)["work@cpu"]
-    assert (o["status"], o["request_id"]) == ("missing", None)
-    assert o["ignored"] == [
-        {
-            "request_id": forged,
-            "kind": "mismatch",
-            "reason": f"does not belong to {second[:12]}: its done commit {bus.done(forged)[:12]} "
+    assert missing(capsys, bus, second, "work@cpu") == [
+        (
+            forged,
+            "mismatch",
+            f"does not belong to {second[:12]}: its done commit {bus.done(forged)[:12]} "
             f"does not descend from {second[:12]}",
-        }
+        )
     ]
     # a result.json that names the subject while its request does not
     other = new_id("work")
@@ -398,22 +411,7 @@ def test_bad_requirements_are_refused_before_the_bus_is_read(world: Env, bus: Lo
     assert "must look like PRESET, PRESET@LABEL or PRESET@LABEL PARAM>=VALUE" in capsys.readouterr().err
     assert gate(bus, "not-a-commit", "work@cpu") == 2
     assert "'not-a-commit' is not a commit" in capsys.readouterr().err
-    assert (
-        main(
-            [
-                "gate",
-                "pr",
-                "--subject",
-                head,
-                "--require",
-                "work@cpu",
-                "--remote",
-                str(world.tmp / "no-such-bus"),
-                "--allow-unsigned",
-            ]
-        )
-        == 1
-    )
+    assert gate(str(world.tmp / "no-such-bus"), head, "work@cpu") == 1
     assert "cannot reach the bus" in capsys.readouterr().err
     assert E.check_requirements(["work@cpu", "work@cpu", "work"], load_registry()) == [
         E.Requirement("work", "cpu"),
@@ -497,12 +495,7 @@ def test_a_request_for_the_subject_that_never_ran_there(world: Env, bus: LocalBu
 def test_outcomes_in_which_nothing_ran_never_mask_a_run_that_did(world: Env, bus: LocalBus, capsys):
     head = git(world.project, "rev-parse", "HEAD")
     passed = bus.run("work")
-    expired = bus.client.request("work", {}, "cpu", expires_s=0.001).id
-    time.sleep(0.05)
-    assert bus.runner.once(request_id=expired).status == "expired"
-    cancelled = bus.client.request("work", {}, "cpu").id
-    bus.client.cancel(cancelled)
-    assert bus.runner.once(request_id=cancelled).status == "cancelled"
+    expired, cancelled = bus.not_run()
     rid = new_id("work")
     other = commit(world, "r.txt")
     push_raw_request(bus.url, world.project, "cpu", rid, manifest_dict(rid, "work", head), parent=other)

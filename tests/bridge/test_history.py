@@ -21,7 +21,7 @@ from bridge.client import Client
 from bridge.config import load_config
 from bridge.errors import InvalidRequest
 from bridge.trust import ALLOWED_SIGNERS, signers_line
-from tests.bridge.bus_support import WRITE_REPORT_PY, Env, git, make_runner, move_done
+from tests.bridge.bus_support import WRITE_REPORT_PY, Env, git, make_runner, move_done, script_preset
 
 # The subject's own code decides the metric: speed.txt, plus a jitter the `seed` parameter picks (repeated
 # runs of one commit differ, as real measurements do); broken.txt makes it fail, as a build that breaks.
@@ -36,17 +36,15 @@ BENCH_PY = WRITE_REPORT_PY + textwrap.dedent("""
         fh.write(os.environ["KAKEYA_SUBJECT"] + "\\n")
     write_report(cpu_count=speed + jitter)
 """)
-BENCH = {
-    "name": "bench",
-    "description": "a metric the subject's code sets",
-    "runners": ["cpu"],
-    "timeout_s": 60,
-    "argv": ["{python}", "bench.py", "{seed}"],
-    "params": {"seed": {"type": "int", "min": 0, "max": 100, "default": 0}},
-    "env": {"COUNTER": "${ENV:KAKEYA_TEST_COUNTER}"},
-    "report": {"kind": "probe", "schema_version": 1},
-    "gate": [{"check": "min", "path": "/probe/cpu_count", "value": 50}],
-}
+BENCH = script_preset(
+    "bench",
+    "a metric the subject's code sets",
+    "bench.py",
+    "seed",
+    {"type": "int", "min": 0, "max": 100, "default": 0},
+    env={"COUNTER": "${ENV:KAKEYA_TEST_COUNTER}"},
+    gate=[{"check": "min", "path": "/probe/cpu_count", "value": 50}],
+)
 
 
 def setup_bench(env: Env) -> None:

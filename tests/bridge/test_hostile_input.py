@@ -32,6 +32,7 @@ from bridge.config import load_config
 from bridge.errors import InvalidRequest
 from bridge.presets import get_preset, load_registry
 from tests.bridge.bus_support import Env, done_result, git, make_runner, manifest_dict, push_raw_request
+from tests.bridge.test_gate_pr import gate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -151,23 +152,7 @@ def test_ids_that_are_not_real_times_are_ignored_by_status_gc_runners_and_gate(w
     assert {e.id for e in after.entries.values() if e.done} == {honest, waiting}
 
     # gate pr: the honest failing run is the evidence; no forged pass under a "newer" id masks it
-    assert (
-        main(
-            [
-                "gate",
-                "pr",
-                "--subject",
-                head,
-                "--remote",
-                url,
-                "--require",
-                "strict@cpu",
-                "--json",
-                "--allow-unsigned",
-            ]
-        )
-        == 1
-    )
+    assert gate(url, head, "strict@cpu", as_json=True) == 1
     out = capsys.readouterr().out
     (outcome,) = json.loads(out)
     assert (outcome["status"], outcome["request_id"]) == ("fail", honest)
@@ -202,23 +187,7 @@ def test_a_result_whose_created_at_is_not_its_id_time_is_not_evidence(world: Env
         f"{results_path(rid)}/report.json": json.dumps(report).encode(),
     }
     plant(world.project, url, done_ref(rid), req, forged)
-    assert (
-        main(
-            [
-                "gate",
-                "pr",
-                "--subject",
-                head,
-                "--remote",
-                url,
-                "--require",
-                "strict@cpu",
-                "--json",
-                "--allow-unsigned",
-            ]
-        )
-        == 1
-    )
+    assert gate(url, head, "strict@cpu", as_json=True) == 1
     (outcome,) = json.loads(capsys.readouterr().out)
     assert outcome["status"] != "pass", outcome
     if outcome["request_id"] == rid:  # named as the newest, it is refused for its request.json (fails closed)

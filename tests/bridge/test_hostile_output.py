@@ -22,7 +22,7 @@ import yaml
 
 from bridge import git as G
 from bridge.bus import CLAIM_PATH, MANIFEST_PATH, Bus, Claim, Update, new_id, req_ref, results_path
-from bridge.caps import DROPPED_LINES, apply_caps
+from bridge.caps import DROPPED_LINES, RUNNER_FILES, apply_caps
 from bridge.cli import main
 from bridge.client import Client
 from bridge.config import load_config
@@ -38,6 +38,7 @@ from tests.bridge.bus_support import (
     git,
     manifest_dict,
     runner_process,
+    script_preset,
     stop,
     wait_for,
 )
@@ -117,17 +118,15 @@ LEAVE_PY = WRITE_REPORT_PY + textwrap.dedent("""
 """)
 
 MODES = ["fifo-progress", "bad-name", "long-path", "links", "special", "fill", "verdict"]
-LEAVE = {
-    "name": "leave",
-    "description": "leaves hostile files behind",
-    "runners": ["cpu"],
-    "timeout_s": 60,
-    "argv": ["{python}", "leave.py", "{mode}"],
-    "params": {"mode": {"type": "enum", "choices": MODES, "default": "bad-name"}},
-    "env": {"MARKS": "${ENV:KAKEYA_TEST_MARKS}", "KEY_FILE": "${ENV:KAKEYA_TEST_KEY}", "FILL_MIB": "40"},
-    "report": {"kind": "probe", "schema_version": 1},
-    "gate": [{"check": "min", "path": "/probe/cpu_count", "value": 1}],
-}
+LEAVE = script_preset(
+    "leave",
+    "leaves hostile files behind",
+    "leave.py",
+    "mode",
+    {"type": "enum", "choices": MODES, "default": "bad-name"},
+    env={"MARKS": "${ENV:KAKEYA_TEST_MARKS}", "KEY_FILE": "${ENV:KAKEYA_TEST_KEY}", "FILL_MIB": "40"},
+    gate=[{"check": "min", "path": "/probe/cpu_count", "value": 1}],
+)
 
 
 @pytest.fixture(name="hostile", params=["auto", "none"])
@@ -260,16 +259,6 @@ def test_a_path_past_path_max_and_deep_nesting_are_dropped(hostile: Bench):
     )
     assert f"{'n/' * 8}n/: nested deeper than 8 directories" in result["dropped"]
     assert set(files) == {"kept.txt", "report.json", *RUNNER_FILES}  # nothing of either tree
-
-
-RUNNER_FILES = (
-    "result.json",
-    "verdict.json",
-    "summary.md",
-    "report.html",
-    "logs/stdout.log",
-    "logs/stderr.log",
-)
 
 
 def test_symlinks_and_hard_links_to_a_runner_file_are_never_read(hostile: Bench):

@@ -17,6 +17,7 @@ import tempfile
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,7 @@ from bridge.errors import KakeyaError
 from bridge.isolation import userns_available
 from bridge.proc import descendants
 from tests.bridge.bus_support import (
+    DETACH_PY,
     WRITE_REPORT_PY,
     Daemon,
     Env,
@@ -47,25 +49,21 @@ from tests.bridge.bus_support import (
 LINUX = sys.platform.startswith("linux")
 ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
-HOSTILE_PY = WRITE_REPORT_PY + textwrap.dedent("""
+HOSTILE_PY = (
+    WRITE_REPORT_PY
+    + DETACH_PY
+    + textwrap.dedent("""
     import base64, subprocess, sys, time
 
     mode, marks = sys.argv[1], os.environ["MARKS"]
 
     def daemonize(name):
-        # a process in its own session whose parent exits: no longer a descendant of the run
-        if os.fork() == 0:
-            os.setsid()
-            if os.fork() == 0:
-                devnull = os.open(os.devnull, os.O_RDWR)
-                for fd in (0, 1, 2):
-                    os.dup2(devnull, fd)
-                with open(os.path.join(marks, name + ".pid"), "w") as fh:
-                    fh.write(str(os.getpid()))
-                time.sleep(20)
-                open(os.path.join(marks, name + ".alive"), "w").close()
+        if detach():
+            with open(os.path.join(marks, name + ".pid"), "w") as fh:
+                fh.write(str(os.getpid()))
+            time.sleep(20)
+            open(os.path.join(marks, name + ".alive"), "w").close()
             os._exit(0)
-        os.wait()
         while not os.path.exists(os.path.join(marks, name + ".pid")):
             time.sleep(0.01)
 
@@ -116,6 +114,7 @@ HOSTILE_PY = WRITE_REPORT_PY + textwrap.dedent("""
         fh.write(mode + "\\n")
     write_report()
 """)
+)
 
 
 def hostile_preset(timeout_s: int = 60, python: str = "{python}", **extra: object) -> dict:
@@ -152,13 +151,18 @@ def exec_result(out: Path) -> dict:
 # --- no process outlives its run -------------------------------------------------------------------
 
 
+def exec_hostile(world: Env, mode: str, exit_code: int) -> tuple[float, dict, int]:
+    """`kakeya exec hostile -p mode=MODE` (exiting `exit_code`): the seconds it took, its result and the pid
+    of the daemon it left."""
+    started = time.monotonic()
+    assert main(["exec", "hostile", "-p", f"mode={mode}", "--out", str(world.tmp / "o")]) == exit_code
+    took = time.monotonic() - started
+    return took, exec_result(world.tmp / "o"), int(world.mark(mode, "pid").read_text())
+
+
 def test_a_setsid_daemon_dies_when_its_program_exits(world: Env):
     add_hostile(world)
-    started = time.monotonic()
-    assert main(["exec", "hostile", "-p", "mode=daemon", "--out", str(world.tmp / "o")]) == 0
-    took = time.monotonic() - started
-    result = exec_result(world.tmp / "o")
-    daemon = int(world.mark("daemon", "pid").read_text())
+    took, result, daemon = exec_hostile(world, "daemon", 0)
     print(f"\nFIGURE setsid daemon at exit: run took {took:.2f} s, strays killed {result['strays_killed']}")
     assert result["status"] == "succeeded" and result["strays_killed"] == 1
     assert not pid_alive(daemon) and took < 15
@@ -168,11 +172,7 @@ def test_a_setsid_daemon_dies_when_its_program_exits(world: Env):
 
 def test_a_5_s_time_limit_ends_within_10_s_with_nothing_left(world: Env):
     add_hostile(world, timeout_s=5)
-    started = time.monotonic()
-    assert main(["exec", "hostile", "-p", "mode=hang", "--out", str(world.tmp / "o")]) == 1
-    took = time.monotonic() - started
-    result = exec_result(world.tmp / "o")
-    daemon = int(world.mark("hang", "pid").read_text())
+    took, result, daemon = exec_hostile(world, "hang", 1)
     print(f"\nFIGURE 5 s time limit: ended after {took:.2f} s, strays killed {result['strays_killed']}")
     assert result["status"] == "timed-out" and took < 10
     assert result["strays_killed"] >= 1 and not pid_alive(daemon)
@@ -314,6 +314,19 @@ def test_a_result_whose_push_the_remote_dropped_is_pushed_after_restart(world: E
 # --- clock skew ------------------------------------------------------------------------------------
 
 
+def serve_until(procs: list[subprocess.Popen[bytes]], done: Callable[[], bool], timeout: float) -> float:
+    """Let the runner processes serve until `done()` (within `timeout` s), then stop them (each must exit 0);
+    the seconds it took."""
+    started = time.monotonic()
+    try:
+        wait_for(done, timeout, "the requests done", step=0.5)
+        took = time.monotonic() - started
+    finally:
+        codes = [stop(p) for p in procs]
+    assert codes == [0] * len(procs)
+    return took
+
+
 def test_two_runners_with_skewed_clocks_run_20_requests_once_each(world: Env, daemon: Daemon):
     url = daemon.repo()
     staging = G.init_bare(world.tmp / "staging.git")
@@ -328,16 +341,8 @@ def test_two_runners_with_skewed_clocks_run_20_requests_once_each(world: Env, da
             procs.append(runner_process(world, url, name, "--poll", "0.2", "--lease", "2"))
         finally:
             del os.environ["KAKEYA_CLOCK_OFFSET"]
-    started = time.monotonic()
-    try:
-        bus = Bus(url, world.project)
-        wait_for(
-            lambda: sum(1 for e in bus.ls_remote().entries.values() if e.done) == 20, 150, "20 done", step=0.5
-        )
-    finally:
-        codes = [stop(p) for p in procs]
-    took = time.monotonic() - started
-    assert codes == [0, 0]
+    bus = Bus(url, world.project)
+    took = serve_until(procs, lambda: sum(1 for e in bus.ls_remote().entries.values() if e.done) == 20, 150)
     runs = world.count()
     names = {done_result(world.project, url, rid)["runner_name"] for rid in bus.ls_remote().entries}
     takeovers = sum((world.tmp / f"{n}.log").read_text().count("takes over") for n in ("ahead", "behind"))
@@ -365,16 +370,8 @@ def test_a_200_mib_result_is_capped_done_once_and_starves_nobody(world: Env, dae
         procs = [runner_process(world, url, f"c{i}", "--poll", "0.2", "--lease", "2") for i in range(2)]
     finally:
         del os.environ["KAKEYA_FILES_CAP"]
-    started = time.monotonic()
-    try:
-        bus = Bus(url, world.project)
-        wait_for(
-            lambda: all(bus.ls_remote().entries[r].done for r in [big, *small]), 90, "all done", step=0.3
-        )
-    finally:
-        codes = [stop(p) for p in procs]
-    took = time.monotonic() - started
-    assert codes == [0, 0]
+    bus = Bus(url, world.project)
+    took = serve_until(procs, lambda: all(bus.ls_remote().entries[r].done for r in [big, *small]), 90)
     grew = sum(p.stat().st_size for p in bus_dir.rglob("*") if p.is_file()) - before
     result = done_result(world.project, url, big)
     print(

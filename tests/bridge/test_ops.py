@@ -35,6 +35,7 @@ from tests.bridge.bus_support import (
     git,
     make_runner,
     runner_process,
+    script_preset,
     stop,
     wait_for,
 )
@@ -134,15 +135,13 @@ BARS_PY = WRITE_REPORT_PY + textwrap.dedent("""
         sys.stderr.flush()
     write_report()
 """)
-BARS = {
-    "name": "bars",
-    "description": "counts, telling its progress three ways",
-    "runners": ["cpu"],
-    "timeout_s": 60,
-    "argv": ["{python}", "bars.py", "{n}"],
-    "params": {"n": {"type": "int", "min": 1, "max": 20, "default": 5}},
-    "report": {"kind": "probe", "schema_version": 1},
-}
+BARS = script_preset(
+    "bars",
+    "counts, telling its progress three ways",
+    "bars.py",
+    "n",
+    {"type": "int", "min": 1, "max": 20, "default": 5},
+)
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 

@@ -24,6 +24,11 @@ BEFORE = {
     "restoration-study": "sha256:70ad00fd2fc03f621149c9b9e352a7217a83309c856c43d2bdaa6c69ad2eb72b",
     "throughput-code": "sha256:3e5ea04260f9e3ee3f0583ff968e0e982e8f5e52323c4e8485f314f8cfe4fd45",
 }
+# Definitions changed since, hashed by the rule (their old runs' evidence names the old definition, which
+# no runner runs any more): compression-table's two drafter parameters became one `type: drafter` (issue 30).
+CHANGED = {
+    "compression-table": "sha256:5d7effbac6d1f626b6b12663af0a6bd5094f7321dd1ec5f064f563bc91fae835",
+}
 
 
 def shipped(name: str) -> dict:
@@ -31,8 +36,9 @@ def shipped(name: str) -> dict:
 
 
 def test_every_shipped_preset_hashes_as_before() -> None:
-    assert {n: p.content_hash for n, p in load_registry(ROOT / "presets").items()} == BEFORE
-    assert sorted(SIGNED_AS.values()) == sorted(BEFORE.values())  # no alias for anything else
+    assert {n: p.content_hash for n, p in load_registry(ROOT / "presets").items()} == BEFORE | CHANGED
+    # an alias for each unchanged definition as shipped, none for anything else
+    assert sorted(SIGNED_AS.values()) == sorted(h for n, h in BEFORE.items() if n not in CHANGED)
 
 
 @pytest.mark.parametrize(

@@ -249,24 +249,29 @@ def push_presence(url: str, store: Path, name: str, data: bytes) -> None:
     assert Bus(url, store).swap([Update(runner_ref(name), sha, None)], atomic=False)
 
 
+def idle_gpu_runner(name: str, seen_at: dt.datetime, every_s: int) -> Presence:
+    """The presence of an idle runner on label gpu, started and last seen at `seen_at`, beating every `every_s`."""
+    return Presence(
+        name=name,
+        labels=["gpu"],
+        host="h",
+        accelerator="none",
+        version="0",
+        pid=1,
+        started_at=seen_at,
+        seen_at=seen_at,
+        every_s=every_s,
+        state="idle",
+    )
+
+
 def test_no_live_runner_is_said_at_once_and_ends_the_wait_with_its_own_code(
     world: Env, daemon: Daemon, capsys
 ):
     url = daemon.repo()
     now = utcnow()
     old = now - dt.timedelta(minutes=10)
-    gone = Presence(
-        name="old",
-        labels=["gpu"],
-        host="h",
-        accelerator="none",
-        version="0",
-        pid=1,
-        started_at=old,
-        seen_at=old,
-        every_s=10,
-        state="idle",
-    )
+    gone = idle_gpu_runner("old", old, every_s=10)
     push_presence(url, world.project, "old", gone.dump())  # stale: seen 10 minutes ago
     push_presence(url, world.project, "junk", b'{"name": "junk", "labels": ["gpu"]}')  # malformed
     liar = gone.model_copy(update={"name": "someone-else", "seen_at": now})
@@ -365,18 +370,7 @@ def test_with_allowed_signers_only_a_runner_key_for_its_labels_makes_a_live_pres
         signed_runner(world, url, "thief", ("gpu",), keys["stranger"]),
     ]
     now = utcnow()
-    plain = Presence(
-        name="plain",
-        labels=["gpu"],
-        host="h",
-        accelerator="none",
-        version="0",
-        pid=1,
-        started_at=now,
-        seen_at=now,
-        every_s=60,
-        state="idle",
-    )
+    plain = idle_gpu_runner("plain", now, every_s=60)
     push_presence(url, world.project, "plain", plain.dump())  # unsigned
     for r in runners:
         r.start_presence()

@@ -38,7 +38,16 @@ from bridge.config import Config, load_config
 from bridge.errors import KakeyaError
 from bridge.isolation import bwrap_available, choose, key_problem, readable_by, userns_available
 from bridge.presets import load_registry
-from tests.bridge.bus_support import WRITE_REPORT_PY, Daemon, Env, git, stop, wait_for
+from tests.bridge.bus_support import (
+    DETACH_PY,
+    WRITE_REPORT_PY,
+    Daemon,
+    Env,
+    git,
+    processes_with,
+    stop,
+    wait_for,
+)
 
 LINUX = sys.platform.startswith("linux")
 ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
@@ -156,7 +165,10 @@ def test_a_signing_key_within_a_runs_reach_is_refused(tmp_path: Path, monkeypatc
 
 # --- hostile requests against real runners -------------------------------------------------------------
 
-ATTACK_PY = WRITE_REPORT_PY + textwrap.dedent(r'''
+ATTACK_PY = (
+    WRITE_REPORT_PY
+    + DETACH_PY
+    + textwrap.dedent(r'''
     import base64, signal, sys, time
     from pathlib import Path
 
@@ -165,16 +177,9 @@ ATTACK_PY = WRITE_REPORT_PY + textwrap.dedent(r'''
 
     def daemon(token, ignore_term=False):
         """A process in a session of its own whose parent exits: no longer below the program."""
-        if os.fork() == 0:
-            os.setsid()
-            if os.fork() == 0:
-                devnull = os.open(os.devnull, os.O_RDWR)
-                for fd in (0, 1, 2):
-                    os.dup2(devnull, fd)
-                code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
-                os.execv(sys.executable, [sys.executable, "-c", code, token])
-            os._exit(0)
-        os.wait()
+        if detach():
+            code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+            os.execv(sys.executable, [sys.executable, "-c", code, token])
 
     def gitdirs():
         """Every git directory within reach: the checkout's, the mirror where the default layout puts it,
@@ -253,6 +258,7 @@ ATTACK_PY = WRITE_REPORT_PY + textwrap.dedent(r'''
         while True:
             time.sleep(1)
 ''')
+)
 
 HONEST_PY = WRITE_REPORT_PY + "\nwrite_report()\nprint('honest', os.environ['KAKEYA_SUBJECT'])\n"
 
@@ -370,17 +376,6 @@ def write_presets(side: Side, python: str) -> Path:
     return presets
 
 
-def daemons(token: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and token.encode() in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            pass
-    return found
-
-
 def committed(store: Path, url: str, rid: str) -> tuple[dict, dict[str, bytes], str]:
     bus = Bus(url, store)
     bus.fetch([done_ref(rid)])
@@ -418,7 +413,7 @@ def test_hostile_requests_against_a_real_runner(world: Env, daemon: Daemon, isol
     try:
         run_matrix(world, daemon, side)
     finally:
-        for pid in daemons(side.token):
+        for pid in processes_with(side.token):
             os.kill(pid, 9)
         shutil.rmtree(side.home, ignore_errors=True)
 
@@ -538,7 +533,7 @@ def run_matrix(world: Env, daemon: Daemon, side: Side) -> None:
         result, files, _ = serve("attack", {"mode": "kill"})
         stdout = files["logs/stdout.log"].decode()
         assert "launcher killed" in stdout or "kill PermissionError" in stdout, (result, stdout)  # it tried
-        alive = daemons(side.token)
+        alive = processes_with(side.token)
         assert bool(alive) != held["daemon"], (alive, stdout, result)
         for pid in alive:
             os.kill(pid, 9)
@@ -547,7 +542,7 @@ def run_matrix(world: Env, daemon: Daemon, side: Side) -> None:
         result, files, _ = serve("attack", {"mode": "hang"})
         took = time.monotonic() - started
         assert result["status"] == "timed-out" and took < 3 + 2 + 10, (result, took)
-        assert daemons(side.token) == []
+        assert processes_with(side.token) == []
         # the runner is still serving, and every request has one done commit
         result, _, _ = serve("honest", {})
         assert result["status"] == "succeeded" and result["verdict"] == "pass"

@@ -19,7 +19,7 @@ from bridge.isolation import bwrap_available
 from bridge.runner import Runner
 from bridge.trust import ALLOWED_SIGNERS, Signers, principal, signers_line
 from tests.bridge.bus_support import Daemon, Env, git, move_done
-from tests.bridge.test_gate_pr import LocalBus, commit, gate, outcomes
+from tests.bridge.test_gate_pr import LocalBus, commit, gate, missing
 
 
 def keygen(path: Path) -> Path:
@@ -93,12 +93,12 @@ def test_signed_evidence_passes_and_every_forgery_fails_for_its_own_reason(
     # the run's own page says whom the runner signed as
     assert "<td>signed</td><td>signed by r1@cpu</td>" in (out / rid / "report.html").read_text()
 
-    def judged(subject: str, requirement: str = "work@cpu") -> dict:
-        """The one ignored result of a requirement with no evidence left."""
-        assert gate(bus, subject, requirement, as_json=True) == 1
-        o = outcomes(capsys)[requirement]
-        assert (o["status"], o["request_id"], len(o["ignored"])) == ("missing", None, 1), o
-        return o["ignored"][0]
+    def judged(subject: str, request_id: str, kind: str) -> str:
+        """The reason of the one result work@cpu ignored for `subject` (left with no evidence): that
+        request's, set aside as `kind`."""
+        ((seen, seen_kind, reason),) = missing(capsys, bus, subject, "work@cpu")
+        assert (seen, seen_kind) == (request_id, kind), reason
+        return reason
 
     # 1. A report edited after the run: one more commit on the done ref (the checks would still pass).
     prefix = results_path(rid)
@@ -107,9 +107,7 @@ def test_signed_evidence_passes_and_every_forgery_fails_for_its_own_reason(
         f"{prefix}/report.json": json.dumps({**report, "probe": {**report["probe"], "cpu_count": 2}}).encode()
     }
     bus.push_done(rid, done, edited, replace=True)
-    o = judged(first)
-    assert (o["request_id"], o["kind"]) == (rid, "untrusted")
-    assert o["reason"] == (
+    assert judged(first, rid, "untrusted") == (
         f"edited after the run: the done ref is {bus.done(rid)[:12]}, not runner r1@cpu+gpu's signed "
         f"commit {done[:12]} (commits were added or rewritten after it)"
     )
@@ -117,7 +115,7 @@ def test_signed_evidence_passes_and_every_forgery_fails_for_its_own_reason(
     assert "its results are not trusted: edited after the run" in capsys.readouterr().err
     # ... or the done commit rewritten in place on the runner's signed claim: the same refusal
     bus.push_done(rid, G.parents(world.project, done)[0], edited, replace=True)
-    assert judged(first)["reason"].startswith("edited after the run: ")
+    assert judged(first, rid, "untrusted").startswith("edited after the run: ")
     move_done(bus.url, world.project, rid, done)
     assert gate(bus, first, "work@cpu") == 0
     capsys.readouterr()
@@ -143,9 +141,7 @@ def test_signed_evidence_passes_and_every_forgery_fails_for_its_own_reason(
         return fid
 
     never = forge(None)
-    o = judged(second)
-    assert (o["request_id"], o["kind"]) == (never, "untrusted")
-    assert o["reason"] == (
+    assert judged(second, never, "untrusted") == (
         f"unsigned: done commit {bus.done(never)[:12]} has no signature and no runner signed a commit "
         "for this request"
     )
@@ -153,10 +149,9 @@ def test_signed_evidence_passes_and_every_forgery_fails_for_its_own_reason(
 
     # 3. A done commit signed by a key that is not in the allowed signers.
     unknown = forge(keys["stranger"])
-    o = judged(second)
-    assert (o["request_id"], o["kind"]) == (unknown, "untrusted")
-    assert o["reason"].startswith(f"unknown key: done commit {bus.done(unknown)[:12]} is signed by SHA256:")
-    assert o["reason"].endswith(f"which is not in {Path(ALLOWED_SIGNERS).name}")
+    reason = judged(second, unknown, "untrusted")
+    assert reason.startswith(f"unknown key: done commit {bus.done(unknown)[:12]} is signed by SHA256:")
+    assert reason.endswith(f"which is not in {Path(ALLOWED_SIGNERS).name}")
     move_done(bus.url, world.project, unknown, None)
 
     # 4. A runner key signing for a label it may not serve: r2 (gpu only) really runs a cpu request.
@@ -164,9 +159,7 @@ def test_signed_evidence_passes_and_every_forgery_fails_for_its_own_reason(
     cpu_run = bus.client.request("work", {"tag": "b"}, "cpu").id
     served = rogue.once(request_id=cpu_run)
     assert served is not None and served.pushed and served.status == "succeeded"
-    o = judged(second)
-    assert (o["request_id"], o["kind"]) == (cpu_run, "untrusted")
-    assert o["reason"] == (
+    assert judged(second, cpu_run, "untrusted") == (
         f"key not allowed for this label: {bus.done(cpu_run)[:12]} is signed by r2@gpu, which may "
         "serve gpu, not cpu"
     )
@@ -176,12 +169,9 @@ def test_signed_evidence_passes_and_every_forgery_fails_for_its_own_reason(
     #    for the second commit.
     replay = bus.client.request("work", {}, "cpu").id
     move_done(bus.url, world.project, replay, done, (second,))
-    o = judged(second)
-    assert (o["request_id"], o["kind"]) == (replay, "mismatch")
-    assert o["reason"].startswith(
-        f"does not belong to {second[:12]}: its request names subject {first}, not "
-    )
-    assert f"request mismatch: done commit {done[:12]} was not made on the request commit" in o["reason"]
+    reason = judged(second, replay, "mismatch")
+    assert reason.startswith(f"does not belong to {second[:12]}: its request names subject {first}, not ")
+    assert f"request mismatch: done commit {done[:12]} was not made on the request commit" in reason
     assert main(["results", replay, "--verify", "--remote", bus.url, "--out", str(out)]) == 1
     assert "request mismatch" in capsys.readouterr().err
 

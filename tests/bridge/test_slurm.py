@@ -44,6 +44,7 @@ from tests.bridge.bus_support import (
     Env,
     done_result,
     git,
+    processes_with,
     stop,
     wait_for,
 )
@@ -370,17 +371,6 @@ SNOOP = WRITE_REPORT_PY + textwrap.dedent("""
 """)
 
 
-def _processes_with(token: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and token.encode() in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
 def test_the_program_runs_in_the_nodes_sandbox_and_nothing_it_leaves_outlives_the_job(
     tmp_path: Path, slurm: Slurm
 ) -> None:
@@ -426,7 +416,7 @@ def test_the_program_runs_in_the_nodes_sandbox_and_nothing_it_leaves_outlives_th
     assert seen["runs"] == ["snoop-1"], seen
     assert (control / "alloc.json").is_file()  # it was there all along, outside the sandbox
     assert result.strays_killed and result.strays_killed >= 1  # the daemon, ended by the launcher
-    assert _processes_with(token) == []  # and nothing of it is left on the node
+    assert processes_with(token) == []  # and nothing of it is left on the node
 
 
 # -- a Slurm runner over a real bus --------------------------------------------------------------------

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import types
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from bridge.presets import Preset, load_registry
 from bridge.runner import Runner
 from bridge.trust import ALLOWED_SIGNERS, principal
 from tests.bridge.bus_support import WRITE_REPORT_PY, Daemon, Env, git, make_runner, manifest_dict
-from tests.bridge.test_gate_pr import LocalBus, gate, outcomes
+from tests.bridge.test_gate_pr import LocalBus, gate, missing, outcomes
 from tests.bridge.test_signing import allow, keygen, signed_runner
 
 CUDA_HERE = host.hardware_for(["h200"], force=True) == []  # this host has CUDA: the refusals cannot be shown
@@ -115,16 +114,13 @@ def test_a_failing_signed_run_plus_a_commit_editing_its_report_is_refused(
     capsys.readouterr()
     # ... with the runner's key in the trusted base, the edit is no evidence: nothing passes
     trusted_base(world, (principal("r1", ["cpu"]), keys["r1"]))
-    assert gate(bus, head, "strict@cpu", as_json=True) == 1
-    o = outcomes(capsys)["strict@cpu"]
-    assert (o["status"], o["request_id"]) == ("missing", None)
-    assert o["ignored"] == [
-        {
-            "request_id": rid,
-            "kind": "untrusted",
-            "reason": f"edited after the run: the done ref is {bus.done(rid)[:12]}, not runner r1@cpu's signed "
+    assert missing(capsys, bus, head, "strict@cpu") == [
+        (
+            rid,
+            "untrusted",
+            f"edited after the run: the done ref is {bus.done(rid)[:12]}, not runner r1@cpu's signed "
             f"commit {signed_done[:12]} (commits were added or rewritten after it)",
-        }
+        )
     ]
 
 
@@ -161,12 +157,7 @@ def test_newer_unsigned_expired_or_cancelled_results_never_mask_a_signed_pass(
         replace=False,
     )
     # ... and newer runs that did not run at all: expired and cancelled (signed by r1)
-    expired = bus.client.request("work", {}, "cpu", expires_s=0.001).id
-    time.sleep(0.05)
-    assert bus.runner.once(request_id=expired).status == "expired"
-    cancelled = bus.client.request("work", {}, "cpu").id
-    bus.client.cancel(cancelled)
-    assert bus.runner.once(request_id=cancelled).status == "cancelled"
+    expired, cancelled = bus.not_run()
 
     summary = tmp_path / "summary.md"
     assert gate(bus, head, "work@cpu", as_json=True) == 0  # the check stays green
@@ -508,15 +499,12 @@ def test_a_run_that_does_not_meet_the_pins_is_not_evidence(world: Env, daemon: D
     bus = LocalBus(world, url=daemon.repo())
     head = git(world.project, "rev-parse", "HEAD")
     cheap = bus.run("work", tag="a")  # seconds=0: the cheapest allowed
-    assert gate(bus, head, "work@cpu seconds>=0.2 tag==a", as_json=True) == 1
-    o = outcomes(capsys)["work@cpu seconds>=0.2 tag==a"]
-    assert (o["status"], o["request_id"]) == ("missing", None)
-    assert o["ignored"] == [
-        {
-            "request_id": cheap,
-            "kind": "pins",
-            "reason": "its parameters do not meet work@cpu seconds>=0.2 tag==a: seconds>=0.2: it ran seconds=0.0",
-        }
+    assert missing(capsys, bus, head, "work@cpu seconds>=0.2 tag==a") == [
+        (
+            cheap,
+            "pins",
+            "its parameters do not meet work@cpu seconds>=0.2 tag==a: seconds>=0.2: it ran seconds=0.0",
+        )
     ]
     met = bus.run("work", tag="a", seconds="0.2")
     other = bus.run("work", tag="b", seconds="0.3")  # newer, meets the bound, but not tag==a

@@ -4,10 +4,7 @@ by `engine.load` and by a workload's command line (exit 2, no traceback)."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,8 +22,7 @@ from engine.geometry import (
     layer_kinds,
 )
 from tests.engine import model_matrix, tiny_families
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.engine.workload_support import run_workload
 
 
 def test_an_unsupported_kind_is_refused_in_one_line_before_any_forward() -> None:
@@ -147,23 +143,7 @@ def test_a_workload_exits_2_in_one_line_on_an_unsupported_family(tmp_path: Path)
     """The niah workload on a saved tiny MiniMax config: exit 2 with one usage line naming the model type
     and the layer kind, before any weights load (there are none to load); no traceback, no report."""
     model_matrix.tiny_config("minimax").save_pretrained(tmp_path / "m")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "engine.workloads.niah",
-            "--model",
-            str(tmp_path / "m"),
-            "--out",
-            str(tmp_path / "r.json"),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=300,
-    )
+    out = run_workload("niah", "--model", str(tmp_path / "m"), "--out", str(tmp_path / "r.json"), timeout=300)
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr and not (tmp_path / "r.json").exists()
     last = out.stderr.strip().splitlines()[-1]

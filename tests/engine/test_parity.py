@@ -4,8 +4,6 @@ the preset's command line, its report gated with the preset's checks."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,8 @@ torch = pytest.importorskip("torch")
 import gates  # noqa: E402
 from engine.workloads.cli import first_divergence  # noqa: E402
 from engine.workloads.parity import prompts  # noqa: E402
+from tests.engine import tiny_models  # noqa: E402
+from tests.engine.workload_support import ZOO_TOKENS, run_workload, save_zoo_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,26 +25,15 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random Gemma-3 (sliding window 8, so 40-token prompts wrap it) over the zoo vocabulary."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    from engine.zoo import corpus, tokenizer
-
-    torch.manual_seed(0)
     config = Gemma3TextConfig(
-        vocab_size=len(corpus.VOCAB),
-        hidden_size=64,
-        intermediate_size=128,
+        **ZOO_TOKENS,
+        **tiny_models.ATTENTION,
         num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
         sliding_window=8,
         layer_types=["sliding_attention", "full_attention"] * 2,
-        initializer_range=0.2,
         tie_word_embeddings=False,
     )
-    path = tmp_path_factory.mktemp("parity") / "gemma"
-    Gemma3ForCausalLM(config).save_pretrained(path)
-    tokenizer.save(path)
-    return path
+    return save_zoo_model(tmp_path_factory.mktemp("parity") / "gemma", Gemma3ForCausalLM, config, 0)
 
 
 def _preset() -> dict:
@@ -55,33 +44,9 @@ def _preset() -> dict:
 
 def test_parity_workload_report_passes_its_gate(model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "report.json"
-    argv = [
-        sys.executable,
-        "-m",
-        "engine.workloads.parity",
-        "--model",
-        str(model_dir),
-        "--policy",
-        "hybrid:2:6",
-        "--dtypes",
-        "float32,bfloat16",
-        "--prompts",
-        "2",
-        "--prompt-tokens",
-        "40",
-        "--new-tokens",
-        "24",
-        "--out",
-        str(out),
-    ]
-    done = subprocess.run(
-        argv,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
-    )
+    args = ["--model", str(model_dir), "--policy", "hybrid:2:6", "--dtypes", "float32,bfloat16"]
+    args += ["--prompts", "2", "--prompt-tokens", "40", "--new-tokens", "24", "--out", str(out)]
+    done = run_workload("parity", *args, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "parity float32: agreement 1.0000, exact 2/2" in done.stdout
     report = json.loads(out.read_text())
@@ -105,13 +70,7 @@ def test_parity_workload_report_passes_its_gate(model_dir: Path, tmp_path: Path)
 
 def test_parity_refuses_bad_arguments_before_loading(tmp_path: Path) -> None:
     for bad in (["--dtypes", "float32,int8"], ["--policy", "hybrid:2:0"]):
-        done = subprocess.run(
-            [sys.executable, "-m", "engine.workloads.parity", "--out", str(tmp_path / "r"), *bad],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        done = run_workload("parity", "--out", str(tmp_path / "r"), *bad, timeout=120)
         assert done.returncode == 2 and ("--dtypes" in done.stderr or "window" in done.stderr), done.stderr
 
 

@@ -13,40 +13,34 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import engine  # noqa: E402
-import gates  # noqa: E402
 from engine.policy import oldest_visible  # noqa: E402
 from engine.workloads import cli, compression, niah, throughput  # noqa: E402
+from tests.engine import tiny_models  # noqa: E402
 from tests.engine.backends import HAVE_MLX  # noqa: E402
+from tests.engine.workload_support import (  # noqa: E402
+    CROSS_CHECKED,
+    SEEDS_TABLE,
+    ZOO_TOKENS,
+    save_zoo_model,
+    tiny_throughput,
+)
+from tests.engine.workload_support import gate as _gate  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 torch.set_num_threads(1)
 
 
 def _save_gemma(path: Path, layers: list[str], seed: int, window: int = 16) -> Path:
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    from engine.zoo import corpus, tokenizer
-
-    torch.manual_seed(seed)
     config = Gemma3TextConfig(
-        vocab_size=len(corpus.VOCAB),
-        hidden_size=64,
-        intermediate_size=128,
+        **ZOO_TOKENS,
+        **tiny_models.ATTENTION,
         num_hidden_layers=len(layers),
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
         sliding_window=window,
         layer_types=layers,
-        initializer_range=0.2,
         tie_word_embeddings=False,
-        eos_token_id=1,
-        bos_token_id=2,
-        pad_token_id=0,
     )
-    Gemma3ForCausalLM(config).save_pretrained(path)
-    tokenizer.save(path)
-    return path
+    return save_zoo_model(path, Gemma3ForCausalLM, config, seed)
 
 
 @pytest.fixture(scope="module")
@@ -60,15 +54,6 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def drafter_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _save_gemma(tmp_path_factory.mktemp("wl") / "drafter", ["full_attention"], 1)
-
-
-def _gate(report: dict[str, Any], preset: str | None = None) -> gates.Verdict:
-    import yaml
-
-    checks = []
-    if preset:
-        checks = gates.parse_checks(yaml.safe_load((ROOT / "presets" / f"{preset}.yaml").read_text())["gate"])
-    return gates.evaluate(report, checks, kind=report["kind"], schema_version=1)
 
 
 # --- niah -------------------------------------------------------------------------------------------------
@@ -221,28 +206,7 @@ def test_niah_refuses_bad_arguments(tmp_path: Path) -> None:
 
 def test_throughput_tiny_report(model_dir: Path, drafter_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "tp.json"
-    args = [
-        "--model",
-        str(model_dir),
-        "--policy",
-        "sink_window:2:8",
-        "--k",
-        "3",
-        "--prompts",
-        "2",
-        "--prompt-tokens",
-        "24",
-        "--new-tokens",
-        "20",
-        "--repeats",
-        "1",
-        "--min-speedup",
-        "1.0",
-        "--batches",
-        "1,3",
-        "--out",
-        str(out),
-    ]
+    args = tiny_throughput(model_dir, "--policy", "sink_window:2:8", "--batches", "1,3", "--out", str(out))
     assert throughput.main([*args, "--drafter", str(drafter_dir)]) == 0
     report = json.loads(out.read_text())
     assert _gate(report).status == "pass", _gate(report).reasons()
@@ -279,32 +243,8 @@ def test_throughput_tiny_report(model_dir: Path, drafter_dir: Path, tmp_path: Pa
 @pytest.mark.skipif(not HAVE_MLX, reason="mlx / mlx-lm not installed")
 def test_throughput_mlx_backend(model_dir: Path, drafter_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "tp.json"
-    throughput.main(
-        [
-            "--model",
-            str(model_dir),
-            "--backend",
-            "mlx",
-            "--drafter",
-            str(drafter_dir),
-            "--policy",
-            "hybrid:2:8",
-            "--k",
-            "3",
-            "--prompts",
-            "2",
-            "--prompt-tokens",
-            "24",
-            "--new-tokens",
-            "20",
-            "--repeats",
-            "1",
-            "--plot",
-            "none",
-            "--out",
-            str(out),
-        ]
-    )
+    args = ["--backend", "mlx", "--drafter", str(drafter_dir), "--policy", "hybrid:2:8", "--plot", "none"]
+    throughput.main(tiny_throughput(model_dir, *args, "--out", str(out)))
     report = json.loads(out.read_text())
     assert _gate(report).status == "pass" and report["config"]["backend"] == "mlx"
     assert report["summary"]["all_exact"] and all(p["speculative"]["tokens"] == 20 for p in report["prompts"])
@@ -385,28 +325,16 @@ def test_compression_reproduces_the_seed_table(tmp_path: Path) -> None:
         )
     )
     out = tmp_path / "c.json"
-    compression.main(
-        [
-            "--model",
-            str(model),
-            "--policy",
-            "sink_window:4:24",
-            "--drafter",
-            "none",
-            "--k",
-            "0",
-            "--drafter-weights",
-            str(596_049_920 * 2),
-            "--batches",
-            "8,64",
-            "--seq-lens",
-            "8192,32768,131072,1048576",
-            "--check-lens",
-            "none",
-            "--out",
-            str(out),
-        ]
-    )
+    args = [
+        "--model",
+        str(model),
+        *SEEDS_TABLE,
+        "--batches",
+        "8,64",
+        "--seq-lens",
+        "8192,32768,131072,1048576",
+    ]
+    compression.main([*args, "--check-lens", "none", "--out", str(out)])
     report = json.loads(out.read_text())
     assert _gate(report).status == "pass" and report["config"]["dtype"] == "bfloat16"
     rows = {(r["batch"], r["seq_len"]): r for r in report["table"]}
@@ -422,24 +350,7 @@ def test_compression_cross_check(
     model_dir: Path, drafter_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "c.json"
-    args = [
-        "--model",
-        str(model_dir),
-        "--drafter",
-        str(drafter_dir),
-        "--policy",
-        "sink_window:2:8,hybrid:2:8",
-        "--k",
-        "3",
-        "--batches",
-        "1,64",
-        "--seq-lens",
-        "8192,1048576",
-        "--check-lens",
-        "12,40",
-        "--out",
-        str(out),
-    ]
+    args = ["--model", str(model_dir), "--drafter", str(drafter_dir), *CROSS_CHECKED, "--out", str(out)]
     compression.main(args)
     report = json.loads(out.read_text())
     assert _gate(report, "compression-table").status == "pass", _gate(report, "compression-table").reasons()
@@ -468,6 +379,45 @@ def test_compression_cross_check(
     assert report["summary"]["check_passed"] is False
     assert [c["seq_len"] for c in report["checks"] if not c["match"]] == [40] * 4
     assert _gate(report, "compression-table").status == "fail"
+
+
+@pytest.mark.parametrize(
+    ("drafter", "printed", "kv", "layers"),
+    [
+        ("diffusion:zoo:tiny-dlm", "diffusion:zoo:tiny-dlm:steps=4", False, None),  # weights only
+        ("zoo:tiny-dlm", "diffusion:zoo:tiny-dlm:steps=4", False, None),  # the kind its config.json says
+        ("model:zoo:tiny-drafter", "model:zoo:tiny-drafter", True, 1),
+        ("lookup", "lookup", False, None),
+    ],
+)
+def test_compression_counts_what_each_drafter_kind_holds(
+    drafter: str, printed: str, kv: bool, layers: int | None, tmp_path: Path
+) -> None:
+    out = tmp_path / "c.json"
+    argv = ["--drafter", drafter, "--batches", "1", "--seq-lens", "4096", "--check-lens", "none"]
+    compression.main([*argv, "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["config"]["drafter"] == printed and _gate(report).status == "pass"
+    assert report["drafter"]["layers"] == layers
+    assert (report["drafter"]["weight_bytes"] > 0) == (drafter != "lookup")
+    assert all((r["drafter_kv_bytes"] > 0) == kv for r in report["table"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--drafter", "block:zoo:tiny-block-drafter"], "a block drafter's bytes are not counted yet"),
+        (["--drafter", "model:zoo:tiny-dlm"], "is a diffusion drafter"),
+        (["--k", "0"], "--k 0 is plain decoding: use --drafter none"),
+    ],
+)
+def test_compression_refuses_a_drafter_it_does_not_count(
+    argv: list[str], line: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        compression.main([*argv, "--check-lens", "none", "--out", str(tmp_path / "c.json")])
+    assert exc.value.code == 2 and line in capsys.readouterr().err
+    assert not (tmp_path / "c.json").exists()
 
 
 def test_oldest_visible_matches_the_reference_rule() -> None:

@@ -7,18 +7,23 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-import gates  # noqa: E402
 from engine.workloads import compression, niah, parity, throughput  # noqa: E402
 from tests.engine import tiny_models  # noqa: E402
 from tests.engine.backends import HAVE_MLX  # noqa: E402
+from tests.engine.workload_support import (  # noqa: E402
+    CROSS_CHECKED,
+    SEEDS_TABLE,
+    ZOO_TOKENS,
+    save_zoo_model,
+    tiny_throughput,
+)
+from tests.engine.workload_support import gate as _gate  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 SLOT = 2 * 2 * 16 * 4  # K and V of one position in the one attention layer: 2 heads x 16, float32
 STATE = 3 * (4 * 16 * 16 * 4 + 3 * (2 * 2 * 16 + 4 * 16) * 4)  # 3 linear layers: recurrent + convolution
 torch.set_num_threads(1)
@@ -27,21 +32,13 @@ torch.set_num_threads(1)
 def _save_qwen35(path: Path, seed: int) -> Path:
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-    from engine.zoo import corpus, tokenizer
-
-    torch.manual_seed(seed)
     config = Qwen3_5TextConfig(
-        vocab_size=len(corpus.VOCAB),
+        **ZOO_TOKENS,
         **tiny_models.LINEAR_HYBRID,
         num_hidden_layers=4,
         tie_word_embeddings=False,
-        eos_token_id=1,
-        bos_token_id=2,
-        pad_token_id=0,
     )
-    Qwen3_5ForCausalLM(config).save_pretrained(path)
-    tokenizer.save(path)
-    return path
+    return save_zoo_model(path, Qwen3_5ForCausalLM, config, seed)
 
 
 @pytest.fixture(scope="module")
@@ -53,15 +50,6 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def drafter_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Other random weights: it disagrees with the verifier, so blocks are partly rejected (rollback)."""
     return _save_qwen35(tmp_path_factory.mktemp("wl35") / "drafter", 1)
-
-
-def _gate(report: dict[str, Any], preset: str | None = None) -> gates.Verdict:
-    import yaml
-
-    checks = []
-    if preset:
-        checks = gates.parse_checks(yaml.safe_load((ROOT / "presets" / f"{preset}.yaml").read_text())["gate"])
-    return gates.evaluate(report, checks, kind=report["kind"], schema_version=1)
 
 
 def test_niah_on_a_qwen35(model_dir: Path, tmp_path: Path) -> None:
@@ -90,10 +78,9 @@ def test_throughput_on_a_qwen35_is_exact_with_rejections(
     backend: str, model_dir: Path, drafter_dir: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "tp.json"
-    args = ["--model", str(model_dir), "--drafter", str(drafter_dir), "--backend", backend]
-    args += ["--policy", "sink_window:2:8", "--k", "4", "--prompts", "2", "--prompt-tokens", "24"]
-    args += ["--new-tokens", "20", "--repeats", "1", "--min-speedup", "0", "--plot", "none"]
-    assert throughput.main([*args, "--out", str(out)]) == 0
+    args = ["--drafter", str(drafter_dir), "--backend", backend, "--policy", "sink_window:2:8"]
+    args += ["--min-speedup", "0", "--plot", "none", "--out", str(out)]
+    assert throughput.main(tiny_throughput(model_dir, *args, k=4)) == 0
     report = json.loads(out.read_text())
     assert _gate(report, "throughput-code").status == "pass", _gate(report, "throughput-code").reasons()
     assert report["summary"]["all_exact"] and report["config"]["backend"] == backend
@@ -123,15 +110,7 @@ def test_compression_cross_checks_the_state_and_shows_it_apart(
     model_dir: Path, drafter_dir: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "c.json"
-    args = [
-        "--model",
-        str(model_dir),
-        "--drafter",
-        str(drafter_dir),
-        "--policy",
-        "sink_window:2:8,hybrid:2:8",
-    ]
-    args += ["--k", "3", "--batches", "1,64", "--seq-lens", "8192,1048576", "--check-lens", "12,40"]
+    args = ["--model", str(model_dir), "--drafter", str(drafter_dir), *CROSS_CHECKED]
     assert compression.main([*args, "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert _gate(report, "compression-table").status == "pass", _gate(report, "compression-table").reasons()
@@ -156,17 +135,8 @@ def test_compression_reference_configs_from_the_cli(model_dir: Path, tmp_path: P
     """`--reference`: the table for a published architecture; the seeds' Qwen3-1.7B numbers, and Qwen3.5
     (transformers' qwen3_5_text defaults) with its recurrent state apart; the cross-check loads --model."""
     out = tmp_path / "c.json"
-    args = [
-        "--policy",
-        "sink_window:4:24",
-        "--drafter",
-        "none",
-        "--k",
-        "0",
-        "--drafter-weights",
-        str(596_049_920 * 2),
-    ]
-    args += ["--batches", "8,64", "--seq-lens", "8192,131072", "--check-lens", "none", "--out", str(out)]
+    args = [*SEEDS_TABLE, "--batches", "8,64", "--seq-lens", "8192,131072", "--check-lens", "none"]
+    args += ["--out", str(out)]
     rows = {}
     for ref in ("qwen3-1.7b", "qwen3.5-text-defaults"):
         assert compression.main([*args, "--reference", ref]) == 0

@@ -14,11 +14,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import gates  # noqa: E402
 from bridge.presets import load_registry  # noqa: E402
 from engine.workloads import compression, niah, throughput  # noqa: E402
+from tests.engine.workload_support import gate as _gate  # noqa: E402
+from tests.engine.workload_support import run_workload  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 torch.set_num_threads(1)
 
 
@@ -32,24 +32,11 @@ def _argv(preset: str, params: dict[str, Any], out: Path) -> list[str]:
     )
 
 
-def _gate(report: dict[str, Any], preset: str) -> gates.Verdict:
-    p = load_registry()[preset]
-    return gates.evaluate(report, p.gate, kind=p.report.kind, schema_version=p.report.schema_version)
-
-
 def test_niah_gate_passes_for_hybrid_and_fails_for_sink_window(tmp_path: Path) -> None:
-    import subprocess
-
     out = tmp_path / "smoke.json"
-    argv = _argv("niah-smoke", {"contexts": "256", "samples": 1}, out)
-    done = subprocess.run(
-        argv,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HF_HUB_OFFLINE": "1"},
-    )
+    python, _, module, *args = _argv("niah-smoke", {"contexts": "256", "samples": 1}, out)
+    assert python == sys.executable and module == "engine.workloads.niah"
+    done = run_workload("niah", *args)
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
     verdict = _gate(report, "niah-smoke")

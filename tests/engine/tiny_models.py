@@ -9,20 +9,28 @@ import torch
 from engine.backends.torch.session import TorchModel
 
 VOCAB = 256
-# The tiny linear-attention hybrids' geometry (Qwen3.5, Qwen3-Next): 2 K/V heads of 16, gated delta-net
-# layers with 2 key and 4 value heads of 16 and a 4-tap convolution; 0.2 for varied greedy output.
-LINEAR_HYBRID = dict(
+# The tiny models' attention: hidden 64, 4 query and 2 K/V heads of 16; 0.2 for varied greedy output.
+ATTENTION = dict(
     hidden_size=64,
     intermediate_size=128,
     num_attention_heads=4,
     num_key_value_heads=2,
     head_dim=16,
+    initializer_range=0.2,
+)
+# Their vocabulary and positions: no EOS or BOS (generate() must not stop early), pad 0.
+TOKENS = dict(
+    vocab_size=VOCAB, max_position_embeddings=4096, eos_token_id=None, bos_token_id=None, pad_token_id=0
+)
+# The tiny linear-attention hybrids' geometry (Qwen3.5, Qwen3-Next): ATTENTION, and gated delta-net layers
+# with 2 key and 4 value heads of 16 and a 4-tap convolution.
+LINEAR_HYBRID = dict(
+    **ATTENTION,
     linear_num_key_heads=2,
     linear_num_value_heads=4,
     linear_key_head_dim=16,
     linear_value_head_dim=16,
     linear_conv_kernel_dim=4,
-    initializer_range=0.2,
 )
 
 torch.set_num_threads(1)
@@ -78,20 +86,7 @@ def qwen(seed: int = 0, layers: int = 2) -> TorchModel:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen3Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        initializer_range=0.2,
-        max_position_embeddings=4096,
-        eos_token_id=None,
-        bos_token_id=None,
-        pad_token_id=0,
-    )
+    config = Qwen3Config(**TOKENS, **ATTENTION, num_hidden_layers=layers)
     return _wrap(Qwen3ForCausalLM(config))
 
 
@@ -101,21 +96,7 @@ def mistral(seed: int = 0) -> TorchModel:
     from transformers import MistralConfig, MistralForCausalLM
 
     torch.manual_seed(seed)
-    config = MistralConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        initializer_range=0.2,
-        sliding_window=12,
-        max_position_embeddings=4096,
-        eos_token_id=None,
-        bos_token_id=None,
-        pad_token_id=0,
-    )
+    config = MistralConfig(**TOKENS, **ATTENTION, num_hidden_layers=2, sliding_window=12)
     return _wrap(MistralForCausalLM(config))
 
 
@@ -142,16 +123,7 @@ def qwen35(seed: int = 0, layers: int = 4) -> TorchModel:
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
     torch.manual_seed(seed)
-    config = Qwen3_5TextConfig(
-        vocab_size=VOCAB,
-        **LINEAR_HYBRID,
-        num_hidden_layers=layers,
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-        eos_token_id=None,
-        bos_token_id=None,
-        pad_token_id=0,
-    )
+    config = Qwen3_5TextConfig(**TOKENS, **LINEAR_HYBRID, num_hidden_layers=layers, tie_word_embeddings=False)
     return _wrap(Qwen3_5ForCausalLM(config))
 
 
@@ -162,18 +134,14 @@ def qwen3_next(seed: int = 0) -> TorchModel:
 
     torch.manual_seed(seed)
     config = Qwen3NextConfig(
-        vocab_size=VOCAB,
+        **TOKENS,
         **LINEAR_HYBRID,
         num_hidden_layers=4,
         num_experts=4,
         num_experts_per_tok=2,
         moe_intermediate_size=32,
         shared_expert_intermediate_size=32,
-        max_position_embeddings=4096,
         tie_word_embeddings=False,
-        eos_token_id=None,
-        bos_token_id=None,
-        pad_token_id=0,
     )
     return _wrap(Qwen3NextForCausalLM(config))
 
