@@ -264,6 +264,26 @@ def test_mlx_hidden_states_are_the_torch_engines(name: str) -> None:
 
 
 @needs_mlx
+def test_jamba_on_mlx_places_and_routes_its_experts_as_transformers() -> None:
+    """mlx-lm's jamba puts the experts on layer i iff (i + offset) % period == 0 (transformers: i % period
+    == offset) and renormalizes the top k of its router's softmax (transformers does not): with 4 experts,
+    top 2, on layer 2 of 3 (a Mamba layer), the config shim and the routing swap keep MLX = `generate`."""
+    tm = tiny_families.mamba2_hybrid(
+        "jamba",
+        num_hidden_layers=3,
+        num_experts=4,
+        num_experts_per_tok=2,
+        expert_layer_period=3,
+        expert_layer_offset=2,
+    )
+    model = on("mlx", tm)
+    assert type(model.model.layers[2].feed_forward).__name__ == "_TransformersRouting"
+    ids = tiny_models.prompt(17, seed=17)
+    got = engine.generate(model.session(full(), prefill_chunk=8), ids, engine.Stop(NEW)).tokens
+    assert got == tiny_models.hf_greedy(tm, ids, NEW)
+
+
+@needs_mlx
 def test_mlx_reports_the_dtype_nemotron_h_is_loaded_in() -> None:
     """Its embedding is `backbone.embeddings` (mlx's cpu runs its MoE in float32 only: load, no forward)."""
     from engine.backends.mlx.session import load_mlx
