@@ -53,6 +53,7 @@ WIDE = {
     "granitemoehybrid": {"num_attention_heads": 2},
     "falcon_h1": {"head_dim": 32},
     "nemotron_h": {"head_dim": 32},
+    "jamba": {"num_attention_heads": 2},  # Jamba's attention head is hidden / heads
 }
 needs_mlx = pytest.mark.skipif(not HAVE_MLX, reason="mlx / mlx-lm not installed")
 
@@ -112,7 +113,7 @@ CASES: list[Any] = [("torch", n, t, k) for n in FAMILIES for t in POLICIES for k
 CASES += [
     pytest.param("mlx", n, t, k, marks=needs_mlx) for n in FAMILIES[1:] for t in POLICIES for k in (1, 4)
 ]
-CASES += [pytest.param("mlx", "jamba", t, 4, marks=needs_mlx) for t in POLICIES[:2]]
+CASES += [pytest.param("mlx", "jamba", t, 4, marks=needs_mlx) for t in POLICIES[:3]]
 CASES += [
     ("torch", n, t, k) for n in SLOWER for t, k in (("sink_window:2:6", 4), ("hybrid:2:6:q8", 4), ("full", 1))
 ]

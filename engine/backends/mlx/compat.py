@@ -35,7 +35,9 @@ from engine.geometry import (
 PLAIN_HEAD = frozenset({"gemma3_text", "qwen3", "qwen2", "llama", "mistral", "deepseek_v3", "kimi_k2"})
 # Model types whose mlx-lm attention calls `base.scaled_dot_product_attention(..., cache=cache)` on what
 # `update_and_fetch` returned: a quantized cache with `bits` / `group_size` is attended quantized there.
-QUANTIZED_SDPA = frozenset({"gemma3_text", "qwen3", "qwen2", "llama", "mistral", "qwen3_5", "qwen3_next"})
+QUANTIZED_SDPA = frozenset(
+    {"gemma3_text", "qwen3", "qwen2", "llama", "mistral", "qwen3_5", "qwen3_next", "jamba"}
+)
 
 
 _RECORDING: dict[int, tuple[dict[int, mx.array], int, bool]] = {}  # id(module) -> (into, index, input?)
