@@ -6,14 +6,16 @@ Falcon-H1 (attention beside a Mamba-2 mixer in each layer: `ParallelState`). A M
 the attention layers' K/V: greedy equals transformers `generate` (on MLX also the torch engine under a
 bounded window), speculative decoding (a model drafter, prompt lookup, a random block drafter reading the
 hidden states, a random masked-diffusion drafter) equals greedy after the window wraps under every policy, with exact rollback of both states, the state counted in `state_bytes`; batched
-sessions are refused with the reason; on MLX Bamba and Jamba (Mamba-1) are refused at load in one line.
+sessions are refused with the reason; on MLX Bamba and Zamba are refused at load in one line (mlx-lm has neither).
 The MLX :qN policies run on copies with attention heads of 32 (mx.quantize's smallest group).
 
 The same on torch for Zamba2 (Mamba-2 layers; hybrid layers: a shared attention block, then a Mamba-2 mixer)
 and the hybrids with Mamba (v1) mixers (`MambaState`): Jamba (a Mamba layer, then attention with MoE) and
 Zamba (Zamba2's layout with Mamba mixers), on fewer policies (they are slower). transformers' multi-token
 Mamba (v1) scan takes no initial state, so after the first forward the torch session feeds those one
-token per forward (`STEPWISE`)."""
+token per forward (`STEPWISE`). On MLX Jamba decodes too (mlx-lm's multi-token scan starts from the
+state; its mixture of experts is routed as transformers routes it), under the wrapping policies
+sink_window:2:6 and hybrid:2:6."""
 
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from tests.engine.backends import HAVE_MLX, on
 
 NEW = 30
 FAMILIES = ["bamba", "granitemoehybrid", "falcon_h1", "nemotron_h"]
-MLX_FAMILIES = FAMILIES[1:]  # mlx-lm has no bamba
+MLX_FAMILIES = [*FAMILIES[1:], "jamba"]  # mlx-lm has no bamba, zamba or zamba2
 SLOWER = ["zamba2", "jamba", "zamba"]  # torch only: Zamba2, and the Mamba (v1) hybrids
 # Mamba-2 state bytes per mixer (float32): SSM heads x head_dim x d_state + conv: 3 inputs of x + B + C
 STATE = {
@@ -51,6 +53,7 @@ WIDE = {
     "granitemoehybrid": {"num_attention_heads": 2},
     "falcon_h1": {"head_dim": 32},
     "nemotron_h": {"head_dim": 32},
+    "jamba": {"num_attention_heads": 2},  # Jamba's attention head is hidden / heads
 }
 needs_mlx = pytest.mark.skipif(not HAVE_MLX, reason="mlx / mlx-lm not installed")
 
@@ -108,8 +111,9 @@ NARROW = {("mlx", "falcon_h1"): sink_window(4, 8)} | {
 POLICIES = ["sink_window:2:6", "hybrid:2:6", "sink_window:2:6:q8", "full"]
 CASES: list[Any] = [("torch", n, t, k) for n in FAMILIES for t in POLICIES for k in (1, 4)]
 CASES += [
-    pytest.param("mlx", n, t, k, marks=needs_mlx) for n in MLX_FAMILIES for t in POLICIES for k in (1, 4)
+    pytest.param("mlx", n, t, k, marks=needs_mlx) for n in FAMILIES[1:] for t in POLICIES for k in (1, 4)
 ]
+CASES += [pytest.param("mlx", "jamba", t, 4, marks=needs_mlx) for t in POLICIES[:3]]
 CASES += [
     ("torch", n, t, k) for n in SLOWER for t, k in (("sink_window:2:6", 4), ("hybrid:2:6:q8", 4), ("full", 1))
 ]
@@ -141,6 +145,7 @@ SNAPSHOT_CASES = [
     ("torch", "jamba"),  # MambaState inherits the snapshot
     pytest.param("mlx", "granitemoehybrid", marks=needs_mlx),
     pytest.param("mlx", "falcon_h1", marks=needs_mlx),
+    pytest.param("mlx", "jamba", marks=needs_mlx),  # mlx-lm's Mamba (v1) mixer assigns new arrays too
 ]
 
 
@@ -208,7 +213,7 @@ def test_batched_sessions_are_refused_with_the_reason(backend: str, name: str) -
         _model(backend, name).session(full(), rows=2)
 
 
-@pytest.mark.parametrize(("backend", "name"), _cases())
+@pytest.mark.parametrize(("backend", "name"), _cases() + [pytest.param("mlx", "jamba", marks=needs_mlx)])
 def test_prompt_lookup_drafting_equals_greedy_after_the_window_wraps(backend: str, name: str) -> None:
     """The other drafter kind that needs no second model: prompt lookup on a repetitive prompt."""
     model = _model(backend, name)
@@ -222,8 +227,9 @@ def test_prompt_lookup_drafting_equals_greedy_after_the_window_wraps(backend: st
 KINDS, WRAPS = tiny_drafters.KINDS, POLICIES[:3]  # sink_window, hybrid, quantized: all after the wrap
 DRAFTER_CASES: list[Any] = [("torch", n, t, d) for n in FAMILIES for t in WRAPS for d in KINDS]
 DRAFTER_CASES += [
-    pytest.param("mlx", n, t, d, marks=needs_mlx) for n in MLX_FAMILIES for t in WRAPS for d in KINDS
+    pytest.param("mlx", n, t, d, marks=needs_mlx) for n in FAMILIES[1:] for t in WRAPS for d in KINDS
 ]
+DRAFTER_CASES += [pytest.param("mlx", "jamba", t, d, marks=needs_mlx) for t in WRAPS[:2] for d in KINDS]
 DRAFTER_CASES += [("torch", n, "sink_window:2:6", d) for n in SLOWER for d in KINDS]
 
 
@@ -259,6 +265,26 @@ def test_mlx_hidden_states_are_the_torch_engines(name: str) -> None:
 
 
 @needs_mlx
+def test_jamba_on_mlx_places_and_routes_its_experts_as_transformers() -> None:
+    """mlx-lm's jamba puts the experts on layer i iff (i + offset) % period == 0 (transformers: i % period
+    == offset) and renormalizes the top k of its router's softmax (transformers does not): with 4 experts,
+    top 2, on layer 2 of 3 (a Mamba layer), the config shim and the routing swap keep MLX = `generate`."""
+    tm = tiny_families.mamba2_hybrid(
+        "jamba",
+        num_hidden_layers=3,
+        num_experts=4,
+        num_experts_per_tok=2,
+        expert_layer_period=3,
+        expert_layer_offset=2,
+    )
+    model = on("mlx", tm)
+    assert type(model.model.layers[2].feed_forward).__name__ == "_TransformersRouting"
+    ids = tiny_models.prompt(17, seed=17)
+    got = engine.generate(model.session(full(), prefill_chunk=8), ids, engine.Stop(NEW)).tokens
+    assert got == tiny_models.hf_greedy(tm, ids, NEW)
+
+
+@needs_mlx
 def test_mlx_reports_the_dtype_nemotron_h_is_loaded_in() -> None:
     """Its embedding is `backbone.embeddings` (mlx's cpu runs its MoE in float32 only: load, no forward)."""
     from engine.backends.mlx.session import load_mlx
@@ -267,18 +293,15 @@ def test_mlx_reports_the_dtype_nemotron_h_is_loaded_in() -> None:
 
 
 @needs_mlx
-@pytest.mark.parametrize("family", ["bamba", "jamba"])
-def test_mlx_refuses_the_families_it_lacks_in_one_line(family: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("family", "kind"), [("bamba", "mamba2"), ("zamba", "mamba")])
+def test_mlx_refuses_the_families_it_lacks_in_one_line(family: str, kind: str, tmp_path: Path) -> None:
     from engine.backends.mlx.session import load_mlx
 
     _torch(family).model.save_pretrained(tmp_path)
-    if family == "jamba":  # Mamba (v1) mixers: torch only
-        match = r"^model type 'jamba': layer kind 'mamba'.* on the mlx backend \(use the torch backend\)"
-    else:
-        match = (
-            r"^model type 'bamba': layer kind 'mamba2' .* on the mlx backend for this model type \(mlx-lm's "
-            r"Mamba-2 hybrids decoded: falcon_h1, granitemoehybrid, nemotron_h; use the torch backend\)"
-        )
+    match = (
+        rf"^model type '{family}': layer kind '{kind}' .* on the mlx backend for this model type \(mlx-lm's "
+        r"Mamba hybrids decoded: falcon_h1, granitemoehybrid, nemotron_h, jamba; use the torch backend\)"
+    )
     with pytest.raises(UnsupportedModelError, match=match) as err:
         load_mlx(tmp_path)
     assert "\n" not in str(err.value)

@@ -21,6 +21,7 @@ from transformers import AutoConfig
 from engine.geometry import (
     FULL_ATTENTION,
     LINEAR_ATTENTION,
+    MAMBA,
     MAMBA2,
     PARALLEL_MAMBA2,
     SLIDING_ATTENTION,
@@ -34,7 +35,9 @@ from engine.geometry import (
 PLAIN_HEAD = frozenset({"gemma3_text", "qwen3", "qwen2", "llama", "mistral", "deepseek_v3", "kimi_k2"})
 # Model types whose mlx-lm attention calls `base.scaled_dot_product_attention(..., cache=cache)` on what
 # `update_and_fetch` returned: a quantized cache with `bits` / `group_size` is attended quantized there.
-QUANTIZED_SDPA = frozenset({"gemma3_text", "qwen3", "qwen2", "llama", "mistral", "qwen3_5", "qwen3_next"})
+QUANTIZED_SDPA = frozenset(
+    {"gemma3_text", "qwen3", "qwen2", "llama", "mistral", "qwen3_5", "qwen3_next", "jamba"}
+)
 
 
 _RECORDING: dict[int, tuple[dict[int, mx.array], int, bool]] = {}  # id(module) -> (into, index, input?)
@@ -115,7 +118,7 @@ def mlx_config(path: Path) -> dict[str, Any]:
     Gemma-3 (`gemma3_text`): mlx-lm ignores `layer_types` and `rope_parameters`; it reads the integer
     `sliding_window_pattern` (layer i is global iff (i + 1) % pattern == 0; default 6) and the flat
     `rope_theta`, `rope_local_base_freq` and `rope_scaling`. Every other model: the flat rope keys
-    (`_flat_rope`), and the keys of `MAMBA2_HYBRIDS` / `LINEAR_HYBRIDS`.
+    (`_flat_rope`), and the keys of `MAMBA_HYBRIDS` / `LINEAR_HYBRIDS`.
     """
     config = json.loads((path / "config.json").read_text())
     model_type = config.get("model_type")
@@ -123,7 +126,7 @@ def mlx_config(path: Path) -> dict[str, Any]:
         return _linear_hybrid_config(path, config)
     if model_type != "gemma3_text":
         extra = _flat_rope(config, config.get("rope_parameters") or {})
-        return extra | (_mamba2_hybrid_config(config) if model_type in MAMBA2_HYBRIDS else {})
+        return extra | (_mamba_hybrid_config(config) if model_type in MAMBA_HYBRIDS else {})
     extra = {}
     types = config.get("layer_types")
     if types:
@@ -177,8 +180,9 @@ def _flat_rope(config: dict[str, Any], rope: dict[str, Any]) -> dict[str, Any]:
 
 
 INF = {"__float__": "Infinity"}  # how transformers writes float("inf") into config.json
-# Mamba-2 hybrids mlx-lm has (transformers model type = mlx-lm module), decoded by the mlx backend.
-MAMBA2_HYBRIDS = ("falcon_h1", "granitemoehybrid", "nemotron_h")
+# Mamba hybrids mlx-lm has (transformers model type = mlx-lm module), decoded by the mlx backend: the
+# Mamba-2 ones and Jamba (Mamba v1 mixers). mlx-lm has no bamba, zamba or zamba2.
+MAMBA_HYBRIDS = ("falcon_h1", "granitemoehybrid", "nemotron_h", "jamba")
 # Multi-head latent attention models whose mlx-lm code caches what `Geometry` counts (the latent and the
 # rope key, one head per position): mlx-lm's deepseek_v3 (kimi_k2 is remapped to it). Its deepseek_v2
 # caches per-head K/V instead; other MLA families are refused on the mlx backend until checked.
@@ -186,18 +190,18 @@ MLA_MODELS = ("deepseek_v3", "kimi_k2")
 
 
 def check_mlx_support(model_type: str, geometry: Geometry) -> None:
-    """Refuse at load, in one line, what the mlx backend does not decode: Mamba-2 mixers and multi-head
-    latent attention outside the mlx-lm models checked here (`MAMBA2_HYBRIDS`, `MLA_MODELS`), and any
+    """Refuse at load, in one line, what the mlx backend does not decode: Mamba(-2) mixers and multi-head
+    latent attention outside the mlx-lm models checked here (`MAMBA_HYBRIDS`, `MLA_MODELS`), and any
     layer kind `Geometry` knows that this backend has no state for."""
     for kind in dict.fromkeys(geometry.layer_types):
         if kind not in MLX_KINDS:
             raise UnsupportedModelError(model_type, kind, " on the mlx backend (use the torch backend)")
-        if kind in (MAMBA2, PARALLEL_MAMBA2, *STATELESS) and model_type not in MAMBA2_HYBRIDS:
+        if kind in (MAMBA, MAMBA2, PARALLEL_MAMBA2, *STATELESS) and model_type not in MAMBA_HYBRIDS:
             raise UnsupportedModelError(
                 model_type,
                 kind,
-                f" on the mlx backend for this model type (mlx-lm's Mamba-2 hybrids decoded: "
-                f"{', '.join(MAMBA2_HYBRIDS)}; use the torch backend)",
+                f" on the mlx backend for this model type (mlx-lm's Mamba hybrids decoded: "
+                f"{', '.join(MAMBA_HYBRIDS)}; use the torch backend)",
             )
     if geometry.v_head_dim and model_type not in MLA_MODELS:
         raise UnsupportedModelError(
@@ -207,11 +211,16 @@ def check_mlx_support(model_type: str, geometry: Geometry) -> None:
         )
 
 
-MLX_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION, LINEAR_ATTENTION, MAMBA2, PARALLEL_MAMBA2, *STATELESS)
+MLX_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION, LINEAR_ATTENTION, MAMBA, MAMBA2, PARALLEL_MAMBA2, *STATELESS)
 
 
-def _mamba2_hybrid_config(config: dict[str, Any]) -> dict[str, Any]:
-    """What mlx-lm's Mamba-2 hybrids read differently from transformers 5.
+def _mamba_hybrid_config(config: dict[str, Any]) -> dict[str, Any]:
+    """What mlx-lm's Mamba hybrids read differently from transformers 5.
+
+    Jamba: transformers gives layer i experts iff i % expert_layer_period == expert_layer_offset, mlx-lm
+    iff (i + expert_layer_offset) % expert_layer_period == 0 (the same for the default period 2, offset 1);
+    transformers defaults `tie_word_embeddings` to false, mlx-lm to true. (Its routing differs too:
+    `engine.backends.mlx.mamba.transformers_routing`.)
 
     Granite-4.0-H: transformers writes `layer_types` as linear_attention / full_attention, mlx-lm wants
     mamba / attention; transformers applies RoPE only for `position_embedding_type == "rope"`, mlx-lm
@@ -226,6 +235,12 @@ def _mamba2_hybrid_config(config: dict[str, Any]) -> dict[str, Any]:
         if types := config.get("layer_types"):
             extra["layer_types"] = [names.get(t, t) for t in types]
         return extra
+    if config["model_type"] == "jamba":
+        period = int(config.get("expert_layer_period", 2))
+        return {
+            "expert_layer_offset": (period - int(config.get("expert_layer_offset", 1))) % period,
+            "tie_word_embeddings": bool(config.get("tie_word_embeddings", False)),
+        }
     if config["model_type"] == "nemotron_h":
         return {"time_step_limit": (float(config.get("time_step_min", 0.001)), float("inf"))}
     limit = config.get("time_step_limit")  # Falcon-H1: mlx-lm's mixer has (0, inf) built in

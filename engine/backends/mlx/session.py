@@ -29,7 +29,7 @@ Linear-attention layers (mlx-lm's qwen3_5 / qwen3_next gated delta-net) use an `
 object: `DeltaNetState` ([0] convolution state, [1] recurrent state, `lengths`, `advance`, `make_mask`);
 rollback is `engine.backends.base`'s (snapshots + recomputation). mlx-lm builds those models' layer
 kinds from `full_attention_interval`, which `mlx_config` derives from `layer_types`. Mamba-2 mixers
-(falcon_h1, granitemoehybrid, nemotron_h) get the same kind of state (`engine/backends/mlx/mamba.py`);
+(falcon_h1, granitemoehybrid, nemotron_h) and Jamba's Mamba (v1) mixers get the same kind of state (`engine/backends/mlx/mamba.py`);
 multi-head latent attention (deepseek_v3) needs nothing of its own: mlx-lm hands `update_and_fetch` the
 latent as K and the rope key as V, which `KV` stores with their own head sizes.
 """
@@ -60,7 +60,7 @@ from engine.backends.mlx.compat import (
 from engine.backends.mlx.device import pick_device, pick_dtype
 from engine.backends.mlx.kv import KV, GroupArrays
 from engine.backends.mlx.linear import DeltaNetState
-from engine.backends.mlx.mamba import mixer_states
+from engine.backends.mlx.mamba import mixer_states, transformers_routing
 from engine.backends.mlx.quant import QuantizedKV
 from engine.cache import Forward
 from engine.decode import BatchStep, Step
@@ -212,6 +212,7 @@ def load_mlx(path: Path, dtype: str = "auto", device: str = "auto", compile: boo
     check_mlx_support(str(load_config(path).get("model_type", "?")), read_geometry(path))
     extra = mlx_config(path)
     model, _ = load_model(path, model_config=extra)
+    transformers_routing(model)  # Jamba
     if want != mx.float32 or weights_dtype(model) != mx.float32:
         model.set_dtype(want)
     config = {**load_config(path), **extra, **transformers_view(path)}
