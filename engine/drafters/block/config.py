@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -28,6 +29,25 @@ class BlockConfig(BaseModel):
     window: int  # context positions attended
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
+
+
+def layer_modules(nn: Any, rms_norm: Callable[[int, float], Any], c: BlockConfig) -> dict[str, Any]:
+    """One drafter layer's modules by their safetensors names, built with a backend's `nn` (torch.nn or
+    mlx.nn: their Linear takes the same arguments) and its `RMSNorm(dim, eps)`: the one layout that
+    torch.py saves and both twins load."""
+    inner = c.num_heads * c.head_dim
+    h, i = c.hidden_size, c.intermediate_size
+    return {
+        "attn_norm": rms_norm(h, c.rms_norm_eps),
+        "q": nn.Linear(h, inner, bias=False),
+        "k": nn.Linear(h, inner, bias=False),
+        "v": nn.Linear(h, inner, bias=False),
+        "o": nn.Linear(inner, h, bias=False),
+        "mlp_norm": rms_norm(h, c.rms_norm_eps),
+        "gate": nn.Linear(h, i, bias=False),
+        "up": nn.Linear(h, i, bias=False),
+        "down": nn.Linear(i, h, bias=False),
+    }
 
 
 def read_config(path: Path) -> BlockConfig:

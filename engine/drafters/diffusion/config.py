@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -39,6 +39,26 @@ class DiffusionConfig(BaseModel):
     @property
     def mask_id(self) -> int:
         return self.vocab_size
+
+    def check_positions(self, n: int) -> None:
+        """Refuses a forward over more than `max_positions` positions (the learned position table)."""
+        if n > self.max_positions:
+            raise ValueError(f"{n} positions fed; this model has {self.max_positions}")
+
+
+def block_layers(nn: Any, cfg: DiffusionConfig) -> dict[str, Any]:
+    """One pre-norm block's layers by their safetensors names, built with a backend's `nn` (torch.nn or
+    mlx.nn: their LayerNorm and Linear take the same sizes): the one layout that torch.py writes and
+    mlx.py loads."""
+    h, i = cfg.hidden, cfg.intermediate
+    return {
+        "ln1": nn.LayerNorm(h),
+        "qkv": nn.Linear(h, 3 * h),
+        "proj": nn.Linear(h, h),
+        "ln2": nn.LayerNorm(h),
+        "fc1": nn.Linear(h, i),
+        "fc2": nn.Linear(i, h),
+    }
 
 
 def read_config(path: Path) -> DiffusionConfig:

@@ -8,19 +8,15 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from engine.drafters.diffusion.config import DiffusionConfig
+from engine.drafters.diffusion.config import DiffusionConfig, block_layers
 
 
 class Block(nn.Module):
     def __init__(self, cfg: DiffusionConfig) -> None:
         super().__init__()
         self.heads = cfg.heads
-        self.ln1 = nn.LayerNorm(cfg.hidden)
-        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
-        self.proj = nn.Linear(cfg.hidden, cfg.hidden)
-        self.ln2 = nn.LayerNorm(cfg.hidden)
-        self.fc1 = nn.Linear(cfg.hidden, cfg.intermediate)
-        self.fc2 = nn.Linear(cfg.intermediate, cfg.hidden)
+        for name, layer in block_layers(nn, cfg).items():
+            setattr(self, name, layer)
 
     def __call__(self, x: mx.array) -> mx.array:
         b, n, h = x.shape
@@ -41,8 +37,7 @@ class TinyDLM(nn.Module):
         self.norm = nn.LayerNorm(cfg.hidden)
 
     def hidden(self, ids: mx.array) -> mx.array:
-        if ids.shape[1] > self.config.max_positions:
-            raise ValueError(f"{ids.shape[1]} positions fed; this model has {self.config.max_positions}")
+        self.config.check_positions(ids.shape[1])
         x = self.embed(ids) + self.pos.weight[: ids.shape[1]]
         for block in self.blocks:
             x = block(x)
