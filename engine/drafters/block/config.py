@@ -31,23 +31,16 @@ class BlockConfig(BaseModel):
     rms_norm_eps: float = 1e-6
 
 
-def layer_modules(nn: Any, rms_norm: Callable[[int, float], Any], c: BlockConfig) -> dict[str, Any]:
-    """One drafter layer's modules by their safetensors names, built with a backend's `nn` (torch.nn or
-    mlx.nn: their Linear takes the same arguments) and its `RMSNorm(dim, eps)`: the one layout that
+def build_layer(layer: Any, nn: Any, rms_norm: Callable[[int, float], Any], c: BlockConfig) -> None:
+    """Gives a backend's drafter `Layer` its modules, built with that backend's `nn` (torch.nn or mlx.nn:
+    their Linear takes the same arguments) and `RMSNorm(dim, eps)`, under the safetensors names that
     torch.py saves and both twins load."""
-    inner = c.num_heads * c.head_dim
-    h, i = c.hidden_size, c.intermediate_size
-    return {
-        "attn_norm": rms_norm(h, c.rms_norm_eps),
-        "q": nn.Linear(h, inner, bias=False),
-        "k": nn.Linear(h, inner, bias=False),
-        "v": nn.Linear(h, inner, bias=False),
-        "o": nn.Linear(inner, h, bias=False),
-        "mlp_norm": rms_norm(h, c.rms_norm_eps),
-        "gate": nn.Linear(h, i, bias=False),
-        "up": nn.Linear(h, i, bias=False),
-        "down": nn.Linear(i, h, bias=False),
-    }
+    inner, h, i = c.num_heads * c.head_dim, c.hidden_size, c.intermediate_size
+    layer.attn_norm, layer.mlp_norm = rms_norm(h, c.rms_norm_eps), rms_norm(h, c.rms_norm_eps)
+    layer.q, layer.k, layer.v = (nn.Linear(h, inner, bias=False) for _ in range(3))
+    layer.o = nn.Linear(inner, h, bias=False)
+    layer.gate, layer.up = nn.Linear(h, i, bias=False), nn.Linear(h, i, bias=False)
+    layer.down = nn.Linear(i, h, bias=False)
 
 
 def read_config(path: Path) -> BlockConfig:

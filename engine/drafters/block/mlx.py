@@ -16,7 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engine.drafters.block.base import BlockDrafterBase, BlockRowsBase
-from engine.drafters.block.config import BlockConfig, layer_modules, read_config
+from engine.drafters.block.config import BlockConfig, build_layer, read_config
 
 
 class RMSNorm(nn.Module):
@@ -33,8 +33,7 @@ class Layer(nn.Module):
     def __init__(self, c: BlockConfig) -> None:
         super().__init__()
         self.heads_, self.head_dim, self.theta = c.num_heads, c.head_dim, c.rope_theta
-        for name, module in layer_modules(nn, RMSNorm, c).items():
-            setattr(self, name, module)
+        build_layer(self, nn, RMSNorm, c)
 
     def heads(self, x: mx.array) -> mx.array:  # [rows, m, inner] -> [rows, heads, m, head_dim]
         return x.reshape(x.shape[0], -1, self.heads_, self.head_dim).transpose(0, 2, 1, 3)

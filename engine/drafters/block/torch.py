@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from engine.drafters.block.base import BlockDrafterBase, BlockRowsBase
-from engine.drafters.block.config import BlockConfig, layer_modules, read_config
+from engine.drafters.block.config import BlockConfig, build_layer, read_config
 
 
 class RMSNorm(nn.Module):
@@ -59,8 +59,7 @@ class Layer(nn.Module):
     def __init__(self, c: BlockConfig) -> None:
         super().__init__()
         self.c = c
-        for name, module in layer_modules(nn, RMSNorm, c).items():
-            setattr(self, name, module)
+        build_layer(self, nn, RMSNorm, c)
 
     def heads(self, x: torch.Tensor) -> torch.Tensor:  # [..., m, inner] -> [..., heads, m, head_dim]
         return x.unflatten(-1, (self.c.num_heads, self.c.head_dim)).transpose(-3, -2)

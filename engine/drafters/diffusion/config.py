@@ -46,19 +46,24 @@ class DiffusionConfig(BaseModel):
             raise ValueError(f"{n} positions fed; this model has {self.max_positions}")
 
 
-def block_layers(nn: Any, cfg: DiffusionConfig) -> dict[str, Any]:
-    """One pre-norm block's layers by their safetensors names, built with a backend's `nn` (torch.nn or
-    mlx.nn: their LayerNorm and Linear take the same sizes): the one layout that torch.py writes and
-    mlx.py loads."""
+def build_block(block: Any, nn: Any, cfg: DiffusionConfig) -> None:
+    """Gives a backend's pre-norm `Block` its head count and its layers, built with that backend's `nn`
+    (torch.nn or mlx.nn: their LayerNorm and Linear take the same sizes), under the safetensors names
+    that torch.py writes and mlx.py loads."""
     h, i = cfg.hidden, cfg.intermediate
-    return {
-        "ln1": nn.LayerNorm(h),
-        "qkv": nn.Linear(h, 3 * h),
-        "proj": nn.Linear(h, h),
-        "ln2": nn.LayerNorm(h),
-        "fc1": nn.Linear(h, i),
-        "fc2": nn.Linear(i, h),
-    }
+    block.heads = cfg.heads
+    block.ln1, block.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
+    block.qkv, block.proj = nn.Linear(h, 3 * h), nn.Linear(h, h)
+    block.fc1, block.fc2 = nn.Linear(h, i), nn.Linear(i, h)
+
+
+def build_model(model: Any, nn: Any, cfg: DiffusionConfig) -> None:
+    """Gives a backend's `TinyDLM` its config, embeddings and final norm (as `build_block`); its blocks
+    are the backend's own list."""
+    model.config = cfg
+    model.embed = nn.Embedding(cfg.vocab_size + 1, cfg.hidden)  # + the mask token
+    model.pos = nn.Embedding(cfg.max_positions, cfg.hidden)
+    model.norm = nn.LayerNorm(cfg.hidden)
 
 
 def read_config(path: Path) -> DiffusionConfig:

@@ -8,15 +8,13 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from engine.drafters.diffusion.config import DiffusionConfig, block_layers
+from engine.drafters.diffusion.config import DiffusionConfig, build_block, build_model
 
 
 class Block(nn.Module):
     def __init__(self, cfg: DiffusionConfig) -> None:
         super().__init__()
-        self.heads = cfg.heads
-        for name, layer in block_layers(nn, cfg).items():
-            setattr(self, name, layer)
+        build_block(self, nn, cfg)
 
     def __call__(self, x: mx.array) -> mx.array:
         b, n, h = x.shape
@@ -30,11 +28,8 @@ class Block(nn.Module):
 class TinyDLM(nn.Module):
     def __init__(self, cfg: DiffusionConfig) -> None:
         super().__init__()
-        self.config = cfg
-        self.embed = nn.Embedding(cfg.vocab_size + 1, cfg.hidden)
-        self.pos = nn.Embedding(cfg.max_positions, cfg.hidden)
+        build_model(self, nn, cfg)
         self.blocks = [Block(cfg) for _ in range(cfg.layers)]
-        self.norm = nn.LayerNorm(cfg.hidden)
 
     def hidden(self, ids: mx.array) -> mx.array:
         self.config.check_positions(ids.shape[1])

@@ -10,15 +10,13 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from engine.drafters.diffusion.config import DiffusionConfig, block_layers
+from engine.drafters.diffusion.config import DiffusionConfig, build_block, build_model
 
 
 class Block(nn.Module):
     def __init__(self, cfg: DiffusionConfig) -> None:
         super().__init__()
-        self.heads = cfg.heads
-        for name, layer in block_layers(nn, cfg).items():
-            setattr(self, name, layer)
+        build_block(self, nn, cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, h = x.shape
@@ -38,11 +36,8 @@ class Head(nn.Module):
 class TinyDLM(nn.Module):
     def __init__(self, cfg: DiffusionConfig) -> None:
         super().__init__()
-        self.config = cfg
-        self.embed = nn.Embedding(cfg.vocab_size + 1, cfg.hidden)  # + the mask token
-        self.pos = nn.Embedding(cfg.max_positions, cfg.hidden)
+        build_model(self, nn, cfg)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
-        self.norm = nn.LayerNorm(cfg.hidden)
         self.head = Head()
 
     def hidden(self, ids: torch.Tensor) -> torch.Tensor:
