@@ -181,10 +181,8 @@ def test_mlx_refuses_an_mla_family_caching_per_head_kv_in_one_line(tmp_path: Pat
     config = DeepseekV2Config(
         **tiny_families.TINY,
         **tiny_families.MLA,
+        **tiny_families.ROUTED,
         q_lora_rank=None,
-        n_routed_experts=2,
-        num_experts_per_tok=1,
-        moe_intermediate_size=32,
     )
     DeepseekV2ForCausalLM(config).save_pretrained(tmp_path)
     with pytest.raises(

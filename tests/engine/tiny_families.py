@@ -19,6 +19,8 @@ TINY = dict(**TOKENS, **WIDTH, num_hidden_layers=2)
 
 # Multi-head latent attention (DeepSeek V2/V3): a K/V latent of 16, K heads of 16 + 8 rope dims, V heads of 8.
 MLA = dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=8)
+# DeepSeek-style routed experts (DeepSeek V2/V3, Nemotron-H): 4 of width 32, 2 per token, in one group.
+ROUTED = dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_group=1, topk_group=1)
 
 
 def _config(cls: Any, overrides: dict[str, Any], **kwargs: Any) -> object:
@@ -34,13 +36,9 @@ def deepseek_v3_config(**overrides: Any) -> object:
         overrides,
         **TINY,
         **MLA,
+        **ROUTED,
         num_key_value_heads=4,
         q_lora_rank=32,
-        moe_intermediate_size=32,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        n_group=1,
-        topk_group=1,
         first_k_dense_replace=1,
     )
 
@@ -144,12 +142,8 @@ def nemotron_h_config(**overrides: Any) -> object:
         ssm_state_size=16,
         conv_kernel=4,
         chunk_size=16,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
+        **ROUTED,
         moe_shared_expert_intermediate_size=32,
-        n_group=1,
-        topk_group=1,
     )
 
 
