@@ -64,7 +64,7 @@ from bridge.bus import (  # noqa: E402
     subject_ref,
     utcnow,
 )
-from tests.bridge.bus_support import WRITE_REPORT_PY  # noqa: E402
+from tests.bridge.bus_support import WRITE_REPORT_PY, Daemon, HttpGit, probe_preset  # noqa: E402
 
 # --- the relay ---------------------------------------------------------------------------------------
 
@@ -236,15 +236,13 @@ def write_history(
 # --- the measurements --------------------------------------------------------------------------------
 
 PROGRAM = WRITE_REPORT_PY + "write_report()\nprint('ran')\n"  # a valid probe report naming its subject
-PRESET = {
-    "name": "bench",
-    "description": "writes a probe report",
-    "runners": ["cpu"],
-    "timeout_s": 120,
-    "argv": ["{python}", "bench_program.py"],
-    "report": {"kind": "probe", "schema_version": 1},
-    "gate": [{"check": "min", "path": "/probe/cpu_count", "value": 1}],
-}
+PRESET = probe_preset(
+    "bench",
+    "writes a probe report",
+    ["{python}", "bench_program.py"],
+    timeout_s=120,
+    gate=[{"check": "min", "path": "/probe/cpu_count", "value": 1}],
+)
 
 
 def children_cpu() -> float:
@@ -265,51 +263,18 @@ def kakeya(*args: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def git_daemon(base: Path) -> Iterator[int]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [
-            "git",
-            "daemon",
-            "--reuseaddr",
-            "--export-all",
-            "--enable=receive-pack",
-            "--informative-errors",
-            f"--base-path={base}",
-            "--listen=127.0.0.1",
-            f"--port={port}",
-            str(base),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
-@contextlib.contextmanager
 def serve(base: Path, transport: str) -> Iterator[tuple[str, Relay]]:
     """The bare repositories under `base` served over `transport` (git: `git daemon`; http: `git http-backend`
-    behind a small HTTP server, tests/bridge/bus_support.py's HttpGit): (the bus URL through a byte-counting
-    relay, the relay)."""
+    behind a small HTTP server; tests/bridge/bus_support.py's Daemon and HttpGit): (the bus URL through a
+    byte-counting relay, the relay)."""
     if transport == "git":
-        with git_daemon(base) as port:
-            relay = Relay(port)
+        daemon = Daemon(base).start()
+        relay = Relay(daemon.port)
+        try:
             yield relay.url(), relay
+        finally:
+            daemon.stop()
     else:
-        from tests.bridge.bus_support import HttpGit
-
         http = HttpGit(base)
         relay = Relay(http.port)
         try:

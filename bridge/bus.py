@@ -31,16 +31,16 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, NamedTuple, TypeVar
+from typing import Annotated, Literal, NamedTuple, TypeVar
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     ConfigDict,
     Field,
     JsonValue,
     ValidationError,
-    field_validator,
     model_validator,
 )
 
@@ -106,6 +106,16 @@ def parse_id(request_id: str, now: dt.datetime | None = None) -> RequestId | Non
     if not ID_EPOCH <= made <= (now or utcnow()) + ID_SKEW:
         return None
     return RequestId(made, m.group(2), m.group(3))
+
+
+def checked_id(value: str) -> str:
+    """`value` when `parse_id` accepts it; ValueError naming the rule otherwise (a pydantic validator)."""
+    if parse_id(value) is None:
+        raise ValueError(f"{value!r} is not a request id ({ID_RULE})")
+    return value
+
+
+IdStr = Annotated[str, AfterValidator(checked_id)]  # a request id field of a bus file
 
 
 def id_time(request_id: str) -> dt.datetime:
@@ -195,7 +205,7 @@ class Manifest(_File):
     """.kakeya/request.json: what was asked for. `params` are raw, as given; the runner re-validates."""
 
     schema_version: Literal[1] = 1
-    id: str
+    id: IdStr
     preset: str
     params: dict[str, JsonValue] = {}
     subject: str = Field(pattern=SHA_PATTERN)
@@ -205,13 +215,6 @@ class Manifest(_File):
     expires_at: AwareDatetime  # after created_at, at most MAX_TTL after it
     nonce: str
     snapshot_of: str | None = None  # the HEAD a dirty working tree was snapshotted on
-
-    @field_validator("id")
-    @classmethod
-    def _id(cls, value: str) -> str:
-        if parse_id(value) is None:
-            raise ValueError(f"{value!r} is not a request id ({ID_RULE})")
-        return value
 
     @model_validator(mode="after")
     def _times(self) -> Manifest:

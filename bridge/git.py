@@ -56,25 +56,33 @@ def run(
     check: bool = True,
 ) -> subprocess.CompletedProcess[bytes]:
     """`git <args>` in `cwd` (no hooks: NO_HOOKS); BusError with git's message when it fails (and `check`)."""
-    try:
-        # In a process group of its own: a Ctrl-C at the terminal (or a signal to kakeya's group) reaches
-        # kakeya, which finishes what it is doing, never a git helper half-way through a push or a read.
-        proc = subprocess.run(
-            ["git", *NO_HOOKS, *args],
-            cwd=cwd,
-            input=input,
-            capture_output=True,
-            env=_env(env),
-            timeout=timeout,
-            process_group=0,
-        )
-    except subprocess.TimeoutExpired:
-        raise BusError(f"git {args[0]} timed out after {timeout:.0f} s") from None
-    except OSError as exc:
-        raise BusError(f"cannot run git: {exc}") from None
+    proc = _spawn("git", ["git", *NO_HOOKS, *args], f"git {args[0]}", cwd, input, env, timeout)
     if check and proc.returncode != 0:
         raise BusError(f"git {' '.join(args[:2])} failed: {message(proc.stderr)}")
     return proc
+
+
+def _spawn(
+    program: str,
+    argv: list[str],
+    what: str,
+    cwd: Path | str,
+    input: bytes | None,
+    env: Mapping[str, str] | None,
+    timeout: float | None,
+) -> subprocess.CompletedProcess[bytes]:
+    """`argv` (git, or ssh to a git server) run to its end with `_env(env)`; BusError when `what` times out
+    or `program` cannot start."""
+    try:
+        # In a process group of its own: a Ctrl-C at the terminal (or a signal to kakeya's group) reaches
+        # kakeya, which finishes what it is doing, never a git helper half-way through a push or a read.
+        return subprocess.run(
+            argv, cwd=cwd, input=input, capture_output=True, env=_env(env), timeout=timeout, process_group=0
+        )
+    except subprocess.TimeoutExpired:
+        raise BusError(f"{what} timed out after {timeout:.0f} s") from None
+    except OSError as exc:
+        raise BusError(f"cannot run {program}: {exc}") from None
 
 
 def _env(env: Mapping[str, str] | None) -> dict[str, str]:
@@ -616,6 +624,13 @@ def _git_daemon_ls_refs(url: str, prefixes: Sequence[str], timeout: float) -> st
 _SAID_V0: set[str] = set()
 
 
+def _said_v0(url: str, note: str) -> None:
+    """`kakeya: NOTE` on stderr, once per bus `url`: the note that it answers in git protocol v0."""
+    if url not in _SAID_V0:
+        _SAID_V0.add(url)
+        print(f"kakeya: {note}", file=sys.stderr)
+
+
 def _http_ls_refs(store: Path, url: str, prefixes: Sequence[str], timeout: float) -> str:
     """`ls_refs` over http(s), through git's own remote helper (`git remote-https`, as git itself speaks
     protocol v2 over HTTP: its `stateless-connect` command), with the store's config (its credential helper)
@@ -672,13 +687,11 @@ def _http_ls_refs(store: Path, url: str, prefixes: Sequence[str], timeout: float
                         refs.append((value, ref.split(" ", 1)[0]))
                 if not refs and proc.poll() is not None:
                     raise BusError(message(_read(err)))
-                if url not in _SAID_V0:
-                    _SAID_V0.add(url)
-                    print(
-                        f"kakeya: the bus at {re.sub(r'//[^/@]*@', '//', url)} speaks only git protocol v0/v1:"
-                        " every listing downloads every ref (a server with protocol v2 sends only those asked)",
-                        file=sys.stderr,
-                    )
+                _said_v0(
+                    url,
+                    f"the bus at {re.sub(r'//[^/@]*@', '//', url)} speaks only git protocol v0/v1: every "
+                    "listing downloads every ref (a server with protocol v2 sends only those asked)",
+                )
                 return "".join(f"{sha}\t{ref}\n" for sha, ref in refs if ref.startswith(tuple(prefixes)))
             caps = _read_until_flush(recv)  # the capability advertisement
             if not caps:
@@ -764,20 +777,15 @@ def _ssh_ls_refs(store: Path, url: str, prefixes: Sequence[str], timeout: float)
         or "ssh"
     )
     argv = [*shlex.split(ssh), "-o", "SendEnv=GIT_PROTOCOL", *(["-p", port] if port else []), host]
-    try:
-        proc = subprocess.run(
-            [*argv, f"git-upload-pack '{path}'"],
-            cwd=store,
-            input=_ls_refs_request(prefixes),
-            capture_output=True,
-            env=_env({"GIT_PROTOCOL": "version=2"}),
-            timeout=timeout,
-            process_group=0,
-        )
-    except subprocess.TimeoutExpired:
-        raise BusError(f"listing {', '.join(prefixes)} timed out after {timeout:.0f} s") from None
-    except OSError as exc:
-        raise BusError(f"cannot run ssh: {exc}") from None
+    proc = _spawn(
+        "ssh",
+        [*argv, f"git-upload-pack '{path}'"],
+        f"listing {', '.join(prefixes)}",
+        store,
+        _ls_refs_request(prefixes),
+        {"GIT_PROTOCOL": "version=2"},
+        timeout,
+    )
     lines = _pkt_lines(proc.stdout)
     if lines and lines[0] == b"version 2\n":
         if proc.returncode != 0:
@@ -785,13 +793,11 @@ def _ssh_ls_refs(store: Path, url: str, prefixes: Sequence[str], timeout: float)
         return _ls_refs_answer(proc.stdout)
     if None not in lines:  # no advertisement at all: ssh or the server said why
         raise BusError(message(proc.stderr))
-    if url not in _SAID_V0:
-        _SAID_V0.add(url)
-        print(
-            f"kakeya: the bus at {url} answered over ssh in git protocol v0 (its sshd does not accept "
-            "GIT_PROTOCOL): every listing downloads every ref",
-            file=sys.stderr,
-        )
+    _said_v0(
+        url,
+        f"the bus at {url} answered over ssh in git protocol v0 (its sshd does not accept GIT_PROTOCOL): "
+        "every listing downloads every ref",
+    )
     refs = []
     for line in lines[: lines.index(None)]:
         assert line is not None

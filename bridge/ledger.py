@@ -42,13 +42,13 @@ from bridge.bus import (
     SUBJECT_PREFIX,
     Bus,
     Entry,
+    IdStr,
     Manifest,
     Snapshot,
     Update,
     _File,
     done_ref,
     indexed_subject,
-    parse_id,
     parse_or_none,
     read_manifests,
     results_path,
@@ -81,20 +81,13 @@ LEDGER_STORE = "kakeya-ledger.git"  # the compactor's own object store, next to 
 class LedgerEntry(_File):
     """One finished request in the ledger's index."""
 
-    id: str
+    id: IdStr
     done: str = Field(pattern=SHA_PATTERN)
     subject: str | None = Field(default=None, pattern=SHA_PATTERN)
     label: str | None = None
     preset: str
     status: str | None = None
     verdict: str | None = None
-
-    @field_validator("id")
-    @classmethod
-    def _id(cls, value: str) -> str:
-        if parse_id(value) is None:
-            raise ValueError(f"{value!r} is not a request id")
-        return value
 
 
 class LedgerMap(_File):

@@ -18,7 +18,7 @@ import re
 import unicodedata
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -83,14 +83,14 @@ def _as_int(raw: Any) -> int:
     raise ValueError("must be an integer")
 
 
-class IntParam(_Base):
-    type: Literal["int"]
-    min: int
-    max: int
-    default: int | None = None
+class _Number(_Base):
+    """A number from `min` to `max`, both included (IntParam, FloatParam)."""
 
-    def parse(self, raw: Any) -> int:
-        value = _as_int(raw)
+    json_type: ClassVar[str]
+    min: float
+    max: float
+
+    def _in_range(self, value: Any) -> Any:
         if not self.min <= value <= self.max:
             raise ValueError(f"must be between {self.min} and {self.max}")
         return value
@@ -99,13 +99,23 @@ class IntParam(_Base):
         return f"{self.min}..{self.max}"
 
     def _schema(self) -> dict[str, Any]:
-        return {"type": "integer", "minimum": self.min, "maximum": self.max}
+        return {"type": self.json_type, "minimum": self.min, "maximum": self.max}
 
 
-class FloatParam(_Base):
+class IntParam(_Number):
+    json_type: ClassVar[str] = "integer"
+    type: Literal["int"]
+    min: int
+    max: int
+    default: int | None = None
+
+    def parse(self, raw: Any) -> int:
+        return self._in_range(_as_int(raw))
+
+
+class FloatParam(_Number):
+    json_type: ClassVar[str] = "number"
     type: Literal["float"]
-    min: float
-    max: float
     default: float | None = None
 
     def parse(self, raw: Any) -> float:
@@ -117,18 +127,10 @@ class FloatParam(_Base):
             raise ValueError("must be a number") from None
         if not math.isfinite(value):
             raise ValueError("must be a finite number")
-        if not self.min <= value <= self.max:
-            raise ValueError(f"must be between {self.min} and {self.max}")
-        return value
+        return self._in_range(value)
 
     def render(self, value: Any) -> str:
         return repr(float(value))
-
-    def bounds(self) -> str:
-        return f"{self.min}..{self.max}"
-
-    def _schema(self) -> dict[str, Any]:
-        return {"type": "number", "minimum": self.min, "maximum": self.max}
 
 
 class BoolParam(_Base):

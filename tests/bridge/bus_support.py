@@ -126,19 +126,25 @@ PRESETS = {
 }
 
 
-def script_preset(name: str, description: str, script: str, param: str, spec: dict, **more: object) -> dict:
-    """A test preset that runs `{python} SCRIPT {PARAM}` (one parameter, `spec`) on cpu, 60 s at most, and
-    writes a probe report; `more`: its other fields (env, gate)."""
+def probe_preset(name: str, description: str, argv: list[str], **more: object) -> dict:
+    """A test preset that runs `argv` on cpu, 60 s at most, and writes a probe report; `more`: its other
+    fields (params, env, gate) or different ones (timeout_s, runners)."""
     return {
         "name": name,
         "description": description,
         "runners": ["cpu"],
         "timeout_s": 60,
-        "argv": ["{python}", script, "{" + param + "}"],
-        "params": {param: spec},
+        "argv": argv,
         "report": {"kind": "probe", "schema_version": 1},
         **more,
     }
+
+
+def script_preset(name: str, description: str, script: str, param: str, spec: dict, **more: object) -> dict:
+    """A `probe_preset` that runs `{python} SCRIPT {PARAM}` (one parameter, `spec`)."""
+    return probe_preset(
+        name, description, ["{python}", script, "{" + param + "}"], params={param: spec}, **more
+    )
 
 
 def client(url: str) -> Client:

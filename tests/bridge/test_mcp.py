@@ -27,7 +27,7 @@ from bridge.cli import main  # noqa: E402
 from bridge.errors import InvalidRequest  # noqa: E402
 from bridge.mcp import TOOLS, Tools, build, input_schema  # noqa: E402
 from bridge.presets import load_registry  # noqa: E402
-from tests.bridge.bus_support import WRITE_REPORT_PY, Daemon, Env, git, runner_process, stop  # noqa: E402
+from tests.bridge.bus_support import WRITE_REPORT_PY, Daemon, Env, git, probe_preset, runner_process, stop  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG_B64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
@@ -85,19 +85,9 @@ def test_every_tool_schema_is_valid_json_schema(world: Env):
 
 def write_plot_preset(env: Env) -> None:
     (env.project / "plot.py").write_text(PLOT_PY)
-    (env.presets / "plot.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "name": "plot",
-                "description": "a run with progress and a plot",
-                "runners": ["cpu"],
-                "timeout_s": 60,
-                "argv": ["{python}", "plot.py"],
-                "report": {"kind": "probe", "schema_version": 1},
-                "gate": [{"check": "min", "path": "/probe/cpu_count", "value": 1}],
-            }
-        )
-    )
+    gate = [{"check": "min", "path": "/probe/cpu_count", "value": 1}]
+    preset = probe_preset("plot", "a run with progress and a plot", ["{python}", "plot.py"], gate=gate)
+    (env.presets / "plot.yaml").write_text(yaml.safe_dump(preset))
 
 
 async def session(env: Env, url: str, script: Any) -> Any:

@@ -180,14 +180,9 @@ def test_mlx_refuses_an_mla_family_caching_per_head_kv_in_one_line(tmp_path: Pat
     torch.manual_seed(0)
     config = DeepseekV2Config(
         **tiny_families.TINY,
-        kv_lora_rank=16,
+        **tiny_families.MLA,
+        **tiny_families.ROUTED,
         q_lora_rank=None,
-        qk_rope_head_dim=8,
-        qk_nope_head_dim=16,
-        v_head_dim=8,
-        n_routed_experts=2,
-        num_experts_per_tok=1,
-        moe_intermediate_size=32,
     )
     DeepseekV2ForCausalLM(config).save_pretrained(tmp_path)
     with pytest.raises(

@@ -12,20 +12,15 @@ from typing import Any
 import torch
 
 from engine.backends.torch.session import TorchModel
-from tests.engine.tiny_models import VOCAB
+from tests.engine.tiny_models import TOKENS, WIDTH
 
-TINY = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    initializer_range=0.2,
-    max_position_embeddings=4096,
-    pad_token_id=0,
-    eos_token_id=None,
-    bos_token_id=None,
-)
+# The tiny models' tokens and width (tests/engine/tiny_models.py), 2 layers; each family sets its K/V heads.
+TINY = dict(**TOKENS, **WIDTH, num_hidden_layers=2)
+
+# Multi-head latent attention (DeepSeek V2/V3): a K/V latent of 16, K heads of 16 + 8 rope dims, V heads of 8.
+MLA = dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=8)
+# DeepSeek-style routed experts (DeepSeek V2/V3, Nemotron-H): 4 of width 32, 2 per token, in one group.
+ROUTED = dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_group=1, topk_group=1)
 
 
 def _config(cls: Any, overrides: dict[str, Any], **kwargs: Any) -> object:
@@ -40,17 +35,10 @@ def deepseek_v3_config(**overrides: Any) -> object:
         DeepseekV3Config,
         overrides,
         **TINY,
+        **MLA,
+        **ROUTED,
         num_key_value_heads=4,
-        kv_lora_rank=16,
         q_lora_rank=32,
-        qk_rope_head_dim=8,
-        qk_nope_head_dim=16,
-        v_head_dim=8,
-        moe_intermediate_size=32,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        n_group=1,
-        topk_group=1,
         first_k_dense_replace=1,
     )
 
@@ -154,12 +142,8 @@ def nemotron_h_config(**overrides: Any) -> object:
         ssm_state_size=16,
         conv_kernel=4,
         chunk_size=16,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
+        **ROUTED,
         moe_shared_expert_intermediate_size=32,
-        n_group=1,
-        topk_group=1,
     )
 
 

@@ -9,15 +9,10 @@ import torch
 from engine.backends.torch.session import TorchModel
 
 VOCAB = 256
-# The tiny models' attention: hidden 64, 4 query and 2 K/V heads of 16; 0.2 for varied greedy output.
-ATTENTION = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    initializer_range=0.2,
-)
+# The tiny models' width: hidden 64, 4 query heads; 0.2 for varied greedy output.
+WIDTH = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, initializer_range=0.2)
+# Their attention: WIDTH, 2 K/V heads of 16.
+ATTENTION = dict(**WIDTH, num_key_value_heads=2, head_dim=16)
 # Their vocabulary and positions: no EOS or BOS (generate() must not stop early), pad 0.
 TOKENS = dict(
     vocab_size=VOCAB, max_position_embeddings=4096, eos_token_id=None, bos_token_id=None, pad_token_id=0
@@ -58,21 +53,11 @@ def gemma(
 
     torch.manual_seed(seed)
     config = Gemma3TextConfig(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
+        **{**TOKENS, **ATTENTION, "vocab_size": vocab, "head_dim": head_dim},
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=head_dim,
         sliding_window=sliding_window,
         layer_types=["sliding_attention", "full_attention"] * (layers // 2),
-        initializer_range=0.2,
-        max_position_embeddings=4096,
         tie_word_embeddings=False,
-        eos_token_id=None,
-        bos_token_id=None,
-        pad_token_id=0,
     )
     config._attn_implementation = attn
     model = Gemma3ForCausalLM(config)
@@ -154,24 +139,14 @@ def gemma4(seed: int = 0, sliding_window: int = 8, vocab: int = VOCAB) -> TorchM
 
     torch.manual_seed(seed)
     config = Gemma4TextConfig(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
+        **{**TOKENS, **ATTENTION, "vocab_size": vocab},
         num_hidden_layers=6,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
         global_head_dim=16,
         sliding_window=sliding_window,
         layer_types=["sliding_attention", "full_attention"] * 3,
         num_kv_shared_layers=2,
         hidden_size_per_layer_input=8,
         vocab_size_per_layer_input=vocab,
-        initializer_range=0.2,
-        max_position_embeddings=4096,
-        eos_token_id=None,
-        bos_token_id=None,
-        pad_token_id=0,
     )
     config._attn_implementation = "sdpa"
     model = Gemma4ForCausalLM(config)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -28,6 +29,18 @@ class BlockConfig(BaseModel):
     window: int  # context positions attended
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
+
+
+def build_layer(layer: Any, nn: Any, rms_norm: Callable[[int, float], Any], c: BlockConfig) -> None:
+    """Gives a backend's drafter `Layer` its modules, built with that backend's `nn` (torch.nn or mlx.nn:
+    their Linear takes the same arguments) and `RMSNorm(dim, eps)`, under the safetensors names that
+    torch.py saves and both twins load."""
+    inner, h, i = c.num_heads * c.head_dim, c.hidden_size, c.intermediate_size
+    layer.attn_norm, layer.mlp_norm = rms_norm(h, c.rms_norm_eps), rms_norm(h, c.rms_norm_eps)
+    layer.q, layer.k, layer.v = (nn.Linear(h, inner, bias=False) for _ in range(3))
+    layer.o = nn.Linear(inner, h, bias=False)
+    layer.gate, layer.up = nn.Linear(h, i, bias=False), nn.Linear(h, i, bias=False)
+    layer.down = nn.Linear(i, h, bias=False)
 
 
 def read_config(path: Path) -> BlockConfig:

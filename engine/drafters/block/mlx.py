@@ -16,7 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engine.drafters.block.base import BlockDrafterBase, BlockRowsBase
-from engine.drafters.block.config import BlockConfig, read_config
+from engine.drafters.block.config import BlockConfig, build_layer, read_config
 
 
 class RMSNorm(nn.Module):
@@ -32,17 +32,8 @@ class RMSNorm(nn.Module):
 class Layer(nn.Module):
     def __init__(self, c: BlockConfig) -> None:
         super().__init__()
-        inner = c.num_heads * c.head_dim
         self.heads_, self.head_dim, self.theta = c.num_heads, c.head_dim, c.rope_theta
-        self.attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.q = nn.Linear(c.hidden_size, inner, bias=False)
-        self.k = nn.Linear(c.hidden_size, inner, bias=False)
-        self.v = nn.Linear(c.hidden_size, inner, bias=False)
-        self.o = nn.Linear(inner, c.hidden_size, bias=False)
-        self.mlp_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.gate = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        build_layer(self, nn, RMSNorm, c)
 
     def heads(self, x: mx.array) -> mx.array:  # [rows, m, inner] -> [rows, heads, m, head_dim]
         return x.reshape(x.shape[0], -1, self.heads_, self.head_dim).transpose(0, 2, 1, 3)

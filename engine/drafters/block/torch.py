@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from engine.drafters.block.base import BlockDrafterBase, BlockRowsBase
-from engine.drafters.block.config import BlockConfig, read_config
+from engine.drafters.block.config import BlockConfig, build_layer, read_config
 
 
 class RMSNorm(nn.Module):
@@ -58,17 +58,8 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor
 class Layer(nn.Module):
     def __init__(self, c: BlockConfig) -> None:
         super().__init__()
-        inner = c.num_heads * c.head_dim
         self.c = c
-        self.attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.q = nn.Linear(c.hidden_size, inner, bias=False)
-        self.k = nn.Linear(c.hidden_size, inner, bias=False)
-        self.v = nn.Linear(c.hidden_size, inner, bias=False)
-        self.o = nn.Linear(inner, c.hidden_size, bias=False)
-        self.mlp_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.gate = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        build_layer(self, nn, RMSNorm, c)
 
     def heads(self, x: torch.Tensor) -> torch.Tensor:  # [..., m, inner] -> [..., heads, m, head_dim]
         return x.unflatten(-1, (self.c.num_heads, self.c.head_dim)).transpose(-3, -2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -39,6 +39,31 @@ class DiffusionConfig(BaseModel):
     @property
     def mask_id(self) -> int:
         return self.vocab_size
+
+    def check_positions(self, n: int) -> None:
+        """Refuses a forward over more than `max_positions` positions (the learned position table)."""
+        if n > self.max_positions:
+            raise ValueError(f"{n} positions fed; this model has {self.max_positions}")
+
+
+def build_block(block: Any, nn: Any, cfg: DiffusionConfig) -> None:
+    """Gives a backend's pre-norm `Block` its head count and its layers, built with that backend's `nn`
+    (torch.nn or mlx.nn: their LayerNorm and Linear take the same sizes), under the safetensors names
+    that torch.py writes and mlx.py loads."""
+    h, i = cfg.hidden, cfg.intermediate
+    block.heads = cfg.heads
+    block.ln1, block.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
+    block.qkv, block.proj = nn.Linear(h, 3 * h), nn.Linear(h, h)
+    block.fc1, block.fc2 = nn.Linear(h, i), nn.Linear(i, h)
+
+
+def build_model(model: Any, nn: Any, cfg: DiffusionConfig) -> None:
+    """Gives a backend's `TinyDLM` its config, embeddings and final norm (as `build_block`); its blocks
+    are the backend's own list."""
+    model.config = cfg
+    model.embed = nn.Embedding(cfg.vocab_size + 1, cfg.hidden)  # + the mask token
+    model.pos = nn.Embedding(cfg.max_positions, cfg.hidden)
+    model.norm = nn.LayerNorm(cfg.hidden)
 
 
 def read_config(path: Path) -> DiffusionConfig:

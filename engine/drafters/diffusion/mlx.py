@@ -8,19 +8,13 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from engine.drafters.diffusion.config import DiffusionConfig
+from engine.drafters.diffusion.config import DiffusionConfig, build_block, build_model
 
 
 class Block(nn.Module):
     def __init__(self, cfg: DiffusionConfig) -> None:
         super().__init__()
-        self.heads = cfg.heads
-        self.ln1 = nn.LayerNorm(cfg.hidden)
-        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
-        self.proj = nn.Linear(cfg.hidden, cfg.hidden)
-        self.ln2 = nn.LayerNorm(cfg.hidden)
-        self.fc1 = nn.Linear(cfg.hidden, cfg.intermediate)
-        self.fc2 = nn.Linear(cfg.intermediate, cfg.hidden)
+        build_block(self, nn, cfg)
 
     def __call__(self, x: mx.array) -> mx.array:
         b, n, h = x.shape
@@ -34,15 +28,11 @@ class Block(nn.Module):
 class TinyDLM(nn.Module):
     def __init__(self, cfg: DiffusionConfig) -> None:
         super().__init__()
-        self.config = cfg
-        self.embed = nn.Embedding(cfg.vocab_size + 1, cfg.hidden)
-        self.pos = nn.Embedding(cfg.max_positions, cfg.hidden)
+        build_model(self, nn, cfg)
         self.blocks = [Block(cfg) for _ in range(cfg.layers)]
-        self.norm = nn.LayerNorm(cfg.hidden)
 
     def hidden(self, ids: mx.array) -> mx.array:
-        if ids.shape[1] > self.config.max_positions:
-            raise ValueError(f"{ids.shape[1]} positions fed; this model has {self.config.max_positions}")
+        self.config.check_positions(ids.shape[1])
         x = self.embed(ids) + self.pos.weight[: ids.shape[1]]
         for block in self.blocks:
             x = block(x)

@@ -10,19 +10,13 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from engine.drafters.diffusion.config import DiffusionConfig
+from engine.drafters.diffusion.config import DiffusionConfig, build_block, build_model
 
 
 class Block(nn.Module):
     def __init__(self, cfg: DiffusionConfig) -> None:
         super().__init__()
-        self.heads = cfg.heads
-        self.ln1 = nn.LayerNorm(cfg.hidden)
-        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
-        self.proj = nn.Linear(cfg.hidden, cfg.hidden)
-        self.ln2 = nn.LayerNorm(cfg.hidden)
-        self.fc1 = nn.Linear(cfg.hidden, cfg.intermediate)
-        self.fc2 = nn.Linear(cfg.intermediate, cfg.hidden)
+        build_block(self, nn, cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, h = x.shape
@@ -42,17 +36,13 @@ class Head(nn.Module):
 class TinyDLM(nn.Module):
     def __init__(self, cfg: DiffusionConfig) -> None:
         super().__init__()
-        self.config = cfg
-        self.embed = nn.Embedding(cfg.vocab_size + 1, cfg.hidden)  # + the mask token
-        self.pos = nn.Embedding(cfg.max_positions, cfg.hidden)
+        build_model(self, nn, cfg)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
-        self.norm = nn.LayerNorm(cfg.hidden)
         self.head = Head()
 
     def hidden(self, ids: torch.Tensor) -> torch.Tensor:
         """[B, L] ids -> [B, L, hidden] final-normed states."""
-        if ids.shape[1] > self.config.max_positions:
-            raise ValueError(f"{ids.shape[1]} positions fed; this model has {self.config.max_positions}")
+        self.config.check_positions(ids.shape[1])
         x = self.embed(ids) + self.pos.weight[: ids.shape[1]]
         for block in self.blocks:
             x = block(x)
