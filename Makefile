@@ -68,7 +68,7 @@ gh:
 	fi
 
 test: lint slurm gh sshd
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --cov --cov-report=term
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --durations=15 --cov --cov-report=term
 	$(PY) -m coverage report --include='bridge/*' --fail-under=90 > /dev/null || \
 	  { echo "bridge/ line coverage is under 90 %"; $(PY) -m coverage report --include='bridge/*'; exit 1; }
 

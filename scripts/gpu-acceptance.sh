@@ -28,7 +28,7 @@ kind="$("$python" -c "from engine.backends.torch.device import pick_device; prin
 echo "gpu-acceptance: device $device ($kind), reports in $out"
 
 if [ "${QUICK:-0}" = 1 ]; then
-  tp=(--prompts 1 --new-tokens 8 --repeats 1 --batches 1,2)
+  tp=(--prompts 1 --new-tokens 8 --repeats 1 --batches 1,2 --min-speedup 0)  # plumbing, not speed: 8 tokens time nothing
   niah=(--contexts 128 --samples 1 --depths 0.1)
   bench=(--prompt-tokens 16 --new-tokens 8)
 else
