@@ -12,7 +12,10 @@ through `Relay`, a TCP relay that counts the bytes each way.
 
   poll         an idle `runner once` (nothing to do)
   request      `kakeya request` (one new live request)
-  pickup       `runner once` that claims, runs and pushes that request (seconds: the whole serve)
+  pickup       `runner once` that claims, runs and pushes that request (seconds: the whole serve; claim_s: from
+               its start, Python's included, to the claim on the bus)
+  pickup_watch a watching runner (0.5 s poll): `kakeya request` returning to the claim on the bus, and the
+               runner's own part (the poll that found it, to the claim)
   wait         one look of `kakeya wait` at a finished request (the listing and the done commit)
   status       `kakeya status` (live + recent)
   runners      `kakeya runners`
@@ -56,6 +59,7 @@ from bridge.bus import (  # noqa: E402
     NS,
     Manifest,
     Snapshot,
+    claim_ref,
     done_ref,
     id_preset,
     id_time,
@@ -308,6 +312,71 @@ def compact_in_place(bus: Path, cutoff: dt.datetime) -> int:
     return len(old)
 
 
+class ClaimWatch:
+    """Notes when the claim ref of request `rid` appears in the bus repository `bus` (a loose ref file, looked at
+    every 2 ms from a thread: nothing on the wire): `with ClaimWatch(bus, rid) as seen: ...`, then `seen.at`
+    (time.perf_counter() of the first sight, or None)."""
+
+    def __init__(self, bus: Path, rid: str):
+        self.path, self.at = bus / claim_ref(rid), None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._look, daemon=True)
+
+    def _look(self) -> None:
+        while not self.stop.is_set():
+            if self.path.exists():
+                self.at = time.perf_counter()
+                return
+            time.sleep(0.002)
+
+    def __enter__(self) -> ClaimWatch:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def pickup_watch(runner: Any, url: str, project: Path, env: dict[str, str], bus: Path, work: Path) -> dict:
+    """A request picked up by `runner` (a bridge.runner.Runner) watching at a 0.5 s poll in a thread:
+    `request_to_claim_s` from `kakeya request` returning to the claim on the bus (poll wait included), and
+    `poll_to_claim_s`, the runner's own part: from the start of the poll that found it to the claim."""
+    starts: list[float] = []
+    serve_one = runner.serve_one
+
+    def timed(*args: Any, **kw: Any) -> Any:
+        starts.append(time.perf_counter())
+        return serve_one(*args, **kw)
+
+    runner.serve_one = timed
+    runner.stopping.clear()
+    thread = threading.Thread(target=runner.watch, kwargs={"poll_s": 0.5}, daemon=True)
+    thread.start()
+    try:
+        time.sleep(1.0)  # the watcher is polling
+        proc = sh(*kakeya("request", "bench", "--runner", "cpu", "--remote", url), cwd=project, env=env)
+        rid = proc.stdout.strip()
+        asked = time.perf_counter()
+        with ClaimWatch(bus, rid) as seen:
+            deadline = time.monotonic() + 60
+            while seen.at is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+        while not (bus / done_ref(rid)).exists() and time.monotonic() < deadline + 60:
+            time.sleep(0.05)
+    finally:
+        runner.stop("measured")
+        thread.join(60)
+        runner.serve_one = serve_one
+    if seen.at is None:
+        return {"error": f"no claim of {rid} within 60 s"}
+    poll = max((t for t in starts if t <= seen.at), default=None)
+    return {
+        "request_to_claim_s": round(seen.at - asked, 3),
+        "poll_to_claim_s": round(seen.at - poll, 3) if poll is not None else None,
+    }
+
+
 def retry(call: Callable[[], object]) -> None:
     """`call()`, once more when the test HTTP server dropped a connection under load."""
     from bridge.errors import BusError
@@ -436,7 +505,14 @@ def measure_size(
         retry(watcher.once)  # one poll of `runner watch` (no presence push: that is every 2 leases)
         out["poll_watch"] = {"bytes": relay.up + relay.down, "seconds": round(time.perf_counter() - t0, 3)}
         new = op("request", *kakeya("request", "bench", "--runner", "cpu", "--remote", url)).stdout.strip()
-        op("pickup", *kakeya(*runner))
+        with ClaimWatch(bus, new) as seen:
+            t0 = time.perf_counter()
+            op("pickup", *kakeya(*runner))
+        out["pickup"]["claim_s"] = round(seen.at - t0, 3) if seen.at else None
+        # a watching runner (in this process, polling every 0.5 s as `runner watch --poll 0.5`): from the
+        # moment `kakeya request` returns to the claim on the bus, and the runner's own part of that (its poll
+        # that found the request: listing, fetch, claim commit, claim push)
+        out["pickup_watch"] = pickup_watch(watcher, url, project, env, bus, work)
         op("wait", *kakeya("wait", new, "--remote", url, "--out", str(work / "w")))
         op("status", *kakeya("status", "--remote", url))
         op("status_all", *kakeya("status", "--all", "--remote", url))
