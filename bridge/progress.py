@@ -46,16 +46,19 @@ class Tracker:
     phase: str = "checkout"
     started_at: dt.datetime = field(default_factory=utcnow)
     run_dir: Path | None = None  # where the program writes its progress file, when not `out` (a sandbox)
+    workload: WorkloadProgress | None = None  # the last progress the workload told (its bar stays at the end)
 
     def record(self) -> Progress:
         now = utcnow()
+        # a progress file gone (the run over, its sandbox torn down) or unreadable keeps the last one read
+        self.workload = read_workload((self.run_dir or self.out) / PROGRESS_FILE) or self.workload
         return Progress(
             phase=self.phase,  # type: ignore[arg-type]
             started_at=self.started_at,
             at=now,
             elapsed_s=round((now - self.started_at).total_seconds(), 1),
             log_tail=log_tail(self.out),
-            workload=read_workload((self.run_dir or self.out) / PROGRESS_FILE),
+            workload=self.workload,
         )
 
 

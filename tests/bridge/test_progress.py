@@ -243,6 +243,21 @@ def test_a_bad_progress_file_is_ignored_and_never_fails_the_run(world: Env, daem
         assert not (out / "progress.json").exists()
 
 
+def test_the_bar_stays_at_its_last_value_once_the_progress_file_is_gone(tmp_path: Path):
+    """A run that ended (its sandbox gone, its progress file with it) while the phase is still `running` keeps
+    its last bar: a heartbeat then never falls back to a bare log line."""
+    tracker = Tracker(tmp_path)
+    assert tracker.record().workload is None  # nothing told yet
+    (tmp_path / "progress.json").write_text('{"done": 6, "total": 6, "what": "rung 6 of 6"}')
+    assert tracker.record().workload == read_workload(tmp_path / "progress.json")
+    (tmp_path / "progress.json").unlink()
+    kept = tracker.record().workload
+    assert kept is not None and (kept.done, kept.total, kept.what) == (6, 6, "rung 6 of 6")
+    (tmp_path / "progress.json").write_text('{"done": -1}')  # unreadable now: the last good one stays too
+    assert tracker.record().workload == kept
+    assert Tracker(tmp_path).record().workload is None  # a new request's tracker starts empty
+
+
 def push_presence(url: str, store: Path, name: str, data: bytes) -> None:
     tree = G.tree_with(store, None, {PRESENCE_PATH: data})
     sha = G.commit(store, tree, [], "presence", "Test <t@example.com>")
