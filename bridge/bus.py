@@ -44,7 +44,7 @@ from pydantic import (
     model_validator,
 )
 
-from bridge import git
+from bridge import git, receive_pack
 from bridge.errors import BusError, BusUnreachable, KakeyaError, problems
 from bridge.names import LABEL, LABEL_RE, NAME, RUNNER_NAME_RE, SHA_PATTERN
 
@@ -564,15 +564,12 @@ class Bus:
             raise cls(f"cannot fetch {len(missing)} {what} from the bus at {self.url}: {msg}{hint}")
 
     def push(self, updates: Sequence[Update], atomic: bool = False) -> dict[str, tuple[bool, str]]:
-        """One leased push; ref -> (accepted, git's summary). BusUnreachable when nothing got through."""
-        text, error = git.push(
+        """One leased push (bridge/receive_pack.py, or `git push` over http(s)); ref -> (accepted, a summary as
+        git's). BusUnreachable when nothing got through."""
+        way = receive_pack.push if receive_pack.speaks(self.store, self.url) else git.push
+        status, error = way(
             self.store, self.url, [(u.ref, u.new, u.expect) for u in updates], atomic, self.timeout_s
         )
-        status: dict[str, tuple[bool, str]] = {}
-        for line in text.splitlines():
-            parts = line.split("\t")
-            if len(parts) >= 3 and len(parts[0]) == 1 and ":" in parts[1]:
-                status[parts[1].rsplit(":", 1)[1]] = (parts[0] in " +-*=", parts[2])
         if not status and error is not None:
             raise BusUnreachable(f"cannot push to the bus at {self.url}: {error}")
         return status
