@@ -30,6 +30,7 @@ import secrets
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Literal, NamedTuple, TypeVar
 
@@ -563,10 +564,17 @@ class Bus:
             cls = BusError if refused or "upload-pack" in msg else BusUnreachable
             raise cls(f"cannot fetch {len(missing)} {what} from the bus at {self.url}: {msg}{hint}")
 
+    @cached_property
+    def receive_pack(self) -> bool:
+        """Whether pushes speak receive-pack here (each update O(1)), not through `git push` (each update
+        matched against every ref the bus holds): every transport but http(s), unless the store's git config
+        asks for a signed push (bridge/receive_pack.py)."""
+        return receive_pack.speaks(self.store, self.url)
+
     def push(self, updates: Sequence[Update], atomic: bool = False) -> dict[str, tuple[bool, str]]:
         """One leased push (bridge/receive_pack.py, or `git push` over http(s)); ref -> (accepted, a summary as
         git's). BusUnreachable when nothing got through."""
-        way = receive_pack.push if receive_pack.speaks(self.store, self.url) else git.push
+        way = receive_pack.push if self.receive_pack else git.push
         status, error = way(
             self.store, self.url, [(u.ref, u.new, u.expect) for u in updates], atomic, self.timeout_s
         )
