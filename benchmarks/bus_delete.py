@@ -31,7 +31,12 @@ from bridge import git as G  # noqa: E402
 from bridge import receive_pack as RP  # noqa: E402
 from tests.bridge.bus_support import Daemon  # noqa: E402
 
-ENV = {"GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@x", "GIT_COMMITTER_NAME": "b", "GIT_COMMITTER_EMAIL": "b@x"}
+ENV = {
+    "GIT_AUTHOR_NAME": "b",
+    "GIT_AUTHOR_EMAIL": "b@x",
+    "GIT_COMMITTER_NAME": "b",
+    "GIT_COMMITTER_EMAIL": "b@x",
+}
 METHODS: dict[str, Callable[..., tuple[G.Status, str | None]]] = {"git_push": G.push, "receive_pack": RP.push}
 
 
@@ -50,7 +55,9 @@ def fill(bus: Path, refs: list[str], sha: str) -> None:
     G.run(bus, "update-ref", "--stdin", input="".join(f"update {r} {sha}\n" for r in refs).encode())
 
 
-def measure(store: Path, bus: Path, url: str, refs: list[str], sha: str, n: int, method: str) -> dict[str, Any]:
+def measure(
+    store: Path, bus: Path, url: str, refs: list[str], sha: str, n: int, method: str
+) -> dict[str, Any]:
     doomed = refs[:n]
     fill(bus, refs, sha)
     before, t0 = cpu(), time.perf_counter()
@@ -105,7 +112,9 @@ def main() -> None:
     report["speedup_cpu"] = {
         f"{t}/{n}": round(
             next(r["cpu_s"] for r in rows if r["deletions"] == n and r["method"] == "git_push")
-            / max(next(r["cpu_s"] for r in rows if r["deletions"] == n and r["method"] == "receive_pack"), 1e-3),
+            / max(
+                next(r["cpu_s"] for r in rows if r["deletions"] == n and r["method"] == "receive_pack"), 1e-3
+            ),
             1,
         )
         for t, rows in report["results"].items()

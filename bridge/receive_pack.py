@@ -130,7 +130,9 @@ def _connect(store: Path, url: str, deadline: float) -> Iterator[_Wire]:
             raise BusError(f"cannot connect to {host}:{port}: {exc}") from None
         with sock:
             sock.setblocking(False)
-            wire = _Wire(sock.fileno(), sock.fileno(), deadline, lambda: sock.shutdown(socket.SHUT_WR), str)
+            wire = _Wire(
+                sock.fileno(), sock.fileno(), deadline, lambda: sock.shutdown(socket.SHUT_WR), lambda: ""
+            )
             wire.send(hello)
             yield wire
         return
