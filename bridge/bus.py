@@ -15,9 +15,10 @@ The done push is one atomic push that creates the done ref and its index ref and
 and cancel refs (the done commit has the request and every claim commit as ancestors): the live namespaces
 hold only live work. Every read asks for the refs under a few prefixes (`Bus.ls_remote`: protocol v2
 `ref-prefix`, so the bytes are those of the refs asked for), and objects are fetched by id (`Bus.fetch_ids`).
-Every write is a compare-and-swap push (`--force-with-lease=<ref>:<expected>`, empty = the ref must not
-exist), so two writers can never both win; `Bus.swap` retries transient failures and tells a lost race from a
-won one by looking at what the bus holds afterwards. Commits are built by bridge/git.py straight into an
+Every write is a compare-and-swap push (each ref leased on the sha expected, none = the ref must not exist:
+receive-pack's own check of each command's old sha, bridge/receive_pack.py; `git push --force-with-lease`
+over http(s)), so two writers can never both win; `Bus.swap` retries transient failures and tells a lost
+race from a won one by looking at what the bus holds afterwards. Commits are built by bridge/git.py straight into an
 object store (the user's repository or a runner's mirror): no working tree, index or branch is touched.
 """
 
