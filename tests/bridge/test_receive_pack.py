@@ -3,6 +3,7 @@ git daemon, sshd) and fake servers that drop the connection, answer garbage or n
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -216,7 +217,8 @@ class FakeServer:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.answer = answer
-        threading.Thread(target=self._serve, daemon=True).start()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
 
     def _serve(self) -> None:
         while True:
@@ -231,6 +233,11 @@ class FakeServer:
                     pass
 
     def close(self) -> None:
+        """Stop accepting (a shutdown wakes the accept; a close alone would leave it waiting on a descriptor
+        that the next socket of the process may reuse), then close."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.thread.join(10)
         self.sock.close()
 
 
@@ -267,7 +274,7 @@ def _cut_report(conn: socket.socket) -> None:
 
 def _silent(conn: socket.socket) -> None:
     conn.recv(4096)
-    threading.Event().wait(5)
+    conn.recv(4096)  # nothing more comes: it waits until the client gives up and closes
 
 
 @pytest.mark.parametrize(
