@@ -15,9 +15,10 @@ The done push is one atomic push that creates the done ref and its index ref and
 and cancel refs (the done commit has the request and every claim commit as ancestors): the live namespaces
 hold only live work. Every read asks for the refs under a few prefixes (`Bus.ls_remote`: protocol v2
 `ref-prefix`, so the bytes are those of the refs asked for), and objects are fetched by id (`Bus.fetch_ids`).
-Every write is a compare-and-swap push (`--force-with-lease=<ref>:<expected>`, empty = the ref must not
-exist), so two writers can never both win; `Bus.swap` retries transient failures and tells a lost race from a
-won one by looking at what the bus holds afterwards. Commits are built by bridge/git.py straight into an
+Every write is a compare-and-swap push (each ref leased on the sha expected, none = the ref must not exist:
+receive-pack's own check of each command's old sha, bridge/receive_pack.py; `git push --force-with-lease`
+over http(s)), so two writers can never both win; `Bus.swap` retries transient failures and tells a lost
+race from a won one by looking at what the bus holds afterwards. Commits are built by bridge/git.py straight into an
 object store (the user's repository or a runner's mirror): no working tree, index or branch is touched.
 """
 
@@ -30,6 +31,7 @@ import secrets
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Literal, NamedTuple, TypeVar
 
@@ -44,7 +46,7 @@ from pydantic import (
     model_validator,
 )
 
-from bridge import git
+from bridge import git, receive_pack
 from bridge.errors import BusError, BusUnreachable, KakeyaError, problems
 from bridge.names import LABEL, LABEL_RE, NAME, RUNNER_NAME_RE, SHA_PATTERN
 
@@ -563,16 +565,20 @@ class Bus:
             cls = BusError if refused or "upload-pack" in msg else BusUnreachable
             raise cls(f"cannot fetch {len(missing)} {what} from the bus at {self.url}: {msg}{hint}")
 
+    @cached_property
+    def receive_pack(self) -> bool:
+        """Whether pushes speak receive-pack here (each update O(1)), not through `git push` (each update
+        matched against every ref the bus holds): every transport but http(s), unless the store's git config
+        asks for a signed push (bridge/receive_pack.py)."""
+        return receive_pack.speaks(self.store, self.url)
+
     def push(self, updates: Sequence[Update], atomic: bool = False) -> dict[str, tuple[bool, str]]:
-        """One leased push; ref -> (accepted, git's summary). BusUnreachable when nothing got through."""
-        text, error = git.push(
+        """One leased push (bridge/receive_pack.py, or `git push` over http(s)); ref -> (accepted, a summary as
+        git's). BusUnreachable when nothing got through."""
+        way = receive_pack.push if self.receive_pack else git.push
+        status, error = way(
             self.store, self.url, [(u.ref, u.new, u.expect) for u in updates], atomic, self.timeout_s
         )
-        status: dict[str, tuple[bool, str]] = {}
-        for line in text.splitlines():
-            parts = line.split("\t")
-            if len(parts) >= 3 and len(parts[0]) == 1 and ":" in parts[1]:
-                status[parts[1].rsplit(":", 1)[1]] = (parts[0] in " +-*=", parts[2])
         if not status and error is not None:
             raise BusUnreachable(f"cannot push to the bus at {self.url}: {error}")
         return status

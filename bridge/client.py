@@ -89,7 +89,11 @@ from bridge.trust import Signers, done_problem, key_file, trusted_signers
 if TYPE_CHECKING:
     from bridge.presets import Preset
 
+# refs a gc push carries: through git push (http(s)) each is matched against every ref on the bus, so few; in
+# receive-pack's protocol (bridge/receive_pack.py) each costs the same whatever the bus holds, and only the
+# advertisement of every ref, downloaded once a push, is worth sharing among many
 GC_CHUNK = 500
+GC_CHUNK_RECEIVE_PACK = 5000
 IDEM_PREFIX = NS + "idem/"  # refs/kakeya/idem/<sha256 of the key>: the request a key made
 IDEM_PATH = ".kakeya/idempotency.json"
 
@@ -731,9 +735,11 @@ class Client:
         deleted = self._push_chunks(stale)
         if archive_done:
             self.ensure(entries, ("done",), in_store=True)  # pushing the archive ref needs its commit here
-            for i in range(0, len(entries), GC_CHUNK):
-                ids = {e.id for e in entries[i : i + GC_CHUNK]}
-                chunk = [u for u in updates if u.ref.rsplit("/", 1)[1] in ids]
+            of: dict[str, list[Update]] = {}
+            for u in updates:
+                of.setdefault(u.ref.rsplit("/", 1)[1], []).append(u)
+            for i in range(0, len(entries), self._gc_chunk()):
+                chunk = [u for e in entries[i : i + self._gc_chunk()] for u in of.get(e.id, [])]
                 status = self.bus.push(chunk, atomic=True)
                 deleted += [u.ref for u in chunk if u.new is None and status.get(u.ref, (False, ""))[0]]
             return deleted
@@ -801,11 +807,14 @@ class Client:
         cutoff = utcnow() - dt.timedelta(days=older_than_days)
         return L.compact(self.bus, cutoff, self.who(), dry_run=dry_run)
 
+    def _gc_chunk(self) -> int:
+        return GC_CHUNK_RECEIVE_PACK if self.bus.receive_pack else GC_CHUNK
+
     def _push_chunks(self, updates: list[Update]) -> list[str]:
         """Push ref updates (deletions, moves) in chunks, each leased on its sha; the refs the bus took."""
         done: list[str] = []
-        for i in range(0, len(updates), GC_CHUNK):
-            chunk = updates[i : i + GC_CHUNK]
+        for i in range(0, len(updates), self._gc_chunk()):
+            chunk = updates[i : i + self._gc_chunk()]
             status = self.bus.push(chunk)
             done += [u.ref for u in chunk if status.get(u.ref, (False, ""))[0]]
         return done

@@ -85,6 +85,23 @@ def _spawn(
         raise BusError(f"cannot run {program}: {exc}") from None
 
 
+def popen(program: str, argv: list[str], cwd: Path | str, err: IO[bytes]) -> subprocess.Popen[bytes]:
+    """`argv` (git, or ssh to a git server) started with pipes to talk to it, its stderr to `err`, the
+    environment of `run` and a process group of its own (as `_spawn`); BusError when `program` cannot start."""
+    try:
+        return subprocess.Popen(
+            argv,
+            cwd=cwd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            env=_env(None),
+            process_group=0,
+        )
+    except OSError as exc:
+        raise BusError(f"cannot run {program}: {exc}") from None
+
+
 def _env(env: Mapping[str, str] | None) -> dict[str, str]:
     """The environment of every git we start: ours without the variables that would redirect it, plus GIT_ENV."""
     full = {k: v for k, v in os.environ.items() if k not in _REPO_VARS}
@@ -494,15 +511,18 @@ def gc_auto(repo: Path) -> None:
 # --- the network ------------------------------------------------------------------------------------
 
 
+def local_path(url: str) -> str | None:
+    """The repository path of a bus on this host (a path or a file:// URL); None for a remote one."""
+    if "://" in url:
+        return url.removeprefix("file://") if url.startswith("file://") else None
+    colon, slash = url.find(":"), url.find("/")
+    return url if colon < 0 or 0 <= slash < colon else None  # not scp-like host:path
+
+
 def _pack(url: str, program: str) -> list[str]:
     """For a bus on this host (a path or file://), its git-upload-pack / git-receive-pack runs here, without our
     `-c` (git clears it for the other side): started with NO_HOOKS too, no hook of the bus repository runs."""
-    if "://" in url:
-        local = url.startswith("file://")
-    else:
-        colon, slash = url.find(":"), url.find("/")
-        local = colon < 0 or 0 <= slash < colon  # not scp-like host:path
-    return [f"--{program}=git {' '.join(NO_HOOKS)} {program}"] if local else []
+    return [f"--{program}=git {' '.join(NO_HOOKS)} {program}"] if local_path(url) is not None else []
 
 
 def ls_remote(store: Path, url: str, patterns: Sequence[str], timeout: float) -> str:
@@ -514,7 +534,7 @@ def ls_remote(store: Path, url: str, patterns: Sequence[str], timeout: float) ->
     return proc.stdout.decode(errors="replace")
 
 
-def _pkt(data: bytes | str) -> bytes:
+def pkt(data: bytes | str) -> bytes:
     raw = data.encode() if isinstance(data, str) else data
     return f"{len(raw) + 4:04x}".encode() + raw
 
@@ -522,15 +542,15 @@ def _pkt(data: bytes | str) -> bytes:
 def _ls_refs_request(prefixes: Sequence[str]) -> bytes:
     """A protocol v2 `ls-refs` command asking only for refs under `prefixes` (then a flush)."""
     return (
-        _pkt("command=ls-refs\n")
-        + _pkt("agent=kakeya\n")
+        pkt("command=ls-refs\n")
+        + pkt("agent=kakeya\n")
         + b"0001"
-        + b"".join(_pkt(f"ref-prefix {p}\n") for p in prefixes)
+        + b"".join(pkt(f"ref-prefix {p}\n") for p in prefixes)
         + b"0000"
     )
 
 
-def _pkt_lines(data: bytes) -> list[bytes | None]:
+def pkt_lines(data: bytes) -> list[bytes | None]:
     """The pkt-lines of `data` (None for a flush; a delim or response-end packet is left out, so that only a
     flush ends a list); raises on a server's ERR."""
     lines: list[bytes | None] = []
@@ -556,7 +576,7 @@ def _pkt_lines(data: bytes) -> list[bytes | None]:
 def _ls_refs_answer(data: bytes) -> str:
     """The refs of an upload-pack v2 conversation (capability advertisement, then the ls-refs answer) as
     `git ls-remote` prints them."""
-    lines = _pkt_lines(data)
+    lines = pkt_lines(data)
     if not lines or lines[0] != b"version 2\n":
         raise BusError("the bus does not speak git protocol version 2")
     if None not in lines:
@@ -573,7 +593,7 @@ def _ls_refs_answer(data: bytes) -> str:
     return "".join(out)
 
 
-def _read_until_flush(recv: Callable[[], bytes]) -> bytes:
+def read_until_flush(recv: Callable[[], bytes]) -> bytes:
     """pkt-lines read with `recv` (b'' at the end) up to and including the first flush packet (or a
     response-end packet, which a remote helper adds after every answer, or an ERR packet, or the end)."""
     data = b""
@@ -584,7 +604,10 @@ def _read_until_flush(recv: Callable[[], bytes]) -> bytes:
             if not chunk:
                 return data
             data += chunk
-        size = int(data[i : i + 4], 16)
+        try:
+            size = int(data[i : i + 4], 16)
+        except ValueError:
+            raise BusError(f"the bus sent a malformed packet ({data[i : i + 4]!r})") from None
         if size in (0, 2):
             return data[: i + 4]
         while len(data) < i + max(size, 4):
@@ -597,19 +620,29 @@ def _read_until_flush(recv: Callable[[], bytes]) -> bytes:
         i += max(size, 4)
 
 
-def _git_daemon_ls_refs(url: str, prefixes: Sequence[str], timeout: float) -> str:
+def daemon_address(url: str, service: str, extra: str = "") -> tuple[str, int, bytes]:
+    """(host, port, the request packet that asks for `service` on the repository, with `extra` parameters) of
+    a git:// `url`."""
     m = re.fullmatch(r"git://(\[[^\]]+\]|[^/:]+)(?::(\d+))?(/.*)", url)
     if not m:
         raise BusError(f"{url} is not a git:// URL")
     host, port, path = m.group(1), int(m.group(2) or 9418), m.group(3)
-    hello = f"git-upload-pack {path}\0host={host}{f':{port}' if m.group(2) else ''}\0\0version=2\0"
+    return (
+        host.strip("[]"),
+        port,
+        pkt(f"{service} {path}\0host={host}{f':{port}' if m.group(2) else ''}\0{extra}"),
+    )
+
+
+def _git_daemon_ls_refs(url: str, prefixes: Sequence[str], timeout: float) -> str:
+    host, port, hello = daemon_address(url, "git-upload-pack", "\0version=2\0")
     try:
-        with socket.create_connection((host.strip("[]"), port), timeout=timeout) as sock:
-            sock.sendall(_pkt(hello))
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(hello)
             chunks = [
-                _read_until_flush(lambda: sock.recv(65536))
+                read_until_flush(lambda: sock.recv(65536))
             ]  # the capability advertisement (or the daemon's ERR)
-            _pkt_lines(chunks[0])
+            pkt_lines(chunks[0])
             sock.sendall(_ls_refs_request(prefixes))
             sock.shutdown(socket.SHUT_WR)
             while chunk := sock.recv(65536):
@@ -660,18 +693,7 @@ def _http_ls_refs(store: Path, url: str, prefixes: Sequence[str], timeout: float
         return first
 
     with tempfile.TemporaryFile() as err:
-        try:
-            proc = subprocess.Popen(
-                argv,
-                cwd=store,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                env=_env(None),
-                process_group=0,
-            )
-        except OSError as exc:
-            raise BusError(f"cannot run git: {exc}") from None
+        proc = popen("git", argv, store, err)
         assert proc.stdin is not None and proc.stdout is not None
         stdout = proc.stdout.fileno()
         try:
@@ -693,13 +715,13 @@ def _http_ls_refs(store: Path, url: str, prefixes: Sequence[str], timeout: float
                     "listing downloads every ref (a server with protocol v2 sends only those asked)",
                 )
                 return "".join(f"{sha}\t{ref}\n" for sha, ref in refs if ref.startswith(tuple(prefixes)))
-            caps = _read_until_flush(recv)  # the capability advertisement
+            caps = read_until_flush(recv)  # the capability advertisement
             if not caps:
                 raise BusError(message(_read(err)))
-            _pkt_lines(caps)
+            pkt_lines(caps)
             proc.stdin.write(_ls_refs_request(prefixes))
             proc.stdin.flush()
-            answer = _read_until_flush(recv)
+            answer = read_until_flush(recv)
             proc.stdin.close()
             try:
                 return _ls_refs_answer(caps + answer)
@@ -736,12 +758,12 @@ def ls_refs(store: Path, url: str, prefixes: Sequence[str], timeout: float) -> s
     `ls-refs` with `ref-prefix`; `git ls-remote URL PATTERN` downloads every ref and filters on the client).
     git:// and local repositories (a path or file://) are asked directly, http(s) through git's remote helper;
     ssh falls back to a full `git ls-remote`, filtered here."""
-    path = url.removeprefix("file://") if url.startswith("file://") else url
+    path = local_path(url)
     if url.startswith("git://"):
         return _git_daemon_ls_refs(url, prefixes, timeout)
     if url.startswith(("http://", "https://")):
         return _http_ls_refs(store, url, prefixes, timeout)
-    if "://" not in path and not re.match(r"^[^/]+:", path):
+    if path is not None:
         proc = run(
             store,
             "upload-pack",
@@ -758,11 +780,10 @@ def ls_refs(store: Path, url: str, prefixes: Sequence[str], timeout: float) -> s
     return _ssh_ls_refs(store, url, prefixes, timeout)
 
 
-def _ssh_ls_refs(store: Path, url: str, prefixes: Sequence[str], timeout: float) -> str:
-    """`ls_refs` over ssh, as git itself asks for protocol v2 there: `git-upload-pack` on the server through
-    ssh with GIT_PROTOCOL=version=2 sent (`-o SendEnv=GIT_PROTOCOL`, the ssh command of GIT_SSH_COMMAND or
-    core.sshCommand). A server whose sshd does not accept GIT_PROTOCOL (OpenSSH's AcceptEnv) answers in v0
-    with every ref: filtered here, said once per bus on stderr."""
+def ssh_command(store: Path, url: str) -> tuple[list[str], str]:
+    """(the ssh argv up to the host, the repository path on it) of an ssh `url` (ssh:// or scp-like host:path),
+    with the ssh command of GIT_SSH_COMMAND or core.sshCommand, as git itself reaches the server; GIT_PROTOCOL
+    is sent where set (`-o SendEnv`)."""
     m = re.fullmatch(r"ssh://([^/]+?)(?::(\d+))?(/.*)", url)
     scp = re.fullmatch(r"([^/:]+):(.+)", url)
     if (m is None and scp is None) or "'" in url:
@@ -776,7 +797,15 @@ def _ssh_ls_refs(store: Path, url: str, prefixes: Sequence[str], timeout: float)
         or run(store, "config", "--get", "core.sshCommand", check=False).stdout.decode().strip()
         or "ssh"
     )
-    argv = [*shlex.split(ssh), "-o", "SendEnv=GIT_PROTOCOL", *(["-p", port] if port else []), host]
+    return [*shlex.split(ssh), "-o", "SendEnv=GIT_PROTOCOL", *(["-p", port] if port else []), host], path
+
+
+def _ssh_ls_refs(store: Path, url: str, prefixes: Sequence[str], timeout: float) -> str:
+    """`ls_refs` over ssh, as git itself asks for protocol v2 there: `git-upload-pack` on the server through
+    ssh with GIT_PROTOCOL=version=2 sent (`-o SendEnv=GIT_PROTOCOL`, the ssh command of GIT_SSH_COMMAND or
+    core.sshCommand). A server whose sshd does not accept GIT_PROTOCOL (OpenSSH's AcceptEnv) answers in v0
+    with every ref: filtered here, said once per bus on stderr."""
+    argv, path = ssh_command(store, url)
     proc = _spawn(
         "ssh",
         [*argv, f"git-upload-pack '{path}'"],
@@ -786,7 +815,7 @@ def _ssh_ls_refs(store: Path, url: str, prefixes: Sequence[str], timeout: float)
         {"GIT_PROTOCOL": "version=2"},
         timeout,
     )
-    lines = _pkt_lines(proc.stdout)
+    lines = pkt_lines(proc.stdout)
     if lines and lines[0] == b"version 2\n":
         if proc.returncode != 0:
             raise BusError(message(proc.stderr))
@@ -850,15 +879,34 @@ def fetch(
     return message(proc.stderr) if proc.returncode != 0 else None
 
 
+Status = dict[str, tuple[bool, str]]  # a push's answer: ref -> (the bus took it, git's summary)
+
+
 def push(
     store: Path, url: str, updates: Sequence[tuple[str, str | None, str | None]], atomic: bool, timeout: float
-) -> tuple[str, str | None]:
-    """One push of (ref, new or None to delete, expected or None = must not exist), each leased with
-    --force-with-lease; (git's porcelain output, its error message when it failed)."""
+) -> tuple[Status, str | None]:
+    """One `git push` of (ref, new or None to delete, expected or None = must not exist), each leased with
+    --force-with-lease; (ref -> (accepted, git's summary), git's error message when it failed). git matches
+    every refspec and lease against every ref the bus advertises: bridge/receive_pack.py pushes without that
+    where it can."""
     args = ["push", "--porcelain", "--no-verify", "--no-recurse-submodules"]
     if atomic and len(updates) > 1:
         args.append("--atomic")
     args += [f"--force-with-lease={ref}:{expect or ''}" for ref, _, expect in updates]
     args += [*_pack(url, "receive-pack"), url, *(f"{new or ''}:{ref}" for ref, new, _ in updates)]
-    proc = run(store, *args, timeout=timeout, check=False)
-    return proc.stdout.decode(errors="replace"), message(proc.stderr) if proc.returncode != 0 else None
+    try:
+        proc = run(store, *args, timeout=timeout, check=False)
+    except BusError as exc:  # a time limit: say what was being pushed
+        raise BusError(f"pushing {pushing(updates)} to {url}: {exc}") from None
+    status: Status = {}
+    for line in proc.stdout.decode(errors="replace").splitlines():
+        parts = line.split("\t")
+        if len(parts) >= 3 and len(parts[0]) == 1 and ":" in parts[1]:
+            status[parts[1].rsplit(":", 1)[1]] = (parts[0] in " +-*=", parts[2])
+    return status, message(proc.stderr) if proc.returncode != 0 else None
+
+
+def pushing(updates: Sequence[tuple[str, str | None, str | None]]) -> str:
+    """What a push carries, in a few words (for its error messages)."""
+    refs = [ref for ref, _, _ in updates]
+    return ", ".join(refs) if len(refs) <= 3 else f"{len(refs)} refs ({', '.join(refs[:2])}, ...)"

@@ -72,9 +72,13 @@ SHARD_PREFIX = NS + "shard/"
 LEASE_PATH = ".kakeya/lease.json"
 CHUNK = 400  # done commits per ledger commit (its parents)
 PUSH_CHUNK = 2000  # done results per push at most (each push downloads the bus's ref advertisement once)
-PUSH_PAIRS = 10_000_000  # refspecs x refs on the bus per push at most: git push matches each refspec against
-# every ref the bus advertises (about 1.5 us a pair on a busy 2-core host), so a push of 4,000 deletions on a
-# bus of 20,000 refs takes minutes: pushes get smaller as the bus holds more refs
+PUSH_PAIRS = (
+    10_000_000  # over http(s) only (`git push`): refspecs x refs on the bus per push at most. git push
+)
+# matches each refspec against every ref the bus advertises (about 1.5 us a pair on a busy 2-core host), so a push
+# of 4,000 deletions on a bus of 20,000 refs takes minutes: pushes get smaller as the bus holds more refs. The
+# other transports push in receive-pack's protocol (bridge/receive_pack.py), where an update costs the same
+# whatever the bus holds: PUSH_CHUNK a push.
 LEDGER_STORE = "kakeya-ledger.git"  # the compactor's own object store, next to the bus store's objects
 
 
@@ -344,7 +348,6 @@ def compact(
     snap = bus.ls_remote(DONE_PREFIX, SUBJECT_PREFIX, LEDGER_REF, MAP_PREFIX, SHARD_PREFIX, LEASE_REF)
     old = [e for e in snap.entries.values() if e.done and e.created_at < cutoff][:limit]
     index = snap.index
-    per_push = max(100, min(PUSH_CHUNK, PUSH_PAIRS // (2 * max(len(snap.refs), 1))))
     doomed = [done_ref(e.id) for e in old] + [subject_ref(index[e.id][0], e.id) for e in old if e.id in index]
     stale_shards = {
         ref: sha for ref, sha in snap.refs.items() if ref.startswith(SHARD_PREFIX) or ref in OLD_MAPS
@@ -353,6 +356,11 @@ def compact(
         return doomed + (list(stale_shards) if dry_run else [])
     side = ledger_bus(bus)
     store = side.store
+    per_push = (
+        PUSH_CHUNK
+        if side.receive_pack
+        else max(100, min(PUSH_CHUNK, PUSH_PAIRS // (2 * max(len(snap.refs), 1))))
+    )
     tip = snap.refs.get(LEDGER_REF)
     maps = {kind: snap.refs.get(map_ref(kind)) for kind in KINDS}
     deleted: list[str] = []

@@ -97,7 +97,7 @@ class Liar:
                 if answer is None:
                     outer.served.wait(30)
                     return
-                self._send("advertisement", G._pkt("version 2\n") + G._pkt("ls-refs\n") + b"0000")
+                self._send("advertisement", G.pkt("version 2\n") + G.pkt("ls-refs\n") + b"0000")
 
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -126,9 +126,9 @@ SHA = "a" * 40
 @pytest.mark.parametrize(
     ("liar", "error"),
     [
-        (G._pkt(f"{SHA} refs/kakeya/done/x\n"), "cut short"),  # the answer ends before its flush
-        (G._pkt(f"{SHA} refs/kakeya/done/x\n")[:20], "cut short"),  # and half-way through a packet
-        (G._pkt("ERR go away\n"), "go away"),
+        (G.pkt(f"{SHA} refs/kakeya/done/x\n"), "cut short"),  # the answer ends before its flush
+        (G.pkt(f"{SHA} refs/kakeya/done/x\n")[:20], "cut short"),  # and half-way through a packet
+        (G.pkt("ERR go away\n"), "go away"),
         (b"zzzz", "malformed packet|bad line length"),
         (None, "timed out after 2 s"),  # the server never answers
     ],
