@@ -278,6 +278,36 @@ def ls_tree(repo: Path | str, treeish: str, recursive: bool = False) -> dict[str
     return entries
 
 
+def tree_entries(repo: Path | str, trees: Sequence[str]) -> dict[str, dict[str, tuple[str, str]]]:
+    """tree id -> {name: (mode, sha)} for each of `trees` here, read with one `git cat-file --batch` (where
+    `ls_tree` is a process per tree); a tree missing here is left out."""
+    if not trees:
+        return {}
+    data = run(repo, "cat-file", "--batch", input="".join(t + "\n" for t in trees).encode()).stdout
+    found: dict[str, dict[str, tuple[str, str]]] = {}
+    i = 0
+    for tree in trees:
+        nl = data.index(b"\n", i)
+        header = data[i:nl].split()
+        i = nl + 1
+        if len(header) != 3:  # missing
+            continue
+        size = int(header[2])
+        body, i = data[i : i + size], i + size + 1
+        if header[1] != b"tree":
+            continue
+        width, entries, j = len(tree) // 2, {}, 0
+        while j < len(body):
+            space, nul = body.index(b" ", j), body.index(b"\0", j)
+            entries[body[space + 1 : nul].decode(errors="surrogateescape")] = (
+                body[j:space].decode(),
+                body[nul + 1 : nul + 1 + width].hex(),
+            )
+            j = nul + 1 + width
+        found[tree] = entries
+    return found
+
+
 def read_dir(repo: Path | str, sha: str, path: str) -> dict[str, bytes]:
     """Every regular file under directory `path` of commit `sha` (relative posix path -> bytes)."""
     files = {

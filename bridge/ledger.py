@@ -55,7 +55,7 @@ from bridge.bus import (
     subject_ref,
     utcnow,
 )
-from bridge.errors import BusError, KakeyaError
+from bridge.errors import BusError, BusUnreachable, KakeyaError
 from bridge.names import SHA_PATTERN
 from bridge.result import RunResult
 
@@ -244,11 +244,17 @@ def fetch_trees(
         bus.fetch_ids(trees, "ledger shards", tree_filter=tree_filter)
         return bus.repos()
     except BusError as exc:
-        if not any(why in str(exc) for why in ("not our ref", "unadvertised object", "upload-pack")):
+        if not refused(exc):
             raise
     side = ledger_bus(bus)
     side.fetch_ids([ledger.ledger], "the ledger (depth 1)", in_store=True, depth=1)
     return side.repos()
+
+
+def refused(exc: BusError) -> bool:
+    """Did the server refuse objects that no ref names (protocol v0/v1 without
+    uploadpack.allowReachableSHA1InWant)?"""
+    return any(why in str(exc) for why in ("not our ref", "unadvertised object", "upload-pack"))
 
 
 def ledger_bus(bus: Bus) -> Bus:
@@ -287,10 +293,57 @@ def shard_trees(repo: Path | str, tree: str) -> dict[str, str]:
     }
 
 
-def write_maps(repo: Path | str, tip: str) -> dict[str, str]:
-    """The map blobs (KINDS) of ledger commit `tip`, written into `repo`: kind -> blob id."""
-    whole = LedgerMap(ledger=tip, shards=shard_trees(repo, tip))
+def write_maps(repo: Path | str, tip: str, shards: dict[str, str] | None = None) -> dict[str, str]:
+    """The map blobs (KINDS) of ledger commit `tip` (its `shards`, name -> tree id; default: read from its
+    whole index), written into `repo`: kind -> blob id."""
+    whole = LedgerMap(
+        ledger=tip, shards=dict(sorted((shard_trees(repo, tip) if shards is None else shards).items()))
+    )
     return dict(zip(KINDS, git.write_blobs(repo, [whole.of(kind).dump() for kind in KINDS]), strict=True))
+
+
+def shard_of(path: str) -> str:
+    """The shard (date/<day>, subject/<ab>, preset/<preset>/<label>/<month>) that index path `path` is in."""
+    parts = path.split("/")
+    return "/".join(parts[: {"date": 2, "subject": 2, "preset": 4}.get(parts[0], len(parts))])
+
+
+def maps_shards(side: Bus, snap: Snapshot, tip: str | None) -> dict[str, str] | None:
+    """Every shard of ledger commit `tip` (name -> tree id) as the maps that `snap` lists name them (their
+    blobs, fetched by id), or None where there is no ledger, a map is missing, unreadable or describes
+    another commit: then the whole index is read and the maps written again."""
+    if tip is None or any(map_ref(kind) not in snap.refs for kind in KINDS):
+        return None
+    try:
+        maps = read_maps(side, snap, list(KINDS))
+    except BusError as exc:
+        if isinstance(exc, BusUnreachable):
+            raise
+        return None
+    if any(m.ledger != tip for m in maps.values()):
+        return None
+    return {name: tree for m in maps.values() for name, tree in m.shards.items()}
+
+
+def fetch_index_dirs(side: Bus, tip: str, dirs: Iterable[str]) -> None:
+    """Fetch ledger commit `tip` and, of its index, only the directories `dirs` and those above them: the trees
+    alone (`--filter=tree:0`), level by level, by object id. What `ledger_commits` rewrites when it adds files
+    in `dirs`, at a cost that grows with the results moved, not with the ledger (the whole index at depth 1
+    is every entry ever moved: 33 MB at 100,000 results)."""
+    store = side.store
+    side.fetch_ids([tip], "the ledger commit", in_store=True, depth=1, tree_filter="tree:0")
+    wanted = {"/".join(parts[:i]) for d in dirs for parts in [d.split("/")] for i in range(1, len(parts) + 1)}
+    level = {"": git.out(store, "cat-file", "commit", tip).split("\n", 1)[0].removeprefix("tree ")}
+    while level:
+        trees = sorted(set(level.values()))
+        side.fetch_ids(trees, "the ledger's index trees", in_store=True, tree_filter="tree:0")
+        listed = git.tree_entries(store, trees)
+        level = {
+            child: sha
+            for path, tree in level.items()
+            for name, (mode, sha) in listed.get(tree, {}).items()
+            if mode == "40000" and (child := f"{path}/{name}" if path else name) in wanted
+        }
 
 
 def lease_commit(repo: Path | str, holder: str, until: dt.datetime, who: str) -> str:
@@ -363,19 +416,38 @@ def compact(
     )
     tip = snap.refs.get(LEDGER_REF)
     maps = {kind: snap.refs.get(map_ref(kind)) for kind in KINDS}
+    shards = maps_shards(side, snap, tip)  # None: the whole index is read, and the maps written anew
     deleted: list[str] = []
     held = lease[1] if lease else None
     for start in range(0, max(len(old), 1), per_push):
         batch = old[start : start + per_push]
-        # depth 1: the ledger's index and the results' own commits, never their history
-        side.fetch_ids(
-            [e.done for e in batch if e.done] + ([tip] if tip else []), "done results", in_store=True, depth=1
-        )
-        new_tip = ledger_commits(store, tip, batch, index, who)
+        # depth 1: the results' own commits, never their history
+        side.fetch_ids([e.done for e in batch if e.done], "done results", in_store=True, depth=1)
+        commits = ledger_files(store, batch, index)
+        dirs = {path.rsplit("/", 1)[0] for files, _, _ in commits for path in files}
+        if tip is not None and shards is not None:
+            try:  # of the index, only the directories the results go into
+                fetch_index_dirs(side, tip, dirs)
+            except BusError as exc:
+                if not refused(exc):
+                    raise
+                shards = None
+        if tip is not None and shards is None:  # the whole index, at depth 1
+            side.fetch_ids([tip], "the ledger (depth 1)", in_store=True, depth=1)
+        new_tip = git.import_commits(store, tip, commits, who) if commits else tip
         updates = [Update(ref, None, sha) for ref, sha in stale_shards.items()]
         new_maps = dict(maps)
         if new_tip is not None and (new_tip != tip or None in maps.values()):
-            new_maps = write_maps(store, new_tip)
+            if shards is None:
+                shards = shard_trees(store, new_tip)
+            else:  # the shards written into, at their new trees
+                grown = sorted({shard_of(d) for d in dirs})
+                specs = [f"{new_tip}:{name}" for name in grown]
+                shards = {
+                    **shards,
+                    **dict(zip(grown, git.out(store, "rev-parse", *specs).split(), strict=True)),
+                }
+            new_maps = write_maps(store, new_tip, shards)
             updates += [Update(map_ref(kind), new_maps[kind], maps[kind]) for kind in KINDS]
             if new_tip != tip:
                 updates.append(Update(LEDGER_REF, new_tip, tip))
@@ -405,12 +477,20 @@ def ledger_commits(
     """The ledger commits that take the results `done` in on top of `tip` (CHUNK a commit: its parents are the
     previous ledger commit and those done commits), written in one go (`git.import_commits`: the cost of what
     changes, whatever the ledger holds); the new tip (`tip` when `done` is empty)."""
+    commits = ledger_files(store, done, index)
+    return git.import_commits(store, tip, commits, who) if commits else tip
+
+
+def ledger_files(
+    store: Path | str, done: Sequence[Entry], index: dict[str, tuple[str, str]]
+) -> list[tuple[dict[str, bytes], list[str], str]]:
+    """The ledger commits that take the results `done` in, CHUNK a commit: (index files, the done commits as
+    its other parents, message)."""
     chunks = [done[i : i + CHUNK] for i in range(0, len(done), CHUNK)]
-    commits = [
+    return [
         (entries_of(store, c, index), [e.done for e in c if e.done], f"kakeya ledger: {len(c)} done results")
         for c in chunks
     ]
-    return git.import_commits(store, tip, commits, who) if commits else tip
 
 
 def entries_of(store: Path, chunk: Sequence[Entry], index: dict[str, tuple[str, str]]) -> dict[str, bytes]:

@@ -153,6 +153,38 @@ def test_one_subject_in_the_ledger_is_its_map_its_shard_tree_alone_and_its_own_d
     assert (other / ".git" / "config").read_text() == config
 
 
+def test_a_compaction_onto_a_ledger_reads_only_the_directories_it_writes_into(world: Env, daemon: Daemon):
+    """A compactor with an empty store moving a day of results onto a ledger fetches the ledger commit, its
+    maps and the trees of the directories those results go into, trees alone: never the index (every entry
+    ever moved, 33 MB at 100,000 results). It leaves the ledger and the maps that reading the whole index
+    writes."""
+    url = daemon.repo()
+    bus_dir = daemon.base / "bus.git"
+    G.run(bus_dir, "config", "uploadpack.allowFilter", "true")
+    made = history(url, world, bus_dir, 60)
+    assert client(url).compact(3)
+    tip = all_refs(bus_dir)[L.LEDGER_REF]
+    before = G.ls_tree(bus_dir, tip, recursive=True)
+    other = world.tmp / "other"
+    git(world.tmp, "clone", "-q", str(world.project), str(other))
+    fresh = Client(load_config(), root=other, remote=url)
+    moved = old_ids(made, 1) - old_ids(made, 3)
+    assert moved and len(fresh.compact(1)) == 2 * len(moved)  # their done and index refs
+    refs = all_refs(bus_dir)
+    new_tip = refs[L.LEDGER_REF]
+    after = G.ls_tree(bus_dir, new_tip, recursive=True)
+    assert {p: e for p, e in after.items() if p in before} == before  # every earlier entry, as it was
+    assert {p.rsplit("/", 1)[1] for p in set(after) - set(before) if p.startswith("date/")} == moved
+    assert {kind: refs[L.map_ref(kind)] for kind in L.KINDS} == L.write_maps(bus_dir, new_tip)
+    side = other / ".git" / L.LEDGER_STORE
+    entries = sorted({sha for _, _, sha in before.values()})
+    assert not G.present(side, entries)  # no earlier entry came
+    untouched = {
+        sha for name, (_, _, sha) in G.ls_tree(bus_dir, f"{tip}:date").items() if name < min(moved)[:8]
+    }
+    assert untouched and not G.present(side, sorted(untouched))  # nor the day shards it did not write into
+
+
 def test_a_server_that_sends_no_unnamed_object_gets_the_ledger_at_depth_one(
     world: Env, daemon: Daemon, capsys, monkeypatch
 ):
