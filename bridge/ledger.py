@@ -176,10 +176,15 @@ def read_map(bus: Bus, snap: Snapshot, kind: str) -> LedgerMap | None:
     return read_maps(bus, snap, [kind]).get(kind)
 
 
-def read_maps(bus: Bus, snap: Snapshot, kinds: Sequence[str]) -> dict[str, LedgerMap]:
-    """The ledger maps of `kinds` that the listing `snap` names (those it has), fetched by id in one go."""
+def read_maps(
+    bus: Bus, snap: Snapshot, kinds: Sequence[str], along: Sequence[str] = ()
+) -> dict[str, LedgerMap]:
+    """The ledger maps of `kinds` that the listing `snap` names (those it has), fetched by id in one go, with
+    the commits `along` (what the caller reads anyway: one round trip for both)."""
     shas = {kind: sha for kind in kinds if (sha := snap.refs.get(map_ref(kind)))}
-    bus.fetch_ids(sorted(set(shas.values())), "the ledger maps")
+    bus.fetch_ids(
+        sorted(set(shas.values()) | set(along)), "ledger maps and results" if along else "ledger maps"
+    )
     blobs = git.read_blobs_in(bus.repos(), sorted(set(shas.values())))
     found = {}
     for kind, sha in shas.items():
@@ -199,13 +204,16 @@ def read(bus: Bus, ledger: LedgerMap | None, shards: Iterable[str]) -> list[Ledg
     return entries_in(fetch_trees(bus, ledger, trees), trees) if trees else []
 
 
-def read_subjects(bus: Bus, snap: Snapshot, subjects: Iterable[str]) -> list[LedgerEntry]:
+def read_subjects(
+    bus: Bus, snap: Snapshot, subjects: Iterable[str], along: Sequence[str] = ()
+) -> list[LedgerEntry]:
     """The ledger's entries of `subjects` (the listing `snap` asked for their maps: `subject_map`), oldest
     first, at a cost that does not grow with the ledger: their maps (16 shards each), their shards' trees
     alone (`--filter=tree:0`: one line per subject of the shard, none of their entries), then their own
-    directories; each step one fetch by object id. A server that does not filter sends the whole shards."""
+    directories; each step one fetch by object id. A server that does not filter sends the whole shards. The
+    commits `along` come with the maps."""
     among = sorted(set(subjects))
-    maps = read_maps(bus, snap, sorted({subject_map(s) for s in among}))
+    maps = read_maps(bus, snap, sorted({subject_map(s) for s in among}), along)
     shard = {s: m.shards.get(subject_shard(s)) for s in among if (m := maps.get(subject_map(s)))}
     shards = sorted({t for t in shard.values() if t})
     if not shards:

@@ -115,7 +115,9 @@ class DoneResults:
             if subj in among
         ]
         known = {e.id for e in found}
-        found += ledger.as_entries(e for e in self._shelved(snap, among) if e.id not in known).values()
+        recent = [c for e in found for c in (e.done, e.req) if c]  # fetched with the ledger's maps
+        shelved = ledger.read_subjects(self.bus, snap, among, recent)
+        found += ledger.as_entries(e for e in shelved if e.id not in known).values()
         entries = sorted((e for e in found if e.preset in wanted), key=lambda e: e.id)
         self.dones.update({name: [] for name in wanted})
         self.dones.update(self.done_results(entries))
@@ -125,10 +127,6 @@ class DoneResults:
     def _shards(subjects: set[str]) -> list[str]:
         """The ledger refs to list for `subjects`' results moved into the ledger: their subject maps."""
         return sorted({ledger.map_ref(ledger.subject_map(s)) for s in subjects})
-
-    def _shelved(self, snap: Snapshot, subjects: set[str]) -> list[ledger.LedgerEntry]:
-        """The ledger's entries of `subjects` (`ledger.read_subjects`: the same cost at any size)."""
-        return ledger.read_subjects(self.bus, snap, subjects)
 
     def more(self, preset: str) -> bool:
         """Read the next (older) batch of `preset`'s done results not read yet; False when none is left."""
