@@ -52,6 +52,17 @@ def history(url: str, world: Env, bus_dir, count: int = 40) -> dict:
     return made
 
 
+def ledgered(world: Env, daemon: Daemon, count: int) -> tuple[str, object, dict, str]:
+    """A bus that filters (uploadpack.allowFilter) with a history of `count` results, those older than 3 days
+    moved into the ledger: (its url, its directory, the history, the ledger commit)."""
+    url = daemon.repo()
+    bus_dir = daemon.base / "bus.git"
+    G.run(bus_dir, "config", "uploadpack.allowFilter", "true")
+    made = history(url, world, bus_dir, count)
+    assert client(url).compact(3)
+    return url, bus_dir, made, all_refs(bus_dir)[L.LEDGER_REF]
+
+
 def old_ids(made: dict, days: float) -> set[str]:
     cutoff = utcnow() - dt.timedelta(days=days)
     return {rid for rid in made["ids"] if id_time(rid) < cutoff}
@@ -125,12 +136,7 @@ def test_one_subject_in_the_ledger_is_its_map_its_shard_tree_alone_and_its_own_d
     """What `gate pr` reads of a subject whose results are in the ledger: its map (the shards of its first hex
     digit), its shard's tree without what it holds (a filtered fetch: the other subjects of the shard never
     come) and its own directory; the store's config is left as it was (no promisor remote written)."""
-    url = daemon.repo()
-    bus_dir = daemon.base / "bus.git"
-    G.run(bus_dir, "config", "uploadpack.allowFilter", "true")
-    made = history(url, world, bus_dir, 80)
-    assert client(url).compact(3)
-    tip = all_refs(bus_dir)[L.LEDGER_REF]
+    url, bus_dir, made, tip = ledgered(world, daemon, 80)
     shards = G.ls_tree(bus_dir, f"{tip}:subject")
     crowded = {n: G.ls_tree(bus_dir, sha) for n, (_, _, sha) in shards.items()}
     subject, siblings = next((min(d), d) for d in crowded.values() if len(d) > 1)  # 80 subjects: some share
@@ -158,12 +164,7 @@ def test_a_compaction_onto_a_ledger_reads_only_the_directories_it_writes_into(wo
     maps and the trees of the directories those results go into, trees alone: never the index (every entry
     ever moved, 33 MB at 100,000 results). It leaves the ledger and the maps that reading the whole index
     writes."""
-    url = daemon.repo()
-    bus_dir = daemon.base / "bus.git"
-    G.run(bus_dir, "config", "uploadpack.allowFilter", "true")
-    made = history(url, world, bus_dir, 60)
-    assert client(url).compact(3)
-    tip = all_refs(bus_dir)[L.LEDGER_REF]
+    url, bus_dir, made, tip = ledgered(world, daemon, 60)
     before = G.ls_tree(bus_dir, tip, recursive=True)
     other = world.tmp / "other"
     git(world.tmp, "clone", "-q", str(world.project), str(other))
