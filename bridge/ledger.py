@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import shutil
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -265,10 +266,13 @@ def refused(exc: BusError) -> bool:
     return any(why in str(exc) for why in ("not our ref", "unadvertised object", "upload-pack"))
 
 
-def ledger_bus(bus: Bus) -> Bus:
+def ledger_bus(bus: Bus, empty: bool = False) -> Bus:
     """The same bus, with the ledger's own object store (LEDGER_STORE inside the bus store's git directory,
-    borrowing its objects): the compactor's shallow fetches never make the bus store shallow."""
+    borrowing its objects): the compactor's shallow fetches never make the bus store shallow. `empty`: emptied
+    first (it only caches what the bus holds)."""
     common = Path(git.out(bus.store, "rev-parse", "--path-format=absolute", "--git-common-dir"))
+    if empty:
+        shutil.rmtree(common / LEDGER_STORE, ignore_errors=True)
     side = git.init_bare(common / LEDGER_STORE)
     git.borrow_objects(side, common / "objects")
     return Bus(bus.url, side, bus.timeout_s)
@@ -440,8 +444,15 @@ def compact(
                 if not refused(exc):
                     raise
                 shards = None
-        if tip is not None and shards is None:  # the whole index, at depth 1
-            side.fetch_ids([tip], "the ledger (depth 1)", in_store=True, depth=1)
+        if tip is not None and shards is None and git.has_object(store, tip):
+            # a tip here may have come with some of its trees only (fetch_index_dirs): start afresh
+            side = ledger_bus(bus, empty=True)
+        if (
+            tip is not None and shards is None
+        ):  # the whole index, at depth 1 (and the results again, if emptied)
+            side.fetch_ids(
+                [tip, *(e.done for e in batch if e.done)], "the ledger (depth 1)", in_store=True, depth=1
+            )
         new_tip = git.import_commits(store, tip, commits, who) if commits else tip
         updates = [Update(ref, None, sha) for ref, sha in stale_shards.items()]
         new_maps = dict(maps)
