@@ -479,7 +479,8 @@ class Update:
 
 
 def is_local_path(url: str) -> bool:
-    return "://" not in url and not re.match(r"^[^/]+:", url)
+    """A bus named by a plain path on this host (not file://, not scp-like host:path: `git.local_path`)."""
+    return "://" not in url and git.local_path(url) is not None
 
 
 class Bus:
