@@ -28,6 +28,7 @@ import datetime as dt
 import random
 import re
 import secrets
+import shutil
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -483,11 +484,73 @@ def is_local_path(url: str) -> bool:
     return "://" not in url and git.local_path(url) is not None
 
 
+# side stores, in the bus store's git directory, reading its objects too: what is fetched at depth 1 goes
+# there, so the store itself never becomes shallow
+RESULTS_STORE = "kakeya-results.git"  # done results without their subjects' past; every reader reads it
+LEDGER_STORE = "kakeya-ledger.git"  # the compactor's: the ledger's tip without its past, some trees alone
+
+
 class Bus:
     """A bus remote (`url`: URL or path) and the local object store (`store`) that reads and writes for it."""
 
     def __init__(self, url: str, store: Path, timeout_s: float = 120.0):
         self.url, self.store, self.timeout_s = url, store, timeout_s
+        self.main: Bus | None = None  # for a side store's Bus (`side`): the bus it serves
+        self._sides: dict[str, Bus] = {}
+
+    @cached_property
+    def git_dir(self) -> Path:
+        """The store's (common) git directory: itself when bare, else its .git directory (asked of git when
+        .git is a file: a linked worktree, a submodule)."""
+        store = Path(self.store).absolute()
+        for candidate in (store, store / ".git"):
+            if (candidate / "HEAD").is_file() and (candidate / "objects").is_dir():
+                return candidate
+        return Path(git.out(store, "rev-parse", "--path-format=absolute", "--git-common-dir"))
+
+    def side(self, name: str = RESULTS_STORE, empty: bool = False) -> Bus:
+        """The same bus with side store `name` (RESULTS_STORE, LEDGER_STORE), which reads the store's objects
+        too (git's alternates) and takes what is fetched at depth 1, so the store itself never becomes
+        shallow. Every reader of this bus reads RESULTS_STORE too (`repos`). `empty`: emptied first (it only
+        caches what the bus holds)."""
+        main = self.main or self
+        path = main.git_dir / name
+        if empty:
+            shutil.rmtree(path, ignore_errors=True)
+            main._sides.pop(name, None)
+        if name not in main._sides:
+            git.init_bare(path)
+            git.borrow_objects(path, main.git_dir / "objects")
+            # the commits it borrows from a shallow store have no parents there either (a depth-1 checkout)
+            git.add_shallow(path, git.shallow_commits(main.git_dir))
+            main._sides[name] = Bus(self.url, path, self.timeout_s)
+            main._sides[name].main = main
+        return main._sides[name]
+
+    def missing(self, shas: Iterable[str]) -> list[str]:
+        """Those of `shas` that no local repository of the bus has."""
+        missing = sorted(set(shas))
+        for repo in self.repos():
+            missing = sorted(set(missing) - git.present(repo, missing)) if missing else []
+        return missing
+
+    def fetch_shallow(self, shas: Sequence[str], what: str) -> None:
+        """Fetch the commits `shas` at depth 1 into RESULTS_STORE (those no local repository has yet): each
+        with its tree, never its history."""
+        if missing := self.missing(shas):
+            self.side().fetch_ids(missing, what, in_store=True, depth=1)
+
+    def fetch_results(
+        self, commits: Sequence[str], what: str, subjects: Iterable[str], objects: Sequence[str] = ()
+    ) -> None:
+        """Fetch done and request commits (with `objects`, e.g. ledger maps, in the same round trip) into
+        RESULTS_STORE with their history down to `subjects` and no further: the subjects here
+        (`fetch_shallow` brings those missing) are told to the server as commits we have, so it stops there.
+        A done commit's history is its heartbeats, its claim, its request, its subject and the subject's whole
+        past, which a depth-1 checkout of the base (the PR gate's) does not have."""
+        side = self.side()
+        tips = sorted(set(subjects) - set(self.missing(subjects)))
+        side.fetch_ids([*commits, *objects], what, in_store=True, tips=tips)
 
     def local_dir(self) -> Path | None:
         """The bus itself when it is a repository on a local path (its objects are read in place)."""
@@ -495,9 +558,12 @@ class Bus:
         return path if is_local_path(self.url) and path.is_dir() else None
 
     def repos(self) -> list[Path]:
-        """The local repositories that hold bus objects: the store, then the bus itself when it is local."""
+        """The local repositories that hold bus objects: the store, its RESULTS_STORE when there is one
+        (`side`), then the bus itself when it is local."""
         local = self.local_dir()
-        return [Path(self.store)] + ([local] if local is not None else [])
+        results = [] if self.main is not None else [self.git_dir / RESULTS_STORE]
+        side = [path for path in results if (path / "HEAD").is_file()]
+        return [Path(self.store), *side] + ([local] if local is not None else [])
 
     def list(self, prefixes: Sequence[str]) -> str:
         """The refs under `prefixes`, as `git ls-remote` prints them, in one round trip that carries only those."""
@@ -541,18 +607,19 @@ class Bus:
         in_store: bool = False,
         depth: int | None = None,
         tree_filter: str | None = None,
+        tips: Sequence[str] = (),
     ) -> None:
         """Fetch the commits `shas` (objects only) that no local repository of the bus (the store, with
         `in_store`) has yet, by object id in one round trip (never a named refspec each: the server matches
         those one by one); `depth`: only that many commits of each history (the store becomes shallow);
-        `tree_filter`: git's --filter (`git.fetch`)."""
+        `tree_filter`, `tips`: git's --filter and --negotiation-tip (`git.fetch`)."""
         missing = sorted(set(shas))
         for repo in self.repos()[:1] if in_store else self.repos():
             missing = sorted(set(missing) - git.present(repo, missing))
         if not missing:
             return
         try:
-            msg = git.fetch(self.store, self.url, missing, self.timeout_s, depth, tree_filter)
+            msg = git.fetch(self.store, self.url, missing, self.timeout_s, depth, tree_filter, tips)
         except BusError as exc:  # a time limit: say what was being fetched
             raise BusUnreachable(f"fetching {len(missing)} {what} from {self.url}: {exc}") from None
         if msg is not None:

@@ -534,6 +534,19 @@ def borrow_objects(repo: Path, objects: Path) -> None:
         path.write_text(f"{objects}\n")
 
 
+def shallow_commits(git_dir: Path) -> list[str]:
+    """The commits whose parents the repository at `git_dir` lacks (its `shallow` file)."""
+    path = git_dir / "shallow"
+    return path.read_text().split() if path.is_file() else []
+
+
+def add_shallow(repo: Path, commits: Sequence[str]) -> None:
+    """Mark `commits` as having no parents here (the bare repository `repo`'s `shallow` file)."""
+    have = shallow_commits(repo)
+    if new := sorted(set(commits) - set(have)):
+        (repo / "shallow").write_text("".join(f"{c}\n" for c in [*have, *new]))
+
+
 def gc_auto(repo: Path) -> None:
     run(repo, "gc", "--auto", "--quiet", check=False)
 
@@ -873,10 +886,12 @@ def fetch(
     timeout: float,
     depth: int | None = None,
     tree_filter: str | None = None,
+    tips: Sequence[str] = (),
 ) -> str | None:
     """Fetch `refspecs` into `store` in one go (`depth`: that many commits of each history; `tree_filter`:
-    git's --filter, e.g. tree:0 for a tree without what it holds), writing no FETCH_HEAD; git's message when it
-    failed. A filtered fetch names `url` a promisor remote for that one git only (GIT_CONFIG_*), so git never
+    git's --filter, e.g. tree:0 for a tree without what it holds; `tips`: the local commits to tell the server
+    we have, git's --negotiation-tip, so it sends nothing they reach), writing no FETCH_HEAD; git's message
+    when it failed. A filtered fetch names `url` a promisor remote for that one git only (GIT_CONFIG_*), so git never
     writes that into the store's config; a server that does not filter (uploadpack.allowFilter) sends all."""
     promisor = None
     if tree_filter:  # after any GIT_CONFIG_* of the caller's own
@@ -893,6 +908,7 @@ def fetch(
         "fetch",
         *([f"--depth={depth}"] if depth else []),
         *([f"--filter={tree_filter}"] if tree_filter else []),
+        *(f"--negotiation-tip={tip}" for tip in tips),
         "--no-write-fetch-head",
         "--no-auto-gc",
         "--no-tags",

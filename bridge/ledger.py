@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-import shutil
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from pydantic import AwareDatetime, Field, field_validator
 from bridge import git
 from bridge.bus import (
     DONE_PREFIX,
+    LEDGER_STORE,
     MAX_TTL,
     NS,
     SUBJECT_PREFIX,
@@ -80,7 +80,6 @@ PUSH_PAIRS = (
 # of 4,000 deletions on a bus of 20,000 refs takes minutes: pushes get smaller as the bus holds more refs. The
 # other transports push in receive-pack's protocol (bridge/receive_pack.py), where an update costs the same
 # whatever the bus holds: PUSH_CHUNK a push.
-LEDGER_STORE = "kakeya-ledger.git"  # the compactor's own object store, next to the bus store's objects
 
 
 class LedgerEntry(_File):
@@ -178,14 +177,16 @@ def read_map(bus: Bus, snap: Snapshot, kind: str) -> LedgerMap | None:
 
 
 def read_maps(
-    bus: Bus, snap: Snapshot, kinds: Sequence[str], along: Sequence[str] = ()
+    bus: Bus, snap: Snapshot, kinds: Sequence[str], along: Sequence[str] = (), subjects: Iterable[str] = ()
 ) -> dict[str, LedgerMap]:
     """The ledger maps of `kinds` that the listing `snap` names (those it has), fetched by id in one go, with
-    the commits `along` (what the caller reads anyway: one round trip for both)."""
+    the done results `along` of `subjects` (what the caller reads anyway: one round trip for both;
+    `Bus.fetch_results`)."""
     shas = {kind: sha for kind in kinds if (sha := snap.refs.get(map_ref(kind)))}
-    bus.fetch_ids(
-        sorted(set(shas.values()) | set(along)), "ledger maps and results" if along else "ledger maps"
-    )
+    if along:
+        bus.fetch_results(along, "ledger maps and results", subjects, sorted(set(shas.values())))
+    else:
+        bus.fetch_ids(sorted(set(shas.values())), "ledger maps")
     blobs = git.read_blobs_in(bus.repos(), sorted(set(shas.values())))
     found = {}
     for kind, sha in shas.items():
@@ -212,9 +213,9 @@ def read_subjects(
     first, at a cost that does not grow with the ledger: their maps (16 shards each), their shards' trees
     alone (`--filter=tree:0`: one line per subject of the shard, none of their entries), then their own
     directories; each step one fetch by object id. A server that does not filter sends the whole shards. The
-    commits `along` come with the maps."""
+    done results `along` (of `subjects`) come with the maps."""
     among = sorted(set(subjects))
-    maps = read_maps(bus, snap, sorted({subject_map(s) for s in among}), along)
+    maps = read_maps(bus, snap, sorted({subject_map(s) for s in among}), along, among)
     shard = {s: m.shards.get(subject_shard(s)) for s in among if (m := maps.get(subject_map(s)))}
     shards = sorted({t for t in shard.values() if t})
     if not shards:
@@ -255,7 +256,7 @@ def fetch_trees(
     except BusError as exc:
         if not refused(exc):
             raise
-    side = ledger_bus(bus)
+    side = bus.side(LEDGER_STORE)
     side.fetch_ids([ledger.ledger], "the ledger (depth 1)", in_store=True, depth=1)
     return side.repos()
 
@@ -264,18 +265,6 @@ def refused(exc: BusError) -> bool:
     """Did the server refuse objects that no ref names (protocol v0/v1 without
     uploadpack.allowReachableSHA1InWant)?"""
     return any(why in str(exc) for why in ("not our ref", "unadvertised object", "upload-pack"))
-
-
-def ledger_bus(bus: Bus, empty: bool = False) -> Bus:
-    """The same bus, with the ledger's own object store (LEDGER_STORE inside the bus store's git directory,
-    borrowing its objects): the compactor's shallow fetches never make the bus store shallow. `empty`: emptied
-    first (it only caches what the bus holds)."""
-    common = Path(git.out(bus.store, "rev-parse", "--path-format=absolute", "--git-common-dir"))
-    if empty:
-        shutil.rmtree(common / LEDGER_STORE, ignore_errors=True)
-    side = git.init_bare(common / LEDGER_STORE)
-    git.borrow_objects(side, common / "objects")
-    return Bus(bus.url, side, bus.timeout_s)
 
 
 def as_entries(found: Iterable[LedgerEntry]) -> dict[str, Entry]:
@@ -419,7 +408,7 @@ def compact(
     }
     if dry_run or not (old or stale_shards):
         return doomed + (list(stale_shards) if dry_run else [])
-    side = ledger_bus(bus)
+    side = bus.side(LEDGER_STORE)
     store = side.store
     per_push = (
         PUSH_CHUNK
@@ -446,7 +435,7 @@ def compact(
                 shards = None
         if tip is not None and shards is None and git.has_object(store, tip):
             # a tip here may have come with some of its trees only (fetch_index_dirs): start afresh
-            side = ledger_bus(bus, empty=True)
+            side = bus.side(LEDGER_STORE, empty=True)
         if (
             tip is not None and shards is None
         ):  # the whole index, at depth 1 (and the results again, if emptied)

@@ -4,6 +4,7 @@ baseline among them; `regate` gates a report again with this registry's checks f
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,11 +25,33 @@ from bridge.bus import (
     read_manifests,
     results_path,
 )
+from bridge.errors import BusUnreachable, KakeyaError
 from bridge.presets import Preset
 from bridge.result import RunResult
 from bridge.trust import Signers
 
 BATCH = 16  # done results read at a time when looking for a baseline, newest first
+
+
+class Background:
+    """`call` run in a thread now (its git waits beside the caller's); `join` waits for it and raises what it
+    raised, a KakeyaError only (anything else is a bug, and raises in the thread)."""
+
+    def __init__(self, call: Callable[[], None]):
+        self.error: KakeyaError | None = None
+
+        def run() -> None:
+            try:
+                call()
+            except KakeyaError as exc:
+                self.error = exc
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def join(self) -> KakeyaError | None:
+        self.thread.join()
+        return self.error
 
 
 @dataclass
@@ -115,12 +138,19 @@ class DoneResults:
             if subj in among
         ]
         known = {e.id for e in found}
-        recent = [c for e in found for c in (e.done, e.req) if c]  # fetched with the ledger's maps
+        # their done results come with their history down to the subjects, never further (`Bus.fetch_results`):
+        # the subjects missing here (a PR gate's checkout is the base) come first, at depth 1, beside the
+        # ledger's reads; with all of them here, the recent results come with the ledger's maps
+        missing = self.bus.missing(among)
+        subjects = Background(lambda: self.bus.fetch_shallow(missing, "the subjects")) if missing else None
+        recent = [c for e in found for c in (e.done, e.req) if c] if subjects is None else []
         shelved = ledger.read_subjects(self.bus, snap, among, recent)
         found += ledger.as_entries(e for e in shelved if e.id not in known).values()
         entries = sorted((e for e in found if e.preset in wanted), key=lambda e: e.id)
+        if subjects is not None and isinstance(error := subjects.join(), BusUnreachable):
+            raise error  # any other error: the bus lacks a subject, and no result descends from it (provenance)
         self.dones.update({name: [] for name in wanted})
-        self.dones.update(self.done_results(entries))
+        self.dones.update(self.done_results(entries, among))
         return self
 
     @staticmethod
@@ -142,12 +172,16 @@ class DoneResults:
         self.dones[preset] = older + self.dones.get(preset, [])
         return True
 
-    def done_results(self, entries: Sequence[Entry]) -> dict[str, list[Done]]:
+    def done_results(
+        self, entries: Sequence[Entry], subjects: Sequence[str] | None = None
+    ) -> dict[str, list[Done]]:
         """`entries` (oldest first) read as done results, by preset: one fetch by object id of what is not here
-        yet, one batch read."""
-        self.bus.fetch_ids(
-            [e.done for e in entries if e.done] + [e.req for e in entries if e.req], "done results"
-        )
+        yet (with `subjects`, theirs: down to those subjects only, `Bus.fetch_results`), one batch read."""
+        commits = [e.done for e in entries if e.done] + [e.req for e in entries if e.req]
+        if subjects is None:
+            self.bus.fetch_ids(commits, "done results")
+        elif missing := self.bus.missing(commits):
+            self.bus.fetch_results(missing, "done results", subjects)
         files = self.read([f"{e.done}:{results_path(e.id)}/result.json" for e in entries])
         found = read_manifests(self.bus.repos(), {c for e in entries for c in (e.done, e.req) if c})
         manifests = {c: m for c, m in found.items() if isinstance(m, Manifest)}

@@ -19,6 +19,7 @@ from bridge import runner as runner_module
 from bridge.bus import (
     DONE_PREFIX,
     LAYOUT_PREFIX,
+    LEDGER_STORE,
     SUBJECT_PREFIX,
     Update,
     done_ref,
@@ -177,7 +178,7 @@ def test_a_compaction_onto_a_ledger_reads_only_the_directories_it_writes_into(wo
     assert {p: e for p, e in after.items() if p in before} == before  # every earlier entry, as it was
     assert {p.rsplit("/", 1)[1] for p in set(after) - set(before) if p.startswith("date/")} == moved
     assert {kind: refs[L.map_ref(kind)] for kind in L.KINDS} == L.write_maps(bus_dir, new_tip)
-    side = other / ".git" / L.LEDGER_STORE
+    side = other / ".git" / LEDGER_STORE
     entries = sorted({sha for _, _, sha in before.values()})
     assert not G.present(side, entries)  # no earlier entry came
     untouched = {
@@ -212,7 +213,7 @@ def test_a_server_that_sends_no_unnamed_object_gets_the_ledger_at_depth_one(
     capsys.readouterr()
     assert main(["status", "--all", "--json", "--remote", url]) == 0  # the index: from the ledger at depth 1
     assert moved in {row["id"] for row in json.loads(capsys.readouterr().out)}
-    assert (other / ".git" / L.LEDGER_STORE / "shallow").is_file()
+    assert (other / ".git" / LEDGER_STORE / "shallow").is_file()
     assert not (other / ".git" / "shallow").exists()
     # an old result's own files are its done commit, which no ref names any more: the error says what to do
     assert main(["results", moved, "--remote", url, "--out", str(world.tmp / "moved")]) == 1

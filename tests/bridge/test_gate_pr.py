@@ -5,6 +5,7 @@ after the run, passing evidence; exit codes, stdout and the appended, capped job
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import yaml
 
 from bridge import evidence as E
 from bridge import git as G
-from bridge.bus import MANIFEST_PATH, Bus, done_ref, indexed_subject, new_id, results_path
+from bridge.bus import MANIFEST_PATH, RESULTS_STORE, Bus, done_ref, indexed_subject, new_id, results_path
 from bridge.cli import main
 from bridge.client import Client
 from bridge.config import load_config
@@ -398,7 +399,45 @@ def test_over_a_url_bus_the_evidence_is_fetched_once(world: Env, capsys):
         f"✓ work@cpu: pass — {rid}{UNSIGNED}",
         f"✗ cpuonly@cpu: missing — no trusted, executed cpuonly@cpu run on the bus names {head[:12]}",
     ]
-    assert G.present(world.project, [bus.done(rid)])
+    assert not G.present(world.project, [bus.done(rid)])  # beside it, at depth 1: its past is the project's
+    assert G.present(world.project / ".git" / RESULTS_STORE, [bus.done(rid)])
+    assert not (world.project / ".git" / "shallow").exists()
+
+
+@pytest.mark.parametrize("checkout", ["base", "head"])
+def test_a_depth_1_checkout_fetches_the_runs_down_to_the_subject_never_its_past(
+    world: Env, monkeypatch, capsys, checkout: str
+):
+    """pr-gate.yml checks the base out at depth 1 and gates the PR's head. A done commit's history is its
+    heartbeats, claim and request, then the head and the head's whole past: the gate fetches the head at
+    depth 1 and the results down to it, never that past (it did: 4 MB for a past of 200 commits of 20 kB,
+    benchmarks/bus_scale.py). The same from a depth-1 checkout of the head itself."""
+    base = git(world.project, "rev-parse", "HEAD")
+    git(world.project, "branch", "base")
+    past = []
+    for i in range(12):
+        (world.project / "big.bin").write_bytes(os.urandom(2048) + str(i).encode())
+        git(world.project, "add", "big.bin")
+        git(world.project, "commit", "-qm", f"past {i}")
+        past.append(git(world.project, "rev-parse", "HEAD"))
+    head = past.pop()
+    bus = LocalBus(world, url=f"file://{G.init_bare(world.tmp / 'remote.git')}")
+    rid = bus.run("work")
+    ci = world.tmp / "ci"
+    branch = "base" if checkout == "base" else "main"
+    git(world.tmp, "clone", "-q", "--depth", "1", "--branch", branch, f"file://{world.project}", str(ci))
+    assert G.present(ci, [base, head]) == {base if checkout == "base" else head}
+    monkeypatch.chdir(ci)
+    assert gate(bus, head, "work@cpu") == 0
+    assert capsys.readouterr().out.splitlines() == [f"✓ work@cpu: pass — {rid}{UNSIGNED}"]
+    stores = Bus(bus.url, ci).repos()
+    assert stores == [ci, ci / ".git" / RESULTS_STORE]
+    assert any(G.present(repo, [bus.done(rid), head]) == {bus.done(rid), head} for repo in stores)
+    assert not any(G.present(repo, past) for repo in stores), "the subject's past was fetched"
+    assert G.out(ci, "rev-parse", "--is-shallow-repository") == "true"
+    assert (ci / ".git" / "shallow").read_text().split() == [base if checkout == "base" else head]
+    assert gate(bus, head, "work@cpu") == 0  # again, from what is here
+    capsys.readouterr()
 
 
 def test_bad_requirements_are_refused_before_the_bus_is_read(world: Env, bus: LocalBus, capsys):
