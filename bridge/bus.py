@@ -516,6 +516,7 @@ class Bus:
         main = self.main or self
         path = main.git_dir / name
         if empty:
+            git.forget(path)
             shutil.rmtree(path, ignore_errors=True)
             main._sides.pop(name, None)
         if name not in main._sides:

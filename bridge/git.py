@@ -1,13 +1,15 @@
 """Every git operation the bridge performs, by name, as plain `git` subprocesses (argv, never a shell).
 
 One way to run git (`run`: a clean environment that no GIT_DIR of a calling hook can redirect, no
-prompt, C locale, a time limit, BusError with git's own words), one way to read objects (`read_blobs`:
-one `git cat-file --batch`), one way to write them (`tree_with` + `commit`: blobs, a temporary index
-and `commit-tree` straight into an object store; no working tree, index or branch is touched).
+prompt, C locale, a time limit, BusError with git's own words), one way to read objects (`Reader`: one
+`git cat-file --batch-command` kept running per repository), one way to write them (`tree_with` + `commit`:
+blobs, a temporary index and `commit-tree` straight into an object store; no working tree, index or branch is
+touched).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import re
@@ -19,10 +21,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, NamedTuple
 
 from bridge.errors import BusError, KakeyaError
 
@@ -215,24 +218,159 @@ def working_tree(root: Path) -> str:
 # --- reading objects --------------------------------------------------------------------------------
 
 
+KEEP_S = 10.0  # a reader is started again when older: one never outlives by much a gc or new alternates
+READERS_MAX = 16  # readers kept at once (the least recently used one goes)
+INFO_CHUNK = 128  # `info` commands answered in one flush (their answers stay well under a pipe's 64 kB)
+_OBJECT = re.compile(rb"([0-9a-f]{40}|[0-9a-f]{64}) (blob|tree|commit|tag) (\d+)\n")
+
+
+class Found(NamedTuple):
+    """An object a `Reader` found: its id, type, size and (for `contents`) content."""
+
+    oid: str
+    kind: str
+    size: int
+    body: bytes | None
+
+
+class Reader:
+    """One `git cat-file --batch-command --buffer` kept running for a repository: every object read and
+    presence check is a round trip on its pipes, not a process each (git rescans its packs when an object
+    is not found, so what was fetched meanwhile is seen). One command batch at a time (`lock`); `forget`
+    drops it where a repository is emptied or borrows new objects."""
+
+    def __init__(self, repo: str):
+        self.repo, self.pid = repo, os.getpid()  # a forked child never shares its parent's pipes
+        self.started = time.monotonic()
+        self.lock = threading.Lock()
+        try:
+            self.proc = subprocess.Popen(
+                ["git", *NO_HOOKS, "cat-file", "--batch-command", "--buffer"],
+                cwd=repo,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=_env(None),
+                process_group=0,
+            )
+        except OSError as exc:
+            raise BusError(f"cannot read objects in {repo}: {exc}") from None
+
+    def ask(self, command: str, specs: Sequence[str]) -> list[Found | None]:
+        """For each spec (an object id or `<commit>:<path>`, any name git takes): what it names here, or None.
+        BrokenPipeError when git is gone."""
+        stdin, stdout = self.proc.stdin, self.proc.stdout
+        assert stdin is not None and stdout is not None
+        sendable = ["\n" not in spec and spec.strip() == spec and spec != "" for spec in specs]
+        lines = [f"{command} {spec}\n" for spec, ok in zip(specs, sendable, strict=True) if ok]
+        if not lines:
+            return [None] * len(specs)
+        stdin.write("".join(lines).encode(errors="surrogateescape") + b"flush\n")
+        stdin.flush()
+        answers: list[Found | None] = []
+        for ok in sendable:
+            if not ok:
+                answers.append(None)
+                continue
+            header = stdout.readline()
+            if not header.endswith(b"\n"):
+                raise BrokenPipeError(f"git cat-file ended in {self.repo}")
+            found = _OBJECT.fullmatch(header)
+            if found is None:  # `<spec> missing` or `<spec> ambiguous`
+                answers.append(None)
+                continue
+            size = int(found.group(3))
+            body = None
+            if command == "contents":
+                body = stdout.read(size + 1)
+                if len(body) != size + 1:
+                    raise BrokenPipeError(f"git cat-file ended in {self.repo}")
+                body = body[:size]
+            answers.append(Found(found.group(1).decode(), found.group(2).decode(), size, body))
+        return answers
+
+    def close(self) -> str:
+        """Stop it (once the batch it is answering is over); what it said on stderr."""
+        with self.lock:
+            with contextlib.suppress(OSError):
+                if self.proc.stdin is not None:
+                    self.proc.stdin.close()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            said = self.proc.stderr.read() if self.proc.stderr is not None else b""
+            for pipe in (self.proc.stdout, self.proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+        return message(said)
+
+
+_READERS: dict[str, Reader] = {}
+_READERS_LOCK = threading.Lock()
+
+
+def _reader(repo: Path | str) -> Reader:
+    key = os.path.abspath(repo)
+    with _READERS_LOCK:
+        now = time.monotonic()
+        stale = [k for k, r in _READERS.items() if now - r.started > KEEP_S or r.pid != os.getpid()]
+        while len(_READERS) - len(stale) >= READERS_MAX and key not in _READERS:
+            stale.append(min((k for k in _READERS if k not in stale), key=lambda k: _READERS[k].started))
+        for k in stale:
+            _READERS.pop(k).close()
+        if key not in _READERS:
+            _READERS[key] = Reader(key)
+        return _READERS[key]
+
+
+def forget(repo: Path | str) -> None:
+    """Stop the reader of `repo`, if any: it is emptied, deleted, or borrows other objects now."""
+    with _READERS_LOCK:
+        reader = _READERS.pop(os.path.abspath(repo), None)
+    if reader is not None:
+        reader.close()
+
+
+@atexit.register
+def _stop_readers() -> None:
+    with _READERS_LOCK:
+        readers = list(_READERS.values())
+        _READERS.clear()
+    for reader in readers:
+        reader.close()
+
+
+def cat(repo: Path | str, command: str, specs: Sequence[str]) -> list[Found | None]:
+    """`Reader.ask` on the reader of `repo` (`info`: in chunks of INFO_CHUNK; `contents`: one at a time, so a
+    large object never fills a pipe both ways). A reader that died is started again once; BusError (with git's
+    words) when that one fails too (no repository there)."""
+    step = INFO_CHUNK if command == "info" else 1
+    answers: list[Found | None] = []
+    for start in range(0, len(specs), step):
+        chunk = specs[start : start + step]
+        for attempt in range(2):
+            reader = _reader(repo)
+            try:
+                with reader.lock:
+                    answers += reader.ask(command, chunk)
+                break
+            except (OSError, ValueError) as exc:  # git is gone (or its pipes were closed under us)
+                forget(repo)
+                if attempt:
+                    said = reader.close() if reader.proc.poll() is not None else str(exc)
+                    raise BusError(f"cannot read objects in {repo}: {said or exc}") from None
+    return answers
+
+
 def read_blobs(repo: Path | str, specs: Sequence[str]) -> dict[str, bytes]:
-    """`<object>` or `<commit>:<path>` -> content for every spec that names a blob, with one
-    `git cat-file --batch` (local, no network)."""
-    if not specs:
-        return {}
-    data = run(repo, "cat-file", "--batch", input="".join(s + "\n" for s in specs).encode()).stdout
-    found, i = {}, 0
-    for spec in specs:
-        nl = data.index(b"\n", i)
-        header = data[i:nl].split()
-        i = nl + 1
-        if len(header) == 3 and header[1] == b"blob":
-            size = int(header[2])
-            found[spec] = data[i : i + size]
-            i += size + 1
-        elif len(header) == 3:  # a tree or commit where a blob was expected: skip its body
-            i += int(header[2]) + 1
-    return found
+    """`<object>` or `<commit>:<path>` -> content for every spec that names a blob (local, no network)."""
+    return {
+        spec: got.body
+        for spec, got in zip(specs, cat(repo, "contents", specs), strict=True)
+        if got is not None and got.kind == "blob" and got.body is not None
+    }
 
 
 def read_path(repo: Path | str, sha: str, path: str) -> bytes | None:
@@ -251,52 +389,45 @@ def read_blobs_in(repos: Sequence[Path], specs: Sequence[str]) -> dict[str, byte
 
 
 def blob_sizes(repo: Path | str, specs: Sequence[str]) -> dict[str, int]:
-    """`<object>` or `<commit>:<path>` -> size in bytes, for every spec that names a blob here, with one
-    `git cat-file --batch-check`: nothing is read, so a reader can refuse a blob by its size first."""
-    if not specs:
-        return {}
-    text = run(repo, "cat-file", "--batch-check", input="".join(s + "\n" for s in specs).encode()).stdout
-    sizes = {}
-    for spec, line in zip(specs, text.decode(errors="replace").splitlines(), strict=True):
-        parts = line.split()
-        if len(parts) == 3 and parts[1] == "blob":
-            sizes[spec] = int(parts[2])
-    return sizes
+    """`<object>` or `<commit>:<path>` -> size in bytes, for every spec that names a blob here: nothing is
+    read, so a reader can refuse a blob by its size first."""
+    return {
+        spec: got.size
+        for spec, got in zip(specs, cat(repo, "info", specs), strict=True)
+        if got is not None and got.kind == "blob"
+    }
 
 
 def ls_tree(repo: Path | str, treeish: str, recursive: bool = False) -> dict[str, tuple[str, str, str]]:
-    """path -> (mode, type, sha) of the entries of `treeish` ({} when it is not a tree)."""
-    proc = run(repo, "ls-tree", "-z", *(["-r"] if recursive else []), treeish, check=False)
-    if proc.returncode != 0:
-        return {}
-    entries = {}
-    for item in proc.stdout.decode(errors="surrogateescape").split("\0"):
-        if item:
-            meta, _, name = item.partition("\t")
-            mode, kind, sha = meta.split()
-            entries[name] = (mode, kind, sha)
-    return entries
+    """path -> (mode, type, sha) of the entries of `treeish` (a tree, a commit, `<commit>:<dir>`), as
+    `git ls-tree [-r]` prints them (with `recursive`, the files below its trees, not the trees), read through
+    the repository's `Reader`; {} when it is not a tree here (a subtree missing here is left out)."""
+    entries: dict[str, tuple[str, str, str]] = {}
+    level = {"": treeish if ":" in treeish else f"{treeish}^{{tree}}"}  # `<commit>:<dir>` names a tree
+    while level:
+        listed = tree_entries(repo, list(level.values()))
+        deeper = {}
+        for prefix, tree in level.items():
+            for name, (mode, sha) in listed.get(tree, {}).items():
+                mode = mode.rjust(6, "0")
+                kind = "tree" if mode == "040000" else "commit" if mode == "160000" else "blob"
+                path = f"{prefix}{name}"
+                if recursive and kind == "tree":
+                    deeper[f"{path}/"] = sha
+                else:
+                    entries[path] = (mode, kind, sha)
+        level = deeper if recursive else {}
+    return dict(sorted(entries.items()))
 
 
 def tree_entries(repo: Path | str, trees: Sequence[str]) -> dict[str, dict[str, tuple[str, str]]]:
-    """tree id -> {name: (mode, sha)} for each of `trees` here, read with one `git cat-file --batch` (where
-    `ls_tree` is a process per tree); a tree missing here is left out."""
-    if not trees:
-        return {}
-    data = run(repo, "cat-file", "--batch", input="".join(t + "\n" for t in trees).encode()).stdout
+    """tree -> {name: (mode as the tree object has it, sha)} for each of `trees` (a tree id, or any name of
+    a tree: `<commit>^{tree}`) here, read through the repository's `Reader`; a tree missing here is left out."""
     found: dict[str, dict[str, tuple[str, str]]] = {}
-    i = 0
-    for tree in trees:
-        nl = data.index(b"\n", i)
-        header = data[i:nl].split()
-        i = nl + 1
-        if len(header) != 3:  # missing
+    for tree, got in zip(trees, cat(repo, "contents", trees), strict=True):
+        if got is None or got.kind != "tree" or got.body is None:
             continue
-        size = int(header[2])
-        body, i = data[i : i + size], i + size + 1
-        if header[1] != b"tree":
-            continue
-        width, entries, j = len(tree) // 2, {}, 0
+        body, width, entries, j = got.body, len(got.oid) // 2, {}, 0
         while j < len(body):
             space, nul = body.index(b" ", j), body.index(b"\0", j)
             entries[body[space + 1 : nul].decode(errors="surrogateescape")] = (
@@ -320,11 +451,8 @@ def read_dir(repo: Path | str, sha: str, path: str) -> dict[str, bytes]:
 
 
 def present(repo: Path | str, shas: Sequence[str]) -> set[str]:
-    """Which of `shas` the repository at `repo` has (one `git cat-file --batch-check`)."""
-    if not shas:
-        return set()
-    text = run(repo, "cat-file", "--batch-check", input="".join(s + "\n" for s in shas).encode()).stdout
-    return {line.split()[0] for line in text.decode().splitlines() if not line.endswith(" missing")}
+    """Which of `shas` the repository at `repo` has."""
+    return {sha for sha, got in zip(shas, cat(repo, "info", shas), strict=True) if got is not None}
 
 
 def has_object(repo: Path | str, sha: str) -> bool:
@@ -532,6 +660,7 @@ def borrow_objects(repo: Path, objects: Path) -> None:
     path = info / "alternates"
     if not path.is_file() or path.read_text().strip() != str(objects):
         path.write_text(f"{objects}\n")
+        forget(repo)
 
 
 def shallow_commits(git_dir: Path) -> list[str]:
@@ -549,6 +678,7 @@ def add_shallow(repo: Path, commits: Sequence[str]) -> None:
 
 def gc_auto(repo: Path) -> None:
     run(repo, "gc", "--auto", "--quiet", check=False)
+    forget(repo)  # its objects may be gone from where its reader had them
 
 
 # --- the network ------------------------------------------------------------------------------------
