@@ -243,6 +243,7 @@ class Reader:
         self.repo, self.pid = repo, os.getpid()  # a forked child never shares its parent's pipes
         self.started = time.monotonic()
         self.lock = threading.Lock()
+        self.said: str | None = None  # once closed: what it said on stderr
         try:
             self.proc = subprocess.Popen(
                 ["git", *NO_HOOKS, "cat-file", "--batch-command", "--buffer"],
@@ -292,6 +293,8 @@ class Reader:
     def close(self) -> str:
         """Stop it (once the batch it is answering is over); what it said on stderr."""
         with self.lock:
+            if self.said is not None:
+                return self.said
             with contextlib.suppress(OSError):
                 if self.proc.stdin is not None:
                     self.proc.stdin.close()
@@ -304,7 +307,8 @@ class Reader:
             for pipe in (self.proc.stdout, self.proc.stderr):
                 if pipe is not None:
                     pipe.close()
-        return message(said)
+            self.said = message(said) if said.strip() else ""
+        return self.said
 
 
 _READERS: dict[str, Reader] = {}
@@ -359,8 +363,7 @@ def cat(repo: Path | str, command: str, specs: Sequence[str]) -> list[Found | No
             except (OSError, ValueError) as exc:  # git is gone (or its pipes were closed under us)
                 forget(repo)
                 if attempt:
-                    said = reader.close() if reader.proc.poll() is not None else str(exc)
-                    raise BusError(f"cannot read objects in {repo}: {said or exc}") from None
+                    raise BusError(f"cannot read objects in {repo}: {reader.close() or exc}") from None
     return answers
 
 
