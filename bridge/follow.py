@@ -22,8 +22,10 @@ one has "event", "id" and "at", the time it was seen:
 from __future__ import annotations
 
 import datetime as dt
+import queue
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Tag, TypeAdapter
@@ -316,3 +318,58 @@ class Follower:
                 f"no live runner serves label {entry.label!r} (waited {waited:.0f} s); request {self.id} "
                 f"stays queued on the bus (`kakeya runners` lists runners, `kakeya cancel {self.id}` cancels)"
             )
+
+
+class _Stopped(Exception):
+    """Raised in a follower's thread once the reader has stopped reading (`follow_all`)."""
+
+
+class _Follower(Follower):
+    """A Follower that ends at its next look once `stop` is set: no thread keeps polling for a reader gone."""
+
+    def __init__(self, c: Client, rid: str, stop: threading.Event, **kw: Any):
+        super().__init__(c, rid, **kw)
+        self.stop = stop
+
+    def look(self, entry: Entry) -> Iterator[Event]:
+        if self.stop.is_set():
+            raise _Stopped
+        yield from super().look(entry)
+
+
+def follow_all(
+    c: Client, ids: Sequence[str], timeout: float | None = None, no_runner_timeout: float | None = None
+) -> Iterator[dict[str, Any]]:
+    """The events of every request in `ids`, followed at once (one thread each), as they come; each event
+    carries its request's "id", each request ends with its last event ("finished", or how it ended). An error
+    while following one (a timeout, no live runner) is raised once read; the other threads then stop at their
+    next look."""
+    events: queue.Queue[dict[str, Any] | BaseException | None] = queue.Queue()
+    stop = threading.Event()
+
+    def follow(rid: str) -> None:
+        try:
+            for event in _Follower(
+                c, rid, stop, timeout=timeout, no_runner_timeout=no_runner_timeout
+            ).events():
+                events.put(event.dump())
+        except _Stopped:
+            pass
+        except BaseException as exc:  # noqa: BLE001 — handed to the reader, which raises it
+            events.put(exc)
+        events.put(None)
+
+    for rid in ids:
+        threading.Thread(target=follow, args=(rid,), daemon=True).start()
+    left = len(ids)
+    try:
+        while left:
+            item = events.get()
+            if item is None:
+                left -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        stop.set()

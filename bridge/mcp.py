@@ -35,6 +35,7 @@ from bridge.commands import evidence as ev
 from bridge.commands._common import out_dir
 from bridge.config import load_config, project_root
 from bridge.errors import InvalidRequest, KakeyaError, problems
+from bridge.follow import follow_all
 from bridge.presence import read_presences
 from bridge.presets import Preset, get_preset, load_registry
 from bridge.progress import bar
@@ -289,7 +290,7 @@ class Tools:
     def follow(self, c: Client, ids: list[str], timeout: float | None, progress: Progress) -> dict[str, Any]:
         """Follow `ids` to their ends, each event a progress notification; the last event."""
         last: dict[str, Any] = {}
-        for last in ev.follow_all(c, ids, timeout):
+        for last in follow_all(c, ids, timeout):
             progress(last)
         return last
 

@@ -16,21 +16,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import queue
 import re
-import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from bridge import evidence
-from bridge.bus import LIVE, Entry, Manifest, read_manifests, utcnow
+from bridge.bus import LIVE, Manifest, read_manifests, utcnow
 from bridge.client import Client
 from bridge.commands._common import add_remote, add_signer_args, client
-from bridge.commands.wait import add_wait_args, line
 from bridge.errors import InvalidRequest
 from bridge.evidence import REQUIRED_FILE, DoneResults, Outcome, Requirement
-from bridge.follow import Event, Follower
 from bridge.names import SHA_PATTERN
 from bridge.presets import Preset, load_registry
 from bridge.trust import Signers, evidence_signers
@@ -49,6 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--wait", action="store_true", help="follow the requested and pending runs until all are done"
     )
+    from bridge.commands.wait import add_wait_args  # `wait` and bridge/follow.py: only where they are used
+
     add_wait_args(parser, "with --wait: ")
     add_signer_args(parser)
     add_remote(parser)
@@ -193,62 +191,10 @@ def request_missing(
     return made
 
 
-class _Stopped(Exception):
-    """Raised in a follower's thread once the reader has stopped reading (`follow_all`)."""
-
-
-class _Follower(Follower):
-    """A Follower that ends at its next look once `stop` is set: no thread keeps polling for a reader gone."""
-
-    def __init__(self, c: Client, rid: str, stop: threading.Event, **kw: Any):
-        super().__init__(c, rid, **kw)
-        self.stop = stop
-
-    def look(self, entry: Entry) -> Iterator[Event]:
-        if self.stop.is_set():
-            raise _Stopped
-        yield from super().look(entry)
-
-
-def follow_all(
-    c: Client, ids: Sequence[str], timeout: float | None = None, no_runner_timeout: float | None = None
-) -> Iterator[dict[str, Any]]:
-    """The events of every request in `ids`, followed at once (one thread each), as they come; each event
-    carries its request's "id", each request ends with its last event ("finished", or how it ended). An error
-    while following one (a timeout, no live runner) is raised once read; the other threads then stop at their
-    next look."""
-    events: queue.Queue[dict[str, Any] | BaseException | None] = queue.Queue()
-    stop = threading.Event()
-
-    def follow(rid: str) -> None:
-        try:
-            for event in _Follower(
-                c, rid, stop, timeout=timeout, no_runner_timeout=no_runner_timeout
-            ).events():
-                events.put(event.dump())
-        except _Stopped:
-            pass
-        except BaseException as exc:  # noqa: BLE001 — handed to the reader, which raises it
-            events.put(exc)
-        events.put(None)
-
-    for rid in ids:
-        threading.Thread(target=follow, args=(rid,), daemon=True).start()
-    left = len(ids)
-    try:
-        while left:
-            item = events.get()
-            if item is None:
-                left -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield item
-    finally:
-        stop.set()
-
-
 def run(args: argparse.Namespace) -> int:
+    from bridge.commands.wait import line
+    from bridge.follow import follow_all
+
     registry = load_registry()
     c = client(args)
     reqs = requirements(c, args.require, registry)

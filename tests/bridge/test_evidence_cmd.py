@@ -14,10 +14,11 @@ import pytest
 from bridge.bus import new_id
 from bridge.cli import main
 from bridge.client import Client
-from bridge.commands.evidence import follow_all, params_for
+from bridge.commands.evidence import params_for
 from bridge.config import load_config
 from bridge.errors import InvalidRequest, KakeyaError
 from bridge.evidence import Requirement
+from bridge.follow import follow_all
 from bridge.presets import load_registry
 from tests.bridge.bus_support import (
     Daemon,
