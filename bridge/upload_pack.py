@@ -177,7 +177,11 @@ def _store(
 ) -> None:
     """`pack` into `store` (`git index-pack --stdin`, --promisor when filtered), each of `wants` in it."""
     size = hashlib.new(algo).digest_size
-    if len(pack) < 12 + size or pack[:4] != b"PACK" or hashlib.new(algo, pack[:-size]).digest() != pack[-size:]:
+    if (
+        len(pack) < 12 + size
+        or pack[:4] != b"PACK"
+        or hashlib.new(algo, pack[:-size]).digest() != pack[-size:]
+    ):
         raise BusError(f"the bus sent a damaged pack ({len(pack)} bytes that are not a whole pack)")
     proc = git.run(
         store,
