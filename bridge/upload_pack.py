@@ -47,7 +47,7 @@ def daemon_fetch(
         return
     deadline = time.monotonic() + timeout
     host, port, hello = git.daemon_address(url, "git-upload-pack", "\0version=2\0")
-    what = f"fetching {len(wants)} object{'s' if len(wants) > 1 else ''} from {url}"
+    what = f"fetching {len(wants)} object{'s' if len(wants) > 1 else ''}"
     try:
         sock = socket.create_connection((host, port), timeout=_left(deadline))
     except TimeoutError:

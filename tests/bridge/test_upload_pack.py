@@ -180,7 +180,7 @@ SAID = {
     "bad band": "malformed packet in its pack",
     "ERR at hello": "access denied or repository not exported",
     "v0": "does not speak git protocol version 2",
-    "never answers": r"fetching 1 object from git://.* timed out after 1 s",
+    "never answers": "fetching 1 object timed out after 1 s",
 }
 
 
@@ -215,5 +215,17 @@ def test_a_whole_pack_from_a_fake_server_is_stored(tmp_path: Path, store: Path):
         other = G.write_blobs(source, [b"y"])[0]  # a pack that lacks what was asked for
         with pytest.raises(BusError, match="lacks 1 of the objects asked for"):
             UP.daemon_fetch(store, f"git://127.0.0.1:{server.port}/bus.git", [other], 10)
+    finally:
+        server.close()
+
+
+def test_a_bus_that_never_answers_is_unreachable_through_fetch_ids(store: Path):
+    server = FakeServer(_silent)
+    try:
+        bus = Bus(f"git://127.0.0.1:{server.port}/bus.git", store, timeout_s=1)
+        with pytest.raises(
+            BusUnreachable, match=r"cannot fetch 1 ledger maps from the bus at git://.*timed out"
+        ):
+            bus.fetch_ids(["1" * 40], "ledger maps", standalone=True)
     finally:
         server.close()
