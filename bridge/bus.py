@@ -47,7 +47,7 @@ from pydantic import (
     model_validator,
 )
 
-from bridge import git, receive_pack
+from bridge import git, receive_pack, upload_pack
 from bridge.errors import BusError, BusUnreachable, KakeyaError, problems
 from bridge.names import LABEL, LABEL_RE, NAME, RUNNER_NAME_RE, SHA_PATTERN
 
@@ -609,20 +609,30 @@ class Bus:
         depth: int | None = None,
         tree_filter: str | None = None,
         tips: Sequence[str] = (),
+        standalone: bool = False,
     ) -> None:
         """Fetch the commits `shas` (objects only) that no local repository of the bus (the store, with
         `in_store`) has yet, by object id in one round trip (never a named refspec each: the server matches
         those one by one); `depth`: only that many commits of each history (the store becomes shallow);
-        `tree_filter`, `tips`: git's --filter and --negotiation-tip (`git.fetch`)."""
+        `tree_filter`, `tips`: git's --filter and --negotiation-tip (`git.fetch`). `standalone`: blobs and
+        trees only, nothing to negotiate: from a git:// bus they come in protocol v2 on a socket of our own
+        (bridge/upload_pack.py: no `git fetch`, no delayed-ACK stall)."""
         missing = sorted(set(shas))
         for repo in self.repos()[:1] if in_store else self.repos():
             missing = sorted(set(missing) - git.present(repo, missing))
         if not missing:
             return
-        try:
-            msg = git.fetch(self.store, self.url, missing, self.timeout_s, depth, tree_filter, tips)
-        except BusError as exc:  # a time limit: say what was being fetched
-            raise BusUnreachable(f"fetching {len(missing)} {what} from {self.url}: {exc}") from None
+        if standalone and self.url.startswith("git://") and not depth and not tips:
+            try:
+                upload_pack.daemon_fetch(self.store, self.url, missing, self.timeout_s, tree_filter)
+                msg = None
+            except BusError as exc:  # classified as git's own message below
+                msg = str(exc)
+        else:
+            try:
+                msg = git.fetch(self.store, self.url, missing, self.timeout_s, depth, tree_filter, tips)
+            except BusError as exc:  # a time limit: say what was being fetched
+                raise BusUnreachable(f"fetching {len(missing)} {what} from {self.url}: {exc}") from None
         if msg is not None:
             refused = "not our ref" in msg or "unadvertised object" in msg
             hint = (

@@ -186,7 +186,7 @@ def read_maps(
     if along:
         bus.fetch_results(along, "ledger maps and results", subjects, sorted(set(shas.values())))
     else:
-        bus.fetch_ids(sorted(set(shas.values())), "ledger maps")
+        bus.fetch_ids(sorted(set(shas.values())), "ledger maps", standalone=True)
     blobs = git.read_blobs_in(bus.repos(), sorted(set(shas.values())))
     found = {}
     for kind, sha in shas.items():
@@ -251,7 +251,7 @@ def fetch_trees(
     the ledger commit at depth 1 into the ledger store instead (its whole index, no history). The local
     repositories that hold them."""
     try:
-        bus.fetch_ids(trees, "ledger shards", tree_filter=tree_filter)
+        bus.fetch_ids(trees, "ledger shards", tree_filter=tree_filter, standalone=True)
         return bus.repos()
     except BusError as exc:
         if not refused(exc):
@@ -337,7 +337,9 @@ def fetch_index_dirs(side: Bus, tip: str, dirs: Iterable[str]) -> None:
     level = {"": git.out(store, "cat-file", "commit", tip).split("\n", 1)[0].removeprefix("tree ")}
     while level:
         trees = sorted(set(level.values()))
-        side.fetch_ids(trees, "the ledger's index trees", in_store=True, tree_filter="tree:0")
+        side.fetch_ids(
+            trees, "the ledger's index trees", in_store=True, tree_filter="tree:0", standalone=True
+        )
         listed = git.tree_entries(store, trees)
         level = {
             child: sha

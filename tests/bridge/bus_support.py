@@ -6,6 +6,7 @@ to $COUNTER — the side effect that counts executions — and writes a valid pr
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import http.server
 import json
@@ -230,6 +231,37 @@ class Daemon:
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(10)
+
+
+class FakeServer:
+    """A socket on 127.0.0.1 that answers each connection with `answer(conn)`: a git daemon gone wrong."""
+
+    def __init__(self, answer: Callable[[socket.socket], None]):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.answer = answer
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    self.answer(conn)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        """Stop accepting (a shutdown wakes the accept; a close alone would leave it waiting on a descriptor
+        that the next socket of the process may reuse), then close."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.thread.join(10)
+        self.sock.close()
 
 
 class _Server(http.server.ThreadingHTTPServer):

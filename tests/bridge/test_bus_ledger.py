@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -35,7 +36,17 @@ from bridge.config import load_config
 from bridge.errors import BusError, KakeyaError
 from bridge.evidence import DoneResults
 from bridge.runner import Runner
-from tests.bridge.bus_support import Daemon, Env, client, git, make_runner, runner_process, stop, wait_for
+from tests.bridge.bus_support import (
+    Daemon,
+    Env,
+    HttpGit,
+    client,
+    git,
+    make_runner,
+    runner_process,
+    stop,
+    wait_for,
+)
 from tests.bridge.test_baseline import bench_fixture, run  # noqa: F401 — the `bench` fixture
 
 
@@ -193,23 +204,25 @@ def test_a_compaction_onto_a_ledger_reads_only_the_directories_it_writes_into(wo
     assert {kind: refs[L.map_ref(kind)] for kind in L.KINDS} == L.write_maps(bus_dir, refs[L.LEDGER_REF])
 
 
-def test_a_server_that_sends_no_unnamed_object_gets_the_ledger_at_depth_one(
-    world: Env, daemon: Daemon, capsys, monkeypatch
-):
-    """Protocol v0 (git fetch asked for it here) serves only objects a ref names: the shard tree is refused,
-    and the reader falls back to the ledger commit at depth 1, in the ledger's own store (the user's
-    repository never becomes shallow)."""
-    url = daemon.repo()
-    bus_dir = daemon.base / "bus.git"
+@pytest.fixture(name="v0")
+def v0_fixture(world: Env) -> Iterator[HttpGit]:
+    old = HttpGit(world.tmp / "v0", v2=False)
+    yield old
+    old.stop()
+
+
+def test_a_server_that_sends_no_unnamed_object_gets_the_ledger_at_depth_one(world: Env, v0: HttpGit, capsys):
+    """Protocol v0 (a server that speaks only v0: a git daemon is asked in v2 by bridge/upload_pack.py) serves
+    only objects a ref names: the shard tree is refused, and the reader falls back to the ledger commit at
+    depth 1, in the ledger's own store (the user's repository never becomes shallow)."""
+    url = v0.repo()
+    bus_dir = v0.base / "bus.git"
     made = history(url, world, bus_dir, 12)
     assert main(["bus", "compact", "--older-than", "3", "--remote", url]) == 0
     moved = min(old_ids(made, 3))
     other = world.tmp / "other"
     git(world.tmp, "clone", "-q", str(world.project), str(other))
     os.chdir(other)
-    for key, value in {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "protocol.version"}.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("GIT_CONFIG_VALUE_0", "0")
     capsys.readouterr()
     assert main(["status", "--all", "--json", "--remote", url]) == 0  # the index: from the ledger at depth 1
     assert moved in {row["id"] for row in json.loads(capsys.readouterr().out)}

@@ -3,13 +3,11 @@ git daemon, sshd) and fake servers that drop the connection, answer garbage or n
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import socket
 import subprocess
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,7 @@ from bridge import git as G
 from bridge import receive_pack as RP
 from bridge.bus import Bus, Update
 from bridge.errors import BusError, BusUnreachable
-from tests.bridge.bus_support import Daemon, git
+from tests.bridge.bus_support import Daemon, FakeServer, git
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 HAS_SSHD = Path(SSHD).is_file() and os.geteuid() == 0
@@ -208,37 +206,6 @@ def test_http_and_a_signed_push_keep_git_push(tmp_path):
     assert not RP.speaks(store, str(tmp_path / "bus.git"))
     git(store, "config", "push.gpgSign", "false")
     assert RP.speaks(store, str(tmp_path / "bus.git"))
-
-
-class FakeServer:
-    """A socket on 127.0.0.1 that answers each connection with `answer(conn)`: a git daemon gone wrong."""
-
-    def __init__(self, answer: Callable[[socket.socket], None]):
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.answer = answer
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                try:
-                    self.answer(conn)
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        """Stop accepting (a shutdown wakes the accept; a close alone would leave it waiting on a descriptor
-        that the next socket of the process may reuse), then close."""
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-        self.thread.join(10)
-        self.sock.close()
 
 
 SHA = "1" * 40
