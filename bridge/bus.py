@@ -549,9 +549,12 @@ class Bus:
         (`fetch_shallow` brings those missing) are told to the server as commits we have, so it stops there.
         A done commit's history is its heartbeats, its claim, its request, its subject and the subject's whole
         past, which a depth-1 checkout of the base (the PR gate's) does not have."""
+        missing = self.missing([*commits, *objects])  # a bus on this host is read in place
+        if not missing:
+            return
         side = self.side()
-        tips = sorted(set(subjects) - set(self.missing(subjects)))
-        side.fetch_ids([*commits, *objects], what, in_store=True, tips=tips)
+        tips = sorted(git.present(side.store, sorted(set(subjects))))  # only what git sees there can be a tip
+        side.fetch_ids(missing, what, in_store=True, tips=tips)
 
     def local_dir(self) -> Path | None:
         """The bus itself when it is a repository on a local path (its objects are read in place)."""

@@ -404,9 +404,9 @@ def test_over_a_url_bus_the_evidence_is_fetched_once(world: Env, capsys):
     assert not (world.project / ".git" / "shallow").exists()
 
 
-@pytest.mark.parametrize("checkout", ["base", "head"])
+@pytest.mark.parametrize("checkout,url", [("base", "file"), ("head", "file"), ("base", "path")])
 def test_a_depth_1_checkout_fetches_the_runs_down_to_the_subject_never_its_past(
-    world: Env, monkeypatch, capsys, checkout: str
+    world: Env, monkeypatch, capsys, checkout: str, url: str
 ):
     """pr-gate.yml checks the base out at depth 1 and gates the PR's head. A done commit's history is its
     heartbeats, claim and request, then the head and the head's whole past: the gate fetches the head at
@@ -421,7 +421,8 @@ def test_a_depth_1_checkout_fetches_the_runs_down_to_the_subject_never_its_past(
         git(world.project, "commit", "-qm", f"past {i}")
         past.append(git(world.project, "rev-parse", "HEAD"))
     head = past.pop()
-    bus = LocalBus(world, url=f"file://{G.init_bare(world.tmp / 'remote.git')}")
+    bare = G.init_bare(world.tmp / "remote.git")
+    bus = LocalBus(world, url=f"file://{bare}" if url == "file" else str(bare))
     rid = bus.run("work")
     ci = world.tmp / "ci"
     branch = "base" if checkout == "base" else "main"
@@ -431,9 +432,12 @@ def test_a_depth_1_checkout_fetches_the_runs_down_to_the_subject_never_its_past(
     assert gate(bus, head, "work@cpu") == 0
     assert capsys.readouterr().out.splitlines() == [f"✓ work@cpu: pass — {rid}{UNSIGNED}"]
     stores = Bus(bus.url, ci).repos()
-    assert stores == [ci, ci / ".git" / RESULTS_STORE]
-    assert any(G.present(repo, [bus.done(rid), head]) == {bus.done(rid), head} for repo in stores)
-    assert not any(G.present(repo, past) for repo in stores), "the subject's past was fetched"
+    assert (bare in stores) == (url == "path")  # a bus on a path is read in place: nothing to fetch
+    fetched = [repo for repo in stores if repo != bare]
+    assert fetched == ([ci] if url == "path" else [ci, ci / ".git" / RESULTS_STORE])
+    if url != "path":
+        assert any(G.present(repo, [bus.done(rid), head]) == {bus.done(rid), head} for repo in fetched)
+    assert not any(G.present(repo, past) for repo in fetched), "the subject's past was fetched"
     assert G.out(ci, "rev-parse", "--is-shallow-repository") == "true"
     assert (ci / ".git" / "shallow").read_text().split() == [base if checkout == "base" else head]
     assert gate(bus, head, "work@cpu") == 0  # again, from what is here
