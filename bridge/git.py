@@ -220,7 +220,7 @@ def working_tree(root: Path) -> str:
 
 KEEP_S = 10.0  # a reader is started again when older: one never outlives by much a gc or new alternates
 READERS_MAX = 16  # readers kept at once (the least recently used one goes)
-INFO_CHUNK = 128  # `info` commands answered in one flush (their answers stay well under a pipe's 64 kB)
+CHUNK_BYTES = 16384  # commands written at once, then answered: far under the 64 kB a pipe holds
 _OBJECT = re.compile(rb"([0-9a-f]{40}|[0-9a-f]{64}) (blob|tree|commit|tag) (\d+)\n")
 
 
@@ -346,14 +346,24 @@ def _stop_readers() -> None:
         reader.close()
 
 
+def chunks(specs: Sequence[str]) -> list[Sequence[str]]:
+    """`specs` in runs whose commands take CHUNK_BYTES at most (one spec at least)."""
+    out: list[Sequence[str]] = []
+    start, size = 0, 0
+    for i, spec in enumerate(specs):
+        if i > start and size + len(spec) + 10 > CHUNK_BYTES:
+            out.append(specs[start:i])
+            start, size = i, 0
+        size += len(spec) + 10
+    return [*out, specs[start:]] if start < len(specs) else out
+
+
 def cat(repo: Path | str, command: str, specs: Sequence[str]) -> list[Found | None]:
-    """`Reader.ask` on the reader of `repo` (`info`: in chunks of INFO_CHUNK; `contents`: one at a time, so a
-    large object never fills a pipe both ways). A reader that died is started again once; BusError (with git's
-    words) when that one fails too (no repository there)."""
-    step = INFO_CHUNK if command == "info" else 1
+    """`Reader.ask` on the reader of `repo`, a chunk at a time (`chunks`): its commands always fit in the pipe
+    to git, so writing them never waits on git, which may be waiting on us to read its answers. A reader that
+    died is started again once; BusError (with git's words) when that one fails too (no repository there)."""
     answers: list[Found | None] = []
-    for start in range(0, len(specs), step):
-        chunk = specs[start : start + step]
+    for chunk in chunks(specs):
         for attempt in range(2):
             reader = _reader(repo)
             try:

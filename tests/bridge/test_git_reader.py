@@ -40,7 +40,7 @@ def test_objects_written_after_the_reader_started_are_seen(tmp_path: Path):
 
 def test_large_blobs_many_specs_and_names_it_cannot_send(tmp_path: Path):
     big = os.urandom(3 << 20)  # far over a pipe's 64 kB, both ways
-    files = {f"d/{i:03d}.txt": f"{i}\n".encode() for i in range(300)}  # over INFO_CHUNK specs
+    files = {f"d/{i:03d}.txt": f"{i}\n".encode() for i in range(300)}  # commands over CHUNK_BYTES
     repo, head = repo_with(tmp_path, {"big.bin": big, **files})
     specs = [f"{head}:{name}" for name in files]
     odd = [f"{head}:big.bin\n{head}:d/001.txt", " " + head, "", f"{head}:nope"]
@@ -51,6 +51,10 @@ def test_large_blobs_many_specs_and_names_it_cannot_send(tmp_path: Path):
         specs[7]: b"7\n",
     }
     assert G.read_blobs(repo, [f"{head}:d"]) == {}  # a tree where a blob was asked for
+    assert G.read_blobs(repo, specs) == {s: files[s.split(":", 1)[1]] for s in specs}  # in several chunks
+    long = f"{head}:" + "x" * 40000  # a name alone over CHUNK_BYTES: sent alone
+    assert G.blob_sizes(repo, [long, *specs[:3]]) == {s: 2 for s in specs[:3]}
+    assert [len(c) for c in G.chunks(["a" * 9000, "b", "c" * 9000, "d" * 20000])] == [2, 1, 1]
     assert G.ls_tree(repo, f"{head}:d")["005.txt"][1] == "blob"
 
 
