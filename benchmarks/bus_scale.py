@@ -391,23 +391,19 @@ def retry(call: Callable[[], object]) -> None:
         call()
 
 
-def measure_size(
-    work: Path,
-    size: int,
-    transport: str = "git",
-    per_day: float = 100,
-    migrate: str = "runners",
-    gate_repeats: int = 5,
-) -> dict[str, Any]:
-    """Every operation on a bus of `size` finished requests made at `per_day` a day (so the history spans
-    size / per_day days, and the runners' compaction window of 2 days holds about 2 * per_day of them), served
-    over `transport`: {op: {"bytes", "bytes_down", "seconds", "rc"}}."""
+def emit(result: dict[str, Any], out: Path | None) -> None:
+    """A benchmark's JSON, to `out` when given, and to stdout."""
+    text = json.dumps(result, indent=2) + "\n"
+    if out:
+        out.write_text(text)
+    print(text, end="")
+
+
+def bench_project(work: Path) -> tuple[Path, dict[str, str]]:
+    """The project every bus benchmark requests runs of (work/project: the probe program, one commit on main)
+    and the environment of its commands (the `bench` preset of work/presets, a runner name, a committer)."""
     import yaml
 
-    served = work / "served"
-    bus = G.init_bare(served / "bus.git")
-    G.run(bus, "config", "http.receivepack", "true")
-    G.run(bus, "config", "uploadpack.allowFilter", "true")  # as GitHub and GitLab do (docs/bus.md)
     project, presets = work / "project", work / "presets"
     presets.mkdir(parents=True)
     (presets / "bench.yaml").write_text(yaml.safe_dump(PRESET))
@@ -433,6 +429,26 @@ def measure_size(
     }
     for args in (("init", "-q", "-b", "main"), ("add", "-A"), ("commit", "-qm", "project")):
         sh("git", *args, cwd=project, env=env)
+    return project, env
+
+
+def measure_size(
+    work: Path,
+    size: int,
+    transport: str = "git",
+    per_day: float = 100,
+    migrate: str = "runners",
+    gate_repeats: int = 5,
+) -> dict[str, Any]:
+    """Every operation on a bus of `size` finished requests made at `per_day` a day (so the history spans
+    size / per_day days, and the runners' compaction window of 2 days holds about 2 * per_day of them), served
+    over `transport`: {op: {"bytes", "bytes_down", "seconds", "rc"}}."""
+
+    served = work / "served"
+    bus = G.init_bare(served / "bus.git")
+    G.run(bus, "config", "http.receivepack", "true")
+    G.run(bus, "config", "uploadpack.allowFilter", "true")  # as GitHub and GitLab do (docs/bus.md)
+    project, env = bench_project(work)
     sh("git", "push", "-q", str(bus), "main", cwd=project, env=env)
     out: dict[str, Any] = {
         "transport": transport,

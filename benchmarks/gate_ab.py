@@ -25,8 +25,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -40,29 +38,7 @@ def measure(work: Path, size: int, trees: dict[str, Path], rounds: int) -> dict:
     served = work / "served"
     bus = B.G.init_bare(served / "bus.git")
     B.G.run(bus, "config", "uploadpack.allowFilter", "true")
-    project, presets = work / "project", work / "presets"
-    presets.mkdir(parents=True)
-    project.mkdir()
-    (presets / "bench.yaml").write_text(yaml.safe_dump(B.PRESET))
-    (project / "bench_program.py").write_text(B.PROGRAM)
-    (project / ".gitignore").write_text("/out/\n/.kakeya/\n")
-    env = {
-        **{
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith("KAKEYA_") and k != "PYTHONDONTWRITEBYTECODE"
-        },
-        "KAKEYA_PRESETS": str(presets),
-        "KAKEYA_RUNNER_NAME": "bench",
-        "GIT_AUTHOR_NAME": "B",
-        "GIT_AUTHOR_EMAIL": "b@x",
-        "GIT_COMMITTER_NAME": "B",
-        "GIT_COMMITTER_EMAIL": "b@x",
-        "PYTHONPATH": str(ROOT),
-        "OMP_NUM_THREADS": "1",
-    }
-    for args in (("init", "-q", "-b", "main"), ("add", "-A"), ("commit", "-qm", "project")):
-        B.sh("git", *args, cwd=project, env=env)
+    project, env = B.bench_project(work)
     B.sh("git", "push", "-q", str(bus), "main", cwd=project, env=env)
     times: dict[str, dict[str, list[float]]] = {name: {s: [] for s in SUBJECTS} for name in trees}
     with B.serve(served, "git") as (url, _relay):
@@ -125,10 +101,7 @@ def main() -> None:
         "load_avg_after": os.getloadavg(),
         "gate_cold": figures,
     }
-    text = json.dumps(result, indent=2) + "\n"
-    if args.out:
-        args.out.write_text(text)
-    print(text, end="")
+    B.emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ Not a test: it measures, it asserts nothing.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import subprocess
@@ -25,8 +24,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -38,36 +35,13 @@ import bus_scale as B  # noqa: E402
 def measure(work: Path, commits: int, blob_bytes: int) -> dict:
     served = work / "served"
     B.G.init_bare(served / "bus.git")
-    project, presets = work / "project", work / "presets"
-    presets.mkdir()
-    project.mkdir()
-    (presets / "bench.yaml").write_text(yaml.safe_dump(B.PRESET))
-    (project / "bench_program.py").write_text(B.PROGRAM)
-    (project / ".gitignore").write_text("/out/\n/.kakeya/\n")
-    env = {
-        **{
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith("KAKEYA_") and k != "PYTHONDONTWRITEBYTECODE"
-        },
-        "KAKEYA_PRESETS": str(presets),
-        "KAKEYA_RUNNER_NAME": "bench",
-        "GIT_AUTHOR_NAME": "B",
-        "GIT_AUTHOR_EMAIL": "b@x",
-        "GIT_COMMITTER_NAME": "B",
-        "GIT_COMMITTER_EMAIL": "b@x",
-        "PYTHONPATH": str(ROOT),
-        "OMP_NUM_THREADS": "1",
-    }
+    project, env = B.bench_project(work)
 
     def sh(*argv: str, cwd: Path = project) -> str:
         return subprocess.run(
             argv, cwd=cwd, env=env, check=True, capture_output=True, text=True
         ).stdout.strip()
 
-    sh("git", "init", "-q", "-b", "main")
-    sh("git", "add", "-A")
-    sh("git", "commit", "-qm", "project")
     for i in range(commits):
         (project / "big.bin").write_bytes(os.urandom(blob_bytes))
         sh("git", "add", "big.bin")
@@ -145,10 +119,7 @@ def main() -> None:
         "git": B.G.version(),
         **figures,
     }
-    text = json.dumps(result, indent=2) + "\n"
-    if args.out:
-        args.out.write_text(text)
-    print(text, end="")
+    B.emit(result, args.out)
 
 
 if __name__ == "__main__":
