@@ -109,6 +109,8 @@ def main() -> None:
     parser.add_argument("--blob-bytes", type=int, default=20000, help="random bytes each commit changes")
     parser.add_argument("--out", type=Path, help="write the JSON here (default: print it)")
     args = parser.parse_args()
+    if args.commits < 7:
+        parser.error("--commits must be 7 or more: the PR's base is the head's 6th parent back")
     with tempfile.TemporaryDirectory(prefix="kakeya-gate-history-") as tmp:
         figures = measure(Path(tmp), args.commits, args.blob_bytes)
     result = {
