@@ -30,7 +30,7 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -539,7 +539,7 @@ class Bus:
         """Fetch the commits `shas` at depth 1 into RESULTS_STORE (those no local repository has yet): each
         with its tree, never its history."""
         if missing := self.missing(shas):
-            self.side().fetch_ids(missing, what, in_store=True, depth=1)
+            self.side().fetch_ids(missing, what, in_store=True, depth=1, haves=self.ref_tips)
 
     def fetch_results(
         self, commits: Sequence[str], what: str, subjects: Iterable[str], objects: Sequence[str] = ()
@@ -554,7 +554,24 @@ class Bus:
             return
         side = self.side()
         tips = sorted(git.present(side.store, sorted(set(subjects))))  # only what git sees there can be a tip
-        side.fetch_ids(missing, what, in_store=True, tips=tips)
+        side.fetch_ids(missing, what, in_store=True, tips=tips, haves=lambda: tips)
+
+    def ref_tips(self, count: int = 256) -> list[str]:
+        """The commits the store's branches (and HEAD) point at, the newest `count`: what a fetch at depth 1
+        tells the server it has (as `git fetch` tells it the refs of the repositories it borrows from)."""
+        main = self.main or self
+        text = git.out(
+            main.store,
+            "for-each-ref",
+            f"--count={count}",
+            "--sort=-committerdate",
+            "--format=%(objectname) %(objecttype)",
+            "refs/heads",
+            "refs/remotes",
+        )
+        head = git.rev_parse(main.store, "HEAD")
+        tips = [sha for sha, _, kind in (ln.partition(" ") for ln in text.splitlines()) if kind == "commit"]
+        return sorted({*tips, *([head] if head else [])})
 
     def local_dir(self) -> Path | None:
         """The bus itself when it is a repository on a local path (its objects are read in place)."""
@@ -613,21 +630,27 @@ class Bus:
         tree_filter: str | None = None,
         tips: Sequence[str] = (),
         standalone: bool = False,
+        haves: Callable[[], Sequence[str]] | None = None,
     ) -> None:
         """Fetch the commits `shas` (objects only) that no local repository of the bus (the store, with
         `in_store`) has yet, by object id in one round trip (never a named refspec each: the server matches
         those one by one); `depth`: only that many commits of each history (the store becomes shallow);
-        `tree_filter`, `tips`: git's --filter and --negotiation-tip (`git.fetch`). `standalone`: blobs and
-        trees only, nothing to negotiate: from a git:// bus they come in protocol v2 on a socket of our own
-        (bridge/upload_pack.py: no `git fetch`, no delayed-ACK stall)."""
+        `tree_filter`, `tips`: git's --filter and --negotiation-tip (`git.fetch`). From a git:// bus, blobs and
+        trees only (`standalone`: nothing to negotiate), or commits with the `haves` to negotiate in one round,
+        come in protocol v2 on a socket of our own (bridge/upload_pack.py: no `git fetch`, no delayed-ACK
+        stall)."""
         missing = sorted(set(shas))
         for repo in self.repos()[:1] if in_store else self.repos():
             missing = sorted(set(missing) - git.present(repo, missing))
         if not missing:
             return
-        if standalone and self.url.startswith("git://") and not depth and not tips:
+        own = self.url.startswith("git://") and ((standalone and not depth and not tips) or haves is not None)
+        if own:
             try:
-                upload_pack.daemon_fetch(self.store, self.url, missing, self.timeout_s, tree_filter)
+                said = haves() if haves is not None else ()
+                upload_pack.daemon_fetch(
+                    self.store, self.url, missing, self.timeout_s, tree_filter, depth, said
+                )
                 msg = None
             except BusError as exc:  # classified as git's own message below
                 msg = str(exc)

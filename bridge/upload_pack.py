@@ -34,13 +34,22 @@ _QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 
 
 def daemon_fetch(
-    store: Path | str, url: str, wants: Sequence[str], timeout: float, tree_filter: str | None = None
+    store: Path | str,
+    url: str,
+    wants: Sequence[str],
+    timeout: float,
+    tree_filter: str | None = None,
+    depth: int | None = None,
+    haves: Sequence[str] = (),
 ) -> None:
-    """Fetch the objects `wants` (hex object ids of blobs and trees) from the git:// bus `url` into `store`
-    within `timeout` seconds (`tree_filter`: git's --filter, e.g. tree:0 for a tree without what it holds,
-    sent when the server filters). BusError with the server's own words when it refuses (`upload-pack: not
-    our ref <oid>`), or saying the answer was cut short, malformed or late; nothing is stored then."""
-    bad = [w for w in wants if not OID.fullmatch(w)]
+    """Fetch the objects `wants` from the git:// bus `url` into `store` within `timeout` seconds
+    (`tree_filter`: git's --filter, e.g. tree:0 for a tree without what it holds, sent when the server
+    filters). Commits too: `haves` are commits here whose history the server then leaves out (git's
+    negotiation, in one round: the store's shallow commits are said, so a shallow `have` stands for itself
+    only), `depth` that many commits of each history (the commits cut there are added to the store's
+    `shallow` file). BusError with the server's own words when it refuses (`upload-pack: not our ref <oid>`),
+    or saying the answer was cut short, malformed or late; nothing is stored then."""
+    bad = [w for w in [*wants, *haves] if not OID.fullmatch(w)]
     if bad:
         raise BusError(f"cannot fetch {bad[0]!r} by object id: it is not a hex object id")
     if not wants:
@@ -57,12 +66,22 @@ def daemon_fetch(
     try:
         with sock:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            pack, algo, filtered = _converse(sock, deadline, hello, wants, tree_filter)
+            shallow = git.shallow_commits(_git_dir(Path(store)))
+            pack, algo, filtered, cut = _converse(
+                sock, deadline, hello, wants, tree_filter, depth, haves, shallow
+            )
     except TimeoutError:
         raise BusError(f"{what} timed out after {timeout:.0f} s") from None
     except OSError as exc:  # a reset: the server went half-way
         raise BusError(f"{what}: the answer was cut short ({exc})") from None
     _store(Path(store), pack, algo, filtered, wants, deadline)
+    if cut:
+        git.add_shallow(_git_dir(Path(store)), cut)
+
+
+def _git_dir(store: Path) -> Path:
+    """The git directory of `store` (a bare repository, or a working tree's .git directory)."""
+    return store if (store / "objects").is_dir() else store / ".git"
 
 
 def _left(deadline: float) -> float:
@@ -73,9 +92,17 @@ def _left(deadline: float) -> float:
 
 
 def _converse(
-    sock: socket.socket, deadline: float, hello: bytes, wants: Sequence[str], tree_filter: str | None
-) -> tuple[bytes, str, bool]:
-    """(the pack, its hash algorithm, whether the filter was sent) of one fetch on `sock`."""
+    sock: socket.socket,
+    deadline: float,
+    hello: bytes,
+    wants: Sequence[str],
+    tree_filter: str | None,
+    depth: int | None,
+    haves: Sequence[str],
+    shallow: Sequence[str],
+) -> tuple[bytes, str, bool, list[str]]:
+    """(the pack, its hash algorithm, whether the filter was sent, the commits the server cut at `depth`) of
+    one fetch on `sock`."""
 
     def recv() -> bytes:
         if _QUICKACK is not None:
@@ -112,14 +139,18 @@ def _converse(
         "ofs-delta",
         "no-progress",
         *([f"filter {tree_filter}"] if filtered else []),
+        *(f"shallow {c}" for c in shallow),
+        *([f"deepen {depth}"] if depth else []),
         *(f"want {w}" for w in wants),
+        *(f"have {h}" for h in haves),
         "done",
     ]
     sock.settimeout(_left(deadline))
     with contextlib.suppress(OSError):  # a server that stopped reading to say why (ERR) still answers
         sock.sendall(b"".join(b"0001" if ln is None else git.pkt(ln + "\n") for ln in request) + b"0000")
         sock.shutdown(socket.SHUT_WR)
-    return _read_pack(_Packets(recv)), algo, filtered
+    cut: list[str] = []
+    return _read_pack(_Packets(recv), cut), algo, filtered, cut
 
 
 class _Packets:
@@ -154,12 +185,17 @@ class _Packets:
         return line
 
 
-def _read_pack(packets: _Packets) -> bytes:
-    """The pack of a fetch's answer: its sections up to `packfile` (none asked here needs reading), then the
-    side-band packets up to the flush."""
+def _read_pack(packets: _Packets, cut: list[str]) -> bytes:
+    """The pack of a fetch's answer: its sections up to `packfile` (of them, `shallow-info`'s `shallow <oid>`
+    lines go into `cut`), then the side-band packets up to the flush."""
     while (line := packets.next()) != b"packfile\n":
         if line is None:
             raise BusError("the bus answered the fetch without a pack")
+        if line.startswith(b"shallow "):
+            oid = line[8:].decode(errors="replace").strip()
+            if not OID.fullmatch(oid):
+                raise BusError(f"the bus sent a malformed shallow line ({line[:60]!r})")
+            cut.append(oid)
     pack = bytearray()
     while (line := packets.next()) is not None:
         band, data = line[:1], line[1:]

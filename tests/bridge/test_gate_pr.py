@@ -404,9 +404,11 @@ def test_over_a_url_bus_the_evidence_is_fetched_once(world: Env, capsys):
     assert not (world.project / ".git" / "shallow").exists()
 
 
-@pytest.mark.parametrize("checkout,url", [("base", "file"), ("head", "file"), ("base", "path")])
+@pytest.mark.parametrize(
+    "checkout,url", [("base", "file"), ("head", "file"), ("base", "path"), ("base", "git"), ("head", "git")]
+)
 def test_a_depth_1_checkout_fetches_the_runs_down_to_the_subject_never_its_past(
-    world: Env, monkeypatch, capsys, checkout: str, url: str
+    world: Env, monkeypatch, capsys, checkout: str, url: str, request
 ):
     """pr-gate.yml checks the base out at depth 1 and gates the PR's head. A done commit's history is its
     heartbeats, claim and request, then the head and the head's whole past: the gate fetches the head at
@@ -421,8 +423,13 @@ def test_a_depth_1_checkout_fetches_the_runs_down_to_the_subject_never_its_past(
         git(world.project, "commit", "-qm", f"past {i}")
         past.append(git(world.project, "rev-parse", "HEAD"))
     head = past.pop()
-    bare = G.init_bare(world.tmp / "remote.git")
-    bus = LocalBus(world, url=f"file://{bare}" if url == "file" else str(bare))
+    if url == "git":  # over git://, the subject and the runs come in kakeya's own protocol v2 fetch
+        daemon = request.getfixturevalue("daemon")
+        address, bare = daemon.repo(), daemon.base / "bus.git"
+    else:
+        bare = G.init_bare(world.tmp / "remote.git")
+        address = f"file://{bare}" if url == "file" else str(bare)
+    bus = LocalBus(world, url=address)
     rid = bus.run("work")
     ci = world.tmp / "ci"
     branch = "base" if checkout == "base" else "main"

@@ -229,3 +229,58 @@ def test_a_bus_that_never_answers_is_unreachable_through_fetch_ids(store: Path):
             bus.fetch_ids(["1" * 40], "ledger maps", standalone=True)
     finally:
         server.close()
+
+
+def commits_on(repo: Path, count: int) -> list[str]:
+    """`count` commits, one after the other, each with a file of its own (oldest first)."""
+    shas: list[str] = []
+    for i in range(count):
+        blob = G.write_blobs(repo, [f"file {i}\n".encode() * 50])[0]
+        tree = G.out(repo, "mktree", input=f"100644 blob {blob}\tf{i}.txt\n".encode())
+        shas.append(G.commit(repo, tree, shas[-1:], f"c{i}", "T <t@t>"))
+    G.update_ref(repo, "refs/heads/main", shas[-1])
+    return shas
+
+
+def test_a_commit_at_depth_1_comes_alone_and_is_marked_shallow(served: Served, store: Path):
+    c = commits_on(served.repo, 4)
+    UP.daemon_fetch(store, served.url, [c[2]], 10, depth=1)
+    assert G.present(store, c) == {c[2]}
+    assert (store / "shallow").read_text().split() == [c[2]]
+    assert git(store, "rev-list", "--count", c[2]) == "1"  # git walks it as a root: its parent is cut
+    assert G.read_path(store, c[2], "f2.txt") == b"file 2\n" * 50
+    # then its child, down to it: the commit we have is said, so nothing older comes
+    UP.daemon_fetch(store, served.url, [c[3]], 10, haves=[c[2]])
+    assert G.present(store, c) == {c[2], c[3]}
+    assert git(store, "rev-list", "--count", c[3]) == "2"
+    assert (store / "shallow").read_text().split() == [c[2]]
+
+
+def test_what_we_say_we_have_is_left_out(served: Served, store: Path):
+    c = commits_on(served.repo, 3)
+    blob0 = G.out(served.repo, "rev-parse", f"{c[0]}:f0.txt")
+    UP.daemon_fetch(store, served.url, [c[2]], 10, haves=[c[0]])  # we say we have c0 (and so its past)
+    assert G.present(store, [*c, blob0]) == {c[1], c[2]}
+    with pytest.raises(BusError, match="not a hex object id"):
+        UP.daemon_fetch(store, served.url, [c[2]], 10, haves=["main"])
+
+
+def test_a_malformed_shallow_line_is_refused(tmp_path: Path, store: Path):
+    source = G.init_bare(tmp_path / "source.git")
+    blob = G.write_blobs(source, [b"x" * 3000])[0]
+    server = FakeServer(
+        answering(
+            G.pkt("shallow-info\n"),
+            G.pkt("shallow ../../etc\n"),
+            b"0001",
+            G.pkt("packfile\n"),
+            band(1, pack_of(source, blob)),
+            b"0000",
+        )
+    )
+    try:
+        with pytest.raises(BusError, match="malformed shallow line"):
+            UP.daemon_fetch(store, f"git://127.0.0.1:{server.port}/bus.git", [blob], 10, depth=1)
+        assert not (store / "shallow").exists() and G.present(store, [blob]) == set()
+    finally:
+        server.close()
