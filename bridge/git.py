@@ -219,7 +219,7 @@ def working_tree(root: Path) -> str:
 
 
 KEEP_S = 10.0  # a reader is started again when older: one never outlives by much a gc or new alternates
-READERS_MAX = 16  # readers kept at once (the least recently used one goes)
+READERS_MAX = 16  # readers kept at once (past that, the one started longest ago goes)
 CHUNK_BYTES = 16384  # commands written at once, then answered: far under the 64 kB a pipe holds
 _OBJECT = re.compile(rb"([0-9a-f]{40}|[0-9a-f]{64}) (blob|tree|commit|tag) (\d+)\n")
 
