@@ -201,8 +201,19 @@ VERSIONS = {"checkout": "v5", "setup-python": "v6", "upload-artifact": "v5"}
 
 
 def git(cwd: Path, *args: str) -> str:
+    ident = {
+        f"GIT_{who}_{what}": v
+        for who in ("AUTHOR", "COMMITTER")
+        for what, v in (("NAME", "T"), ("EMAIL", "t@t"))
+    }
     return subprocess.run(
-        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True, timeout=120
+        ["git", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **ident},
     ).stdout.strip()
 
 
