@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.kakeya-installed
 # The venv's tools (kakeya, actionlint, shellcheck) come first for every recipe and test.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: demo test lint install clean torch slurm gh sshd
+.PHONY: demo test lint install clean torch slurm gh sshd bwrap
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,16 @@ slurm:
 	      $(SLURM_PACKAGES); }; } >/dev/null 2>&1 || echo "Slurm could not be installed: its tests skip"; \
 	fi
 
+# Every run is sandboxed by bubblewrap where the host has it (isolation `auto`), and the sandbox's tests need it:
+# installed here as slurm is, so that `make test` on a fresh machine tests the sandbox a real runner gets.
+bwrap:
+	@if [ "$$(uname -s)" = Linux ] && ! command -v bwrap >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] \
+	  && command -v apt-get >/dev/null 2>&1; then \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap || \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	      bubblewrap; }; } >/dev/null 2>&1 || echo "bubblewrap could not be installed: the sandbox's tests skip"; \
+	fi
+
 # The bus's ssh tests (tests/bridge/test_bus_ssh.py) start an OpenSSH sshd on 127.0.0.1: installed here as slurm is.
 sshd:
 	@if ! [ -x /usr/sbin/sshd ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -67,7 +77,7 @@ gh:
 	  } >/dev/null 2>&1 || echo "gh could not be installed: the PR comment's act test skips"; \
 	fi
 
-test: lint slurm gh sshd
+test: lint bwrap slurm gh sshd
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --durations=15 --cov --cov-report=term
 	$(PY) -m coverage report --include='bridge/*' --fail-under=90 > /dev/null || \
 	  { echo "bridge/ line coverage is under 90 %"; $(PY) -m coverage report --include='bridge/*'; exit 1; }

@@ -25,6 +25,7 @@ object store (the user's repository or a runner's mirror): no working tree, inde
 from __future__ import annotations
 
 import datetime as dt
+import os
 import random
 import re
 import secrets
@@ -494,6 +495,8 @@ class Bus:
     """A bus remote (`url`: URL or path) and the local object store (`store`) that reads and writes for it."""
 
     def __init__(self, url: str, store: Path, timeout_s: float = 120.0):
+        # A path means the user's directory, as it does to git; every git of a bus runs in `store`.
+        url = os.path.abspath(url) if is_local_path(url) else url
         self.url, self.store, self.timeout_s = url, store, timeout_s
         self.main: Bus | None = None  # for a side store's Bus (`side`): the bus it serves
         self._sides: dict[str, Bus] = {}

@@ -59,7 +59,7 @@ class FakeGitHub:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, Any]] = []  # (method, path with query, JSON body)
         self.comments: dict[int, dict[str, Any]] = {}
-        self.failed_gate_runs: dict[str, list[int]] = {}  # subject sha -> failed pr-gate.yml run ids
+        self.gate_runs: list[dict[str, Any]] = []  # pr-gate.yml's runs, as GitHub records them (gate_run)
         self.unauthorized = 0
         fake = self
 
@@ -117,14 +117,36 @@ class FakeGitHub:
         if rest[:1] == ["statuses"] and method == "POST":
             return 201, {"state": body["state"]}
         if rest == ["actions", "workflows", "pr-gate.yml", "runs"] and method == "GET":
-            failed = query.get("status") == ["failure"]
-            ids = self.failed_gate_runs.get(query.get("head_sha", [""])[0], []) if failed else []
-            return 200, {"workflow_runs": [{"id": i} for i in ids]}
+            # GitHub's filters: status (a conclusion too), head_sha, event; newest first
+            want = {k: query[k][0] for k in ("head_sha", "event") if k in query}
+            runs = [
+                r
+                for r in reversed(self.gate_runs)
+                if all(r[k] == v for k, v in want.items())
+                and query.get("status", [r["conclusion"]])[0] in (r["conclusion"], r["status"])
+            ]
+            return 200, {"total_count": len(runs), "workflow_runs": runs}
         if rest[:2] == ["actions", "runs"] and rest[3:] == ["rerun-failed-jobs"] and method == "POST":
             return 201, {}
         if rest[:2] == ["actions", "workflows"] and rest[3:] == ["dispatches"] and method == "POST":
             return 204, None
         return 404, {"message": "Not Found"}
+
+    def gate_run(self, run_id: int, event: str, head_sha: str, title: str) -> None:
+        """A failed pr-gate.yml run as GitHub records it: a pull_request_target (or dispatched) run's head_sha is
+        the base branch's commit, not the PR head (actions/checkout#2454); its title is the workflow's run-name;
+        `pull_requests` is empty, as GitHub leaves it for a fork's PR."""
+        self.gate_runs.append(
+            {
+                "id": run_id,
+                "event": event,
+                "head_sha": head_sha,
+                "display_title": title,
+                "status": "completed",
+                "conclusion": "failure",
+                "pull_requests": [],
+            }
+        )
 
     def add_comment(self, body: str, login: str) -> dict[str, Any]:
         cid = 1000 + len(self.comments)
@@ -201,8 +223,19 @@ VERSIONS = {"checkout": "v5", "setup-python": "v6", "upload-artifact": "v5"}
 
 
 def git(cwd: Path, *args: str) -> str:
+    ident = {
+        f"GIT_{who}_{what}": v
+        for who in ("AUTHOR", "COMMITTER")
+        for what, v in (("NAME", "T"), ("EMAIL", "t@t"))
+    }
     return subprocess.run(
-        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True, timeout=120
+        ["git", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **ident},
     ).stdout.strip()
 
 
@@ -350,7 +383,9 @@ def out(proc: subprocess.CompletedProcess[str]) -> str:
 def test_runner_workflow_serves_a_request_from_the_bus_and_posts_its_commit_status(world: World, api):
     subject = git(world.subject, "rev-parse", "HEAD")
     rid = world.request()
-    api.failed_gate_runs[subject] = [4242]  # GitHub's record: this commit's PR check failed
+    # GitHub's record: this commit's PR check failed (its head_sha is the base's), and another PR's did too
+    api.gate_run(4242, "pull_request_target", "b" * 40, f"kakeya gate {subject}")
+    api.gate_run(4243, "pull_request_target", "b" * 40, f"kakeya gate {'c' * 40}")
     proc = world.act("push", push_event(rid), "runner.yml")
     assert proc.returncode == 0, out(proc)
     assert world.done() == {rid}
@@ -365,7 +400,9 @@ def test_runner_workflow_serves_a_request_from_the_bus_and_posts_its_commit_stat
     ]
     assert statuses[0][2]["description"].startswith(rid)
     assert statuses[0][2]["target_url"].startswith(f"https://github.com/{REPO}/actions/runs/")
-    assert api.made("POST", f"/repos/{REPO}/actions/runs/4242/rerun-failed-jobs")
+    assert [p for _, p, _ in api.made("POST", f"/repos/{REPO}/actions/runs/")] == [
+        f"/repos/{REPO}/actions/runs/4242/rerun-failed-jobs"
+    ]
     assert not api.made("POST", f"/repos/{REPO}/actions/workflows/")  # the queue was drained: no dispatch
     assert api.unauthorized == 0 and TOKEN not in out(proc)
 
@@ -394,7 +431,12 @@ def test_pr_gate_fails_comments_then_passes_after_the_run_lands_and_edits_its_on
     assert first.startswith(MARKER) and f"## Kakeya evidence for `{head}`" in first
     assert "| ✗ | `probe@cpu` | missing |" in first and "### How to provide the evidence" in first
     assert f"kakeya request probe --runner cpu --subject {head} --wait" in first
-    api.failed_gate_runs[head] = [777]
+    assert [(b["context"], b["state"]) for _, p, b in api.made("POST", f"/repos/{REPO}/statuses/{head}")] == [
+        ("kakeya evidence", "failure")
+    ]
+    # GitHub records the failed run under the base's commit; its title is pr-gate.yml's run-name
+    api.gate_run(777, "pull_request_target", base, f"kakeya gate {head}")
+    api.gate_run(778, "pull_request_target", base, f"kakeya gate {'c' * 40}")  # another PR on the same base
 
     # 2. the evidence lands: runner.yml serves the head's request, then drains the base's; it posts both
     # statuses and asks GitHub to re-run the head's failed check
@@ -403,15 +445,26 @@ def test_pr_gate_fails_comments_then_passes_after_the_run_lands_and_edits_its_on
     proc = world.act("push", push_event(rid), "runner.yml")
     assert proc.returncode == 0, out(proc)
     assert world.done() == {rid, base_rid}
-    assert [p for _, p, _ in api.made("POST", f"/repos/{REPO}/statuses/")] == [
+    assert [
+        p for _, p, b in api.made("POST", f"/repos/{REPO}/statuses/") if b["context"] != "kakeya evidence"
+    ] == [
         f"/repos/{REPO}/statuses/{head}",
         f"/repos/{REPO}/statuses/{base}",
     ]
-    assert api.made("POST", f"/repos/{REPO}/actions/runs/777/rerun-failed-jobs")
+    assert [p for _, p, _ in api.made("POST", f"/repos/{REPO}/actions/runs/")] == [
+        f"/repos/{REPO}/actions/runs/777/rerun-failed-jobs"
+    ]
 
-    # 3. GitHub re-runs the check: it passes and edits the same comment
+    # 3. GitHub re-runs the check: it passes, says so on the head as the status branch protection requires,
+    # and edits the same comment
     proc = world.act("pull_request_target", pr_event(head, base), "pr-gate.yml")
     assert proc.returncode == 0, out(proc)
+    evidence = [
+        b
+        for _, _, b in api.made("POST", f"/repos/{REPO}/statuses/{head}")
+        if b["context"] == "kakeya evidence"
+    ]
+    assert [b["state"] for b in evidence] == ["failure", "success"]
     assert len(api.made("POST", f"/repos/{REPO}/issues/42/comments")) == 1  # still the one comment
     patched = api.made("PATCH", f"/repos/{REPO}/issues/comments/")
     assert [p for _, p, _ in patched] == [f"/repos/{REPO}/issues/comments/{ours[0]['id']}"]

@@ -44,3 +44,27 @@ def test_make_torch_takes_the_cpu_build_and_falls_back_to_the_registry(tmp_path:
     else:
         assert lines[1:] == ["-m pip install -q torch==2.13.0"]
         assert "not reachable" in proc.stdout
+
+
+@pytest.mark.skipif(platform.system() != "Linux", reason="bubblewrap is a Linux sandbox")
+@pytest.mark.skipif(os.geteuid() != 0, reason="make installs system packages only as root")
+def test_make_test_installs_bubblewrap_on_a_fresh_machine(tmp_path: Path):
+    """`make test` alone (not only .ci/run) installs the sandbox the tests and the default runner need: a fresh
+    machine without bwrap gets it from apt, one that has it runs no apt."""
+    calls = tmp_path / "calls"
+    bindir = tmp_path / "bin"  # make, sh, uname and id, a recording apt-get, and no bwrap
+    bindir.mkdir()
+    for tool in ("make", "sh", "uname", "id"):
+        (bindir / tool).symlink_to(shutil.which(tool) or tool)
+    (bindir / "apt-get").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    (bindir / "apt-get").chmod(0o755)
+    env = {"PATH": str(bindir), "HOME": os.environ.get("HOME", "/")}
+    dry = subprocess.run(["make", "-n", "-C", str(ROOT), "test"], env=env, capture_output=True, text=True)
+    assert "bubblewrap" in dry.stdout, "the test target does not install bubblewrap"
+    proc = subprocess.run(["make", "-s", "-C", str(ROOT), "bwrap"], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "install -y -qq --no-install-recommends bubblewrap" in calls.read_text()
+    calls.unlink()
+    (bindir / "bwrap").symlink_to("/bin/true")
+    proc = subprocess.run(["make", "-s", "-C", str(ROOT), "bwrap"], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0 and not calls.exists()

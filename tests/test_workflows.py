@@ -161,8 +161,11 @@ def test_pr_gate_checks_out_the_base_and_never_the_head():
     # the workflow file comes from the base (a PR cannot rewrite its check), and a merge queue is gated too
     assert "pull_request_target" in wf["on"] and "merge_group" in wf["on"]
     assert "pull_request" not in wf["on"] and "push" not in wf["on"]
-    # the token writes nothing but pull-request comments (the evidence comment)
-    assert wf["permissions"] == {"contents": "read", "pull-requests": "write"}
+    # the token writes nothing but pull-request comments (the evidence comment) and commit statuses (the verdict)
+    assert wf["permissions"] == {"contents": "read", "pull-requests": "write", "statuses": "write"}
+    # the run's title names the commit it gates: GitHub records a pull_request_target run under the base's sha,
+    # and runner-job.sh finds the run to re-run by its title
+    assert wf["run-name"].startswith("kakeya gate ${{ github.event.pull_request.head.sha || inputs.subject")
     text = (WORKFLOWS / "pr-gate.yml").read_text()
     assert "head.ref" not in text and "head.repo" not in text and "merge_group.head_sha" not in text
     job = wf["jobs"]["gate"]
@@ -221,9 +224,21 @@ def test_runner_job_posts_a_commit_status_and_reruns_the_subjects_failed_gate(
     (bindir / "curl").write_text(
         "#!/bin/sh\n"
         f'printf "%s " "$@" >> {tmp_path}/curl.log; echo >> {tmp_path}/curl.log\n'
-        'case "$*" in *"/runs?"*) echo \'{"workflow_runs": [{"id": 41}, {"id": 42}]}\' ;; esac\n'
+        'case "$*" in *"/runs?"*) cat ' + str(tmp_path / "runs.json") + " ;; esac\n"
     )
     (bindir / "curl").chmod(0o755)
+    # as GitHub records pr-gate.yml's runs: a pull_request_target run under the base's sha, titled by its run-name
+    base = "b" * 40
+    runs = [(41, SHA), (42, SHA), (43, "c" * 40)]
+    (tmp_path / "runs.json").write_text(
+        json.dumps(
+            {
+                "workflow_runs": [
+                    {"id": i, "head_sha": base, "display_title": f"kakeya gate {s}"} for i, s in runs
+                ]
+            }
+        )
+    )
     script = f'error() {{ echo "::error::$*"; }}\nPY={sys.executable}\nOUT={tmp_path}/results\nLABEL=cpu\n{body}notify {rid}\n'
     env = {
         "PATH": f"{bindir}:{os.environ['PATH']}",
@@ -246,7 +261,7 @@ def test_runner_job_posts_a_commit_status_and_reruns_the_subjects_failed_gate(
         "description": f"{rid}: " + ("succeeded" if state == "success" else "ran, gate failed"),
         "target_url": "https://github.com/org/kakeya/actions/runs/9",
     }
-    assert f"{api}/actions/workflows/pr-gate.yml/runs?head_sha={SHA}&status=failure" in calls[1]
+    assert f"{api}/actions/workflows/pr-gate.yml/runs?status=failure" in calls[1]
     assert (
         f"{api}/actions/runs/41/rerun-failed-jobs" in calls[2]
         and f"{api}/actions/runs/42/rerun-failed-jobs" in calls[3]

@@ -102,11 +102,17 @@ print(json.dumps({"state": "success" if ok else "failure", "context": f"kakeya/{
   [ -n "$subject" ] || return 0
   curl -fsS -o /dev/null -X POST -H "Authorization: Bearer $GITHUB_TOKEN" -H "Accept: application/vnd.github+json" \
     "$api/statuses/$subject" -d "$body" || error "could not post the commit status for $subject"
+  # GitHub records a pull_request_target run with the base's commit as head_sha (a dispatched one with its
+  # branch's), never the PR head: the failed runs are found by the commit pr-gate.yml's run-name carries (a
+  # match on head_sha would re-run every PR's check on a base that a run served).
   local runs run
   runs=$(curl -fsS -H "Authorization: Bearer $GITHUB_TOKEN" -H "Accept: application/vnd.github+json" \
-    "$api/actions/workflows/pr-gate.yml/runs?head_sha=$subject&status=failure&per_page=20" |
-    "$PY" -c 'import json, sys; print(" ".join(str(r["id"]) for r in json.load(sys.stdin).get("workflow_runs", [])))' \
-    2>/dev/null) || runs=""
+    "$api/actions/workflows/pr-gate.yml/runs?status=failure&per_page=100" |
+    "$PY" -c 'import json, sys
+s = sys.argv[1]
+runs = json.load(sys.stdin).get("workflow_runs", [])
+print(" ".join(str(r["id"]) for r in runs if s in str(r.get("display_title", "")).split()))' \
+    "$subject" 2>/dev/null) || runs=""
   for run in $runs; do
     echo "re-running the failed kakeya gate run $run for $subject"
     curl -fsS -o /dev/null -X POST -H "Authorization: Bearer $GITHUB_TOKEN" -H "Accept: application/vnd.github+json" \
