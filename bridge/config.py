@@ -85,6 +85,7 @@ class SlurmLabel(BaseModel):
     account: str = Field(default="", pattern=_SLURM_NAME)
     qos: str = Field(default="", pattern=_SLURM_NAME)
     gpu_type: str = Field(default="", pattern=_SLURM_NAME)
+    gpus: int = Field(default=0, ge=0, le=64)  # GPUs a run asks for where its preset's `resources` names none
     sbatch_options: list[str] = []
     max_in_flight: int = Field(default=8, ge=1, le=1000)
 
