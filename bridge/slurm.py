@@ -372,7 +372,12 @@ class Slurm:
         return (
             f"Slurm label: partition {name.rstrip('*')} ({avail}, {nodes} node(s), {gres}); squeue answers; "
             "sbatch --test-only takes a 1-GPU job (the GPUs are the nodes', not checked on this host); a run "
-            f"whose preset names no GPUs (`resources`) asks for {label.gpus} (the label's `gpus`)"
+            + (
+                f"whose preset names no GPUs (`resources`) asks for {label.gpus} (the label's `gpus`)"
+                if label.gpus
+                else "whose preset names no GPUs asks for none (the label's `gpus` is 0: set `gpus = 1` for a GPU "
+                "partition; the shipped presets name no `resources`)"
+            )
         )
 
 

@@ -830,6 +830,11 @@ def test_doctor_checks_a_slurm_label_through_slurm_not_local_cuda(
     line = doctor(partition=PARTITION, gpu_type=GPU_TYPE)
     assert line.startswith("ok    h200     Slurm label: partition gpu (up, 1 node(s), gpu:h200:8)"), line
     assert "CUDA" not in line  # this host has no GPU; the label's GPUs are the cluster's
+    assert "asks for none (the label's `gpus` is 0: set `gpus = 1` for a GPU partition" in line, line
+    line = doctor(partition=PARTITION, gpu_type=GPU_TYPE, gpus="1")
+    assert line.endswith("a run whose preset names no GPUs (`resources`) asks for 1 (the label's `gpus`)"), (
+        line
+    )
     line = doctor(partition="nopart")
     assert line == "FAIL  h200     partition 'nopart' does not exist (`sinfo -h -p nopart` lists none)", line
     line = doctor(partition=PARTITION, gpu_type="a100")  # no such GPU in the partition: sbatch says so
