@@ -921,7 +921,8 @@ def test_a_signing_slurm_runner_attests_its_results_and_replaces_a_planted_attes
     world: Env, bus: str, slurm: Slurm, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The Slurm runner delivers as the local runner does (`Runner.deliver`): its done commit carries the
-    runner's attestation.json, which `kakeya verify` accepts, never the one the program left."""
+    runner's attestation.json, which `kakeya verify` accepts, never the one the program left; where a node
+    gives no sandbox the same runner's job starts nothing and its done commit is an `error` saying why."""
     from bridge.cli import main
     from bridge.isolation import bwrap_available
     from bridge.trust import principal
@@ -954,3 +955,13 @@ def test_a_signing_slurm_runner_attests_its_results_and_replaces_a_planted_attes
     assert main(["verify", str(attestation), "--allowed-signers", str(signers)]) == 0, capsys.readouterr().err
     said = capsys.readouterr().out
     assert "verified: signed by slurm-1@h200" in said and "files match their digests" in said, said
+    # the same signing runner where the node gives no sandbox (simulated: the node's choice is `none`): the
+    # job refuses before the program starts, and the error done commit says why
+    node_none = config.model_copy(update={"isolation": "none"})
+    sr = SlurmRunner(runner, "h200", SlurmExecutor(label, node_none, Slurm()), world.tmp / "jobs")
+    rid = Client(load_config(), remote=bus).request("planter", {}, "h200").id
+    served = sr.once(rid, poll_s=0.3)
+    assert served is not None and served.status == "error" and served.pushed, served
+    result = results(world, bus, [rid])[rid]
+    assert result["isolation"] == "none (a Slurm job)" and result["exit_code"] is None, result
+    assert "refused to run the program: node1 gave it isolation none" in result["reason"], result["reason"]
