@@ -36,7 +36,7 @@ then `KAKEYA_*` environment variables, then command-line flags (applied by the c
                     (it still ends in a done commit); unset: the run is finished whatever it takes
     executors       per runner label, how its runs are executed (a TOML table per label):
                     `[executors.h200] executor = "slurm", partition = "gpu", account = "ml", qos = "",
-                    gpu_type = "h200", sbatch_options = ["--constraint=ib"], max_in_flight = 16`;
+                    gpu_type = "h200", gpus = 1, sbatch_options = ["--constraint=ib"], max_in_flight = 16`;
                     a label not listed runs locally (`executor = "local"`)
 """
 
