@@ -36,7 +36,7 @@ then `KAKEYA_*` environment variables, then command-line flags (applied by the c
                     (it still ends in a done commit); unset: the run is finished whatever it takes
     executors       per runner label, how its runs are executed (a TOML table per label):
                     `[executors.h200] executor = "slurm", partition = "gpu", account = "ml", qos = "",
-                    gpu_type = "h200", sbatch_options = ["--constraint=ib"], max_in_flight = 16`;
+                    gpu_type = "h200", gpus = 1, sbatch_options = ["--constraint=ib"], max_in_flight = 16`;
                     a label not listed runs locally (`executor = "local"`)
 """
 
@@ -85,6 +85,7 @@ class SlurmLabel(BaseModel):
     account: str = Field(default="", pattern=_SLURM_NAME)
     qos: str = Field(default="", pattern=_SLURM_NAME)
     gpu_type: str = Field(default="", pattern=_SLURM_NAME)
+    gpus: int = Field(default=0, ge=0, le=64)  # GPUs a run asks for where its preset's `resources` names none
     sbatch_options: list[str] = []
     max_in_flight: int = Field(default=8, ge=1, le=1000)
 

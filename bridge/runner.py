@@ -371,10 +371,22 @@ class Runner:
                 self.beacon.serving(None)
 
     def finish(self, entry: Entry, lease: Lease, out: Path) -> Served:
-        """Run, check the run's files (bridge/caps.py), write the result, commit it and push it."""
+        """Run, then deliver its outcome (`deliver`)."""
         caps.remove(out)
         self.step = "serving the request"
         outcome = self.outcome = self.run_request(entry, lease, out)
+        served = self.deliver(entry, lease, outcome, self.set_phase)
+        if served.pushed:
+            self.clear(out)
+        return served
+
+    def deliver(
+        self, entry: Entry, lease: Lease, outcome: RunOutcome, set_phase: Callable[[str], None]
+    ) -> Served:
+        """The one delivery path of every executor (this runner's `finish`, bridge/slurm_runner.py): check the
+        run's files (bridge/caps.py), write the result and the runner's attestation (any attestation.json the
+        program left is replaced), commit them and push the done commit; the lease is stopped after."""
+        out = outcome.out_dir
         self.step = "checking the run's files"
         outcome.result.dropped += caps.apply_caps(
             out,
@@ -385,7 +397,7 @@ class Runner:
         self.step = "writing the result"
         result = outcome.write()
         attest.write(out, self.sign_key, entry.label, principal(self.name, self.labels))  # in the done commit
-        self.set_phase("pushing")  # the lease keeps beating through commit and push
+        set_phase("pushing")  # the lease keeps beating through commit and push
         served = Served(entry.id, result.status, result.verdict, result.reason)
         # The lease keeps beating while the result is committed and its objects are pushed ahead (however
         # long that takes); the final commit goes on the last beat, in a push of a few small objects.
@@ -403,9 +415,6 @@ class Runner:
         if served.done is None:
             self.log(f"{entry.id}: {lease.lost}; its result is not pushed (kept in {out})")
             served.reason = lease.lost
-            return served
-        if served.pushed:
-            self.clear(out)
         return served
 
     def fail(self, entry: Entry, lease: Lease, out: Path, exc: Exception) -> Served:

@@ -50,6 +50,7 @@ from bridge.logs import Redactor
 from bridge.outcome import RunOutcome
 from bridge.presets import Preset, Resources
 from bridge.result import RunContext, RunResult, SchedulerJob, Status, iso_time, now
+from bridge.trust import key_file
 
 PREFIX = "kakeya-"
 JOB_SCRIPT, JOB_SPEC, ALLOC, STATUS, SLURM_OUT, SANDBOX = (
@@ -194,6 +195,7 @@ class JobSpec:
     isolation: str = "auto"  # config isolation and run_user: the node chooses with them (isolation.choose)
     run_user: str = "kakeya-run"
     network_none: bool = False
+    signing_key: str | None = None  # the runner signs: the node refuses to run the program without a sandbox
 
 
 def sbatch_argv(spec: JobSpec, label: SlurmLabel) -> list[str]:
@@ -213,9 +215,10 @@ def sbatch_argv(spec: JobSpec, label: SlurmLabel) -> list[str]:
         if value:
             argv.append(f"{flag}={value}")
     res = spec.resources
+    gpus = res.gpus if res is not None and "gpus" in res.model_fields_set else label.gpus
+    if gpus:
+        argv.append(f"--gres=gpu:{label.gpu_type + ':' if label.gpu_type else ''}{gpus}")
     if res is not None:
-        if res.gpus:
-            argv.append(f"--gres=gpu:{label.gpu_type + ':' if label.gpu_type else ''}{res.gpus}")
         argv.append(f"--cpus-per-task={res.cpus}")
         if res.memory:
             argv.append(f"--mem={res.memory}")
@@ -240,6 +243,7 @@ def write_job(spec: JobSpec) -> None:
         "isolation": spec.isolation,
         "run_user": spec.run_user,
         "network_none": spec.network_none,
+        "signing_key": spec.signing_key,
     }
     fd = os.open(spec.control / JOB_SPEC, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -367,7 +371,13 @@ class Slurm:
         self._run(["sbatch", "--test-only", *argv[1:], "--wrap=true"])
         return (
             f"Slurm label: partition {name.rstrip('*')} ({avail}, {nodes} node(s), {gres}); squeue answers; "
-            "sbatch --test-only takes a 1-GPU job (the GPUs are the nodes', not checked on this host)"
+            "sbatch --test-only takes a 1-GPU job (the GPUs are the nodes', not checked on this host); a run "
+            + (
+                f"whose preset names no GPUs (`resources`) asks for {label.gpus} (the label's `gpus`)"
+                if label.gpus
+                else "whose preset names no GPUs asks for none (the label's `gpus` is 0: set `gpus = 1` for a GPU "
+                "partition; the shipped presets name no `resources`)"
+            )
         )
 
 
@@ -381,6 +391,7 @@ class LauncherStatus(BaseModel):
     lost: str | None = (
         None  # bridge/slurm_job.py: the launcher was killed, so the program's status is unknown
     )
+    refused: str | None = None  # bridge/slurm_job.py: why the program was not started on the node
 
 
 def read_model(model: type[BaseModel], path: Path) -> Any:
@@ -490,6 +501,7 @@ class SlurmExecutor:
             isolation=setup.isolation.kind,
             run_user=setup.config.run_user,
             network_none=setup.isolation.network == "none",
+            signing_key=key_file(setup.config.signing_key),
         )
 
     def launch(self, setup: RunSetup) -> SlurmRun:
@@ -598,11 +610,19 @@ class SlurmExecutor:
             if setup.run_dir.is_dir()
             else []
         )
-        if status is not None and status.start_error is None and status.lost is None and not killed_by_slurm:
+        if (
+            status is not None
+            and status.start_error is None
+            and status.lost is None
+            and status.refused is None
+            and not killed_by_slurm
+        ):
             base["strays_killed"] = status.strays
             return ended_outcome(setup, base, status.exit_code, started or ended, ended, stopped, collected)
         if stopped is not None:
             state, reason = stopped
+        elif status is not None and status.refused is not None:
+            state, reason = "error", f"Slurm job {run.job_id}: {status.refused}"
         elif status is not None and status.start_error is not None:
             state, reason = "error", f"could not start {setup.argv[0]!r}: {status.start_error}"
         elif status is not None and status.lost is not None:

@@ -38,7 +38,7 @@ sys.path.insert(0, str(HERE.parent))  # Kakeya's own modules, never the subject'
 from bridge import launcher, logs  # noqa: E402
 from bridge.errors import KakeyaError  # noqa: E402
 from bridge.execute import copy_subject, private_dirs  # noqa: E402
-from bridge.isolation import bwrap_argv, choose  # noqa: E402
+from bridge.isolation import bwrap_argv, choose, key_problem  # noqa: E402
 
 # What Slurm tells the job about its allocation, passed on to the program.
 ALLOCATION_VARS = ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_GPUS", "GPU_DEVICE_ORDINAL", "SLURM_JOB_ID")
@@ -94,9 +94,20 @@ def main(argv: list[str]) -> int:
         (control / "alloc.json").write_text(json.dumps(alloc))
         write_status(status, {"exit_code": None, "start_error": f"the node's sandbox: {exc}"})
         return 0
+    alloc.update(isolation=iso.describe, network=iso.network)
+    problem = key_problem(spec.get("signing_key"), iso, env)
+    if problem:  # a signing runner's key and evidence are only as safe as the sandbox the node gave
+        (control / "alloc.json").write_text(json.dumps(alloc))
+        where = os.environ.get("SLURMD_NODENAME") or "the node"
+        why = (
+            f"refused to run the program: {where} gave it isolation {iso.describe} and this runner signs its "
+            f"results: {problem}. On a Slurm label install bubblewrap on the compute nodes and keep the key "
+            'on a path only the runner\'s host can read (docs/runners.md, "A Slurm cluster")'
+        )
+        write_status(status, {"exit_code": None, "refused": why})
+        return 0
     if iso.kind == "bwrap":
         iso = dataclasses.replace(iso, wrap=bwrap_argv(iso, scratch, cwd, env))
-    alloc.update(isolation=iso.describe, network=iso.network)
     (control / "alloc.json").write_text(json.dumps(alloc))
     lifeline_r, lifeline_w = os.pipe()
     stop = threading.Event()

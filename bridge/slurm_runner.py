@@ -245,23 +245,14 @@ class SlurmRunner:
             )  # fmt: skip
 
     def deliver(self, flight: Flight, outcome: RunOutcome) -> None:
-        """Write the outcome and push the done commit (as `Runner.serve` does), then forget the flight."""
-        runner, entry, lease = self.runner, flight.entry, flight.lease
-        assert lease is not None
-        result = outcome.write()
-        flight.tracker.phase = "pushing"
-        served = Served(entry.id, result.status, result.verdict, result.reason)
-        tree = runner.result_tree(entry, lease.sha, outcome.out_dir) if not lease.lost else ""
-        staged = runner.stage(entry.id, lease.sha, tree) if not lease.lost else None
-        with lease.lock:
-            if not lease.lost:
-                served.done = runner.done_commit(entry, lease, tree, result)
-                served.pushed = runner.push_done(entry.id, lease.sha, served.done)
-        if staged:
-            runner.unstage(*staged)
-        if served.done is None:
-            self.log(f"{entry.id}: {lease.lost}; its result is not pushed")
-            served.reason = lease.lost
+        """Deliver the outcome as a local run's is (`Runner.deliver`: caps, result, attestation, done commit),
+        then forget the flight."""
+        assert flight.lease is not None
+
+        def set_phase(phase: str) -> None:
+            flight.tracker.phase = phase
+
+        served = self.runner.deliver(flight.entry, flight.lease, outcome, set_phase)
         self.done.append(served)
         self.drop(flight, remove=served.pushed)
 

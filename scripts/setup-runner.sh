@@ -5,6 +5,7 @@
 #   scripts/setup-runner.sh --labels h200                 # venv + packages + models dir + doctor
 #   scripts/setup-runner.sh --labels h200 --service       # ... and `kakeya runner watch` as a service
 #   scripts/setup-runner.sh --labels h200 --service --dry-run   # print what it would do; write nothing
+#   scripts/setup-runner.sh --labels h200 --slurm --partition gpu --gpu-type h200 --service   # a Slurm login node
 #
 # Run it from the runner's trusted checkout of the repository (the default branch): the venv gets
 # this checkout installed in editable mode, and the runner takes its presets from here.
@@ -42,6 +43,16 @@ usage: scripts/setup-runner.sh [options]
   --actions-runner DIR also write KAKEYA_VENV (and KAKEYA_MODELS) into DIR/.env, the environment
                        file of a GitHub Actions runner installed in DIR
   --os linux|macos     act as on this OS (default: this host's); for preparing service files
+  --slurm              this host is a Slurm login node: the label's runs are Slurm jobs. Writes the
+                       runner config (kakeya.toml in this checkout: [executors.LABEL] executor = "slurm");
+                       one label only. With it:
+  --partition P        --partition of each job (default: Slurm's default partition)
+  --account A          --account (a dedicated job account is best)
+  --qos Q              --qos
+  --gpu-type T         --gres=gpu:T:N (default: any GPU type)
+  --slurm-gpus N       GPUs a run asks for when its preset names none (default 1; 0 for a CPU partition)
+  --signing-key PATH   the runner's signing key (default ~/.config/kakeya/signing-key); on a Slurm login node
+                       keep it on a disk the compute nodes do not mount (docs/runners.md, "A Slurm cluster")
   -h, --help           this help
 
 Models: a preset's model NAME is looked up in $KAKEYA_MODELS/NAME, then ~/kakeya-models/NAME.
@@ -51,6 +62,29 @@ EOF
 die() { printf 'setup-runner: error: %s\n' "$*" >&2; exit 1; }
 say() { printf '%s\n' "$*"; }
 step() { printf '\n== %s\n' "$*"; }
+
+# install_file PATH MODE: the content on stdin; rewrites PATH only when it differs.
+install_file() {
+  local path=$1 mode=$2 tmp text
+  if [ "$WRITE" = 0 ]; then  # --dry-run: compare, write nothing
+    text=$(cat; printf x)
+    if [ -f "$path" ] && printf '%s' "${text%x}" | cmp -s - "$path"; then say "unchanged: $path"
+    else say "would write: $path (mode $mode)"
+    fi
+    return 0
+  fi
+  mkdir -p "$(dirname "$path")"
+  tmp=$(mktemp "$path.XXXXXX")
+  cat >"$tmp"
+  chmod "$mode" "$tmp"
+  if [ -f "$path" ] && cmp -s "$tmp" "$path"; then
+    rm -f "$tmp"
+    say "unchanged: $path"
+  else
+    mv -f "$tmp" "$path"
+    say "wrote: $path"
+  fi
+}
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 [ -n "${HOME:-}" ] || die "HOME is not set"
@@ -74,6 +108,13 @@ ACTIONS_DIR=""
 OS=""
 PER_GPU=0
 RUN_USER=${KAKEYA_RUN_USER:-kakeya-run}
+SLURM=0
+PARTITION=""
+ACCOUNT=""
+QOS=""
+GPU_TYPE=""
+SLURM_GPUS=1
+KEY=""
 
 while [ $# -gt 0 ]; do
   opt=$1
@@ -81,7 +122,7 @@ while [ $# -gt 0 ]; do
     --*=*) set -- "${opt%%=*}" "${opt#*=}" "${@:2}"; continue ;;
   esac
   case $opt in
-    --labels|--name|--remote|--venv|--python|--torch|--torch-version|--torch-index|--extras|--actions-runner|--os|--gpus|--run-user)
+    --labels|--name|--remote|--venv|--python|--torch|--torch-version|--torch-index|--extras|--actions-runner|--os|--gpus|--run-user|--partition|--account|--qos|--gpu-type|--slurm-gpus|--signing-key)
       [ $# -ge 2 ] || die "$opt needs a value"
       val=$2; shift 2
       case $opt in
@@ -89,10 +130,13 @@ while [ $# -gt 0 ]; do
         --python) PYTHON=$val ;; --torch) TORCH=$val ;; --torch-version) TORCH_VERSION=$val ;;
         --torch-index) TORCH_INDEX=$val ;; --extras) EXTRAS=$val ;; --actions-runner) ACTIONS_DIR=$val ;;
         --os) OS=$val ;; --gpus) PER_GPU=$val ;; --run-user) RUN_USER=$val ;;
+        --partition) PARTITION=$val ;; --account) ACCOUNT=$val ;; --qos) QOS=$val ;; --gpu-type) GPU_TYPE=$val ;;
+        --slurm-gpus) SLURM_GPUS=$val ;; --signing-key) KEY=$val ;;
       esac ;;
     --skip-install) SKIP_INSTALL=1; shift ;;
     --no-doctor) DOCTOR=0; shift ;;
     --service) SERVICE=1; shift ;;
+    --slurm) SLURM=1; shift ;;
     --dry-run-service) SERVICE=1; DRY_RUN=1; shift ;;
     --dry-run) DRY_RUN=1; WRITE=0; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -116,11 +160,21 @@ case $TORCH in auto|cuda|cpu|none) ;; *) die "--torch must be auto, cuda, cpu or
 [ "$PER_GPU" = 0 ] || [ "$OS" = linux ] || die "--gpus: one runner per GPU is for Linux (CUDA) hosts"
 [[ $GRACE =~ ^[0-9]+$ ]] || die "KAKEYA_STOP_GRACE must be a number of seconds, not '$GRACE'"
 [[ $RUN_USER =~ ^[a-z_][a-z0-9_-]{0,31}$ ]] || die "--run-user '$RUN_USER' must be a user name (lowercase, e.g. kakeya-run)"
+for pair in "--partition=$PARTITION" "--account=$ACCOUNT" "--qos=$QOS" "--gpu-type=$GPU_TYPE"; do
+  [[ ${pair#*=} =~ ^[A-Za-z0-9_.+-]*$ ]] || die "${pair%%=*} '${pair#*=}' must be a Slurm name (letters, digits, '_', '.', '+', '-')"
+  [ "$SLURM" = 1 ] || [ -z "${pair#*=}" ] || die "${pair%%=*} is for a Slurm label: add --slurm"
+done
+[[ $SLURM_GPUS =~ ^[0-9]+$ ]] && [ "$SLURM_GPUS" -le 64 ] || die "--slurm-gpus must be a number of GPUs (0 to 64), not '$SLURM_GPUS'"
+if [ "$SLURM" = 1 ]; then
+  [ "$OS" = linux ] || die "--slurm: a Slurm login node is a Linux host"
+  [ "$PER_GPU" = 0 ] || die "--slurm and --gpus: Slurm places each run on a GPU itself (one runner serves the label)"
+fi
 
 LABELS=${LABELS:-cpu}
 LABELS=${LABELS// /}
 IFS=, read -r -a label_list <<<"$LABELS"
 [ ${#label_list[@]} -gt 0 ] || die "--labels is empty"
+[ "$SLURM" = 0 ] || [ ${#label_list[@]} = 1 ] || die "--slurm: one label per Slurm runner (e.g. --labels h200), not '$LABELS'"
 for label in "${label_list[@]}"; do
   [[ $label =~ ^[a-z0-9][a-z0-9_-]{0,62}$ ]] ||
     die "label '$label' must be lowercase letters, digits, '-' or '_' (at most 63), e.g. h200 or mac-m4"
@@ -239,7 +293,13 @@ else
       say "torch $have is installed"
     else
       say "installing $torch_desc (this can take a while)"
-      "${pip[@]}" "torch==$TORCH_VERSION" ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
+      if [ -z "$TORCH_INDEX" ]; then
+        "${pip[@]}" "torch==$TORCH_VERSION"
+      elif ! "${pip[@]}" --timeout 20 --retries 1 "torch==$TORCH_VERSION" --index-url "$TORCH_INDEX"; then
+        # as the Makefile's torch target: an index that cannot be reached (or lacks a dependency) is not fatal
+        say "the torch index $TORCH_INDEX is not reachable (or lacks a dependency): torch from the package registry"
+        "${pip[@]}" "torch==$TORCH_VERSION"
+      fi
     fi
     say "installing kakeya[${EXTRAS}] from $REPO (editable)"
     "${pip[@]}" -e "$REPO${EXTRAS:+[$EXTRAS]}"
@@ -249,6 +309,36 @@ fi
 installed_from=$(cd / && "$PY" -c 'import bridge, os; print(os.path.dirname(os.path.dirname(os.path.realpath(bridge.__file__))))' 2>/dev/null || true)
 if [ "$installed_from" != "$REPO" ] && [ -x "$PY" ]; then
   say "warning: the venv's kakeya comes from ${installed_from:-nowhere}, not from $REPO"
+fi
+
+# A root runner starts each program as the run user (nobody in the bubblewrap sandbox): the venv's Python,
+# as named and resolved (pyenv, uv and conda keep theirs under a home that may be mode 700), must be open to it.
+# blocked_for_others PATH: the first directory above PATH that others may not search, or PATH itself when
+# others may not read and run it; nothing when nothing blocks.
+blocked_for_others() {
+  local target dir real
+  real=$(readlink -f "$1" 2>/dev/null || printf '%s' "$1")
+  for target in "$1" "$real"; do
+    dir=$(dirname "$target")
+    while :; do
+      if [ -z "$(find "$dir" -maxdepth 0 -perm -001 2>/dev/null)" ]; then printf '%s' "$dir"; return 0; fi
+      [ "$dir" != / ] || break
+      dir=$(dirname "$dir")
+    done
+  done
+  [ -n "$(find "$real" -maxdepth 0 -perm -005 2>/dev/null)" ] || printf '%s' "$real"
+}
+if [ "$(id -u)" = 0 ]; then
+  interpreter=$PY
+  [ -e "$interpreter" ] || interpreter=$(command -v "$PYTHON" 2>/dev/null || true)
+  blocked=""
+  [ -z "$interpreter" ] || blocked=$(blocked_for_others "$interpreter")
+  if [ -n "$blocked" ]; then
+    say "warning: the run user ($RUN_USER; nobody in the sandbox) cannot start $interpreter: $blocked is not open"
+    say "  to other users, so every run would fail with 'Permission denied'. Make the venv from a Python other"
+    say "  users can read (--python /usr/bin/python3.11, or a pyenv/uv/conda Python outside a private home), or"
+    say "  open it: chmod o+x on each directory above it, chmod o+rx on the interpreter"
+  fi
 fi
 
 # --- models ---------------------------------------------------------------------------------------------
@@ -281,7 +371,8 @@ fi
 # --- signing key ---------------------------------------------------------------------------------------------
 
 CONFIG_HOME=${XDG_CONFIG_HOME:-$HOME/.config}
-KEY=$CONFIG_HOME/kakeya/signing-key
+KEY=${KEY:-$CONFIG_HOME/kakeya/signing-key}
+case $KEY in /*) ;; *) KEY=$PWD/$KEY ;; esac
 SECRETS_DIR=$CONFIG_HOME/kakeya/secrets
 step "signing key"
 if [ -f "$KEY" ]; then
@@ -289,7 +380,7 @@ if [ -f "$KEY" ]; then
 elif [ "$WRITE" = 0 ]; then
   say "would make: $KEY (ed25519, no passphrase), and print its allowed-signers line"
 else
-  mkdir -p "$CONFIG_HOME/kakeya"
+  mkdir -p "$(dirname "$KEY")"
   command -v ssh-keygen >/dev/null 2>&1 || die "no ssh-keygen on PATH: install OpenSSH (the runner signs its results with an SSH key)"
   ssh-keygen -q -t ed25519 -N "" -C "kakeya runner $NAME" -f "$KEY" </dev/null >/dev/null || die "ssh-keygen could not make $KEY"
   say "made: $KEY (ed25519, no passphrase: the runner signs unattended)"
@@ -361,6 +452,46 @@ say "runner config: isolation = auto, run_user = $RUN_USER (each run in a bubble
 say "nothing of the runner's; a runner started as root runs each program there as $RUN_USER; without"
 say "bubblewrap: as $RUN_USER, else in a user namespace where permitted; recorded in each result.json)"
 
+# --- Slurm ------------------------------------------------------------------------------------------------
+
+# The runner's config: kakeya.toml in this checkout (the service runs here); written only for --slurm.
+CONFIG_FILE=$REPO/kakeya.toml
+SLURM_MARK="# Written by scripts/setup-runner.sh --slurm; rerun it to change this file."
+ours() { [ -f "$CONFIG_FILE" ] && [ "$(head -n 1 "$CONFIG_FILE")" = "$SLURM_MARK" ]; }
+if [ "$SLURM" = 1 ]; then
+  step "Slurm: label $LABELS runs as Slurm jobs (this host is a login node)"
+  slurm_config() {
+    printf '%s\n' "$SLURM_MARK" \
+      "# Label $LABELS: each run is a Slurm job (docs/runners.md, \"A Slurm cluster\")." \
+      "[executors.$LABELS]" \
+      'executor = "slurm"' \
+      "partition = \"$PARTITION\"" \
+      "account = \"$ACCOUNT\"" \
+      "qos = \"$QOS\"" \
+      "gpu_type = \"$GPU_TYPE\"" \
+      "gpus = $SLURM_GPUS  # asked for (--gres) where a run's preset names no resources"
+  }
+  if [ -f "$CONFIG_FILE" ] && ! ours; then
+    die "$CONFIG_FILE exists and was not written by this script: add to it yourself: $(slurm_config | tail -n +3 | tr '\n' ';' | sed 's/;/; /g')"
+  fi
+  slurm_config | install_file "$CONFIG_FILE" 644
+  command -v sbatch >/dev/null 2>&1 ||
+    say "warning: no sbatch on PATH: this host needs Slurm's client commands (sbatch, squeue, scontrol, scancel)"
+  say "Each job runs this checkout ($REPO), its venv ($VENV) and writes under the state directory"
+  say "(${KAKEYA_STATE_DIR:-$REPO/.kakeya}/slurm-jobs): all of them, and the models (KAKEYA_MODELS), must be on a"
+  say "filesystem the compute nodes share, at the same paths. Install bubblewrap on the compute nodes: a"
+  say "signing runner's job refuses to run a program where its node gives no sandbox."
+  case $KEY in
+    "$HOME"/*) say "warning: the signing key $KEY lies in this home directory; where the compute nodes mount it, move"
+               say "  the key to a disk only this host reads (--signing-key /var/lib/kakeya/signing-key)" ;;
+  esac
+  say "Keeping the runner alive on a login node: docs/runners.md, \"Slurm site checklist\"."
+elif ours; then
+  if [ "$WRITE" = 0 ]; then say "would remove: $CONFIG_FILE (the Slurm config of an earlier --slurm)"
+  else rm -f "$CONFIG_FILE"; say "removed: $CONFIG_FILE (the Slurm config of an earlier --slurm)"
+  fi
+fi
+
 # --- doctor -----------------------------------------------------------------------------------------------
 
 doctor_rc=0
@@ -393,46 +524,44 @@ run() {
   [ "$rc" = 0 ] || die "'$*' failed (exit $rc). $SERVICE_HINT"
 }
 
-# install_file PATH MODE: the content on stdin; rewrites PATH only when it differs.
+# The kakeya-runner units an earlier setup enabled (`systemctl --user enable` links them here).
+WANTS=$CONFIG_HOME/systemd/user/default.target.wants
+enabled_units() {
+  local link
+  for link in "$WANTS"/kakeya-runner.service "$WANTS"/kakeya-runner@*.service; do
+    if [ -e "$link" ] || [ -L "$link" ]; then printf '%s\n' "${link##*/}"; fi
+  done
+}
+# retire_units WANTED...: disable and stop each kakeya-runner unit an earlier setup enabled that is not WANTED
+# (a single runner after --gpus N, fewer GPUs than before, per-GPU runners after a single one).
+retire_units() {
+  local unit
+  for unit in $(enabled_units); do
+    case " $* " in *" $unit "*) ;; *) run systemctl --user disable --now "$unit" ;; esac
+  done
+}
+# remove_file PATH: a file this script wrote earlier and no longer wants.
+remove_file() {
+  if [ ! -e "$1" ]; then :
+  elif [ "$WRITE" = 0 ]; then say "would remove: $1"
+  else rm -f "$1"; say "removed: $1"
+  fi
+}
+
 # per_gpu_units: --gpus N: the unit as a template, kakeya-runner@.service: instance <i> sees GPU <i> alone
 # (CUDA_VISIBLE_DEVICES) and is runner <name>-gpu<i> (its own mirror and worktrees); instances 0..N-1 run
 # in place of the single unit, so N requests run at once, one per GPU.
 per_gpu_units() {
   local template=$CONFIG_HOME/systemd/user/kakeya-runner@.service instances=() i
+  for ((i = 0; i < PER_GPU; i++)); do instances+=("kakeya-runner@$i.service"); done
+  retire_units "${instances[@]}"
   unit_text | sed -e "s|^Environment=\"KAKEYA_RUNNER_NAME=\(.*\)\"\$|Environment=\"KAKEYA_RUNNER_NAME=\1-gpu%i\"\nEnvironment=\"CUDA_VISIBLE_DEVICES=%i\"|" \
     -e "s|^Description=Kakeya runner \(.*\) (labels|Description=Kakeya runner \1 on GPU %i (labels|" |
     install_file "$template" 644
-  if [ ! -e "$UNIT" ]; then :
-  elif [ "$WRITE" = 0 ]; then say "would remove: $UNIT (the single runner's unit)"
-  else rm -f "$UNIT"
-  fi
-  for ((i = 0; i < PER_GPU; i++)); do instances+=("kakeya-runner@$i.service"); done
+  remove_file "$UNIT"  # the single runner's unit
   run systemctl --user daemon-reload
-  [ "$DRY_RUN" = 1 ] || systemctl --user disable --now kakeya-runner.service >/dev/null 2>&1 || true
   run systemctl --user enable "${instances[@]}"
   run systemctl --user restart "${instances[@]}"
-}
-
-install_file() {
-  local path=$1 mode=$2 tmp text
-  if [ "$WRITE" = 0 ]; then  # --dry-run: compare, write nothing
-    text=$(cat; printf x)
-    if [ -f "$path" ] && printf '%s' "${text%x}" | cmp -s - "$path"; then say "unchanged: $path"
-    else say "would write: $path (mode $mode)"
-    fi
-    return 0
-  fi
-  mkdir -p "$(dirname "$path")"
-  tmp=$(mktemp "$path.XXXXXX")
-  cat >"$tmp"
-  chmod "$mode" "$tmp"
-  if [ -f "$path" ] && cmp -s "$tmp" "$path"; then
-    rm -f "$tmp"
-    say "unchanged: $path"
-  else
-    mv -f "$tmp" "$path"
-    say "wrote: $path"
-  fi
 }
 
 xml() { local s=$1; s=${s//&/&amp;}; s=${s//</&lt;}; s=${s//>/&gt;}; printf '%s' "$s"; }
@@ -500,12 +629,15 @@ EOF
         "WantedBy=default.target"
     }
     SERVICE_HINT="systemctl --user needs the user's own session: log in as $(id -un) (ssh, or machinectl shell $(id -un)@), not sudo -u; if lingering is not allowed, an administrator runs: loginctl enable-linger $(id -un)"
+    [ "$SLURM" = 0 ] || SERVICE_HINT="$SERVICE_HINT. On a login node where lingering is off: scrontab or a service VM (docs/runners.md, \"Slurm site checklist\")"
     run loginctl enable-linger "$(id -un)"
     if [ "$PER_GPU" -gt 0 ]; then
       per_gpu_units
       say "logs: journalctl --user -u 'kakeya-runner@*' -f   (one GPU's runner: -u kakeya-runner@0)"
     else
+      retire_units kakeya-runner.service
       unit_text | install_file "$UNIT" 644
+      remove_file "$CONFIG_HOME/systemd/user/kakeya-runner@.service"  # the per-GPU template of an earlier --gpus
       run systemctl --user daemon-reload
       run systemctl --user enable kakeya-runner.service
       run systemctl --user restart kakeya-runner.service
@@ -582,6 +714,10 @@ fi
 
 step "done"
 say "runner $NAME serves: $LABELS"
+if [ "$SERVICE" = 0 ] && [ "$OS" = linux ] && [ -n "$(enabled_units)" ]; then
+  say "note: an earlier --service left these enabled, unchanged now (without --service): $(enabled_units | tr '\n' ' ')"
+  say "  stop them with: systemctl --user disable --now $(enabled_units | tr '\n' ' ')"
+fi
 if [ "$SERVICE" = 0 ]; then
   say "serve requests by hand:   (cd $REPO && KAKEYA_SIGNING_KEY=$KEY KAKEYA_ISOLATION=auto KAKEYA_RUN_USER=$RUN_USER KAKEYA_SECRETS_DIR=$SECRETS_DIR $VENV/bin/kakeya runner watch --labels $LABELS)"
   say "or as a service:          scripts/setup-runner.sh --labels $LABELS --service"

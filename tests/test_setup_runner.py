@@ -8,6 +8,7 @@ import plistlib
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -442,3 +443,184 @@ def test_rerunning_setup_on_a_mac_waits_for_the_old_agent_to_finish_its_run(home
     assert seen[-2:] == ["launchctl enable", "launchctl bootstrap"]
     assert seen.count("launchctl print") >= 3  # polled while the old agent finished (2 s)
     assert "a run in progress finishes first: up to 360 s" in proc.stdout
+
+
+def fake_systemctl(bindir: Path, home: Path) -> Path:
+    """systemctl and loginctl stand-ins that record their calls; `enable`/`disable` link and unlink the units in
+    the user's default.target.wants as systemd does (what the script reads back as "enabled")."""
+    calls = bindir / "calls"
+    wants = home / ".config" / "systemd" / "user" / "default.target.wants"
+    (bindir / "systemctl").write_text(
+        f'#!/bin/sh\necho "systemctl $*" >> "{calls}"\n'
+        f'wants="{wants}"\n'
+        'case "$2" in\n'
+        '  enable) shift 2; mkdir -p "$wants"; for u in "$@"; do ln -sf "../$u" "$wants/$u"; done ;;\n'
+        '  disable) shift 2; for u in "$@"; do [ "$u" = --now ] || rm -f "$wants/$u"; done ;;\n'
+        "esac\n"
+    )
+    (bindir / "loginctl").write_text(f'#!/bin/sh\necho "loginctl $*" >> "{calls}"\n')
+    for tool in ("systemctl", "loginctl"):
+        (bindir / tool).chmod(0o755)
+    return calls
+
+
+def test_rerunning_with_other_options_retires_the_units_it_no_longer_wants(home, bus, no_gpu_path):
+    """Three runners served after `--gpus 2` then a plain `--service`: each setup now disables (and stops) the
+    kakeya-runner units an earlier one enabled and this one does not want, and removes their files."""
+    bindir = Path(no_gpu_path.split(":")[0])
+    calls = fake_systemctl(bindir, home)
+    units = home / ".config" / "systemd" / "user"
+    wants = units / "default.target.wants"
+    args = [a for a in service_args(bus, "--no-doctor") if a != "--dry-run-service"] + ["--service"]
+
+    def enabled() -> list[str]:
+        return sorted(p.name for p in wants.iterdir()) if wants.is_dir() else []
+
+    def ran() -> list[str]:
+        lines = calls.read_text().splitlines() if calls.exists() else []
+        calls.unlink(missing_ok=True)
+        return [ln for ln in lines if " disable " in ln]
+
+    setup(home, *args, "--gpus", "2", path=no_gpu_path)
+    assert enabled() == ["kakeya-runner@0.service", "kakeya-runner@1.service"] and ran() == []
+    setup(home, *args, path=no_gpu_path)  # one runner again: the two per-GPU ones go
+    assert enabled() == ["kakeya-runner.service"]
+    assert ran() == [
+        "systemctl --user disable --now kakeya-runner@0.service",
+        "systemctl --user disable --now kakeya-runner@1.service",
+    ]
+    assert not (units / "kakeya-runner@.service").exists() and (units / "kakeya-runner.service").exists()
+    setup(home, *args, "--gpus", "3", path=no_gpu_path)
+    assert enabled() == [f"kakeya-runner@{i}.service" for i in range(3)]
+    assert ran() == ["systemctl --user disable --now kakeya-runner.service"]
+    assert not (units / "kakeya-runner.service").exists()
+    setup(home, *args, "--gpus", "1", path=no_gpu_path)  # fewer GPUs: the extra instances go
+    assert enabled() == ["kakeya-runner@0.service"]
+    assert ran() == [
+        "systemctl --user disable --now kakeya-runner@1.service",
+        "systemctl --user disable --now kakeya-runner@2.service",
+    ]
+    # without --service nothing is changed, and it says what is still enabled
+    plain = [a for a in args if a != "--service"]
+    proc = setup(home, *plain, path=no_gpu_path)
+    assert enabled() == ["kakeya-runner@0.service"] and ran() == []
+    assert "an earlier --service left these enabled, unchanged now (without --service): kakeya-runner@0" in (
+        proc.stdout
+    )
+    assert "systemctl --user disable --now kakeya-runner@0.service" in proc.stdout
+
+
+def fake_venv(where: Path, pip_fails_with_index: bool = False) -> Path:
+    """A venv whose python records `-m pip` calls (failing those with --index-url when asked: an index that
+    cannot serve torch's dependencies) and answers every `-c` check as a Python 3.11+ without torch."""
+    venv = where / "venv"
+    (venv / "bin").mkdir(parents=True)
+    fail = 'case "$*" in *--index-url*) echo "ERROR: No matching distribution found for filelock" >&2; exit 1 ;; esac\n'
+    (venv / "bin" / "python").write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = -m ] && [ "$2" = pip ]; then echo "$*" >> "{venv}/pip.calls"\n'
+        f"{fail if pip_fails_with_index else ''}exit 0\nfi\nexit 0\n"
+    )
+    (venv / "bin" / "kakeya").write_text("#!/bin/sh\nexit 0\n")
+    for name in ("python", "kakeya"):
+        (venv / "bin" / name).chmod(0o755)
+    return venv
+
+
+def test_torch_falls_back_to_the_package_registry_when_the_cpu_index_cannot_serve_it(
+    home, bus, no_gpu_path, tmp_path
+):
+    venv = fake_venv(tmp_path, pip_fails_with_index=True)
+    args = ["--venv", str(venv), "--torch", "cpu", "--labels", "cpu", "--remote", str(bus), "--no-doctor"]
+    proc = setup(home, *args, path=no_gpu_path)
+    pip = [ln for ln in (venv / "pip.calls").read_text().splitlines() if "torch" in ln or " -e " in ln]
+    assert pip[0].endswith("torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"), pip
+    assert pip[1].endswith("install --quiet --disable-pip-version-check torch==2.13.0"), pip  # the registry
+    assert pip[2].endswith(f"-e {ROOT}[torch,mlx]"), pip
+    assert "is not reachable (or lacks a dependency): torch from the package registry" in proc.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root runner starts its runs as another user")
+def test_a_python_the_run_user_cannot_reach_is_warned_about(home, bus, no_gpu_path, tmp_path):
+    private = tmp_path / "root-home"  # as /root is: pyenv, uv and conda Pythons often live there
+    private.mkdir(mode=0o700)
+    venv = fake_venv(private)
+    args = ["--venv", str(venv), "--skip-install", "--labels", "cpu", "--remote", str(bus), "--no-doctor"]
+    proc = setup(home, *args, path=no_gpu_path)
+    assert (
+        f"warning: the run user (kakeya-run; nobody in the sandbox) cannot start {venv}/bin/python: {private}"
+        in (proc.stdout)
+    ), proc.stdout
+    assert "Permission denied" in proc.stdout
+    open_dir = Path(tempfile.mkdtemp(prefix="kakeya-open-"))  # /tmp/X, mode 755: open to every user
+    try:
+        open_dir.chmod(0o755)
+        args[1] = str(fake_venv(open_dir))
+        proc = setup(home, *args, path=no_gpu_path)
+        assert "cannot start" not in proc.stdout, proc.stdout
+    finally:
+        shutil.rmtree(open_dir)
+
+
+def slurm_repo(tmp_path: Path) -> Path:
+    """A copy of the script in a checkout of its own (the script writes the runner config into its checkout)."""
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(SCRIPT, repo / "scripts" / "setup-runner.sh")
+    return repo
+
+
+def test_slurm_writes_the_runner_config_for_a_slurm_executor(home, bus, no_gpu_path, tmp_path):
+    from bridge.config import SlurmLabel, load_config
+
+    repo = slurm_repo(tmp_path)
+    script = str(repo / "scripts" / "setup-runner.sh")
+    common = ["--venv", str(VENV), "--skip-install", "--remote", str(bus), "--no-doctor", "--name", "login1"]
+    slurm = ["--slurm", "--labels", "h200", "--partition", "gpu", "--account", "ml", "--gpu-type", "h200"]
+
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        environ = {"HOME": str(home), "PATH": no_gpu_path, "LANG": "C.UTF-8"}
+        proc = subprocess.run(
+            ["bash", script, *args], env=environ, capture_output=True, text=True, timeout=120
+        )
+        assert not check or proc.returncode == 0, proc.stdout + proc.stderr
+        return proc
+
+    proc = run(*common, *slurm, "--dry-run-service")
+    config = load_config(repo, environ={})
+    assert config.executor_for("h200") == SlurmLabel(
+        executor="slurm", partition="gpu", account="ml", gpu_type="h200", gpus=1
+    )
+    assert config.executor_for("cpu").executor == "local"
+    unit = (home / ".config" / "systemd" / "user" / "kakeya-runner.service").read_text().splitlines()
+    assert f"WorkingDirectory={repo}" in unit  # where the runner reads that config
+    assert f"ExecStart={VENV}/bin/kakeya runner watch --labels h200" in unit
+    assert "on a filesystem the compute nodes share" in proc.stdout.replace("\n", " ")
+    assert (
+        f"warning: the signing key {home}/.config/kakeya/signing-key lies in this home directory"
+        in proc.stdout
+    )
+    assert 'docs/runners.md, "Slurm site checklist"' in proc.stdout
+    # again: the same; a CPU partition asks for no GPU; a key elsewhere draws no warning
+    assert "unchanged: " + str(repo / "kakeya.toml") in run(*common, *slurm).stdout
+    key = tmp_path / "local-disk" / "signing-key"
+    proc = run(*common, *slurm, "--slurm-gpus", "0", "--signing-key", str(key))
+    assert load_config(repo, environ={}).executor_for("h200").gpus == 0  # type: ignore[union-attr]
+    assert key.is_file() and "lies in this home directory" not in proc.stdout
+    # without --slurm the label runs locally again: the config it wrote goes
+    proc = run(*common, "--labels", "h200")
+    assert not (repo / "kakeya.toml").exists() and "removed: " + str(repo / "kakeya.toml") in proc.stdout
+    # a config of the site's own is never overwritten: the lines to add are printed
+    (repo / "kakeya.toml").write_text('remote = "origin"\n')
+    proc = run(*common, *slurm, check=False)
+    assert proc.returncode == 1 and "was not written by this script: add to it yourself" in proc.stderr
+    assert 'executor = "slurm"' in proc.stderr and (repo / "kakeya.toml").read_text() == 'remote = "origin"\n'
+    for bad, why in (
+        (["--slurm", "--labels", "h200,cpu"], "one label per Slurm runner"),
+        (["--slurm", "--labels", "h200", "--gpus", "2"], "--slurm and --gpus"),
+        (["--labels", "h200", "--partition", "gpu"], "--partition is for a Slurm label: add --slurm"),
+        (["--slurm", "--labels", "h200", "--partition", "gpu --uid=0"], "must be a Slurm name"),
+        (["--slurm", "--labels", "h200", "--slurm-gpus", "x"], "--slurm-gpus must be a number"),
+    ):
+        proc = run(*common, *bad, check=False)
+        assert proc.returncode == 1 and why in proc.stderr, (bad, proc.stderr)

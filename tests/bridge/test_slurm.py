@@ -6,6 +6,7 @@ forges its exit status). Without root or Slurm's packages the cluster tests skip
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from bridge.config import Config, SlurmLabel, load_config
 from bridge.errors import InvalidRequest
 from bridge.execute import gate
 from bridge.outcome import RunOutcome
-from bridge.presets import Preset
+from bridge.presets import Preset, load_registry
 from bridge.result import RunContext
 from bridge.runner import Runner
 from bridge.slurm import (
@@ -49,6 +50,9 @@ from tests.bridge.bus_support import (
     wait_for,
 )
 from tests.bridge.slurm_support import GPU_TYPE, GPUS, PARTITION, Cluster, ClusterUnavailable
+from tests.bridge.test_signing import allow, keygen
+
+ROOT = Path(__file__).resolve().parents[2]
 
 PROGRAM = WRITE_REPORT_PY + textwrap.dedent("""
     import sys, time
@@ -177,6 +181,25 @@ def test_sbatch_argv_asks_for_what_the_preset_and_label_say(tmp_path: Path) -> N
     ):
         assert want in argv
     assert argv[-1] == str(tmp_path / "c" / "job.sh")
+
+
+def test_a_labels_gpus_are_asked_for_where_the_preset_names_none(tmp_path: Path) -> None:
+    """The shipped presets declare no `resources` (their hash is what signed evidence names): an h200 Slurm
+    label's `gpus` asks for the GPU; a preset's own `resources.gpus`, 0 included, wins."""
+    label = SlurmLabel(executor="slurm", gpu_type="h200", gpus=1)
+
+    def gres(resources: dict | None) -> list[str]:
+        preset = make_preset(tmp_path, resources=resources)
+        spec = JobSpec("r1", tmp_path / "c", tmp_path / "o", tmp_path, ["x"], {}, 60, 1024, preset.resources)
+        return [a for a in sbatch_argv(spec, label) if a.startswith("--gres")]
+
+    assert gres(None) == ["--gres=gpu:h200:1"]
+    assert gres({"cpus": 4}) == ["--gres=gpu:h200:1"]
+    assert gres({"gpus": 2}) == ["--gres=gpu:h200:2"]
+    assert gres({"gpus": 0}) == []
+    assert all("resources" not in yaml.safe_load(p.read_text()) for p in (ROOT / "presets").glob("*.yaml"))
+    with pytest.raises(ValueError):
+        SlurmLabel(executor="slurm", gpus=-1)
 
 
 @pytest.mark.parametrize(
@@ -417,6 +440,70 @@ def test_the_program_runs_in_the_nodes_sandbox_and_nothing_it_leaves_outlives_th
     assert (control / "alloc.json").is_file()  # it was there all along, outside the sandbox
     assert result.strays_killed and result.strays_killed >= 1  # the daemon, ended by the launcher
     assert processes_with(token) == []  # and nothing of it is left on the node
+
+
+def test_a_shipped_accelerator_preset_gets_its_gpu_on_an_h200_slurm_label(
+    tmp_path: Path, slurm: Slurm
+) -> None:
+    """The shipped `probe` (no `resources`) on an h200 Slurm label whose `gpus` is 1: the job is allocated
+    one GPU and the program sees it in CUDA_VISIBLE_DEVICES (before: no --gres, no GPU, a failed device
+    check on every h200 run)."""
+    preset = load_registry(ROOT / "presets")["probe"]
+    assert preset.resources is None and "h200" in preset.runners
+    shutil.copytree(ROOT / "engine", tmp_path / "engine", ignore=shutil.ignore_patterns("__pycache__"))
+    h = Harness(tmp_path, slurm, label=LABEL.model_copy(update={"gpus": 1}))
+    run = h.start("probe-1", preset)
+    h.wait([run], timeout=180)
+    outcome = gate(h.ex.collect(run), preset, h.config.report_cap_bytes)
+    assert outcome.result.status == "succeeded", outcome.result.reason
+    alloc = json.loads((h.runs / "probe-1" / "control" / "alloc.json").read_text())
+    assert alloc["cuda_visible_devices"] == "0", alloc  # what the job passed on to the program
+    sched = outcome.result.scheduler
+    assert sched is not None and len(sched.gpus) == 1, sched
+    report = json.loads((run.out_dir / "report.json").read_text())
+    assert report["probe"]["cpu_count"] >= 1  # the shipped program itself ran, on the node
+
+
+SNITCH = WRITE_REPORT_PY + textwrap.dedent("""
+    import sys
+    open(sys.argv[1], "w").write("the program ran")
+    write_report()
+""")
+
+
+@pytest.mark.parametrize("node_gives", ["none", "userns"])
+def test_a_signing_label_refuses_to_run_where_the_node_gives_no_sandbox(
+    tmp_path: Path, slurm: Slurm, node_gives: str
+) -> None:
+    """A node without a sandbox (simulated: the isolation the node chooses is `none`, or `userns`, the
+    runner's own user either way): with the runner's signing key the job's wrapper refuses before the
+    program starts; the run ends in `error` saying why."""
+    from bridge.isolation import userns_available
+
+    if node_gives == "userns" and not userns_available():
+        pytest.skip("no user namespaces here")
+    key = tmp_path.with_name(tmp_path.name + "-state") / "signing-key"
+    key.parent.mkdir()
+    key.write_text("PRIVATE KEY")
+    key.chmod(0o600)
+    ran = tmp_path.with_name(tmp_path.name + "-ran")
+    config = Config(runner_name="slurm-test", labels=["h200"], isolation=node_gives, signing_key=str(key))  # type: ignore[arg-type]
+    h = Harness(tmp_path, slurm, config)
+    (tmp_path / "snitch.py").write_text(SNITCH)
+    run = h.start("unsafe-1", make_preset(tmp_path, argv=["{python}", "snitch.py", str(ran)], params={}))
+    result = h.finish(run).result
+    assert result.status == "error", result
+    assert not ran.exists()  # the program never started
+    assert result.isolation == f"{node_gives} (a Slurm job)", result.isolation
+    reason = result.reason or ""
+    assert f"refused to run the program: node1 gave it isolation {node_gives}" in reason, reason
+    assert "this runner signs its results" in reason and str(key) in reason, reason
+    assert "install bubblewrap on the compute nodes" in reason, reason
+    # the same label without a key runs it
+    h2 = Harness(tmp_path, slurm, Config(runner_name="slurm-test", labels=["h200"], isolation=node_gives))  # type: ignore[arg-type]
+    run = h2.start("unsafe-2", make_preset(tmp_path, argv=["{python}", "snitch.py", str(ran)], params={}))
+    assert h2.finish(run).result.status == "succeeded"
+    assert ran.read_text() == "the program ran"
 
 
 # -- a Slurm runner over a real bus --------------------------------------------------------------------
@@ -743,6 +830,11 @@ def test_doctor_checks_a_slurm_label_through_slurm_not_local_cuda(
     line = doctor(partition=PARTITION, gpu_type=GPU_TYPE)
     assert line.startswith("ok    h200     Slurm label: partition gpu (up, 1 node(s), gpu:h200:8)"), line
     assert "CUDA" not in line  # this host has no GPU; the label's GPUs are the cluster's
+    assert "asks for none (the label's `gpus` is 0: set `gpus = 1` for a GPU partition" in line, line
+    line = doctor(partition=PARTITION, gpu_type=GPU_TYPE, gpus="1")
+    assert line.endswith("a run whose preset names no GPUs (`resources`) asks for 1 (the label's `gpus`)"), (
+        line
+    )
     line = doctor(partition="nopart")
     assert line == "FAIL  h200     partition 'nopart' does not exist (`sinfo -h -p nopart` lists none)", line
     line = doctor(partition=PARTITION, gpu_type="a100")  # no such GPU in the partition: sbatch says so
@@ -816,3 +908,60 @@ def test_runner_watch_drains_at_a_first_sigterm_and_scancels_at_a_second(
         assert slurm.queue()[job_name(rid)].state == "CANCELLED"
     assert world.count() == []  # neither program finished
     assert not Bus(bus, world.project).ls_remote().entries[late].claim  # nothing new was claimed
+
+
+PLANT = WRITE_REPORT_PY + textwrap.dedent("""
+    with open(os.path.join(os.environ["KAKEYA_RUN_DIR"], "attestation.json"), "w") as fh:
+        fh.write('{"planted": true}')
+    write_report()
+""")
+
+
+def test_a_signing_slurm_runner_attests_its_results_and_replaces_a_planted_attestation(
+    world: Env, bus: str, slurm: Slurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The Slurm runner delivers as the local runner does (`Runner.deliver`): its done commit carries the
+    runner's attestation.json, which `kakeya verify` accepts, never the one the program left; where a node
+    gives no sandbox the same runner's job starts nothing and its done commit is an `error` saying why."""
+    from bridge.cli import main
+    from bridge.isolation import bwrap_available
+    from bridge.trust import principal
+
+    if not bwrap_available():
+        pytest.skip("a signing runner needs a sandbox: bubblewrap is not usable here")
+    (world.project / "plant.py").write_text(PLANT)
+    git(world.project, "add", "plant.py")
+    git(world.project, "commit", "-q", "-m", "plant")
+    planter = {"name": "planter", **PRESETS["work"], "runners": ["h200"], "argv": ["{python}", "plant.py"]}
+    planter.pop("params")
+    (world.presets / "planter.yaml").write_text(yaml.safe_dump(planter))
+    (world.tmp / "keys").mkdir()
+    key = keygen(world.tmp / "keys" / "slurm-1")
+    signers = allow(world.tmp / "allowed", (principal("slurm-1", ["h200"]), key))
+    label = LABEL.model_copy(update={"gpus": 1})
+    config = load_config().model_copy(
+        update={"executors": {"h200": label}, "signing_key": str(key), "isolation": "bwrap"}
+    )
+    runner = Runner(bus, config=config, name="slurm-1", labels=["h200"], workdir=world.tmp / "runners" / "s1")
+    sr = SlurmRunner(runner, "h200", SlurmExecutor(label, config, Slurm()), world.tmp / "jobs")
+    rid = Client(load_config(), remote=bus).request("planter", {}, "h200").id
+    served = sr.once(rid, poll_s=0.3)
+    assert served is not None and served.status == "succeeded" and served.pushed, served
+    out = world.tmp / "fetched"
+    assert main(["results", rid, "--remote", bus, "--out", str(out)]) == 0
+    attestation = out / rid / "attestation.json"
+    assert "planted" not in attestation.read_text()
+    capsys.readouterr()
+    assert main(["verify", str(attestation), "--allowed-signers", str(signers)]) == 0, capsys.readouterr().err
+    said = capsys.readouterr().out
+    assert "verified: signed by slurm-1@h200" in said and "files match their digests" in said, said
+    # the same signing runner where the node gives no sandbox (simulated: the node's choice is `none`): the
+    # job refuses before the program starts, and the error done commit says why
+    node_none = config.model_copy(update={"isolation": "none"})
+    sr = SlurmRunner(runner, "h200", SlurmExecutor(label, node_none, Slurm()), world.tmp / "jobs")
+    rid = Client(load_config(), remote=bus).request("planter", {}, "h200").id
+    served = sr.once(rid, poll_s=0.3)
+    assert served is not None and served.status == "error" and served.pushed, served
+    result = results(world, bus, [rid])[rid]
+    assert result["isolation"] == "none (a Slurm job)" and result["exit_code"] is None, result
+    assert "refused to run the program: node1 gave it isolation none" in result["reason"], result["reason"]
