@@ -195,7 +195,8 @@ class SlurmRunner:
         home = self.jobs_dir / entry.id
         out, control, work = home / "out", home / "control", home / "work"
         flight = Flight(entry, None, Tracker(out))
-        flight.lease = Lease(self.runner, entry.id, sha, claim, progress=flight.progress)  # type: ignore[arg-type]
+        live = flight.tracker.live  # its log since the last beat (bridge/livelog.py)
+        flight.lease = Lease(self.runner, entry.id, sha, claim, progress=flight.progress, live=live)  # type: ignore[arg-type]
         self.flights[entry.id] = flight
         flight.lease.start()
         context = RunContext(
