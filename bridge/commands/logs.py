@@ -118,3 +118,28 @@ def words(e: dict[str, Any]) -> None:
             say("kakeya: [still running; `-f` follows it to the end]")
         else:
             say(f"kakeya: [{e['state']}]")
+
+
+def snapshot(c: Client, rid: str, tail_chars: int) -> dict[str, Any]:
+    """The logs of `rid` now, in one object (the MCP tool `logs`): live while it runs, final once done, the
+    last `tail_chars` characters of each stream (`cut`: the streams shortened here)."""
+    events: list[dict[str, Any]] = []
+    follow_logs(c, rid, events.append, follow=False)
+    end = events[-1]
+    got: dict[str, Any] = {"id": rid, "state": end["state"], "done": end["done"], "source": None}
+    text = {"stdout": "", "stderr": ""}
+    notes = []
+    for e in events:
+        if e["event"] == "log":
+            got["source"] = e["source"]
+            text[e["stream"]] += e["text"]
+        elif e["event"] == "log-cut":
+            notes.append(
+                f"the live {e['stream']} stopped at {e['bytes']} bytes; the final logs have the rest"
+            )
+        elif e["event"] == "log-missing":
+            notes.append(e["why"])
+    got.update({s: t[-tail_chars:] for s, t in text.items()})
+    got["cut"] = [s for s, t in text.items() if len(t) > tail_chars]
+    got["notes"] = notes
+    return got

@@ -10,6 +10,7 @@ import textwrap
 import threading
 import time
 
+import anyio
 import pytest
 import yaml
 
@@ -109,6 +110,21 @@ class Reader(threading.Thread):
             self.text += line
 
 
+def mcp_logs(url: str, rid: str, **more: object) -> dict:
+    """The MCP tool `logs`, through the server's own dispatcher (tests/bridge/test_mcp.py drives it over stdio)."""
+    from mcp import Client
+
+    from bridge.mcp import Tools, build
+
+    async def call() -> dict:
+        async with Client(build(Tools(remote=url))) as client:
+            got = await client.call_tool("logs", {"id": rid, **more})
+            assert not got.is_error, got
+            return got.structured_content
+
+    return anyio.run(call)
+
+
 def request(url: str, capsys, *more: str) -> str:
     assert main(["request", *more, "--runner", "cpu", "--remote", url]) == 0
     return capsys.readouterr().out.strip()
@@ -136,6 +152,11 @@ def test_logs_follow_shows_the_lines_while_it_runs_then_the_final_logs(talk: Env
         assert done_ref(rid) not in bus.ls_remote(done_ref(rid)).refs
         assert logs.poll() is None
         assert "after the release" not in out.text
+        live = mcp_logs(url, rid[-6:])  # an agent's view meanwhile: the MCP tool `logs`
+        assert live["state"] in ("claimed", "running") and live["source"] == "live" and live["done"] is None
+        assert (
+            "line 4 of 6" in live["stdout"] and "warn 2" in live["stderr"] and "[REDACTED]" in live["stdout"]
+        )
         (talk.marks / "release").write_text("")
         assert logs.wait(60) == 0
     finally:
@@ -164,6 +185,9 @@ def test_logs_follow_shows_the_lines_while_it_runs_then_the_final_logs(talk: Env
     )
     assert "[REDACTED]" in final["stdout"]["text"] and "\x1b" not in final["stdout"]["text"]
     assert events[-1]["state"] == "done" and events[-1]["id"] == rid and events[-1]["done"]
+    done = mcp_logs(url, rid, tail_chars=30)
+    assert (done["source"], done["state"], done["cut"]) == ("final", "done", ["stdout", "stderr"])
+    assert done["stdout"].endswith("after the release\n") and len(done["stdout"]) == 30
 
     # and on the bus: heartbeat commits carried the chunks (live.json), the secret never among them
     store = Bus(url, talk.project)
