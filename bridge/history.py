@@ -516,7 +516,7 @@ def alert_markdown(h: History, point: Point) -> str:
     before = next(p for p in h.points if p.subject == point.against)
     better = "higher" if h.higher_is_better else "lower" if h.higher_is_better is False else None
     gate = (
-        f" (its gate: {'≥' if h.higher_is_better else '≤'} {fmt_number(h.threshold)})"
+        f"; its gate: {'≥' if h.higher_is_better else '≤'} {fmt_number(h.threshold)}"
         if h.threshold is not None
         else ""
     )
@@ -528,8 +528,8 @@ def alert_markdown(h: History, point: Point) -> str:
         f"{code(h.metric)} **{point.change}**"
         + (f" ({better} is better{gate})" if better else " (which way is better is not known)")
         + f" against {code(before.subject[:12])}, the commit before it with runs: median "
-        f"{fmt_number(point.median)} against {fmt_number(before.median)}; "
-        f"{RULE.replace('one-sided', 'two-sided')}, p = {point.p_value:.3g}.",
+        f"{fmt_number(point.median)} against {fmt_number(before.median)}; the two-sided Mann-Whitney U test "
+        f"over their runs gives p = {point.p_value:.3g} (a change: p < {ALPHA:g}).",
         "",
         *gmd.table(
             ["", "commit", "title", "runs", "median", "band"],

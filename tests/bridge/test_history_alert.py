@@ -45,7 +45,9 @@ def test_alert_on_a_regression_only_with_escaped_markdown(world: Env, bus: Local
     title = f"[kakeya regression] bench@cpu /probe/cpu_count at {c1[:12]}"
     assert out.startswith(f"<!-- kakeya-alert: {title} -->\n")
     assert (
-        "went down" in out and "**down** (higher is better (its gate: ≥ 50))" in out and "p = 0.0286" in out
+        "went down" in out
+        and "**down** (higher is better; its gate: ≥ 50)" in out
+        and "p = 0.0286 (a change: p < 0.05)" in out
     )
     assert "median 80.5 against 100.5" in out
     assert (
