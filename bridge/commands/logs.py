@@ -99,7 +99,9 @@ def words(e: dict[str, Any]) -> None:
         if e["skipped"]:
             say(f"kakeya: [{e['skipped']} bytes of {e['stream']} not carried live; the final logs have them]")
         if e["source"] == "final" and e["start"]:
-            say(f"kakeya: [final {e['stream']}, after the {e['start']} bytes shown live]")
+            if not e["text"]:
+                return  # all of it was shown live
+            say(f"kakeya: [the rest of {e['stream']}, from the final logs]")
         out = sys.stdout if e["stream"] == "stdout" else sys.stderr
         out.write(e["text"])
         out.flush()
