@@ -126,21 +126,22 @@ class LiveLog:
         return first, first + len(data), data, size
 
 
-def read_live(repos: Sequence[Path], sha: str) -> LiveFile | None:
-    """The live.json of heartbeat commit `sha`, or None (none there, over LIVE_CAP, or not a valid one)."""
-    spec = f"{sha}:{LIVE_PATH}"
+def read_live(repos: Sequence[Path], shas: Sequence[str]) -> list[LiveFile]:
+    """The live.json of each heartbeat commit of `shas` that has a valid one, in order (one over LIVE_CAP is
+    never read); a batch of reads on each repository, not one process a commit."""
+    specs = [f"{sha}:{LIVE_PATH}" for sha in shas]
+    found: dict[str, bytes] = {}
     for repo in repos:
-        size = git.blob_sizes(repo, [spec]).get(spec)
-        if size is None:
-            continue
-        if size > LIVE_CAP:
-            return None
-        data = git.read_blobs(repo, [spec]).get(spec)
+        rest = [s for s in specs if s not in found]
+        sizes = git.blob_sizes(repo, rest) if rest else {}
+        found.update(git.read_blobs(repo, [s for s in rest if sizes.get(s, LIVE_CAP + 1) <= LIVE_CAP]))
+    files = []
+    for spec in specs:
         try:
-            return LiveFile.model_validate_json(data) if data is not None else None
-        except ValidationError:
-            return None
-    return None
+            files.append(LiveFile.model_validate_json(found[spec]))
+        except (KeyError, ValidationError):
+            continue
+    return files
 
 
 def beats(repo: Path, tip: str, after: Sequence[str]) -> list[str]:
@@ -154,8 +155,7 @@ def beats(repo: Path, tip: str, after: Sequence[str]) -> list[str]:
 def live_files(repos: Sequence[Path], tip: str, after: Sequence[str]) -> list[LiveFile]:
     """The live.json of each heartbeat commit after `after` up to `tip`, in order (a beat that kept its
     parent's file gives it again: a reader skips chunks by their offsets)."""
-    repo = git.repo_having(list(repos), tip)
-    return [f for sha in beats(repo, tip, after) if (f := read_live(repos, sha)) is not None]
+    return read_live(repos, beats(git.repo_having(list(repos), tip), tip, after))
 
 
 def final_logs(repos: Sequence[Path], request_id: str, done: str) -> dict[str, bytes | str]:

@@ -248,3 +248,33 @@ def test_logs_of_a_queued_request_say_so_and_end(talk: Env, daemon: Daemon, caps
     events = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
     assert [e["event"] for e in events] == ["waiting", "end"] and events[-1]["done"] is None
     assert time.monotonic() - t0 < 30
+
+
+def test_a_forged_heartbeat_chain_is_read_capped_and_shown_printable(tmp_path):
+    """What a bus holds is hostile: a live.json over the cap is never read, an invalid one is skipped, a
+    chunk that goes back over what was shown is not shown again, and escape sequences never reach the
+    terminal."""
+    repo = tmp_path / "r"
+    git(tmp_path, "init", "-q", str(repo))
+    ok = LiveFile.model_validate(
+        {
+            "started_at": "2026-01-01T00:00:00+00:00",
+            "chunks": [
+                {"stream": "stdout", "start": 0, "end": 20, "text": "a\x1b]52;c;cHduZWQ=\x07b\x1b[2J\n"}
+            ],
+        }
+    )
+    again = ok.model_copy(update={"chunks": [ok.chunks[0].model_copy(update={"start": 5, "end": 30})]})
+    shas = []
+    for body in (ok.dump(), b'{"chunks": "x"}', b"x" * (livelog.LIVE_CAP + 1), again.dump()):
+        (repo / ".kakeya").mkdir(exist_ok=True)
+        (repo / ".kakeya" / "live.json").write_bytes(body)
+        git(repo, "add", "-A")
+        git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "beat")
+        shas.append(git(repo, "rev-parse", "HEAD"))
+    files = livelog.live_files([repo], shas[-1], [])
+    assert [f.chunks[0].end for f in files] == [20, 30]  # the invalid and the oversized one: skipped
+    shown = livelog.Shown()
+    events = shown.live(files)
+    assert [(e["event"], e["text"]) for e in events] == [("log", "ab\n")]  # the overlapping chunk: not again
+    assert livelog.live_files([repo], shas[-1], [shas[1]]) == files[1:]
