@@ -5,7 +5,8 @@ Runner side: `LiveLog(out)` reads out/logs/stdout.log and stderr.log (redacted a
 bridge/logs.py; read as bridge/caps.py reads a run's files: no link, non-blocking, regular) from where the last
 heartbeat that reached the bus left off. `take()` gives the next `.kakeya/live.json` (LIVE_PATH) for a
 heartbeat commit, or None when nothing is new; the lease calls `ack()` once that heartbeat is on the bus, so a
-heartbeat that failed is sent again, never lost. Bounded so that a run cannot flood the bus: at most
+heartbeat that failed is sent again, never lost. Each chunk goes through the run's `redact` too (a Slurm
+job writes its logs unredacted; the runner's own are redacted as written). Bounded so that a run cannot flood the bus: at most
 BEAT_BYTES of each stream a heartbeat (more than that since the last one: its last BEAT_BYTES, the rest counted
 as skipped) and TOTAL_BYTES of each stream over the run (then the stream is `cut`: the final logs in the done
 commit, under their own cap, have the rest). Chunks end at a line's end unless one line is longer than
@@ -33,6 +34,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 from bridge import git
 from bridge.bus import _File, results_path
 from bridge.caps import Unsafe, open_regular
+from bridge.logs import Redactor
 
 LIVE_PATH = ".kakeya/live.json"
 STREAMS: tuple[Literal["stdout"], Literal["stderr"]] = ("stdout", "stderr")
@@ -71,6 +73,8 @@ class LiveLog:
         self.sent = dict.fromkeys(STREAMS, 0)  # bytes of each log file the bus has (acknowledged beats)
         self.total = dict.fromkeys(STREAMS, 0)  # bytes of each stream sent
         self.pending: tuple[dict[str, int], dict[str, int]] | None = None
+        # the run's secrets, for logs not redacted as they were written (a Slurm job's: bridge/slurm_job.py)
+        self.redact = Redactor([])
 
     def take(self) -> bytes | None:
         """The live.json of the next heartbeat, or None when there is nothing new."""
@@ -85,7 +89,8 @@ class LiveLog:
             if got is None:
                 continue
             start, end, data, size = got
-            chunks.append(Chunk(stream=stream, start=start, end=end, text=data.decode(errors="replace")))
+            text = self.redact(data).decode(errors="replace")
+            chunks.append(Chunk(stream=stream, start=start, end=end, text=text[:BEAT_BYTES]))
             sent[stream], total[stream] = end, total[stream] + len(data)
             if room < BEAT_BYTES and (start > self.sent[stream] or size - end >= room):
                 total[stream] = TOTAL_BYTES  # the total held it back: this stream's live log ends here

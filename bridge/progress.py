@@ -62,7 +62,7 @@ class Tracker:
             started_at=self.started_at,
             at=now,
             elapsed_s=round((now - self.started_at).total_seconds(), 1),
-            log_tail=log_tail(self.out),
+            log_tail=[self.live.redact.text(line) for line in log_tail(self.out)],
             workload=self.workload,
         )
 

@@ -224,6 +224,7 @@ class SlurmRunner:
                 git.export(self.runner.mirror, manifest.subject, work)  # the subject's files, no .git
             flight.preset = preset
             setup = self.ex.setup(preset, values, work, out, control, context, self.runner.environ)
+            flight.tracker.live.redact = setup.redact  # the job's logs are not redacted as written
             if adopt:
                 # Slurm forgot the job (past MinJobAge) but it left its status: the job id from its alloc.json
                 known = read_model(Allocation, control / ALLOC)

@@ -19,6 +19,8 @@ from bridge import livelog
 from bridge.bus import Bus, done_ref
 from bridge.cli import main
 from bridge.livelog import LiveFile, printable
+from bridge.logs import Redactor
+from bridge.progress import Tracker
 from tests.bridge.bus_support import (
     WRITE_REPORT_PY,
     Daemon,
@@ -278,3 +280,18 @@ def test_a_forged_heartbeat_chain_is_read_capped_and_shown_printable(tmp_path):
     events = shown.live(files)
     assert [(e["event"], e["text"]) for e in events] == [("log", "ab\n")]  # the overlapping chunk: not again
     assert livelog.live_files([repo], shas[-1], [shas[1]]) == files[1:]
+
+
+def test_logs_written_unredacted_are_redacted_before_a_heartbeat_carries_them(tmp_path):
+    """A Slurm job writes its logs without the run's secrets (bridge/slurm_job.py): the runner's live log and
+    its progress tail redact them with the run's redactor (bridge/slurm_runner.py sets it)."""
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "stdout.log").write_text(f"key {SECRET}\nsecond line\n")
+    tracker = Tracker(tmp_path)
+    tracker.live.redact = Redactor([SECRET])
+    live = LiveFile.model_validate_json(tracker.live.take() or b"")
+    assert live.chunks[0].text == "key [REDACTED]\nsecond line\n"
+    assert tracker.record().log_tail == ["stdout: key [REDACTED]", "stdout: second line"]
+    assert tracker.live.take() is not None  # not acknowledged: the next beat carries it again
+    tracker.live.ack()
+    assert tracker.live.take() is None
