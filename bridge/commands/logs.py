@@ -6,7 +6,7 @@ stdout goes to stdout and its stderr to stderr, control characters and escape se
 notes (skipped bytes, the live cap, the end) are `kakeya:` lines on stderr. `--json`: one object per line:
 `log` (`source` live or final, `stream`, `start`/`end` byte offsets in the log, `skipped`, `text`), `log-cut`,
 `log-missing`, `restarted` (a takeover started the run again), `waiting` (not claimed yet), last `end`
-(`state`, `done`). ID may be a unique prefix or the six-hex suffix. Exit 0 (whatever the run's outcome),
+(`state`, `done`, `status`). ID may be a unique prefix or the six-hex suffix. Exit 0 (whatever the run's outcome),
 1 not found; Ctrl-C stops following, never the run.
 """
 
@@ -17,13 +17,14 @@ import sys
 import time
 from typing import Any
 
-from bridge.bus import Entry
+from bridge.bus import Entry, parse_or_none, results_path
 from bridge.client import Client
 from bridge.commands._common import add_id, add_json, add_remote, client, emit, event
 from bridge.errors import Interrupted
 from bridge.follow import Follower
 from bridge.livelog import Shown, final_logs, live_files
 from bridge.progress import say
+from bridge.result import RunResult
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -63,7 +64,7 @@ def follow_logs(c: Client, rid: str, show: Any, *, follow: bool, poll_s: float |
             c.ensure([entry])
             for e in shown.final(final_logs(c.bus.repos(), rid, entry.done)):
                 show(e)
-            show({"event": "end", "state": "done", "done": entry.done})
+            show({"event": "end", "state": "done", "done": entry.done, "status": status(c, rid, entry.done)})
             return shown
         if ended := follower.ended(entry):
             show({"event": "end", "state": ended.event, "done": None})
@@ -78,6 +79,13 @@ def follow_logs(c: Client, rid: str, show: Any, *, follow: bool, poll_s: float |
             show({"event": "end", "state": entry.state, "done": None})
             return shown
         time.sleep(poll_s)
+
+
+def status(c: Client, rid: str, done: str) -> str | None:
+    """The run's status in its result.json (None: unreadable)."""
+    spec = f"{done}:{results_path(rid)}/result.json"
+    result = parse_or_none(RunResult, c.local_files([spec]).get(spec))
+    return result.status if result is not None else None
 
 
 def live(c: Client, entry: Entry, shown: Shown) -> list[dict[str, Any]]:
@@ -115,7 +123,8 @@ def words(e: dict[str, Any]) -> None:
         say(f"kakeya: [{e['state']}: no runner has started it yet]")
     elif kind == "end":
         if e["done"]:
-            say(f"kakeya: [done: {e['done'][:12]}]")
+            how = f" ({e['status']})" if e.get("status") else ""
+            say(f"kakeya: [done: {e['done'][:12]}{how}]")
         elif e["state"] in ("claimed", "running"):
             say("kakeya: [still running; `-f` follows it to the end]")
         else:

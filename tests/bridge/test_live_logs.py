@@ -174,7 +174,7 @@ def test_logs_follow_shows_the_lines_while_it_runs_then_the_final_logs(talk: Env
     assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text and "pwned" not in text
     assert "red evil" in text
     assert [err.text.count(f"warn {i}\n") for i in range(1, 7)] == [1] * 6
-    assert "kakeya: [done: " in err.text
+    assert "kakeya: [done: " in err.text and " (succeeded)]" in err.text
 
     # the same request, done: the final logs (no -f needed), as JSON events
     assert main(["logs", rid, "--remote", url, "--json"]) == 0
@@ -187,6 +187,7 @@ def test_logs_follow_shows_the_lines_while_it_runs_then_the_final_logs(talk: Env
     )
     assert "[REDACTED]" in final["stdout"]["text"] and "\x1b" not in final["stdout"]["text"]
     assert events[-1]["state"] == "done" and events[-1]["id"] == rid and events[-1]["done"]
+    assert events[-1]["status"] == "succeeded"
     done = mcp_logs(url, rid, tail_chars=30)
     assert (done["source"], done["state"], done["cut"]) == ("final", "done", ["stdout", "stderr"])
     assert done["stdout"].endswith("after the release\n") and len(done["stdout"]) == 30
