@@ -86,7 +86,7 @@ def required(root: Path, ref: str) -> list[str]:
         raise InvalidRequest(f"{ref!r} is not a branch or commit of {root} (--branch)")
     raw = git.read_path(root, sha, REQUIRED_FILE)
     if raw is None:
-        raise InvalidRequest(f"{ref} has no {REQUIRED_FILE}: nothing to publish")
+        raise InvalidRequest(f"{ref} has no {REQUIRED_FILE}: no required presets to publish or check")
     return evidence.parse_required(raw, f"{REQUIRED_FILE} on {ref}")
 
 
