@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -29,6 +30,7 @@ from bridge import git
 from bridge.errors import InvalidRequest, KakeyaError
 from bridge.evidence import DoneResults, Outcome, Requirement
 from bridge.presets import Preset
+from gates import markdown as gmd
 from gates.noise import ALPHA, RULE, worse_p_value
 from gates.report import fmt_number, is_number
 
@@ -470,3 +472,106 @@ def publish(repo: Path, files: Mapping[str, bytes], branch: str, who: str) -> st
     if proc.returncode != 0:
         raise KakeyaError(f"{branch} moved while publishing; run `kakeya history --publish` again")
     return sha
+
+
+# --- alerts ----------------------------------------------------------------------------------------
+
+TITLE_MARK = (
+    "[kakeya regression]"  # what every alert's title starts with (the workflow finds its issue by it)
+)
+
+
+def regression(h: History) -> Point | None:
+    """The newest commit with trusted runs, when its metric changed significantly against the commit before
+    it with runs and not for the better (either way when the better direction is unknown); else None."""
+    newest = next((p for p in reversed(h.points) if p.values), None)
+    if newest is None or newest.change not in ("up", "down"):
+        return None
+    if h.higher_is_better is not None and (newest.change == "up") == h.higher_is_better:
+        return None
+    return newest
+
+
+def alert_title(h: History, point: Point) -> str:
+    """One issue's title per regression: the marker, the requirement, the metric and the commit (characters
+    outside a plain set become `?`, so that a workflow can match it as it is)."""
+    title = f"{TITLE_MARK} {h.requirement} {h.metric} at {point.subject[:12]}"
+    return "".join(ch if ch.isalnum() and ch.isascii() or ch in "[]@/._:+- " else "?" for ch in title)
+
+
+def code(text: str, limit: int = 120) -> str:
+    """`text` as an inline code span that stays one table cell: never a link, a mention, an issue reference,
+    HTML or emphasis, whatever the run or the commit says (control characters dropped, cut to `limit`)."""
+    text = "".join(ch if ch.isprintable() else " " for ch in text).strip()
+    text = text if len(text) <= limit else text[: limit - 1] + "…"
+    if not text:
+        return ""
+    fence = "`" * (max((len(m) for m in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text.replace('|', chr(92) + '|')}{pad}{fence}"
+
+
+def alert_markdown(h: History, point: Point) -> str:
+    """The body of a regression's issue: what changed, by how much, the runs on both sides, how to look."""
+    before = next(p for p in h.points if p.subject == point.against)
+    better = "higher" if h.higher_is_better else "lower" if h.higher_is_better is False else None
+    gate = (
+        f"; its gate: {'≥' if h.higher_is_better else '≤'} {fmt_number(h.threshold)}"
+        if h.threshold is not None
+        else ""
+    )
+    lines = [
+        f"<!-- kakeya-alert: {alert_title(h, point)} -->",
+        f"### {h.requirement}: {code(h.metric)} went {point.change} at {code(point.subject[:12])}",
+        "",
+        f"The newest commit with trusted runs on {code(h.ref)}, {code(point.subject[:12])}, moved "
+        f"{code(h.metric)} **{point.change}**"
+        + (f" ({better} is better{gate})" if better else " (which way is better is not known)")
+        + f" against {code(before.subject[:12])}, the commit before it with runs: median "
+        f"{fmt_number(point.median)} against {fmt_number(before.median)}; the two-sided Mann-Whitney U test "
+        f"over their runs gives p = {point.p_value:.3g} (a change: p < {ALPHA:g}).",
+        "",
+        *gmd.table(
+            ["", "commit", "title", "runs", "median", "band"],
+            [
+                [
+                    side,
+                    code(p.subject[:12]),
+                    code(p.title, 100),
+                    str(len(p.values)),
+                    fmt_number(p.median),
+                    f"{fmt_number(p.low)} – {fmt_number(p.high)}",
+                ]
+                for side, p in (("before", before), ("now", point))
+            ],
+        ),
+        "",
+        f"Runs of {code(point.subject[:12])}:",
+        "",
+        *gmd.table(
+            ["run", "date", "runner", "device", "value", "verdict"],
+            [
+                [
+                    code(r.id),
+                    code((r.date or "")[:19]),
+                    code(r.runner or ""),
+                    code(r.device or ""),
+                    "—" if r.value is None else fmt_number(r.value),
+                    r.verdict,
+                ]
+                for r in point.runs
+            ],
+        ),
+        "",
+        "Look closer:",
+        "",
+        "```",
+        f"kakeya history {h.requirement} --metric {h.metric} --branch {h.ref}",
+    ]
+    if better and before.median is not None and point.median is not None:
+        mid = fmt_number((before.median + point.median) / 2)
+        lines.append(
+            f"kakeya bisect --good {before.subject[:12]} --bad {point.subject[:12]} --require {h.requirement} "
+            f"--metric {h.metric} --threshold {mid}" + ("" if h.higher_is_better else " --lower-is-better")
+        )
+    return "\n".join([*lines, "```", ""])

@@ -1,5 +1,6 @@
 """A claim kept alive while its request is served: heartbeats that fast-forward the claim (carrying the
-progress record), and checks for a cancel marker or a takeover.
+progress record and the run's log since the last beat, bridge/livelog.py), and checks for a cancel marker
+or a takeover.
 
     lease = Lease(runner, request_id, claim_sha, claim)   # a thread: start(), should_stop(), stop()
     with lease.lock: ...                                  # no heartbeat while the result's final push runs
@@ -20,6 +21,7 @@ from bridge import git
 from bridge.bus import CLAIM_PATH, Bus, Claim, Progress, Update, cancel_ref, claim_ref
 from bridge.config import Config
 from bridge.errors import KakeyaError
+from bridge.livelog import LIVE_PATH, LiveLog
 
 
 class Holder(Protocol):
@@ -52,10 +54,12 @@ class Lease(threading.Thread):
         sha: str,
         claim: Claim,
         progress: Callable[[], Progress | None] | None = None,
+        live: LiveLog | None = None,
     ):
         super().__init__(name=f"lease-{request_id}", daemon=True)
         self.runner, self.id, self.sha, self.claim = runner, request_id, sha, claim
         self.progress = progress or runner.progress  # what its heartbeats carry (one per claim in flight)
+        self.live = live  # the run's log since the last beat (bridge/livelog.py), carried as LIVE_PATH
         self.cancelled = False
         self.lost: str | None = None
         self.lock = threading.Lock()  # held by a heartbeat, and by the result's final push
@@ -73,9 +77,10 @@ class Lease(threading.Thread):
                 self.check()
                 if not self.lost and waited >= next_beat:
                     progress = self.progress()  # reads the run's files: never under the lock
+                    live = self.live.take() if self.live is not None else None
                     with self.lock:
                         if not self.lost and not self._halt.is_set():
-                            self.heartbeat(progress)
+                            self.heartbeat(progress, live)
                     next_beat = waited + self.beat_s
             except KakeyaError as exc:  # the bus is unreachable for now: keep running, keep trying
                 self.runner.log(f"{self.id}: heartbeat/check failed, will retry: {exc}")
@@ -88,18 +93,20 @@ class Lease(threading.Thread):
         if current != self.sha:
             self.lost = f"lease lost: {self.runner.holder(self.id, current)}"
 
-    def heartbeat(self, progress: Progress | None) -> None:
+    def heartbeat(self, progress: Progress | None, live: bytes | None = None) -> None:
         claim = heartbeat_claim(self.claim, self.runner.config.lease_s, progress, self.runner.now())
         sha = git.child_commit(
             self.runner.mirror,
             self.sha,
-            {CLAIM_PATH: claim.dump()},
+            {CLAIM_PATH: claim.dump(), **({LIVE_PATH: live} if live is not None else {})},
             f"kakeya heartbeat {self.id} #{claim.heartbeat} by {self.runner.name}",
             self.runner.who,
             self.runner.sign_key,
         )
         if self.runner.bus.swap([Update(claim_ref(self.id), sha, self.sha)]):
             self.sha, self.claim = sha, claim
+            if live is not None and self.live is not None:
+                self.live.ack()
         else:
             self.lost = f"lease lost: {self.runner.holder(self.id, None)}"
 

@@ -1,7 +1,7 @@
 """`kakeya mcp`: a Model Context Protocol server over stdio (the official `mcp` SDK), for any MCP client.
 
 Tools: presets, preset, request (with `wait`: MCP progress notifications from the bus's progress events),
-wait, status, results (verdict, summary, the result's fields, plots as image content), cancel, runners,
+wait, status, results (verdict, summary, the result's fields, plots as image content), logs, cancel, runners,
 gate_pr, evidence_for. Resources: kakeya://presets, kakeya://presets/<name>, kakeya://results/<id> (the
 finished requests of the last two days). Every tool's input schema is its argument model's JSON Schema with
 the preset registry written in: the preset names, the runner labels, and each preset's parameters
@@ -33,6 +33,7 @@ from bridge.bus import MAX_TTL, RUNNERS_PREFIX, utcnow
 from bridge.client import Client, row_dict
 from bridge.commands import evidence as ev
 from bridge.commands._common import out_dir
+from bridge.commands.logs import snapshot
 from bridge.config import load_config, project_root
 from bridge.errors import InvalidRequest, KakeyaError, problems
 from bridge.follow import follow_all
@@ -91,6 +92,12 @@ class WaitArgs(IdArgs):
     )
 
 
+class LogsArgs(IdArgs):
+    tail_chars: int = Field(
+        default=20_000, ge=1, le=1_000_000, description="at most the last N of each stream"
+    )
+
+
 class StatusArgs(_Args):
     id: str | None = Field(default=None, description="one request (default: live and recent ones)")
 
@@ -130,6 +137,11 @@ TOOLS: dict[str, tuple[type[_Args], str]] = {
     "wait": (WaitArgs, "Follow a request until it is done (progress notifications), then its results."),
     "status": (StatusArgs, "The state of one request, or of the live and recent ones."),
     "results": (IdArgs, "A finished request's verdict, gate checks, summary and plots (images)."),
+    "logs": (
+        LogsArgs,
+        "A run's stdout/stderr: while it runs, what its heartbeats carried so far; once done, the final "
+        "logs (redacted, control characters removed).",
+    ),
     "cancel": (CancelArgs, "Cancel a request (a running one is stopped and ends as cancelled)."),
     "runners": (RunnersArgs, "The runners present on the bus: labels, host, accelerator, what they serve."),
     "gate_pr": (GateArgs, "Re-gate the evidence the bus holds for a commit, like the pull-request check."),
@@ -239,6 +251,10 @@ class Tools:
 
     def results(self, args: IdArgs, progress: Progress) -> Any:
         return self.result(self.client(), args.id)
+
+    def logs(self, args: LogsArgs, progress: Progress) -> Any:
+        c = self.client()
+        return snapshot(c, c.resolve_id(args.id), args.tail_chars)
 
     def cancel(self, args: CancelArgs, progress: Progress) -> Any:
         was = self.client().cancel(args.id, args.reason)

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from bridge.bus import Progress, WorkloadProgress, utcnow
 from bridge.caps import Unsafe, open_regular, read_capped, read_file
+from bridge.livelog import LiveLog
 
 PROGRESS_FILE = "progress.json"  # under the run's out dir; KAKEYA_PROGRESS names it; removed after the run
 PROGRESS_CAP = 4096  # bytes; a bigger progress file is ignored
@@ -47,6 +48,10 @@ class Tracker:
     started_at: dt.datetime = field(default_factory=utcnow)
     run_dir: Path | None = None  # where the program writes its progress file, when not `out` (a sandbox)
     workload: WorkloadProgress | None = None  # the last progress the workload told (its bar stays at the end)
+    live: LiveLog = field(init=False)  # the logs since the last heartbeat, for the lease (bridge/livelog.py)
+
+    def __post_init__(self) -> None:
+        self.live = LiveLog(self.out, self.started_at)
 
     def record(self) -> Progress:
         now = utcnow()
@@ -57,7 +62,7 @@ class Tracker:
             started_at=self.started_at,
             at=now,
             elapsed_s=round((now - self.started_at).total_seconds(), 1),
-            log_tail=log_tail(self.out),
+            log_tail=[self.live.redact.text(line) for line in log_tail(self.out)],
             workload=self.workload,
         )
 

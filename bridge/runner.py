@@ -353,7 +353,7 @@ class Runner:
             self.start_presence(serving=entry.id)
         if self.beacon is not None:
             self.beacon.serving(entry.id)
-        lease = Lease(self, entry.id, sha, claim)
+        lease = Lease(self, entry.id, sha, claim, live=self.tracker.live)
         lease.start()
         try:
             if self.stopping.is_set():  # nothing has run yet: give the request back

@@ -195,7 +195,8 @@ class SlurmRunner:
         home = self.jobs_dir / entry.id
         out, control, work = home / "out", home / "control", home / "work"
         flight = Flight(entry, None, Tracker(out))
-        flight.lease = Lease(self.runner, entry.id, sha, claim, progress=flight.progress)  # type: ignore[arg-type]
+        live = flight.tracker.live  # its log since the last beat (bridge/livelog.py)
+        flight.lease = Lease(self.runner, entry.id, sha, claim, progress=flight.progress, live=live)  # type: ignore[arg-type]
         self.flights[entry.id] = flight
         flight.lease.start()
         context = RunContext(
@@ -223,6 +224,7 @@ class SlurmRunner:
                 git.export(self.runner.mirror, manifest.subject, work)  # the subject's files, no .git
             flight.preset = preset
             setup = self.ex.setup(preset, values, work, out, control, context, self.runner.environ)
+            flight.tracker.live.redact = setup.redact  # the job's logs are not redacted as written
             if adopt:
                 # Slurm forgot the job (past MinJobAge) but it left its status: the job id from its alloc.json
                 known = read_model(Allocation, control / ALLOC)
