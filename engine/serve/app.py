@@ -79,14 +79,26 @@ class ChatRequest(_Common):
 
 class ApiError(Exception):
     def __init__(
-        self, status: int, message: str, param: str | None = None, code: str | None = None, retry_after: int = 0
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: int = 0,
     ) -> None:
         super().__init__(message)
-        self.status, self.message, self.param, self.code, self.retry_after = status, message, param, code, retry_after
+        self.status, self.message, self.param, self.code, self.retry_after = (
+            status,
+            message,
+            param,
+            code,
+            retry_after,
+        )
 
 
-def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
-                   retry_after: int = 0) -> JSONResponse:
+def error_response(
+    status: int, message: str, param: str | None = None, code: str | None = None, retry_after: int = 0
+) -> JSONResponse:
     kind = "invalid_request_error" if status < 500 else "server_error"
     if status == 429:
         kind = "rate_limit_error"
@@ -98,8 +110,14 @@ def error_response(status: int, message: str, param: str | None = None, code: st
 class Server:
     """The model's text side (prompts, chat template, detokenizing) and the routes over a Scheduler."""
 
-    def __init__(self, scheduler: Scheduler, name: str, default_max_tokens: int = 256,
-                 max_tokens_limit: int = 1 << 20, metrics: Any = None) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        name: str,
+        default_max_tokens: int = 256,
+        max_tokens_limit: int = 1 << 20,
+        metrics: Any = None,
+    ) -> None:
         self.scheduler = scheduler
         self.model = scheduler.engine.model
         self.tokenizer = self.model.tokenizer
@@ -117,7 +135,9 @@ class Server:
         message's text on its own line, and a newline after the last (the model continues from there)."""
         if getattr(self.tokenizer, "chat_template", None):
             text = self.tokenizer.apply_chat_template(
-                [{"role": m.role, "content": m.text()} for m in messages], tokenize=False, add_generation_prompt=True
+                [{"role": m.role, "content": m.text()} for m in messages],
+                tokenize=False,
+                add_generation_prompt=True,
             )
             return list(self.tokenizer.encode(text, add_special_tokens=False))
         return self.model.encode("\n".join(m.text() for m in messages) + "\n")
@@ -127,11 +147,15 @@ class Server:
             return self.model.encode(prompt)
         if prompt and all(isinstance(p, str) for p in prompt):
             if len(prompt) != 1:
-                raise ApiError(400, "one prompt per request (n=1): send a string or one list of token ids", "prompt")
+                raise ApiError(
+                    400, "one prompt per request (n=1): send a string or one list of token ids", "prompt"
+                )
             return self.model.encode(str(prompt[0]))
         ids = [int(t) for t in prompt]
         if bad := [t for t in ids if not 0 <= t < self.vocab]:
-            raise ApiError(400, f"prompt token {bad[0]} is outside the vocabulary (0..{self.vocab - 1})", "prompt")
+            raise ApiError(
+                400, f"prompt token {bad[0]} is outside the vocabulary (0..{self.vocab - 1})", "prompt"
+            )
         return ids
 
     def params(self, body: _Common, max_tokens: int | None) -> Params:
@@ -144,7 +168,9 @@ class Server:
             raise ApiError(400, "logprobs are not supported", "logprobs")
         max_tokens = max_tokens or self.default_max_tokens
         if max_tokens > self.max_tokens_limit:
-            raise ApiError(400, f"max_tokens must be <= {self.max_tokens_limit} (got {max_tokens})", "max_tokens")
+            raise ApiError(
+                400, f"max_tokens must be <= {self.max_tokens_limit} (got {max_tokens})", "max_tokens"
+            )
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         if len(stops) > MAX_STOPS:
             raise ApiError(400, f"stop takes at most {MAX_STOPS} strings (got {len(stops)})", "stop")
@@ -176,8 +202,12 @@ class Server:
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.name:
-            raise ApiError(404, f"the model {model!r} does not exist: this server serves {self.name!r}", "model",
-                           "model_not_found")
+            raise ApiError(
+                404,
+                f"the model {model!r} does not exist: this server serves {self.name!r}",
+                "model",
+                "model_not_found",
+            )
 
 
 class Deltas:
@@ -266,7 +296,9 @@ def create_app(server: Server) -> FastAPI:
         params = server.params(body, body.max_completion_tokens or body.max_tokens)
         return await respond(request, body, prompt, params, chat=True)
 
-    async def respond(request: Request, body: _Common, prompt: list[int], params: Params, chat: bool) -> Response:
+    async def respond(
+        request: Request, body: _Common, prompt: list[int], params: Params, chat: bool
+    ) -> Response:
         req, queue = await server.run(prompt, params)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
@@ -298,24 +330,58 @@ def create_app(server: Server) -> FastAPI:
         deltas.add([], True)
         usage = usage_of(len(prompt), len(deltas.tokens))
         if chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": deltas.sent},
-                                      "finish_reason": finish_reason(reason), "logprobs": None}
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": deltas.sent},
+                "finish_reason": finish_reason(reason),
+                "logprobs": None,
+            }
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": deltas.sent, "finish_reason": finish_reason(reason), "logprobs": None}
+            choice = {
+                "index": 0,
+                "text": deltas.sent,
+                "finish_reason": finish_reason(reason),
+                "logprobs": None,
+            }
             obj = "text_completion"
-        return JSONResponse({"id": rid, "object": obj, "created": created, "model": server.name,
-                             "choices": [choice], "usage": usage})
+        return JSONResponse(
+            {
+                "id": rid,
+                "object": obj,
+                "created": created,
+                "model": server.name,
+                "choices": [choice],
+                "usage": usage,
+            }
+        )
 
-    async def stream(request: Request, req: Any, queue: asyncio.Queue[Any], deltas: Deltas, rid: str, created: int,
-                     chat: bool, prompt_tokens: int, include_usage: bool) -> AsyncIterator[bytes]:
+    async def stream(
+        request: Request,
+        req: Any,
+        queue: asyncio.Queue[Any],
+        deltas: Deltas,
+        rid: str,
+        created: int,
+        chat: bool,
+        prompt_tokens: int,
+        include_usage: bool,
+    ) -> AsyncIterator[bytes]:
         obj = "chat.completion.chunk" if chat else "text_completion"
 
         def chunk(text: str | None, reason: str | None, first: bool = False) -> bytes:
             if chat:
-                delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else (
-                    {} if text is None else {"content": text})
-                choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}
+                delta: dict[str, Any] = (
+                    {"role": "assistant", "content": ""}
+                    if first
+                    else ({} if text is None else {"content": text})
+                )
+                choice: dict[str, Any] = {
+                    "index": 0,
+                    "delta": delta,
+                    "finish_reason": reason,
+                    "logprobs": None,
+                }
             else:
                 choice = {"index": 0, "text": text or "", "finish_reason": reason, "logprobs": None}
             data = {"id": rid, "object": obj, "created": created, "model": server.name, "choices": [choice]}
@@ -331,7 +397,9 @@ def create_app(server: Server) -> FastAPI:
             while reason is None:
                 tokens, reason = await queue.get()
                 if reason is not None and reason.startswith("error"):
-                    yield sse({"error": {"message": reason, "type": "server_error", "param": None, "code": None}})
+                    yield sse(
+                        {"error": {"message": reason, "type": "server_error", "param": None, "code": None}}
+                    )
                     done = True
                     return
                 if text := deltas.add(tokens or [], reason is not None):
@@ -339,8 +407,16 @@ def create_app(server: Server) -> FastAPI:
             done = True
             yield chunk(None, finish_reason(reason))
             if include_usage:
-                yield sse({"id": rid, "object": obj, "created": created, "model": server.name, "choices": [],
-                           "usage": usage_of(prompt_tokens, len(deltas.tokens))})
+                yield sse(
+                    {
+                        "id": rid,
+                        "object": obj,
+                        "created": created,
+                        "model": server.name,
+                        "choices": [],
+                        "usage": usage_of(prompt_tokens, len(deltas.tokens)),
+                    }
+                )
             yield b"data: [DONE]\n\n"
         finally:
             if not done:  # the client went away (or the response was cancelled): the row leaves the batch
@@ -350,8 +426,11 @@ def create_app(server: Server) -> FastAPI:
 
 
 def usage_of(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def sse(data: Any) -> bytes:

@@ -32,8 +32,16 @@ class ServeConfig:
     threads: int = 0
 
     def __post_init__(self) -> None:
-        for name, low in (("k", 1), ("kv_budget", 1), ("max_batch", 1), ("max_queue", 0), ("prefill_chunk", 1),
-                          ("max_tokens", 1), ("max_tokens_limit", 1), ("threads", 0)):
+        for name, low in (
+            ("k", 1),
+            ("kv_budget", 1),
+            ("max_batch", 1),
+            ("max_queue", 0),
+            ("prefill_chunk", 1),
+            ("max_tokens", 1),
+            ("max_tokens_limit", 1),
+            ("threads", 0),
+        ):
             if getattr(self, name) < low:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= {low} (got {getattr(self, name)})")
         if self.backend not in ("torch", "mlx"):
@@ -42,10 +50,21 @@ class ServeConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeConfig:
         return cls(
-            model=args.model, served_model_name=args.served_model_name, backend=args.backend, dtype=args.dtype,
-            device=args.device, policy=parse_policy(args.policy), drafter=args.drafter, k=args.k,
-            adapt=not args.no_adapt, kv_budget=args.kv_budget, max_batch=args.max_batch, max_queue=args.max_queue,
-            prefill_chunk=args.prefill_chunk, max_tokens=args.max_tokens, max_tokens_limit=args.max_tokens_limit,
+            model=args.model,
+            served_model_name=args.served_model_name,
+            backend=args.backend,
+            dtype=args.dtype,
+            device=args.device,
+            policy=parse_policy(args.policy),
+            drafter=args.drafter,
+            k=args.k,
+            adapt=not args.no_adapt,
+            kv_budget=args.kv_budget,
+            max_batch=args.max_batch,
+            max_queue=args.max_queue,
+            prefill_chunk=args.prefill_chunk,
+            max_tokens=args.max_tokens,
+            max_tokens_limit=args.max_tokens_limit,
             threads=args.threads,
         )
 
@@ -66,15 +85,31 @@ class ServeConfig:
         if self.drafter not in ("", "none"):
             spec = parse_drafter(self.drafter)
             if spec.kind == "gemma4-assistant":
-                raise ValueError("--drafter: gemma4-assistant reads its verifier's session and cannot serve batches yet")
-            factory = load_drafter(spec, model, k=self.k, policy=drafter_policy(self.policy), dtype=self.dtype,
-                                   device=self.device)
-        engine = Engine(model, self.policy, factory, self.k, self.adapt, self.prefill_chunk,
-                        context_length(resolve(self.model)))
+                raise ValueError(
+                    "--drafter: gemma4-assistant reads its verifier's session and cannot serve batches yet"
+                )
+            factory = load_drafter(
+                spec,
+                model,
+                k=self.k,
+                policy=drafter_policy(self.policy),
+                dtype=self.dtype,
+                device=self.device,
+            )
+        engine = Engine(
+            model,
+            self.policy,
+            factory,
+            self.k,
+            self.adapt,
+            self.prefill_chunk,
+            context_length(resolve(self.model)),
+        )
         metrics = Metrics(self.kv_budget)
         scheduler = Scheduler(engine, self.kv_budget, self.max_batch, self.max_queue, metrics)
-        server = Server(scheduler, self.served_model_name or self.model, self.max_tokens, self.max_tokens_limit,
-                        metrics)
+        server = Server(
+            scheduler, self.served_model_name or self.model, self.max_tokens, self.max_tokens_limit, metrics
+        )
         return create_app(server), scheduler
 
 

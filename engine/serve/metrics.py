@@ -17,25 +17,36 @@ class Metrics:
         self.queue = Gauge("kakeya_queue_depth", "Requests waiting for admission", registry=r)
         self.running = Gauge("kakeya_running_sequences", "Sequences prefilling or decoding", registry=r)
         self.kv_held = Gauge("kakeya_kv_bytes_held", "K/V bytes the running sequences hold", registry=r)
-        self.kv_held_max = Gauge("kakeya_kv_bytes_held_max", "The most K/V bytes held at any step", registry=r)
+        self.kv_held_max = Gauge(
+            "kakeya_kv_bytes_held_max", "The most K/V bytes held at any step", registry=r
+        )
         self.kv_reserved = Gauge(
             "kakeya_kv_bytes_reserved", "K/V bytes reserved by admitted sequences (their bound)", registry=r
         )
         self.kv_budget = Gauge("kakeya_kv_budget_bytes", "The server's K/V budget (--kv-budget)", registry=r)
         self.kv_budget.set(kv_budget)
-        self.tok_s = Gauge("kakeya_tokens_per_second", "Generated tokens per second over the last 10 s", registry=r)
+        self.tok_s = Gauge(
+            "kakeya_tokens_per_second", "Generated tokens per second over the last 10 s", registry=r
+        )
         self.generated = Counter("kakeya_generation_tokens", "Tokens generated", registry=r)
         self.prompt = Counter("kakeya_prompt_tokens", "Prompt tokens of finished requests", registry=r)
         self.requests = Counter(
             "kakeya_requests_finished", "Requests finished, by reason", ["reason"], registry=r
         )
-        self.refused = Counter("kakeya_requests_refused", "Requests refused, by status", ["status"], registry=r)
+        self.refused = Counter(
+            "kakeya_requests_refused", "Requests refused, by status", ["status"], registry=r
+        )
         self.ttft = Histogram(
-            "kakeya_time_to_first_token_seconds", "Arrival to first token", buckets=LATENCY_BUCKETS, registry=r
+            "kakeya_time_to_first_token_seconds",
+            "Arrival to first token",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.itl = Histogram(
-            "kakeya_inter_token_latency_seconds", "Time between a request's token emissions",
-            buckets=LATENCY_BUCKETS, registry=r,
+            "kakeya_inter_token_latency_seconds",
+            "Time between a request's token emissions",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self._lock = threading.Lock()
         self._recent: collections.deque[tuple[float, int]] = collections.deque()

@@ -117,7 +117,9 @@ class Engine:
     def reserve(self, n_tokens: int) -> int:
         """The most K/V bytes a sequence of n_tokens (prompt + new) holds under the policy."""
         n = n_tokens + self.max_block
-        return sum(s.held_slots(n, self.max_block) * b for s, b in zip(self.specs, self.slot_bytes(), strict=True))
+        return sum(
+            s.held_slots(n, self.max_block) * b for s, b in zip(self.specs, self.slot_bytes(), strict=True)
+        )
 
     def session(self) -> Session:
         return self.model.session(self.policy, max_block=self.max_block, prefill_chunk=self.prefill_chunk)
@@ -188,8 +190,11 @@ class Scheduler:
         reserve = self.check(prompt, params)
         with self.cond:
             if self.stopping or self.failed:
-                raise Refused(503, f"the server is {'stopping' if self.stopping else 'down: ' + str(self.failed)}",
-                              retry_after=5)
+                raise Refused(
+                    503,
+                    f"the server is {'stopping' if self.stopping else 'down: ' + str(self.failed)}",
+                    retry_after=5,
+                )
             if len(self.waiting) >= self.max_queue:
                 raise Refused(429, f"the queue is full ({self.max_queue} requests waiting)", retry_after=1)
             req = Request(list(prompt), params, emit, reserve, next(self.ids))
@@ -261,7 +266,9 @@ class Scheduler:
 
     def _stop(self, req: Request) -> Stop:
         model = self.engine.model
-        return Stop(req.params.max_tokens, model.eos_ids, req.params.stop, model.decode if req.params.stop else None)
+        return Stop(
+            req.params.max_tokens, model.eos_ids, req.params.stop, model.decode if req.params.stop else None
+        )
 
     def _finish(self, row: Row, reason: StopReason | str) -> None:
         with self.cond:
@@ -403,7 +410,9 @@ class Scheduler:
             session.trim([m - done for done in kept])
         if drafter is not None:
             if layers:
-                drafter.observe_rows(step.hidden, [kept[i] if reasons[i] is None else 0 for i in range(len(rows))])
+                drafter.observe_rows(
+                    step.hidden, [kept[i] if reasons[i] is None else 0 for i in range(len(rows))]
+                )
             drafter.accept_rows(ns, committed)
         if batch.length is not None:
             now = time.process_time() if getattr(session, "on_cpu", False) else time.perf_counter()
