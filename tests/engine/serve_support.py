@@ -5,23 +5,13 @@ compared with: greedy decoding of each prompt alone."""
 from __future__ import annotations
 
 import contextlib
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import uvicorn
-
 import engine
 from engine.serve.config import ServeConfig
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from engine.serve.thread import in_thread
 
 
 @dataclass
@@ -46,22 +36,8 @@ class Running:
 @contextlib.contextmanager
 def serving(config: ServeConfig) -> Iterator[Running]:
     app, scheduler = config.build()
-    scheduler.start()
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the server did not start")
-        time.sleep(0.02)
-    try:
-        yield Running(f"http://127.0.0.1:{port}", scheduler, config)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        scheduler.stop()
+    with in_thread(app, scheduler) as url:
+        yield Running(url, scheduler, config)
 
 
 def metric(text: str, name: str) -> float:
