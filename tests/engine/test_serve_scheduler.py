@@ -173,6 +173,8 @@ def test_a_prompt_longer_than_the_context_is_served_bounded_and_refused_under_fu
 
 def test_a_request_larger_than_the_whole_budget_is_refused(model: Any) -> None:
     eng = Engine(model, parse_policy("full"))
+    assert not eng.bounded and eng.reserve(100) > eng.reserve(50)  # full: K/V grows with the sequence
+    assert not Engine(model, parse_policy("hybrid:4:16")).bounded  # its full-attention layers keep everything
     sched = Scheduler(eng, kv_budget=eng.reserve(50))
     with pytest.raises(Refused) as info:
         sched.submit(list(range(5, 40)), Params(100), lambda t, r: None)
