@@ -17,6 +17,7 @@ from engine.policy import drafter_policy, parse_policy
 from engine.sampling import Sampling
 from engine.serve.scheduler import Engine, Params, Refused, Scheduler
 from engine.zoo import corpus
+from tests.engine.backends import HAVE_MLX
 
 
 @pytest.fixture(scope="module")
@@ -190,3 +191,16 @@ def test_rows_decode_exactly_where_rows_cannot_join(model: Any) -> None:
     got = run(Scheduler(eng, kv_budget=1 << 30), prompts, [15, 10, 12])
     for i, (p, n) in enumerate(zip(prompts, [15, 10, 12], strict=True)):
         assert got.tokens[i] == reference(model, policy, p, n)
+
+
+@pytest.mark.skipif(not HAVE_MLX, reason="mlx / mlx-lm not installed")
+def test_mlx_rows_are_served_exactly_each_in_a_batch_of_its_own() -> None:
+    """MLX sessions cannot take joining rows yet (engine/serve/join.py): each request is stepped on its own."""
+    mlx_model = engine.load("zoo:tiny-hybrid", backend="mlx")
+    policy = "sink_window:4:16"
+    eng = Engine(mlx_model, parse_policy(policy), load_drafter(parse_drafter("lookup"), mlx_model, k=3), k=3)
+    assert eng.why_no_join is not None and "torch" in eng.why_no_join
+    prompts = [mlx_model.encode(p) for p in corpus.code_prompts(3, 8, 20)]
+    got = run(Scheduler(eng, kv_budget=1 << 30), prompts, [12, 8, 10], gap=0.01)
+    for i, (p, n) in enumerate(zip(prompts, [12, 8, 10], strict=True)):
+        assert got.tokens[i] == reference(mlx_model, policy, p, n), i
