@@ -373,7 +373,7 @@ class Scheduler:
         k = 0
         if self.engine.drafter is not None:
             k = batch.length.choose(len(rows)) if batch.length else self.engine.k
-        started = time.process_time() if getattr(session, "on_cpu", False) else time.perf_counter()
+        started = time.thread_time() if getattr(session, "on_cpu", False) else time.perf_counter()
         drafter = PerRow([r.drafter for r in rows]) if self.engine.drafter is not None else None
         layers = tuple(getattr(drafter, "layers", ()))
         if drafter is not None:
@@ -415,7 +415,7 @@ class Scheduler:
                 )
             drafter.accept_rows(ns, committed)
         if batch.length is not None:
-            now = time.process_time() if getattr(session, "on_cpu", False) else time.perf_counter()
+            now = time.thread_time() if getattr(session, "on_cpu", False) else time.perf_counter()
             batch.length.record(k, now - started, block_drafted, block_accepted, len(rows))
         for row, reason in zip(rows, reasons, strict=True):
             if reason is not None:
