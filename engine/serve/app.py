@@ -211,26 +211,36 @@ class Server:
 
 
 class Deltas:
-    """Text deltas from a growing token list: holds back what might be the start of a stop string or a
-    partial character, and cuts the text at the first stop string."""
+    """Text deltas from a growing token list, detokenized incrementally (vLLM's method: decode a few tokens
+    before the new ones and keep what they add, so a response costs O(tokens), not O(tokens^2)); holds
+    back a partial character and what might be the start of a stop string, and cuts the text at the first
+    stop string."""
 
     def __init__(self, server: Server, stops: tuple[str, ...]) -> None:
         self.server, self.stops = server, stops
         self.tokens: list[int] = []
-        self.sent = ""
+        self.text = ""  # all the text decoded so far
+        self.sent = ""  # what was handed out (a prefix of text, cut at a stop string)
+        self.prefix_offset = self.read_offset = 0
         self.hold = max((len(s) for s in stops), default=1) - 1
+        self.stopped = False
 
     def add(self, tokens: list[int], final: bool) -> str:
+        if self.stopped:
+            return ""
         self.tokens += tokens
-        text = self.server.text(self.tokens)
-        cut = min((i for s in self.stops if (i := text.find(s)) >= 0), default=-1)
+        prefix = self.server.text(self.tokens[self.prefix_offset : self.read_offset])
+        full = self.server.text(self.tokens[self.prefix_offset :])
+        if len(full) > len(prefix) and (final or not full.endswith("\ufffd")):
+            self.text += full[len(prefix) :]
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.tokens)
+        text, from_ = self.text, max(len(self.sent) - self.hold, 0)
+        cut = min((i for s in self.stops if (i := text.find(s, from_)) >= 0), default=-1)
         if cut >= 0:
-            text, final = text[:cut], True
+            text, final, self.stopped = text[:cut], True, True
         if not final:
             text = text[: max(len(text) - self.hold, 0)]
-            if text.endswith("\ufffd"):
-                text = text[:-1]
-        if not text.startswith(self.sent) or len(text) <= len(self.sent):
+        if len(text) <= len(self.sent):
             return ""
         new, self.sent = text[len(self.sent) :], text
         return new
