@@ -91,3 +91,34 @@ def _pad_kv(x: Any, size: int) -> Any:
     out = x.new_zeros((x.shape[0], x.shape[1], size, x.shape[3]))
     out[:, :, : x.shape[2]] = x
     return out
+
+
+def rows_drafter(drafter: Any) -> Any | None:
+    """A one-row `RowsDrafter` twin of a batch-1 drafter whose rows can join a running batch's drafter
+    (`join_drafter`): the torch block drafter's `BatchedBlockDrafter` on the same weights; None for any
+    other kind (those draft one instance per row, `engine.speculative.PerRow`)."""
+    try:
+        from engine.drafters.block.torch import BatchedBlockDrafter, BlockDrafter
+    except ImportError:
+        return None
+    return BatchedBlockDrafter(drafter.model, 1) if isinstance(drafter, BlockDrafter) else None
+
+
+def join_drafter(batch: Any, new: Any) -> None:
+    """Append the rows of `new` (a `BatchedBlockDrafter` that observed its own rows' prompts) to `batch`'s:
+    each row's context buffers [rows, heads, slots, head_dim] concatenated along the rows (the narrower
+    padded: slots past a row's own length, which its mask hides), and its lengths and positions."""
+    import torch
+
+    with torch.inference_mode():
+        size = max(batch.kv[0][0].shape[2], new.kv[0][0].shape[2])
+        batch.kv = [
+            (
+                torch.cat((_pad_kv(ka, size), _pad_kv(kb, size))),
+                torch.cat((_pad_kv(va, size), _pad_kv(vb, size))),
+            )
+            for (ka, va), (kb, vb) in zip(batch.kv, new.kv, strict=True)
+        ]
+    batch.length = batch.length + new.length
+    batch.position = batch.position + new.position
+    batch.rows += new.rows

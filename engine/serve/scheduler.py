@@ -30,7 +30,7 @@ import numpy as np
 from engine.decode import Session, Stop, StopReason, commit
 from engine.policy import Policy, layer_slot_bytes
 from engine.sampling import Sampling, draw, host
-from engine.serve.join import join, joinable
+from engine.serve.join import join, join_drafter, joinable, rows_drafter
 from engine.speculative import DraftLength, PerRow, accepted_prefix
 
 
@@ -86,6 +86,7 @@ class Batch:
     session: Session
     rows: list[Row]
     length: DraftLength | None = None
+    drafter: Any = None  # one RowsDrafter for every row (the block drafter), else None: one drafter per row
 
 
 class Engine:
@@ -110,6 +111,10 @@ class Engine:
         self.specs = probe.specs
         self.bounded = all(s.bounded for s, t in zip(self.specs, self.slot_bytes(), strict=True) if t)
         self.why_no_join = joinable(probe)
+        # rows join the batch's drafter too (one drafter forward for every row) where both can join
+        self.rows_drafter = (
+            drafter is not None and self.why_no_join is None and rows_drafter(drafter(probe)) is not None
+        )
 
     def slot_bytes(self) -> list[int]:
         return layer_slot_bytes(self.policy, self.model.geometry, self.model.dtype_name)
@@ -260,7 +265,11 @@ class Scheduler:
             row = Row(req, self._stop(req), s.rng() if s else None, self.engine.session())
             if self.engine.drafter is not None:
                 row.drafter = self.engine.drafter(row.session)  # type: ignore[arg-type]
-                row.drafter.begin(req.prompt)
+                if self.engine.rows_drafter:
+                    row.drafter = rows_drafter(row.drafter)
+                    row.drafter.begin_rows([req.prompt])
+                else:
+                    row.drafter.begin(req.prompt)
             self.prefilling.append(row)
         self._gauges()
 
@@ -320,6 +329,8 @@ class Scheduler:
             return
         if len(going) < len(batch.rows):
             batch.session.keep_rows(going)
+            if batch.drafter is not None:
+                batch.drafter.keep_rows(going)
             batch.rows = [batch.rows[i] for i in going]
 
     def _prefill(self) -> None:
@@ -339,7 +350,12 @@ class Scheduler:
             logits = last and row.rng is not None
             if layers:
                 step = session.forward(chunk, hidden=layers, logits=logits)
-                row.drafter.observe(step.hidden, len(step.tokens))
+                if self.engine.rows_drafter:
+                    row.drafter.observe_rows(
+                        {j: h[None] for j, h in step.hidden.items()}, [len(step.tokens)], [0]
+                    )
+                else:
+                    row.drafter.observe(step.hidden, len(step.tokens))
             else:
                 step = session.prefill(chunk, logits=logits)
             if not last:
@@ -362,10 +378,12 @@ class Scheduler:
         if self.engine.why_no_join is None and self.batches:
             batch = self.batches[0]
             join(batch.session, session)
+            if batch.drafter is not None:
+                join_drafter(batch.drafter, row.drafter)
             batch.rows.append(row)
             return
         length = DraftLength(self.engine.k) if self.engine.adapt else None
-        self.batches.append(Batch(session, [row], length))
+        self.batches.append(Batch(session, [row], length, row.drafter if self.engine.rows_drafter else None))
 
     def _decode(self, batch: Batch) -> None:
         """One step of every row of the batch: a plain batched forward, or a speculative block."""
@@ -374,7 +392,9 @@ class Scheduler:
         if self.engine.drafter is not None:
             k = batch.length.choose(len(rows)) if batch.length else self.engine.k
         started = time.thread_time() if getattr(session, "on_cpu", False) else time.perf_counter()
-        drafter = PerRow([r.drafter for r in rows]) if self.engine.drafter is not None else None
+        drafter = batch.drafter
+        if drafter is None and self.engine.drafter is not None:
+            drafter = PerRow([r.drafter for r in rows])
         layers = tuple(getattr(drafter, "layers", ()))
         if drafter is not None:
             drafts = drafter.propose_rows(

@@ -110,8 +110,9 @@ def test_speculative_rows_are_greedy_exact(model: Any, drafter: str) -> None:
     factory = load_drafter(parse_drafter(drafter), model, k=4, policy=drafter_policy(parse_policy(policy)))
     prompts = [model.encode(p) for p in corpus.code_prompts(5, 2, 28)]
     ns = [30, 12, 25, 40, 8]
-    sched = Scheduler(Engine(model, parse_policy(policy), factory, k=4, prefill_chunk=16), kv_budget=1 << 30)
-    got = run(sched, prompts, ns, gap=0.01)
+    eng = Engine(model, parse_policy(policy), factory, k=4, prefill_chunk=16)
+    assert eng.rows_drafter == drafter.startswith("block:")  # the block drafter's rows join its batched twin
+    got = run(Scheduler(eng, kv_budget=1 << 30), prompts, ns, gap=0.01)
     for i, (p, n) in enumerate(zip(prompts, ns, strict=True)):
         assert got.tokens[i] == reference(model, policy, p, n), i
 
