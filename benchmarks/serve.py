@@ -223,7 +223,7 @@ def main() -> int:
                 )
     write_report(
         args.out,
-        "benchmark",
+        "bench-serve",
         1,
         {
             "benchmark": "serve",
