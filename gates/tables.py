@@ -176,6 +176,33 @@ TABLES: dict[str, list[Table]] = {
             [{"x": "batch", "y": ["decode tok/s"], "ylabel": "decode tok/s", "log_x": True}],
         ),
     ],
+    "serving": [
+        _t(
+            "Serving by concurrency",
+            "/levels",
+            [
+                ("concurrency", "/concurrency"),
+                ("output tok/s", "/output_tok_s", "tok/s", "/summary/tok_s_ok"),
+                ("req/s", "/requests_per_s"),
+                ("TTFT p50 s", "/ttft_p50_s"),
+                ("TTFT p99 s", "/ttft_p99_s"),
+                ("ITL p50 s", "/itl_p50_s"),
+                ("ITL p99 s", "/itl_p99_s"),
+                ("K/V held", "/kv_bytes_held_max", "bytes"),
+                ("failed", "/failed"),
+                ("exact", "/exact", "", "/summary/exact"),
+            ],
+            [
+                {"x": "concurrency", "y": ["output tok/s"], "ylabel": "output tok/s", "log_x": True},
+                {
+                    "x": "concurrency",
+                    "y": ["TTFT p99 s", "ITL p99 s"],
+                    "ylabel": "p99 latency (s)",
+                    "log_x": True,
+                },
+            ],
+        )
+    ],
     "compression": [
         _t(
             "Net bytes by batch and sequence length",

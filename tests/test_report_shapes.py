@@ -41,6 +41,7 @@ PARTS: dict[str, dict[str, tuple[str, bool]]] = {
         "arms": ("Arm", True),
         "summary": ("Summary", False),
     },
+    "serving": {"config": ("Config", False), "levels": ("Level", True), "summary": ("Summary", False)},
 }
 JSON_TYPES = {"object", "array", "string", "integer", "number", "boolean", "null"}
 

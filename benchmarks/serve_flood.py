@@ -1,0 +1,92 @@
+"""1,000 concurrent connections against kakeya serve: every one answered or refused, the server still up,
+memory after. Writes JSON.
+
+    python benchmarks/serve_flood.py --out benchmarks/results/serve_flood.json
+
+The server (zoo:tiny-hybrid, sink_window:4:32, `--max-queue` 256) runs in this process on a free 127.0.0.1
+port; `--connections` clients each open a connection at once and post one greedy /v1/completions of
+`--new-tokens` tokens. Reported: the count of each status (200 served, 429 refused with Retry-After when the
+queue is full) and of client errors, the wall time, /health after, and the process's peak RSS. Then
+`--waves` more floods, to see whether the RSS stays flat. Not a test: figures are reported, not asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import resource
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.policy import parse_policy  # noqa: E402
+from engine.report import write_report  # noqa: E402
+from engine.serve.config import ServeConfig  # noqa: E402
+from engine.serve.thread import in_thread  # noqa: E402
+
+
+async def flood(url: str, n: int, new_tokens: int) -> dict[str, Any]:
+    import httpx
+
+    limits = httpx.Limits(max_connections=n + 10, max_keepalive_connections=n + 10)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
+
+        async def one() -> str:
+            body = {"prompt": "def f1 ( a , b ) :", "max_tokens": new_tokens, "temperature": 0}
+            try:
+                r = await http.post("/v1/completions", json=body)
+            except Exception as exc:  # noqa: BLE001 - counted
+                return type(exc).__name__
+            if r.status_code == 429 and "retry-after" not in r.headers:
+                return "429 without Retry-After"
+            return str(r.status_code)
+
+        start = time.perf_counter()
+        counts = collections.Counter(await asyncio.gather(*(one() for _ in range(n))))
+        wall = time.perf_counter() - start
+        health = (await http.get("/health")).json()
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"statuses": dict(counts), "wall_s": wall, "health": health, "peak_rss_bytes": rss}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--connections", type=int, default=1000)
+    ap.add_argument("--waves", type=int, default=2, help="floods after the first")
+    ap.add_argument("--new-tokens", type=int, default=8)
+    ap.add_argument("--max-queue", type=int, default=256)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/serve_flood.json"))
+    args = ap.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 4 * args.connections)), hard))
+    config = ServeConfig(policy=parse_policy("sink_window:4:32"), max_queue=args.max_queue, threads=1)
+    app, scheduler = config.build()
+    with in_thread(app, scheduler) as url:
+        waves = [asyncio.run(flood(url, args.connections, args.new_tokens)) for _ in range(1 + args.waves)]
+    for i, w in enumerate(waves):
+        print(
+            f"wave {i}: {w['statuses']} in {w['wall_s']:.1f} s, health {w['health']}, peak RSS "
+            f"{w['peak_rss_bytes'] / 2**20:.0f} MiB"
+        )
+    write_report(
+        args.out,
+        "bench-serve-flood",
+        1,
+        {
+            "command": shlex.join([sys.executable, *sys.argv]),
+            "connections": args.connections,
+            "max_queue": args.max_queue,
+            "new_tokens": args.new_tokens,
+            "waves": waves,
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""The serving scheduler without HTTP: rows joining a running batch mid-decode change no other row's
+tokens, speculative decoding inside stays greedy-exact, admission keeps to the K/V budget, and a prompt
+longer than the context is served under a bounded policy and refused under `full`."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+import engine
+from engine.drafters.load import load_drafter
+from engine.drafters.spec import parse_drafter
+from engine.policy import drafter_policy, parse_policy
+from engine.sampling import Sampling
+from engine.serve.scheduler import Engine, Params, Refused, Scheduler
+from engine.zoo import corpus
+from tests.engine.backends import HAVE_MLX
+
+
+@pytest.fixture(scope="module")
+def model() -> Any:
+    import torch
+
+    torch.set_num_threads(1)
+    return engine.load("zoo:tiny-hybrid")
+
+
+class Collect:
+    """Each request's tokens and end, as the scheduler emits them; `rows` records the batch size seen."""
+
+    def __init__(self) -> None:
+        self.tokens: dict[int, list[int]] = {}
+        self.reasons: dict[int, str] = {}
+        self.done = threading.Condition()
+
+    def emit(self, i: int) -> Any:
+        self.tokens[i] = []
+
+        def emit(tokens: list[int] | None, reason: str | None) -> None:
+            if tokens:
+                self.tokens[i] += tokens
+            if reason:
+                with self.done:
+                    self.reasons[i] = reason
+                    self.done.notify_all()
+
+        return emit
+
+    def wait(self, n: int, timeout: float = 60) -> None:
+        with self.done:
+            assert self.done.wait_for(lambda: len(self.reasons) >= n, timeout), self.reasons
+
+
+def reference(model: Any, policy: str, prompt: list[int], n: int) -> list[int]:
+    session = model.session(parse_policy(policy), max_block=1)
+    return engine.generate(session, prompt, engine.Stop(n, model.eos_ids)).tokens
+
+
+def run(sched: Scheduler, prompts: list[list[int]], ns: list[int], gap: float = 0.0) -> Collect:
+    got = Collect()
+    sched.start()
+    try:
+        for i, (p, n) in enumerate(zip(prompts, ns, strict=True)):
+            sched.submit(p, Params(n), got.emit(i))
+            time.sleep(gap)
+        got.wait(len(prompts))
+    finally:
+        sched.stop()
+    return got
+
+
+def test_a_row_joining_mid_decode_changes_no_other_row(model: Any) -> None:
+    policy = "sink_window:4:16"
+    prompts = [model.encode(p) for p in corpus.code_prompts(3, 1, 30)]
+    sched = Scheduler(Engine(model, parse_policy(policy)), kv_budget=1 << 30)
+    got = Collect()
+    seen_rows: list[int] = []
+    decode = sched._decode
+
+    def spy(batch: Any) -> None:
+        seen_rows.append(len(batch.rows))
+        decode(batch)
+
+    sched._decode = spy  # type: ignore[method-assign]
+    sched.start()
+    try:
+        sched.submit(prompts[0], Params(60), got.emit(0))
+        while len(got.tokens[0]) < 12:  # the first row is decoding (past its window) when the others join
+            time.sleep(0.001)
+        sched.submit(prompts[1], Params(40), got.emit(1))
+        while len(got.tokens[1]) < 5:
+            time.sleep(0.001)
+        sched.submit(prompts[2], Params(20), got.emit(2))
+        got.wait(3)
+    finally:
+        sched.stop()
+    assert max(seen_rows) == 3 and seen_rows[0] == 1  # they did share one batch
+    assert len(sched.batches) == 0 and sched.reserved == 0
+    for i, n in enumerate((60, 40, 20)):
+        assert got.tokens[i] == reference(model, policy, prompts[i], n), i
+        assert got.reasons[i] == "max_new_tokens"
+
+
+@pytest.mark.parametrize("drafter", ["lookup", "block:zoo:tiny-block-drafter", "model:zoo:tiny-drafter"])
+def test_speculative_rows_are_greedy_exact(model: Any, drafter: str) -> None:
+    policy = "sink_window:4:16"
+    factory = load_drafter(parse_drafter(drafter), model, k=4, policy=drafter_policy(parse_policy(policy)))
+    prompts = [model.encode(p) for p in corpus.code_prompts(5, 2, 28)]
+    ns = [30, 12, 25, 40, 8]
+    eng = Engine(model, parse_policy(policy), factory, k=4, prefill_chunk=16)
+    assert eng.rows_drafter == drafter.startswith("block:")  # the block drafter's rows join its batched twin
+    got = run(Scheduler(eng, kv_budget=1 << 30), prompts, ns, gap=0.01)
+    for i, (p, n) in enumerate(zip(prompts, ns, strict=True)):
+        assert got.tokens[i] == reference(model, policy, p, n), i
+
+
+def test_seeded_sampling_reproduces_with_a_fixed_draft_length(model: Any) -> None:
+    policy = "sink_window:4:16"
+    factory = load_drafter(parse_drafter("lookup"), model, k=3)
+    prompt = model.encode(corpus.code_prompts(1, 4, 20)[0])
+    outs = []
+    for seed in (5, 5, 6):
+        sched = Scheduler(Engine(model, parse_policy(policy), factory, k=3, adapt=False), kv_budget=1 << 30)
+        got = Collect()
+        sched.start()
+        try:
+            sched.submit(prompt, Params(30, Sampling(0.8, 20, 0.95, seed)), got.emit(0))
+            got.wait(1)
+        finally:
+            sched.stop()
+        outs.append(got.tokens[0])
+    assert outs[0] == outs[1] and len(outs[0]) == 30
+    assert outs[0] != outs[2]
+
+
+def test_admission_keeps_to_the_kv_budget(model: Any) -> None:
+    policy = "sink_window:4:16"
+    eng = Engine(model, parse_policy(policy))
+    per_row = eng.reserve(40)
+    assert per_row == eng.reserve(4000)  # bounded: the same whatever the length
+    sched = Scheduler(eng, kv_budget=2 * per_row + per_row // 2)  # two rows fit, not three
+    running: list[int] = []
+    decode = sched._decode
+
+    def spy(batch: Any) -> None:
+        running.append(sched.running)
+        assert sched.held <= sched.kv_budget
+        decode(batch)
+
+    sched._decode = spy  # type: ignore[method-assign]
+    prompts = [model.encode(p) for p in corpus.code_prompts(5, 3, 20)]
+    got = run(sched, prompts, [20] * 5)
+    assert max(running) == 2
+    for i, p in enumerate(prompts):
+        assert got.tokens[i] == reference(model, policy, p, 20)
+
+
+def test_a_prompt_longer_than_the_context_is_served_bounded_and_refused_under_full(model: Any) -> None:
+    prompt = model.encode(corpus.code_prompts(1, 5, 120)[0])
+    assert len(prompt) > 64
+    full = Scheduler(Engine(model, parse_policy("full"), context=64), kv_budget=1 << 30)
+    with pytest.raises(Refused) as info:
+        full.submit(prompt, Params(8), lambda t, r: None)
+    assert info.value.status == 400 and info.value.param == "max_tokens"
+    assert "context of 64 tokens" in str(info.value) and "\n" not in str(info.value)
+    bounded = Scheduler(
+        Engine(model, parse_policy("sink_window:4:16"), context=64, prefill_chunk=32), kv_budget=1 << 30
+    )
+    got = run(bounded, [prompt], [10])
+    assert got.tokens[0] == reference(model, "sink_window:4:16", prompt, 10)
+
+
+def test_a_request_larger_than_the_whole_budget_is_refused(model: Any) -> None:
+    eng = Engine(model, parse_policy("full"))
+    assert not eng.bounded and eng.reserve(100) > eng.reserve(50)  # full: K/V grows with the sequence
+    assert not Engine(model, parse_policy("hybrid:4:16")).bounded  # its full-attention layers keep everything
+    sched = Scheduler(eng, kv_budget=eng.reserve(50))
+    with pytest.raises(Refused) as info:
+        sched.submit(list(range(5, 40)), Params(100), lambda t, r: None)
+    assert info.value.status == 400 and "budget" in str(info.value)
+
+
+def test_rows_decode_exactly_where_rows_cannot_join(model: Any) -> None:
+    """Quantized K/V cannot join a batch (engine/serve/join.py): each request runs as a batch of its own."""
+    policy = "sink_window:4:16:q8"
+    eng = Engine(model, parse_policy(policy))
+    assert eng.why_no_join is not None and "quantized" in eng.why_no_join
+    prompts = [model.encode(p) for p in corpus.code_prompts(3, 6, 20)]
+    got = run(Scheduler(eng, kv_budget=1 << 30), prompts, [15, 10, 12])
+    for i, (p, n) in enumerate(zip(prompts, [15, 10, 12], strict=True)):
+        assert got.tokens[i] == reference(model, policy, p, n)
+
+
+@pytest.mark.skipif(not HAVE_MLX, reason="mlx / mlx-lm not installed")
+def test_mlx_rows_are_served_exactly_each_in_a_batch_of_its_own() -> None:
+    """MLX sessions cannot take joining rows yet (engine/serve/join.py): each request is stepped on its own."""
+    mlx_model = engine.load("zoo:tiny-hybrid", backend="mlx")
+    policy = "sink_window:4:16"
+    eng = Engine(mlx_model, parse_policy(policy), load_drafter(parse_drafter("lookup"), mlx_model, k=3), k=3)
+    assert eng.why_no_join is not None and "torch" in eng.why_no_join
+    prompts = [mlx_model.encode(p) for p in corpus.code_prompts(3, 8, 20)]
+    got = run(Scheduler(eng, kv_budget=1 << 30), prompts, [12, 8, 10], gap=0.01)
+    for i, (p, n) in enumerate(zip(prompts, [12, 8, 10], strict=True)):
+        assert got.tokens[i] == reference(mlx_model, policy, p, n), i
