@@ -17,9 +17,7 @@ Markdown and HTML quoting is another matter (gates/markdown.py, bridge/render.py
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, TextIO
-
-from pydantic import AfterValidator
+from typing import Any, TextIO
 
 # Characters never shown: C0 (tab and newline are handled apart), DEL and C1, and the Unicode format characters
 # (category Cf), line and paragraph separators (Zl, Zp) and lone surrogates (Cs) of Unicode 15.
@@ -63,30 +61,26 @@ def clean_json(value: Any, multiline: bool = True) -> Any:
     return value
 
 
-# A pydantic field of text that is shown: `what: Clean = ""`.
-Clean = Annotated[str, AfterValidator(clean)]
-
-
 class CleanStream:
-    """A text stream that writes to `raw` what `clean(..., multiline=True)` leaves of each write (bridge/cli.py
-    puts one over stdout and stderr). `raw` stays reachable for a writer that draws escape sequences of its
-    own (the live progress bar) and cleans its text itself."""
+    """A text stream that writes to `unfiltered` what `clean(..., multiline=True)` leaves of each write
+    (bridge/cli.py puts one over stdout and stderr). `unfiltered` stays reachable for a writer that draws escape
+    sequences of its own (the live progress bar) and cleans its text itself."""
 
-    def __init__(self, raw: TextIO):
-        self.raw = raw
+    def __init__(self, unfiltered: TextIO):
+        self.unfiltered = unfiltered
 
     def write(self, text: str) -> int:
-        self.raw.write(clean(text, multiline=True))
+        self.unfiltered.write(clean(text, multiline=True))
         return len(text)
 
     def flush(self) -> None:
-        self.raw.flush()
+        self.unfiltered.flush()
 
     def isatty(self) -> bool:
-        return self.raw.isatty()
+        return self.unfiltered.isatty()
 
     def fileno(self) -> int:
-        return self.raw.fileno()
+        return self.unfiltered.fileno()
 
     def __getattr__(self, name: str) -> Any:  # encoding, errors, buffer, ...
-        return getattr(self.raw, name)
+        return getattr(self.unfiltered, name)
