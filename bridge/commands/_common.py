@@ -93,7 +93,7 @@ def outcome(result: RunResult, out: Path) -> dict[str, Any]:
     """A result as the fields of a `verdict` JSON event: outcome, gate checks, where its files are."""
     try:
         checks = json.loads((out / "verdict.json").read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         checks = None
     html = out / "report.html"
     return {
