@@ -14,9 +14,14 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-# Text that renders as itself everywhere: letters, digits, spaces and punctuation that starts no markdown,
-# HTML, entity, mention, emoji, issue reference, math or autolink (no `:`, `@`, `#`, `&`, `<`, `[`, `!`, ...).
-_INERT_TEXT = re.compile(r"(?:[A-Za-z0-9 .,;=+%/'\"()?\-—–…✓✗≤≥×µ])*")
+# Text that renders as itself everywhere: letters, digits, spaces and punctuation that starts no markdown, HTML,
+# entity, mention, issue reference, math or autolink (never `@`, `#`, `&`, `<`, `>`, `!`, `*`, `~`, `$`, `\`,
+# a backtick or `|`); `_` only inside a word, `[` `]` never followed by `(`, `:` neither in `://` nor between
+# letters as an emoji's `:name:` is (`sink_window:4:64` stays plain).
+_INERT_TEXT = re.compile(r"[A-Za-z0-9 .,;:=+%/'\"()?\[\]_\-\u0080-\U0010ffff]*")  # no markdown is non-ASCII
+_ACTIVE = re.compile(
+    r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])|\]\(|://|:[A-Za-z0-9_+-]*[A-Za-z_+-][A-Za-z0-9_+-]*:|www\.", re.I
+)
 _TICKS = re.compile(r"`+")
 
 
@@ -43,7 +48,7 @@ def cell(text: str, limit: int | None = None, *, table: bool = True) -> str:
     """`text` for a table cell (or, `table=False`, a line or a list item): as it is when it is inert (words,
     numbers), else a code span (`code`). One line, at most `limit` characters, cut with "…"."""
     text = _one_line(text, limit)
-    if _INERT_TEXT.fullmatch(text) and "www." not in text.lower():
+    if _INERT_TEXT.fullmatch(text) and not _ACTIVE.search(text):
         return text
     return code(text, table=table)
 
