@@ -12,7 +12,8 @@ compared with gates.compare (the preset's `baseline:` metric, tolerance and nois
 else every single number its gate checks with min/max/between), and each evidence's summary.md and plots
 (images committed in the done commit), linked under the bus repository's web address when it is known
 (`--link-base`, or a github.com bus), plain ids otherwise. Everything a result names is hostile: it goes
-into table cells and code spans through gates.markdown.cell, a plot only when its path is a plain file name.
+into table cells as code spans through gates.markdown (`cell`, `code`: no mention, link, image or HTML), a plot
+only when its path is a plain file name; the whole comment is cleaned of control characters (bridge/text.py).
 """
 
 from __future__ import annotations
