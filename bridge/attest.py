@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+import gates
 from bridge.errors import KakeyaError
 from bridge.result import RunResult
 from bridge.trust import PRINCIPAL_RE, Signers
@@ -123,10 +124,10 @@ def statement(out: Path, label: str | None, principal: str) -> Statement:
     ]
     device: dict[str, Any] = {"accelerator": result.host.get("accelerator")}
     try:
-        env = json.loads((out / "report.json").read_bytes()).get("environment")
+        env = gates.parse_report((out / "report.json").read_bytes(), "report.json").get("environment")
         if isinstance(env, dict) and isinstance(env.get("device"), str):
             device["report"] = env["device"]
-    except (OSError, ValueError, AttributeError):
+    except (OSError, gates.ReportError):
         pass
     predicate = Predicate(
         request_id=result.request_id,

@@ -51,6 +51,7 @@ from pydantic import (
 from bridge import git, receive_pack, upload_pack
 from bridge.errors import BusError, BusUnreachable, KakeyaError, problems
 from bridge.names import LABEL, LABEL_RE, NAME, RUNNER_NAME_RE, SHA_PATTERN
+from bridge.text import clean
 
 PREFIX = "refs/heads/kakeya/"  # the trigger namespace: request branches only
 REQ_PREFIX = PREFIX + "req/"
@@ -120,6 +121,9 @@ def checked_id(value: str) -> str:
 
 
 IdStr = Annotated[str, AfterValidator(checked_id)]  # a request id field of a bus file
+# text of a bus file that is shown, written by a run or by anyone who can push: no control or format
+# characters, whoever wrote it (bridge/text.py)
+Shown = Annotated[str, AfterValidator(clean)]
 
 
 def id_time(request_id: str) -> dt.datetime:
@@ -243,7 +247,7 @@ class WorkloadProgress(_File):
 
     done: int = Field(ge=0)
     total: int | None = Field(default=None, ge=1)
-    what: str = Field(default="", max_length=200)
+    what: Shown = Field(default="", max_length=200)
 
 
 class Progress(_File):
@@ -253,10 +257,10 @@ class Progress(_File):
     started_at: AwareDatetime  # when the request's serving began on this runner
     at: AwareDatetime  # when this record was made
     elapsed_s: float = Field(ge=0)
-    log_tail: list[str] = Field(default=[], max_length=20)  # the last lines of the redacted logs
+    log_tail: list[Shown] = Field(default=[], max_length=20)  # the last lines of the redacted logs
     workload: WorkloadProgress | None = None
     # a scheduler's word on the job (bridge/slurm.py): "pending (Resources)", "running on node17"
-    scheduler: str | None = Field(default=None, max_length=200)
+    scheduler: Shown | None = Field(default=None, max_length=200)
 
 
 class Claim(_File):

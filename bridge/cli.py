@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
 from bridge.errors import EXIT_CODES, Interrupted, KakeyaError, UsageError
+from bridge.text import CleanStream
 
 # Command modules, in the order `kakeya --help` lists them.
 COMMANDS = [
@@ -136,6 +137,19 @@ def fail(exc: KakeyaError, as_json: bool) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. Everything it prints passes bridge/text.py's `clean`: a run's text and the bus's are
+    hostile, and no escape sequence of theirs reaches a terminal (nor one of an error message quoting them)."""
+    if isinstance(sys.stdout, CleanStream):
+        return command(argv)
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = CleanStream(sys.stdout), CleanStream(sys.stderr)
+    try:
+        return command(argv)
+    finally:
+        sys.stdout, sys.stderr = streams
+
+
+def command(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     verb = next((a for a in argv if not a.startswith("-")), None)  # the top level takes no option value
     parser = build_parser(verb if verb in COMMANDS else None)

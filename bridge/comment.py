@@ -12,7 +12,8 @@ compared with gates.compare (the preset's `baseline:` metric, tolerance and nois
 else every single number its gate checks with min/max/between), and each evidence's summary.md and plots
 (images committed in the done commit), linked under the bus repository's web address when it is known
 (`--link-base`, or a github.com bus), plain ids otherwise. Everything a result names is hostile: it goes
-into table cells and code spans through gates.markdown.cell, a plot only when its path is a plain file name.
+into table cells as code spans through gates.markdown (`cell`, `code`: no mention, link, image or HTML), a plot
+only when its path is a plain file name; the whole comment is cleaned of control characters (bridge/text.py).
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from bridge.bus import Bus, results_path
 from bridge.errors import KakeyaError
 from bridge.evidence import Done, DoneResults, Outcome, summary_table
 from bridge.presets import Preset
+from bridge.text import clean
 from bridge.trust import Signers
-from gates.markdown import cell
+from gates.markdown import cell, code
 from gates.noise import ALPHA
 from gates.report import fmt_number
 
@@ -115,7 +117,11 @@ def compare_with_base(
             out.append(Change(name, None, None, None, None, "its gate checks no single number"))
             continue
         raw = shelf.report(o.evidence)
-        report = gates.parse_report(raw, "report.json") if raw is not None else None
+        try:
+            report = gates.parse_report(raw, "report.json") if raw is not None else None
+        except gates.ReportError as exc:  # the gate above failed it already; nothing to compare
+            out.append(Change(name, None, None, None, None, f"its {exc}"))
+            continue
         found = (
             shelf.previous_pass(preset, label, params=o.evidence.result.params, accept=on_base)
             if known and report is not None
@@ -166,7 +172,7 @@ def results_section(shelf: DoneResults, outcomes: Sequence[Outcome], link_base: 
         if d is None:
             continue
         where = f"{d.sha}/{results_path(d.id)}"
-        head = f"- `{cell(str(o.requirement), 200, html=False)}`: `{d.id}` (done `{d.sha[:12]}`)"
+        head = f"- {code(str(o.requirement), 200, table=False)}: `{d.id}` (done `{d.sha[:12]}`)"
         if link_base:
             head += f" · [summary]({link_base}/blob/{where}/summary.md)"
         lines.append(head)
@@ -187,7 +193,7 @@ def change_table(changes: Sequence[Change], base: str) -> str:
     ]
     rows = []
     for ch in changes:
-        req = f"`{cell(ch.requirement, 200, html=False)}`"
+        req = code(ch.requirement, 200)
         c = ch.comparison
         if c is None:
             rows.append(f"| {req} | — | — | — | — | — | {cell(ch.note, 400)} |")
@@ -196,7 +202,7 @@ def change_table(changes: Sequence[Change], base: str) -> str:
         subject = ch.base.subject if ch.base else None
         run = f"`{ch.base.id}` (subject `{(subject or '?')[:12]}`)" if ch.base else "—"
         rows.append(
-            f"| {req} | `{cell(ch.metric or '', 200, html=False)}` | {fmt(c.new)} | {fmt(c.base)} | {change} | "
+            f"| {req} | {code(ch.metric or '', 200)} | {fmt(c.new)} | {fmt(c.base)} | {change} | "
             f"{ch.significant()} | {run} |"
         )
     if not rows:
@@ -218,5 +224,7 @@ def render(
         parts.append(change_table(changes, base))
     if results := results_section(shelf, outcomes, link_base):
         parts.append("### Results\n\n" + results + "\n")
-    text = "\n".join(parts)
+    text = clean(
+        "\n".join(parts), multiline=True
+    )  # no control or format character of a run's (bridge/text.py)
     return text if len(text) <= COMMENT_CAP else text[: COMMENT_CAP - 80] + "\n\n_Cut to fit a comment._\n"

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -35,6 +34,7 @@ from bridge import git
 from bridge.bus import _File, results_path
 from bridge.caps import Unsafe, open_regular
 from bridge.logs import Redactor
+from bridge.text import clean
 
 LIVE_PATH = ".kakeya/live.json"
 STREAMS: tuple[Literal["stdout"], Literal["stderr"]] = ("stdout", "stderr")
@@ -179,15 +179,9 @@ def final_logs(repos: Sequence[Path], request_id: str, done: str) -> dict[str, b
 
 
 # CSI, OSC (ended by BEL or ST) and the other two-byte escapes
-_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]")
-
-
 def printable(text: str) -> str:
-    """`text` safe for a terminal: escape sequences removed, a carriage return made a line end, and every
-    other control or invisible character (bidi overrides included) dropped; newlines and tabs kept.
-    (A private sanitiser: the project's shared one, bridge/text.py, replaces it when it lands.)"""
-    text = _ESCAPES.sub("", text).replace("\r\n", "\n").replace("\r", "\n")
-    return "".join(c for c in text if c in "\n\t" or c.isprintable())
+    """`text` safe for a terminal (bridge/text.py's `clean`, lines kept), a carriage return made a line end."""
+    return clean(text.replace("\r\n", "\n").replace("\r", "\n"), multiline=True)
 
 
 class Shown:

@@ -41,6 +41,7 @@ from bridge.presence import read_presences
 from bridge.presets import Preset, get_preset, load_registry
 from bridge.progress import bar
 from bridge.render import verdict_line
+from bridge.text import clean, clean_json
 from bridge.trust import trusted_signers
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -206,7 +207,7 @@ class Tools:
             args = model.model_validate(dict(arguments))
         except ValidationError as exc:
             raise InvalidRequest(f"tool {name}: {problems(exc, 'arguments')}") from None
-        data = getattr(self, name)(args, progress)
+        data = clean_json(getattr(self, name)(args, progress))  # a run's text and the bus's: bridge/text.py
         return [text(json.dumps(data, indent=2))], data
 
     # --- the tools ---------------------------------------------------------------------------------
@@ -337,12 +338,12 @@ class Tools:
 def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
 
 
 def text(body: str) -> T.TextContent:
-    return T.TextContent(type="text", text=body)
+    return T.TextContent(type="text", text=clean(body, multiline=True))
 
 
 def result_content(data: Mapping[str, Any]) -> list[Any]:
@@ -362,7 +363,11 @@ def result_content(data: Mapping[str, Any]) -> list[Any]:
 
 
 def event_line(e: Mapping[str, Any]) -> str:
-    """One line for a progress notification."""
+    """One line for a progress notification (its text cleaned: bridge/text.py)."""
+    return clean(event_words(e))
+
+
+def event_words(e: Mapping[str, Any]) -> str:
     kind, rid = e["event"], e["id"]
     if kind == "queued" and "position" in e:
         who = f"live runners: {', '.join(e['runners'])}" if e["runners"] else "no live runner"
@@ -409,6 +414,7 @@ def resources(tools: Tools) -> list[T.Resource]:
 
 def read_resource(tools: Tools, uri: str) -> list[T.TextResourceContents]:
     def doc(body: Any) -> T.TextResourceContents:
+        body = clean_json(body)
         return T.TextResourceContents(uri=uri, mime_type="application/json", text=json.dumps(body, indent=2))
 
     if uri == "kakeya://presets":
@@ -421,7 +427,7 @@ def read_resource(tools: Tools, uri: str) -> list[T.TextResourceContents]:
         return [doc(data)] + (
             [
                 T.TextResourceContents(
-                    uri=uri, mime_type="text/markdown", text=summary.read_text(errors="replace")
+                    uri=uri, mime_type="text/markdown", text=clean(summary.read_text(errors="replace"), True)
                 )
             ]
             if summary.is_file()
@@ -457,7 +463,7 @@ def build(tools: Tools) -> Server:
             try:
                 content, data = tools.call(params.name, params.arguments or {}, progress)
             except KakeyaError as exc:  # the message names the problem; `code` and `hint` where it has them
-                error = {"error": type(exc).__name__, "message": str(exc)}
+                error = {"error": type(exc).__name__, "message": clean(str(exc))}
                 error.update({k: v for k in ("code", "hint") if (v := getattr(exc, k, None))})
                 return T.CallToolResult(
                     content=[text(f"{type(exc).__name__}: {exc}")], structured_content=error, is_error=True

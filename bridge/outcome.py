@@ -21,6 +21,7 @@ from bridge.host import host_fingerprint, tool_versions
 from bridge.logs import Redactor
 from bridge.render import judged_plots, run_page, summary_markdown
 from bridge.result import RunContext, RunResult, Status, iso_time, now
+from bridge.text import clean, clean_json
 
 
 @dataclass
@@ -37,22 +38,30 @@ class RunOutcome:
         """The runner's own files of this outcome, in memory: verdict.json (always the runner's: one that says
         why there is none when nothing was gated), result.json, summary.md and report.html, redacted."""
         out = self.out_dir
-        verdict = self.verdict or no_verdict(self.result)
+        # what people are shown of the gate's reasons (which quote the report) holds no control or format
+        # character (bridge/text.py); report.json itself is kept as the program wrote it
+        verdict = shown(self.verdict or no_verdict(self.result))
+        gated = shown(self.verdict) if self.verdict is not None else None
+        result = self.result.model_copy(
+            update={"reason": clean(self.result.reason or "") or self.result.reason}
+        )
         # the report as the runner commits it (redacted): a secret must not reach a plot's pixels either
         report, pngs = self.report, {}
         if report is not None:
             try:
                 report = json.loads(self.redact.text(json.dumps(report, ensure_ascii=False)))
-                pngs = judged_plots(report, self.result, self.verdict)
+                pngs = judged_plots(report, result, gated)
             except ValueError:  # redacting broke the JSON: the tables' text is redacted below, no plots
                 pass
         texts = {
             "verdict.json": verdict.model_dump_json(indent=2) + "\n",
-            "result.json": self.result.model_dump_json(indent=2) + "\n",
-            "summary.md": summary_markdown(self.result, out, self.verdict, report, list(pngs)),
-            "report.html": run_page(self.result, out, self.verdict, report, pngs),
+            "result.json": result.model_dump_json(indent=2) + "\n",
+            "summary.md": summary_markdown(result, out, gated, report, list(pngs)),
+            "report.html": run_page(result, out, gated, report, pngs),
         }
-        return {name: self.redact.text(text).encode() for name, text in texts.items()} | pngs
+        return {
+            name: clean(self.redact.text(text), multiline=True).encode() for name, text in texts.items()
+        } | pngs
 
     def write(self) -> RunResult:
         """Write verdict.json, result.json, summary.md and report.html (each once, over whatever the program put
@@ -64,6 +73,11 @@ class RunOutcome:
         for rel, size in walk(out).files.items():
             self.redact.scrub_file(out / rel, size)
         return self.result
+
+
+def shown(verdict: gates.Verdict) -> gates.Verdict:
+    """`verdict` with every text in it cleaned (bridge/text.py): its reasons quote the report."""
+    return gates.Verdict.model_validate(clean_json(verdict.model_dump(mode="json"), multiline=False))
 
 
 def no_verdict(result: RunResult) -> gates.Verdict:

@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from bridge.bus import Progress, WorkloadProgress, utcnow
 from bridge.caps import Unsafe, open_regular, read_capped, read_file
 from bridge.livelog import LiveLog
+from bridge.text import clean
 
 PROGRESS_FILE = "progress.json"  # under the run's out dir; KAKEYA_PROGRESS names it; removed after the run
 PROGRESS_CAP = 4096  # bytes; a bigger progress file is ignored
@@ -154,7 +155,9 @@ class View:
         """rich's Console on the stream, made when first needed (`--json` never imports rich)."""
         from rich.console import Console
 
-        return Console(file=self.stream, highlight=False)
+        # on the stream beneath bridge/cli.py's filter (bridge/text.py): the bar draws with escape sequences
+        # of its own; every text it is given is cleaned here
+        return Console(file=getattr(self.stream, "unfiltered", self.stream), highlight=False)
 
     @property
     def live(self) -> bool:
@@ -172,6 +175,7 @@ class View:
             self.update(e)
 
     def put(self, text: str) -> None:
+        text = clean(text, multiline=True)
         if self.bar is not None:  # above the live bar
             self.bar.console.print(text, markup=False, highlight=False, soft_wrap=True)
         else:
@@ -182,17 +186,18 @@ class View:
 
         w = e["workload"] or {}
         fields = {
-            "phase": e["event"] + (f" ({e['scheduler']})" if e.get("scheduler") else ""),
+            "phase": clean(e["event"] + (f" ({e['scheduler']})" if e.get("scheduler") else "")),
             "count": f"{w['done']}/{w['total']}" if w.get("total") else "",
             "elapsed": clock(e["elapsed_s"]),
         }
         if self.bar is None:
             self.bar = Progress(
-                TextColumn("{task.fields[phase]}"),
+                # markup=False: a run's words are never rich markup ("[green]✓ pass" shows as written)
+                TextColumn("{task.fields[phase]}", markup=False),
                 BarColumn(bar_width=BAR_COLUMNS),
-                TextColumn("{task.fields[count]}"),
-                TextColumn("elapsed {task.fields[elapsed]}"),
-                TextColumn("{task.description}"),
+                TextColumn("{task.fields[count]}", markup=False),
+                TextColumn("elapsed {task.fields[elapsed]}", markup=False),
+                TextColumn("{task.description}", markup=False),
                 console=self.console,
                 transient=True,
             )
@@ -204,7 +209,7 @@ class View:
         )
         self.bar.update(
             self.task,
-            description=cut(w.get("what") or "", max(room, 0)),
+            description=cut(clean(w.get("what") or ""), max(room, 0)),
             completed=w.get("done", 0),
             total=w.get("total"),
             **fields,

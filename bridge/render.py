@@ -26,9 +26,11 @@ from bridge import plots
 from bridge.caps import walk
 from bridge.host import accelerator_words
 from bridge.result import RunResult
-from gates.markdown import cell, table
+from gates.markdown import cell, code, fence, table
 
 TAIL_LINES = 60
+# a file of the run that summary.md may link to or show: a plain relative path (no markup, no scheme)
+PLAIN_PATH = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,100}(/[A-Za-z0-9][A-Za-z0-9._-]{0,100}){0,3}")
 MARK = {"pass": "✓", "fail": "✗"}
 MAX_PLOT_BYTES = 4 * 1024 * 1024  # a larger plot is linked, not inlined
 STYLE = """body{font:14px/1.45 system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -202,7 +204,12 @@ def run_page(
         if png.stat().st_size <= MAX_PLOT_BYTES:
             parts.append(_figure(rel, png.read_bytes()))
         else:
-            parts.append(f'<p><a href="{_e(rel)}">{_e(rel)}</a> (too large to inline)</p>')
+            link = (
+                f'<a href="./{_e(rel)}">{_e(rel)}</a>'
+                if PLAIN_PATH.fullmatch(rel)
+                else f"<code>{_e(rel)}</code>"
+            )
+            parts.append(f"<p>{link} (too large to inline)</p>")
     for name in ("stdout.log", "stderr.log"):
         log = out_dir / "logs" / name
         if log.is_file():
@@ -239,8 +246,8 @@ def _flat(obj: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _value(value: Any) -> str:
-    """A value for a table cell, as it is (no HTML escaping: the runner's and the preset's own words)."""
-    return "" if value is None else cell(_fmt(value), html=False)
+    """A value for a table cell (gates/markdown.py: a code span unless it is plain words or numbers)."""
+    return "" if value is None else cell(_fmt(value))
 
 
 def tables_markdown(tables: Sequence[gates.tables.Built], level: str = "###") -> list[str]:
@@ -248,7 +255,7 @@ def tables_markdown(tables: Sequence[gates.tables.Built], level: str = "###") ->
     threshold."""
     lines: list[str] = []
     for t in tables:
-        # a report's text: at most 200 characters a cell, no `<` (it cannot open HTML in a job summary)
+        # a report's text: at most 200 characters a cell, never markdown (gates/markdown.py)
         rows = [[cell(c.text, 200) + CELL_MARK[c.status] for c in row] for row in t.rows]
         lines += [f"{level} {t.title}", "", *table([cell(h, 200) for h in t.head()], rows)]
         if t.more:
@@ -267,7 +274,8 @@ def results_markdown(report: Mapping[str, Any], checks: Sequence[Any] = ()) -> l
         else report.get(str(report.get("kind")))
     )
     if isinstance(facts, Mapping) and (flat_facts := _flat(facts)):
-        lines += ["### Summary", "", *table(["", ""], [[k, _value(v)] for k, v in flat_facts.items()]), ""]
+        facts_rows = [[cell(k, 200), _value(v)] for k, v in flat_facts.items()]
+        lines += ["### Summary", "", *table(["", ""], facts_rows), ""]
     return ["## Results", "", *lines] if lines else []
 
 
@@ -278,7 +286,7 @@ def stderr_tail(out_dir: Path, n: int = STDERR_TAIL) -> list[str]:
     except OSError:
         return []
     tail = text.rstrip("\n").splitlines()[-n:]
-    return ["## Last lines of stderr", "", "```", *tail, "```", ""] if tail else []
+    return ["## Last lines of stderr", "", *fence(tail), ""] if tail else []
 
 
 def absolute_links(markdown: str, base: str, image_base: str | None = None) -> str:
@@ -301,11 +309,11 @@ def summary_markdown(
     """The same facts as result.json, for a human; plus the report's key results, the gate table, any plots,
     and the end of stderr when the run did not succeed."""
     lines = [
-        f"# {result.preset}: {outcome_heading(result.status, result.verdict)}",
+        f"# {cell(result.preset, 200, table=False)}: {outcome_heading(result.status, result.verdict)}",
         "",
     ]
     if result.reason:
-        lines += [f"**Reason:** {result.reason}", ""]
+        lines += [f"**Reason:** {code(result.reason, table=False)}", ""]
     rows = [
         ("request", result.request_id),
         ("subject", result.subject),
@@ -327,12 +335,14 @@ def summary_markdown(
     ]
     lines += [*table(["", ""], [[k, _value(v)] for k, v in rows if v is not None]), ""]
     if result.dropped:
-        lines += ["## Dropped (not committed)", ""] + [f"- {d}" for d in result.dropped] + [""]
+        lines += (
+            ["## Dropped (not committed)", ""] + [f"- {cell(d, table=False)}" for d in result.dropped] + [""]
+        )
     if result.params:
-        params = [[k, f"`{_value(v)}`"] for k, v in result.params.items()]
+        params = [[cell(k), code(_fmt(v))] for k, v in result.params.items()]
         lines += ["## Parameters", "", *table(["name", "value"], params), ""]
     if result.argv:
-        lines += ["## Command", "", "```", shlex.join(result.argv), "```", ""]
+        lines += ["## Command", "", *fence([shlex.join(result.argv)]), ""]
     if report is not None:
         lines += results_markdown(report, verdict.checks if verdict else ())
         lines += [f"![{p}]({p})" for p in judged] + ([""] if judged else [])
@@ -341,8 +351,11 @@ def summary_markdown(
     if result.status in NOT_SUCCEEDED:
         lines += stderr_tail(out_dir)
     pngs = sorted(rel for rel in walk(out_dir).files if rel.endswith(".png") and rel not in judged)
-    if pngs:
-        lines += ["## Plots (drawn by the program)", ""] + [f"![{p}]({p})" for p in pngs] + [""]
+    if pngs:  # an image only where the name is a plain path; any other name is shown, never linked
+        lines += ["## Plots (drawn by the program)", ""]
+        lines += [
+            f"![{p}]({p})" if PLAIN_PATH.fullmatch(p) else f"- {code(p, table=False)}" for p in pngs
+        ] + [""]
     logs = [p for p in ("logs/stdout.log", "logs/stderr.log") if (out_dir / p).is_file()]
     if logs:
         lines += (

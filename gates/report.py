@@ -67,6 +67,25 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+MAX_DEPTH = (
+    64  # arrays and objects in one another; a report is a few levels deep, its gate walks it recursively
+)
+
+
+def _depth(value: Any) -> int:
+    """How deep arrays and objects nest in a parsed document (a scalar is 0), without recursion."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if depth <= MAX_DEPTH:
+            todo += [(c, depth + 1) for c in children]
+    return deepest
+
+
 def parse_report(data: str | bytes, name: str = "report") -> dict[str, Any]:
     """Parse a report as strict JSON: an object, no duplicate keys, no NaN / Infinity (nor overflow to them).
     `name` says which report in the error messages."""
@@ -80,6 +99,12 @@ def parse_report(data: str | bytes, name: str = "report") -> dict[str, Any]:
         raise ReportError(f"{name} is not valid JSON: {exc}") from None
     except ReportError as exc:
         raise ReportError(f"{name} is not valid: {exc}") from None
+    except ValueError as exc:  # an integer past Python's int-from-string limit (4300 digits)
+        raise ReportError(f"{name} is not valid: {str(exc).split(';')[0]}") from None
+    except RecursionError:
+        raise ReportError(f"{name} is not valid: nested too deep to read") from None
+    if _depth(parsed) > MAX_DEPTH:
+        raise ReportError(f"{name} is not valid: arrays and objects nested more than {MAX_DEPTH} deep")
     bad = non_finite(parsed)
     if bad:
         where = ", ".join(f"{p or '/'} = {v!r}" for p, v in bad[:5])

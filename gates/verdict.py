@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from gates.checks import CheckResult, threshold_text
-from gates.markdown import cell, table
+from gates.markdown import cell, code, table
 from gates.report import fmt, fmt_number
 
 Status = Literal["pass", "fail", "error"]
@@ -19,10 +19,6 @@ EXIT_CODES: dict[str, int] = {"pass": 0, "fail": 1, "error": 2}
 def exit_code(status: Status) -> int:
     """The one exit-code rule for a gate's outcome: 0 pass, 1 fail, 2 error (could not be evaluated)."""
     return EXIT_CODES[status]
-
-
-def _cell(text: str) -> str:
-    return cell(text, html=False)
 
 
 class Violation(BaseModel):
@@ -76,7 +72,7 @@ class Comparison(BaseModel):
                     [
                         [
                             MARK[self.status],
-                            f"`{_cell(self.metric)}`",
+                            code(self.metric),
                             fmt_number(self.new),
                             fmt_number(self.base),
                             change,
@@ -86,7 +82,7 @@ class Comparison(BaseModel):
                     ],
                 ),
                 "",
-                _cell(self.reason),
+                cell(self.reason, table=False),
                 "",
             ]
         )
@@ -146,26 +142,35 @@ class Verdict(BaseModel):
             "",
         ]
         if self.error:
-            lines += [f"Not evaluated: {_cell(self.error)}", ""]
+            lines += [f"Not evaluated: {cell(self.error, table=False)}", ""]
         if self.checks:
             rows = []
             for c in self.checks:
-                seen = (
-                    c.reason if c.at is None else fmt(c.value) + (f" at `{c.at}`" if c.at != c.path else "")
-                )
+                # a value, a pointer and a reason quote the report: each a cell of its own (gates/markdown.py)
+                if c.at is None:
+                    seen = cell(c.reason)
+                else:
+                    seen = cell(fmt(c.value)) + (f" at {code(c.at)}" if c.at != c.path else "")
                 if c.count > 1:
                     seen += f" (worst of {c.count})"
-                threshold = _cell(threshold_text(c.check, c.threshold))
-                rows.append([MARK[c.status], c.check, _cell(seen), threshold, f"`{_cell(c.path)}`"])
+                threshold = cell(threshold_text(c.check, c.threshold))
+                rows.append([MARK[c.status], c.check, seen, threshold, code(c.path)])
             lines += [*table(["", "check", "value", "threshold", "path"], rows), ""]
         elif not self.error:
             lines += ["No checks.", ""]
         if self.violations:
             lines += [f"Schema violations ({len(self.violations)}):", ""]
-            lines += [f"- `{v.pointer or '/'}`: {_cell(v.message)}" for v in self.violations]
+            lines += [
+                f"- {code(v.pointer or '/', table=False)}: {cell(v.message, table=False)}"
+                for v in self.violations
+            ]
             lines.append("")
         if self.baseline is not None:
-            lines += [f"Baseline ({_cell(self.baseline.source)}): {_cell(self.baseline.note or 'none')}", ""]
+            source, note = (
+                cell(self.baseline.source, table=False),
+                cell(self.baseline.note or "none", table=False),
+            )
+            lines += [f"Baseline ({source}): {note}", ""]
         if self.comparison is not None:
             lines.append(self.comparison.to_markdown())
         return "\n".join(lines)

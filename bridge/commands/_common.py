@@ -14,6 +14,7 @@ from bridge.config import Config, load_config, project_root
 from bridge.progress import say
 from bridge.render import verdict_line
 from bridge.result import RunResult, iso_time
+from bridge.text import clean_json
 from bridge.trust import ALLOWED_SIGNERS
 
 
@@ -58,8 +59,8 @@ def add_id(parser: argparse.ArgumentParser) -> None:
 
 
 def emit(obj: dict[str, Any]) -> None:
-    """One JSON object on one line of stdout."""
-    print(json.dumps(obj), flush=True)
+    """One JSON object on one line of stdout, its text cleaned (bridge/text.py: an agent decodes it)."""
+    print(json.dumps(clean_json(obj)), flush=True)
 
 
 def event(kind: str, request_id: str | None, **fields: Any) -> dict[str, Any]:
@@ -92,7 +93,7 @@ def outcome(result: RunResult, out: Path) -> dict[str, Any]:
     """A result as the fields of a `verdict` JSON event: outcome, gate checks, where its files are."""
     try:
         checks = json.loads((out / "verdict.json").read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         checks = None
     html = out / "report.html"
     return {

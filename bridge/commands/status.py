@@ -15,6 +15,7 @@ from bridge.bus import Progress
 from bridge.client import Row, age, row_dict
 from bridge.commands._common import add_json, add_remote, client
 from bridge.progress import describe
+from bridge.text import clean_json
 
 COLUMNS = ("ID", "STATE", "PRESET", "RUNNER", "AGE", "VERDICT")
 
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     if args.id:
         row = c.status_one(c.resolve_id(args.id))
         if args.json:
-            print(json.dumps(row_dict(row)))
+            print(json.dumps(clean_json(row_dict(row))))
         else:
             for key, value in row_dict(row).items():
                 if value not in (None, {}):
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     rows = c.status(fetch=args.fetch, everything=args.all)
     if args.json:
-        print(json.dumps([row_dict(r) for r in rows]))
+        print(json.dumps(clean_json([row_dict(r) for r in rows])))
     elif rows:
         print(table(rows))
         for line in running(rows):

@@ -10,7 +10,8 @@ import gates
 import gates.tables
 from bridge.evidence.judge import MARK, Outcome
 from bridge.render import tables_markdown
-from gates.markdown import cell
+from bridge.text import clean
+from gates.markdown import cell, code
 
 SUMMARY_CAP = 1024 * 1024  # GitHub refuses a job summary (the whole $GITHUB_STEP_SUMMARY file) over 1 MiB
 
@@ -43,7 +44,7 @@ def summary_table(subject: str, outcomes: Sequence[Outcome], limit: int = SUMMAR
         if extra:
             details += (" — " if details else "") + "; ".join(extra)
         rows.append(
-            f"| {MARK[o.status]} | `{cell(str(o.requirement), 200, html=False)}` | {o.status} | {ev} | "
+            f"| {MARK[o.status]} | {code(str(o.requirement), 200)} | {o.status} | {ev} | "
             f"{cell(o.trust or '—', 200)} | {cell(details, 400)} |\n"
         )
     sections = (
@@ -62,7 +63,7 @@ def summary_table(subject: str, outcomes: Sequence[Outcome], limit: int = SUMMAR
         ]
         + [
             f"\n<details><summary>{o.requirement}: {len(o.ignored)} result(s) ignored</summary>\n\n"
-            + "".join(f"- `{i.id}` ({i.kind}): {cell(i.reason, 2000)}\n" for i in o.ignored)
+            + "".join(f"- `{i.id}` ({i.kind}): {cell(i.reason, 2000, table=False)}\n" for i in o.ignored)
             + "</details>\n"
             for o in outcomes
             if o.ignored
@@ -86,7 +87,7 @@ def summary_table(subject: str, outcomes: Sequence[Outcome], limit: int = SUMMAR
             break
         out.append(block)
         used += size
-    return "".join(out)
+    return clean("".join(out), multiline=True)  # no control or format character of a run's (bridge/text.py)
 
 
 def append_summary(path: Path, subject: str, outcomes: Sequence[Outcome], cap: int = SUMMARY_CAP) -> int:

@@ -154,7 +154,7 @@ def test_no_evidence_then_evidence_for_another_commit_then_passing_evidence(
     text = summary.read_text()
     assert text.startswith("## earlier step\n\nkept\n")  # appended, not overwritten
     assert f"**Evidence for `{first}`: ✗ fail** (0 of 1 requirement met)" in text
-    assert "| ✗ | `work@cpu` | missing | — | — | no trusted, executed work@cpu run on the bus names" in text
+    assert "| ✗ | `work@cpu` | missing | — | — | `no trusted, executed work@cpu run on the bus names" in text
 
     rid = bus.run("work", tag="a")
     second = commit(world, "b.txt")
