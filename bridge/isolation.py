@@ -374,8 +374,20 @@ def describe_protection(iso: Isolation) -> str:
     return f"isolation {iso.describe}, network {iso.network}; it does not protect {UNPROTECTED[iso.kind]}"
 
 
-# Run by the trial as the run user, in the sandbox: which of the paths given a run could write to.
-TRIAL_PY = "import os, sys\nprint('\\n'.join(p for p in sys.argv[1:] if os.access(p, os.W_OK)))\n"
+# Run by the trial as the run user, in the sandbox: which of the runner's directories (PATH:DEV:INODE, as the
+# runner sees them) a run could write to. A directory of the same path that is not the same (a sandbox's own,
+# made to hold a bound file) is the run's, not the runner's.
+TRIAL_PY = (
+    "import os, sys\n"
+    "for arg in sys.argv[1:]:\n"
+    "    path, dev, ino = arg.rsplit(':', 2)\n"
+    "    try:\n"
+    "        st = os.stat(path)\n"
+    "    except OSError:\n"
+    "        continue\n"
+    "    if (st.st_dev, st.st_ino) == (int(dev), int(ino)) and os.access(path, os.W_OK):\n"
+    "        print(path)\n"
+)
 
 
 def runner_paths() -> list[str]:
@@ -409,7 +421,8 @@ def trial(iso: Isolation, environ: Mapping[str, str]) -> list[str]:
         ids = ["--uid", str(iso.uid), "--gid", str(iso.gid)] if iso.uid is not None else []
         status = scratch / "launcher.json"
         argv = [*wrap, sys.executable, "-I", launcher.__file__, "--status", str(status), *ids]
-        argv += ["--", sys.executable, "-I", "-c", TRIAL_PY, *runner_paths()]
+        seen = [f"{p}:{(st := os.stat(p)).st_dev}:{st.st_ino}" for p in runner_paths()]
+        argv += ["--", sys.executable, "-I", "-c", TRIAL_PY, *seen]
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=scratch)
         except (OSError, subprocess.TimeoutExpired) as exc:
