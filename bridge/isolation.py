@@ -399,8 +399,9 @@ def runner_paths() -> list[str]:
 
 
 def closed_to(path: Path, uid: int, gid: int) -> Path | None:
-    """The first directory above `path` that `uid` may not pass (search), or None."""
-    for parent in reversed(Path(os.path.realpath(path)).parents):
+    """The first directory above `path` (as written, then its links resolved) that `uid` may not pass, or None."""
+    given, real = Path(os.path.abspath(path)), Path(os.path.realpath(path))
+    for parent in [*reversed(given.parents), *reversed(real.parents)]:
         try:
             st = os.stat(parent)
         except OSError:

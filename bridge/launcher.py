@@ -207,6 +207,8 @@ def main(argv: list[str]) -> int:
         else:
             time.sleep(0.05)
     if child is not None:
+        if nproc is not None and limit is None and Path("/proc").is_dir() and tasks_of(uid) >= nproc:
+            limit = "processes"  # what the program left at its exit still fills the limit
         killed = end_everything(codes)
         _reap(codes)
         exit_code = codes.get(child.pid)
