@@ -44,7 +44,7 @@ from tests.bridge.test_sandbox import (
     as_user,
     committed,
     ensure_user,
-    searchable_by_others,
+    showing_python,
 )
 
 LINUX = sys.platform.startswith("linux")
@@ -158,32 +158,6 @@ def write_presets(home: Path, python: str, env: dict[str, str]) -> Path:
     for name, spec in specs.items():
         (presets / f"{name}.yaml").write_text(yaml.safe_dump({"name": name, **spec}))
     return presets
-
-
-def showing_python(argv: list[str]) -> list[str]:
-    """`argv` (as root) in a mount namespace where the interpreter's directory, if it lies under one closed to
-    other users (root's pyenv), is shown: what a host whose Python the run user may start looks like."""
-    base = Path(os.path.realpath(sys.base_prefix))
-    if searchable_by_others(base / "bin"):
-        return argv
-    hidden = next(p for p in reversed(base.parents) if not os.stat(p).st_mode & 0o001)
-    script = (
-        'set -e; d=$(mktemp -d); mount --bind "$1" "$d"; mount -t tmpfs -o mode=755 tmpfs "$2"; '
-        'mkdir -p "$1"; mount --move "$d" "$1"; shift 2; exec "$@"'
-    )
-    return [
-        "unshare",
-        "-m",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        script,
-        "sh",
-        str(base),
-        str(hidden),
-        *argv,
-    ]
 
 
 class Runners:
@@ -344,3 +318,109 @@ def test_a_run_reaches_no_network_and_no_other_run(
 
 def G_refs(url: str, store: Path) -> str:
     return subprocess.run(["git", "ls-remote", url], capture_output=True, text=True, cwd=store).stdout
+
+
+def without_bwrap(tmp: Path) -> str:
+    """A PATH with every tool of this host but bubblewrap: a host without it."""
+    bindir = tmp / "bin-without-bwrap"
+    bindir.mkdir()
+    for d in os.environ["PATH"].split(":") + ["/usr/sbin", "/usr/bin", "/sbin", "/bin"]:
+        if os.path.isdir(d):
+            for tool in os.listdir(d):
+                if tool != "bwrap" and not (bindir / tool).exists():
+                    (bindir / tool).symlink_to(os.path.join(d, tool))
+    return str(bindir)
+
+
+@pytest.mark.parametrize("user", [pytest.param(None, id="root"), pytest.param(TEST_USER, id="as-user")])
+def test_without_bubblewrap_a_runner_refuses_until_the_isolation_is_named(
+    world: Env, daemon: Daemon, user: str | None
+):
+    runners = setup_world(world, "auto", user, daemon)
+    try:
+        runners.env |= {"PATH": without_bwrap(runners.home), "KAKEYA_RUN_USER": "0"}  # no run user either
+        refused = subprocess.run(
+            runners.argv("once", "weak"), env=runners.env, cwd=runners.home, capture_output=True, text=True
+        )
+        assert refused.returncode != 0, refused.stderr
+        assert "refusing to serve: isolation auto found no bubblewrap and no run user" in refused.stderr
+        assert 'isolation = "userns"' in refused.stderr
+        runners.env["KAKEYA_ISOLATION"] = "userns"  # the admin names it: it serves, and says what it lacks
+        runners.start("named")
+        result, stdout = result_of(runners, request(runners, "hog", {"mode": "venv"}))
+        log = runners.log()
+        assert result["status"] == "succeeded" and result["isolation"] == "userns", result
+        assert "isolation userns, network none; it does not protect the runner's own files" in log, log
+        if user:  # the venv is root's: a run as another user cannot change it
+            assert all(f"refused {d}" in stdout for d in runners.dirs), stdout
+        else:  # root's run under userns can: the runner said so at its start
+            assert "a run can write to what the runner executes" in log, log
+    finally:
+        for d in runners.dirs:
+            Path(d, "kakeya-evil.pth").unlink(missing_ok=True)
+        runners.close()
+
+
+@pytest.mark.skipif(not ROOT, reason="a run user other than the runner's needs a root runner")
+def test_a_run_user_that_cannot_start_the_runners_python_is_refused_with_the_fix(world: Env, daemon: Daemon):
+    closed = Path(tempfile.mkdtemp(prefix="kakeya-closed-"))  # mode 700: the run user may not pass
+    try:
+        venv = closed / "venv"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        python = venv / "bin" / "python"
+        own = subprocess.run(
+            [str(python), "-c", "import site; print(site.getsitepackages()[0])"],
+            capture_output=True,
+            text=True,
+        )
+        Path(own.stdout.strip(), "runner-deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KAKEYA_")} | {
+            "PYTHONPATH": str(REPO),
+            "KAKEYA_ISOLATION": "user",
+            "KAKEYA_RUN_USER": str(RUN_UID),
+            "KAKEYA_PRESETS": str(world.presets),
+        }
+        want = f"the run user uid {RUN_UID} cannot start {python}"
+        fix = f"make the interpreter readable (chmod o+rx {closed}) or use a Python outside {closed}"
+        watch = [
+            str(python),
+            "-m",
+            "bridge.cli",
+            "runner",
+            "watch",
+            "--labels",
+            "cpu",
+            "--remote",
+            daemon.repo(),
+        ]
+        proc = subprocess.run(
+            showing_python([*watch, "--workdir", str(closed / "w")]),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode != 0 and want in proc.stderr and fix in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()[-1]) < 600
+        doctor = subprocess.run(
+            showing_python([str(python), "-m", "bridge.cli", "doctor"]),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=world.project,
+        )
+        line = next(ln for ln in doctor.stdout.splitlines() if "isolation" in ln)
+        assert line.startswith("FAIL  isolation") and want in line and fix in line, doctor.stdout
+        closed.chmod(0o755)  # the fix: the trial starts
+        doctor = subprocess.run(
+            showing_python([str(python), "-m", "bridge.cli", "doctor"]),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=world.project,
+        )
+        assert f"ok    isolation user (uid {RUN_UID})" in doctor.stdout, doctor.stdout
+    finally:
+        shutil.rmtree(closed, ignore_errors=True)
