@@ -19,9 +19,14 @@
              for trusted subjects only, and only when asked for by name
     auto     the strongest the host offers: bwrap, else user (root with run_user), else userns, else none
 
-`network: none` on a preset adds a new, empty network namespace where permitted. What was chosen is recorded
-in result.json (`isolation`, `network`); `kakeya doctor` shows it. `key_problem` says when a signing key is
-within a run's reach (the runner then refuses to start).
+`auto` never settles in silence for userns or none: a runner refuses to serve (`weak_problem`) until the admin
+names it. In the bwrap sandbox /tmp and /dev/shm are directories of the run's scratch (on disk, not a tmpfs of
+the host's memory). A preset's `network: none` (the default) gives the run a new network namespace with its
+own loopback alone, where permitted (`network: host` asks for the host's). `run_limits`: the memory, process
+and file-size limits the launcher sets on the program. What was chosen is recorded in result.json
+(`isolation`, `network`); `kakeya doctor` shows it, and `trial` starts `python -c` as a run does, at doctor
+and `runner watch` (the run user must be able to start the venv's Python, and not write to it).
+`key_problem` says when a signing key is within a run's reach (the runner then refuses to start).
 """
 
 from __future__ import annotations
