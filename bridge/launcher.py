@@ -193,13 +193,18 @@ def main(argv: list[str]) -> int:
     except OSError as exc:
         child, exit_code, start_error = None, 127, str(exc)
     while child is not None and not stop[0]:
+        if nproc is not None and limit is None and Path("/proc").is_dir():
+            try:  # has the program exited? (not reaped: while a zombie it still counts, as the kernel counts)
+                ended = os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+            except ChildProcessError:
+                ended = False
+            if ended or time.monotonic() >= next_count:
+                next_count = time.monotonic() + 0.2
+                if tasks_of(uid) >= nproc:  # a fork failed or would: the run is at its limit of processes
+                    limit = "processes"
         _reap(codes)
         if child.pid in codes:
             break
-        if nproc is not None and limit is None and time.monotonic() >= next_count and Path("/proc").is_dir():
-            next_count = time.monotonic() + 0.2
-            if tasks_of(uid) >= nproc:  # a fork failed or will: the run is at its limit of processes
-                limit = "processes"
         if lifeline >= 0:
             ready, _, _ = select.select([lifeline], [], [], 0.05)
             if ready and not os.read(lifeline, 1):
@@ -207,8 +212,6 @@ def main(argv: list[str]) -> int:
         else:
             time.sleep(0.05)
     if child is not None:
-        if nproc is not None and limit is None and Path("/proc").is_dir() and tasks_of(uid) >= nproc:
-            limit = "processes"  # what the program left at its exit still fills the limit
         killed = end_everything(codes)
         _reap(codes)
         exit_code = codes.get(child.pid)
