@@ -132,7 +132,10 @@ def _limiter(opts: dict[str, str]) -> object:
             if value is not None:
                 hard = resource.getrlimit(res)[1]
                 limit = int(value) if hard == resource.RLIM_INFINITY else min(int(value), hard)
-                resource.setrlimit(res, (limit, limit))
+                try:
+                    resource.setrlimit(res, (limit, limit))
+                except (OSError, ValueError):  # a limit this platform refuses (macOS's RLIMIT_DATA): not set
+                    pass
         try:
             with open("/proc/self/oom_score_adj", "w") as fh:
                 fh.write("1000")
