@@ -82,7 +82,7 @@ HOG_PY = WRITE_REPORT_PY + textwrap.dedent(r"""
     elif mode == "host":  # the runner's venv, then /etc as the run user
         for d in os.environ["RUNNER_DIRS"].split(":"):
             try:
-                Path(d, "kakeya-evil.pth").write_text("import os; os.system('touch /tmp/owned')\n")
+                Path(d, "kakeya-evil.pth").write_text("# a .pth that ran no code (a test's)\n")
                 print("wrote", d)
             except OSError as exc:
                 print("refused", d, type(exc).__name__)
@@ -337,6 +337,14 @@ def test_without_bubblewrap_a_runner_refuses_until_the_isolation_is_named(
         assert "refusing to serve: isolation auto found no bubblewrap and no run user" in refused.stderr
         assert 'isolation = "userns"' in refused.stderr
         runners.env["KAKEYA_ISOLATION"] = "userns"  # the admin names it: it serves, and says what it lacks
+        if (
+            not user
+        ):  # root's run under userns could write the shared venv: aim it at a directory of the test's
+            decoy = runners.home / "decoy"
+            decoy.mkdir()
+            spec = yaml.safe_load((runners.presets / "hog.yaml").read_text())
+            spec["env"]["RUNNER_DIRS"] = str(decoy)
+            (runners.presets / "hog.yaml").write_text(yaml.safe_dump(spec))
         runners.start("named")
         result, stdout = result_of(runners, request(runners, "hog", {"mode": "host"}))
         log = runners.log()
