@@ -18,7 +18,9 @@ then `KAKEYA_*` environment variables, then command-line flags (applied by the c
     require_signed_requests  a runner rejects requests not signed by a key of `allowed_requesters`
     allowed_requesters       allowed-signers file of the requesters (relative to the project root)
     isolation       how a run is kept from the runner (bridge/isolation.py): auto (the default: the strongest
-                    the host offers, bwrap where bubblewrap works) | bwrap | user | userns | none (asked by name)
+                    the host offers, bwrap where bubblewrap works, user for a root runner with a run user; a
+                    runner refuses to serve where that leaves only userns or none, until one is named) | bwrap |
+                    user | userns | none (asked by name)
     run_user        the dedicated unprivileged user (name or uid) a root runner starts programs as (bwrap, user)
     untrusted_labels  labels whose subjects are untrusted: the runner refuses them without isolation
     report_cap_bytes / files_cap_bytes / result_cap_bytes  caps on report.json, the program's other

@@ -36,7 +36,7 @@ from bridge.caps import collect as collect_files
 from bridge.config import Config
 from bridge.errors import KakeyaError
 from bridge.host import host_fingerprint, tool_versions
-from bridge.isolation import Isolation, bwrap_argv, choose
+from bridge.isolation import Isolation, RunLimits, bwrap_argv, choose, run_limits
 from bridge.logs import CappedLog, Redactor, pump
 from bridge.outcome import RunOutcome
 from bridge.presets import Preset, Resources
@@ -154,6 +154,7 @@ def run_preset(
         try:
             iso = choose(config.isolation, config.run_user, network_none=preset.network == "none")
             base.update(isolation=iso.describe, network=iso.network)
+            limits = run_limits(preset.limits, iso)
             preset_env = preset.render_env(environ)
             redact = Redactor(secret_values(preset, config, environ, preset_env))
             run_dir = scratch / "out" if iso.private else out_dir  # where the program writes
@@ -177,6 +178,7 @@ def run_preset(
             provenance=MappingProxyType({**base, "argv": [redact.text(a) for a in argv]}),
             redact=redact,
             resources=preset.resources,
+            limits=limits,
         )
         executor = executor or LocalExecutor()
         if on_run_dir is not None:
@@ -254,6 +256,7 @@ class RunSetup:
     provenance: Mapping[str, Any]
     redact: Redactor
     resources: Resources | None = None  # what a scheduler's executor asks for (the preset's `resources`)
+    limits: RunLimits | None = None  # memory, processes, file size (bridge/isolation.py's `run_limits`)
 
 
 class Launched(Protocol):
@@ -296,6 +299,7 @@ class LocalExecutor:
         run = LocalRun(setup, now(), setup.scratch / "launcher.json")
         lifeline_r, run.lifeline = os.pipe()
         ids = ["--uid", str(iso.uid), "--gid", str(iso.gid)] if iso.uid is not None else []
+        ids += setup.limits.launcher_args() if setup.limits is not None else []
         wrapped = [
             *iso.wrap,
             *(sys.executable, "-I", launcher.__file__, "--status", str(run.status_file)),
@@ -386,7 +390,16 @@ class LocalExecutor:
         returncode = status.get("exit_code")
         returncode = run.proc.returncode if returncode is None and run.proc else returncode
         base["strays_killed"] = status.get("strays")
-        return ended_outcome(setup, base, returncode, run.started, ended, stopped, collected)
+        outcome = ended_outcome(setup, base, returncode, run.started, ended, stopped, collected)
+        if setup.limits is not None and outcome.result.status in ("succeeded", "failed", "timed-out"):
+            try:  # the runner's own log of the program's stderr: what it said when refused
+                tail = caps.read_file(out_dir / "logs", "stderr.log", config.log_cap_bytes + 4096)[-8192:]
+            except (OSError, caps.Unsafe):
+                tail = b""
+            which = setup.limits.hit(status.get("limit"), returncode, tail)
+            if which:
+                outcome.result.status, outcome.result.reason = "error", setup.limits.reached(which)
+        return outcome
 
 
 def ended_outcome(

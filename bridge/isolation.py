@@ -19,27 +19,35 @@
              for trusted subjects only, and only when asked for by name
     auto     the strongest the host offers: bwrap, else user (root with run_user), else userns, else none
 
-`network: none` on a preset adds a new, empty network namespace where permitted. What was chosen is recorded
-in result.json (`isolation`, `network`); `kakeya doctor` shows it. `key_problem` says when a signing key is
-within a run's reach (the runner then refuses to start).
+`auto` never settles in silence for userns or none: a runner refuses to serve (`weak_problem`) until the admin
+names it. In the bwrap sandbox /tmp and /dev/shm are directories of the run's scratch (on disk, not a tmpfs of
+the host's memory). A preset's `network: none` (the default) gives the run a new network namespace with its
+own loopback alone, where permitted (`network: host` asks for the host's). `run_limits`: the memory, process
+and file-size limits the launcher sets on the program. What was chosen is recorded in result.json
+(`isolation`, `network`); `kakeya doctor` shows it, and `trial` starts `python -c` as a run does, at doctor
+and `runner watch` (the run user must be able to start the venv's Python, and not write to it).
+`key_problem` says when a signing key is within a run's reach (the runner then refuses to start).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import pwd
 import shutil
+import site
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bridge import launcher  # standard library only; bound read-only by path into the sandbox
 from bridge.errors import KakeyaError
-from bridge.presets import models_dirs
+from bridge.presets import Limits, models_dirs
 
 UNSHARE_USERNS = ["unshare", "--user", "--pid", "--fork", "--mount-proc"]
 NOBODY = "nobody"
@@ -223,6 +231,8 @@ def _system_binds() -> list[str]:
             argv += ["--symlink", os.readlink(path), top]
         elif path.is_dir():
             argv += ["--ro-bind", top, top]
+    # /etc made 0755 (bwrap would make it 0700: a root runner's run user could not read what is bound there)
+    argv += ["--perms", "0755", "--dir", "/etc"]
     for name in ETC:
         if (Path("/etc") / name).exists():
             argv += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
@@ -252,11 +262,16 @@ def bwrap_argv(iso: Isolation, scratch: Path, cwd: Path, environ: Mapping[str, s
     if iso.network == "none":
         argv.append("--unshare-net")
     argv += _system_binds()
-    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm"]
+    # /tmp and /dev/shm are directories of the run's scratch, on its disk: never a tmpfs of the host's memory
+    # (bwrap 0.8 cannot size one), so what a run puts there is files, bounded as its other files are.
+    for sub in ("tmp", "shm"):
+        (scratch / sub).mkdir(exist_ok=True)
+        (scratch / sub).chmod(0o1777)
+    argv += ["--proc", "/proc", "--dev", "/dev", "--bind", str(scratch / "shm"), "/dev/shm"]
     for pattern in DEVICES:
         for dev in sorted(Path("/").glob(pattern.lstrip("/"))):
             argv += ["--dev-bind", str(dev), str(dev)]
-    argv += ["--perms", "1777", "--tmpfs", "/tmp"]
+    argv += ["--bind", str(scratch / "tmp"), "/tmp"]
     ro = exposed(environ)
     made: set[Path] = {Path("/"), Path("/tmp"), Path("/dev"), *(Path(s) for s in SYSTEM)}
     for target in [*ro, scratch]:
@@ -270,6 +285,181 @@ def bwrap_argv(iso: Isolation, scratch: Path, cwd: Path, environ: Mapping[str, s
         argv += ["--ro-bind", str(path), str(path)]
     argv += ["--bind", str(scratch), str(scratch), "--chdir", str(cwd), "--"]
     return argv
+
+
+# --- what a run may use of the host ------------------------------------------------------------------
+
+DEFAULT_PROCESSES = 4096  # tasks (threads count) of the run's user
+DEFAULT_FILE_MB = 64 * 1024
+# What a program prints when an rlimit refused it (Python, libc's strerror, C++): the limit it reached.
+LIMIT_SIGNS = {
+    "memory": (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc", b"out of memory"),
+    "file": (b"File too large", b"[Errno 27]"),
+}
+
+
+def host_memory_mb() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (1 << 20)
+    except (ValueError, OSError):
+        return 1 << 20
+
+
+@dataclass(frozen=True)
+class RunLimits:
+    """What one run may use (from the preset's `limits`, else the defaults): memory per process (MiB), tasks
+    of its user (None: not enforceable under this isolation, where the program runs as the runner's own user
+    or as root), the largest file (MiB)."""
+
+    memory_mb: int
+    processes: int | None
+    file_mb: int
+
+    def launcher_args(self) -> list[str]:
+        argv = ["--memory", str(self.memory_mb << 20), "--file", str(self.file_mb << 20)]
+        return argv + (["--processes", str(self.processes)] if self.processes is not None else [])
+
+    def reached(self, which: str) -> str:
+        """The reason of a run that reached limit `which`."""
+        if which == "memory":
+            what = f"its memory limit of {self.memory_mb} MiB per process (limits.memory_mb)"
+        elif which == "processes":
+            what = f"its limit of {self.processes} processes and threads (limits.processes)"
+        else:
+            what = f"its limit of {self.file_mb} MiB per file, /tmp's too (limits.file_mb)"
+        return f"the run reached {what}; the preset may raise it"
+
+    def hit(self, launcher_limit: str | None, exit_code: int | None, stderr_tail: bytes) -> str | None:
+        """Which limit the run reached: the launcher's word (processes, file), else, for a program that failed,
+        what it printed when an allocation or a write was refused."""
+        if launcher_limit in ("processes", "file"):
+            return launcher_limit
+        if exit_code in (0, None):
+            return None
+        return next((k for k, signs in LIMIT_SIGNS.items() if any(s in stderr_tail for s in signs)), None)
+
+
+def run_limits(limits: Limits, iso: Isolation) -> RunLimits:
+    """A run's limits under `iso`: the preset's, else the defaults (memory: 3/4 of the host's, per process)."""
+    own_user = iso.kind in ("bwrap", "user", "userns")  # a run user, or a user namespace, of the run's own
+    return RunLimits(
+        memory_mb=limits.memory_mb or host_memory_mb() * 3 // 4,
+        processes=(limits.processes or DEFAULT_PROCESSES) if own_user else None,
+        file_mb=limits.file_mb or DEFAULT_FILE_MB,
+    )
+
+
+# --- saying what is chosen, and trying it -------------------------------------------------------------
+
+UNPROTECTED = {
+    "bwrap": "the accelerators (shared with other runs), world-readable system files it is shown, and the "
+    "host's network for presets with `network: host`",
+    "user": "world-readable files, the host's /tmp and /dev/shm (shared memory, not bounded), the host's "
+    "process list, and (where `unshare --net` is refused) the network",
+    "userns": "the runner's own files (a run can read and write them: its state, its venv, its key), the "
+    "host's /tmp and /dev/shm, and (where `unshare --net` is refused) the network",
+    "none": "anything the runner's user can do: a run is the runner (trusted subjects only)",
+}
+
+
+def weak_problem(mode: str, iso: Isolation) -> str | None:
+    """Why a runner must not serve under `iso` chosen by `mode` (auto fell to userns or none), or None."""
+    if mode != "auto" or iso.kind in ("bwrap", "user"):
+        return None
+    return (
+        f"isolation auto found no bubblewrap and no run user here and would give runs only {iso.kind}, which "
+        f"does not protect {UNPROTECTED[iso.kind]}; install bubblewrap (apt-get install bubblewrap), or, as "
+        f'root, a run user (useradd --system kakeya-run), or name the isolation: isolation = "{iso.kind}" '
+        '(or "none") in kakeya.toml / KAKEYA_ISOLATION'
+    )
+
+
+def describe_protection(iso: Isolation) -> str:
+    """One line for the runner's start: the isolation and what it does not protect."""
+    return f"isolation {iso.describe}, network {iso.network}; it does not protect {UNPROTECTED[iso.kind]}"
+
+
+# Run by the trial as the run user, in the sandbox: which of the runner's directories (PATH:DEV:INODE, as the
+# runner sees them) a run could write to. A directory of the same path that is not the same (a sandbox's own,
+# made to hold a bound file) is the run's, not the runner's.
+TRIAL_PY = (
+    "import os, sys\n"
+    "for arg in sys.argv[1:]:\n"
+    "    path, dev, ino = arg.rsplit(':', 2)\n"
+    "    try:\n"
+    "        st = os.stat(path)\n"
+    "    except OSError:\n"
+    "        continue\n"
+    "    if (st.st_dev, st.st_ino) == (int(dev), int(ino)) and os.access(path, os.W_OK):\n"
+    "        print(path)\n"
+)
+
+
+def runner_paths() -> list[str]:
+    """What the runner executes and a run must not change: the venv (its site-packages, bin, prefix), the base
+    interpreter's prefix and standard library, and the bridge package the launcher lives in."""
+    paths = [sys.prefix, os.path.dirname(sys.executable), *site.getsitepackages(), sys.base_prefix]
+    paths += [os.path.dirname(os.__file__), os.path.dirname(os.path.abspath(launcher.__file__))]
+    return list(dict.fromkeys(os.path.realpath(p) for p in paths if os.path.isdir(p)))
+
+
+def closed_to(path: Path, uid: int, gid: int) -> Path | None:
+    """The first directory above `path` (as written, then its links resolved) that `uid` may not pass, or None."""
+    given, real = Path(os.path.abspath(path)), Path(os.path.realpath(path))
+    for parent in [*reversed(given.parents), *reversed(real.parents)]:
+        try:
+            st = os.stat(parent)
+        except OSError:
+            return parent
+        bit = 0o100 if st.st_uid == uid else 0o010 if st.st_gid == gid else 0o001
+        if not st.st_mode & bit:
+            return parent
+    return None
+
+
+def trial(iso: Isolation, environ: Mapping[str, str]) -> list[str]:
+    """Start `python -c` as a run starts (the launcher, the run user, the sandbox); KakeyaError with the fix
+    when it cannot start; else which of the runner's paths (`runner_paths`) the run could write to."""
+    scratch = Path(tempfile.mkdtemp(prefix="kakeya-trial-"))
+    try:
+        scratch.chmod(0o755)
+        wrap = bwrap_argv(iso, scratch, scratch, environ) if iso.kind == "bwrap" else list(iso.wrap)
+        ids = ["--uid", str(iso.uid), "--gid", str(iso.gid)] if iso.uid is not None else []
+        status = scratch / "launcher.json"
+        argv = [*wrap, sys.executable, "-I", launcher.__file__, "--status", str(status), *ids]
+        seen = [f"{p}:{(st := os.stat(p)).st_dev}:{st.st_ino}" for p in runner_paths()]
+        argv += ["--", sys.executable, "-I", "-c", TRIAL_PY, *seen]
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=scratch)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise KakeyaError(f"a trial run under isolation {iso.describe} could not start: {exc}") from None
+        try:
+            ended = json.loads(status.read_text())
+            assert isinstance(ended, dict)
+        except (OSError, ValueError, AssertionError):
+            last = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+            raise KakeyaError(
+                f"a trial run under isolation {iso.describe} could not start the launcher "
+                f"({sys.executable} -I {launcher.__file__}): {last}"
+            ) from None
+        if ended.get("start_error") or ended.get("exit_code") != 0:
+            who = f"the run user uid {iso.uid}" if iso.uid is not None else "a run"
+            why = ended.get("start_error") or (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            closed = (
+                closed_to(Path(sys.executable), iso.uid, iso.gid or iso.uid) if iso.uid is not None else None
+            )
+            fix = (
+                f"make the interpreter readable (chmod o+rx {closed}) or use a Python outside {closed}"
+                if closed
+                else "make the venv and its interpreter readable and executable by it"
+            )
+            exe = sys.executable + (
+                f" ({real})" if (real := os.path.realpath(sys.executable)) != sys.executable else ""
+            )
+            raise KakeyaError(f"{who} cannot start {exe} (isolation {iso.describe}): {why}; {fix}")
+        return [line for line in proc.stdout.splitlines() if line]
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 # --- keys out of reach ------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The run launcher: the parent of every process a run starts, and their end.
 
-    python -I bridge/launcher.py --status FILE --lifeline FD [--uid U --gid G] -- ARGV...
+    python -I bridge/launcher.py --status FILE --lifeline FD [--uid U --gid G]
+        [--memory BYTES] [--processes N] [--file BYTES] -- ARGV...
 
 It becomes a child subreaper (Linux `prctl(PR_SET_CHILD_SUBREAPER)`), so processes that call setsid and
 whose parent exits re-parent to it instead of to init; it asks for SIGTERM when the runner dies
@@ -9,7 +10,15 @@ gone, on any platform). It starts ARGV in a new session (as uid/gid U/G when giv
 stays out of the workload's reach), waits for it, and when it exits (or at SIGTERM: the time limit, a
 cancel, the runner's death) kills every process left below it and reaps them. FILE gets
 {"exit_code": the program's returncode (negative: killed by that signal), "strays": processes killed
-that were not the program, "subreaper": bool, "start_error": why ARGV could not start, or null}.
+that were not the program, "subreaper": bool, "start_error": why ARGV could not start, or null, "limit":
+"processes" or "file" when the run reached that limit, or null}.
+
+Limits (bridge/isolation.py's `run_limits`), set on the program before it starts and inherited by all it
+starts: --memory is each process's RLIMIT_DATA (its heap and private mappings; not RLIMIT_AS, which
+accelerator runtimes exhaust by reserving address space), --processes RLIMIT_NPROC (the tasks, threads
+included, of the program's user: given only where that user is the run's own), --file RLIMIT_FSIZE (the
+largest file it may write: SIGXFSZ past it). The program's oom_score_adj is 1000: at a shortage of memory
+the kernel's OOM killer takes the run's processes before the runner's.
 
 On macOS there is no subreaper: processes that left the tree (setsid and an exited parent) are out of
 reach; the lifeline and the tree walk still end everything that stayed below the launcher.
@@ -22,6 +31,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import resource
 import select
 import signal
 import subprocess
@@ -109,6 +119,48 @@ def end_everything(codes: dict[int, int]) -> set[int]:
         time.sleep(0.05)
 
 
+def _limiter(opts: dict[str, str]) -> object:
+    """What the program's process runs before exec: the rlimits asked for, and first in line for the OOM killer."""
+    wanted = [
+        (resource.RLIMIT_DATA, opts.get("--memory")),
+        (resource.RLIMIT_NPROC, opts.get("--processes")),
+        (resource.RLIMIT_FSIZE, opts.get("--file")),
+    ]
+
+    def apply() -> None:
+        for res, value in wanted:
+            if value is not None:
+                hard = resource.getrlimit(res)[1]
+                limit = int(value) if hard == resource.RLIM_INFINITY else min(int(value), hard)
+                try:
+                    resource.setrlimit(res, (limit, limit))
+                except (OSError, ValueError):  # a limit this platform refuses (macOS's RLIMIT_DATA): not set
+                    pass
+        try:
+            with open("/proc/self/oom_score_adj", "w") as fh:
+                fh.write("1000")
+        except OSError:
+            pass
+
+    return apply
+
+
+def tasks_of(uid: int) -> int:
+    """How many tasks (threads included) of real uid `uid` this /proc shows: what RLIMIT_NPROC counts."""
+    count = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+            real = int(status.split("\nUid:", 1)[1].split()[0])
+            if real == uid:
+                count += int(status.split("\nThreads:", 1)[1].split()[0])
+        except (OSError, IndexError, ValueError):
+            continue
+    return count
+
+
 def main(argv: list[str]) -> int:
     args = argv[1:]
     opts: dict[str, str] = {}
@@ -133,11 +185,26 @@ def main(argv: list[str]) -> int:
     codes: dict[int, int] = {}
     exit_code: int | None = None
     start_error: str | None = None
+    nproc = int(opts["--processes"]) if "--processes" in opts else None
+    uid = int(opts["--uid"]) if "--uid" in opts else os.getuid()
+    limit: str | None = None
+    next_count = 0.0
     try:
-        child = subprocess.Popen(command, start_new_session=True, pass_fds=(), **user)
+        child = subprocess.Popen(
+            command, start_new_session=True, pass_fds=(), preexec_fn=_limiter(opts), **user
+        )
     except OSError as exc:
         child, exit_code, start_error = None, 127, str(exc)
     while child is not None and not stop[0]:
+        if nproc is not None and limit is None and Path("/proc").is_dir():
+            try:  # has the program exited? (not reaped: while a zombie it still counts, as the kernel counts)
+                ended = os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+            except ChildProcessError:
+                ended = False
+            if ended or time.monotonic() >= next_count:
+                next_count = time.monotonic() + 0.2
+                if tasks_of(uid) >= nproc:  # a fork failed or would: the run is at its limit of processes
+                    limit = "processes"
         _reap(codes)
         if child.pid in codes:
             break
@@ -152,12 +219,20 @@ def main(argv: list[str]) -> int:
         _reap(codes)
         exit_code = codes.get(child.pid)
         strays = len(killed - {child.pid})
+        if exit_code == -signal.SIGXFSZ and "--file" in opts:
+            limit = limit or "file"
     else:
         strays = 0
     tmp = status_path.with_name(status_path.name + ".tmp")
     tmp.write_text(
         json.dumps(
-            {"exit_code": exit_code, "strays": strays, "subreaper": subreaper, "start_error": start_error}
+            {
+                "exit_code": exit_code,
+                "strays": strays,
+                "subreaper": subreaper,
+                "start_error": start_error,
+                "limit": limit,
+            }
         )
     )
     tmp.replace(status_path)

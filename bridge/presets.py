@@ -543,6 +543,16 @@ class BaselineSpec(BaseModel):
         return metric
 
 
+class Limits(BaseModel):
+    """`limits: {memory_mb: 4096, processes: 256, file_mb: 1024}`: what one local run may use of the host
+    (bridge/isolation.py's `run_limits`; unset: its default). A run that reaches one ends in `error` naming it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    memory_mb: int | None = Field(default=None, ge=16, le=1 << 24)  # per process (RLIMIT_DATA)
+    processes: int | None = Field(default=None, ge=4, le=1 << 20)  # tasks of the run's user (RLIMIT_NPROC)
+    file_mb: int | None = Field(default=None, ge=1, le=1 << 24)  # the largest file, /tmp's too (RLIMIT_FSIZE)
+
+
 class Resources(BaseModel):
     """`resources: {gpus: 1, cpus: 8, memory: 64G}`: what a run needs of a node. A scheduler executor
     (bridge/slurm.py) asks for it (`--gres`, `--cpus-per-task`, `--mem`); the local executor ignores it."""
@@ -585,7 +595,9 @@ class Preset(BaseModel):
     # more checks on a runner label, e.g. on h200 the report's device must be CUDA (`checks_for`)
     gate_on: dict[str, list[Check]] = {}
     baseline: BaselineSpec | None = None
-    network: Literal["host", "none"] = "host"  # none: a new, empty network namespace where permitted
+    # none (the default): the run's own network namespace, loopback only; host: the host's network, by name
+    network: Literal["host", "none"] = "none"
+    limits: Limits = Limits()
     resources: Resources | None = None
 
     @field_validator("name")

@@ -22,7 +22,7 @@ from bridge.commands._common import add_json, add_remote, emit
 from bridge.config import Config, SlurmLabel, load_config, project_root
 from bridge.errors import KakeyaError
 from bridge.host import check_accelerator, label_needs
-from bridge.isolation import bwrap_available, choose, key_problem
+from bridge.isolation import bwrap_available, choose, key_problem, trial, weak_problem
 from bridge.presence import read_presences
 from bridge.presets import load_registry
 from bridge.slurm import Slurm
@@ -113,10 +113,18 @@ def isolation_in_force(cfg: Config) -> str:
             f"labels {', '.join(untrusted)} are untrusted-subjects but runs have no isolation; "
             "set isolation = auto (KAKEYA_ISOLATION)"
         )
-    problem = key_problem(cfg.signing_key or None, iso, os.environ)
+    problem = key_problem(cfg.signing_key or None, iso, os.environ) or weak_problem(cfg.isolation, iso)
     if problem:
         raise KakeyaError(f"a runner would refuse to start: {problem}")
+    # a trial run, as the run user in the sandbox runs get (bridge/isolation.py's `trial`)
+    writable = trial(choose(cfg.isolation, cfg.run_user, network_none=True), os.environ)
+    if writable and iso.kind in ("bwrap", "user"):
+        raise KakeyaError(
+            f"a runner would refuse to start: a run could write to {', '.join(writable)}, which the runner "
+            "executes; make them writable by the runner's user alone (chmod go-w)"
+        )
     extra = f"; runs of untrusted-subjects labels {', '.join(untrusted)} allowed" if untrusted else ""
+    extra += f"; a run can write to what the runner executes: {', '.join(writable)}" if writable else ""
     if sys.platform.startswith("linux") and not bwrap_available():
         extra += "; install bubblewrap (scripts/setup-runner.sh) for the sandbox"
     return f"{iso.describe} (config isolation = {cfg.isolation}){extra}"

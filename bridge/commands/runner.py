@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -31,7 +32,8 @@ from typing import Any
 from bridge.client import default_remote, resolve_remote, state_dir
 from bridge.commands._common import add_remote, config_and_root, say_bus
 from bridge.config import Config, SlurmLabel
-from bridge.errors import Interrupted, InvalidRequest
+from bridge.errors import Interrupted, InvalidRequest, KakeyaError
+from bridge.isolation import choose, describe_protection, trial, weak_problem
 from bridge.progress import say
 from bridge.render import outcome_words
 from bridge.runner import Runner, Served
@@ -83,15 +85,40 @@ def register(sub: argparse._SubParsersAction) -> None:
 def make_runner(args: argparse.Namespace, config: Config, root: Path, url: str, labels: list[str]) -> Runner:
     name = args.name or config.runner_name
     workdir = args.workdir or state_dir(config, root) / "runners" / name
+    protection = isolation_at_start(config, labels, trial_run=args.mode == "watch")
     runner = Runner(
         url, config=config, name=name, labels=labels, workdir=workdir, force_labels=args.force_labels
     )
+    if protection:
+        runner.log(protection)
     if runner.forced_labels:
         runner.log(
             f"warning: serving {', '.join(runner.forced_labels)} without the hardware (--force-labels); "
             "every result says so"
         )
     return runner
+
+
+def isolation_at_start(config: Config, labels: list[str], trial_run: bool) -> str | None:
+    """What a runner says at its start of the isolation its local runs get (None: it runs none here); refuses
+    (KakeyaError) where `auto` found only a weak one, and, with `trial_run`, where a trial run cannot start
+    the runner's Python or could write to what the runner executes under an isolation that claims it cannot."""
+    if all(isinstance(config.executor_for(lb), SlurmLabel) for lb in labels):
+        return None  # the nodes choose (bridge/slurm_job.py)
+    iso = choose(config.isolation, config.run_user, network_none=True)
+    if problem := weak_problem(config.isolation, iso):
+        raise KakeyaError(f"refusing to serve: {problem}")
+    line = describe_protection(iso)
+    if trial_run:
+        writable = trial(iso, os.environ)
+        if writable and iso.kind in ("bwrap", "user"):
+            raise KakeyaError(
+                f"refusing to serve: a run (isolation {iso.describe}) could write to {', '.join(writable)}, "
+                "which the runner executes; make them writable by the runner's user alone (chmod go-w)"
+            )
+        if writable:
+            line += f"; a run can write to what the runner executes ({', '.join(writable)})"
+    return line
 
 
 def slurm_runner(args: argparse.Namespace, config: Config, root: Path, runner: Runner) -> SlurmRunner | None:

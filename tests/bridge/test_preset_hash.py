@@ -44,7 +44,8 @@ def test_every_shipped_preset_hashes_as_before() -> None:
 @pytest.mark.parametrize(
     "field",
     [
-        {"network": "host"},
+        {"network": "none"},
+        {"limits": {}},
         {"gate_on": {}},
         {"secrets": []},
         {"env": {}},
@@ -68,7 +69,8 @@ def test_a_param_field_at_its_default_changes_no_hash() -> None:
     ("name", "change"),
     [
         ("probe", {"timeout_s": 61}),
-        ("probe", {"network": "none"}),
+        ("probe", {"network": "host"}),
+        ("probe", {"limits": {"processes": 64}}),
         ("probe", {"resources": {"gpus": 1}}),
         ("niah-sink-window", {"policy": {"max_sink": 9998}}),
         ("niah-smoke", {"policy": {"precisions": ["q8"]}}),
