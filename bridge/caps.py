@@ -327,10 +327,17 @@ def atomic_write(path: Path, data: str | bytes) -> None:
 
 
 def apply_caps(
-    out_dir: Path, *, report_cap: int, files_cap: int, result_cap: int, count_cap: int = COUNT_CAP
+    out_dir: Path,
+    *,
+    report_cap: int,
+    files_cap: int,
+    result_cap: int,
+    count_cap: int = COUNT_CAP,
+    log_cap: int | None = None,
 ) -> list[str]:
     """Delete what is unsafe or exceeds the caps from `out_dir`; one line per dropped path, for result.json
-    (what was past the count cap first, in one line)."""
+    (what was past the count cap first, in one line). A file at a runner's name larger than the runner writes
+    (a log over `log_cap`: a run that writes in out_dir replaced it) is dropped too."""
     found = walk(out_dir, count_cap)
     if found.over:
         prune(out_dir, found)
@@ -344,6 +351,9 @@ def apply_caps(
         (out_dir / rel).unlink()
         dropped.append(f"{shown(rel)} ({files.pop(rel)} bytes): {why}")
 
+    own_cap = result_cap if log_cap is None else log_cap + 4096  # the log's cut marker
+    for rel in [r for r in RUNNER_FILES if files.get(r, 0) > own_cap]:
+        drop(rel, f"larger than the runner writes it ({own_cap} bytes): not the runner's")
     if files.get(REPORT, 0) > report_cap:
         drop(REPORT, f"over the report cap of {report_cap} bytes")
     total = sum(size for rel, size in files.items() if rel in RUNNER_FILES or rel == REPORT)

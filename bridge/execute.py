@@ -442,6 +442,7 @@ def ended_outcome(
         files_cap=config.files_cap_bytes,
         result_cap=config.result_cap_bytes,
         count_cap=config.files_count_cap,
+        log_cap=config.log_cap_bytes,
     )
     base["dropped"] = dropped
     try:  # it said how the run went; the result says the rest

@@ -382,6 +382,7 @@ class Runner:
             files_cap=self.config.files_cap_bytes,
             result_cap=self.config.result_cap_bytes,
             count_cap=self.config.files_count_cap,
+            log_cap=self.config.log_cap_bytes,
         )
         self.step = "writing the result"
         result = outcome.write()

@@ -9,14 +9,23 @@ runner's default isolation (auto: bwrap where installed) and under isolation non
 from __future__ import annotations
 
 import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
 import textwrap
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.bridge.bus_support import WRITE_REPORT_PY, Daemon, Env, git, script_preset, stop
-from tests.bridge.test_hostile_output import Bench, no_secret
+from bridge.caps import RUNNER_FILES
+from tests.bridge.bus_support import WRITE_REPORT_PY, Daemon, Env, git, script_preset, stop, wait_for
+from tests.bridge.test_hostile_output import ROOT, Bench, no_secret
+from tests.bridge.test_sandbox import TEST_USER, as_user, ensure_user, searchable_by_others
 
 KINDS = ["fifo", "zero", "dir", "huge"]
 MANY = 20_000
@@ -49,8 +58,13 @@ PLANT_PY = WRITE_REPORT_PY + textwrap.dedent("""
         fh.write("kept")
     if kind == "many":
         for i in range(int(os.environ.get("MANY", "20000"))):
-            open(os.path.join(run, f"f{i:05d}"), "wb").close()
+            open(os.path.join(run, f"z{i:05d}"), "wb").close()
         write_report()
+        sys.exit(0)
+    if kind in ("bigint", "deep"):  # a report json.loads raises on (not a JSON error): 10,000 digits, deep
+        body = "1" * 10_000 if kind == "bigint" else "[" * 100_000 + "]" * 100_000
+        with open(os.environ["KAKEYA_REPORT"], "w") as fh:
+            fh.write('{"kind": "probe", "x": ' + body + "}")
         sys.exit(0)
     # the launcher writes its status to launcher.json.tmp, then renames it: make both something else
     attempt("plant the launcher's temporary file", os.mkdir, os.path.join(scratch, "launcher.json.tmp"))
@@ -68,7 +82,7 @@ PLANT = script_preset(
     "plants what blocks or never ends where the runner reads",
     "plant.py",
     "kind",
-    {"type": "enum", "choices": [*KINDS, "many"], "default": "fifo"},
+    {"type": "enum", "choices": [*KINDS, "many", "bigint", "deep"], "default": "fifo"},
     env={"MANY": str(MANY)},
     gate=[{"check": "min", "path": "/probe/cpu_count", "value": 1}],
 )
@@ -126,11 +140,75 @@ def test_a_run_that_leaves_20000_files_commits_at_most_the_cap_and_says_how_many
     result, files = serve(bench, "many")
     assert (result["status"], result["verdict"]) == ("succeeded", "pass"), result
     cap = 5000
-    assert len(files) <= cap, len(files)
+    assert len([f for f in files if f not in RUNNER_FILES and f != "report.json"]) <= cap, len(files)
     assert {"result.json", "report.json", "verdict.json", "summary.md", "kept.txt"} <= set(files)
     over = [line for line in result["dropped"] if "files_count_cap" in line]
     assert len(over) == 1, result["dropped"]
-    kept_program_files = sum(1 for name in files if name.startswith("f") and name[1:].isdigit())
+    kept_program_files = sum(1 for name in files if name.startswith("z") and name[1:].isdigit())
     assert f"{MANY - kept_program_files} " in over[0], (over, kept_program_files)
     assert len(result["dropped"]) <= 2, result["dropped"]
     assert str(bench.world.tmp) not in json.dumps(result) and "/kakeya-run-" not in json.dumps(result)
+
+
+@pytest.mark.parametrize("kind", ["bigint", "deep"])
+def test_a_report_the_parser_raises_on_keeps_the_exit_code_isolation_and_strays(bench: Bench, kind: str):
+    result, files = serve(bench, kind)
+    assert (result["status"], result["exit_code"], result["strays_killed"]) == ("error", 0, 0), result
+    assert result["isolation"] and result["network"] and result["argv"], result
+    assert result["reason"].startswith("report.json is not valid: "), result["reason"]
+    assert "runner r1:" not in result["reason"] and len(result["reason"]) <= 2000
+    assert str(bench.world.tmp).encode() not in files["summary.md"]
+
+
+def test_the_start_up_sweep_of_a_crashed_runs_files_runs_in_the_background(world: Env, daemon: Daemon):
+    """Issue 40 (9): a runner killed mid-run left 20,000 files; the next start serves at once while they go."""
+    bench = Bench(world, daemon.repo())
+    workdir = world.project / ".kakeya" / "runners" / "r1"
+    stale = workdir / "runs" / "20260101T000000.000Z-plant-dead"
+    (stale / "deep").mkdir(parents=True)
+    for i in range(MANY):
+        (stale / "deep" / f"z{i:05d}").touch()
+    proc = bench.runner()
+    try:
+        bench.next_is_served()
+        wait_for(lambda: not stale.exists(), 60, "the stale directory removed")
+    finally:
+        assert stop(proc) == 0
+    log = bench.log()
+    assert f"removing 1 stale directory in {workdir / 'runs'} in the background" in log, log
+    assert "removed 1 stale directory in" in log, log
+
+
+@pytest.mark.skipif(not ROOT, reason="a runner as another user needs root to make (CI runs as root)")
+def test_cleanup_never_changes_the_mode_of_a_file_a_planted_link_points_at():
+    """Issue 40 (7): a run (the runner's own user: bubblewrap as a non-root runner) leaves, in a directory it
+    made unwritable, a symbolic link to a file of the runner's user. The runner's cleanup (caps.remove, run as
+    that unprivileged user) removes it all and leaves the file's mode as it was."""
+    user = ensure_user(TEST_USER)
+    ids = pwd.getpwnam(user)
+    base = Path(os.path.realpath(sys.base_prefix)) / "bin"
+    if not searchable_by_others(base):
+        trick = subprocess.run(["unshare", "-m", "--propagation", "private", "true"], capture_output=True)
+        if trick.returncode:
+            pytest.skip(f"{base} is closed to other users and no mount namespace may show it here")
+    home = Path(tempfile.mkdtemp(prefix="kakeya-rm-"))
+    try:
+        home.chmod(0o755)
+        key, scratch = home / "key", home / "scratch"
+        key.write_text("the runner's key")
+        locked = scratch / "out" / "locked"
+        locked.mkdir(parents=True)
+        (locked / "link").symlink_to(key)
+        (scratch / "out" / "dir-link").symlink_to(home)  # a link to a directory of the runner's too
+        for p in [home, key, *scratch.rglob("*"), scratch]:
+            os.lchown(p, ids.pw_uid, ids.pw_gid)
+        key.chmod(0o600)
+        home.chmod(0o755)
+        locked.chmod(0o500)  # its entries cannot be unlinked until it is opened up
+        code = "import sys; from pathlib import Path; from bridge import caps; caps.remove(Path(sys.argv[1]))"
+        env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+        subprocess.run(as_user(user, [sys.executable, "-c", code, str(scratch)]), env=env, check=True)
+        assert not scratch.exists()
+        assert (key.stat().st_mode & 0o777, home.stat().st_mode & 0o777) == (0o600, 0o755)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
