@@ -1,14 +1,14 @@
 """The run launcher: the parent of every process a run starts, and their end.
 
-    python -I bridge/launcher.py (--status FILE | --status-fd FD) --lifeline FD [--uid U --gid G] -- ARGV...
+    python -I bridge/launcher.py --status-fd FD --lifeline FD [--uid U --gid G] -- ARGV...
 
 It becomes a child subreaper (Linux `prctl(PR_SET_CHILD_SUBREAPER)`), so processes that call setsid and
 whose parent exits re-parent to it instead of to init; it asks for SIGTERM when the runner dies
 (`PR_SET_PDEATHSIG`) and also watches a pipe whose write end only the runner holds (EOF = the runner is
 gone, on any platform). It starts ARGV in a new session (as uid/gid U/G when given: the runner's identity
 stays out of the workload's reach), waits for it, and when it exits (or at SIGTERM: the time limit, a
-cancel, the runner's death) kills every process left below it and reaps them. FD (a pipe only the runner
-reads: nothing the run can plant a FIFO or a link at) or FILE gets
+cancel, the runner's death) kills every process left below it and reaps them. The status pipe FD (only the
+runner reads it: no file the run could replace with a FIFO or a link) gets
 {"exit_code": the program's returncode (negative: killed by that signal), "strays": processes killed
 that were not the program, "subreaper": bool, "start_error": why ARGV could not start, or null}.
 
@@ -157,19 +157,7 @@ def main(argv: list[str]) -> int:
     word = json.dumps(
         {"exit_code": exit_code, "strays": strays, "subreaper": subreaper, "start_error": start_error}
     ).encode()
-    if "--status-fd" in opts:
-        os.write(int(opts["--status-fd"]), word)  # a few dozen bytes: a pipe takes them at once
-        return 0
-    status_path = Path(opts["--status"])
-    tmp = status_path.with_name(status_path.name + ".tmp")
-    try:  # a fresh file, never opened through what the run may have left at that name
-        os.unlink(tmp)
-    except FileNotFoundError:
-        pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(word)
-    tmp.replace(status_path)
+    os.write(int(opts["--status-fd"]), word)  # a few dozen bytes: the pipe takes them at once
     return 0
 
 
