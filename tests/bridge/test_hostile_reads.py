@@ -22,10 +22,22 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bridge.bus import Bus
 from bridge.caps import RUNNER_FILES
+from bridge.client import Client
+from bridge.config import load_config
+from bridge.isolation import bwrap_available
+from bridge.presets import load_registry
 from tests.bridge.bus_support import WRITE_REPORT_PY, Daemon, Env, git, script_preset, stop, wait_for
 from tests.bridge.test_hostile_output import ROOT, Bench, no_secret
-from tests.bridge.test_sandbox import TEST_USER, as_user, ensure_user, searchable_by_others
+from tests.bridge.test_sandbox import (
+    TEST_USER,
+    as_user,
+    committed,
+    ensure_user,
+    make_side,
+    searchable_by_others,
+)
 
 KINDS = ["fifo", "zero", "dir", "huge"]
 MANY = 20_000
@@ -56,6 +68,16 @@ PLANT_PY = WRITE_REPORT_PY + textwrap.dedent("""
 
     with open(os.path.join(run, "kept.txt"), "w") as fh:
         fh.write("kept")
+    if kind == "ok":
+        write_report()
+        sys.exit(0)
+    if kind == "link":  # a link to a file of the runner's user (its path, not shown in a sandbox), left locked
+        locked = os.path.join(run, "locked")
+        os.mkdir(locked)
+        os.symlink(os.environ["VICTIM"], os.path.join(locked, "link"))
+        os.chmod(locked, 0o500)
+        write_report()
+        sys.exit(0)
     if kind == "many":
         for i in range(int(os.environ.get("MANY", "20000"))):
             open(os.path.join(run, f"z{i:05d}"), "wb").close()
@@ -82,8 +104,8 @@ PLANT = script_preset(
     "plants what blocks or never ends where the runner reads",
     "plant.py",
     "kind",
-    {"type": "enum", "choices": [*KINDS, "many", "bigint", "deep"], "default": "fifo"},
-    env={"MANY": str(MANY)},
+    {"type": "enum", "choices": [*KINDS, "many", "bigint", "deep", "ok", "link"], "default": "fifo"},
+    env={"MANY": str(MANY), "VICTIM": "${ENV:KAKEYA_TEST_VICTIM}"},
     gate=[{"check": "min", "path": "/probe/cpu_count", "value": 1}],
 )
 
@@ -212,3 +234,75 @@ def test_cleanup_never_changes_the_mode_of_a_file_a_planted_link_points_at():
         assert (key.stat().st_mode & 0o777, home.stat().st_mode & 0o777) == (0o600, 0o755)
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.mark.skipif(not ROOT, reason="a runner as another user needs root to make (CI runs as root)")
+def test_an_unprivileged_runner_in_its_sandbox_reads_nothing_planted_and_follows_no_link(
+    world: Env, daemon: Daemon
+):
+    """Issue 40 (1, 7) as an unprivileged runner (auto: bubblewrap, the run as the runner's own user, so the
+    run can write its scratch: the launcher's status there, its temporary file): a FIFO there and a directory
+    in its way block nothing; a link left in a locked directory to a file of the runner's user does not change
+    that file's mode at cleanup. The same runner serves the next request."""
+    if not bwrap_available():
+        pytest.skip("bubblewrap is not installed here")
+    user = ensure_user(TEST_USER)
+    base = Path(os.path.realpath(sys.base_prefix)) / "bin"
+    if not searchable_by_others(base):
+        trick = subprocess.run(["unshare", "-m", "--propagation", "private", "true"], capture_output=True)
+        if trick.returncode:
+            pytest.skip(f"{base} is closed to other users and no mount namespace may show it here")
+    side = make_side(world, "auto", user)
+    ids = pwd.getpwnam(user)
+    try:
+        presets = side.home / "presets"
+        presets.mkdir()
+        (presets / "plant.yaml").write_text(yaml.safe_dump(PLANT))
+        victim = side.home / "victim"
+        victim.write_text("the runner user's file")
+        for p in (presets, presets / "plant.yaml", victim):
+            os.chown(p, ids.pw_uid, ids.pw_gid)
+        victim.chmod(0o600)
+        (world.project / "plant.py").write_text(PLANT_PY)
+        git(world.project, "add", "plant.py")
+        git(world.project, "commit", "-q", "-m", "plant")
+        url = daemon.repo()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KAKEYA_")} | {
+            "KAKEYA_PRESETS": str(presets),
+            "KAKEYA_LEASE": "10",
+            "KAKEYA_MIN_FREE": "0",
+            "KAKEYA_TEST_VICTIM": str(victim),
+            "HOME": str(side.home),
+            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        }
+        argv = [sys.executable, "-m", "bridge.cli", "runner", "watch", "--poll", "0.2", "--labels", "cpu"]
+        flags = ["--name", "sbx", "--remote", url, "--workdir", str(side.home / "runner")]
+        log = (side.home / "runner.log").open("ab")
+        runner = subprocess.Popen(
+            as_user(user, [*argv, *flags]), env=env, cwd=side.home, stdout=log, stderr=subprocess.STDOUT
+        )
+        client = Client(load_config(), remote=url)
+        registry = load_registry(presets)
+        bus = Bus(url, world.project)
+
+        def serve(kind: str) -> dict:
+            rid = client.request("plant", {"kind": kind}, "cpu", registry=registry).id
+            wait_for(lambda: bus.ls_remote().entries[rid].done, 60, f"{kind} done", step=0.2)
+            return committed(world.project, url, rid)[0]
+
+        try:
+            fifo = serve("fifo")
+            assert (fifo["status"], fifo["exit_code"], fifo["strays_killed"]) == ("error", 0, 0), fifo
+            assert fifo["isolation"].startswith("bwrap"), fifo
+            link = serve("link")
+            assert (link["status"], link["verdict"]) == ("succeeded", "pass"), link
+            assert victim.stat().st_mode & 0o777 == 0o600
+            assert serve("ok")["verdict"] == "pass"
+            assert runner.poll() is None
+        finally:
+            code = stop(runner)
+            print((side.home / "runner.log").read_text()[-3000:])
+        assert code == 0
+        assert victim.stat().st_mode & 0o777 == 0o600
+    finally:
+        shutil.rmtree(side.home, ignore_errors=True)
