@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from bridge.client import Client
 from bridge.config import load_config
 from bridge.isolation import bwrap_available
 from bridge.presets import load_registry
+from bridge.slurm import LauncherStatus, read_model
 from tests.bridge.bus_support import WRITE_REPORT_PY, Daemon, Env, git, script_preset, stop, wait_for
 from tests.bridge.test_hostile_output import ROOT, Bench, no_secret
 from tests.bridge.test_sandbox import (
@@ -306,3 +308,25 @@ def test_an_unprivileged_runner_in_its_sandbox_reads_nothing_planted_and_follows
         assert victim.stat().st_mode & 0o777 == 0o600
     finally:
         shutil.rmtree(side.home, ignore_errors=True)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_slurm_runner_reads_a_jobs_control_files_as_caps_reads(tmp_path: Path, kind: str):
+    """Issue 40 (1): the files a Slurm job leaves in its control directory (launcher.json, alloc.json), which a
+    run without bubblewrap can reach: a FIFO, a link to /dev/zero, a directory or a huge file there is read as
+    nothing (None), at once."""
+    path = tmp_path / "launcher.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "dir":
+        path.mkdir()
+    else:
+        with path.open("wb") as fh:
+            fh.truncate(1 << 30)
+    got: list[object] = []
+    reader = threading.Thread(target=lambda: got.append(read_model(LauncherStatus, path)), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert not reader.is_alive() and got == [None]
