@@ -311,7 +311,7 @@ def _unseen(dfd: int, prefix: str, found: Found) -> list[str]:
                 extra += _unseen(sub, rel + "/", found)
             finally:
                 os.close(sub)
-        elif rel not in found.files and rel.rstrip("/") + "/" not in found.unsafe and rel not in found.unsafe:
+        elif rel not in found.files:  # past the cap (or unsafe: removed here as well, before it is listed)
             extra.append(rel)
     return extra
 

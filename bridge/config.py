@@ -131,9 +131,7 @@ class Config(BaseModel):
     report_cap_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     files_cap_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
     result_cap_bytes: int = Field(default=100 * 1024 * 1024, ge=64 * 1024)
-    files_count_cap: int = Field(
-        default=5000, ge=10
-    )  # files and directories a run may leave (bridge/caps.py)
+    files_count_cap: int = Field(default=5000, ge=10)  # files and directories a run may leave (caps.py)
     secrets_dir: str = ""
     min_free_bytes: int = Field(default=1 << 30, ge=0)
     clock_offset_s: float = 0.0

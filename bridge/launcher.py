@@ -157,7 +157,10 @@ def main(argv: list[str]) -> int:
     word = json.dumps(
         {"exit_code": exit_code, "strays": strays, "subreaper": subreaper, "start_error": start_error}
     ).encode()
-    os.write(int(opts["--status-fd"]), word)  # a few dozen bytes: the pipe takes them at once
+    try:
+        os.write(int(opts["--status-fd"]), word)  # a few dozen bytes: the pipe takes them at once
+    except OSError:  # the runner is gone (EPIPE): nobody to tell
+        pass
     return 0
 
 
