@@ -12,6 +12,12 @@ everything else is deleted from the run's directory (never followed, never read)
     non-UTF-8 names, control or invisible characters, names git refuses (.git, git~1)   git, JSON, clients
     paths over MAX_PATH bytes, nesting over MAX_DEPTH   git, PATH_MAX and the gate's readers choke on them
     files over the caps   report_cap_bytes, files_cap_bytes, result_cap_bytes (config)
+    entries past the count cap   files_count_cap (config): the walk stops looking past it, the rest is
+                          dropped unread and said in one line
+
+The walk looks at no more than the count cap of entries (the runner's own files, report.json and logs/ aside)
+and only counts what lies past it, so a run that leaves 100,000 files costs one directory listing, not 100,000
+reads and a tree of 100,000 entries on the bus.
 
 Files are opened with O_NOFOLLOW|O_NONBLOCK, each directory of the path too, and checked with fstat on the
 opened descriptor (a regular file with one link), and read capped: a name swapped for a FIFO or a link after
@@ -44,6 +50,7 @@ MAX_DEPTH = 8  # directories below the run directory
 MAX_PATH = 512  # bytes of a path relative to the run directory (git, PATH_MAX and Windows clients hold it)
 MAX_NAME = 255  # bytes of one name
 DROPPED_LINES = 100  # result.json lists at most this many dropped paths
+COUNT_CAP = 5000  # files and directories a run may leave, by default (config: files_count_cap)
 GIT_NAMES = (".git", "git~1", ".gitmodules")  # names git (fsck on the bus) refuses in a tree, any case
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -60,6 +67,23 @@ class Found:
 
     files: dict[str, int] = field(default_factory=dict)  # relative path -> size
     unsafe: dict[str, str] = field(default_factory=dict)  # relative path (as the OS names it) -> reason
+    dirs: set[str] = field(default_factory=set)  # the directories walked (relative paths)
+    limit: int | None = None  # the count cap: entries looked at, the runner's own aside
+    seen: int = 0  # entries looked at, counted against `limit`
+    over: int = 0  # entries past `limit`: not looked at (a directory among them counts as one)
+
+    def over_line(self) -> list[str]:
+        """The one line that says what the count cap dropped (none when nothing was past it)."""
+        if not self.over:
+            return []
+        return [
+            f"{self.over} more files and directories than the cap of {self.limit} a run may leave "
+            "(files_count_cap): not looked at, not committed"
+        ]
+
+
+# Names the runner writes (or reads) at the top of a run's directory: walked first, never counted or capped.
+OWN_TOP = frozenset({*(r.split("/")[0] for r in RUNNER_FILES), REPORT})
 
 
 def shown(rel: str, limit: int = 160) -> str:
@@ -101,9 +125,11 @@ def kind_problem(mode: int, nlink: int) -> str | None:
     return "not a regular file"
 
 
-def walk(root: Path) -> Found:
-    """Every entry under `root` (never following a link), sorted into safe files and what is to be dropped."""
-    found = Found()
+def walk(root: Path, limit: int | None = None) -> Found:
+    """Every entry under `root` (never following a link), sorted into safe files and what is to be dropped;
+    with `limit`, at most that many entries are looked at (the runner's own files aside: OWN_TOP and the
+    logs) and the rest only counted (`Found.over`)."""
+    found = Found(limit=limit)
     try:
         top = os.open(root, _DIR)
     except FileNotFoundError:
@@ -116,38 +142,46 @@ def walk(root: Path) -> Found:
 
 
 def _walk(dfd: int, prefix: str, depth: int, found: Found) -> None:
-    with os.scandir(dfd) as entries:
-        for entry in sorted(entries, key=lambda e: e.name):
-            rel = prefix + entry.name
-            why = name_problem(entry.name)
-            if why is None and len(os.fsencode(rel)) > MAX_PATH:
-                why = f"its path is longer than {MAX_PATH} bytes"
+    with os.scandir(dfd) as listing:
+        entries = sorted(listing, key=lambda e: (e.name not in OWN_TOP if not prefix else True, e.name))
+    for entry in entries:
+        rel = prefix + entry.name
+        own = (not prefix and entry.name in OWN_TOP) or rel in RUNNER_FILES
+        if not own and found.limit is not None:
+            if found.seen >= found.limit:
+                found.over += 1
+                continue
+            found.seen += 1
+        why = name_problem(entry.name)
+        if why is None and len(os.fsencode(rel)) > MAX_PATH:
+            why = f"its path is longer than {MAX_PATH} bytes"
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError as exc:
+            found.unsafe[rel] = why or f"cannot be read: {exc.strerror}"
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            if why is None and depth + 1 > MAX_DEPTH:
+                why = f"nested deeper than {MAX_DEPTH} directories"
+            if why is not None:
+                found.unsafe[rel + "/"] = why
+                continue
             try:
-                st = entry.stat(follow_symlinks=False)
+                sub = os.open(entry.name, _DIR, dir_fd=dfd)
             except OSError as exc:
-                found.unsafe[rel] = why or f"cannot be read: {exc.strerror}"
+                found.unsafe[rel + "/"] = f"cannot be read: {exc.strerror}"
                 continue
-            if stat.S_ISDIR(st.st_mode):
-                if why is None and depth + 1 > MAX_DEPTH:
-                    why = f"nested deeper than {MAX_DEPTH} directories"
-                if why is not None:
-                    found.unsafe[rel + "/"] = why
-                    continue
-                try:
-                    sub = os.open(entry.name, _DIR, dir_fd=dfd)
-                except OSError as exc:
-                    found.unsafe[rel + "/"] = f"cannot be read: {exc.strerror}"
-                    continue
-                try:
-                    _walk(sub, rel + "/", depth + 1, found)
-                finally:
-                    os.close(sub)
-                continue
-            why = why or kind_problem(st.st_mode, st.st_nlink)
-            if why is None:
-                found.files[rel] = st.st_size
-            else:
-                found.unsafe[rel] = why
+            found.dirs.add(rel)
+            try:
+                _walk(sub, rel + "/", depth + 1, found)
+            finally:
+                os.close(sub)
+            continue
+        why = why or kind_problem(st.st_mode, st.st_nlink)
+        if why is None:
+            found.files[rel] = st.st_size
+        else:
+            found.unsafe[rel] = why
 
 
 @contextlib.contextmanager
@@ -232,16 +266,54 @@ def remove(path: Path) -> None:
         return
 
     def retry(func: object, failed: str, _exc: object) -> None:
-        parent = os.path.dirname(failed) or "."
-        with contextlib.suppress(OSError):
-            os.chmod(parent, 0o700)
-            os.chmod(failed, 0o700)
+        open_up(os.path.dirname(failed) or ".")
+        open_up(failed)
         if os.path.isdir(failed) and not os.path.islink(failed):
             shutil.rmtree(failed)
         elif os.path.lexists(failed):
             os.unlink(failed)
 
     shutil.rmtree(path, onerror=retry)
+
+
+def open_up(path: str) -> None:
+    """Make a directory a run left unreadable or unwritable ours to empty (0700): a directory only, never through
+    a link (a run may have left one to a file of the runner's, whose mode must not change)."""
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return
+        os.chmod(path, 0o700, follow_symlinks=False)  # Linux: fchmodat(AT_SYMLINK_NOFOLLOW), never a link
+    except (OSError, NotImplementedError):
+        pass
+
+
+def prune(root: Path, found: Found) -> None:
+    """Delete from `root` every entry `found` (a walk of it with a count cap) did not look at: all but its files
+    and directories (links never followed)."""
+    top = os.open(root, _DIR)
+    try:
+        extra = _unseen(top, "", found)
+    finally:
+        os.close(top)
+    for rel in extra:
+        remove(root / rel)
+
+
+def _unseen(dfd: int, prefix: str, found: Found) -> list[str]:
+    with os.scandir(dfd) as listing:
+        entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in listing]
+    extra = []
+    for name, is_dir in entries:
+        rel = prefix + name
+        if is_dir and rel in found.dirs:
+            sub = os.open(name, _DIR, dir_fd=dfd)
+            try:
+                extra += _unseen(sub, rel + "/", found)
+            finally:
+                os.close(sub)
+        elif rel not in found.files:  # past the cap (or unsafe: removed here as well, before it is listed)
+            extra.append(rel)
+    return extra
 
 
 def atomic_write(path: Path, data: str | bytes) -> None:
@@ -254,23 +326,34 @@ def atomic_write(path: Path, data: str | bytes) -> None:
     tmp.replace(path)
 
 
-def drop_unsafe(root: Path) -> list[str]:
-    """Delete from `root` everything that is not safe to commit; one line per path dropped."""
-    found = walk(root)
+def apply_caps(
+    out_dir: Path,
+    *,
+    report_cap: int,
+    files_cap: int,
+    result_cap: int,
+    count_cap: int = COUNT_CAP,
+    log_cap: int | None = None,
+) -> list[str]:
+    """Delete what is unsafe or exceeds the caps from `out_dir`; one line per dropped path, for result.json
+    (what was past the count cap first, in one line). A file at a runner's name larger than the runner writes
+    (a log over `log_cap`: a run that writes in out_dir replaced it) is dropped too."""
+    found = walk(out_dir, count_cap)
+    if found.over:
+        prune(out_dir, found)
+    dropped = found.over_line()
     for rel in found.unsafe:
-        remove(root / rel.rstrip("/"))
-    return lines(found.unsafe)
-
-
-def apply_caps(out_dir: Path, *, report_cap: int, files_cap: int, result_cap: int) -> list[str]:
-    """Delete what is unsafe or exceeds the caps from `out_dir`; one line per dropped path, for result.json."""
-    dropped = drop_unsafe(out_dir)
-    files = walk(out_dir).files
+        remove(out_dir / rel.rstrip("/"))
+    dropped += lines(found.unsafe)
+    files = dict(found.files)
 
     def drop(rel: str, why: str) -> None:
         (out_dir / rel).unlink()
         dropped.append(f"{shown(rel)} ({files.pop(rel)} bytes): {why}")
 
+    own_cap = result_cap if log_cap is None else log_cap + 4096  # the log's cut marker
+    for rel in [r for r in RUNNER_FILES if files.get(r, 0) > own_cap]:
+        drop(rel, f"larger than the runner writes it ({own_cap} bytes): not the runner's")
     if files.get(REPORT, 0) > report_cap:
         drop(REPORT, f"over the report cap of {report_cap} bytes")
     total = sum(size for rel, size in files.items() if rel in RUNNER_FILES or rel == REPORT)
@@ -288,11 +371,12 @@ def apply_caps(out_dir: Path, *, report_cap: int, files_cap: int, result_cap: in
     return dropped
 
 
-def collect(run_dir: Path, out_dir: Path, cap: int) -> list[str]:
+def collect(run_dir: Path, out_dir: Path, cap: int, count_cap: int = COUNT_CAP) -> list[str]:
     """Copy what a program wrote in its own run directory into `out_dir`: safe regular files only (read through
-    `open_regular`, at most `cap` bytes each), never over the runner's own files; one line per path dropped."""
-    found = walk(run_dir)
-    dropped = lines(found.unsafe)
+    `open_regular`, at most `cap` bytes each), never over the runner's own files, at most `count_cap` entries
+    looked at (the rest is left, unread, with the run's scratch); one line per path dropped."""
+    found = walk(run_dir, count_cap)
+    dropped = found.over_line() + lines(found.unsafe)
     for rel, size in found.files.items():
         if rel in RUNNER_FILES:
             dropped.append(f"{shown(rel)}: the runner writes this file itself")

@@ -25,6 +25,8 @@ then `KAKEYA_*` environment variables, then command-line flags (applied by the c
     untrusted_labels  labels whose subjects are untrusted: the runner refuses them without isolation
     report_cap_bytes / files_cap_bytes / result_cap_bytes  caps on report.json, the program's other
                     files, and the whole result: what exceeds is dropped and listed in result.json
+    files_count_cap the files and directories a run may leave (5,000): the rest is not looked at, dropped and
+                    counted in one line of result.json
     secrets_dir     a directory only the runner's user can read (mode 700), holding the runner's own secrets as
                     files, never in its environment nor passed to a run: `git-credentials` (git's
                     credential-store format, e.g. https://x-access-token:TOKEN@github.com) is what the
@@ -132,6 +134,7 @@ class Config(BaseModel):
     report_cap_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     files_cap_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
     result_cap_bytes: int = Field(default=100 * 1024 * 1024, ge=64 * 1024)
+    files_count_cap: int = Field(default=5000, ge=10)  # files and directories a run may leave (caps.py)
     secrets_dir: str = ""
     min_free_bytes: int = Field(default=1 << 30, ge=0)
     clock_offset_s: float = 0.0
@@ -164,6 +167,7 @@ _ENV_FIELDS = {
     "KAKEYA_REPORT_CAP": "report_cap_bytes",
     "KAKEYA_FILES_CAP": "files_cap_bytes",
     "KAKEYA_RESULT_CAP": "result_cap_bytes",
+    "KAKEYA_FILES_COUNT_CAP": "files_count_cap",
     "KAKEYA_SECRETS_DIR": "secrets_dir",
     "KAKEYA_MIN_FREE": "min_free_bytes",
     "KAKEYA_CLOCK_OFFSET": "clock_offset_s",

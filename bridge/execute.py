@@ -189,6 +189,7 @@ def run_preset(
         outcome = executor.collect(handle, executor.supervise(handle, should_stop))
         if on_phase is not None:
             on_phase("gating")
+        outcome.places.update({str(run_dir): ".", str(scratch): ".."})
         return gate(outcome, preset, config.report_cap_bytes)
     finally:
         try:  # whatever the run left there, however named or locked
@@ -284,9 +285,9 @@ class LocalRun:
 
     setup: RunSetup
     started: dt.datetime
-    status_file: Path
     proc: subprocess.Popen[bytes] | None = None
     lifeline: int = -1  # our end of the launcher's lifeline (closed: end the run)
+    status: int = -1  # our end of the launcher's status pipe (out of the run's reach: no file to plant)
     pumps: list[threading.Thread] = field(default_factory=list)
     start_error: str | None = None
 
@@ -296,13 +297,14 @@ class LocalExecutor:
 
     def launch(self, setup: RunSetup) -> LocalRun:
         iso = setup.isolation
-        run = LocalRun(setup, now(), setup.scratch / "launcher.json")
+        run = LocalRun(setup, now())
         lifeline_r, run.lifeline = os.pipe()
+        run.status, status_w = os.pipe()
         ids = ["--uid", str(iso.uid), "--gid", str(iso.gid)] if iso.uid is not None else []
         ids += setup.limits.launcher_args() if setup.limits is not None else []
         wrapped = [
             *iso.wrap,
-            *(sys.executable, "-I", launcher.__file__, "--status", str(run.status_file)),
+            *(sys.executable, "-I", launcher.__file__, "--status-fd", str(status_w)),
             *("--lifeline", str(lifeline_r), *ids, "--", *setup.argv),
         ]
         try:
@@ -314,7 +316,7 @@ class LocalExecutor:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
-                pass_fds=(lifeline_r,),
+                pass_fds=(lifeline_r, status_w),
             )
         except OSError as exc:
             os.close(run.lifeline)
@@ -322,6 +324,7 @@ class LocalExecutor:
             return run
         finally:
             os.close(lifeline_r)
+            os.close(status_w)
         logs = setup.out_dir / "logs"
         cap = setup.config.log_cap_bytes
         run.pumps = [
@@ -376,16 +379,18 @@ class LocalExecutor:
         for t in run.pumps:
             t.join(timeout=5)
         ended = now()
-        try:
-            status = json.loads(run.status_file.read_text())
-        except (OSError, ValueError):
+        status = launcher_status(run.status)
+        run.status = -1
+        if not status:
             status = {"exit_code": run.proc.returncode if run.proc else None, "strays": None}
         if run.start_error or status.get("start_error"):
             reason = run.start_error or f"could not start {setup.argv[0]!r}: {status['start_error']}"
             result = RunResult(status="error", reason=reason, started_at=iso_time(run.started), **base)
             return RunOutcome(out_dir, result, redact=setup.redact)
         collected = (
-            collect_files(setup.run_dir, out_dir, config.result_cap_bytes) if setup.run_dir != out_dir else []
+            collect_files(setup.run_dir, out_dir, config.result_cap_bytes, config.files_count_cap)
+            if setup.run_dir != out_dir
+            else []
         )
         returncode = status.get("exit_code")
         returncode = run.proc.returncode if returncode is None and run.proc else returncode
@@ -400,6 +405,35 @@ class LocalExecutor:
             if which:
                 outcome.result.status, outcome.result.reason = "error", setup.limits.reached(which)
         return outcome
+
+
+STATUS_CAP = 64 * 1024  # bytes of the launcher's status at most (it writes a few dozen)
+
+
+def launcher_status(fd: int) -> dict[str, Any]:
+    """What the launcher said of the run on its status pipe (read without waiting: it has exited), closed
+    after; {} when it said nothing that parses (it was killed, or its sandbox failed to start)."""
+    if fd < 0:
+        return {}
+    try:
+        os.set_blocking(fd, False)
+        data = os.read(fd, STATUS_CAP)
+    except OSError:  # BlockingIOError: a process of the run holds the pipe and the launcher wrote nothing
+        data = b""
+    finally:
+        os.close(fd)
+    try:
+        word = json.loads(data)
+    except ValueError:
+        return {}
+    if not isinstance(word, dict):
+        return {}
+    types = {"exit_code": int, "strays": int, "start_error": str, "limit": str}
+    return {
+        k: word.get(k)
+        for k, kind in types.items()
+        if word.get(k) is None or (isinstance(word[k], kind) and not isinstance(word[k], bool))
+    }
 
 
 def ended_outcome(
@@ -420,6 +454,8 @@ def ended_outcome(
         report_cap=config.report_cap_bytes,
         files_cap=config.files_cap_bytes,
         result_cap=config.result_cap_bytes,
+        count_cap=config.files_count_cap,
+        log_cap=config.log_cap_bytes,
     )
     base["dropped"] = dropped
     try:  # it said how the run went; the result says the rest
@@ -451,17 +487,23 @@ def gate(outcome: RunOutcome, preset: Preset, report_cap: int) -> RunOutcome:
     result = outcome.result
     report_path = outcome.out_dir / REPORT
     outcome.redact.scrub_file(report_path, report_cap)
-    if report_path.is_file():
+    try:  # as bridge/caps.py reads a run's files: no link followed, never waited on, capped
+        data: bytes | None = caps.read_file(outcome.out_dir, REPORT, report_cap)
+    except (caps.Unsafe, OSError):
+        data = None
+    if data is not None:
         result.report = REPORT
     if result.status not in ("succeeded", "failed"):
         return outcome
     try:
-        if not report_path.is_file():
-            raise gates.ReportError(f"the program wrote no report at {report_path} ($KAKEYA_REPORT)")
-        outcome.report = gates.load_report(report_path)
-    except gates.ReportError as exc:
+        if data is None:
+            raise gates.ReportError(f"the program wrote no report at {REPORT} ($KAKEYA_REPORT)")
+        outcome.report = gates.parse_report(data, REPORT)
+    except Exception as exc:  # noqa: BLE001 — ReportError, or what the parser raises on hostile JSON (a
+        # 10,000-digit integer, nesting past the recursion limit): the run's exit code and provenance are kept
         if result.status == "succeeded":
-            result.status, result.reason = "error", str(exc)
+            why = str(exc) if isinstance(exc, gates.ReportError) else f"{REPORT} is not valid: {exc}"
+            result.status, result.reason = "error", why[:2000]
         return outcome
     try:
         outcome.verdict = gates.evaluate(

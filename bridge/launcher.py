@@ -1,6 +1,6 @@
 """The run launcher: the parent of every process a run starts, and their end.
 
-    python -I bridge/launcher.py --status FILE --lifeline FD [--uid U --gid G]
+    python -I bridge/launcher.py --status-fd FD --lifeline FD [--uid U --gid G]
         [--memory BYTES] [--processes N] [--file BYTES] -- ARGV...
 
 It becomes a child subreaper (Linux `prctl(PR_SET_CHILD_SUBREAPER)`), so processes that call setsid and
@@ -8,7 +8,8 @@ whose parent exits re-parent to it instead of to init; it asks for SIGTERM when 
 (`PR_SET_PDEATHSIG`) and also watches a pipe whose write end only the runner holds (EOF = the runner is
 gone, on any platform). It starts ARGV in a new session (as uid/gid U/G when given: the runner's identity
 stays out of the workload's reach), waits for it, and when it exits (or at SIGTERM: the time limit, a
-cancel, the runner's death) kills every process left below it and reaps them. FILE gets
+cancel, the runner's death) kills every process left below it and reaps them. The status pipe FD (only the
+runner reads it: no file the run could replace with a FIFO or a link) gets
 {"exit_code": the program's returncode (negative: killed by that signal), "strays": processes killed
 that were not the program, "subreaper": bool, "start_error": why ARGV could not start, or null, "limit":
 "processes" or "file" when the run reached that limit, or null}.
@@ -167,7 +168,6 @@ def main(argv: list[str]) -> int:
     while args and args[0] != "--":
         opts[args[0]], args = args[1], args[2:]
     command = args[1:]
-    status_path = Path(opts["--status"])
     lifeline = int(opts.get("--lifeline", "-1"))
     parent = os.getppid()
     subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1)
@@ -223,19 +223,19 @@ def main(argv: list[str]) -> int:
             limit = limit or "file"
     else:
         strays = 0
-    tmp = status_path.with_name(status_path.name + ".tmp")
-    tmp.write_text(
-        json.dumps(
-            {
-                "exit_code": exit_code,
-                "strays": strays,
-                "subreaper": subreaper,
-                "start_error": start_error,
-                "limit": limit,
-            }
-        )
-    )
-    tmp.replace(status_path)
+    word = json.dumps(
+        {
+            "exit_code": exit_code,
+            "strays": strays,
+            "subreaper": subreaper,
+            "start_error": start_error,
+            "limit": limit,
+        }
+    ).encode()
+    try:
+        os.write(int(opts["--status-fd"]), word)  # a few dozen bytes: the pipe takes them at once
+    except OSError:  # the runner is gone (EPIPE): nobody to tell
+        pass
     return 0
 
 

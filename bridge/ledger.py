@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -181,7 +182,9 @@ def read_maps(
 ) -> dict[str, LedgerMap]:
     """The ledger maps of `kinds` that the listing `snap` names (those it has), fetched by id in one go, with
     the done results `along` of `subjects` (what the caller reads anyway: one round trip for both;
-    `Bus.fetch_results`)."""
+    `Bus.fetch_results`). Any pusher can write a map ref: one that is not a ledger map of its kind is left out
+    with a warning on stderr (as a ref that is not a bus ref is), never fatal for the subjects it does not
+    hold; compaction writes it again."""
     shas = {kind: sha for kind in kinds if (sha := snap.refs.get(map_ref(kind)))}
     if along:
         bus.fetch_results(along, "ledger maps and results", subjects, sorted(set(shas.values())))
@@ -192,7 +195,12 @@ def read_maps(
     for kind, sha in shas.items():
         got = parse_or_none(LedgerMap, blobs.get(sha))
         if got is None or any(map_kind(name) != kind for name in got.shards):
-            raise BusError(f"the ledger map {map_ref(kind)} ({sha[:12]}) on {bus.url} is not a ledger map")
+            print(
+                f"kakeya: warning: {map_ref(kind)} ({sha[:12]}) on {bus.url} is not a ledger map: ignored "
+                "(the results it would name are not read; compaction writes it again)",
+                file=sys.stderr,
+            )
+            continue
         found[kind] = got
     return found
 
@@ -321,7 +329,7 @@ def maps_shards(side: Bus, snap: Snapshot, tip: str | None) -> dict[str, str] | 
         if isinstance(exc, BusUnreachable):
             raise
         return None
-    if any(m.ledger != tip for m in maps.values()):
+    if len(maps) != len(KINDS) or any(m.ledger != tip for m in maps.values()):
         return None
     return {name: tree for m in maps.values() for name, tree in m.shards.items()}
 

@@ -10,6 +10,7 @@ summary.md and report.html are written by `RunOutcome.write`, once, after the ba
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,18 @@ class RunOutcome:
     report: dict[str, Any] | None = None
     verdict: gates.Verdict | None = None
     redact: Redactor = field(default_factory=lambda: Redactor([]))
+    places: dict[str, str] = field(default_factory=dict)  # the runner's paths -> the same, from the run dir
+
+    def local(self, text: str) -> str:
+        """`text` with no absolute path of the runner's (its state dir: out_dir; the run's scratch: `places`):
+        each relative to the run's directory, as what is published (result.json, summary.md, the PR comment)
+        says them."""
+        places = {str(self.out_dir): ".", str(self.out_dir.resolve()): ".", **self.places}
+        for path in sorted(places, key=len, reverse=True):
+            rel = places[path]
+            text = text.replace(path + "/", "" if rel == "." else rel + "/")
+            text = re.sub(re.escape(path) + r"(?![\w.-])", rel, text)
+        return text
 
     def files(self) -> dict[str, bytes]:
         """The runner's own files of this outcome, in memory: verdict.json (always the runner's: one that says
@@ -60,7 +73,8 @@ class RunOutcome:
             "report.html": run_page(result, out, gated, report, pngs),
         }
         return {
-            name: clean(self.redact.text(text), multiline=True).encode() for name, text in texts.items()
+            name: clean(self.redact.text(self.local(text)), multiline=True).encode()
+            for name, text in texts.items()
         } | pngs
 
     def write(self) -> RunResult:

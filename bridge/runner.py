@@ -156,8 +156,8 @@ class Runner:
         self.outcome: RunOutcome | None = None  # the outcome of the request being served, once it ran
         self.paused: str | None = None  # why this runner does not claim now (too little free space), or None
         self.workdir_lock = lock_workdir(self.workdir)  # None: another runner process uses this workdir
-        if self.workdir_lock is not None:
-            self.sweep()
+        if self.workdir_lock is not None:  # in the background: a crashed run's million files delay nothing
+            threading.Thread(target=self.sweep, name="sweep", daemon=True).start()
         shutil.rmtree(self.mirror / "worktrees", ignore_errors=True)  # what older runners left: never used
         credentials = secret_file(config, GIT_CREDENTIALS)  # the bus token: in a file, never in os.environ
         if credentials is not None:
@@ -393,6 +393,8 @@ class Runner:
             report_cap=self.config.report_cap_bytes,
             files_cap=self.config.files_cap_bytes,
             result_cap=self.config.result_cap_bytes,
+            count_cap=self.config.files_count_cap,
+            log_cap=self.config.log_cap_bytes,
         )
         self.step = "writing the result"
         result = outcome.write()
@@ -433,7 +435,7 @@ class Runner:
                 result = self.outcome.result.model_copy(
                     update={"status": "error", "reason": why, "verdict": None, "report": None}
                 )
-                outcome = RunOutcome(out, result, redact=self.outcome.redact)
+                outcome = RunOutcome(out, result, redact=self.outcome.redact, places=self.outcome.places)
             else:
                 context = RunContext(request_id=entry.id, runner_name=self.name, runner_labels=self.labels)
                 outcome = not_run(out, "error", why, preset_name=entry.preset, params={}, context=context)
@@ -459,13 +461,17 @@ class Runner:
                 self.log(f"could not remove {path}: {exc}")
 
     def sweep(self) -> None:
-        """Remove what runs of an earlier start of this runner left (runs/*, work/*): a crash, a full disk."""
+        """Remove what runs of an earlier start of this runner left (runs/*, work/*): a crash, a full disk. Run
+        in the background from the start (a run's names are its request's: none of these is served again)."""
         for top in ("runs", "work"):
             folder = self.workdir / top
             left = sorted(folder.iterdir()) if folder.is_dir() else []
             if left:
-                self.log(f"removing {len(left)} stale director{'y' if len(left) == 1 else 'ies'} in {folder}")
+                started = time.monotonic()
+                many = f"{len(left)} stale director{'y' if len(left) == 1 else 'ies'} in {folder}"
+                self.log(f"removing {many} in the background")
                 self.clear(*left)
+                self.log(f"removed {many} in {time.monotonic() - started:.1f} s")
 
     def release(self, entry: Entry, sha: str) -> Served:
         released = self.bus.swap([Update(claim_ref(entry.id), None, sha)])

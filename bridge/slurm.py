@@ -41,6 +41,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from bridge import caps
 from bridge.caps import collect as collect_files
 from bridge.config import Config, SlurmLabel
 from bridge.errors import KakeyaError
@@ -395,9 +396,11 @@ class LauncherStatus(BaseModel):
 
 
 def read_model(model: type[BaseModel], path: Path) -> Any:
+    """A small file of the job's control directory, read as bridge/caps.py reads a run's files (no link
+    followed, never waited on, at most 64 KiB); None when it is not there or not a `model`."""
     try:
-        return model.model_validate_json(path.read_bytes())
-    except (OSError, ValidationError):
+        return model.model_validate_json(caps.read_file(path.parent, path.name, 64 * 1024))
+    except (OSError, caps.Unsafe, ValidationError):
         return None
 
 

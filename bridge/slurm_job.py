@@ -9,8 +9,8 @@ run does (bridge/isolation.py's `choose`: a bubblewrap sandbox where the node ha
 program's private directories in CONTROL_DIR/sandbox (its own copy of the subject in work/, its run
 directory out/, HOME, TMPDIR; owned by the run user under a root job), records what Slurm allocated and the
 isolation (CONTROL_DIR/alloc.json: job id, node, GPUs, their names where nvidia-smi answers), then runs the
-program under bridge/launcher.py inside that sandbox (the launcher writes its exit status in the sandbox,
-moved to CONTROL_DIR/launcher.json, the status the runner reads, once the launcher has exited) with
+program under bridge/launcher.py inside that sandbox (the launcher writes its exit status on a pipe, out of
+the program's reach, written to CONTROL_DIR/launcher.json, the status the runner reads, once it exited) with
 stdout/stderr capped into OUT_DIR/logs. A sandboxed program sees nothing of CONTROL_DIR but sandbox/, nor
 the runner's state directory, keys or the job's files. At SIGTERM (scancel, the time limit) it closes the
 launcher's lifeline: the launcher ends the program's whole tree (setsid'd daemons included) and still
@@ -37,7 +37,7 @@ sys.path.insert(0, str(HERE.parent))  # Kakeya's own modules, never the subject'
 
 from bridge import launcher, logs  # noqa: E402
 from bridge.errors import KakeyaError  # noqa: E402
-from bridge.execute import copy_subject, private_dirs  # noqa: E402
+from bridge.execute import copy_subject, launcher_status, private_dirs  # noqa: E402
 from bridge.isolation import bwrap_argv, choose, key_problem  # noqa: E402
 
 # What Slurm tells the job about its allocation, passed on to the program.
@@ -119,12 +119,12 @@ def main(argv: list[str]) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
-    inner = scratch / "launcher.json"  # in the sandbox (the launcher is inside); moved out once it exits
+    inner, status_w = os.pipe()  # the launcher's word: never a file the program could plant something at
     ids = ["--uid", str(iso.uid), "--gid", str(iso.gid)] if iso.uid is not None else []
     proc = subprocess.Popen(
         [
             *iso.wrap,
-            *(sys.executable, "-I", launcher.__file__, "--status", str(inner)),
+            *(sys.executable, "-I", launcher.__file__, "--status-fd", str(status_w)),
             *("--lifeline", str(lifeline_r), *ids, "--", *spec["argv"]),
         ],
         cwd=cwd,
@@ -132,9 +132,10 @@ def main(argv: list[str]) -> int:
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        pass_fds=(lifeline_r,),
+        pass_fds=(lifeline_r, status_w),
     )
     os.close(lifeline_r)
+    os.close(status_w)
     log_dir = Path(spec["out_dir"]) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     pumps = [
@@ -156,11 +157,8 @@ def main(argv: list[str]) -> int:
         t.join()
     if not stop.is_set():
         os.close(lifeline_w)
-    try:
-        word = json.loads(inner.read_text()) if proc.returncode == 0 else None
-    except (OSError, ValueError):
-        word = None
-    if word is None:  # the launcher (or its sandbox) was killed: whatever it left is not its word
+    word = launcher_status(inner) if proc.returncode == 0 else None
+    if not word:  # the launcher (or its sandbox) was killed: whatever it left is not its word
         word = {"exit_code": None, "lost": f"the launcher was killed ({proc.returncode})"}
     write_status(status, word)
     return 0

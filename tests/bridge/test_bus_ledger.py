@@ -138,8 +138,9 @@ def test_the_ledger_is_four_refs_and_a_reader_fetches_one_shard_by_id(world: Env
     for forged in (b'{"ledger": "nope"}', {"../etc": tip}, subject_shard):
         data = forged if isinstance(forged, bytes) else json.dumps({"ledger": tip, "shards": forged}).encode()
         G.update_ref(bus_dir, L.map_ref("date"), G.write_blobs(bus_dir, [data])[0])
-        with pytest.raises(BusError, match="is not a ledger map"):
+        with pytest.raises(KakeyaError, match="no request"):  # ignored with a warning, never trusted
             client(url).entry(moved)
+        assert "is not a ledger map: ignored" in capsys.readouterr().err
 
 
 def test_one_subject_in_the_ledger_is_its_map_its_shard_tree_alone_and_its_own_directory(
@@ -438,3 +439,32 @@ def test_import_commits_writes_the_tree_tree_with_would_and_refuses_unsafe_paths
     for bad in ("a/../x", "a\nb", "a//b"):
         with pytest.raises(KakeyaError, match="refusing to write"):
             G.import_commits(repo, base, [({bad: b"x"}, [], "bad")], who)
+
+
+@pytest.mark.parametrize("garbage", ["blob", "commit"])
+def test_a_garbage_ledger_map_a_pusher_wrote_stops_no_reader(
+    world: Env, daemon: Daemon, capsys, garbage: str
+):
+    """Issue 40 (8): any pusher can write refs/kakeya/ledger-map/*; one that is not a ledger map (a garbage
+    blob, a commit) is ignored with a warning by `gate pr`, `status --all` and `history`, whose evidence is in
+    done refs: never an error for the subjects it does not hold."""
+    url = daemon.repo()
+    bus_dir = daemon.base / "bus.git"
+    head = git(world.project, "rev-parse", "HEAD")
+    rid = client(url).request("work", {"tag": "x"}, "cpu", subject="HEAD").id
+    done = make_runner(url, world).once(request_id=rid)
+    assert done is not None and done.pushed
+    junk = (
+        G.write_blobs(bus_dir, [b"\0garbage{"])[0] if garbage == "blob" else all_refs(bus_dir)[done_ref(rid)]
+    )
+    for kind in L.KINDS:  # the subject's own map (subject-<its first hex digit>) among them
+        G.update_ref(bus_dir, L.map_ref(kind), junk)
+    capsys.readouterr()
+    gate = ["gate", "pr", "--subject", head, "--require", "work@cpu", "--remote", url, "--allow-unsigned"]
+    assert main(gate) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith(f"✓ work@cpu: pass — {rid}"), out
+    assert f"{L.map_ref('subject-' + head[0])} ({junk[:12]})" in out.err and "is not a ledger map" in out.err
+    assert main(["status", "--all", "--json", "--remote", url]) == 0
+    assert rid in {row["id"] for row in json.loads(capsys.readouterr().out)}
+    assert main(["history", "work@cpu", "--remote", url, "--allow-unsigned"]) == 0
