@@ -425,16 +425,25 @@ def trial(iso: Isolation, environ: Mapping[str, str]) -> list[str]:
         scratch.chmod(0o755)
         wrap = bwrap_argv(iso, scratch, scratch, environ) if iso.kind == "bwrap" else list(iso.wrap)
         ids = ["--uid", str(iso.uid), "--gid", str(iso.gid)] if iso.uid is not None else []
-        status = scratch / "launcher.json"
-        argv = [*wrap, sys.executable, "-I", launcher.__file__, "--status", str(status), *ids]
+        status_r, status_w = os.pipe()  # the launcher's status, as a run's: on a pipe only we read
+        argv = [*wrap, sys.executable, "-I", launcher.__file__, "--status-fd", str(status_w), *ids]
         seen = [f"{p}:{(st := os.stat(p)).st_dev}:{st.st_ino}" for p in runner_paths()]
         argv += ["--", sys.executable, "-I", "-c", TRIAL_PY, *seen]
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=scratch)
+            proc = subprocess.run(
+                argv, capture_output=True, text=True, timeout=60, cwd=scratch, pass_fds=(status_w,)
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise KakeyaError(f"a trial run under isolation {iso.describe} could not start: {exc}") from None
+        finally:
+            os.close(status_w)
         try:
-            ended = json.loads(status.read_text())
+            os.set_blocking(status_r, False)
+            try:
+                said = os.read(status_r, 65536)
+            except BlockingIOError:
+                said = b""
+            ended = json.loads(said)
             assert isinstance(ended, dict)
         except (OSError, ValueError, AssertionError):
             last = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
@@ -442,6 +451,8 @@ def trial(iso: Isolation, environ: Mapping[str, str]) -> list[str]:
                 f"a trial run under isolation {iso.describe} could not start the launcher "
                 f"({sys.executable} -I {launcher.__file__}): {last}"
             ) from None
+        finally:
+            os.close(status_r)
         if ended.get("start_error") or ended.get("exit_code") != 0:
             who = f"the run user uid {iso.uid}" if iso.uid is not None else "a run"
             why = ended.get("start_error") or (proc.stderr.strip().splitlines() or ["no output"])[-1]
