@@ -1,0 +1,63 @@
+"""The geometry sweep's fixed budget (issue 44; tests/engine/geometry_sweep.py): for every family, draws of
+its geometry fields that transformers can build and generate with decode exactly (greedy == generate,
+speculative == greedy after the window wraps) or are refused at load in one line naming a field. The
+larger budget is `python benchmarks/geometry_sweep.py`."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.engine import geometry_sweep
+
+BUDGET = 2  # draws per family here, seed 0: about 1 s a family on one core
+
+
+@pytest.mark.parametrize("family", list(geometry_sweep.FAMILIES))
+def test_every_drawn_geometry_decodes_exactly_or_is_refused_in_one_line(family: str) -> None:
+    outcomes = [geometry_sweep.check(family, 0, i) for i in range(BUDGET)]
+    broken = [f"{o.id} [{o.run}] {o.fields_text()}: {o.detail}" for o in outcomes if o.status == "broken"]
+    assert not broken, "\n".join(broken)
+    for o in outcomes:
+        if o.status == "refused":
+            assert "\n" not in o.detail and any(f in o.detail for f in o.fields)
+
+
+def test_a_draw_is_a_function_of_family_seed_and_index() -> None:
+    assert geometry_sweep.draw("deepseek_v3", 0, 3) == geometry_sweep.draw("deepseek_v3", 0, 3)
+    assert geometry_sweep.draw("deepseek_v3", 0, 3) != geometry_sweep.draw("deepseek_v3", 1, 3)
+
+
+def test_the_sweep_draws_v_head_dim_below_equal_to_and_above_qk_head_dim() -> None:
+    """MLA's v_head_dim on every side of qk_nope + qk_rope, with and without K/V head groups."""
+    draws = [geometry_sweep.draw("deepseek_v3", 0, i) for i in range(40)]
+    sides = {
+        (d["v_head_dim"] > (qk := d["qk_nope_head_dim"] + d["qk_rope_head_dim"])) - (d["v_head_dim"] < qk)
+        for d in draws
+    }
+    assert sides == {-1, 0, 1}
+    assert {d["num_key_value_heads"] < d["num_attention_heads"] for d in draws} == {False, True}
+
+
+def test_an_engine_refusal_counts_only_in_one_line_naming_a_field() -> None:
+    def raised(exc: BaseException) -> BaseException:
+        try:
+            from engine.geometry import Geometry
+
+            Geometry.from_config(
+                {
+                    "model_type": "x",
+                    "num_hidden_layers": 2,
+                    "layer_types": ["sliding_attention"] * 2,
+                    "num_attention_heads": 2,
+                    "hidden_size": 8,
+                    "vocab_size": 8,
+                }
+            )
+        except ValueError as e:
+            return e
+        return exc
+
+    exc = raised(RuntimeError())
+    assert geometry_sweep.refusal(exc, {"sliding_window": 4}) is not None
+    assert geometry_sweep.refusal(exc, {"head_dim": 4}) is None  # names no drawn field
+    assert geometry_sweep.refusal(RuntimeError("sliding_window"), {"sliding_window": 4}) is None  # not ours
