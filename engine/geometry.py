@@ -77,6 +77,15 @@ class UnsupportedModelError(ValueError):
         self.model_type, self.kind = model_type, kind
 
 
+class UnsupportedConfigError(UnsupportedModelError):
+    """A config field whose value the engine (or a backend's model code) cannot decode exactly, found at load:
+    one line naming the model type, the field and why. An `UnsupportedModelError`, so the workloads exit 2."""
+
+    def __init__(self, model_type: str, field: str, value: Any, why: str) -> None:
+        ValueError.__init__(self, f"model type {model_type!r}: {field}={value!r} is not supported: {why}")
+        self.model_type, self.kind = model_type, field
+
+
 def layer_kinds(config: Mapping[str, Any]) -> tuple[str, ...]:
     """Each layer's kind as the config says it, with the mixers transformers names alike told apart: a
     `linear_attention` layer is gated delta-net only with its `linear_num_key_heads`, Mamba-2 with

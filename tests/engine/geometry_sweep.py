@@ -36,6 +36,7 @@ import torch
 
 import engine
 from engine.backends.torch.session import TorchModel
+from engine.geometry import UnsupportedModelError
 from engine.policy import Policy, hybrid, sink_window
 from tests.engine.tiny_models import VOCAB, _randomize_norms, prompt
 
@@ -134,7 +135,11 @@ def _gemma4(r: random.Random) -> dict[str, Any]:
     c["layer_types"] = _layer_types(r, n)
     c["layer_types"][-1] = "full_attention"  # transformers requires the last layer full
     head = c["head_dim"]
-    shared = r.choice([0, 0, 1, 2]) if n > 2 else 0
+    shared = r.choice([0, 0, 1, 2][: n - 1])
+    own, reused = c["layer_types"][: n - shared], set(c["layer_types"][n - shared :])
+    for i, kind in enumerate(sorted(reused - set(own))):  # a shared layer reuses a layer of its kind
+        own[i] = kind
+    c["layer_types"] = own + c["layer_types"][n - shared :]
     return {
         **c,
         "global_head_dim": r.choice([head, 2 * head, max(4, head // 2)]),
@@ -307,8 +312,12 @@ def refusal(exc: BaseException, fields: dict[str, Any]) -> str | None:
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
     text = str(exc)
-    ours = tb is not None and "/engine/" in tb.tb_frame.f_code.co_filename
-    if isinstance(exc, ValueError) and ours and "\n" not in text and any(f in text for f in fields):
+    ours = isinstance(exc, UnsupportedModelError) or (
+        tb is not None and "/engine/" in tb.tb_frame.f_code.co_filename
+    )
+    # a field drawn, or (UnsupportedModelError) the model type and what of it is not supported
+    named = isinstance(exc, UnsupportedModelError) or any(f in text for f in fields)
+    if isinstance(exc, ValueError) and ours and "\n" not in text and named:
         return text
     return None
 
@@ -328,14 +337,37 @@ class Run:
         return cls(r.choice([1, 2, 7, PROMPT]), r.choice([1, 4, 64]), policy)
 
 
-def check(family: str, seed: int, index: int) -> Outcome:
+def _decode(model: Any, ids: list[int], want: list[int], run: Run) -> str:
+    """'' when `model` (either backend) decodes `ids` as `want` (generate's) under `full` and speculatively
+    as its own greedy under the run's bounded policy; else what went wrong, in one line."""
+    chunk, policy = run.chunk, run.policy
+    try:
+        got = engine.generate(model.session(engine.full(), prefill_chunk=chunk), ids, engine.Stop(NEW)).tokens
+    except Exception as exc:  # noqa: BLE001
+        return f"greedy: {one_line(exc)}"
+    if got != want:
+        at = next(i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)
+        return f"greedy differs from generate at token {at}"
+    try:
+        greedy = engine.generate(model.session(policy, prefill_chunk=chunk), ids, engine.Stop(NEW)).tokens
+        verifier = model.session(policy, max_block=K + 1, prefill_chunk=chunk)
+        gen = engine.speculative_generate(verifier, _Prefixed(greedy), ids, K, engine.Stop(NEW))
+    except Exception as exc:  # noqa: BLE001
+        return f"speculative under {policy}: {one_line(exc)}"
+    if gen.tokens != greedy:
+        return f"speculative differs from greedy under {policy}"
+    return ""
+
+
+def check(family: str, seed: int, index: int, mlx: bool = False) -> Outcome:
+    """Draw `index` of `family` on torch, and with `mlx` also on MLX (the same weights, saved and loaded by
+    the mlx backend: `Outcome.extra["mlx"]` is exact, refused: ..., or broken: ...)."""
     fields = draw(family, seed, index)
     run = Run.draw(random.Random(f"{family}/{seed}/{index}/run"))
     out = Outcome(
         family, index, fields, "broken", run=f"prompt {run.prompt_len}, chunk {run.chunk}, {run.policy}"
     )
     ids = prompt(run.prompt_len, seed=index)
-    chunk, policy = run.chunk, run.policy
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -350,42 +382,39 @@ def check(family: str, seed: int, index: int) -> Outcome:
             text = refusal(exc, fields)
             out.status, out.detail = ("refused", text) if text else ("broken", f"at load: {one_line(exc)}")
             return out
-        try:
-            got = engine.generate(
-                tm.session(engine.full(), prefill_chunk=chunk), ids, engine.Stop(NEW)
-            ).tokens
-        except Exception as exc:  # noqa: BLE001
-            out.detail = f"greedy: {one_line(exc)}"
+        out.detail = _decode(tm, ids, want, run)
+        if out.detail:
             return out
-        if got != want:
-            at = next(i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)
-            out.detail = f"greedy differs from generate at token {at}"
-            return out
-        try:
-            greedy = engine.generate(tm.session(policy, prefill_chunk=chunk), ids, engine.Stop(NEW)).tokens
-            verifier = tm.session(policy, max_block=K + 1, prefill_chunk=chunk)
-            gen = engine.speculative_generate(verifier, _Prefixed(greedy), ids, K, engine.Stop(NEW))
-        except Exception as exc:  # noqa: BLE001
-            out.detail = f"speculative under {policy}: {one_line(exc)}"
-            return out
-        if gen.tokens != greedy:
-            out.detail = f"speculative differs from greedy under {policy}"
-            return out
-        out.extra = {"accepted": gen.accepted, "drafted": gen.drafted}
         out.status = "exact"
+        if mlx:
+            out.extra["mlx"] = _on_mlx(tm, fields, ids, want, run)
     return out
 
 
-def sweep(families: Sequence[str], budget: int, seed: int = 0, log: Any = None) -> list[Outcome]:
+def _on_mlx(tm: TorchModel, fields: dict[str, Any], ids: list[int], want: list[int], run: Run) -> str:
+    from tests.engine.backends import mlx_twin
+
+    try:
+        twin = mlx_twin(tm)
+    except Exception as exc:  # noqa: BLE001
+        text = refusal(exc, fields)
+        return f"refused: {text}" if text else f"broken: at load: {one_line(exc)}"
+    detail = _decode(twin, ids, want, run)
+    return f"broken: {detail}" if detail else "exact"
+
+
+def sweep(
+    families: Sequence[str], budget: int, seed: int = 0, log: Any = None, mlx: bool = False
+) -> list[Outcome]:
     torch.set_num_threads(1)
     outcomes = []
     for family in families:
         for index in range(budget):
-            o = check(family, seed, index)
+            o = check(family, seed, index, mlx)
             outcomes.append(o)
             if log is not None:
                 print(
-                    f"{o.id:18s} {o.status:8s} {o.detail[:150]}  [{o.run}] {o.fields_text()}",
+                    f"{o.id:18s} {o.status:8s} {o.detail[:150]}  [{o.run}] {o.fields_text()} {o.extra}",
                     file=log,
                     flush=True,
                 )
@@ -397,8 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("families", nargs="*", help=f"default: all ({', '.join(FAMILIES)})")
     parser.add_argument("--budget", type=int, default=8, help="draws per family")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--mlx", action="store_true", help="also decode each exact draw on the mlx backend")
     args = parser.parse_args(argv)
-    outcomes = sweep(args.families or list(FAMILIES), args.budget, args.seed, log=sys.stdout)
+    outcomes = sweep(args.families or list(FAMILIES), args.budget, args.seed, log=sys.stdout, mlx=args.mlx)
     return 1 if any(o.status == "broken" for o in outcomes) else 0
 
 

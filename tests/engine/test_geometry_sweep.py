@@ -8,6 +8,9 @@ from __future__ import annotations
 import pytest
 
 from tests.engine import geometry_sweep
+from tests.engine.backends import HAVE_MLX
+
+needs_mlx = pytest.mark.skipif(not HAVE_MLX, reason="mlx / mlx-lm not installed")
 
 BUDGET = 2  # draws per family here, seed 0: about 1 s a family on one core
 
@@ -61,3 +64,28 @@ def test_an_engine_refusal_counts_only_in_one_line_naming_a_field() -> None:
     assert geometry_sweep.refusal(exc, {"sliding_window": 4}) is not None
     assert geometry_sweep.refusal(exc, {"head_dim": 4}) is None  # names no drawn field
     assert geometry_sweep.refusal(RuntimeError("sliding_window"), {"sliding_window": 4}) is None  # not ours
+
+
+# Draws (seed 0) the sweep found broken on the mlx backend, each now refused at load in one line naming the
+# field: mlx-lm builds these models from fewer config fields than transformers (before: a crash at load or
+# at the first forward, or, for Qwen3.5 with no linear layer, other tokens than generate).
+MLX_FOUND = [
+    ("qwen3", 0, "layer_types="),  # mlx-lm's qwen3 builds one mask for sliding and full layers
+    ("gemma2", 4, "layer_types="),  # mlx-lm's gemma2 alternates its layers by index
+    ("deepseek_v3", 0, "tie_word_embeddings=True"),  # mlx-lm's deepseek_v3 has no tied head
+    ("gemma2", 0, "tie_word_embeddings=False"),  # mlx-lm's gemma2 has no untied head
+    ("mixtral", 1, "head_dim=16"),  # mlx-lm's mixtral derives head_dim from hidden / heads
+    ("qwen3_5_text", 3, "layer_types="),  # no linear layer: decoded other tokens than generate
+    ("gpt_oss", 1, "layer kind 'weights'"),  # mlx-lm's gpt_oss reads another expert layout
+]
+
+
+@needs_mlx
+@pytest.mark.parametrize(("family", "index", "field"), MLX_FOUND, ids=[f"{f}/{i}" for f, i, _ in MLX_FOUND])
+def test_what_the_sweep_found_on_mlx_is_refused_at_load_in_one_line(
+    family: str, index: int, field: str
+) -> None:
+    outcome = geometry_sweep.check(family, 0, index, mlx=True)
+    assert outcome.status == "exact"  # on torch
+    mlx = outcome.extra["mlx"]
+    assert mlx.startswith(f"refused: model type {family!r}: ") and field in mlx and "\n" not in mlx

@@ -27,6 +27,7 @@ from engine.geometry import (
     SLIDING_ATTENTION,
     STATELESS,
     Geometry,
+    UnsupportedConfigError,
     UnsupportedModelError,
 )
 
@@ -160,6 +161,14 @@ def _linear_hybrid_config(path: Path, config: dict[str, Any]) -> dict[str, Any]:
     derive that interval from `layer_types` (transformers derives `layer_types` from the interval)."""
     extra: dict[str, Any] = {"model_type": LINEAR_HYBRIDS[config["model_type"]]}
     types = config.get("layer_types")
+    if types and LINEAR_ATTENTION not in types:  # its mask code reads layer 0's cache as a linear layer's
+        raise UnsupportedConfigError(
+            config["model_type"],
+            "layer_types",
+            types,
+            f"mlx-lm's {extra['model_type']} needs a linear_attention layer (with none it builds its masks "
+            "from the wrong cache and decodes other tokens than transformers); use the torch backend",
+        )
     if types:
         if set(types) - {FULL_ATTENTION, LINEAR_ATTENTION}:
             raise ValueError(
@@ -209,6 +218,21 @@ def check_mlx_support(model_type: str, geometry: Geometry) -> None:
             "multi-head latent attention",
             f" on the mlx backend for this model type (decoded: {', '.join(MLA_MODELS)}; use the torch backend)",
         )
+
+
+def load_error(model_type: str, config: dict[str, Any], exc: ValueError) -> UnsupportedModelError:
+    """mlx-lm could not build or load a model from this config and its weights (its code reads fewer config
+    fields than transformers'): the one-line refusal, naming the field where the error shows it."""
+    text = " ".join(str(exc).split())[:200]
+    heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
+    why = f"mlx-lm's code for this model type cannot load it ({text}); use the torch backend"
+    if "lm_head" in text:  # a head tied where mlx-lm's code never ties, or the other way round
+        tied = bool(config.get("tie_word_embeddings"))
+        return UnsupportedConfigError(model_type, "tie_word_embeddings", tied, why)
+    head_dim = config.get("head_dim")
+    if "Expected shape" in text and head_dim and heads and hidden and head_dim * heads != hidden:
+        return UnsupportedConfigError(model_type, "head_dim", head_dim, f"not hidden_size / heads; {why}")
+    return UnsupportedModelError(model_type, "weights", f" on the mlx backend: {why}")
 
 
 MLX_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION, LINEAR_ATTENTION, MAMBA, MAMBA2, PARALLEL_MAMBA2, *STATELESS)
