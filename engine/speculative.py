@@ -218,6 +218,23 @@ class RowsDrafter(Protocol):
         ...
 
 
+@runtime_checkable
+class SamplingRows(RowsDrafter, Protocol):
+    """A `RowsDrafter` that, under sampling, draws each row's drafts from its own distribution and returns
+    it, as a `SamplingDrafter` does at batch 1 (the block drafter's `BatchedBlockDrafter`, `PerRow`)."""
+
+    def propose_rows_sampled(
+        self,
+        lasts: Sequence[int],
+        ks: Sequence[int | None],
+        samplings: Sequence[Sampling | None],
+        rngs: Sequence[np.random.Generator | None],
+    ) -> tuple[list[list[int]], list[np.ndarray | None]]:
+        """Row r's drafts drawn with rngs[r] under samplings[r] and q_r they were drawn from (None: the
+        row drafts deterministically, one-hot)."""
+        ...
+
+
 class FeatureRows(RowsDrafter, Protocol):
     """A `RowsDrafter` conditioned on the verifier's hidden states (a batch of `FeatureDrafter`s)."""
 
@@ -248,6 +265,27 @@ class PerRow:
             [] if k is None else d.propose(last, k)
             for d, last, k in zip(self.drafters, lasts, ks, strict=True)
         ]
+
+    def propose_rows_sampled(
+        self,
+        lasts: Sequence[int],
+        ks: Sequence[int | None],
+        samplings: Sequence[Sampling | None],
+        rngs: Sequence[np.random.Generator | None],
+    ) -> tuple[list[list[int]], list[np.ndarray | None]]:
+        drafts: list[list[int]] = []
+        qs: list[np.ndarray | None] = []
+        for d, last, k, s, rng in zip(self.drafters, lasts, ks, samplings, rngs, strict=True):
+            block, q = (
+                ([], None)
+                if k is None
+                else proposal(d, last, k, s, rng)
+                if s and rng
+                else (d.propose(last, k), None)
+            )
+            drafts.append(block)
+            qs.append(q)
+        return drafts, qs
 
     def accept_rows(self, ns: Sequence[int], committed: Sequence[Sequence[int] | None]) -> None:
         for d, n, new in zip(self.drafters, ns, committed, strict=True):
@@ -369,8 +407,10 @@ def speculative_generate_batch(
     `sampling` (temperature > 0): lossless speculative sampling per row, each row deciding its prefix by the
     rejection rule on its own (`accepted_prefix`) with its own random stream: row r draws with
     `sampling[r]` (one `Sampling` for all: seed + r), so its tokens are those of `speculative_generate` of
-    its prompt alone with that seed when the drafts are deterministic, whatever the other rows do. Every
-    drafter proposes as under greedy decoding here and counts as one-hot (q is a batch-1 feature)."""
+    its prompt alone with that seed, whatever the other rows do. A drafter that samples its drafts
+    (`SamplingRows`: the block drafter's rows, or `PerRow` over `SamplingDrafter`s) draws row r's drafts
+    from its own q_r with the row's stream, and q_r reaches the rule as at batch 1; any other proposes as
+    under greedy decoding and counts as one-hot."""
     rows = verifier.rows
     drafter: Any = drafters if hasattr(drafters, "propose_rows") else PerRow(drafters)  # type: ignore[arg-type]
     if len(prompts) != rows or drafter.rows != rows or not all(prompts):
@@ -402,12 +442,17 @@ def speculative_generate_batch(
     while live:
         block_k = length.choose(len(live)) if length else k
         started = clock()
-        drafts = drafter.propose_rows(
-            [outs[r][-1] for r in live], [min(block_k, stop.max_new_tokens - len(outs[r]) - 1) for r in live]
-        )
+        lasts = [outs[r][-1] for r in live]
+        ks = [min(block_k, stop.max_new_tokens - len(outs[r]) - 1) for r in live]
+        sampled = any(samplings[r] for r in live)
+        qs: list[np.ndarray | None] = [None] * len(live)
+        if sampled and isinstance(drafter, SamplingRows):
+            row_rngs = [rngs[r] for r in live]
+            drafts, qs = drafter.propose_rows_sampled(lasts, ks, [samplings[r] for r in live], row_rngs)
+        else:
+            drafts = drafter.propose_rows(lasts, ks)
         m = 1 + max(len(d) for d in drafts)
         fed = [[outs[r][-1], *d] for r, d in zip(live, drafts, strict=True)]
-        sampled = any(samplings[r] for r in live)
         step = verifier.forward_rows([f + [f[-1]] * (m - len(f)) for f in fed], hidden=layers, logits=sampled)
         logits = host(step.logits) if sampled else None
         ns = [0] * len(live)  # what each row accepted and committed (None: it stopped)
@@ -416,7 +461,7 @@ def speculative_generate_batch(
         block_drafted, block_accepted = [0] * k, [0] * k
         for i, (r, d) in enumerate(zip(live, drafts, strict=True)):
             gen, row_logits = gens[r], None if logits is None else logits[i]
-            n, token = accepted_prefix(d, step.tokens[i], row_logits, None, samplings[r], rngs[r])
+            n, token = accepted_prefix(d, step.tokens[i], row_logits, qs[i], samplings[r], rngs[r])
             new = [*d[:n], token]
             gen.forwards += 1
             gen.drafted += len(d)

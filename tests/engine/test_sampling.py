@@ -29,7 +29,7 @@ from engine.policy import full, sink_window
 from engine.sampling import Sampling, draw, verify
 from engine.speculative import SamplingDrafter, _prefill, proposal
 from tests.engine import tiny_drafters, tiny_models
-from tests.engine.backends import on
+from tests.engine.backends import HAVE_MLX, on
 
 V = 8  # the restricted vocabulary
 PROMPT = [1, 2, 3, 4, 5]
@@ -472,3 +472,54 @@ def test_a_batch_row_samples_as_it_would_alone() -> None:
     # another row beside it does not change row 0
     other = _batch_sampled([prompts[0], prompts[2]], settings, 40)
     assert other[0].tokens == batch[0].tokens
+
+
+def _block_rows(rows: int, backend: str = "torch") -> Any:
+    """A random block drafter over the vocabulary-V tiny Gemma (its features: layer 1 and the final state)
+    for `rows` rows (a BatchedBlockDrafter; rows = 1: the batch-1 BlockDrafter)."""
+    from engine.drafters.load import block_drafters
+
+    geo = tiny_models.gemma(vocab=V).geometry
+    path = tiny_drafters.block_dir((1, geo.n_layers), geo.hidden_size, V)
+    return block_drafters(path, backend)(rows)
+
+
+def _block_batch(prompts: list[list[int]], settings: Sampling, new: int, backend: str = "torch") -> list[Any]:
+    model = on(backend, tiny_models.gemma(vocab=V))
+    session = model.session(full(), max_block=K + 1, rows=len(prompts))
+    return engine.speculative_generate_batch(
+        session, _block_rows(len(prompts), backend), prompts, K, engine.Stop(new), sampling=settings
+    )
+
+
+@pytest.mark.parametrize(
+    "backend", ["torch", pytest.param("mlx", marks=pytest.mark.skipif(not HAVE_MLX, reason="no mlx"))]
+)
+def test_a_batch_row_of_the_block_drafter_samples_as_it_would_alone(backend: str) -> None:
+    """Issue 44: the block drafter's q reaches the rule in a batch as at batch 1: row r of a batch (seed + r)
+    draws its drafts from its own q_r with its own stream, so it is exactly `speculative_generate` of its
+    prompt alone with the batch-1 BlockDrafter (which samples its drafts) and that seed."""
+    prompts = [[t % V for t in tiny_models.prompt(6 + 3 * r, seed=r)] for r in range(3)]
+    settings = Sampling(temperature=0.9, top_p=0.95, seed=11)
+    batch = _block_batch(prompts, settings, 30, backend)
+    model = on(backend, tiny_models.gemma(vocab=V))
+    for r, (prompt, gen) in enumerate(zip(prompts, batch, strict=True)):
+        alone = engine.speculative_generate(
+            model.session(full(), max_block=K + 1),
+            _block_rows(1, backend),
+            prompt,
+            K,
+            engine.Stop(30),
+            Sampling(0.9, top_p=0.95, seed=11 + r),
+        )
+        assert gen.tokens == alone.tokens and (gen.drafted, gen.accepted) == (alone.drafted, alone.accepted)
+        assert 0 < gen.accepted < gen.drafted
+
+
+def test_batched_block_drafter_sampling_draws_from_the_target() -> None:
+    """Sampled drafts with their q, rows leaving the batch as they stop: every committed token distributed
+    as plain sampling draws it after its row's context (the PIT chi-square)."""
+    prompts = [[1, 2, 3, 4, 5]] * PIT_ROWS
+    gens = _block_batch(prompts, SETTINGS, PIT_NEW)
+    assert sum(g.accepted for g in gens) > 0
+    assert _pit_pvalue(prompts, gens, SETTINGS) > ALPHA
