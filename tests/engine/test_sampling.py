@@ -410,7 +410,9 @@ def _batch_sampled(prompts: list[list[int]], settings: Sampling, new: int) -> li
     )
 
 
-def _pit_pvalue(prompts: list[list[int]], gens: list[engine.Generation], settings: Sampling) -> float:
+def _pit_pvalue(
+    prompts: list[list[int]], gens: list[engine.Generation], settings: Sampling, target: Any = None
+) -> float:
     """Each generated token x against the verifier's own distribution p after its context (one forward
     over each row's whole sequence): its randomized probability integral transform P(X < x) + U p(x) is
     uniform on [0, 1) iff every x is drawn from p; chi-square over 10 equal bins."""
@@ -420,7 +422,7 @@ def _pit_pvalue(prompts: list[list[int]], gens: list[engine.Generation], setting
     start = lengths.pop() - 1
     ids = torch.tensor([[*p, *g.tokens[:-1]] for p, g in zip(prompts, gens, strict=True)])
     with torch.inference_mode():
-        logits = tiny_models.gemma(vocab=V).model(input_ids=ids).logits[:, start:].numpy()
+        logits = (target or tiny_models.gemma(vocab=V)).model(input_ids=ids).logits[:, start:].numpy()
     p = settings.probs(logits)
     x = np.array([g.tokens for g in gens])[..., None]
     px = np.take_along_axis(p, x, -1)[..., 0]
@@ -523,3 +525,32 @@ def test_batched_block_drafter_sampling_draws_from_the_target() -> None:
     gens = _block_batch(prompts, SETTINGS, PIT_NEW)
     assert sum(g.accepted for g in gens) > 0
     assert _pit_pvalue(prompts, gens, SETTINGS) > ALPHA
+
+
+@pytest.mark.parametrize("kind", ["diffusion", "gemma4-assistant"])
+def test_sampled_drafts_of_the_diffusion_and_assistant_drafters_draw_from_the_target(
+    kind: DrafterKind,
+) -> None:
+    """Issue 44: both draw their drafts (the diffusion drafter unmasking left to right, the assistant draft
+    by draft) and hand q to the rule; end to end every committed token is distributed as plain sampling
+    draws it (PIT chi-square). The diffusion drafter runs batched (one per row, `PerRow`), Gemma 4's
+    assistant one row at a time (it drafts for unbatched sessions)."""
+    model, make = _kind_models(kind)
+    assert isinstance(make(model.session(full(), max_block=K + 1)), SamplingDrafter)
+    prompts = [[1, 2, 3, 4, 5]] * PIT_ROWS
+    if kind == "diffusion":
+        session = model.session(full(), max_block=K + 1, rows=PIT_ROWS)
+        drafters = [make(session) for _ in prompts]
+        gens = engine.speculative_generate_batch(
+            session, drafters, prompts, K, engine.Stop(PIT_NEW), sampling=SETTINGS
+        )
+    else:
+        gens = []
+        for r, p in enumerate(prompts):
+            session = model.session(full(), max_block=K + 1)
+            settings = Sampling(SETTINGS.temperature, SETTINGS.top_k, seed=r)
+            gens.append(
+                engine.speculative_generate(session, make(session), p, K, engine.Stop(PIT_NEW), settings)
+            )
+    assert sum(g.accepted for g in gens) > 0
+    assert _pit_pvalue(prompts, gens, SETTINGS, model) > ALPHA
