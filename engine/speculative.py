@@ -332,6 +332,10 @@ class DraftLength:
         self.accepted = [0] * k_max
         self.blocks = 0
         self.spent = 0.0  # seconds since the last probe
+        # Drafting did not pay (k = 0 chosen on measured costs): the loop decodes the rest plainly. A block
+        # at k = 0 still costs more than a plain step (the drafter keeps its context: a feature drafter
+        # observes every committed position, a model drafter feeds it), so k = 0 is never the end state.
+        self.plain = False
 
     def choose(self, rows: int = 1) -> int:
         self.blocks += 1
@@ -356,6 +360,7 @@ class DraftLength:
         if self.spent * self.budget >= loss[probe]:
             self.spent = 0.0
             return probe
+        self.plain = self.plain or best == 0
         return best
 
     def cost(self, k: int) -> float:
@@ -401,8 +406,10 @@ def speculative_generate_batch(
     committed positions from the very verify forward that fed them (`observe_rows`), as in
     `speculative_generate`.
 
-    `adapt`: each block's draft length from measured costs and acceptance (`DraftLength`), between 0 (a
-    plain batched step) and k; the tokens stay exact whatever k a block takes.
+    `adapt`: each block's draft length from measured costs and acceptance (`DraftLength`), between 0 and
+    k; the tokens stay exact whatever k a block takes. Once k = 0 wins on the measured costs the rest of
+    the batch is decoded plainly (`_plain`: no drafter, no hidden states), so an adaptive batch costs
+    little more than plain batched decoding where drafting does not pay.
 
     `sampling` (temperature > 0): lossless speculative sampling per row, each row deciding its prefix by the
     rejection rule on its own (`accepted_prefix`) with its own random stream: row r draws with
@@ -441,6 +448,9 @@ def speculative_generate_batch(
     clock = time.process_time if getattr(verifier, "on_cpu", False) else time.perf_counter
     while live:
         block_k = length.choose(len(live)) if length else k
+        if length is not None and length.plain:
+            _plain(verifier, live, outs, reasons, gens, stop, samplings, rngs)
+            break
         started = clock()
         lasts = [outs[r][-1] for r in live]
         ks = [min(block_k, stop.max_new_tokens - len(outs[r]) - 1) for r in live]
@@ -489,6 +499,37 @@ def speculative_generate_batch(
         assert reason is not None
         gen.stop_reason, gen.decode_s = reason, decode_s
     return gens
+
+
+def _plain(
+    verifier: Session,
+    live: list[int],
+    outs: list[list[int]],
+    reasons: list[StopReason | None],
+    gens: list[Generation],
+    stop: Stop,
+    samplings: Sequence[Sampling | None],
+    rngs: Sequence[np.random.Generator | None],
+) -> None:
+    """The rest of a batch decoded plainly (`DraftLength.plain`): one token per live row per forward, no
+    drafter and no hidden states, greedy or drawn from each row's own stream; stopped rows leave."""
+    while live:
+        sampled = any(samplings[r] for r in live)
+        step = verifier.forward_rows([[outs[r][-1]] for r in live], logits=sampled)
+        logits = host(step.logits) if sampled else None
+        for i, r in enumerate(live):
+            s, rng = samplings[r], rngs[r]
+            token = (
+                step.tokens[i][0]
+                if s is None or rng is None or logits is None
+                else int(draw(s.probs(logits[i]), rng)[0])
+            )
+            gens[r].forwards += 1
+            reasons[r] = commit(outs[r], [token], stop)[1]
+        going = [i for i, r in enumerate(live) if reasons[r] is None]
+        if going and len(going) < verifier.rows:
+            verifier.keep_rows(going)
+        live[:] = [live[i] for i in going]
 
 
 def _leave(verifier: Session, drafter: RowsDrafter, going: list[int]) -> None:
