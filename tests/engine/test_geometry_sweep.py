@@ -77,6 +77,7 @@ MLX_FOUND = [
     ("mixtral", 1, "head_dim=16"),  # mlx-lm's mixtral derives head_dim from hidden / heads
     ("qwen3_5_text", 3, "layer_types="),  # no linear layer: decoded other tokens than generate
     ("gpt_oss", 1, "layer kind 'weights'"),  # mlx-lm's gpt_oss reads another expert layout
+    ("glm", 0, "partial_rotary_factor=0.25"),  # mlx-lm's glm rotates the whole head: other tokens before
 ]
 
 
@@ -89,3 +90,11 @@ def test_what_the_sweep_found_on_mlx_is_refused_at_load_in_one_line(
     assert outcome.status == "exact"  # on torch
     mlx = outcome.extra["mlx"]
     assert mlx.startswith(f"refused: model type {family!r}: ") and field in mlx and "\n" not in mlx
+
+
+@needs_mlx
+def test_rope_parameters_per_layer_type_reach_mlx_lm() -> None:
+    """OLMo 3 writes one rope dict per layer type; mlx-lm reads a flat rope_theta (before: a TypeError at
+    load). Now the full layers' rope goes to mlx-lm and the draw decodes exactly on MLX."""
+    outcome = geometry_sweep.check("olmo3", 0, 0, mlx=True)
+    assert outcome.status == "exact" and outcome.extra["mlx"] == "exact"

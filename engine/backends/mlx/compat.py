@@ -6,6 +6,7 @@ forward runs)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections.abc import Iterator
@@ -126,7 +127,19 @@ def mlx_config(path: Path) -> dict[str, Any]:
     if model_type in LINEAR_HYBRIDS:
         return _linear_hybrid_config(path, config)
     if model_type != "gemma3_text":
-        extra = _flat_rope(config, config.get("rope_parameters") or {})
+        rope = config.get("rope_parameters") or {}
+        if FULL_ATTENTION in rope:  # one dict per layer type (OLMo 3): mlx-lm reads one rope for all
+            if (local := rope.get(SLIDING_ATTENTION)) not in (None, rope[FULL_ATTENTION]):
+                raise UnsupportedConfigError(
+                    str(model_type),
+                    "rope_parameters",
+                    rope,
+                    "its sliding layers rotate otherwise than its full ones, and mlx-lm's code reads one rope "
+                    "for every layer; use the torch backend",
+                )
+            rope = rope[FULL_ATTENTION]
+        extra = _flat_rope(config, rope)
+        check_read_fields(config, extra, rope)
         return extra | (_mamba_hybrid_config(config) if model_type in MAMBA_HYBRIDS else {})
     extra = {}
     types = config.get("layer_types")
@@ -220,7 +233,32 @@ def check_mlx_support(model_type: str, geometry: Geometry) -> None:
         )
 
 
-def load_error(model_type: str, config: dict[str, Any], exc: ValueError) -> UnsupportedModelError:
+PARTIAL_ROTARY = ("partial_rotary_factor", "rotary_dim", "rope_pct", "rotary_pct", "rotary_emb_base")
+
+
+def check_read_fields(config: dict[str, Any], extra: dict[str, Any], rope: dict[str, Any]) -> None:
+    """Refuse at load, naming the field, a geometry field the model's mlx-lm code does not read (its
+    ModelArgs has no such field), where the value would change what the model computes: a partial rotary
+    factor (mlx-lm would rotate the whole head: other tokens than transformers, in silence)."""
+    from mlx_lm.utils import _get_classes
+
+    try:
+        _, args = _get_classes({**config, **extra})
+    except ValueError:  # a model type mlx-lm does not have: load_model says so
+        return
+    names = {f.name for f in dataclasses.fields(args)} if dataclasses.is_dataclass(args) else set()
+    factor = config.get("partial_rotary_factor", rope.get("partial_rotary_factor"))
+    if names and factor not in (None, 1, 1.0) and not names & set(PARTIAL_ROTARY):
+        raise UnsupportedConfigError(
+            str(config.get("model_type", "?")),
+            "partial_rotary_factor",
+            factor,
+            f"mlx-lm's {args.__module__.rsplit('.', 1)[-1]} reads no partial rotary factor (it rotates the "
+            "whole head) and would decode other tokens than transformers; use the torch backend",
+        )
+
+
+def load_error(model_type: str, config: dict[str, Any], exc: Exception) -> UnsupportedModelError:
     """mlx-lm could not build or load a model from this config and its weights (its code reads fewer config
     fields than transformers'): the one-line refusal, naming the field where the error shows it."""
     text = " ".join(str(exc).split())[:200]

@@ -240,7 +240,10 @@ def load_mlx(path: Path, dtype: str = "auto", device: str = "auto", compile: boo
     extra = mlx_config(path)
     try:
         model, _ = load_model(path, model_config=extra)
-    except ValueError as exc:  # mlx-lm builds the model from fewer config fields than transformers
+    except (
+        ValueError,
+        TypeError,
+    ) as exc:  # mlx-lm builds the model from fewer config fields than transformers
         raise load_error(model_type, config, exc) from None
     transformers_routing(model)  # Jamba
     if want != mx.float32 or weights_dtype(model) != mx.float32:
