@@ -98,3 +98,29 @@ def test_rope_parameters_per_layer_type_reach_mlx_lm() -> None:
     load). Now the full layers' rope goes to mlx-lm and the draw decodes exactly on MLX."""
     outcome = geometry_sweep.check("olmo3", 0, 0, mlx=True)
     assert outcome.status == "exact" and outcome.extra["mlx"] == "exact"
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"num_attention_heads": 4, "num_key_value_heads": 3}, "num_key_value_heads=3"),
+        ({"num_attention_heads": 0}, "num_attention_heads=0"),
+        ({"layer_types": ["sliding_attention"] * 2, "sliding_window": -4}, "sliding_window=-4"),
+    ],
+)
+def test_the_geometry_reader_checks_what_it_assumes(fields: dict, named: str) -> None:
+    """Head counts and windows `Geometry` builds on are checked at load, refused in one line naming the field;
+    MLA's latent goes to every head, so its num_key_value_heads is not held to dividing the heads."""
+    from engine.geometry import Geometry, UnsupportedConfigError
+
+    base = {
+        "model_type": "x",
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "hidden_size": 64,
+        "vocab_size": 8,
+    }
+    with pytest.raises(UnsupportedConfigError, match=f"^model type 'x': {named} is not supported: "):
+        Geometry.from_config({**base, **fields})
+    mla = {**base, "num_key_value_heads": 3, "kv_lora_rank": 16, "qk_rope_head_dim": 8}
+    assert Geometry.from_config(mla).kv_heads == 1
