@@ -209,9 +209,11 @@ def generate(
 
 def generate_batch(session: Session, prompts: Sequence[Sequence[int]], stop: Stop) -> list[Generation]:
     """Greedy decoding of `session.rows` prompts of any lengths at once: each row is prefilled on its
-    own, then every step feeds each row its last token at that row's own next position (one batched
-    forward). Each row's tokens are exactly those of `generate` on that prompt alone; a row that has
-    stopped keeps being fed (its output is ignored) until every row has stopped."""
+    own, then every step feeds each live row its last token at that row's own next position (one batched
+    forward). Each row's tokens are exactly those of `generate` on that prompt alone. A row that stops
+    leaves the batch (`Session.keep_rows`), as in `speculative_generate_batch`: later steps compute
+    nothing for it, and the session ends holding the rows that stopped last. `forwards`: the steps each
+    row was fed in."""
     if len(prompts) != session.rows or not all(prompts):
         raise ValueError(f"generate_batch takes {session.rows} non-empty prompts (the session's rows)")
     t0 = time.perf_counter()
@@ -219,18 +221,24 @@ def generate_batch(session: Session, prompts: Sequence[Sequence[int]], stop: Sto
     prefill_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     reasons: list[StopReason | None] = [stop.check(o) for o in outs]
-    forwards = 0
-    while any(r is None for r in reasons):
-        step = session.forward_rows([o[-1:] for o in outs])
-        forwards += 1
-        for r, tokens in enumerate(step.tokens):
-            if reasons[r] is None:
-                outs[r] += tokens
-                reasons[r] = stop.check(outs[r])
+    forwards = [0] * len(prompts)
+    live = [r for r in range(len(prompts)) if reasons[r] is None]  # the prompt row of each session row
+    if live and len(live) < session.rows:
+        session.keep_rows(live)
+    while live:
+        step = session.forward_rows([outs[r][-1:] for r in live])
+        for i, r in enumerate(live):
+            outs[r] += step.tokens[i]
+            forwards[r] += 1
+            reasons[r] = stop.check(outs[r])
+        going = [i for i, r in enumerate(live) if reasons[r] is None]
+        if going and len(going) < len(live):
+            session.keep_rows(going)
+        live = [live[i] for i in going]
     decode_s = time.perf_counter() - t1
     return [
-        Generation(o, reason, len(p), prefill_s, decode_s, forwards)
-        for o, reason, p in zip(outs, reasons, prompts, strict=True)
+        Generation(o, reason, len(p), prefill_s, decode_s, n)
+        for o, reason, p, n in zip(outs, reasons, prompts, forwards, strict=True)
         if reason is not None
     ]
 

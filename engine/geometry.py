@@ -77,6 +77,15 @@ class UnsupportedModelError(ValueError):
         self.model_type, self.kind = model_type, kind
 
 
+class UnsupportedConfigError(UnsupportedModelError):
+    """A config field whose value the engine (or a backend's model code) cannot decode exactly, found at load:
+    one line naming the model type, the field and why. An `UnsupportedModelError`, so the workloads exit 2."""
+
+    def __init__(self, model_type: str, field: str, value: Any, why: str) -> None:
+        ValueError.__init__(self, f"model type {model_type!r}: {field}={value!r} is not supported: {why}")
+        self.model_type, self.kind = model_type, field
+
+
 def layer_kinds(config: Mapping[str, Any]) -> tuple[str, ...]:
     """Each layer's kind as the config says it, with the mixers transformers names alike told apart: a
     `linear_attention` layer is gated delta-net only with its `linear_num_key_heads`, Mamba-2 with
@@ -217,10 +226,19 @@ class Geometry:
                 "linear_state_size": v_heads * k_dim * v_dim,
             }
         kv_heads = int(config.get("num_key_value_heads") or heads)
+        _check_heads(model_type, config, heads, kv_heads)
         head_dim, v_head_dim = int(config.get("head_dim") or hidden // heads), 0
         if config.get("kv_lora_rank"):  # multi-head latent attention: the latent and the rope key, one head
             kv_heads, head_dim = 1, int(config["kv_lora_rank"])
             v_head_dim = int(config["qk_rope_head_dim"])
+        if (
+            window is not None
+            and (not isinstance(window, int) or window < 1)
+            and types.count(SLIDING_ATTENTION)
+        ):
+            raise UnsupportedConfigError(
+                model_type, "sliding_window", window, "a sliding window is a whole number >= 1"
+            )
         return cls(
             layer_types=types,
             sliding_window=int(window) if window else None,
@@ -254,6 +272,17 @@ class Geometry:
             + (self.linear_conv_kernel - 1) * self.linear_conv_dim * ITEMSIZE[dtype]
         )
         return [one if t in STATEFUL else 0 for t in self.layer_types]
+
+
+def _check_heads(model_type: str, config: Mapping[str, Any], heads: int, kv_heads: int) -> None:
+    """What `Geometry` assumes of the head counts, checked (one line naming the field): K/V heads that
+    divide the query heads (multi-head latent attention expands its latent to every head: any count)."""
+    if heads < 1:
+        raise UnsupportedConfigError(model_type, "num_attention_heads", heads, "a model needs a query head")
+    if not config.get("kv_lora_rank") and (kv_heads < 1 or heads % kv_heads):
+        raise UnsupportedConfigError(
+            model_type, "num_key_value_heads", kv_heads, f"K/V heads must divide the {heads} query heads"
+        )
 
 
 def config_dict(config: Any) -> dict[str, Any]:

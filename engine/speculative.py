@@ -218,6 +218,23 @@ class RowsDrafter(Protocol):
         ...
 
 
+@runtime_checkable
+class SamplingRows(RowsDrafter, Protocol):
+    """A `RowsDrafter` that, under sampling, draws each row's drafts from its own distribution and returns
+    it, as a `SamplingDrafter` does at batch 1 (the block drafter's `BatchedBlockDrafter`, `PerRow`)."""
+
+    def propose_rows_sampled(
+        self,
+        lasts: Sequence[int],
+        ks: Sequence[int | None],
+        samplings: Sequence[Sampling | None],
+        rngs: Sequence[np.random.Generator | None],
+    ) -> tuple[list[list[int]], list[np.ndarray | None]]:
+        """Row r's drafts drawn with rngs[r] under samplings[r] and q_r they were drawn from (None: the
+        row drafts deterministically, one-hot)."""
+        ...
+
+
 class FeatureRows(RowsDrafter, Protocol):
     """A `RowsDrafter` conditioned on the verifier's hidden states (a batch of `FeatureDrafter`s)."""
 
@@ -248,6 +265,27 @@ class PerRow:
             [] if k is None else d.propose(last, k)
             for d, last, k in zip(self.drafters, lasts, ks, strict=True)
         ]
+
+    def propose_rows_sampled(
+        self,
+        lasts: Sequence[int],
+        ks: Sequence[int | None],
+        samplings: Sequence[Sampling | None],
+        rngs: Sequence[np.random.Generator | None],
+    ) -> tuple[list[list[int]], list[np.ndarray | None]]:
+        drafts: list[list[int]] = []
+        qs: list[np.ndarray | None] = []
+        for d, last, k, s, rng in zip(self.drafters, lasts, ks, samplings, rngs, strict=True):
+            block, q = (
+                ([], None)
+                if k is None
+                else proposal(d, last, k, s, rng)
+                if s and rng
+                else (d.propose(last, k), None)
+            )
+            drafts.append(block)
+            qs.append(q)
+        return drafts, qs
 
     def accept_rows(self, ns: Sequence[int], committed: Sequence[Sequence[int] | None]) -> None:
         for d, n, new in zip(self.drafters, ns, committed, strict=True):
@@ -294,6 +332,10 @@ class DraftLength:
         self.accepted = [0] * k_max
         self.blocks = 0
         self.spent = 0.0  # seconds since the last probe
+        # Drafting did not pay (k = 0 chosen on measured costs): the loop decodes the rest plainly. A block
+        # at k = 0 still costs more than a plain step (the drafter keeps its context: a feature drafter
+        # observes every committed position, a model drafter feeds it), so k = 0 is never the end state.
+        self.plain = False
 
     def choose(self, rows: int = 1) -> int:
         self.blocks += 1
@@ -318,6 +360,7 @@ class DraftLength:
         if self.spent * self.budget >= loss[probe]:
             self.spent = 0.0
             return probe
+        self.plain = self.plain or best == 0
         return best
 
     def cost(self, k: int) -> float:
@@ -363,14 +406,18 @@ def speculative_generate_batch(
     committed positions from the very verify forward that fed them (`observe_rows`), as in
     `speculative_generate`.
 
-    `adapt`: each block's draft length from measured costs and acceptance (`DraftLength`), between 0 (a
-    plain batched step) and k; the tokens stay exact whatever k a block takes.
+    `adapt`: each block's draft length from measured costs and acceptance (`DraftLength`), between 0 and
+    k; the tokens stay exact whatever k a block takes. Once k = 0 wins on the measured costs the rest of
+    the batch is decoded plainly (`_plain`: no drafter, no hidden states), so an adaptive batch costs
+    little more than plain batched decoding where drafting does not pay.
 
     `sampling` (temperature > 0): lossless speculative sampling per row, each row deciding its prefix by the
     rejection rule on its own (`accepted_prefix`) with its own random stream: row r draws with
     `sampling[r]` (one `Sampling` for all: seed + r), so its tokens are those of `speculative_generate` of
-    its prompt alone with that seed when the drafts are deterministic, whatever the other rows do. Every
-    drafter proposes as under greedy decoding here and counts as one-hot (q is a batch-1 feature)."""
+    its prompt alone with that seed, whatever the other rows do. A drafter that samples its drafts
+    (`SamplingRows`: the block drafter's rows, or `PerRow` over `SamplingDrafter`s) draws row r's drafts
+    from its own q_r with the row's stream, and q_r reaches the rule as at batch 1; any other proposes as
+    under greedy decoding and counts as one-hot."""
     rows = verifier.rows
     drafter: Any = drafters if hasattr(drafters, "propose_rows") else PerRow(drafters)  # type: ignore[arg-type]
     if len(prompts) != rows or drafter.rows != rows or not all(prompts):
@@ -401,13 +448,21 @@ def speculative_generate_batch(
     clock = time.process_time if getattr(verifier, "on_cpu", False) else time.perf_counter
     while live:
         block_k = length.choose(len(live)) if length else k
+        if length is not None and length.plain:
+            _plain(verifier, live, outs, reasons, gens, stop, samplings, rngs)
+            break
         started = clock()
-        drafts = drafter.propose_rows(
-            [outs[r][-1] for r in live], [min(block_k, stop.max_new_tokens - len(outs[r]) - 1) for r in live]
-        )
+        lasts = [outs[r][-1] for r in live]
+        ks = [min(block_k, stop.max_new_tokens - len(outs[r]) - 1) for r in live]
+        sampled = any(samplings[r] for r in live)
+        qs: list[np.ndarray | None] = [None] * len(live)
+        if sampled and isinstance(drafter, SamplingRows):
+            row_rngs = [rngs[r] for r in live]
+            drafts, qs = drafter.propose_rows_sampled(lasts, ks, [samplings[r] for r in live], row_rngs)
+        else:
+            drafts = drafter.propose_rows(lasts, ks)
         m = 1 + max(len(d) for d in drafts)
         fed = [[outs[r][-1], *d] for r, d in zip(live, drafts, strict=True)]
-        sampled = any(samplings[r] for r in live)
         step = verifier.forward_rows([f + [f[-1]] * (m - len(f)) for f in fed], hidden=layers, logits=sampled)
         logits = host(step.logits) if sampled else None
         ns = [0] * len(live)  # what each row accepted and committed (None: it stopped)
@@ -416,7 +471,7 @@ def speculative_generate_batch(
         block_drafted, block_accepted = [0] * k, [0] * k
         for i, (r, d) in enumerate(zip(live, drafts, strict=True)):
             gen, row_logits = gens[r], None if logits is None else logits[i]
-            n, token = accepted_prefix(d, step.tokens[i], row_logits, None, samplings[r], rngs[r])
+            n, token = accepted_prefix(d, step.tokens[i], row_logits, qs[i], samplings[r], rngs[r])
             new = [*d[:n], token]
             gen.forwards += 1
             gen.drafted += len(d)
@@ -444,6 +499,37 @@ def speculative_generate_batch(
         assert reason is not None
         gen.stop_reason, gen.decode_s = reason, decode_s
     return gens
+
+
+def _plain(
+    verifier: Session,
+    live: list[int],
+    outs: list[list[int]],
+    reasons: list[StopReason | None],
+    gens: list[Generation],
+    stop: Stop,
+    samplings: Sequence[Sampling | None],
+    rngs: Sequence[np.random.Generator | None],
+) -> None:
+    """The rest of a batch decoded plainly (`DraftLength.plain`): one token per live row per forward, no
+    drafter and no hidden states, greedy or drawn from each row's own stream; stopped rows leave."""
+    while live:
+        sampled = any(samplings[r] for r in live)
+        step = verifier.forward_rows([[outs[r][-1]] for r in live], logits=sampled)
+        logits = host(step.logits) if sampled else None
+        for i, r in enumerate(live):
+            s, rng = samplings[r], rngs[r]
+            token = (
+                step.tokens[i][0]
+                if s is None or rng is None or logits is None
+                else int(draw(s.probs(logits[i]), rng)[0])
+            )
+            gens[r].forwards += 1
+            reasons[r] = commit(outs[r], [token], stop)[1]
+        going = [i for i, r in enumerate(live) if reasons[r] is None]
+        if going and len(going) < verifier.rows:
+            verifier.keep_rows(going)
+        live[:] = [live[i] for i in going]
 
 
 def _leave(verifier: Session, drafter: RowsDrafter, going: list[int]) -> None:

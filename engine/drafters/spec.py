@@ -54,16 +54,17 @@ NOT_YET: dict[tuple[str, Backend], str] = {
 
 # How each kind proposes under speculative sampling (engine/sampling.py's rule), in one place:
 # "distribution": it draws its drafts from its own distribution and returns it (q; engine.speculative's
-# `SamplingDrafter`: the model drafter, row by row; the block drafter, every row of its one block forward);
-# "deterministic": it proposes as under greedy decoding (prompt lookup; argmax of denoising steps, of the
-# assistant) and counts as q = one-hot, accepting a draft with
-# the verifier's own probability of it. tests/engine/test_sampling.py checks the loaded drafters agree.
+# `SamplingDrafter`: the model drafter and Gemma 4's assistant, draft by draft; the block drafter, every row
+# of its one block forward; the diffusion drafter, its denoising steps unmasking left to right);
+# "deterministic": it proposes as under greedy decoding (prompt lookup) and counts as q = one-hot,
+# accepting a draft with the verifier's own probability of it. tests/engine/test_sampling.py checks the
+# loaded drafters agree.
 PROPOSALS: dict[DrafterKind, Literal["distribution", "deterministic"]] = {
     "lookup": "deterministic",
     "model": "distribution",
     "block": "distribution",
-    "diffusion": "deterministic",
-    "gemma4-assistant": "deterministic",
+    "diffusion": "distribution",
+    "gemma4-assistant": "distribution",
 }
 
 _OPTION = re.compile(r"([a-z_]+)=([^:=]*)")

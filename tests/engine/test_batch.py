@@ -66,10 +66,19 @@ def test_rows_stop_on_their_own_and_blocks_of_several_tokens_are_exact(backend: 
     alone = [engine.generate(m.session(policy), p, engine.Stop(30)).tokens for p in prompts]
     eos = alone[0][9]
     stop = engine.Stop(30, eos_ids=frozenset({eos}))
-    got = engine.generate_batch(m.session(policy, rows=2), prompts, stop)
+    session = m.session(policy, rows=2)
+    fed: list[int] = []  # rows fed per step
+    forward_rows = session.forward_rows
+    session.forward_rows = lambda ids, **kw: fed.append(len(ids)) or forward_rows(ids, **kw)  # type: ignore[method-assign]
+    got = engine.generate_batch(session, prompts, stop)
     for g, a in zip(got, alone, strict=True):
         cut = a.index(eos) + 1 if eos in a else 30
         assert g.tokens == a[:cut] and g.stop_reason == ("eos" if eos in a[:cut] else "max_new_tokens")
+        assert g.forwards == len(g.tokens) - 1  # the steps it was fed in (the prefill gave its first)
+    # the row that stopped left the batch (issue 44): later steps fed only the other one
+    early = min(len(g.tokens) for g in got)
+    assert fed == [2] * (early - 1) + [1] * (max(len(g.tokens) for g in got) - early) and early < 30
+    assert session.rows == 1
     # Teacher-forced blocks of 3 tokens per row (max_block=3) equal one token at a time.
     block = m.session(policy, max_block=3, rows=2)
     single = m.session(policy, rows=2)

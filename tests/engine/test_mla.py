@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import engine
+from engine.backends.torch.session import TorchModel
 from engine.geometry import UnsupportedModelError
 from engine.policy import Policy, expected_kv_bytes, full, hybrid, layer_slot_bytes, parse_policy, sink_window
 from tests.engine import tiny_drafters, tiny_families, tiny_models
@@ -192,3 +193,49 @@ def test_mlx_refuses_an_mla_family_caching_per_head_kv_in_one_line(tmp_path: Pat
     ) as err:
         load_mlx(tmp_path)
     assert "\n" not in str(err.value)
+
+
+def _deepseek_module(**overrides: Any) -> Any:
+    """A DeepSeek-V3 transformers module (seed 0, no TorchModel around it yet)."""
+    import torch
+    from transformers import DeepseekV3ForCausalLM
+
+    torch.manual_seed(0)
+    module = DeepseekV3ForCausalLM(tiny_families.deepseek_v3_config(**overrides)).eval()
+    module.generation_config.eos_token_id = None
+    return module
+
+
+def _hf(module: Any, ids: list[int]) -> list[int]:
+    import torch
+
+    with torch.inference_mode():
+        out = module.generate(torch.tensor([ids]), max_new_tokens=NEW, do_sample=False, pad_token_id=0)
+    return out[0, len(ids) :].tolist()
+
+
+def test_kv_head_groups_with_v_as_wide_as_qk_decode_as_generate_does() -> None:
+    """Issue 44: num_key_value_heads below num_attention_heads with v_head_dim == qk_nope + qk_rope (24).
+    transformers' sdpa repeats the already expanded K/V per group; with no mask (generate) it takes
+    `enable_gqa` over equal head counts, with the engine's mask it crashed (`size of tensor a (4) must match
+    ... (8)`). MLA has one K/V group: the engine now decodes exactly what generate does."""
+    module = _deepseek_module(num_key_value_heads=2, v_head_dim=24)
+    ids = tiny_models.prompt(17, seed=17)
+    want = _hf(module, ids)  # before the engine loads it
+    tm = TorchModel(module)
+    assert engine.generate(tm.session(full(), prefill_chunk=8), ids, engine.Stop(NEW)).tokens == want
+    policy = sink_window(2, 6)
+    greedy = engine.generate(tm.session(policy, prefill_chunk=8), ids, engine.Stop(NEW)).tokens
+    gen = tiny_drafters.prefixed_generate("block", tm, policy, ids, tuple(greedy))
+    assert gen.tokens == greedy and 0 < gen.accepted < gen.drafted  # after the window wrapped
+
+
+@pytest.mark.parametrize("v_head_dim", [8, 32])
+def test_kv_head_groups_decode_as_one_group_does(v_head_dim: int) -> None:
+    """With v_head_dim != qk_head_dim and K/V head groups transformers' own generate crashes (it repeats the
+    expanded K/V); the weights do not depend on num_key_value_heads, so the oracle is the same weights with
+    one group per head, which generate runs."""
+    ids = tiny_models.prompt(17, seed=17)
+    want = _hf(_deepseek_module(num_key_value_heads=4, v_head_dim=v_head_dim), ids)
+    tm = TorchModel(_deepseek_module(num_key_value_heads=1, v_head_dim=v_head_dim))
+    assert engine.generate(tm.session(full(), prefill_chunk=8), ids, engine.Stop(NEW)).tokens == want

@@ -29,7 +29,7 @@ from engine.policy import full, sink_window
 from engine.sampling import Sampling, draw, verify
 from engine.speculative import SamplingDrafter, _prefill, proposal
 from tests.engine import tiny_drafters, tiny_models
-from tests.engine.backends import on
+from tests.engine.backends import HAVE_MLX, on
 
 V = 8  # the restricted vocabulary
 PROMPT = [1, 2, 3, 4, 5]
@@ -410,7 +410,9 @@ def _batch_sampled(prompts: list[list[int]], settings: Sampling, new: int) -> li
     )
 
 
-def _pit_pvalue(prompts: list[list[int]], gens: list[engine.Generation], settings: Sampling) -> float:
+def _pit_pvalue(
+    prompts: list[list[int]], gens: list[engine.Generation], settings: Sampling, target: Any = None
+) -> float:
     """Each generated token x against the verifier's own distribution p after its context (one forward
     over each row's whole sequence): its randomized probability integral transform P(X < x) + U p(x) is
     uniform on [0, 1) iff every x is drawn from p; chi-square over 10 equal bins."""
@@ -420,7 +422,7 @@ def _pit_pvalue(prompts: list[list[int]], gens: list[engine.Generation], setting
     start = lengths.pop() - 1
     ids = torch.tensor([[*p, *g.tokens[:-1]] for p, g in zip(prompts, gens, strict=True)])
     with torch.inference_mode():
-        logits = tiny_models.gemma(vocab=V).model(input_ids=ids).logits[:, start:].numpy()
+        logits = (target or tiny_models.gemma(vocab=V)).model(input_ids=ids).logits[:, start:].numpy()
     p = settings.probs(logits)
     x = np.array([g.tokens for g in gens])[..., None]
     px = np.take_along_axis(p, x, -1)[..., 0]
@@ -472,3 +474,83 @@ def test_a_batch_row_samples_as_it_would_alone() -> None:
     # another row beside it does not change row 0
     other = _batch_sampled([prompts[0], prompts[2]], settings, 40)
     assert other[0].tokens == batch[0].tokens
+
+
+def _block_rows(rows: int, backend: str = "torch") -> Any:
+    """A random block drafter over the vocabulary-V tiny Gemma (its features: layer 1 and the final state)
+    for `rows` rows (a BatchedBlockDrafter; rows = 1: the batch-1 BlockDrafter)."""
+    from engine.drafters.load import block_drafters
+
+    geo = tiny_models.gemma(vocab=V).geometry
+    path = tiny_drafters.block_dir((1, geo.n_layers), geo.hidden_size, V)
+    return block_drafters(path, backend)(rows)
+
+
+def _block_batch(prompts: list[list[int]], settings: Sampling, new: int, backend: str = "torch") -> list[Any]:
+    model = on(backend, tiny_models.gemma(vocab=V))
+    session = model.session(full(), max_block=K + 1, rows=len(prompts))
+    return engine.speculative_generate_batch(
+        session, _block_rows(len(prompts), backend), prompts, K, engine.Stop(new), sampling=settings
+    )
+
+
+@pytest.mark.parametrize(
+    "backend", ["torch", pytest.param("mlx", marks=pytest.mark.skipif(not HAVE_MLX, reason="no mlx"))]
+)
+def test_a_batch_row_of_the_block_drafter_samples_as_it_would_alone(backend: str) -> None:
+    """Issue 44: the block drafter's q reaches the rule in a batch as at batch 1: row r of a batch (seed + r)
+    draws its drafts from its own q_r with its own stream, so it is exactly `speculative_generate` of its
+    prompt alone with the batch-1 BlockDrafter (which samples its drafts) and that seed."""
+    prompts = [[t % V for t in tiny_models.prompt(6 + 3 * r, seed=r)] for r in range(3)]
+    settings = Sampling(temperature=0.9, top_p=0.95, seed=11)
+    batch = _block_batch(prompts, settings, 30, backend)
+    model = on(backend, tiny_models.gemma(vocab=V))
+    for r, (prompt, gen) in enumerate(zip(prompts, batch, strict=True)):
+        alone = engine.speculative_generate(
+            model.session(full(), max_block=K + 1),
+            _block_rows(1, backend),
+            prompt,
+            K,
+            engine.Stop(30),
+            Sampling(0.9, top_p=0.95, seed=11 + r),
+        )
+        assert gen.tokens == alone.tokens and (gen.drafted, gen.accepted) == (alone.drafted, alone.accepted)
+        assert 0 < gen.accepted < gen.drafted
+
+
+def test_batched_block_drafter_sampling_draws_from_the_target() -> None:
+    """Sampled drafts with their q, rows leaving the batch as they stop: every committed token distributed
+    as plain sampling draws it after its row's context (the PIT chi-square)."""
+    prompts = [[1, 2, 3, 4, 5]] * PIT_ROWS
+    gens = _block_batch(prompts, SETTINGS, PIT_NEW)
+    assert sum(g.accepted for g in gens) > 0
+    assert _pit_pvalue(prompts, gens, SETTINGS) > ALPHA
+
+
+@pytest.mark.parametrize("kind", ["diffusion", "gemma4-assistant"])
+def test_sampled_drafts_of_the_diffusion_and_assistant_drafters_draw_from_the_target(
+    kind: DrafterKind,
+) -> None:
+    """Issue 44: both draw their drafts (the diffusion drafter unmasking left to right, the assistant draft
+    by draft) and hand q to the rule; end to end every committed token is distributed as plain sampling
+    draws it (PIT chi-square). The diffusion drafter runs batched (one per row, `PerRow`), Gemma 4's
+    assistant one row at a time (it drafts for unbatched sessions)."""
+    model, make = _kind_models(kind)
+    assert isinstance(make(model.session(full(), max_block=K + 1)), SamplingDrafter)
+    prompts = [[1, 2, 3, 4, 5]] * PIT_ROWS
+    if kind == "diffusion":
+        session = model.session(full(), max_block=K + 1, rows=PIT_ROWS)
+        drafters = [make(session) for _ in prompts]
+        gens = engine.speculative_generate_batch(
+            session, drafters, prompts, K, engine.Stop(PIT_NEW), sampling=SETTINGS
+        )
+    else:
+        gens = []
+        for r, p in enumerate(prompts):
+            session = model.session(full(), max_block=K + 1)
+            settings = Sampling(SETTINGS.temperature, SETTINGS.top_k, seed=r)
+            gens.append(
+                engine.speculative_generate(session, make(session), p, K, engine.Stop(PIT_NEW), settings)
+            )
+    assert sum(g.accepted for g in gens) > 0
+    assert _pit_pvalue(prompts, gens, SETTINGS, model) > ALPHA

@@ -348,3 +348,41 @@ def test_throughput_table_has_the_block_drafter_batched(tmp_path: Path) -> None:
         assert sp["adaptive"] == throughput.ADAPT
     assert [(d["batch"], d["row"]) for d in report["prompts"][0]["digests"]] == [(1, 0), (3, 0), (3, 2)]
     assert all(d["greedy"] == d["speculative"] for p in report["prompts"] for d in p["digests"])
+
+
+class _DraftingStops(engine.speculative.DraftLength):
+    """A DraftLength whose measured costs say drafting stops paying after two blocks (k_max, then 0 best)."""
+
+    def choose(self, rows: int = 1) -> int:
+        self.blocks += 1
+        self.plain = self.blocks > 2
+        return self.k_max if self.blocks == 1 else 0
+
+
+def test_when_drafting_stops_paying_the_rest_decodes_plainly(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Issue 44: a block at k = 0 still pays the drafter's upkeep (a feature drafter observes every committed
+    position), so where the adaptive draft length settles on 0 the batch goes on as plain batched decoding:
+    no drafter calls and no hidden states after the switch; every row still equals greedy alone."""
+    monkeypatch.setattr(engine.speculative, "DraftLength", _DraftingStops)
+    m, k = _zoo("torch"), 4
+    prompts = _zoo_prompts(m)
+    stop = engine.Stop(30)
+    alone = _alone(m, hybrid(4, 16), prompts, stop)
+    session = m.session(hybrid(4, 16), max_block=k + 1, rows=len(prompts))
+    hidden: list[tuple[int, ...]] = []
+    forward_rows = session.forward_rows
+
+    def counting(ids: Any, hidden_layers: tuple[int, ...] = (), **kw: Any) -> Any:
+        hidden.append(tuple(kw.get("hidden", ())))
+        return forward_rows(ids, **kw)
+
+    session.forward_rows = counting  # type: ignore[method-assign]
+    drafter = load_block_drafter("zoo:tiny-block-drafter", "torch", rows=len(prompts))
+    proposed: list[int] = []
+    propose_rows = drafter.propose_rows
+    drafter.propose_rows = lambda *a: proposed.append(1) or propose_rows(*a)  # type: ignore[method-assign]
+    gens = engine.speculative_generate_batch(session, drafter, prompts, k, stop, adapt=True)
+    assert [g.tokens for g in gens] == alone
+    assert len(proposed) == 2 and all(hidden[:2]) and not any(hidden[2:]) and len(hidden) > 10
+    # two drafting blocks, then one forward per token: tokens - 1 (the prefill's) - the blocks' commits
+    assert all(g.forwards == 2 + len(g.tokens) - 1 - (g.accepted + 2) for g in gens)

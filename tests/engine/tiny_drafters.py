@@ -58,10 +58,10 @@ def block_model(
 
 
 @functools.cache
-def block_dir(target_layers: tuple[int, ...], target_hidden_size: int) -> Path:
+def block_dir(target_layers: tuple[int, ...], target_hidden_size: int, vocab: int = VOCAB) -> Path:
     """`block_model(...)`'s weights saved as a drafter directory (engine.drafters.load reads it)."""
-    path = _TMP / f"block-{'-'.join(map(str, target_layers))}-{target_hidden_size}"
-    block_model(target_layers=target_layers, target_hidden_size=target_hidden_size).save(path)
+    path = _TMP / f"block-{'-'.join(map(str, target_layers))}-{target_hidden_size}-{vocab}"
+    block_model(target_layers=target_layers, target_hidden_size=target_hidden_size, vocab=vocab).save(path)
     return path
 
 

@@ -6,6 +6,7 @@ forward runs)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from engine.geometry import (
     SLIDING_ATTENTION,
     STATELESS,
     Geometry,
+    UnsupportedConfigError,
     UnsupportedModelError,
 )
 
@@ -125,7 +127,19 @@ def mlx_config(path: Path) -> dict[str, Any]:
     if model_type in LINEAR_HYBRIDS:
         return _linear_hybrid_config(path, config)
     if model_type != "gemma3_text":
-        extra = _flat_rope(config, config.get("rope_parameters") or {})
+        rope = config.get("rope_parameters") or {}
+        if FULL_ATTENTION in rope:  # one dict per layer type (OLMo 3): mlx-lm reads one rope for all
+            if (local := rope.get(SLIDING_ATTENTION)) not in (None, rope[FULL_ATTENTION]):
+                raise UnsupportedConfigError(
+                    str(model_type),
+                    "rope_parameters",
+                    rope,
+                    "its sliding layers rotate otherwise than its full ones, and mlx-lm's code reads one rope "
+                    "for every layer; use the torch backend",
+                )
+            rope = rope[FULL_ATTENTION]
+        extra = _flat_rope(config, rope)
+        check_read_fields(config, extra, rope)
         return extra | (_mamba_hybrid_config(config) if model_type in MAMBA_HYBRIDS else {})
     extra = {}
     types = config.get("layer_types")
@@ -160,6 +174,14 @@ def _linear_hybrid_config(path: Path, config: dict[str, Any]) -> dict[str, Any]:
     derive that interval from `layer_types` (transformers derives `layer_types` from the interval)."""
     extra: dict[str, Any] = {"model_type": LINEAR_HYBRIDS[config["model_type"]]}
     types = config.get("layer_types")
+    if types and LINEAR_ATTENTION not in types:  # its mask code reads layer 0's cache as a linear layer's
+        raise UnsupportedConfigError(
+            config["model_type"],
+            "layer_types",
+            types,
+            f"mlx-lm's {extra['model_type']} needs a linear_attention layer (with none it builds its masks "
+            "from the wrong cache and decodes other tokens than transformers); use the torch backend",
+        )
     if types:
         if set(types) - {FULL_ATTENTION, LINEAR_ATTENTION}:
             raise ValueError(
@@ -209,6 +231,46 @@ def check_mlx_support(model_type: str, geometry: Geometry) -> None:
             "multi-head latent attention",
             f" on the mlx backend for this model type (decoded: {', '.join(MLA_MODELS)}; use the torch backend)",
         )
+
+
+PARTIAL_ROTARY = ("partial_rotary_factor", "rotary_dim", "rope_pct", "rotary_pct", "rotary_emb_base")
+
+
+def check_read_fields(config: dict[str, Any], extra: dict[str, Any], rope: dict[str, Any]) -> None:
+    """Refuse at load, naming the field, a geometry field the model's mlx-lm code does not read (its
+    ModelArgs has no such field), where the value would change what the model computes: a partial rotary
+    factor (mlx-lm would rotate the whole head: other tokens than transformers, in silence)."""
+    from mlx_lm.utils import _get_classes
+
+    try:
+        _, args = _get_classes({**config, **extra})
+    except ValueError:  # a model type mlx-lm does not have: load_model says so
+        return
+    names = {f.name for f in dataclasses.fields(args)} if dataclasses.is_dataclass(args) else set()
+    factor = config.get("partial_rotary_factor", rope.get("partial_rotary_factor"))
+    if names and factor not in (None, 1, 1.0) and not names & set(PARTIAL_ROTARY):
+        raise UnsupportedConfigError(
+            str(config.get("model_type", "?")),
+            "partial_rotary_factor",
+            factor,
+            f"mlx-lm's {args.__module__.rsplit('.', 1)[-1]} reads no partial rotary factor (it rotates the "
+            "whole head) and would decode other tokens than transformers; use the torch backend",
+        )
+
+
+def load_error(model_type: str, config: dict[str, Any], exc: Exception) -> UnsupportedModelError:
+    """mlx-lm could not build or load a model from this config and its weights (its code reads fewer config
+    fields than transformers'): the one-line refusal, naming the field where the error shows it."""
+    text = " ".join(str(exc).split())[:200]
+    heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
+    why = f"mlx-lm's code for this model type cannot load it ({text}); use the torch backend"
+    if "lm_head" in text:  # a head tied where mlx-lm's code never ties, or the other way round
+        tied = bool(config.get("tie_word_embeddings"))
+        return UnsupportedConfigError(model_type, "tie_word_embeddings", tied, why)
+    head_dim = config.get("head_dim")
+    if "Expected shape" in text and head_dim and heads and hidden and head_dim * heads != hidden:
+        return UnsupportedConfigError(model_type, "head_dim", head_dim, f"not hidden_size / heads; {why}")
+    return UnsupportedModelError(model_type, "weights", f" on the mlx backend: {why}")
 
 
 MLX_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION, LINEAR_ATTENTION, MAMBA, MAMBA2, PARALLEL_MAMBA2, *STATELESS)

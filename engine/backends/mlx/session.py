@@ -53,6 +53,7 @@ from engine.backends.mlx.compat import (
     check_layer_types,
     check_mlx_support,
     hidden_states,
+    load_error,
     mlx_config,
     transformers_view,
     weights_dtype,
@@ -64,8 +65,14 @@ from engine.backends.mlx.mamba import mixer_states, transformers_routing
 from engine.backends.mlx.quant import QuantizedKV
 from engine.cache import Forward
 from engine.decode import BatchStep, Step
-from engine.geometry import Geometry, read_geometry
-from engine.policy import Policy
+from engine.geometry import (
+    FULL_ATTENTION,
+    SLIDING_ATTENTION,
+    Geometry,
+    UnsupportedConfigError,
+    read_geometry,
+)
+from engine.policy import Policy, full
 
 
 class MLXModel(Tokenized):
@@ -116,6 +123,24 @@ class MLXModel(Tokenized):
         self, policy: Policy, max_block: int = 1, prefill_chunk: int = 512, rows: int = 1
     ) -> MLXSession:
         return MLXSession(self, policy, max_block, prefill_chunk, rows)
+
+    def check_masks(self) -> None:
+        """At load: a model with several attention layer kinds must ask each kind's layers for their own
+        mask (mlx-lm's code may build one mask for all, ignoring the config's layer_types, and would then
+        decode other tokens than transformers): one 2-token forward over a throwaway session."""
+        kinds = {t for t in self.layer_types if t in (FULL_ATTENTION, SLIDING_ATTENTION)}
+        if len(kinds) < 2:
+            return
+        try:
+            self.session(full()).prefill([0, 0])
+        except ValueError as exc:  # _call's or make_mask's: the layers are grouped otherwise
+            raise UnsupportedConfigError(
+                self.model_type,
+                "layer_types",
+                list(self.layer_types),
+                "mlx-lm's code for this model type does not build a mask per layer kind as these layer_types "
+                f"say ({' '.join(str(exc).split())[:120]}); use the torch backend",
+            ) from None
 
     def logits(self, ids: mx.array, cache: list[Any] | None = None, keep: int | None = None) -> mx.array:
         """Logits [1, keep or m, vocab] of one forward of `ids` [1, m] (keep: only the last rows).
@@ -209,9 +234,17 @@ def load_mlx(path: Path, dtype: str = "auto", device: str = "auto", compile: boo
     dev = pick_device(device)
     want = pick_dtype(dtype, dev)
     # a kind the engine does not handle: UnsupportedModelError, before mlx-lm reads the model
-    check_mlx_support(str(load_config(path).get("model_type", "?")), read_geometry(path))
+    config = load_config(path)
+    model_type = str(config.get("model_type", "?"))
+    check_mlx_support(model_type, read_geometry(path))
     extra = mlx_config(path)
-    model, _ = load_model(path, model_config=extra)
+    try:
+        model, _ = load_model(path, model_config=extra)
+    except (
+        ValueError,
+        TypeError,
+    ) as exc:  # mlx-lm builds the model from fewer config fields than transformers
+        raise load_error(model_type, config, exc) from None
     transformers_routing(model)  # Jamba
     if want != mx.float32 or weights_dtype(model) != mx.float32:
         model.set_dtype(want)
@@ -222,4 +255,5 @@ def load_mlx(path: Path, dtype: str = "auto", device: str = "auto", compile: boo
     tokenizer = AutoTokenizer.from_pretrained(str(path)) if has_tokenizer else None
     out = MLXModel(model, config, tokenizer, path)
     out.device = dev
+    out.check_masks()
     return out

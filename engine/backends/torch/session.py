@@ -146,6 +146,8 @@ class TorchModel(Tokenized):
                 ": its modeling code builds them from the 2-D padding mask, where the engine hands every model "
                 "a prepared 4-D mask",
             )
+        if self.geometry.v_head_dim:
+            _one_kv_group(model)
         # BART, TrOCR, BLOOM, ...: the model numbers the new tokens itself (from the cache's length)
         self.own_positions = "position_ids" not in forward
         self.eos_ids = self.geometry.eos_ids
@@ -386,6 +388,17 @@ def _own_cache(forward: Mapping[str, inspect.Parameter]) -> str:
     if "dict" in str(forward[name].annotation):
         return f": its forward's {name} is a dict of its own, not a transformers Cache"
     return ""
+
+
+def _one_kv_group(model: Any) -> None:
+    """Multi-head latent attention expands the latent to K and V for every query head (`kv_b_proj`), so it
+    has no K/V head groups; transformers still reads `num_key_value_heads` into `num_key_value_groups`, and
+    its sdpa then repeats the already expanded K/V per group: a crash whenever a mask is given (the engine
+    always gives one), and with no mask (generate) `enable_gqa` over equal head counts, which is plain
+    attention. One group is what such a model computes where it runs at all (issue 44)."""
+    for module in model.modules():
+        if hasattr(module, "kv_lora_rank") and getattr(module, "num_key_value_groups", 1) != 1:
+            module.num_key_value_groups = 1
 
 
 def _greedy(logits: torch.Tensor) -> Any:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from engine.drafters.block.config import BlockConfig
-from engine.sampling import Sampling, draw
+from engine.sampling import Sampling, draw, host
 
 
 class BlockDrafterBase:
@@ -147,6 +147,33 @@ class BlockRowsBase:
         drafts = self._draft(list(lasts), ks)
         return [d[:k] for d, k in zip(drafts, ks, strict=True)]
 
+    def propose_rows_sampled(
+        self,
+        lasts: Sequence[int],
+        ks: Sequence[int | None],
+        samplings: Sequence[Sampling | None],
+        rngs: Sequence[np.random.Generator | None],
+    ) -> tuple[list[list[int]], list[np.ndarray | None]]:
+        """Speculative sampling in a batch (engine.speculative's `SamplingRows`): as `propose_sampled` at
+        batch 1, for every row in one forward. Each row is fed the whole block (the batch-1 rule), row r's
+        drafts drawn from q_r (its first ks[r] block rows under samplings[r]) with rngs[r]; a row without
+        sampling (greedy) takes the argmax and q None (one-hot)."""
+        ks = [min(k or 0, self.config.block_size) for k in ks]
+        if not any(ks):
+            return [[] for _ in ks], [None for _ in ks]
+        logits = host(self._block_logits(list(lasts), [self.config.block_size if k else 0 for k in ks]))
+        drafts: list[list[int]] = []
+        qs: list[np.ndarray | None] = []
+        for row, k, s, rng in zip(logits, ks, samplings, rngs, strict=True):
+            if s is None or rng is None or k == 0:
+                drafts.append([int(t) for t in row[:k].argmax(-1)])
+                qs.append(None)
+            else:
+                q = s.probs(row[:k])
+                drafts.append([int(t) for t in draw(q, rng)])
+                qs.append(q)
+        return drafts, qs
+
     def accept_rows(self, ns: Sequence[int], committed: Sequence[Sequence[int] | None]) -> None:
         """Nothing to roll back: only committed positions reach the context (through `observe_rows`)."""
 
@@ -206,6 +233,10 @@ class BlockRowsBase:
 
     def _draft(self, lasts: list[int], ks: list[int]) -> list[list[int]]:
         """Per row, max(ks) argmax tokens of one batched block forward (row r: its window, 1 + ks[r] slots)."""
+        raise NotImplementedError
+
+    def _block_logits(self, lasts: list[int], ks: list[int]) -> Any:
+        """[rows, max(ks), vocab]: the logits of that forward at the mask slots."""
         raise NotImplementedError
 
     def _keep(self, rows: list[int]) -> None:

@@ -234,6 +234,15 @@ class MLXBatchedBlockDrafter(Buffers, BlockRowsBase):
         # a run of them would pile up into one graph of whole-buffer copies
         mx.async_eval(self.kv)
 
+    def _block_logits(self, lasts: list[int], ks: list[int]) -> mx.array:
+        a, b, seen = self.block_mask(ks)
+        kv = [(kb[:, :, a:b], vb[:, :, a:b]) for kb, vb in self.kv]
+        mask = None if seen is None else mx.array(seen)[:, None]
+        offsets = mx.array(self.position)
+        logits = self.model.block_logits(lasts, max(ks), offsets, kv, self.mask_qkv, mask)
+        mx.eval(logits, self.kv)  # the writes `observe_rows` queued, evaluated with the block
+        return logits
+
     def _draft(self, lasts: list[int], ks: list[int]) -> list[list[int]]:
         a, b, seen = self.block_mask(ks)
         kv = [(kb[:, :, a:b], vb[:, :, a:b]) for kb, vb in self.kv]

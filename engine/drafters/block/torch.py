@@ -223,14 +223,17 @@ class BatchedBlockDrafter(BlockRowsBase):
             vb[rows, :, at] = v[src, :, j]
 
     @torch.inference_mode()
-    def _draft(self, lasts: list[int], ks: list[int]) -> list[list[int]]:
+    def _block_logits(self, lasts: list[int], ks: list[int]) -> torch.Tensor:
         dev = self.param.device
         a, b, seen = self.block_mask(ks)
         kv = [(kb[:, :, a:b], vb[:, :, a:b]) for kb, vb in self.kv]
         x = self.model.block_input(torch.tensor(lasts, device=dev), max(ks))
         pos = torch.tensor(self.position, device=dev)[:, None] + torch.arange(1 + max(ks), device=dev)
         mask = None if seen is None else torch.from_numpy(seen).to(dev)[:, None]
-        return self.model.logits(x, pos, kv, mask)[:, 1:].argmax(-1).tolist()
+        return self.model.logits(x, pos, kv, mask)[:, 1:]
+
+    def _draft(self, lasts: list[int], ks: list[int]) -> list[list[int]]:
+        return self._block_logits(lasts, ks).argmax(-1).tolist()
 
     def _keep(self, rows: list[int]) -> None:
         index = torch.tensor(rows, device=self.param.device)

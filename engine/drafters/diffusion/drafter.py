@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
+
+import numpy as np
 
 from engine.drafters.diffusion.config import DiffusionConfig
+from engine.sampling import Sampling, draw
 
 
 class DiffusionModel(Protocol):
@@ -34,6 +37,10 @@ class DiffusionModel(Protocol):
     ) -> tuple[list[int], list[float]]:
         """One bidirectional forward over `context` + `block` (`config.mask_id` at the `masked` slots of
         the block); the argmax token and its probability at each masked slot (logits there only)."""
+        ...
+
+    def masked_logits(self, context: Sequence[int], block: Sequence[int], masked: Sequence[int]) -> Any:
+        """The same forward's logits [len(masked), vocab] at the masked slots (any backend's array)."""
         ...
 
 
@@ -73,6 +80,32 @@ class DiffusionDrafter:
                 block[masked[i]] = tokens[i]
             masked = [p for i, p in enumerate(masked) if i not in chosen]
         return block
+
+    def propose_sampled(
+        self, last: int, k: int, sampling: Sampling, rng: np.random.Generator
+    ) -> tuple[list[int], np.ndarray]:
+        """Speculative sampling (engine.speculative's `SamplingDrafter`): the same denoising steps, but each
+        step unmasks the leftmost slots (as many as `propose` would fix) and draws each from the model's
+        distribution there under `sampling`. A slot's distribution then depends only on the context and
+        slots to its left fixed at earlier steps, so given the drafts before it, draft j was drawn from
+        q_j, as the rejection rule needs (confidence order would condition a draft on later ones)."""
+        self.committed.append(last)
+        del self.committed[: -self.context_len]
+        k = min(k, self.max_k)
+        if k <= 0:
+            return [], np.zeros((0, self.model.config.vocab_size))
+        tail = self.committed
+        block, masked = [self.model.config.mask_id] * k, list(range(k))
+        q = np.zeros((k, self.model.config.vocab_size))
+        steps = min(self.steps, k)
+        for step in range(steps):
+            take = math.ceil(len(masked) / (steps - step))
+            p = sampling.probs(self.model.masked_logits(tail, block, masked[:take]))
+            self.forwards += 1
+            for slot, tokens, row in zip(masked[:take], draw(p, rng), p, strict=True):
+                block[slot], q[slot] = int(tokens), row
+            masked = masked[take:]
+        return block, q
 
     def accept(self, n: int, committed: Sequence[int]) -> None:
         self.committed.extend(committed[:-1])  # the last one comes back as `last`

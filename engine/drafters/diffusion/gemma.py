@@ -37,18 +37,21 @@ class DiffusionGemmaModel:
         )
 
     @torch.inference_mode()
-    def predict(
-        self, context: Sequence[int], block: Sequence[int], masked: Sequence[int]
-    ) -> tuple[list[int], list[float]]:
+    def masked_logits(self, context: Sequence[int], block: Sequence[int], masked: Sequence[int]) -> Any:
+        """The logits [len(masked), vocab] of one forward at the masked slots (soft-capped as the model's)."""
         canvas = [self.filler if t == self.config.mask_id else t for t in block]
         out = self.model.model(
             input_ids=torch.tensor([list(context)]), decoder_input_ids=torch.tensor([canvas])
         )
         logits = self.model.lm_head(out.last_hidden_state[0, list(masked)]).float()
         cap = self.model.final_logit_softcapping
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
-        conf, tokens = logits.softmax(-1).max(-1)
+        return torch.tanh(logits / cap) * cap if cap else logits
+
+    @torch.inference_mode()
+    def predict(
+        self, context: Sequence[int], block: Sequence[int], masked: Sequence[int]
+    ) -> tuple[list[int], list[float]]:
+        conf, tokens = self.masked_logits(context, block, masked).softmax(-1).max(-1)
         return tokens.tolist(), conf.tolist()
 
 

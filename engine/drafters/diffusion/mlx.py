@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -49,11 +50,15 @@ class MLXDiffusionModel:
         self.model = model
         self.config = model.config
 
+    def masked_logits(self, context: Sequence[int], block: Sequence[int], masked: Sequence[int]) -> Any:
+        """The logits [len(masked), vocab] of one forward at the masked slots."""
+        h = self.model.hidden(mx.array([[*context, *block]]))[0, mx.array([len(context) + i for i in masked])]
+        return self.model.logits(h)
+
     def predict(
         self, context: Sequence[int], block: Sequence[int], masked: Sequence[int]
     ) -> tuple[list[int], list[float]]:
-        h = self.model.hidden(mx.array([[*context, *block]]))[0, mx.array([len(context) + i for i in masked])]
-        probs = mx.softmax(self.model.logits(h), axis=-1)
+        probs = mx.softmax(self.masked_logits(context, block, masked), axis=-1)
         tokens, conf = mx.argmax(probs, axis=-1), mx.max(probs, axis=-1)
         mx.eval(tokens, conf)
         return tokens.tolist(), conf.tolist()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -65,11 +66,16 @@ class TorchDiffusionModel:
         self.config = model.config
 
     @torch.inference_mode()
+    def masked_logits(self, context: Sequence[int], block: Sequence[int], masked: Sequence[int]) -> Any:
+        """The logits [len(masked), vocab] of one forward at the masked slots."""
+        h = self.model.hidden(torch.tensor([[*context, *block]]))[0, [len(context) + i for i in masked]]
+        return self.model.logits(h)
+
+    @torch.inference_mode()
     def predict(
         self, context: Sequence[int], block: Sequence[int], masked: Sequence[int]
     ) -> tuple[list[int], list[float]]:
-        h = self.model.hidden(torch.tensor([[*context, *block]]))[0, [len(context) + i for i in masked]]
-        probs = self.model.logits(h).softmax(-1)
+        probs = self.masked_logits(context, block, masked).softmax(-1)
         conf, tokens = probs.max(-1)
         return tokens.tolist(), conf.tolist()
 

@@ -52,11 +52,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import Gemma4AssistantForCausalLM, Gemma4TextConfig
 
 from engine.backends.torch.session import TorchSession
 from engine.drafters.gemma4_assistant.config import MODEL_TYPE, shared_layers
+from engine.sampling import Sampling, draw
 
 
 @contextlib.contextmanager
@@ -151,6 +153,33 @@ class Gemma4AssistantDrafter:
             hidden = out.last_hidden_state
             drafts.append(token)
         return torch.cat(drafts, -1)[0].tolist()
+
+    @torch.inference_mode()
+    def propose_sampled(
+        self, last: int, k: int, sampling: Sampling, rng: np.random.Generator
+    ) -> tuple[list[int], np.ndarray]:
+        """Speculative sampling (engine.speculative's `SamplingDrafter`): as `propose`, each draft drawn
+        from the assistant's distribution under `sampling` after the drafts before it (autoregressive), so
+        q_j is what draft j was drawn from given them, as the rejection rule needs."""
+        if k == 0:
+            return [], np.zeros((0, self.embed.weight.shape[0]))
+        if self.hidden is None:
+            raise RuntimeError("the assistant drafts after the verifier's features were observed")
+        kv = self.context()
+        position = torch.tensor([[self.verifier.position]], device=self.device)
+        token = torch.tensor([[last]], device=self.device)
+        hidden = self.hidden.to(self.embed.weight.dtype)
+        drafts: list[int] = []
+        qs = []
+        for _ in range(k):
+            x = torch.cat((self.embed(token), hidden), -1)
+            out = self.assistant(inputs_embeds=x, position_ids=position, shared_kv_states=kv, use_cache=False)
+            q = sampling.probs(out.logits[0, -1:])
+            drafts.append(int(draw(q, rng)[0]))
+            qs.append(q[0])
+            token = torch.tensor([[drafts[-1]]], device=self.device)
+            hidden = out.last_hidden_state
+        return drafts, np.stack(qs)
 
     def accept(self, n: int, committed: Sequence[int]) -> None:
         """Nothing to roll back: the assistant keeps no state between blocks but the observed features."""
