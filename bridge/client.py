@@ -177,6 +177,14 @@ def resolve_remote(remote: str, root: Path, config: Config) -> str:
     return remote
 
 
+def not_in_project(where: Path) -> InvalidRequest:
+    """A bus verb outside a git checkout: it would read an empty bus and write a bus or an object store into
+    whatever directory it was started in (an MCP client starts servers in its own)."""
+    return InvalidRequest(
+        f"not in a git project: pass --project DIR ({where} is not in a git checkout)", code="not-in-project"
+    )
+
+
 def describe_bus(remote: str, url: str) -> str:
     """Which bus, for the stderr line every bus command prints (credentials in a URL are not shown)."""
     shown = re.sub(r"://[^/@]*@", "://", url)
@@ -245,11 +253,12 @@ class Client:
     def __init__(self, config: Config, root: Path | None = None, remote: str | None = None):
         self.config = config
         self.root = (root or project_root()).resolve()
+        self.in_repo = git.is_repo(self.root)
+        if not self.in_repo:  # checked first: nothing (no embedded bus, no object store) is made here
+            raise not_in_project(self.root)
         self.remote = default_remote(config, self.root) if remote is None else remote
         self.url = resolve_remote(self.remote, self.root, config)
-        self.in_repo = git.is_repo(self.root)
-        store = self.root if self.in_repo else git.init_bare(state_dir(config, self.root) / "client.git")
-        self.bus = Bus(self.url, store, config.git_timeout_s)
+        self.bus = Bus(self.url, self.root, config.git_timeout_s)
 
     @property
     def bus_dir(self) -> Path | None:
@@ -497,7 +506,7 @@ class Client:
         if parse_id(text) is not None:
             return text
         if ID_RE.fullmatch(text):  # shaped as a whole id, but not one (a 13th month, far in the future)
-            raise KakeyaError(f"{text!r} is not a request id ({ID_RULE})", code="bad-id")
+            raise InvalidRequest(f"{text!r} is not a request id ({ID_RULE})", code="bad-id")
         if re.fullmatch(r"\d{8}[0-9A-Za-z._-]*", text):
             scoped = (CLAIM_PREFIX + text, DONE_PREFIX + text, CANCEL_PREFIX + text)
             snap = self.bus.ls_remote(REQ_PREFIX, *scoped, L.map_ref("date"))
@@ -510,7 +519,7 @@ class Client:
             snap = self.bus.ls_remote(*LIVE, *(DONE_PREFIX + day for day in recent_days()))
             found = {rid for rid in snap.entries if rid.rsplit("-", 1)[1].startswith(text)}
         else:
-            raise KakeyaError(
+            raise InvalidRequest(
                 f"{text!r} is not a request id ({ID_RULE}), nor a prefix of one that gives at least its "
                 "date (20261125T1615...), nor the start of its six-hex suffix (663f0b)",
                 code="bad-id",

@@ -11,6 +11,7 @@ import gates
 from bridge.bus import utcnow
 from bridge.client import Client, describe_bus, exit_code
 from bridge.config import Config, load_config, project_root
+from bridge.errors import InvalidRequest
 from bridge.progress import say
 from bridge.render import verdict_line
 from bridge.result import RunResult, iso_time
@@ -30,6 +31,16 @@ def add_remote(parser: argparse.ArgumentParser) -> None:
         metavar="NAME|URL",
         help="the bus: a git remote name, URL or path (default: config / KAKEYA_REMOTE, else the "
         "clone's origin, else the embedded .kakeya/bus.git)",
+    )
+    add_project(parser)
+
+
+def add_project(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--project",
+        type=Path,
+        metavar="DIR",
+        help="the project checkout whose bus, presets and commits to use (default: the working directory's)",
     )
 
 
@@ -66,8 +77,12 @@ def event(kind: str, request_id: str | None, **fields: Any) -> dict[str, Any]:
     return {"event": kind, "id": request_id, "at": iso_time(utcnow()), **fields}
 
 
-def config_and_root() -> tuple[Config, Path]:
-    root = project_root()
+def config_and_root(args: argparse.Namespace | None = None) -> tuple[Config, Path]:
+    """The project (`--project DIR` where the verb has it, else the working directory's) and its config."""
+    given = getattr(args, "project", None)
+    if given is not None and not given.expanduser().is_dir():
+        raise InvalidRequest(f"--project {given}: no such directory", code="not-in-project")
+    root = project_root(given.expanduser() if given is not None else None)
     return load_config(root), root
 
 
@@ -77,7 +92,7 @@ def say_bus(remote: str, url: str) -> None:
 
 
 def client(args: argparse.Namespace, remote: str | None = None) -> Client:
-    config, root = config_and_root()
+    config, root = config_and_root(args)
     c = Client(config, root, remote=args.remote if remote is None else remote)
     say_bus(c.remote, c.url)
     return c

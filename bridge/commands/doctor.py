@@ -173,7 +173,7 @@ def clock_skew(url: str, timeout: float = 10.0) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    root = project_root()
+    root = project_root(args.project.expanduser() if args.project else None)
     state: dict[str, object] = {}
 
     def config() -> str:

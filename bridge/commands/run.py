@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config, root = config_and_root()
+    config, root = config_and_root(args)
     registry = load_registry()
     preset = get_preset(registry, args.preset)
     label = args.runner or next((lb for lb in config.labels if preset.allows(lb)), None)
