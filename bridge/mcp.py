@@ -228,6 +228,8 @@ class Tools:
             "runner": manifest.runner,
             "subject": manifest.subject,
             "expires_at": manifest.expires_at.isoformat(),
+            "reused": c.reused,  # an idempotent retry: the request made earlier with this key
+            **({"label_note": c.label_note} if c.label_note and not c.reused else {}),
         }
         if args.wait:
             out["result"] = self.outcome(c, manifest.id, args.timeout_s, progress)

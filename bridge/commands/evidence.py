@@ -40,7 +40,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("subject", metavar="SHA", help="the commit (a full sha, or a rev of this repo)")
+    parser.add_argument(
+        "subject",
+        nargs="?",
+        default="HEAD",
+        metavar="SHA",
+        help="the commit (a full sha, or a rev of this repo; default HEAD)",
+    )
     add_require(parser)
     parser.add_argument("--request-missing", action="store_true", help="request every missing run at once")
     parser.add_argument(

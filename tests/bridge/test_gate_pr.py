@@ -641,3 +641,15 @@ def test_the_shipped_presets_mark_device_and_threads_verdict_free():
     assert "device" not in registry["parity"].verdict_free  # cpu vs auto changes what parity compares
     with pytest.raises(InvalidRequest, match=r"\* \(any value\) takes == only"):
         E.Requirement.parse("niah-smoke@cpu samples>=*", registry)
+
+
+def test_gate_pr_and_evidence_default_the_subject_to_head(world: Env, bus: LocalBus, capsys):
+    rid = bus.run("work")
+    argv = ["--require", "work@cpu", "--remote", bus.url, "--allow-unsigned"]
+    assert main(["gate", "pr", *argv]) == 0
+    assert capsys.readouterr().out.startswith(f"✓ work@cpu: pass — {rid}")
+    assert main(["evidence", *argv, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["subject"] == git(world.project, "rev-parse", "HEAD")
+    head = commit(world, "n.txt")  # HEAD moved: no evidence for it
+    assert main(["gate", "pr", *argv, "--json"]) == 1
+    assert outcomes(capsys)["work@cpu"]["reasons"][0].endswith(f"names {head[:12]}")
