@@ -376,6 +376,19 @@ def test_doctor_says_what_is_wrong(world: Env, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "FAIL  bus      cannot reach the bus" in out and "KAKEYA_REMOTE" in out
     assert "FAIL  presets" in out and "2 check(s) failed" in out
+    # what could not be checked without the bus says `skip`, never `ok`
+    for line in (
+        "skip  runners  not looked at: the bus could not be read",
+        "skip  push     not tried: the bus could not be read",
+        "skip  clock    not measured: the bus could not be read",
+    ):
+        assert line in out.splitlines(), out
+    assert main(["doctor", "--json"]) == 1
+    checks = {
+        c["name"]: c for c in map(json.loads, capsys.readouterr().out.splitlines()) if c["event"] == "check"
+    }
+    assert checks["runners"]["skipped"] is True and checks["runners"]["ok"] is True
+    assert checks["bus"]["skipped"] is False and checks["bus"]["ok"] is False
 
 
 def test_helpers():
