@@ -208,4 +208,13 @@ def test_the_wheel_alone_requests_shows_fetches_and_gates(tmp_path: Path, monkey
     outside.mkdir()
     listed = kakeya(outside, "presets")
     assert "probe" in listed and "niah-smoke" in listed and "hello" not in listed
+    # an engine preset here: refused before anything starts, in one line naming the extra (nothing written)
+    proc = subprocess.run(
+        [venv / "bin" / "kakeya", "exec", "niah-smoke"], cwd=outside, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        "kakeya: error: preset niah-smoke runs the engine (engine.workloads.niah), which this install lacks "
+        "(no numpy): pip install 'kakeya[torch]' (or 'kakeya[mlx]')"
+    ], proc.stderr
+    assert list(outside.iterdir()) == []
     print(f"client-only install: {installed:.1f} s (wheel build + venv + install)")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import itertools
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gates
 from bridge.bus import utcnow
@@ -16,6 +18,9 @@ from bridge.progress import say
 from bridge.render import verdict_line
 from bridge.result import RunResult, iso_time
 from bridge.trust import ALLOWED_SIGNERS
+
+if TYPE_CHECKING:
+    from bridge.presets import Preset
 
 
 def add_preset_args(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +71,23 @@ def add_id(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "id", help="the request id, a unique prefix of it (20261125T1615...) or its six-hex suffix (663f0b)"
     )
+
+
+def engine_ready(preset: Preset) -> None:
+    """Refuse, before anything starts, a preset that runs the engine (`{python} -m engine...`) in an install
+    without it (a client-only `pip install kakeya`): one line saying which extra to install."""
+    module = next((b for a, b in itertools.pairwise(preset.argv) if a == "-m"), "")
+    if preset.argv[0] != "{python}" or not module.startswith("engine."):
+        return
+    lacks = [m for m in ("numpy",) if importlib.util.find_spec(m) is None]
+    if not lacks and not any(importlib.util.find_spec(m) for m in ("torch", "mlx")):
+        lacks = ["torch or mlx"]
+    if lacks:
+        raise InvalidRequest(
+            f"preset {preset.name} runs the engine ({module}), which this install lacks (no {lacks[0]}): "
+            "pip install 'kakeya[torch]' (or 'kakeya[mlx]')",
+            code="missing-extra",
+        )
 
 
 def emit(obj: dict[str, Any]) -> None:
