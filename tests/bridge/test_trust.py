@@ -258,8 +258,12 @@ def test_an_h200_runner_without_cuda_refuses_to_start_and_forced_its_results_say
     assert "--force-labels" in err
     assert main(["runner", "watch", "--labels", "cpu,h200", "--name", "gpu1", "--remote", url]) == 1
     assert "this host lacks the hardware of label(s) h200" in capsys.readouterr().err
-    with pytest.raises(KakeyaError, match="lacks the hardware of label.s. h200"):
+    with pytest.raises(KakeyaError, match="lacks the hardware of label.s. h200") as refused:
         Runner(url, config=load_config(), name="x", labels=["cpu", "h200"], workdir=tmp_path / "x")
+    assert refused.value.code == "hardware"  # a specific code for agents, not `error`
+    with pytest.raises(KakeyaError) as refused:
+        host.check_accelerator("h200")
+    assert refused.value.code == "hardware"
     assert Bus(url, world.project).ls_remote().entries[rid].state == "requested"
     # forced: it serves, signed, and the result says which labels were forced
     forced = signed_runner(world, url, "gpu1", ("h200",), keys["r1"])
