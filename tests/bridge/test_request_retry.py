@@ -207,3 +207,20 @@ def test_the_cli_says_it_reused_a_request_and_which_label_it_fell_back_to(world:
     for bad in ("1h1h", "30m1h", "1h30", "0m"):
         assert main(["request", "work", "--remote", url, "--runner", "cpu", "--expires", bad]) == 2, bad
         assert "must look like 90s, 15m, 2h, 7d or 1h30m" in capsys.readouterr().err
+
+
+def test_expired_and_cancelled_requests_take_no_place_in_the_queue(world: Env, daemon: Daemon, capsys):
+    """Requests no runner has closed yet: one past its queue timeout, one cancelled. A later request's
+    position counts neither (1: next), though their request branches are still on the bus."""
+    url = daemon.repo()
+    c = Client(load_config(), remote=url)
+    expired = c.request("work", {"tag": "e"}, "gpu", expires_s=0.5).id
+    cancelled = c.request("work", {"tag": "c"}, "gpu").id
+    c.cancel(cancelled)
+    waiting = c.request("work", {"tag": "w"}, "gpu").id
+    wait_for(lambda: c.status_one(expired).state == "expired", 30, "the first request to expire")
+    assert main(["wait", waiting, "--remote", url, "--json", "--timeout", "0.5"]) == 4
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    queued = next(e for e in events if e["event"] == "queued")
+    assert (queued["position"], queued["ahead"]) == (1, 0), queued
+    assert {e.id for e in c.bus.ls_remote(REQ_PREFIX).entries.values()} == {expired, cancelled, waiting}
