@@ -109,7 +109,7 @@ class RunnersArgs(_Args):
 
 
 class GateArgs(_Args):
-    subject: str = Field(description="the commit: a full sha, or a rev of the project")
+    subject: str = Field(default="HEAD", description="the commit: a full sha, or a rev of the project")
     require: list[str] | None = Field(
         default=None,
         description="'PRESET[@LABEL] [PARAM OP VALUE ...]' entries (default: .github/kakeya-required.yml)",
