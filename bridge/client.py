@@ -220,7 +220,7 @@ def parse_duration(text: str, unit_required: bool = False) -> float:
     """'90', '90s', '15m', '2h', '7d', or compound, largest unit first: '1h30m', '2d12h', '1m30s' -> seconds
     (`unit_required`: a bare number is refused)."""
     bad = InvalidRequest(
-        f"duration {text!r} must look like 90s, 15m, 2h, 7d or 1h30m (numbers, each with a unit)"
+        f"duration {text!r} must look like 90s, 15m, 2h, 7d or 1h30m (a number and a unit, or several, largest first)"
     )
     compact = text.strip().replace(" ", "")
     parts = re.findall(r"(\d+(?:\.\d+)?)([smhd]?)", compact)
