@@ -8,25 +8,32 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: demo test lint install clean torch slurm gh sshd bwrap
 
+# pip says only what goes wrong: quiet, no version nag, no prompts (PIP_* are pip's own environment options).
+PIP := PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 $(PY) -m pip
+
 $(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(MAKE) --no-print-directory torch
-	$(PY) -m pip install -q -e '.[torch,mlx,dev]'
-	touch $(STAMP)
+	@test -x $(PY) || { echo "creating the venv $(VENV)"; $(PYTHON) -m venv $(VENV); }
+	@$(PIP) install -q --upgrade pip
+	@$(MAKE) --no-print-directory torch
+	@echo "installing kakeya and its dependencies (a few minutes on a fresh machine)"
+	@$(PIP) install -q -e '.[torch,mlx,mcp,dev]'
+	@touch $(STAMP)
 
 # torch first: on Linux without a GPU (no nvidia-smi) the CPU build from the PyTorch CPU index (PyPI's Linux
 # wheel pulls gigabytes of CUDA packages), else, where only the package registry is reachable, the
-# registry's wheel; elsewhere (macOS, GPU hosts) the registry's wheel.
+# registry's wheel; elsewhere (macOS, GPU hosts) the registry's wheel. The CPU index is asked ONCE, for torch
+# alone (--no-deps, a short timeout, no retries, its errors not shown): torch's own dependencies, and
+# everything else, come from the package registry only (the install after this one resolves them).
 TORCH_VERSION   ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 torch:
 	@if [ "$$(uname -s)" = Linux ] && ! command -v nvidia-smi >/dev/null 2>&1; then \
-	  $(PY) -m pip install -q --timeout 20 --retries 1 torch==$(TORCH_VERSION) --index-url $(TORCH_CPU_INDEX) || \
-	  { echo "the PyTorch CPU index is not reachable: torch from the package registry"; \
-	    $(PY) -m pip install -q torch==$(TORCH_VERSION); }; \
+	  $(PIP) install -q --no-deps --timeout 15 --retries 0 torch==$(TORCH_VERSION) \
+	    --index-url $(TORCH_CPU_INDEX) >/dev/null 2>&1 || \
+	  { echo "the PyTorch CPU index ($(TORCH_CPU_INDEX)) is not reachable: torch from the package registry"; \
+	    $(PIP) install -q torch==$(TORCH_VERSION); }; \
 	else \
-	  $(PY) -m pip install -q torch==$(TORCH_VERSION); \
+	  $(PIP) install -q torch==$(TORCH_VERSION); \
 	fi
 
 install: $(STAMP)

@@ -2,4 +2,5 @@
 
 from setuptools import find_packages, setup
 
-setup(packages=[*find_packages(include=["engine*", "bridge*", "gates*"]), "kakeya_presets"])
+# gates/schemas (JSON files only) is a package of its own, so that setuptools builds without a warning
+setup(packages=[*find_packages(include=["engine*", "bridge*", "gates*"]), "gates.schemas", "kakeya_presets"])

@@ -49,7 +49,7 @@ from pydantic import (
 )
 
 from bridge import git, receive_pack, upload_pack
-from bridge.errors import BusError, BusUnreachable, KakeyaError, problems
+from bridge.errors import BusError, BusUnreachable, InvalidRequest, problems
 from bridge.names import LABEL, LABEL_RE, NAME, RUNNER_NAME_RE, SHA_PATTERN
 from bridge.text import clean
 
@@ -131,7 +131,7 @@ def id_time(request_id: str) -> dt.datetime:
     bus never raise here: `Snapshot.parse` keeps only the ones `parse_id` accepts."""
     parsed = parse_id(request_id)
     if parsed is None:
-        raise KakeyaError(f"{request_id!r} is not a request id ({ID_RULE})")
+        raise InvalidRequest(f"{request_id!r} is not a request id ({ID_RULE})", code="bad-id")
     return parsed.time
 
 

@@ -177,6 +177,14 @@ def resolve_remote(remote: str, root: Path, config: Config) -> str:
     return remote
 
 
+def not_in_project(where: Path) -> InvalidRequest:
+    """A bus verb outside a git checkout: it would read an empty bus and write a bus or an object store into
+    whatever directory it was started in (an MCP client starts servers in its own)."""
+    return InvalidRequest(
+        f"not in a git project: pass --project DIR ({where} is not in a git checkout)", code="not-in-project"
+    )
+
+
 def describe_bus(remote: str, url: str) -> str:
     """Which bus, for the stderr line every bus command prints (credentials in a URL are not shown)."""
     shown = re.sub(r"://[^/@]*@", "://", url)
@@ -205,12 +213,26 @@ def recent_days(days: int = 2) -> list[str]:
     return sorted({f"{today - dt.timedelta(days=d):%Y%m%d}" for d in range(days)})
 
 
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
 def parse_duration(text: str, unit_required: bool = False) -> float:
-    """'90', '90s', '15m', '2h', '7d' -> seconds (`unit_required`: a bare number is refused)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
-    if not m or float(m.group(1)) <= 0 or (unit_required and not m.group(2)):
-        raise InvalidRequest(f"duration {text!r} must look like 90s, 15m, 2h or 7d (a number and a unit)")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    """'90', '90s', '15m', '2h', '7d', or compound, largest unit first: '1h30m', '2d12h', '1m30s' -> seconds
+    (`unit_required`: a bare number is refused)."""
+    bad = InvalidRequest(
+        f"duration {text!r} must look like 90s, 15m, 2h, 7d or 1h30m (a number and a unit, or several, largest first)"
+    )
+    compact = text.strip().replace(" ", "")
+    parts = re.findall(r"(\d+(?:\.\d+)?)([smhd]?)", compact)
+    if not parts or "".join(n + u for n, u in parts) != compact:
+        raise bad
+    units = [u for _, u in parts]
+    if len(parts) > 1 and ("" in units or units != sorted(set(units), key=lambda u: -_UNITS[u])):
+        raise bad  # every part with its own unit, each unit once, largest first
+    total = sum(float(n) * _UNITS[u] for n, u in parts)
+    if total <= 0 or (unit_required and not units[-1]):
+        raise bad
+    return total
 
 
 def age(seconds: float) -> str:
@@ -245,11 +267,16 @@ class Client:
     def __init__(self, config: Config, root: Path | None = None, remote: str | None = None):
         self.config = config
         self.root = (root or project_root()).resolve()
+        self.in_repo = git.is_repo(self.root)
+        if not self.in_repo:  # checked first: nothing (no embedded bus, no object store) is made here
+            raise not_in_project(self.root)
         self.remote = default_remote(config, self.root) if remote is None else remote
         self.url = resolve_remote(self.remote, self.root, config)
-        self.in_repo = git.is_repo(self.root)
-        store = self.root if self.in_repo else git.init_bare(state_dir(config, self.root) / "client.git")
-        self.bus = Bus(self.url, store, config.git_timeout_s)
+        self.bus = Bus(self.url, self.root, config.git_timeout_s)
+        # what the last `request` did that its caller should say: the earlier request an idempotency key
+        # returned (`reused`), and why it chose the label it did among several (`label_note`)
+        self.reused = False
+        self.label_note: str | None = None
 
     @property
     def bus_dir(self) -> Path | None:
@@ -279,6 +306,7 @@ class Client:
         or done; other content under the same key is refused (`IDEM_PREFIX`)."""
         from bridge.presets import get_preset, load_registry  # the gates' checks: only a request needs them
 
+        self.reused, self.label_note = False, None
         preset = get_preset(registry if registry is not None else load_registry(), preset_name)
         labels = runner_labels(label)
         for each in labels:
@@ -298,6 +326,7 @@ class Client:
             content = self.content(preset, values, labels, subject_sha, snapshot_of)
             first = self.idempotent(idempotency_key, preset, content)
             if first is not None:
+                self.reused = True
                 return first
         chosen = self.pick_label(labels)
         refuse_unsigned(self.bus, chosen, self.config.signing_key, self.root)  # bridge/presence.py
@@ -336,18 +365,29 @@ class Client:
             if idempotency_key is not None and content is not None:  # a concurrent retry pushed first
                 first = self.idempotent(idempotency_key, preset, content)
                 if first is not None:
+                    self.reused = True
                     return first
             raise BusError(f"request id {rid} is already taken on the bus; try again")
         return manifest
 
     def pick_label(self, labels: Sequence[str]) -> str:
-        """The first of `labels` a live runner serves (one listing of the presences); none: the first."""
+        """The first of `labels` a live runner serves (one listing of the presences); none: the first. With
+        several labels, `label_note` says which it took and why."""
         if len(labels) == 1:
             return labels[0]
         snap = self.bus.ls_remote(RUNNERS_PREFIX)
         now = utcnow()
         seen = read_presences(self.bus, snap.runners, trusted_signers(self.root) if self.in_repo else None)
-        return next((lb for lb in labels if any(s.serves(lb, now) for s in seen)), labels[0])
+        chosen = next((lb for lb in labels if any(s.serves(lb, now) for s in seen)), None)
+        if chosen is None:
+            self.label_note = f"no live runner serves {', '.join(labels)}: queued on {labels[0]}, the first"
+            return labels[0]
+        if chosen != labels[0]:
+            skipped = labels[: labels.index(chosen)]
+            self.label_note = f"no live runner serves {', '.join(skipped)}: fell back to {chosen}"
+        else:
+            self.label_note = f"a live runner serves {chosen}, the first choice"
+        return chosen
 
     def content(
         self,
@@ -497,7 +537,7 @@ class Client:
         if parse_id(text) is not None:
             return text
         if ID_RE.fullmatch(text):  # shaped as a whole id, but not one (a 13th month, far in the future)
-            raise KakeyaError(f"{text!r} is not a request id ({ID_RULE})", code="bad-id")
+            raise InvalidRequest(f"{text!r} is not a request id ({ID_RULE})", code="bad-id")
         if re.fullmatch(r"\d{8}[0-9A-Za-z._-]*", text):
             scoped = (CLAIM_PREFIX + text, DONE_PREFIX + text, CANCEL_PREFIX + text)
             snap = self.bus.ls_remote(REQ_PREFIX, *scoped, L.map_ref("date"))
@@ -510,7 +550,7 @@ class Client:
             snap = self.bus.ls_remote(*LIVE, *(DONE_PREFIX + day for day in recent_days()))
             found = {rid for rid in snap.entries if rid.rsplit("-", 1)[1].startswith(text)}
         else:
-            raise KakeyaError(
+            raise InvalidRequest(
                 f"{text!r} is not a request id ({ID_RULE}), nor a prefix of one that gives at least its "
                 "date (20261125T1615...), nor the start of its six-hex suffix (663f0b)",
                 code="bad-id",

@@ -289,7 +289,16 @@ class Follower:
 
     def queued(self, snap: Snapshot, entry: Entry, now: dt.datetime) -> Iterator[Event]:
         same = [e for e in snap.entries.values() if e.label == entry.label and e.req and not e.done]
-        position = 1 + sum(1 for e in same if e.claim is None and not e.cancel and e.id < entry.id)
+        before = [e for e in same if e.claim is None and not e.cancel and e.id < entry.id]
+        if before:  # an expired request no runner has closed yet is in no queue (its commit: fetched once)
+            self.c.ensure(before, ("req",))
+            manifests = read_manifests(self.c.bus.repos(), [e.req for e in before if e.req])
+            before = [
+                e
+                for e in before
+                if not (isinstance(m := manifests.get(e.req or ""), Manifest) and m.expires_at < now)
+            ]
+        position = 1 + len(before)
         ahead = sum(1 for e in same if e.claim is not None)
         seen = read_presences(self.c.bus, snap.runners, self.signers)
         live = sorted(s.name for s in seen if entry.label and s.serves(entry.label, now))

@@ -47,7 +47,9 @@ class Run(BaseModel):
     runner: str | None
     device: str | None  # the accelerator its host fingerprint names ("none": a CPU-only host)
     trust: str | None  # `signed by RUNNER@LABELS` or `unsigned (allowed)`
-    verdict: Literal["pass", "fail"]  # re-gated with this registry's checks
+    # re-gated with this registry's checks; `error`: the run could not start or its runner failed it (no
+    # verdict on the code: result.json's status `error`)
+    verdict: Literal["pass", "fail", "error"]
     value: (
         float | None
     )  # the metric in its report (None: the run failed before a report, or has no such number)
@@ -165,7 +167,7 @@ def run_of(shelf: DoneResults, outcome: Outcome, metric: str) -> Run | None:
         runner=r.runner_name,
         device=outcome.accelerator or "none",
         trust=outcome.trust,
-        verdict="pass" if outcome.passed else "fail",
+        verdict="pass" if outcome.passed else "error" if r.status == "error" else "fail",
         value=report_value(shelf, outcome, metric) if r.status == "succeeded" else None,
         reason="; ".join(outcome.reasons) or None,
     )
@@ -259,8 +261,8 @@ def change_words(point: Point, higher: bool | None) -> str:
 
 
 def text_table(h: History) -> str:
-    """One row per trusted run (commits without one: one row that says so), newest commit first; a commit's
-    first row carries its band and its change against the previous commit with runs."""
+    """One row per trusted run, newest commit first (commits without one are only counted: a long branch
+    has many); a commit's first row carries its band and its change against the previous commit with runs."""
     head = (
         f"{h.requirement} {h.metric} along {h.ref}{f' since {h.since}' if h.since else ''}: "
         f"{h.runs} trusted run(s) on {sum(bool(p.runs) for p in h.points)} of {len(h.points)} commit(s); "
@@ -269,10 +271,12 @@ def text_table(h: History) -> str:
     rows = [
         ["commit", "title", "run", "date", "runner", "device", "value", "verdict", "subject's runs", "change"]
     ]
+    without = sum(not p.runs for p in h.points)
+    if without:
+        head += f"\n{without} commit(s) without a trusted run not listed (--json has every commit)"
     for point in reversed(h.points):
         title = point.title if len(point.title) <= 40 else point.title[:39] + "…"
         if not point.runs:
-            rows.append([point.subject[:12], title, "no trusted run", "", "", "", "", "", "", ""])
             continue
         for i, run in enumerate(point.runs):
             rows.append(
@@ -348,7 +352,7 @@ def svg(h: History, width: int = 860, height: int = 360) -> str:
     for i, p in enumerate(pts):
         for run in p.runs:
             if run.value is not None:
-                color = "#17702a" if run.verdict == "pass" else "#b00020"
+                color = {"pass": "#17702a", "error": "#777777"}.get(run.verdict, "#b00020")
                 out.append(
                     f'<circle cx="{x(i):.1f}" cy="{y(run.value):.1f}" r="3.5" fill="{color}">'
                     f"<title>{e(run.id)}: {e(fmt_number(run.value))} ({run.verdict})</title></circle>"

@@ -60,18 +60,22 @@ def check_accelerator(label: str) -> str:
     try:
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.SubprocessError) as exc:
-        raise KakeyaError(f"label {label} needs {what}, but the check could not run ({exc})") from None
+        raise KakeyaError(
+            f"label {label} needs {what}, but the check could not run ({exc})", code="hardware"
+        ) from None
     devices = proc.stdout.strip()
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise KakeyaError(
             f"label {label} needs {what}, but the check failed ({last}); install "
-            + ("the CUDA build of torch (scripts/setup-runner.sh --torch cuda)" if need == "cuda" else "mlx")
+            + ("the CUDA build of torch (scripts/setup-runner.sh --torch cuda)" if need == "cuda" else "mlx"),
+            code="hardware",
         )
     if not devices or devices == "False":
         raise KakeyaError(
             f"label {label} needs {what}, but no {what} device is visible"
-            + (" (nvidia-smi, CUDA_VISIBLE_DEVICES, the driver)" if need == "cuda" else "")
+            + (" (nvidia-smi, CUDA_VISIBLE_DEVICES, the driver)" if need == "cuda" else ""),
+            code="hardware",
         )
     return f"{what}: {devices}"
 
@@ -91,7 +95,8 @@ def hardware_for(labels: Sequence[str], force: bool = False) -> list[str]:
             f"this host lacks the hardware of label(s) {', '.join(lb for lb, _ in missing)}: "
             + "; ".join(why for _, why in missing)
             + ". Serve only the labels this host has (`kakeya doctor` checks each one), or pass "
-            "--force-labels to serve them anyway (every result then says the labels were forced)"
+            "--force-labels to serve them anyway (every result then says the labels were forced)",
+            code="hardware",
         )
     return [lb for lb, _ in missing]
 

@@ -9,7 +9,7 @@ the preset registry written in: the preset names, the runner labels, and each pr
 (bridge/client.py, bridge/follow.py, bridge/commands/evidence.py), never the `kakeya` command; a KakeyaError
 or a bad argument is a tool result with isError and the message (the problem named), never a crash.
 
-    kakeya mcp [--remote R]           # in the project: the bus and presets are those `kakeya request` uses
+    kakeya mcp --project DIR [--remote R]   # the bus and presets are those `kakeya request` uses in DIR
 """
 
 from __future__ import annotations
@@ -84,7 +84,9 @@ class RequestArgs(_Args):
 
 
 class IdArgs(_Args):
-    id: str = Field(description="the request id")
+    id: str = Field(
+        description="the request id, a unique prefix of it (20261125T1615...) or its six-hex suffix (663f0b)"
+    )
 
 
 class WaitArgs(IdArgs):
@@ -100,7 +102,10 @@ class LogsArgs(IdArgs):
 
 
 class StatusArgs(_Args):
-    id: str | None = Field(default=None, description="one request (default: live and recent ones)")
+    id: str | None = Field(
+        default=None,
+        description="one request: its id, a unique prefix or its six-hex suffix (default: live and recent ones)",
+    )
 
 
 class CancelArgs(IdArgs):
@@ -112,7 +117,7 @@ class RunnersArgs(_Args):
 
 
 class GateArgs(_Args):
-    subject: str = Field(description="the commit: a full sha, or a rev of the project")
+    subject: str = Field(default="HEAD", description="the commit: a full sha, or a rev of the project")
     require: list[str] | None = Field(
         default=None,
         description="'PRESET[@LABEL] [PARAM OP VALUE ...]' entries (default: .github/kakeya-required.yml)",
@@ -236,30 +241,35 @@ class Tools:
             "runner": manifest.runner,
             "subject": manifest.subject,
             "expires_at": manifest.expires_at.isoformat(),
+            "reused": c.reused,  # an idempotent retry: the request made earlier with this key
+            **({"label_note": c.label_note} if c.label_note and not c.reused else {}),
         }
         if args.wait:
             out["result"] = self.outcome(c, manifest.id, args.timeout_s, progress)
         return out
 
     def wait(self, args: WaitArgs, progress: Progress) -> Any:
-        return self.outcome(self.client(), args.id, args.timeout_s, progress)
+        c = self.client()
+        return self.outcome(c, c.resolve_id(args.id), args.timeout_s, progress)
 
     def status(self, args: StatusArgs, progress: Progress) -> Any:
         c = self.client()
         if args.id:
-            return row_dict(c.status_one(args.id))
+            return row_dict(c.status_one(c.resolve_id(args.id)))
         return {"requests": [row_dict(r) for r in c.status(fetch=True)]}
 
     def results(self, args: IdArgs, progress: Progress) -> Any:
-        return self.result(self.client(), args.id)
+        c = self.client()
+        return self.result(c, c.resolve_id(args.id))
 
     def logs(self, args: LogsArgs, progress: Progress) -> Any:
         c = self.client()
         return snapshot(c, c.resolve_id(args.id), args.tail_chars)
 
     def cancel(self, args: CancelArgs, progress: Progress) -> Any:
-        was = self.client().cancel(args.id, args.reason)
-        return {"id": args.id, "was": was, "cancelled": True}
+        c = self.client()
+        rid = c.resolve_id(args.id)
+        return {"id": rid, "was": c.cancel(rid, args.reason), "cancelled": True}
 
     def runners(self, args: RunnersArgs, progress: Progress) -> Any:
         c = self.client()
@@ -505,9 +515,9 @@ def build(tools: Tools) -> Server:
     )
 
 
-def serve(remote: str | None = None) -> None:
+def serve(remote: str | None = None, root: Path | None = None) -> None:
     """Serve MCP on stdin/stdout until the client closes it."""
-    tools = Tools(remote)
+    tools = Tools(remote, root)
     server = build(tools)
 
     async def main() -> None:

@@ -70,8 +70,19 @@ def _panel(
             if categorical:
                 width = 0.8 / max(1, len(ys))
                 ax.bar([p + n * width for p, _ in pts], [v for _, v in pts], width, label=label, color=color)
-            else:
-                ax.plot([p for p, _ in pts], [v for _, v in pts], "-o", label=label, color=color, ms=4)
+            else:  # each line thinner than the one before, with smaller markers: equal series stay visible
+                ax.plot(
+                    [p for p, _ in pts],
+                    [v for _, v in pts],
+                    "-o",
+                    label=label,
+                    color=color,
+                    lw=max(1.0, 4.0 - 1.2 * n),
+                    ms=max(3.0, 10.0 - 2.5 * n),
+                    mfc="none" if n == 0 else color,
+                    mew=1.5,
+                    zorder=2 + n,
+                )
             n += 1
     drawn = set()
     for col, _ in ys:

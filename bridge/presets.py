@@ -599,6 +599,10 @@ class Preset(BaseModel):
     network: Literal["host", "none"] = "none"
     limits: Limits = Limits()
     resources: Resources | None = None
+    # parameters whose value does not change what the verdict means (device, threads): a requirement without
+    # pins on them counts runs at any of their values; every other parameter counts at its default only
+    # (bridge/evidence/requirements.py). Not part of `content_hash`: it is how evidence is judged, not what ran.
+    verdict_free: list[str] = []
 
     @field_validator("name")
     @classmethod
@@ -640,6 +644,9 @@ class Preset(BaseModel):
                     raise ValueError(f"default of parameter {pname!r} ({spec.default!r}) {exc}") from None
             elif not spec.required:
                 raise ValueError(f"parameter {pname!r} needs a default or `required: true`")
+        for pname in self.verdict_free:
+            if pname not in self.params:
+                raise ValueError(f"verdict_free names {pname!r}, which is not a parameter")
         used = set()
         for element in self.argv:
             m = _PLACEHOLDER.fullmatch(element)
@@ -682,7 +689,7 @@ class Preset(BaseModel):
         """sha256 of the canonical definition, what the runner ran: its JSON (independent of YAML formatting)
         with every field at its default left out, so that a field added later, at its default, changes no
         hash. A definition shipped before this rule keeps the hash its runs were signed with (`SIGNED_AS`)."""
-        data = self.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+        data = self.model_dump(mode="json", by_alias=True, exclude_defaults=True, exclude={"verdict_free"})
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         digest = "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
         return SIGNED_AS.get(digest, digest)
@@ -769,6 +776,7 @@ class Preset(BaseModel):
             "timeout_s": self.timeout_s,
             "report": self.report.model_dump(),
             "params": self.params_schema(),
+            **({"verdict_free": self.verdict_free} if self.verdict_free else {}),
             "gate": [c.model_dump(exclude_none=True) for c in self.gate],
             **(
                 {

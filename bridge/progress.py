@@ -124,10 +124,12 @@ def is_progress(event: dict[str, Any]) -> bool:
 
 def progress_line(e: dict[str, Any]) -> str:
     """A progress event in words: phase, our bar and the workload's words, elapsed time, and the last line the
-    run logged that is not the workload's own bar."""
+    run printed on stdout that is not the workload's own bar (never its stderr: warnings, tracebacks and
+    library bars are no progress; `kakeya results` has the logs)."""
     w = e["workload"]
     work = f"  {bar(w['done'], w['total'])}{' ' + w['what'] if w['what'] else ''}" if w else ""
-    echo = next((ln for ln in reversed(e["log_tail"]) if not WORKLOAD_BAR.search(ln)), None)
+    said = (ln for ln in reversed(e["log_tail"]) if ln.startswith("stdout: "))
+    echo = next((ln for ln in said if not WORKLOAD_BAR.search(ln)), None)
     where = f" ({e['scheduler']})" if e.get("scheduler") else ""
     return f"{e['event']}{where}{work}  elapsed {clock(e['elapsed_s'])}" + (f"  | {echo}" if echo else "")
 

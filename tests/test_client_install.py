@@ -3,8 +3,9 @@ that has no torch or mlx, requests, shows status, fetches results and gates them
 with the presets of the checkout it runs in; outside any checkout it uses the presets installed with it.
 
 Offline and quick: the wheel is built with --no-build-isolation (setuptools of this venv) and installed with
---no-index --no-deps; its dependencies (pydantic, PyYAML, jsonschema, rich, mcp and theirs, nothing else) are made
-importable in the fresh venv by a .pth file over links to exactly those distributions of this venv."""
+--no-index --no-deps; its dependencies (pydantic, PyYAML, jsonschema, rich and theirs, nothing else) are made
+importable in the fresh venv by a .pth file over links to exactly those distributions of this venv. The MCP SDK
+is the extra `kakeya[mcp]`: not in a client install, and `kakeya mcp` says in one line how to add it."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from engine.models import zoo_models
 from tests.bridge.bus_support import WORK_PY, git
 
 ROOT = Path(__file__).resolve().parent.parent
-DEPS = ("pydantic", "PyYAML", "jsonschema", "rich", "mcp")
+DEPS = ("pydantic", "PyYAML", "jsonschema", "rich")
 
 
 def closure(names: tuple[str, ...]) -> set[str]:
@@ -76,11 +77,21 @@ def test_the_wheel_alone_requests_shows_fetches_and_gates(tmp_path: Path, monkey
             shutil.copy2(ROOT / rel, src / rel)
     wheels = tmp_path / "wheels"
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(src)], check=True
+    built = subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(src)],
+        check=True,
+        capture_output=True,
+        text=True,
     )
+    assert "Warning" not in built.stdout + built.stderr, built.stderr  # `make demo` shows no setuptools flood
     (wheel,) = wheels.glob("kakeya-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
+    metadata = zipfile.ZipFile(wheel).read(f"{wheel.name.split('-')[0]}-0.1.0.dist-info/METADATA").decode()
+    core = [
+        line for line in metadata.splitlines() if line.startswith("Requires-Dist:") and "extra ==" not in line
+    ]
+    assert [Requirement(line.split(":", 1)[1]).name for line in core] == list(DEPS)  # no mcp: an extra
+    assert 'Requires-Dist: mcp<3,>=2.3; extra == "mcp"' in metadata
     # no zoo weights in a client install; the engine's C kernel source and the presets are there
     assert not [n for n in names if n.startswith("engine/zoo/models/") or n.endswith(".safetensors")]
     assert "engine/backends/torch/kv_kernels.c" in names and "kakeya_presets/niah-smoke.yaml" in names
@@ -129,8 +140,8 @@ def test_the_wheel_alone_requests_shows_fetches_and_gates(tmp_path: Path, monkey
         [
             py,
             "-c",
-            "import bridge, bridge.mcp, importlib.util as u; "
-            "print(bridge.__file__, u.find_spec('torch'), u.find_spec('mlx'))",
+            "import bridge, importlib.util as u; "
+            "print(bridge.__file__, u.find_spec('torch'), u.find_spec('mlx'), u.find_spec('mcp'))",
         ],
         cwd=tmp_path,
         env=env,
@@ -138,7 +149,7 @@ def test_the_wheel_alone_requests_shows_fetches_and_gates(tmp_path: Path, monkey
         text=True,
         check=True,
     ).stdout.split()
-    assert probe[0].startswith(str(site)) and probe[1:] == ["None", "None"]  # not editable; no torch, no mlx
+    assert probe[0].startswith(str(site)) and probe[1:] == ["None"] * 3  # not editable; no torch, mlx, mcp
 
     # 3. a project with its own presets/, and a bare bus
     project = tmp_path / "project"
@@ -163,6 +174,17 @@ def test_the_wheel_alone_requests_shows_fetches_and_gates(tmp_path: Path, monkey
     bus = str(G.init_bare(tmp_path / "bus.git"))
 
     assert "hello" in kakeya(project, "presets")
+    proc = subprocess.run(
+        [venv / "bin" / "kakeya", "mcp", "--project", str(project)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1 and proc.stderr.splitlines() == [
+        "kakeya: error: the MCP server needs the MCP SDK: pip install 'kakeya[mcp]'"
+    ], proc.stderr
     doctor = kakeya(project, "doctor", "--remote", bus)
     assert "all checks passed" in doctor and "1 valid: hello" in doctor
     # no numpy/torch here: the engine is named as not installed (what to install for its presets), not a failure
@@ -186,4 +208,13 @@ def test_the_wheel_alone_requests_shows_fetches_and_gates(tmp_path: Path, monkey
     outside.mkdir()
     listed = kakeya(outside, "presets")
     assert "probe" in listed and "niah-smoke" in listed and "hello" not in listed
+    # an engine preset here: refused before anything starts, in one line naming the extra (nothing written)
+    proc = subprocess.run(
+        [venv / "bin" / "kakeya", "exec", "niah-smoke"], cwd=outside, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        "kakeya: error: preset niah-smoke runs the engine (engine.workloads.niah), which this install lacks "
+        "(no numpy): pip install 'kakeya[torch]' (or 'kakeya[mlx]')"
+    ], proc.stderr
+    assert list(outside.iterdir()) == []
     print(f"client-only install: {installed:.1f} s (wheel build + venv + install)")

@@ -31,3 +31,16 @@ def test_every_path_the_architecture_page_names_exists():
     assert len(named) > 100, sorted(named)  # the module map is there
     missing = sorted(p for p in named if not (ROOT / p).exists())
     assert missing == [], f"docs/architecture.md names paths that do not exist: {missing}"
+
+
+def test_no_page_says_a_sentence_twice():
+    """A sentence repeated on one page (an edit that left its old copy behind, docs/runners.md's
+    `untrusted_labels` line) reads as a mistake; code blocks, tables and lists may repeat."""
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        prose = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        seen: set[str] = set()
+        for sentence in re.split(r"(?<=[.!?])\s+", prose):
+            words = " ".join(sentence.split())
+            if len(words) > 40 and not words.startswith(("|", "-", "#")):
+                assert words not in seen, f"{page.name} says twice: {words}"
+                seen.add(words)

@@ -705,3 +705,14 @@ def test_pr_gate_passes_the_allowed_signers_of_the_base_checkout(tmp_path, signe
     else:
         assert "--allowed-signers" not in argv and "--allow-unsigned" in argv
     assert "evil" not in " ".join(argv)
+
+
+def test_runner_job_says_its_own_runner_once_failed_not_that_another_runner_holds_it(tmp_path):
+    """`runner once` fails here (the bus cannot be reached): the summary says this runner could not serve it,
+    never "another runner holds it"; the job fails."""
+    rid = "20260614T101502.123Z-probe-a1b2c3"
+    proc, summary = job(tmp_path, tmp_path / "no-such-bus.git", rid)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"kakeya runner once --request {rid} failed" in proc.stdout
+    assert "Not served: `kakeya runner once` failed on runner gh-runner-1" in summary, summary
+    assert "another runner holds it" not in summary

@@ -53,9 +53,11 @@ kakeya() { (cd "$HARNESS" && "$PY" -m bridge.cli "$@"); }
 echo "harness $(git -C "$HARNESS" rev-parse --short HEAD 2>/dev/null || echo '?') from $HARNESS; venv $VENV; runner $NAME; label $LABEL"
 mkdir -p "$OUT"
 
-# collect ID: results into $OUT/ID and summary.md into the job summary; prints the outcome's exit code.
+# collect ID [FAILED]: results into $OUT/ID and summary.md into the job summary; prints the outcome's exit
+# code. FAILED=1: this job's own `kakeya runner once` for ID failed (no result here is then not another
+# runner's doing).
 collect() {
-  local id=$1 dir=$OUT/$1
+  local id=$1 dir=$OUT/$1 failed=${2:-0}
   local links=() run_url=""
   if [ -n "${GITHUB_SERVER_URL:-}" ] && [ -n "${GITHUB_REPOSITORY:-}" ]; then
     # the job summary cannot resolve summary.md's relative links: point them at the done commit's files
@@ -74,6 +76,11 @@ collect() {
     "$PY" -c 'import json, sys; r = json.load(open(sys.argv[1]))
 print(0 if r["status"] == "succeeded" and r.get("verdict") in (None, "pass") else 2 if r["status"] == "rejected" else 1)' \
       "$dir/result.json"
+  elif [ "$failed" = 1 ]; then
+    # shellcheck disable=SC2016  # literal backquotes: markdown
+    printf '### %s\n\nNot served: `kakeya runner once` failed on runner %s (the error is in this job'"'"'s log). The request stays on the bus for the next runner (`kakeya status %s`).\n\n---\n\n' \
+      "$id" "$NAME" "$id" >>"$SUMMARY"
+    echo 1
   else
     # shellcheck disable=SC2016  # literal backquotes: markdown
     printf '### %s\n\nNo result yet: another runner holds it. It will be on `kakeya/done/%s` (`kakeya wait %s`).\n\n---\n\n' \
@@ -148,11 +155,12 @@ printf '## Kakeya runner %s (label %s)\n\n' "$NAME" "$LABEL" >>"$SUMMARY"
 started=$SECONDS
 code=0
 if [ -n "$REQUEST" ]; then
+  failed=0
   if ! serve --request "$REQUEST" >/dev/null; then
     error "kakeya runner once --request $REQUEST failed (see above)"
-    code=1
+    code=1 failed=1
   fi
-  outcome=$(collect "$REQUEST")
+  outcome=$(collect "$REQUEST" "$failed")
   notify "$REQUEST"
   [ "$code" != 0 ] || code=$outcome
 fi

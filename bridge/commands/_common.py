@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import itertools
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gates
 from bridge.bus import utcnow
 from bridge.client import Client, describe_bus, exit_code
 from bridge.config import Config, load_config, project_root
+from bridge.errors import InvalidRequest
 from bridge.progress import say
 from bridge.render import verdict_line
 from bridge.result import RunResult, iso_time
 from bridge.text import clean_json
 from bridge.trust import ALLOWED_SIGNERS
+
+if TYPE_CHECKING:
+    from bridge.presets import Preset
 
 
 def add_preset_args(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +37,16 @@ def add_remote(parser: argparse.ArgumentParser) -> None:
         metavar="NAME|URL",
         help="the bus: a git remote name, URL or path (default: config / KAKEYA_REMOTE, else the "
         "clone's origin, else the embedded .kakeya/bus.git)",
+    )
+    add_project(parser)
+
+
+def add_project(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--project",
+        type=Path,
+        metavar="DIR",
+        help="the project checkout whose bus, presets and commits to use (default: the working directory's)",
     )
 
 
@@ -58,6 +74,23 @@ def add_id(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def engine_ready(preset: Preset) -> None:
+    """Refuse, before anything starts, a preset that runs the engine (`{python} -m engine...`) in an install
+    without it (a client-only `pip install kakeya`): one line saying which extra to install."""
+    module = next((b for a, b in itertools.pairwise(preset.argv) if a == "-m"), "")
+    if preset.argv[0] != "{python}" or not module.startswith("engine."):
+        return
+    lacks = [m for m in ("numpy",) if importlib.util.find_spec(m) is None]
+    if not lacks and not any(importlib.util.find_spec(m) for m in ("torch", "mlx")):
+        lacks = ["torch or mlx"]
+    if lacks:
+        raise InvalidRequest(
+            f"preset {preset.name} runs the engine ({module}), which this install lacks (no {lacks[0]}): "
+            "pip install 'kakeya[torch]' (or 'kakeya[mlx]')",
+            code="missing-extra",
+        )
+
+
 def emit(obj: dict[str, Any]) -> None:
     """One JSON object on one line of stdout, its text cleaned (bridge/text.py: an agent decodes it)."""
     print(json.dumps(clean_json(obj)), flush=True)
@@ -67,8 +100,12 @@ def event(kind: str, request_id: str | None, **fields: Any) -> dict[str, Any]:
     return {"event": kind, "id": request_id, "at": iso_time(utcnow()), **fields}
 
 
-def config_and_root() -> tuple[Config, Path]:
-    root = project_root()
+def config_and_root(args: argparse.Namespace | None = None) -> tuple[Config, Path]:
+    """The project (`--project DIR` where the verb has it, else the working directory's) and its config."""
+    given = getattr(args, "project", None)
+    if given is not None and not given.expanduser().is_dir():
+        raise InvalidRequest(f"--project {given}: no such directory", code="not-in-project")
+    root = project_root(given.expanduser() if given is not None else None)
     return load_config(root), root
 
 
@@ -78,7 +115,7 @@ def say_bus(remote: str, url: str) -> None:
 
 
 def client(args: argparse.Namespace, remote: str | None = None) -> Client:
-    config, root = config_and_root()
+    config, root = config_and_root(args)
     c = Client(config, root, remote=args.remote if remote is None else remote)
     say_bus(c.remote, c.url)
     return c

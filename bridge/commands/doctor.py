@@ -86,13 +86,17 @@ ENGINE_PY = (  # run in a subprocess: bridge never imports engine
 ENGINE_EXTRAS = ("numpy", "torch", "transformers", "safetensors", "mlx", "mlx_lm", "matplotlib", "tqdm")
 
 
+class Skip(Exception):  # noqa: N818 - a check's outcome, not an error
+    """A check that did not run here (what it needs failed or is absent): its line says `skip` and why."""
+
+
 def check_engine() -> str:
     proc = subprocess.run([sys.executable, "-c", ENGINE_PY], capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         missing = re.fullmatch(r"ModuleNotFoundError: No module named '([\w.]+)'", last)
         if missing and missing[1].split(".")[0] in ENGINE_EXTRAS:  # a client-only install: fine for clients
-            return (
+            raise Skip(
                 f"not installed here (no {missing[1]}): presets that run the engine need "
                 "`pip install 'kakeya[torch]'` and/or 'kakeya[mlx]'; clients and other presets do not"
             )
@@ -181,7 +185,7 @@ def clock_skew(url: str, timeout: float = 10.0) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    root = project_root()
+    root = project_root(args.project.expanduser() if args.project else None)
     state: dict[str, object] = {}
 
     def config() -> str:
@@ -217,18 +221,20 @@ def run(args: argparse.Namespace) -> int:
     def runners() -> str:
         url = state.get("url")
         if url is None:
-            return "not looked at: the bus could not be read"
+            raise Skip("not looked at: the bus could not be read")
         return runners_seen(str(state["remote"]), str(url), root, Path(str(state["store"])))
 
     def clock() -> str:
         url = state.get("url")
-        return clock_skew(str(url)) if url is not None else "not measured: the bus could not be read"
+        if url is None:
+            raise Skip("not measured: the bus could not be read")
+        return clock_skew(str(url))
 
     def push() -> str:
         cfg = state.get("config") or load_config(root)
         url = state.get("url")
         if url is None:
-            return "not tried: the bus could not be read"
+            raise Skip("not tried: the bus could not be read")
         if not git.is_repo(root):
             raise KakeyaError(f"{root} is not a git repository: nothing to push from")
         ref = f"{PREFIX}doctor/{cfg.runner_name}"
@@ -238,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
     def fetch() -> str:
         remote = state.get("remote")
         if not remote or not git.remote_url(root, str(remote)):
-            return "the bus is not a named remote of this clone: `git fetch` does not pull it"
+            raise Skip("the bus is not a named remote of this clone: `git fetch` does not pull it")
         if args.no_bus_fetch:
             git.add_negative_refspec(root, str(remote), NEGATIVE_REFSPEC)
         if NEGATIVE_REFSPEC in git.fetch_refspecs(root, str(remote)):
@@ -317,13 +323,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_check(name: str, check: Callable[[], str], as_json: bool = False) -> bool:
-    """Run one check and print its line (`as_json`: its `check` event); whether it passed."""
+    """Run one check and print its line, `ok`, `skip` (it did not run here: not a failure) or `FAIL`
+    (`as_json`: its `check` event, `skipped` true for a skip); whether it did not fail."""
+    skipped = False
     try:
         detail, ok = check(), True
+    except Skip as exc:
+        detail, ok, skipped = str(exc), True, True
     except (KakeyaError, OSError, subprocess.SubprocessError) as exc:
         detail, ok = str(exc), False
     if as_json:
-        emit({"event": "check", "name": name, "ok": ok, "detail": detail})
+        emit({"event": "check", "name": name, "ok": ok, "skipped": skipped, "detail": detail})
     else:
-        print(f"{'ok  ' if ok else 'FAIL'}  {name:<8} {detail}")
+        print(f"{'skip' if skipped else 'ok  ' if ok else 'FAIL'}  {name:<8} {detail}")
     return ok

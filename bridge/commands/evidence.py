@@ -27,6 +27,7 @@ from bridge.client import Client
 from bridge.commands._common import add_remote, add_signer_args, client
 from bridge.errors import InvalidRequest
 from bridge.evidence import REQUIRED_FILE, DoneResults, Outcome, Requirement
+from bridge.evidence.requirements import ANY
 from bridge.names import SHA_PATTERN
 from bridge.presets import Preset, load_registry
 from bridge.trust import Signers, evidence_signers
@@ -39,7 +40,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("subject", metavar="SHA", help="the commit (a full sha, or a rev of this repo)")
+    parser.add_argument(
+        "subject",
+        nargs="?",
+        default="HEAD",
+        metavar="SHA",
+        help="the commit (a full sha, or a rev of this repo; default HEAD)",
+    )
     add_require(parser)
     parser.add_argument("--request-missing", action="store_true", help="request every missing run at once")
     parser.add_argument(
@@ -110,7 +117,7 @@ def params_for(req: Requirement, preset: Preset) -> dict[str, Any]:
     parameters at their defaults); InvalidRequest when the pins admit no allowed value."""
     values: dict[str, Any] = {}
     for pin in req.pins:
-        if pin.param in values:
+        if pin.param in values or pin.value == ANY:  # any value: the default
             continue
         value: Any = list(pin.value) if isinstance(pin.value, tuple) else pin.value
         if pin.op in (">", "<"):

@@ -9,7 +9,14 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 
-from bridge.commands._common import add_json, add_output, add_preset_args, config_and_root, report
+from bridge.commands._common import (
+    add_json,
+    add_output,
+    add_preset_args,
+    config_and_root,
+    engine_ready,
+    report,
+)
 from bridge.execute import execute
 from bridge.presets import get_preset, load_registry, parse_assignments
 
@@ -25,6 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     preset = get_preset(load_registry(), args.preset)
     values = preset.validate_params(parse_assignments(args.param))
+    engine_ready(preset)
     config, root = config_and_root()
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     out = (args.out or root / "out" / "exec" / f"{stamp}-{preset.name}").resolve()

@@ -1,6 +1,6 @@
 """`kakeya gate check REPORT [--preset NAME | --checks FILE]` (neither: the one preset whose report kind is the
 report's `kind`), `kakeya gate compare NEW BASE --metric PATH ...`
-and `kakeya gate pr --subject SHA [--require 'PRESET[@LABEL] [PARAM OP VALUE ...]' ...] [--remote R]
+and `kakeya gate pr [--subject SHA (default HEAD)] [--require 'PRESET[@LABEL] [PARAM OP VALUE ...]' ...] [--remote R]
 [--summary FILE] [--comment FILE [--base SHA] [--link-base URL]] [--allow-unsigned]`.
 
 check and compare print a table (or `--json`) and exit 0 pass, 1 fail, 2 error (the report could not be
@@ -96,7 +96,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "pass, 1 evidence missing, for another commit or failing, 2 bad requirement.",
     )
     pr.add_argument(
-        "--subject", required=True, metavar="SHA", help="the commit (a full sha, or a rev of this repo)"
+        "--subject",
+        default="HEAD",
+        metavar="SHA",
+        help="the commit (a full sha, or a rev of this repo; default HEAD)",
     )
     add_require(pr)
     pr.add_argument(

@@ -1,16 +1,20 @@
-"""`kakeya mcp [--remote R]`: serve the Model Context Protocol on stdin/stdout (bridge/mcp.py) for an agent's
-MCP client (Claude Desktop or Code, Cursor, VS Code: docs/agents.md has the configuration). Run it in the
-project (or give --project DIR): the bus, the presets and the subject commit are those `kakeya request` would
-use there."""
+"""`kakeya mcp [--project DIR] [--remote R]`: serve the Model Context Protocol on stdin/stdout (bridge/mcp.py)
+for an agent's MCP client (Claude Desktop or Code, Cursor, VS Code: docs/agents.md has the configuration).
+Give --project DIR (MCP clients start servers in a directory of their own) or run it in the project: the bus,
+the presets and the subject commit are those `kakeya request` would use there. Outside a git project it
+refuses to start. The MCP SDK is the extra `kakeya[mcp]`."""
 
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
+import importlib.util
 
-from bridge.commands._common import add_remote
-from bridge.errors import InvalidRequest
+from bridge import git
+from bridge.client import not_in_project
+from bridge.commands._common import add_remote, config_and_root
+from bridge.errors import KakeyaError
+
+INSTALL = "the MCP server needs the MCP SDK: pip install 'kakeya[mcp]'"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,23 +23,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="serve the Model Context Protocol on stdio, for agents (docs/agents.md)",
         description=__doc__,
     )
-    parser.add_argument(
-        "--project",
-        type=Path,
-        metavar="DIR",
-        help="the project checkout to serve (default: the working directory; MCP clients such as Claude "
-        "Desktop start servers elsewhere)",
-    )
-    add_remote(parser)
+    add_remote(parser)  # and --project DIR
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    _, root = config_and_root(args)
+    if not git.is_repo(root):
+        raise not_in_project(root)
+    if importlib.util.find_spec("mcp") is None:
+        raise KakeyaError(INSTALL, code="missing-extra", hint="pip install 'kakeya[mcp]'")
     from bridge.mcp import serve  # the MCP SDK only when serving
 
-    if args.project is not None:
-        if not args.project.expanduser().is_dir():
-            raise InvalidRequest(f"--project {args.project}: no such directory")
-        os.chdir(args.project.expanduser())
-    serve(args.remote)
+    serve(args.remote, root)
     return 0

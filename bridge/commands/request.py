@@ -22,6 +22,7 @@ from bridge.commands._common import add_preset_args, add_remote, client
 from bridge.commands.wait import add_wait_args, follow
 from bridge.config import project_root
 from bridge.presets import parse_assignments
+from bridge.progress import say
 from bridge.result import iso_time
 
 
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         else None
     )
     params = parse_assignments(args.param)
-    state = project_root() / ".kakeya"
+    state = project_root(args.project.expanduser() if args.project else None) / ".kakeya"
     fresh = not state.exists()
     try:
         c = client(args)
@@ -92,9 +93,14 @@ def run(args: argparse.Namespace) -> int:
         if fresh:  # a request that failed leaves no state directory behind
             shutil.rmtree(state, ignore_errors=True)
         raise
+    if c.reused:  # said on stderr; stdout stays the id (or the event) alone
+        say(f"kakeya: reused request {manifest.id} (made earlier with this idempotency key and content)")
+    elif c.label_note:
+        say(f"kakeya: runner {manifest.runner}: {c.label_note}")
     if args.json:
         event = {"event": "requested", "id": manifest.id, "at": iso_time(manifest.created_at)}
-        event.update(runner=manifest.runner, expires_at=iso_time(manifest.expires_at))
+        event.update(runner=manifest.runner, expires_at=iso_time(manifest.expires_at), reused=c.reused)
+        event.update({"label_note": c.label_note} if c.label_note and not c.reused else {})
         print(json.dumps(event), flush=True)
     else:
         print(manifest.id, flush=True)

@@ -23,6 +23,7 @@ from bridge.commands._common import (
     add_remote,
     config_and_root,
     emit,
+    engine_ready,
     event,
     out_dir,
     report,
@@ -51,9 +52,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config, root = config_and_root()
+    config, root = config_and_root(args)
     registry = load_registry()
     preset = get_preset(registry, args.preset)
+    engine_ready(preset)  # the run happens here: refuse before a request is made
     label = args.runner or next((lb for lb in config.labels if preset.allows(lb)), None)
     if label is None:
         raise InvalidRequest(

@@ -176,7 +176,7 @@ def served_json(served: Served) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    config, root = config_and_root()
+    config, root = config_and_root(args)
     updates = {k: v for k, v in (("lease_s", args.lease), ("poll_interval_s", args.poll)) if v is not None}
     config = Config.model_validate({**config.model_dump(), **updates})
     labels = [s.strip() for s in args.labels.split(",") if s.strip()] if args.labels else config.labels

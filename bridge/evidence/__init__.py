@@ -13,7 +13,8 @@ the subject (in its request or its result) and is a trusted, executed run of the
 signed done commit for its label (when `dones` has signers), a run that ran (not expired, cancelled or
 rejected), agreeing everywhere — request.json, result.json and report.json name the subject, the done commit
 descends from it, was made on its request commit and changes nothing outside .kakeya/, it ran this
-registry's preset definition (when signed) — with parameters that meet the requirement's pins. Its report is
+registry's preset definition (when signed) — with parameters that meet the requirement's pins (a parameter without a pin: the preset's default, unless
+the preset marks it `verdict_free`). Its report is
 gated again with the checks of this machine's preset registry for the label it ran on (`gate` and
 `gate_on`); the runner's verdict is ignored. Every newer result that names the subject but is no such run is
 listed as ignored, with why (`Ignored`): none of them can mask the evidence.

@@ -16,7 +16,7 @@ from bridge import git, trust
 from bridge.bus import MANIFEST_PATH
 from bridge.evidence.baseline import compare_to_previous
 from bridge.evidence.done import Done, DoneResults, regate
-from bridge.evidence.requirements import Requirement
+from bridge.evidence.requirements import Requirement, shown
 from bridge.host import accelerator_words
 from bridge.presets import Preset
 from bridge.trust import UNSIGNED, trust_words
@@ -72,13 +72,24 @@ class Outcome:
         r = self.evidence.result if self.evidence else None
         return list(r.forced_labels) if r else []
 
+    @property
+    def params(self) -> dict[str, Any] | None:
+        """The parameters the evidence's run had, as its result.json records them."""
+        r = self.evidence.result if self.evidence else None
+        return dict(r.params) if r else None
+
     def facts(self) -> list[str]:
-        """What a row says of the evidence besides its verdict: who signed it, forced labels, accelerator."""
+        """What a row says of the evidence besides its verdict: who signed it, forced labels, accelerator, the
+        parameters the run had."""
         out = [self.trust] if self.trust else []
         if self.forced:
             out.append(f"labels forced without their hardware: {', '.join(self.forced)}")
         if self.evidence is not None:
             out.append(f"accelerator: {self.accelerator or 'none'}")
+        if self.params is not None:
+            out.append(
+                f"params: {' '.join(f'{k}={shown(v)}' for k, v in sorted(self.params.items())) or 'none'}"
+            )
         return out
 
     def line(self) -> str:
@@ -101,6 +112,7 @@ class Outcome:
             "trust": self.trust,
             "forced_labels": self.forced,
             "accelerator": r.host.get("accelerator") if r else None,
+            "params": self.params,
             "ignored": [{"request_id": i.id, "kind": i.kind, "reason": i.reason} for i in self.ignored],
             "verdict": self.verdict.model_dump(mode="json") if self.verdict else None,
         }

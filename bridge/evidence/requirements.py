@@ -1,5 +1,10 @@
 """What evidence a commit needs: .github/kakeya-required.yml (`parse_required`) and its entries, `PRESET[@LABEL]
-[PARAM OP VALUE ...]`, parsed once and typed against the preset's parameters (`Requirement`, `Pin`)."""
+[PARAM OP VALUE ...]`, parsed once and typed against the preset's parameters (`Requirement`, `Pin`).
+
+Which runs count: a parameter with a pin, the runs whose value meets its pins (`PARAM==*`: any value); one the
+preset marks `verdict_free` (device, threads), any value; every other parameter, the preset's default only.
+So `niah-ladder@h200` alone is met by a run at the preset's own defaults, never by a cheaper one with fewer
+samples; `niah-ladder@h200 samples>=2` counts 2 samples and up, `samples==*` any."""
 
 from __future__ import annotations
 
@@ -49,6 +54,25 @@ _ORDER: dict[str, Callable[[Any, Any], bool]] = {
 _ORDERED_TYPES = ("int", "float", "int_list")  # parameter types that take >=, <=, >, <
 
 
+ANY = "*"  # `PARAM==*`: any value the preset allows
+
+
+def shown(value: Any) -> str:
+    """A parameter's value as a pin writes it: 1024,4096 for a list, true/false, the number or string."""
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def same(seen: Any, want: Any) -> bool:
+    """A run's value equals a typed one (a list as a tuple; a bool only as a bool)."""
+    if isinstance(seen, bool) or isinstance(want, bool):
+        return seen is want
+    return (tuple(seen) if isinstance(seen, list) else seen) == want
+
+
 @dataclass(frozen=True)
 class Pin:
     """A requirement's parameter pin, `samples>=5`: the run's value of `param` must meet `op value`.
@@ -63,34 +87,29 @@ class Pin:
     value: Any  # typed by the preset's parameter: int, float, str, bool, or a tuple of ints (int_list ==)
 
     def met_by(self, seen: Any) -> bool:
+        if self.value == ANY:
+            return True
         if self.op == "==":
-            if isinstance(seen, bool) or isinstance(self.value, bool):
-                return seen is self.value
-            return (tuple(seen) if isinstance(seen, list) else seen) == self.value
+            return same(seen, self.value)
         items = seen if isinstance(seen, list) else [seen]
         numbers = all(isinstance(i, (int, float)) and not isinstance(i, bool) for i in items)
         return bool(items) and numbers and all(_ORDER[self.op](i, self.value) for i in items)
 
     def __str__(self) -> str:
-        value = self.value
-        if isinstance(value, tuple):
-            text = ",".join(str(v) for v in value)
-        elif isinstance(value, bool):
-            text = "true" if value else "false"
-        else:
-            text = str(value)
-        return f"{self.param}{self.op}{text}"
+        return f"{self.param}{self.op}{shown(self.value)}"
 
 
 @dataclass(frozen=True)
 class Requirement:
-    """What must pass: a preset, on a runner label (None: any), with its parameters pinned (none: any
-    allowed values). Written `niah-ladder@h200 contexts>=65536 samples>=5`; parsed once, typed against the
-    preset's parameters (`parse`)."""
+    """What must pass: a preset, on a runner label (None: any), with its parameters pinned. Written
+    `niah-ladder@h200 contexts>=65536 samples>=5`; parsed once, typed against the preset's parameters
+    (`parse`), which also fills `defaults`: the parameters neither pinned nor verdict-free, each with the
+    preset's default, that a run must have had to count (built by hand without it: any values count)."""
 
     preset: str
     label: str | None = None
     pins: tuple[Pin, ...] = ()
+    defaults: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
     def parse(cls, text: str, registry: Mapping[str, Preset]) -> Requirement:
@@ -125,6 +144,11 @@ class Requirement:
                 )
             if any(p.param == param and p.op == op for p in pins):
                 raise InvalidRequest(f"requirement {where}: {param}{op} is pinned twice")
+            if raw == ANY:
+                if op != "==":
+                    raise InvalidRequest(f"requirement {where}: {token}: * (any value) takes == only")
+                pins.append(Pin(param, "==", ANY))
+                continue
             if op != "==" and spec.type not in _ORDERED_TYPES:
                 raise InvalidRequest(
                     f"requirement {where}: {token}: parameter {param} is {spec.type}; it takes == only"
@@ -140,18 +164,33 @@ class Requirement:
                     )
                 value = tuple(value) if op == "==" else value[0]
             pins.append(Pin(param, op, value))  # type: ignore[arg-type]  # op is one of Op
-        return cls(name, label, tuple(pins))
+        pinned = {p.param for p in pins}
+        defaults = tuple(
+            (pname, tuple(v) if isinstance(v := spec.parse(spec.default), list) else v)
+            for pname, spec in preset.params.items()
+            if pname not in pinned and pname not in preset.verdict_free and spec.default is not None
+        )
+        return cls(name, label, tuple(pins), defaults)
 
     def unmet(self, params: Mapping[str, Any]) -> list[str]:
-        """The pins a run's parameters do not meet, each saying what the run had."""
+        """The pins a run's parameters do not meet, and the parameters it did not have at the preset's default
+        (neither pinned nor verdict-free), each saying what the run had."""
         out = []
         for pin in self.pins:
             if pin.param not in params:
                 out.append(f"{pin}: it has no {pin.param}")
             elif not pin.met_by(params[pin.param]):
                 seen = params[pin.param]
-                shown = ",".join(map(str, seen)) if isinstance(seen, list) else json.dumps(seen)
-                out.append(f"{pin}: it ran {pin.param}={shown}")
+                text = shown(seen) if isinstance(seen, list) else json.dumps(seen)
+                out.append(f"{pin}: it ran {pin.param}={text}")
+        for pname, want in self.defaults:
+            if pname not in params:
+                out.append(f"{pname}: it has no {pname} (the preset's default: {shown(want)})")
+            elif not same(params[pname], want):
+                out.append(
+                    f"{pname}: it ran {pname}={shown(params[pname])}, not the preset's default {shown(want)} "
+                    f"(a pin counts other values: {pname}=={shown(params[pname])}, {pname}==*)"
+                )
         return out
 
     def __str__(self) -> str:

@@ -337,18 +337,36 @@ def niah(config: Config) -> dict[str, Any]:
     return body
 
 
+GATE_DELTA = 0.05  # the niah presets' gate: a bounded policy's recall within 5 points of the oracle's
+
+
 def draw(body: dict[str, Any], path: Any) -> None:
-    """Recall vs context (oracle and each policy) and K/V bytes held vs context."""
+    """Recall vs context (oracle and each policy, with the gate's line: 5 points under the oracle) and K/V
+    bytes held vs context. The oracle is a wide light line with large hollow markers under the policies' thin
+    ones, so that a policy equal to it (hybrid at full recall) does not hide it."""
     plt = plots.pyplot()
     rungs = body["rungs"]
     xs = [r["context"] for r in rungs]
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4))
-    ax.plot(xs, [r["oracle"]["recall"] for r in rungs], "k-o", label="full (oracle)")
-    bx.plot(xs, [r["oracle"]["kv_bytes"] for r in rungs], "k-o", label="full (oracle)")
+    oracle = {"color": "0.35", "lw": 5, "alpha": 0.45, "marker": "o", "ms": 11, "mfc": "none", "mew": 2}
+    recall = [r["oracle"]["recall"] for r in rungs]
+    ax.plot(xs, recall, label="full (oracle)", zorder=1, **oracle)
+    bx.plot(xs, [r["oracle"]["kv_bytes"] for r in rungs], label="full (oracle)", zorder=1, **oracle)
+    ax.plot(
+        xs,
+        [v - GATE_DELTA for v in recall],
+        color="#b00020",
+        ls="--",
+        lw=1.2,
+        label=f"gate: oracle - {GATE_DELTA:g} (niah presets: a bounded policy stays above)",
+        zorder=2,
+    )
     for kind, marker in zip(body["summary"]["policies"], ("s", "^", "D"), strict=False):
         label = body["summary"]["policies"][kind]["policy"]
-        ax.plot(xs, [r["policies"][kind]["recall"] for r in rungs], f"-{marker}", label=label)
-        bx.plot(xs, [r["policies"][kind]["kv_bytes"] for r in rungs], f"-{marker}", label=label)
+        ax.plot(xs, [r["policies"][kind]["recall"] for r in rungs], f"-{marker}", label=label, ms=5, zorder=3)
+        bx.plot(
+            xs, [r["policies"][kind]["kv_bytes"] for r in rungs], f"-{marker}", label=label, ms=5, zorder=3
+        )
     edge = body["placement"]["sink"] + body["placement"]["window"]
     for axis in (ax, bx):
         axis.set_xscale("log", base=2)

@@ -109,6 +109,8 @@ _WORK = {
         "tag": {"type": "str", "pattern": "[a-z0-9-]+", "max_length": 40, "default": "x"},
         "seconds": {"type": "float", "min": 0, "max": 120, "default": 0},
     },
+    # a run's label in the tests: evidence at any tag (mode and seconds: the defaults only)
+    "verdict_free": ["tag"],
     "env": {"COUNTER": "${ENV:KAKEYA_TEST_COUNTER}", "MARKS": "${ENV:KAKEYA_TEST_MARKS}"},
     "report": {"kind": "probe", "schema_version": 1},
 }

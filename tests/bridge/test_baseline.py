@@ -167,7 +167,7 @@ def test_gate_pr_fails_a_regression_the_runner_did_not_record(bench: Env, capsys
     assert main(["gate", "pr", "--subject", head, "--require", "bench@cpu"]) == 1
     assert capsys.readouterr().out == (
         f"✗ bench@cpu: fail — {rid}: baseline: /probe/memory_bytes: 50 vs baseline 100, "
-        "50 % worse; exceeds the allowed 10 % regression · unsigned (allowed) · accelerator: none\n"
+        "50 % worse; exceeds the allowed 10 % regression · unsigned (allowed) · accelerator: none · params: size=1\n"
     )
 
 

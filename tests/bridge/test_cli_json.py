@@ -141,7 +141,8 @@ def test_errors_are_json_with_a_stable_code_and_exit_code(world: Env, capsys):
     error(capsys, "usage", 2, "bus", "gc", "--older-than", "soon")
     error(capsys, "unknown-remote", 2, "status", "--remote", "nosuch")
     error(capsys, "not-found", 1, "status", "20260101T000000.000Z-work-abcdef")
-    error(capsys, "bad-id", 1, "results", "refs/heads/../x")
+    error(capsys, "bad-id", 2, "results", "refs/heads/../x")  # invalid: exit 2, as docs/cli-json.md says
+    error(capsys, "bad-id", 2, "status", "zzzzzz")
     unreachable = f"git://127.0.0.1:{free_port()}/bus.git"
     assert error(capsys, "bus-unreachable", 1, "status", "--remote", unreachable)["hint"]
 

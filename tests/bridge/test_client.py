@@ -31,7 +31,6 @@ from bridge.cli import main
 from bridge.client import Client, age, parse_duration, resolve_remote
 from bridge.config import load_config
 from bridge.errors import InvalidRequest, KakeyaError
-from bridge.presets import load_registry
 from tests.bridge.bus_support import (
     Daemon,
     Env,
@@ -377,6 +376,19 @@ def test_doctor_says_what_is_wrong(world: Env, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "FAIL  bus      cannot reach the bus" in out and "KAKEYA_REMOTE" in out
     assert "FAIL  presets" in out and "2 check(s) failed" in out
+    # what could not be checked without the bus says `skip`, never `ok`
+    for line in (
+        "skip  runners  not looked at: the bus could not be read",
+        "skip  push     not tried: the bus could not be read",
+        "skip  clock    not measured: the bus could not be read",
+    ):
+        assert line in out.splitlines(), out
+    assert main(["doctor", "--json"]) == 1
+    checks = {
+        c["name"]: c for c in map(json.loads, capsys.readouterr().out.splitlines()) if c["event"] == "check"
+    }
+    assert checks["runners"]["skipped"] is True and checks["runners"]["ok"] is True
+    assert checks["bus"]["skipped"] is False and checks["bus"]["ok"] is False
 
 
 def test_helpers():
@@ -394,10 +406,9 @@ def test_remotes_resolve_by_name_url_or_path(world: Env, tmp_path: Path):
     assert resolve_remote("git@github.com:o/r.git", world.project, config) == "git@github.com:o/r.git"
     assert resolve_remote("bus.git", world.project, config) == str(world.project / "bus.git")
     assert resolve_remote("", world.project, config) == str(world.project / ".kakeya" / "bus.git")
-    # outside a git repository the client keeps fetched objects in a cache under the state dir
+    # outside a git repository there is no client: one line says to name the project; nothing is written there
     plain = tmp_path / "plain"
     plain.mkdir()
-    c = Client(config, root=plain, remote=str(world.project / ".kakeya" / "bus.git"))
-    assert c.bus.store == plain / ".kakeya" / "client.git"
-    with pytest.raises(KakeyaError, match="not a git repository"):
-        c.request("work", {}, "cpu", registry=load_registry())
+    with pytest.raises(InvalidRequest, match=r"^not in a git project: pass --project DIR") as err:
+        Client(config, root=plain, remote=str(world.project / ".kakeya" / "bus.git"))
+    assert err.value.code == "not-in-project" and list(plain.iterdir()) == []

@@ -33,6 +33,7 @@ BENCH = {
     "runners": ["cpu"],
     "argv": ["{python}", "bench.py", "{tag}"],
     "params": {"tag": {"type": "str", "pattern": "[a-z0-9-]+", "max_length": 40, "default": "x"}},
+    "verdict_free": ["tag"],  # a run's label here
     "report": {"kind": "probe", "schema_version": 1},
     "gate": [{"check": "min", "path": "/probe/cpu_count", "value": 1}],
 }

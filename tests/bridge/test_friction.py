@@ -109,7 +109,7 @@ def test_ids_by_unique_prefix_or_suffix_from_a_scoped_listing(
     assert main(["cancel", "aaa2"]) == 0  # the six-hex suffix (its start) of a live request
     assert capsys.readouterr().out == f"{ids[1]}: cancel requested (was requested)\n"
     for bad in ("aaa", "2026T", "20260601T1*", "20260601/../x", "refs/heads/kakeya"):
-        assert main(["wait", bad, "--json"]) == 1
+        assert main(["wait", bad, "--json"]) == 2  # invalid input, nothing looked up: exit 2
         assert json.loads(capsys.readouterr().out)["code"] == "bad-id", bad
     assert main(["results", "20270101", "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["code"] == "not-found"

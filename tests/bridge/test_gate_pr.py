@@ -18,6 +18,7 @@ from bridge.bus import MANIFEST_PATH, RESULTS_STORE, Bus, done_ref, indexed_subj
 from bridge.cli import main
 from bridge.client import Client
 from bridge.config import load_config
+from bridge.errors import InvalidRequest
 from bridge.presets import load_registry
 from tests.bridge.bus_support import (
     PRESETS,
@@ -28,6 +29,8 @@ from tests.bridge.bus_support import (
     move_done,
     push_raw_request,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class LocalBus:
@@ -111,7 +114,12 @@ def gate(
     return main(args + (["--json"] if as_json else []))
 
 
-UNSIGNED = " · unsigned (allowed) · accelerator: none"  # what a line says of unsigned evidence from this host
+# what a line says of unsigned evidence from this host, run with `work`'s defaults (`unsigned(tag=...)`: another tag)
+def unsigned(tag: str = "x") -> str:
+    return f" · unsigned (allowed) · accelerator: none · params: mode=count seconds=0.0 tag={tag}"
+
+
+UNSIGNED = unsigned()
 
 
 def outcomes(capsys) -> dict[str, dict]:
@@ -170,14 +178,14 @@ def test_no_evidence_then_evidence_for_another_commit_then_passing_evidence(
     before = summary.read_text()
     assert gate(bus, first[:10], "work@cpu", "work", summary=summary) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines == [f"✓ work@cpu: pass — {rid}{UNSIGNED}", f"✓ work: pass — {rid}{UNSIGNED}"]
+    assert lines == [f"✓ work@cpu: pass — {rid}{unsigned('a')}", f"✓ work: pass — {rid}{unsigned('a')}"]
     text = summary.read_text()
     assert text.startswith(before)
     added = text[len(before) :]
     assert f"**Evidence for `{first}`: ✓ pass** (2 of 2 requirements met)" in added
     assert (
         f"| ✓ | `work@cpu` | pass | `{rid}` | unsigned (allowed) | 1 check passed — runner r1, done "
-        f"{bus.done(rid)[:12]}; accelerator: none |" in added
+        f"{bus.done(rid)[:12]}; accelerator: none; params: mode=count seconds=0.0 tag=a |" in added
     )
     assert "<details>" not in added  # gate sections only for what did not pass
 
@@ -187,7 +195,7 @@ def test_the_newest_evidence_counts_and_a_label_must_match(world: Env, bus: Loca
     passed = bus.run("work", tag="p")
     assert gate(bus, head, "work@cpu", "work@gpu") == 1
     assert capsys.readouterr().out.splitlines() == [
-        f"✓ work@cpu: pass — {passed}{UNSIGNED}",
+        f"✓ work@cpu: pass — {passed}{unsigned('p')}",
         f"✗ work@gpu: missing — no trusted, executed work@gpu run on the bus names {head[:12]}",
     ]
     failed = new_id("work")  # a request the runner rejects is the newest, but nothing ran: the pass counts
@@ -216,7 +224,7 @@ def test_the_newest_evidence_counts_and_a_label_must_match(world: Env, bus: Loca
     git(world.project, "checkout", "-q", head)
     again = bus.run("work", tag="again")
     assert gate(bus, head, "work@cpu") == 0
-    assert capsys.readouterr().out.splitlines()[0] == f"✓ work@cpu: pass — {again}{UNSIGNED}"
+    assert capsys.readouterr().out.splitlines()[0] == f"✓ work@cpu: pass — {again}{unsigned('again')}"
 
 
 def test_a_failing_report_fails_and_the_runner_verdict_is_not_trusted(
@@ -463,9 +471,10 @@ def test_bad_requirements_are_refused_before_the_bus_is_read(world: Env, bus: Lo
     assert "'not-a-commit' is not a commit" in capsys.readouterr().err
     assert gate(str(world.tmp / "no-such-bus"), head, "work@cpu") == 1
     assert "cannot reach the bus" in capsys.readouterr().err
+    at_defaults = (("mode", "count"), ("seconds", 0.0))  # tag: verdict-free
     assert E.check_requirements(["work@cpu", "work@cpu", "work"], load_registry()) == [
-        E.Requirement("work", "cpu"),
-        E.Requirement("work"),
+        E.Requirement("work", "cpu", defaults=at_defaults),
+        E.Requirement("work", defaults=at_defaults),
     ]
 
 
@@ -571,3 +580,76 @@ def test_outcomes_in_which_nothing_ran_never_mask_a_run_that_did(world: Env, bus
     assert bus.runner.once(request_id=late).status == "expired"
     assert gate(bus, fresh, "work@cpu") == 1
     assert f"    ignored {late} (not-run): expired: expired at " in capsys.readouterr().out
+
+
+def test_a_requirement_without_pins_counts_only_runs_at_the_presets_defaults(
+    world: Env, bus: LocalBus, capsys, tmp_path
+):
+    """`work@cpu` alone: the run at the preset's defaults is the evidence, a newer one with another `seconds`
+    (not verdict-free) is ignored as `pins`, saying so; a different `tag` (verdict-free in the test presets)
+    still counts. A pin loosens it (`seconds>=0.01`, `seconds==*`) or tightens it; each row says which
+    parameters the run had, in the text, the JSON and the job summary."""
+    head = git(world.project, "rev-parse", "HEAD")
+    at_default = bus.run("work", tag="d")
+    cheaper = bus.run("work", seconds="0.01")  # newer, other parameters
+    assert gate(bus, head, "work@cpu", as_json=True) == 0
+    o = outcomes(capsys)["work@cpu"]
+    assert (o["status"], o["request_id"]) == ("pass", at_default)
+    assert o["params"] == {"mode": "count", "tag": "d", "seconds": 0.0}
+    assert [(i["request_id"], i["kind"]) for i in o["ignored"]] == [(cheaper, "pins")]
+    assert o["ignored"][0]["reason"] == (
+        "its parameters do not meet work@cpu: seconds: it ran seconds=0.01, not the preset's default 0.0 "
+        "(a pin counts other values: seconds==0.01, seconds==*)"
+    )
+    # a pin loosens it: the newest run that meets it, whatever its other verdict-free values
+    summary = tmp_path / "summary.md"
+    assert gate(bus, head, "work@cpu seconds>=0.01", "work@cpu seconds==*", summary=summary) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"✓ work@cpu seconds>=0.01: pass — {cheaper} · unsigned (allowed) · accelerator: none · "
+        "params: mode=count seconds=0.01 tag=x",
+        f"✓ work@cpu seconds==*: pass — {cheaper} · unsigned (allowed) · accelerator: none · "
+        "params: mode=count seconds=0.01 tag=x",
+    ]
+    assert "params: mode=count seconds=0.01 tag=x |" in summary.read_text()  # the PR comment's table too
+    # or tightens it: only a run with that tag
+    assert gate(bus, head, "work@cpu tag==e", as_json=True) == 1
+    assert outcomes(capsys)["work@cpu tag==e"]["status"] == "missing"
+    # with no run at the defaults there is no evidence, and the row says why
+    other = commit(world, "c.txt")
+    only = bus.run("work", seconds="0.01")
+    ((seen, kind, reason),) = missing(capsys, bus, other, "work@cpu")
+    assert (seen, kind) == (only, "pins") and "not the preset's default 0.0" in reason
+    assert E.Requirement.parse("work@cpu seconds==*", load_registry()).unmet({"seconds": 99}) == [
+        "mode: it has no mode (the preset's default: count)"
+    ]
+
+
+def test_the_shipped_presets_mark_device_and_threads_verdict_free():
+    registry = load_registry(ROOT / "presets")
+    req = E.Requirement.parse("niah-smoke@cpu", registry)
+    defaults = registry["niah-smoke"].validate_params({})
+    assert not req.unmet(defaults)
+    assert not req.unmet({**defaults, "device": "cpu", "threads": 8})  # verdict-free
+    assert req.unmet({**defaults, "samples": 1}) == [
+        f"samples: it ran samples=1, not the preset's default {defaults['samples']} "
+        "(a pin counts other values: samples==1, samples==*)"
+    ]
+    assert not E.Requirement.parse("niah-smoke@cpu samples>=1", registry).unmet({**defaults, "samples": 1})
+    assert {n for n, p in registry.items() if "device" in p.verdict_free} == {
+        "niah-ladder", "niah-smoke", "niah-sink-window", "restoration-study", "compression-table",
+        "throughput-code"}  # fmt: skip
+    assert "device" not in registry["parity"].verdict_free  # cpu vs auto changes what parity compares
+    with pytest.raises(InvalidRequest, match=r"\* \(any value\) takes == only"):
+        E.Requirement.parse("niah-smoke@cpu samples>=*", registry)
+
+
+def test_gate_pr_and_evidence_default_the_subject_to_head(world: Env, bus: LocalBus, capsys):
+    rid = bus.run("work")
+    argv = ["--require", "work@cpu", "--remote", bus.url, "--allow-unsigned"]
+    assert main(["gate", "pr", *argv]) == 0
+    assert capsys.readouterr().out.startswith(f"✓ work@cpu: pass — {rid}")
+    assert main(["evidence", *argv, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["subject"] == git(world.project, "rev-parse", "HEAD")
+    head = commit(world, "n.txt")  # HEAD moved: no evidence for it
+    assert main(["gate", "pr", *argv, "--json"]) == 1
+    assert outcomes(capsys)["work@cpu"]["reasons"][0].endswith(f"names {head[:12]}")

@@ -44,6 +44,7 @@ BENCH = script_preset(
     {"type": "int", "min": 0, "max": 100, "default": 0},
     env={"COUNTER": "${ENV:KAKEYA_TEST_COUNTER}"},
     gate=[{"check": "min", "path": "/probe/cpu_count", "value": 50}],
+    verdict_free=["seed"],  # repeats at other seeds are samples of the same measurement
 )
 
 
@@ -145,7 +146,8 @@ def test_history_table_json_plot_page_and_the_noise_decision(
     assert "13 trusted run(s) on 4 of 6 commit(s)" in lines[0]
     row = next(line for line in lines if line.startswith(c2[:12]))
     assert "slow down" in row and "▼ down worse (p = 0.0286)" in row and "80.5 [79, 82] n=4" in row
-    assert any(line.startswith(c3[:12]) and "no trusted run" in line for line in lines)
+    assert not any(line.startswith(c3[:12]) for line in lines)  # a commit without runs: only counted
+    assert lines[1] == "2 commit(s) without a trusted run not listed (--json has every commit)"
     assert "? too few runs to tell" in next(line for line in lines if line.startswith(c4[:12]))
     # --since and the metric are honoured; a metric that is no number is refused
     code, out = history(
@@ -234,3 +236,18 @@ def test_publish_commits_a_dashboard_without_touching_the_working_tree(world: En
     git(world.project, "checkout", "-q", "gh-pages")  # refuses to move the branch under checked-out files
     assert main(["history", "--publish", "--branch", "main", "--remote", bus.url, "--allow-unsigned"]) == 2
     assert "checked out" in capsys.readouterr().err
+
+
+def test_a_run_that_could_not_start_is_an_error_in_history_not_a_fail(world: Env, bus: LocalBus, capsys):
+    c0 = commit(world, "bench at 100", speed=100)
+    bus.run(c0, 0)
+    bus.runner.environ = {k: v for k, v in bus.runner.environ.items() if k != "KAKEYA_TEST_COUNTER"}
+    broken = bus.run(c0, 1)  # its preset needs a variable this runner does not set: it never started
+    code, out = history(bus, capsys, "bench@cpu", "--branch", "main", "--json")
+    assert code == 0
+    runs = {r["id"]: r for p in json.loads(out)["points"] for r in p["runs"]}
+    assert runs[broken]["verdict"] == "error" and runs[broken]["value"] is None
+    assert "could not start" in runs[broken]["reason"]
+    assert sorted(r["verdict"] for r in runs.values()) == ["error", "pass"]
+    code, out = history(bus, capsys, "bench@cpu", "--branch", "main")
+    assert "  error" in next(line for line in out.splitlines() if broken in line)

@@ -138,7 +138,7 @@ def test_ids_that_are_not_real_times_are_ignored_by_status_gc_runners_and_gate(w
     assert main(["status", "--remote", url, "--json"]) == 0
     assert [r["id"] for r in json.loads(capsys.readouterr().out)] == [honest]
     for rid in hostile:  # asked for by name, each is refused with the rule, not a traceback
-        assert main(["status", rid, "--remote", url]) == 1
+        assert main(["status", rid, "--remote", url]) == 2  # invalid input (bad-id): exit 2
         assert "is not a request id (expected e.g." in capsys.readouterr().err
 
     # a runner serves the honest request waiting behind them, and nothing else

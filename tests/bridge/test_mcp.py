@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -305,3 +306,88 @@ def test_the_tools_and_resources_in_process(world: Env, daemon: Daemon):
     assert len(json.loads(got["presets_doc"].contents[0].text)) == 4
     assert got["result_doc"].contents[1].mime_type == "text/markdown"
     assert "unknown resource 'kakeya://elsewhere'" in got["bad_resource"]
+
+
+def test_mcp_takes_ids_as_the_cli_does_and_a_bad_one_is_bad_id(world: Env, daemon: Daemon):
+    """Over stdio: status, wait, results and cancel take a unique prefix of an id or its six-hex suffix (as
+    `kakeya status ID` does); a string that is no id is code `bad-id`, one that matches nothing `not-found`."""
+    url = daemon.repo()
+
+    async def script(client: Any) -> dict[str, Any]:
+        got: dict[str, Any] = {}
+        made = await client.call_tool("request", {"preset": "work", "runner": "gpu"})  # no gpu runner: queued
+        rid = made.structured_content["id"]
+        suffix, prefix = rid.rsplit("-", 1)[1], rid[:15]
+        got["rid"] = rid
+        got["by_suffix"] = await client.call_tool("status", {"id": suffix})
+        got["by_prefix"] = await client.call_tool("status", {"id": prefix})
+        got["wait"] = await client.call_tool("wait", {"id": suffix, "timeout_s": 0.5})
+        got["results"] = await client.call_tool("results", {"id": prefix})
+        got["cancel"] = await client.call_tool("cancel", {"id": suffix, "reason": "by suffix"})
+        got["bad"] = await client.call_tool("status", {"id": "zz/../x"})
+        got["bad_results"] = await client.call_tool("results", {"id": "refs/heads/kakeya"})
+        got["none"] = await client.call_tool("status", {"id": "fda52c" if suffix != "fda52c" else "fda52d"})
+        return got
+
+    got = anyio.run(session, world, url, script)
+    rid = got["rid"]
+    for key in ("by_suffix", "by_prefix"):
+        assert not got[key].is_error, got[key].content[0].text
+        assert (
+            got[key].structured_content["id"] == rid and got[key].structured_content["state"] == "requested"
+        )
+    assert (
+        got["wait"].is_error and f"waiting for {rid}" in got["wait"].content[0].text
+    )  # resolved, then waited
+    assert got["results"].structured_content["code"] == "not-done", got["results"].content[0].text
+    assert got["cancel"].structured_content == {"id": rid, "was": "requested", "cancelled": True}
+    for key in ("bad", "bad_results"):
+        assert got[key].is_error and got[key].structured_content["code"] == "bad-id", got[key].content[0].text
+    assert got["none"].structured_content["code"] == "not-found"
+
+
+def test_outside_a_git_project_mcp_and_bus_verbs_refuse_and_write_nothing(world: Env, tmp_path: Path, capsys):
+    """`kakeya mcp` started elsewhere (as MCP clients start servers), and every verb that would read or write a
+    bus, outside a git checkout: one line, `not in a git project: pass --project DIR`, exit 2, and no
+    .kakeya/ (no client.git, no embedded bus) in that directory. With --project DIR they work from anywhere."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "bridge.cli", "mcp"],
+        cwd=elsewhere,
+        env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", str(ROOT))},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"kakeya: error: not in a git project: pass --project DIR ({elsewhere} is not in a git checkout)"
+    ]
+    os.chdir(elsewhere)
+    bus = str(world.project / ".kakeya" / "bus.git")
+    for argv in (
+        ["status"],
+        ["status", "--remote", bus],
+        ["status", "abcdef", "--json"],
+        ["request", "work", "--runner", "cpu"],
+        ["results", "abcdef"],
+        ["wait", "abcdef"],
+        ["cancel", "abcdef"],
+        ["runners"],
+        ["run", "work"],
+        ["bus", "gc", "--older-than", "30"],
+        ["gate", "pr", "--subject", "HEAD", "--require", "work@cpu"],
+        ["evidence", "HEAD"],
+        ["history", "work@cpu"],
+        ["mcp", "--project", str(elsewhere)],
+    ):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "not in a git project: pass --project DIR" in err and len(err.splitlines()) == 1, (argv, err)
+    assert not (elsewhere / ".kakeya").exists() and list(elsewhere.iterdir()) == []
+    # --project names the checkout from anywhere
+    assert main(["status", "--project", str(world.project), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+    assert list(elsewhere.iterdir()) == []

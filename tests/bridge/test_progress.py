@@ -19,7 +19,7 @@ from bridge import git as G
 from bridge.bus import Bus, Update, runner_ref, utcnow
 from bridge.cli import main
 from bridge.presence import PRESENCE_PATH, Presence
-from bridge.progress import PROGRESS_CAP, Tracker, read_workload
+from bridge.progress import PROGRESS_CAP, Tracker, progress_line, read_workload
 from bridge.trust import ALLOWED_SIGNERS, principal
 from tests.bridge.bus_support import (
     WRITE_REPORT_PY,
@@ -412,3 +412,10 @@ def test_with_allowed_signers_only_a_runner_key_for_its_labels_makes_a_live_pres
     finally:
         for r in runners:
             r.stop_presence()
+
+
+def test_a_progress_line_echoes_the_runs_stdout_never_its_stderr():
+    event = {"event": "running", "workload": None, "elapsed_s": 12.0, "scheduler": None}
+    tail = ["stdout: rung 2 of 5", "stderr: UserWarning: TypedStorage is deprecated", "stderr: Traceback"]
+    assert progress_line({**event, "log_tail": tail}) == "running  elapsed 0:12  | stdout: rung 2 of 5"
+    assert progress_line({**event, "log_tail": tail[1:]}) == "running  elapsed 0:12"

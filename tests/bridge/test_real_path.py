@@ -185,7 +185,8 @@ def test_small_things(world: Env, daemon: Daemon, capsys, tmp_path: Path):
     plain.mkdir()
     os.chdir(plain)
     assert main(["request", "work", "--runner", "cpu", "--remote", str(daemon.base / "bus.git")]) == 2
-    assert "is not a git repository" in capsys.readouterr().err
+    assert "not in a git project: pass --project DIR" in capsys.readouterr().err
+    assert list(plain.iterdir()) == []  # no .kakeya/ written there
     os.chdir(world.project)
     # --version
     code, out, _ = finish(kakeya(world.project, "--version"))

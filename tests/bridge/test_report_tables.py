@@ -108,6 +108,12 @@ def test_the_judged_plot_has_the_threshold_line_the_verdict_and_human_units(niah
         r["policies"]["sink_window"]["recall_delta"] for r in report["rungs"]
     ]
     assert "gate: full recall ≥ 0.8" in {line.get_label() for line in recall.get_lines()}
+    # the first series (the oracle's) is drawn widest, hollow, under the next: hybrid equal to it hides nothing
+    full, hybrid = (
+        next(ln for ln in recall.get_lines() if ln.get_label() == n) for n in ("full recall", "hybrid recall")
+    )
+    assert full.get_markersize() > hybrid.get_markersize() and full.get_markerfacecolor() == "none"
+    assert full.get_linewidth() > hybrid.get_linewidth() and full.get_zorder() < hybrid.get_zorder()
     ticks = [t.get_text() for t in kv.get_yticklabels() if t.get_text()]
     assert ticks and all(t.endswith(("KiB", "MiB")) for t in ticks), ticks
     assert [t.get_text() for t in kv.get_xticklabels()] == ["128", "256"]

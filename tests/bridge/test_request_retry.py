@@ -5,6 +5,7 @@ request; a forged key ref is refused), the runner label fallback (`--runner gpu,
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import threading
 
@@ -167,3 +168,59 @@ def test_a_request_past_its_queue_timeout_expires_and_never_runs(world: Env, dae
         code = exc.code
     assert code == 2
     assert G.is_repo(world.project)
+
+
+def test_the_cli_says_it_reused_a_request_and_which_label_it_fell_back_to(world: Env, daemon: Daemon, capsys):
+    """An idempotent retry says on stderr that it reused the first request (`reused` in --json); `--runner
+    gpu,cpu` says which label it took and why (`label_note`); `--expires 1h30m` (compound) is taken."""
+    url = daemon.repo()
+    argv = ["request", "work", "--remote", url, "--idempotency-key", "k-cli", "--expires", "1h30m"]
+    assert main([*argv, "--runner", "gpu,cpu", "--json"]) == 0
+    out = capsys.readouterr()
+    first = json.loads(out.out)
+    assert first["reused"] is False and first["runner"] == "gpu"
+    assert first["label_note"] == "no live runner serves gpu, cpu: queued on gpu, the first"
+    assert "kakeya: runner gpu: no live runner serves gpu, cpu: queued on gpu, the first" in out.err
+    made = parse_id(first["id"])
+    assert made is not None
+    expires = dt.datetime.fromisoformat(first["expires_at"].replace("Z", "+00:00"))
+    assert abs((expires - made.time).total_seconds() - 5400) < 5  # 1h30m
+    assert main([*argv, "--runner", "gpu,cpu"]) == 0  # the retry
+    out = capsys.readouterr()
+    assert out.out == f"{first['id']}\n"
+    assert (
+        f"kakeya: reused request {first['id']} (made earlier with this idempotency key and content)"
+        in out.err
+    )
+    assert "runner gpu" not in out.err
+    live = make_runner(url, world, name="cpu-1", labels=("cpu",))
+    live.start_presence()
+    c = Client(load_config(), remote=url)
+    wait_for(lambda: "cpu-1" in c.bus.ls_remote(RUNNERS_PREFIX).runners, 30, "the runner's presence")
+    try:
+        assert main(["request", "work", "--remote", url, "--runner", "gpu,cpu", "--json"]) == 0
+        out = capsys.readouterr()
+        assert json.loads(out.out)["runner"] == "cpu"
+        assert "kakeya: runner cpu: no live runner serves gpu: fell back to cpu" in out.err
+    finally:
+        live.stop_presence()
+    for bad in ("1h1h", "30m1h", "1h30", "0m"):
+        assert main(["request", "work", "--remote", url, "--runner", "cpu", "--expires", bad]) == 2, bad
+        assert "must look like 90s, 15m, 2h, 7d or 1h30m" in capsys.readouterr().err
+
+
+def test_expired_and_cancelled_requests_take_no_place_in_the_queue(world: Env, daemon: Daemon, capsys):
+    """Requests no runner has closed yet: one past its queue timeout, one cancelled. A later request's
+    position counts neither (1: next), though their request branches are still on the bus."""
+    url = daemon.repo()
+    c = Client(load_config(), remote=url)
+    expired = c.request("work", {"tag": "e"}, "gpu", expires_s=0.5).id
+    cancelled = c.request("work", {"tag": "c"}, "gpu").id
+    c.cancel(cancelled)
+    waiting = c.request("work", {"tag": "w"}, "gpu").id
+    wait_for(lambda: c.status_one(expired).state == "expired", 30, "the first request to expire")
+    assert main(["wait", waiting, "--remote", url, "--json", "--timeout", "0.5"]) == 4
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    queued = next(e for e in events if e["event"] == "queued")
+    assert (queued["position"], queued["ahead"]) == (1, 0), queued
+    assert {e.id for e in c.bus.ls_remote(REQ_PREFIX).entries.values()} == {expired, cancelled, waiting}

@@ -83,7 +83,7 @@ def test_signed_evidence_passes_and_every_forgery_fails_for_its_own_reason(
     for sha in (done, G.parents(world.project, done)[0]):
         ok, code, who, _ = G.verify_commit(world.project, sha, signers)
         assert (ok, code, who) == (True, "G", "r1@cpu+gpu")
-    signed = f"✓ work@cpu: pass — {rid} · signed by r1@cpu+gpu · accelerator: none\n"
+    signed = f"✓ work@cpu: pass — {rid} · signed by r1@cpu+gpu · accelerator: none · params: mode=count seconds=0.0 tag=a\n"
     assert gate(bus, first, "work@cpu") == 0
     assert capsys.readouterr().out == signed
     out = world.tmp / "res"

@@ -75,7 +75,10 @@ def test_a_shared_bus_without_allowed_signers_is_refused_with_the_steps(
 
     # explicitly allowed: it passes, and says so on every row
     assert gate(bus, head, "work@cpu", summary=summary) == 0
-    assert capsys.readouterr().out == f"✓ work@cpu: pass — {rid} · unsigned (allowed) · accelerator: none\n"
+    assert (
+        capsys.readouterr().out
+        == f"✓ work@cpu: pass — {rid} · unsigned (allowed) · accelerator: none · params: mode=count seconds=0.0 tag=x\n"
+    )
     assert f"| ✓ | `work@cpu` | pass | `{rid}` | unsigned (allowed) |" in summary.read_text()
     argv = ["results", rid, "--verify", "--allow-unsigned", "--remote", bus.url, "--out", str(out)]
     assert main(argv) == 0
@@ -175,7 +178,9 @@ def test_newer_unsigned_expired_or_cancelled_results_never_mask_a_signed_pass(
     # the text and the job summary say who signed it, and list what was ignored and why
     assert gate(bus, head, "work@cpu", summary=summary) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == f"✓ work@cpu: pass — {passed} · signed by r1@cpu · accelerator: none"
+    assert lines[0] == (
+        f"✓ work@cpu: pass — {passed} · signed by r1@cpu · accelerator: none · params: mode=count seconds=0.0 tag=p"
+    )
     assert lines[1:] == [
         f"    ignored {cancelled} (not-run): {reasons[cancelled]}",
         f"    ignored {expired} (not-run): {reasons[expired]}",
@@ -201,6 +206,8 @@ def test_newer_unsigned_expired_or_cancelled_results_never_mask_a_signed_pass(
 
 DEV_PY = WRITE_REPORT_PY.replace('"memory_bytes": None,\n', '"memory_bytes": None, "device": DEVICE,\n', 1)
 DEV_PY = "import sys\nDEVICE = sys.argv[1]\n" + DEV_PY + "\nwrite_report()\n"
+WORK_DEFAULTS = "mode=count seconds=0.0 tag=x"  # the parameters a `work` run at its defaults had
+
 DEVWORK = {  # a preset that may run on h200, gated on the device its report says it ran on there
     "description": "reports the device it is told",
     "runners": ["cpu", "h200"],
@@ -209,6 +216,7 @@ DEVWORK = {  # a preset that may run on h200, gated on the device its report say
     "params": {
         "device": {"type": "str", "pattern": "[a-zA-Z0-9_:() ]+", "max_length": 40, "default": "cpu (x86_64)"}
     },
+    "verdict_free": ["device"],  # as the shipped presets mark theirs
     "report": {"kind": "probe", "schema_version": 1},
     "gate": [{"check": "min", "path": "/probe/cpu_count", "value": 1}],
     "gate_on": {
@@ -250,8 +258,12 @@ def test_an_h200_runner_without_cuda_refuses_to_start_and_forced_its_results_say
     assert "--force-labels" in err
     assert main(["runner", "watch", "--labels", "cpu,h200", "--name", "gpu1", "--remote", url]) == 1
     assert "this host lacks the hardware of label(s) h200" in capsys.readouterr().err
-    with pytest.raises(KakeyaError, match="lacks the hardware of label.s. h200"):
+    with pytest.raises(KakeyaError, match="lacks the hardware of label.s. h200") as refused:
         Runner(url, config=load_config(), name="x", labels=["cpu", "h200"], workdir=tmp_path / "x")
+    assert refused.value.code == "hardware"  # a specific code for agents, not `error`
+    with pytest.raises(KakeyaError) as refused:
+        host.check_accelerator("h200")
+    assert refused.value.code == "hardware"
     assert Bus(url, world.project).ls_remote().entries[rid].state == "requested"
     # forced: it serves, signed, and the result says which labels were forced
     forced = signed_runner(world, url, "gpu1", ("h200",), keys["r1"])
@@ -419,7 +431,8 @@ def test_nvml_provenance_is_recorded_and_shown_by_gate_pr(
     summary = tmp_path / "summary.md"
     assert gate(bus, head, "work@cpu", summary=summary) == 0
     assert (
-        capsys.readouterr().out == f"✓ work@cpu: pass — {rid} · unsigned (allowed) · accelerator: {words}\n"
+        capsys.readouterr().out
+        == f"✓ work@cpu: pass — {rid} · unsigned (allowed) · accelerator: {words} · params: {WORK_DEFAULTS}\n"
     )
     assert f"accelerator: {words}" in summary.read_text()
     assert f"<td>accelerator</td><td>{words}</td>" in bus.files(rid)["report.html"].decode()
@@ -471,8 +484,12 @@ def test_pins_are_parsed_once_typed_against_the_preset():
     ]
     assert req.unmet({k: v for k, v in base.items() if k != "samples"}) == ["samples>=5: it has no samples"]
     exact = E.Requirement.parse("ladder contexts==256,1024 ratio<0.75 samples<=2 samples>1", registry)
-    assert exact.unmet({**base, "contexts": [256, 1024], "ratio": 0.5, "samples": 2}) == []
-    assert exact.unmet({**base, "contexts": [1024, 256], "ratio": 0.75, "samples": 1}) == [
+    assert exact.unmet({**base, "contexts": [256, 1024], "ratio": 0.5, "samples": 2, "fast": False}) == []
+    # a parameter without a pin counts at the preset's default only
+    assert exact.unmet({**base, "contexts": [256, 1024], "samples": 2}) == [
+        "fast: it ran fast=true, not the preset's default false (a pin counts other values: fast==true, fast==*)"
+    ]
+    assert exact.unmet({**base, "contexts": [1024, 256], "ratio": 0.75, "samples": 1, "fast": False}) == [
         "contexts==256,1024: it ran contexts=1024,256",
         "ratio<0.75: it ran ratio=0.75",
         "samples>1: it ran samples=1",
@@ -515,7 +532,7 @@ def test_a_run_that_does_not_meet_the_pins_is_not_evidence(world: Env, daemon: D
         lines[1]
         == f'    ignored {other} (pins): its parameters do not meet work@cpu seconds>=0.2 tag==a: tag==a: it ran tag="b"'
     )
-    assert lines[2].startswith(f"✓ work@cpu: pass — {other} · ")  # unpinned: the newest run counts
+    assert lines[2].startswith(f"✓ work@cpu: pass — {cheap} · ")  # unpinned: the newest at the defaults
     # bad pins are refused before the bus is read (exit 2)
     assert gate(bus, head, "work@cpu mode>=count") == 2
     assert "parameter mode is enum; it takes == only" in capsys.readouterr().err

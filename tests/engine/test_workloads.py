@@ -464,3 +464,31 @@ def test_compression_quantized_columns_and_a_quantized_policy_cross_checked(
             net = r[f"kv_bytes_{q}"] + r["drafter_kv_bytes"] + r["drafter_weight_bytes"]
             assert r[f"compression_ratio_{q}"] == pytest.approx(r["full_bytes"] / net)
         assert r["compression_ratio_q4"] > r["compression_ratio_q8"]
+
+
+def test_the_recall_plot_shows_the_gate_and_an_oracle_that_hybrid_equals(tmp_path: Path, monkeypatch) -> None:
+    """report-recall.png: the gate's line (5 points under the oracle), and the oracle drawn under the policies
+    wider, with larger hollow markers: where hybrid equals it (full recall) both stay visible."""
+    import matplotlib.pyplot as plt
+
+    figures: list = []
+    monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to look at
+    rungs = [
+        {"context": c, "oracle": {"recall": 1.0, "kv_bytes": 8 * c}, "policies": {"hybrid": {"recall": 1.0, "kv_bytes": 512}}}
+        for c in (256, 512, 1024)
+    ]  # fmt: skip
+    body = {
+        "rungs": rungs,
+        "summary": {"policies": {"hybrid": {"policy": "hybrid:4:64"}}},
+        "placement": {"sink": 4, "window": 64},
+        "config": {"model": "zoo:tiny-hybrid", "backend": "torch"},
+    }
+    niah.draw(body, tmp_path / "r-recall.png")
+    assert (tmp_path / "r-recall.png").read_bytes()[:4] == b"\x89PNG"
+    lines = {ln.get_label(): ln for ln in figures[0].axes[0].lines}
+    oracle, hybrid = lines["full (oracle)"], lines["hybrid:4:64"]
+    gate = next(ln for label, ln in lines.items() if label.startswith("gate: oracle - 0.05"))
+    assert list(gate.get_ydata()) == [0.95, 0.95, 0.95]
+    assert list(oracle.get_ydata()) == list(hybrid.get_ydata())  # equal: drawn so both show
+    assert oracle.get_markersize() > hybrid.get_markersize() and oracle.get_markerfacecolor() == "none"
+    assert oracle.get_linewidth() > hybrid.get_linewidth() and oracle.get_zorder() < hybrid.get_zorder()
