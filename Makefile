@@ -84,8 +84,12 @@ gh:
 	  } >/dev/null 2>&1 || echo "gh could not be installed: the PR comment's act test skips"; \
 	fi
 
+# Each test's seconds go to out/test-durations.txt (slowest first, and per file); the slowest files end the output.
 test: lint bwrap slurm gh sshd
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --durations=15 --cov --cov-report=term
+	OMP_NUM_THREADS=1 KAKEYA_TEST_DURATIONS=out/test-durations.txt $(PY) -m pytest -q -n 2 --dist loadfile \
+	  --durations=15 --cov --cov-report=term; rc=$$?; \
+	  echo "== the slowest test files (out/test-durations.txt)"; sed -n '1,22p' out/test-durations.txt 2>/dev/null; \
+	  exit $$rc
 	$(PY) -m coverage report --include='bridge/*' --fail-under=90 > /dev/null || \
 	  { echo "bridge/ line coverage is under 90 %"; $(PY) -m coverage report --include='bridge/*'; exit 1; }
 

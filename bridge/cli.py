@@ -39,6 +39,7 @@ COMMANDS = [
     "bus",
     "doctor",
     "mcp",
+    "serve",
     "verify",
 ]
 
@@ -57,6 +58,7 @@ EXAMPLES = {
     "results": "kakeya results 663f0b --out results/   # writes results/<id>/",
     "wait": "kakeya wait 663f0b --timeout 600 --json   # exit 4 on timeout",
     "logs": "kakeya logs 663f0b -f        # live while it runs, then the final logs",
+    "serve": "kakeya serve --model zoo:tiny-hybrid --drafter block:zoo:tiny-block-drafter --port 8000",
     "cancel": "kakeya cancel 663f0b --reason 'wrong commit'",
     "run": "kakeya run probe --json",
     "runner once": "kakeya runner once --labels cpu",
@@ -154,7 +156,11 @@ def command(argv: Sequence[str] | None) -> int:
     verb = next((a for a in argv if not a.startswith("-")), None)  # the top level takes no option value
     parser = build_parser(verb if verb in COMMANDS else None)
     try:
-        args = parser.parse_args(argv)
+        if verb == "serve":  # every flag after it is python -m engine.serve's, --help included
+            run = importlib.import_module("bridge.commands.serve").run
+            args = argparse.Namespace(func=run, flags=argv[argv.index("serve") + 1 :])
+        else:
+            args = parser.parse_args(argv)
     except UsageError as exc:
         return fail(exc, "--json" in argv)
     as_json = bool(getattr(args, "json", False))

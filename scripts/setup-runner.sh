@@ -27,7 +27,7 @@ usage: scripts/setup-runner.sh [options]
   --torch-version V    (default: $KAKEYA_TORCH_VERSION, else 2.13.0)
   --torch-index URL    index for the torch wheel (default: PyPI for cuda and macOS,
                        https://download.pytorch.org/whl/cpu for cpu)
-  --extras E1,E2       kakeya extras (default: torch on Linux GPU hosts, torch,mlx otherwise)
+  --extras E1,E2       kakeya extras (default: torch,serve on Linux GPU hosts, torch,mlx,serve otherwise: serve for serve-bench)
   --skip-install       install nothing: reuse the venv as it is (it must already hold kakeya)
   --no-doctor          do not run `kakeya doctor`
   --service            install `kakeya runner watch` as a user service (systemd on Linux,
@@ -207,9 +207,9 @@ fi
 [ "$OS" = macos ] && [ "$TORCH" = cpu ] && TORCH=macos
 if [ -z "$EXTRAS" ]; then
   case $TORCH in
-    cuda) EXTRAS=torch ;;
-    none) EXTRAS=mlx ;;
-    *) EXTRAS=torch,mlx ;;
+    cuda) EXTRAS=torch,serve ;;
+    none) EXTRAS=mlx,serve ;;
+    *) EXTRAS=torch,mlx,serve ;;
   esac
   [ "$TORCH" = none ] && [ "$OS" = linux ] && EXTRAS=""
 fi

@@ -206,10 +206,10 @@ def test_nvidia_smi_selects_the_cuda_build(home, bus, no_gpu_path, tmp_path):
     )
     fake.chmod(0o755)
     proc = setup(home, *service_args(bus, "--no-doctor"), path=no_gpu_path)
-    assert "torch==2.13.0, CUDA build (nvidia-smi lists 2 GPU(s)); kakeya[torch]" in proc.stdout
+    assert "torch==2.13.0, CUDA build (nvidia-smi lists 2 GPU(s)); kakeya[torch,serve]" in proc.stdout
     fake.write_text("#!/bin/sh\nexit 9\n")
     proc = setup(home, *service_args(bus, "--no-doctor"), path=no_gpu_path)
-    assert "CPU build" in proc.stdout and "kakeya[torch,mlx]" in proc.stdout
+    assert "CPU build" in proc.stdout and "kakeya[torch,mlx,serve]" in proc.stdout
 
 
 def test_macos_launch_agent_sources_the_secrets_and_keeps_the_watcher_alive(home, bus, no_gpu_path):
@@ -374,7 +374,7 @@ def test_dry_run_writes_nothing_runs_nothing_and_says_what_it_would_do(home, bus
     out = proc.stdout
     for said in (
         f"would create the venv: python3 -m venv {venv}",
-        f"would install: kakeya[torch,mlx] from {ROOT} (editable)",
+        f"would install: kakeya[torch,mlx,serve] from {ROOT} (editable)",
         f"would create: {home}/kakeya-models",
         f"would make: {home}/.config/kakeya/signing-key",
         f"would write: {home}/.config/systemd/user/kakeya-runner@.service (mode 644)",

@@ -20,7 +20,7 @@ from tests.bridge.bus_support import Env, free_port, git
 ROOT = Path(__file__).resolve().parents[2]
 # verbs with no output to shape: `runner watch` serves until stopped (its log on stderr), `mcp` speaks the MCP
 # protocol on stdout
-NO_JSON = {"runner watch", "mcp"}
+NO_JSON = {"runner watch", "mcp", "serve"}  # servers: they speak their own protocol
 
 
 def call(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[dict[str, Any]], str]:
