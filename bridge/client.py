@@ -729,7 +729,8 @@ class Client:
         return entry.state
 
     def gc(self, older_than_days: float, dry_run: bool = False, archive_done: bool = False) -> list[str]:
-        """Delete the req/claim/cancel refs of finished requests older than the cutoff; done refs stay, or with
+        """Delete the req/claim/cancel refs of finished requests older than the cutoff (and the branches of
+        requests no runner will run: cancelled before a claim, or expired unclaimed); done refs stay, or with
         `archive_done` move to refs/kakeya-archive/done/<id> (kept, but out of every clone's fetch and of
         `kakeya status` and `gate pr`). Result side refs left behind (refs/kakeya-stage/<id>/...) of done or
         vanished requests go too, whatever their age, and the idempotency keys of requests older than the
@@ -754,6 +755,21 @@ class Client:
                 (cancel_ref(e.id), e.cancel),
                 (done_ref(e.id), e.done if archive_done else None),
             )
+            if sha
+        ]
+        # requests no runner will ever run: cancelled before any claim, or unclaimed for longer than any request
+        # may wait (MAX_TTL: expired, whatever the manifest says). A runner of their label closes them with a
+        # done commit; where no runner serves the label their branches stay under refs/heads: gc deletes them.
+        never = [
+            e
+            for e in snap.entries.values()
+            if e.req and not e.claim and not e.done and e.created_at < cutoff
+            if e.cancel or e.created_at < utcnow() - MAX_TTL
+        ]
+        updates += [
+            Update(ref, None, sha)
+            for e in never
+            for ref, sha in ((req_ref(e.label or "", e.id), e.req), (cancel_ref(e.id), e.cancel))
             if sha
         ]
         # a cancel marker left behind by a request that finished (or went) meanwhile

@@ -37,6 +37,7 @@ from tests.bridge.bus_support import (
     free_port,
     git,
     make_runner,
+    push_raw_request,
 )
 
 
@@ -412,3 +413,26 @@ def test_remotes_resolve_by_name_url_or_path(world: Env, tmp_path: Path):
     with pytest.raises(InvalidRequest, match=r"^not in a git project: pass --project DIR") as err:
         Client(config, root=plain, remote=str(world.project / ".kakeya" / "bus.git"))
     assert err.value.code == "not-in-project" and list(plain.iterdir()) == []
+
+
+def test_bus_gc_deletes_the_branches_of_requests_no_runner_will_run(world: Env, daemon: Daemon, capsys):
+    """A label no runner serves keeps its expired and cancelled requests under refs/heads (a runner of the label
+    would close them with a done commit): gc deletes them once older than its cutoff, and nothing that may run."""
+    url = daemon.repo()
+    now = utcnow()
+    old = new_id("work", now - dt.timedelta(days=10))  # unclaimed past MAX_TTL: expired whatever it says
+    cancelled = new_id("work", now - dt.timedelta(days=2))
+    waiting = new_id("work", now - dt.timedelta(days=2))  # may still run (within MAX_TTL): kept
+    for rid in (old, cancelled, waiting):
+        push_raw_request(url, world.project, "gpu-x", rid, b"{}")
+    snap = Bus(url, world.project).ls_remote()
+    sha = snap.entries[cancelled].req or ""
+    marker = G.child_commit(world.project, sha, {CANCEL_PATH: b"{}"}, "cancel", "T <t@x>")
+    assert Bus(url, world.project).swap([Update(cancel_ref(cancelled), marker, None)], atomic=False)
+    assert main(["bus", "gc", "--older-than", "1", "--remote", url]) == 0
+    assert "deleted 3 refs" in capsys.readouterr().out
+    after = Bus(url, world.project).ls_remote().entries
+    assert old not in after and cancelled not in after
+    assert after[waiting].req == snap.entries[waiting].req
+    assert main(["bus", "gc", "--older-than", "1", "--remote", url]) == 0
+    assert "deleted 0 refs" in capsys.readouterr().out
