@@ -536,7 +536,7 @@ def test_torch_falls_back_to_the_package_registry_when_the_cpu_index_cannot_serv
     pip = [ln for ln in (venv / "pip.calls").read_text().splitlines() if "torch" in ln or " -e " in ln]
     assert pip[0].endswith("torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"), pip
     assert pip[1].endswith("install --quiet --disable-pip-version-check torch==2.13.0"), pip  # the registry
-    assert pip[2].endswith(f"-e {ROOT}[torch,mlx]"), pip
+    assert pip[2].endswith(f"-e {ROOT}[torch,mlx,serve]"), pip
     assert "is not reachable (or lacks a dependency): torch from the package registry" in proc.stdout
 
 

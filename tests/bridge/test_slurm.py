@@ -934,6 +934,7 @@ def test_a_signing_slurm_runner_attests_its_results_and_replaces_a_planted_attes
     git(world.project, "commit", "-q", "-m", "plant")
     planter = {"name": "planter", **PRESETS["work"], "runners": ["h200"], "argv": ["{python}", "plant.py"]}
     planter.pop("params")
+    planter.pop("verdict_free", None)
     (world.presets / "planter.yaml").write_text(yaml.safe_dump(planter))
     (world.tmp / "keys").mkdir()
     key = keygen(world.tmp / "keys" / "slurm-1")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from markdown_it import MarkdownIt
 
 import gates
 from bridge import evidence as E
@@ -188,7 +189,7 @@ def test_newer_unsigned_expired_or_cancelled_results_never_mask_a_signed_pass(
         f"    ignored {rid} (untrusted): {reasons[rid]}",
     ]
     text = summary.read_text()
-    assert f"| ✓ | `work@cpu` | pass | `{passed}` | signed by r1@cpu |" in text
+    assert f"| ✓ | `work@cpu` | pass | `{passed}` | `signed by r1@cpu` |" in text  # `@`: quoted, never a mention
     assert (
         f"ignored: {cancelled} (not-run), {expired} (not-run), {forged} (untrusted), {rid} (untrusted)"
         in text
@@ -603,8 +604,12 @@ def test_what_an_ignored_result_says_cannot_open_html_in_the_job_summary(world: 
     assert gate(bus, head, "work@cpu", summary=summary) == 0  # the hostile result is ignored, not evidence
     assert f"ignored {hostile} (mismatch)" in capsys.readouterr().out
     text = summary.read_text()
-    assert "&lt;/details>&lt;img src=x>" in text and "</details><img" not in text
-    assert text.count("<details>") == text.count("</details>") == 1
+    # the hostile subject is quoted in a code span: as markdown, the only HTML is the summary's own <details>
+    assert "`does not belong to " in text and "names subject </details><img src=x>, not " in text
+    tokens = MarkdownIt("commonmark").enable("table").parse(text)
+    html = [t.content for t in tokens if t.type == "html_block"]
+    html += [c.content for t in tokens for c in t.children or [] if c.type == "html_inline"]
+    assert [h.strip() for h in html] == ["<details><summary>work@cpu: 1 result(s) ignored</summary>", "</details>"]
 
 
 def test_a_forged_previous_pass_is_no_baseline(world: Env, daemon: Daemon, keys: dict[str, Path], capsys):
