@@ -189,7 +189,9 @@ def test_newer_unsigned_expired_or_cancelled_results_never_mask_a_signed_pass(
         f"    ignored {rid} (untrusted): {reasons[rid]}",
     ]
     text = summary.read_text()
-    assert f"| ✓ | `work@cpu` | pass | `{passed}` | `signed by r1@cpu` |" in text  # `@`: quoted, never a mention
+    assert (
+        f"| ✓ | `work@cpu` | pass | `{passed}` | `signed by r1@cpu` |" in text
+    )  # `@`: quoted, never a mention
     assert (
         f"ignored: {cancelled} (not-run), {expired} (not-run), {forged} (untrusted), {rid} (untrusted)"
         in text
@@ -609,7 +611,10 @@ def test_what_an_ignored_result_says_cannot_open_html_in_the_job_summary(world: 
     tokens = MarkdownIt("commonmark").enable("table").parse(text)
     html = [t.content for t in tokens if t.type == "html_block"]
     html += [c.content for t in tokens for c in t.children or [] if c.type == "html_inline"]
-    assert [h.strip() for h in html] == ["<details><summary>work@cpu: 1 result(s) ignored</summary>", "</details>"]
+    assert [h.strip() for h in html] == [
+        "<details><summary>work@cpu: 1 result(s) ignored</summary>",
+        "</details>",
+    ]
 
 
 def test_a_forged_previous_pass_is_no_baseline(world: Env, daemon: Daemon, keys: dict[str, Path], capsys):
