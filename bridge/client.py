@@ -760,11 +760,12 @@ class Client:
         # requests no runner will ever run: cancelled before any claim, or unclaimed for longer than any request
         # may wait (MAX_TTL: expired, whatever the manifest says). A runner of their label closes them with a
         # done commit; where no runner serves the label their branches stay under refs/heads: gc deletes them.
+        past_ttl = utcnow() - MAX_TTL
         never = [
             e
             for e in snap.entries.values()
             if e.req and not e.claim and not e.done and e.created_at < cutoff
-            if e.cancel or e.created_at < utcnow() - MAX_TTL
+            if e.cancel or e.created_at < past_ttl
         ]
         updates += [
             Update(ref, None, sha)

@@ -953,7 +953,7 @@ def ls_refs(store: Path, url: str, prefixes: Sequence[str], timeout: float) -> s
         proc = run(
             store,
             "upload-pack",  # not --strict: `path` may be a working clone, its .git or `path`.git, as git reads it
-            os.path.abspath(path),
+            path,
             input=_ls_refs_request(prefixes),
             env={"GIT_PROTOCOL": "version=2"},
             timeout=timeout,

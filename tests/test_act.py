@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import urllib.parse
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -239,6 +240,26 @@ def git(cwd: Path, *args: str) -> str:
     ).stdout.strip()
 
 
+def act_repo(tmp: Path, workflows: Sequence[str], bus: Path) -> tuple[Path, Path]:
+    """The repository act runs `workflows` in (origin github.com/org/kakeya, one commit) and the stub actions:
+    (repo, stubs). The one rewrite of a workflow: its bus, the repository itself on GitHub, is `bus`."""
+    repo = tmp / "repo"
+    (repo / ".github" / "workflows").mkdir(parents=True)
+    for wf in workflows:
+        text = (ROOT / ".github" / "workflows" / wf).read_text()
+        assert BUS_EXPR in text
+        (repo / ".github" / "workflows" / wf).write_text(text.replace(BUS_EXPR, f"KAKEYA_REMOTE: {bus}"))
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "remote", "add", "origin", f"https://github.com/{REPO}.git")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "workflows")
+    stubs = tmp / "stubs"
+    for name, text in STUBS.items():
+        (stubs / name).mkdir(parents=True)
+        (stubs / name / "action.yml").write_text(text)
+    return repo, stubs
+
+
 class World:
     """A bare bus, a clone of this project to request runs from, the repository act sees, stubs, HOME."""
 
@@ -251,23 +272,7 @@ class World:
         self.home = tmp / "home"
         self.home.mkdir()
         (self.home / ".gitconfig").write_text("[user]\n\tname = Test\n\temail = t@example.com\n")
-        self.repo = tmp / "repo"  # what act runs in: its workflows, origin github.com/org/kakeya
-        (self.repo / ".github" / "workflows").mkdir(parents=True)
-        for wf in ("runner.yml", "pr-gate.yml"):
-            # the one rewrite: the bus, the repository itself on GitHub, is the test's bare repository
-            text = (ROOT / ".github" / "workflows" / wf).read_text()
-            assert BUS_EXPR in text
-            (self.repo / ".github" / "workflows" / wf).write_text(
-                text.replace(BUS_EXPR, f"KAKEYA_REMOTE: {self.bus}")
-            )
-        git(self.repo, "init", "-q", "-b", "main")
-        git(self.repo, "remote", "add", "origin", f"https://github.com/{REPO}.git")
-        git(self.repo, "add", "-A")
-        git(self.repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "workflows")
-        self.stubs = tmp / "stubs"
-        for name, text in STUBS.items():
-            (self.stubs / name).mkdir(parents=True)
-            (self.stubs / name / "action.yml").write_text(text)
+        self.repo, self.stubs = act_repo(tmp, ("runner.yml", "pr-gate.yml"), self.bus)
         self.artifacts = tmp / "artifacts"
         self.log = tmp / "stub.log"
         self.runs = 0

@@ -17,7 +17,7 @@ from bridge.client import Client
 from bridge.config import load_config
 from bridge.runner import Runner
 from tests.bridge.test_history import BENCH, BENCH_PY
-from tests.test_act import ACT, BUS_EXPR, GH, REPO, ROOT, STUBS, TOKEN, FakeGitHub, World, git, out
+from tests.test_act import ACT, GH, REPO, ROOT, TOKEN, FakeGitHub, World, act_repo, git, out
 
 pytestmark = [
     pytest.mark.skipif(
@@ -74,21 +74,7 @@ class Regressions(World):
         (self.harness / ".github" / "kakeya-required.yml").write_text("required:\n  - bench@cpu\n")
         shutil.copy(ROOT / ".github" / "scripts" / "regressions.sh", self.harness / ".github" / "scripts")
         git(self.harness, "init", "-q", "-b", "main")
-        self.repo = tmp / "repo"
-        (self.repo / ".github" / "workflows").mkdir(parents=True)
-        text = (ROOT / ".github" / "workflows" / "regressions.yml").read_text()
-        assert BUS_EXPR in text
-        (self.repo / ".github" / "workflows" / "regressions.yml").write_text(
-            text.replace(BUS_EXPR, f"KAKEYA_REMOTE: {self.bus}")
-        )
-        git(self.repo, "init", "-q", "-b", "main")
-        git(self.repo, "remote", "add", "origin", f"https://github.com/{REPO}.git")
-        git(self.repo, "add", "-A")
-        git(self.repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "workflows")
-        self.stubs = tmp / "stubs"
-        for name, stub in STUBS.items():
-            (self.stubs / name).mkdir(parents=True)
-            (self.stubs / name / "action.yml").write_text(stub)
+        self.repo, self.stubs = act_repo(tmp, ("regressions.yml",), self.bus)
         self.artifacts, self.log = tmp / "artifacts", tmp / "stub.log"
         for key, value in {
             "KAKEYA_PRESETS": str(self.harness / "presets"),

@@ -401,25 +401,22 @@ def test_a_run_user_that_cannot_start_the_runners_python_is_refused_with_the_fix
         )
         assert proc.returncode != 0 and want in proc.stderr and fix in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()[-1]) < 600
-        doctor = subprocess.run(
-            showing_python([str(python), "-m", "bridge.cli", "doctor"]),
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=world.project,
-        )
+
+        def run_doctor() -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                showing_python([str(python), "-m", "bridge.cli", "doctor"]),
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                cwd=world.project,
+            )
+
+        doctor = run_doctor()
         line = next(ln for ln in doctor.stdout.splitlines() if "isolation" in ln)
         assert line.startswith("FAIL  isolation") and want in line and fix in line, doctor.stdout
         closed.chmod(0o755)  # the fix: the trial starts
-        doctor = subprocess.run(
-            showing_python([str(python), "-m", "bridge.cli", "doctor"]),
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=world.project,
-        )
+        doctor = run_doctor()
         assert f"ok    isolation user (uid {RUN_UID})" in doctor.stdout, doctor.stdout
     finally:
         shutil.rmtree(closed, ignore_errors=True)

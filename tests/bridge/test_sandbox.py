@@ -304,38 +304,17 @@ def searchable_by_others(path: Path) -> bool:
 
 
 def as_user(user: str, argv: list[str]) -> list[str]:
-    """`argv` run as `user`. Where the interpreter lies under a directory the user may not enter (a venv on
-    root's pyenv), a private mount namespace shows it (only it) there first."""
+    """`argv` run as `user`, where it may start the interpreter (`showing_python`)."""
     ids = pwd.getpwnam(user)
-    drop = ["setpriv", f"--reuid={ids.pw_uid}", f"--regid={ids.pw_gid}", "--init-groups", "--"]
-    base = Path(os.path.realpath(sys.base_prefix))
-    if searchable_by_others(base / "bin"):
-        return [*drop, *argv]
-    hidden = next(p for p in reversed(base.parents) if not os.stat(p).st_mode & 0o001)
-    script = (
-        'set -e; d=$(mktemp -d); mount --bind "$1" "$d"; mount -t tmpfs -o mode=755 tmpfs "$2"; '
-        'mkdir -p "$1"; mount --move "$d" "$1"; shift 2; exec "$@"'
+    return showing_python(
+        ["setpriv", f"--reuid={ids.pw_uid}", f"--regid={ids.pw_gid}", "--init-groups", "--", *argv]
     )
-    return [
-        "unshare",
-        "-m",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        script,
-        "sh",
-        str(base),
-        str(hidden),
-        *drop,
-        *argv,
-    ]
 
 
 def showing_python(argv: list[str]) -> list[str]:
     """`argv` (as root) in a mount namespace where the interpreter's directory, if it lies under one closed to
-    other users (root's pyenv), is shown: a host whose Python the run user may start (the runner's start-up
-    trial refuses any other, issue 41)."""
+    other users (root's pyenv), is shown, and only it: a host whose Python the run user may start (the
+    runner's start-up trial refuses any other, issue 41)."""
     base = Path(os.path.realpath(sys.base_prefix))
     if searchable_by_others(base / "bin"):
         return argv
