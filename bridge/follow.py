@@ -202,6 +202,10 @@ class Follower:
             if entry.req is None and entry.done is None:
                 raise KakeyaError(f"no request {self.id} on the bus at {self.c.url}", code="not-found")
             if entry.done:
+                if "queued" in self.last and "claimed" not in self.last:  # it ran between two looks
+                    self.c.ensure([entry], ("done",))
+                    if claim := self.claim_in(entry.done):  # a done commit carries its claim
+                        yield self.claimed(claim)
                 yield self.event("finished", done=entry.done)
                 return
             if ended := self.ended(entry):
@@ -257,19 +261,11 @@ class Follower:
         if entry.cancel and self.changed("cancelling", entry.cancel):
             yield self.event("cancelling")
         self.c.ensure([entry], ("claim",))
-        claim = parse_or_none(
-            Claim, self.c.local_files([f"{entry.claim}:{CLAIM_PATH}"]).get(f"{entry.claim}:{CLAIM_PATH}")
-        )
+        claim = self.claim_in(entry.claim)
         if claim is None:
             return
         if self.changed("claimed", (claim.runner, claim.claimed_at)):
-            yield self.event(
-                "claimed",
-                runner=claim.runner,
-                host=claim.host,
-                claimed_at=iso_time(claim.claimed_at),
-                takeover_of=claim.takeover_of,
-            )
+            yield self.claimed(claim)
         p = claim.progress
         if p is not None and self.changed("running", (p.phase, p.at, p.scheduler)):
             yield self.event(
@@ -286,6 +282,20 @@ class Follower:
         stale = claim.lease_until < now
         if self.changed("stale", stale) and stale:
             yield self.event("stale", runner=claim.runner, lease_until=iso_time(claim.lease_until))
+
+    def claim_in(self, sha: str) -> Claim | None:
+        """The claim a claim (or done) commit here carries; None when it has none that parses."""
+        spec = f"{sha}:{CLAIM_PATH}"
+        return parse_or_none(Claim, self.c.local_files([spec]).get(spec))
+
+    def claimed(self, claim: Claim) -> Event:
+        return self.event(
+            "claimed",
+            runner=claim.runner,
+            host=claim.host,
+            claimed_at=iso_time(claim.claimed_at),
+            takeover_of=claim.takeover_of,
+        )
 
     def queued(self, snap: Snapshot, entry: Entry, now: dt.datetime) -> Iterator[Event]:
         same = [e for e in snap.entries.values() if e.label == entry.label and e.req and not e.done]

@@ -18,6 +18,9 @@ import yaml
 from bridge import git as G
 from bridge.bus import Bus, Update, runner_ref, utcnow
 from bridge.cli import main
+from bridge.client import Client
+from bridge.config import load_config
+from bridge.follow import Claimed, Finished, Follower
 from bridge.presence import PRESENCE_PATH, Presence
 from bridge.progress import PROGRESS_CAP, Tracker, progress_line, read_workload
 from bridge.trust import ALLOWED_SIGNERS, principal
@@ -419,3 +422,22 @@ def test_a_progress_line_echoes_the_runs_stdout_never_its_stderr():
     tail = ["stdout: rung 2 of 5", "stderr: UserWarning: TypedStorage is deprecated", "stderr: Traceback"]
     assert progress_line({**event, "log_tail": tail}) == "running  elapsed 0:12  | stdout: rung 2 of 5"
     assert progress_line({**event, "log_tail": tail[1:]}) == "running  elapsed 0:12"
+
+
+def test_a_run_that_ends_between_two_looks_is_still_seen_claimed(world: Env, daemon: Daemon, monkeypatch):
+    """A request queued at one look and done at the next: the follower reads the claim its done commit
+    carries and says `claimed` before `finished` (a waiter counts both; it once saw only `finished`)."""
+    monkeypatch.chdir(world.project)
+    url = daemon.repo()
+    c = Client(load_config(), remote=url)
+    rid = c.request("work", {"tag": "between"}, "cpu").id
+    follow = Follower(c, rid, poll_s=0.05).events()
+    assert next(follow).event == "queued"
+    assert next(follow).event == "no-runner"
+    runner = runner_process(world, url, "r1", mode="once")
+    assert runner.wait(120) == 0  # claimed, run and delivered while the follower sleeps
+    claimed, finished = list(follow)
+    assert isinstance(claimed, Claimed) and claimed.runner == "r1" and claimed.host
+    assert isinstance(finished, Finished) and finished.done == c.entry(rid, "cpu").done
+    # a request already done at the first look: only its end (nothing was followed)
+    assert [e.event for e in Follower(c, rid).events()] == ["finished"]
