@@ -38,10 +38,10 @@ RESULTS = ROOT / "benchmarks" / "results"
 ISOLATION = "none"
 sys.path.insert(0, str(ROOT))
 
-from bridge import git as G  # noqa: E402
-from bridge.client import Client  # noqa: E402
+from bridge.client.client import Client  # noqa: E402
 from bridge.config import load_config  # noqa: E402
 from bridge.host import host_fingerprint, tool_versions  # noqa: E402
+from bridge.wire import git as G  # noqa: E402
 
 PROGRAM = textwrap.dedent("""
     import json, os, sys, time

@@ -1,5 +1,5 @@
-"""Mass leased deletion on a large bus (issue 27): `git push --atomic --force-with-lease` (bridge/git.py `push`)
-against bridge/receive_pack.py, side by side. Not a test: it measures, it asserts only that each push deleted
+"""Mass leased deletion on a large bus (issue 27): `git push --atomic --force-with-lease` (bridge/wire/git.py `push`)
+against bridge/wire/receive_pack.py, side by side. Not a test: it measures, it asserts only that each push deleted
 what it was asked to.
 
     python benchmarks/bus_delete.py --out benchmarks/results/bus_delete.json
@@ -27,8 +27,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bridge import git as G  # noqa: E402
-from bridge import receive_pack as RP  # noqa: E402
+from bridge.wire import git as G  # noqa: E402
+from bridge.wire import receive_pack as RP  # noqa: E402
 from tests.bridge.bus_support import Daemon  # noqa: E402
 
 ENV = {

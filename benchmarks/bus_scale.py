@@ -53,8 +53,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bridge import git as G  # noqa: E402
-from bridge.bus import (  # noqa: E402
+from bridge.bus.records import (  # noqa: E402
     CLAIM_PATH,
     DONE_PREFIX,
     MANIFEST_PATH,
@@ -70,6 +69,7 @@ from bridge.bus import (  # noqa: E402
     subject_ref,
     utcnow,
 )
+from bridge.wire import git as G  # noqa: E402
 from tests.bridge.bus_support import WRITE_REPORT_PY, Daemon, HttpGit, probe_preset  # noqa: E402
 
 # --- the relay ---------------------------------------------------------------------------------------
@@ -291,11 +291,11 @@ def serve(base: Path, transport: str) -> Iterator[tuple[str, Relay]]:
 
 
 def compact_in_place(bus: Path, cutoff: dt.datetime) -> int:
-    """What the runners' compaction leaves (bridge/ledger.py), written straight into the bus repository: the
+    """What the runners' compaction leaves (bridge/bus/ledger.py), written straight into the bus repository: the
     ledger commits, its maps, and the done and index refs of the results before `cutoff` deleted in one
     `git update-ref` transaction. A bus at its steady state in seconds, where the runners' first compaction of
     a large history takes many minutes (`--migrate runners` measures that). Returns the results moved."""
-    from bridge import ledger as L
+    from bridge.bus import ledger as L
 
     text = G.out(bus, "for-each-ref", "--format=%(objectname)\t%(refname)", NS)
     snap = Snapshot.parse(text + "\n")
@@ -341,7 +341,7 @@ class ClaimWatch:
 
 
 def pickup_watch(runner: Any, url: str, project: Path, env: dict[str, str], bus: Path, work: Path) -> dict:
-    """A request picked up by `runner` (a bridge.runner.Runner) watching at a 0.5 s poll in a thread:
+    """A request picked up by `runner` (a bridge.run.runner.Runner) watching at a 0.5 s poll in a thread:
     `request_to_claim_s` from `kakeya request` returning to the claim on the bus (poll wait included), and
     `poll_to_claim_s`, the runner's own part: from the start of the poll that found it to the claim."""
     starts: list[float] = []
@@ -381,7 +381,7 @@ def pickup_watch(runner: Any, url: str, project: Path, env: dict[str, str], bus:
 
 def retry(call: Callable[[], object]) -> None:
     """`call()`, once more when the test HTTP server dropped a connection under load."""
-    from bridge.errors import BusError
+    from bridge.core.errors import BusError
 
     try:
         call()
@@ -517,7 +517,7 @@ def measure_size(
         op("poll", *kakeya(*runner))  # the mirror is warm now: an idle runner once
         os.environ.update({k: env[k] for k in ("KAKEYA_PRESETS", "KAKEYA_RUNNER_NAME")})
         from bridge.config import load_config
-        from bridge.runner import Runner
+        from bridge.run.runner import Runner
 
         watcher = Runner(
             url, config=load_config(project), name="watcher", labels=["cpu"], workdir=work / "w1"

@@ -1,5 +1,5 @@
-"""One object fetched by id from a git daemon on loopback: `git fetch` (bridge/git.py `fetch`) against
-bridge/upload_pack.py `daemon_fetch` (protocol v2 on a socket of our own, TCP_NODELAY and TCP_QUICKACK), side by
+"""One object fetched by id from a git daemon on loopback: `git fetch` (bridge/wire/git.py `fetch`) against
+bridge/wire/upload_pack.py `daemon_fetch` (protocol v2 on a socket of our own, TCP_NODELAY and TCP_QUICKACK), side by
 side. Not a test: it measures, and asserts only that each fetch brought what it asked for.
 
     python benchmarks/fetch_by_id.py --out benchmarks/results/fetch_by_id.json
@@ -24,8 +24,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bridge import git as G  # noqa: E402
-from bridge import upload_pack as UP  # noqa: E402
+from bridge.wire import git as G  # noqa: E402
+from bridge.wire import upload_pack as UP  # noqa: E402
 from tests.bridge.bus_support import Daemon  # noqa: E402
 
 

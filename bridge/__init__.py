@@ -6,18 +6,29 @@
     result = client.results(manifest.id, Path("out/probe"), client.wait(manifest.id))
 
 The bridge never imports the engine; the CLI (`kakeya ...`) is bridge.cli.
+
+Layers, lowest first; a module imports only from its own layer and those below it (tests/test_boundaries.py):
+core (errors, names, text, caps, logs, result) -> wire (git subprocesses, the pack protocols) -> config.py
+and host.py -> presets -> bus (records, the bus, ledger, trust, presence, live logs, progress) -> results
+(render, plots, outcome, attest) -> client (request, read, administer, follow) -> evidence (requirements,
+judge, history, bisect, comment) -> run (runner, lease, execute, isolation, launcher, slurm) -> cli (the
+`kakeya` commands and the MCP server), which nothing imports. docs/architecture.md lists every module.
 """
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# Each public name and the module it comes from, imported when first used (PEP 562): `import bridge.git`
+LAYERS = (("core",), ("wire",), ("config", "host"), ("presets",), ("bus",), ("results",), ("client",),
+          ("evidence",), ("run",), ("cli",))  # fmt: skip
+
+# Each public name and the module it comes from, imported when first used (PEP 562): `import bridge.wire.git`
 # (what every `kakeya` command starts with) does not pay for the runner, the gates and pydantic's models.
 _FROM = {
-    "bridge.bus": ("Bus", "CancelMarker", "Claim", "Entry", "Manifest", "Snapshot", "request_state"),
-    "bridge.client": ("Client",),
+    "bridge.bus.bus": ("Bus",),
+    "bridge.bus.records": ("CancelMarker", "Claim", "Entry", "Manifest", "Snapshot", "request_state"),
+    "bridge.client.client": ("Client",),
     "bridge.config": ("Config", "load_config", "project_root"),
-    "bridge.errors": (
+    "bridge.core.errors": (
         "BusError",
         "BusUnreachable",
         "Interrupted",
@@ -26,25 +37,33 @@ _FROM = {
         "Rejected",
     ),
     "bridge.evidence": ("DoneResults", "Outcome", "Requirement", "apply_baseline", "gate_subject"),
-    "bridge.execute": ("execute", "run_preset"),
-    "bridge.outcome": ("RunOutcome",),
-    "bridge.presets": ("Preset", "get_preset", "load_registry"),
-    "bridge.result": ("RunContext", "RunResult"),
-    "bridge.runner": ("Runner", "Served"),
+    "bridge.run.execute": ("execute", "run_preset"),
+    "bridge.results.outcome": ("RunOutcome",),
+    "bridge.presets.preset": ("Preset", "get_preset", "load_registry"),
+    "bridge.core.result": ("RunContext", "RunResult"),
+    "bridge.run.runner": ("Runner", "Served"),
 }
 _MODULE = {name: module for module, names in _FROM.items() for name in names}
 
 if TYPE_CHECKING:
-    from bridge.bus import Bus, CancelMarker, Claim, Entry, Manifest, Snapshot, request_state
-    from bridge.client import Client
+    from bridge.bus.bus import Bus
+    from bridge.bus.records import CancelMarker, Claim, Entry, Manifest, Snapshot, request_state
+    from bridge.client.client import Client
     from bridge.config import Config, load_config, project_root
-    from bridge.errors import BusError, BusUnreachable, Interrupted, InvalidRequest, KakeyaError, Rejected
+    from bridge.core.errors import (
+        BusError,
+        BusUnreachable,
+        Interrupted,
+        InvalidRequest,
+        KakeyaError,
+        Rejected,
+    )
+    from bridge.core.result import RunContext, RunResult
     from bridge.evidence import DoneResults, Outcome, Requirement, apply_baseline, gate_subject
-    from bridge.execute import execute, run_preset
-    from bridge.outcome import RunOutcome
-    from bridge.presets import Preset, get_preset, load_registry
-    from bridge.result import RunContext, RunResult
-    from bridge.runner import Runner, Served
+    from bridge.presets.preset import Preset, get_preset, load_registry
+    from bridge.results.outcome import RunOutcome
+    from bridge.run.execute import execute, run_preset
+    from bridge.run.runner import Runner, Served
 
 
 def __getattr__(name: str) -> Any:

@@ -17,7 +17,7 @@ then `KAKEYA_*` environment variables, then command-line flags (applied by the c
                     requests (git's gpg.format=ssh); empty = unsigned (the embedded default)
     require_signed_requests  a runner rejects requests not signed by a key of `allowed_requesters`
     allowed_requesters       allowed-signers file of the requesters (relative to the project root)
-    isolation       how a run is kept from the runner (bridge/isolation.py): auto (the default: the strongest
+    isolation       how a run is kept from the runner (bridge/run/isolation.py): auto (the default: the strongest
                     the host offers, bwrap where bubblewrap works, user for a root runner with a run user; a
                     runner refuses to serve where that leaves only userns or none, until one is named) | bwrap |
                     user | userns | none (asked by name)
@@ -46,6 +46,7 @@ then `KAKEYA_*` environment variables, then command-line flags (applied by the c
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import platform
 import tomllib
@@ -55,16 +56,17 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from bridge import git
-from bridge.bus import MAX_TTL
-from bridge.errors import InvalidRequest, problems
+from bridge.core.errors import InvalidRequest, problems
+from bridge.wire import git
+
+MAX_TTL = dt.timedelta(days=7)  # the longest a request may wait for a runner (expires_at - created_at)
 
 ENV_PREFIX = "KAKEYA_"
 
 
 # A Slurm name (partition, account, QoS, GPU type): nothing a shell or sbatch's own syntax could read more in.
 _SLURM_NAME = r"^[A-Za-z0-9_.+-]*$"
-# What the Slurm executor sets itself (bridge/slurm.py): a label's sbatch_options may not override it.
+# What the Slurm executor sets itself (bridge/run/slurm.py): a label's sbatch_options may not override it.
 SBATCH_OWN = (
     "--job-name", "-J", "--output", "-o", "--error", "-e", "--export", "--requeue", "--no-requeue",
     "--parsable", "--wrap", "--chdir", "-D", "--gres", "--gpus", "-G", "--cpus-per-task", "-c", "--mem",
@@ -74,14 +76,14 @@ SBATCH_OWN = (
 
 
 class LocalLabel(BaseModel):
-    """A label whose runs run on the runner's own host (bridge/execute.py)."""
+    """A label whose runs run on the runner's own host (bridge/run/execute.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     executor: Literal["local"] = "local"
 
 
 class SlurmLabel(BaseModel):
-    """A label whose runs are Slurm jobs (bridge/slurm.py)."""
+    """A label whose runs are Slurm jobs (bridge/run/slurm.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     executor: Literal["slurm"]

@@ -23,8 +23,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
-from bridge import git
-from bridge.errors import BusError, KakeyaError
+from bridge.core.errors import BusError, KakeyaError
+from bridge.wire import git
 
 Need = Literal["cuda", "metal"]
 

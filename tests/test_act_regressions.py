@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-from bridge.client import Client
+from bridge.client.client import Client
 from bridge.config import load_config
-from bridge.runner import Runner
+from bridge.run.runner import Runner
 from tests.bridge.test_history import BENCH, BENCH_PY
 from tests.test_act import ACT, GH, REPO, ROOT, TOKEN, FakeGitHub, World, act_repo, git, out
 

@@ -28,7 +28,7 @@ FORBIDDEN = {
 }
 # Modules every walk must find: a walk that finds nothing would assert nothing.
 KNOWN = {
-    "bridge": {"bridge", "bridge.cli", "bridge.commands.gate", "bridge.presets"},
+    "bridge": {"bridge", "bridge.cli", "bridge.cli.commands.gate", "bridge.presets.preset"},
     "engine": {"engine", "engine.policy", "engine.speculative", "engine.workloads.niah", "engine.zoo"},
     "gates": {"gates", "gates.evaluate", "gates.verdict", "gates.checks", "gates.report", "gates.compare"},
 }
@@ -120,7 +120,7 @@ def test_no_import_statement_crosses_a_boundary(package: str) -> None:
     ("package", "planted", "crossing"),
     [
         ("gates", "import engine.policy\n", "engine"),
-        ("engine", "from bridge import errors\n", "bridge"),
+        ("engine", "from bridge.core import errors\n", "bridge"),
         ("bridge", "from engine.workloads import cli\n", "engine"),
         ("bridge", "import torch\n", "torch"),
     ],
@@ -134,6 +134,54 @@ def test_the_checks_catch_a_planted_import(tmp_path: Path, package: str, planted
     assert Path(found["file"]).is_relative_to(tmp_path)  # the copy is what was imported
     assert found["offenders"].get(f"{package}.zz_planted") == [crossing], found["offenders"]
     assert crossings(tmp_path, package) == [f"{package}/zz_planted.py:1 imports {planted.split()[1]}"]
+
+
+# --- the bridge's layers ---------------------------------------------------------------------------------
+
+
+def layer_of(module: str) -> int | None:
+    """The index in bridge.LAYERS of a bridge module (bridge.X or bridge.X.*); None for the package itself."""
+    from bridge import LAYERS
+
+    parts = module.split(".")
+    if parts[0] != "bridge" or len(parts) == 1:
+        return None
+    return next((i for i, names in enumerate(LAYERS) if parts[1] in names), -1)
+
+
+def upward_imports(root: Path) -> list[str]:
+    """Every import statement in bridge/ (at any depth) that names a module of a higher layer, or a bridge
+    module in no layer."""
+    out = []
+    for path in sorted((root / "bridge").rglob("*.py")):
+        mine = layer_of(module_name(root, path))
+        if mine is None:
+            continue
+        for line, name in imports_of(path):
+            theirs = layer_of(name)
+            if theirs is not None and (theirs > mine or theirs < 0):
+                out.append(f"{path.relative_to(root)}:{line} imports {name}")
+    return out
+
+
+def test_every_bridge_module_is_in_a_layer_and_imports_none_above_it() -> None:
+    from bridge import LAYERS
+
+    folders = {p.name for p in (ROOT / "bridge").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    modules = {p.stem for p in (ROOT / "bridge").glob("*.py") if p.stem != "__init__"}
+    assert folders | modules == {name for names in LAYERS for name in names}  # every layer, nothing else
+    assert upward_imports(ROOT) == []
+
+
+def test_an_import_running_back_up_a_layer_is_named(tmp_path: Path) -> None:
+    copy = tmp_path / "bridge"
+    shutil.copytree(ROOT / "bridge", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "bus" / "zz_up.py").write_text("def f():\n    from bridge.client import follow\n")
+    (copy / "core" / "zz_nowhere.py").write_text("import bridge.zz_nowhere\n")
+    assert upward_imports(tmp_path) == [
+        "bridge/bus/zz_up.py:2 imports bridge.client",
+        "bridge/core/zz_nowhere.py:1 imports bridge.zz_nowhere",
+    ]
 
 
 # --- no import circle ------------------------------------------------------------------------------------
@@ -238,7 +286,7 @@ def path_in(graph: Mapping[str, set[str]], component: set[str]) -> list[str]:
 
 def test_no_import_circle() -> None:
     graph = import_graph(ROOT)
-    assert {"bridge.result", "gates.verdict", "engine.policy"} <= graph.keys()  # the walk found the tree
+    assert {"bridge.core.result", "gates.verdict", "engine.policy"} <= graph.keys()  # the walk found the tree
     assert "gates.checks" in graph["gates.verdict"]  # and the edges
     found = [" -> ".join(c) for c in cycles(graph)]
     assert found == [], "import circles:\n" + "\n".join(found)

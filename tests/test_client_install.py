@@ -24,9 +24,9 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
-from bridge import git as G
 from bridge.config import load_config
-from bridge.runner import Runner
+from bridge.run.runner import Runner
+from bridge.wire import git as G
 from engine.models import zoo_models
 from tests.bridge.bus_support import WORK_PY, git
 

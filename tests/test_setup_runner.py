@@ -295,8 +295,8 @@ def test_one_runner_per_gpu_is_a_templated_unit_with_one_instance_per_gpu(home, 
 
 
 def test_the_runner_gets_a_signing_key_and_the_line_to_commit(home, bus, no_gpu_path, tmp_path):
-    from bridge import git
-    from bridge.trust import Signers, signature_problem
+    from bridge.bus.trust import Signers, signature_problem
+    from bridge.wire import git
 
     proc = setup(home, *service_args(bus, "--no-doctor"), path=no_gpu_path)
     key = home / ".config" / "kakeya" / "signing-key"
@@ -310,7 +310,7 @@ def test_the_runner_gets_a_signing_key_and_the_line_to_commit(home, bus, no_gpu_
         assert f'Environment="{env}"' in unit, env
     secrets = home / ".config" / "kakeya" / "secrets"
     assert f'Environment="KAKEYA_SECRETS_DIR={secrets}"' in unit and secrets.stat().st_mode & 0o777 == 0o700
-    # The line is what bridge/trust.py reads, and a commit signed with the key verifies against it.
+    # The line is what bridge/bus/trust.py reads, and a commit signed with the key verifies against it.
     allowed = tmp_path / "allowed-signers"
     allowed.write_text(line + "\n")
     signers = Signers.load(allowed)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Keep ONE evidence comment per pull request up to date (.github/workflows/pr-gate.yml): the comment that
-# `kakeya gate pr --comment FILE` wrote (bridge/comment.py) replaces the body of this workflow's earlier
+# `kakeya gate pr --comment FILE` wrote (bridge/evidence/comment.py) replaces the body of this workflow's earlier
 # comment (found by its first line, the marker, and its author, the workflow's token), else it is posted
 # as a new one. Through `gh api` (on GitHub's hosted runners; `make` installs it for the tests, which serve
 # a fake API): the body goes as a file, never spliced into JSON by hand.

@@ -5,7 +5,7 @@
 # new body; without one, an issue is opened. Through `gh api` (REST: the list of open issues is read as it
 # is now, where GitHub's search would lag behind an issue opened minutes ago); the body goes as a file,
 # never spliced into JSON by hand. What a run or a commit says is in code spans in that body
-# (bridge/history.py `alert_markdown`): never a link, a mention or HTML.
+# (bridge/evidence/history.py `alert_markdown`): never a link, a mention or HTML.
 #
 # Environment: REPO (owner/name), GH_TOKEN (issues: write), KAKEYA_REMOTE (the bus) and GITHUB_TOKEN (to
 # read it), BRANCH (default HEAD: the checkout's), ALLOW_UNSIGNED (`true`: --allow-unsigned), KAKEYA (how to

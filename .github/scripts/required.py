@@ -24,7 +24,7 @@ class Invalid(Exception):
     """The requirements file is not a valid list of PRESET@LABEL entries."""
 
 
-PIN = r"[a-z][a-z0-9_]{0,62}(?:==|>=|<=|>|<)\S+"  # as bridge/names.py
+PIN = r"[a-z][a-z0-9_]{0,62}(?:==|>=|<=|>|<)\S+"  # as bridge/core/names.py
 ENTRY = re.compile(rf"^[a-z][a-z0-9-]{{0,62}}@[a-z0-9][a-z0-9_-]{{0,62}}(?: +{PIN})*$")
 PIN_PARTS = re.compile(r"^([a-z][a-z0-9_]{0,62})(==|>=|<=|>|<)(\S+)$")
 DEFAULT = Path(__file__).resolve().parent.parent / "kakeya-required.yml"

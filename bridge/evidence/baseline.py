@@ -8,13 +8,13 @@ from typing import Any
 
 import gates
 import gates.tables
-from bridge import trust
-from bridge.bus import Bus
+from bridge.bus import trust
+from bridge.bus.bus import Bus
 from bridge.config import project_root
-from bridge.errors import KakeyaError
+from bridge.core.errors import KakeyaError
 from bridge.evidence.done import DoneResults, regate
-from bridge.outcome import RunOutcome
-from bridge.presets import Preset
+from bridge.presets.preset import Preset
+from bridge.results.outcome import RunOutcome
 
 
 def compare_to_previous(

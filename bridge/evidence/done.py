@@ -12,12 +12,12 @@ from typing import Any
 
 import gates
 import gates.tables
-from bridge import git, ledger, trust
-from bridge.bus import (
+from bridge.bus import ledger, trust
+from bridge.bus.bus import Bus
+from bridge.bus.records import (
     DONE_PREFIX,
     REQ_PREFIX,
     SUBJECT_PREFIX,
-    Bus,
     Entry,
     Manifest,
     Snapshot,
@@ -25,10 +25,11 @@ from bridge.bus import (
     read_manifests,
     results_path,
 )
-from bridge.errors import BusUnreachable, KakeyaError
-from bridge.presets import Preset
-from bridge.result import RunResult
-from bridge.trust import Signers
+from bridge.bus.trust import Signers
+from bridge.core.errors import BusUnreachable, KakeyaError
+from bridge.core.result import RunResult
+from bridge.presets.preset import Preset
+from bridge.wire import git
 
 BATCH = 16  # done results read at a time when looking for a baseline, newest first
 

@@ -12,14 +12,15 @@ from typing import Any, Literal
 
 import gates
 import gates.tables
-from bridge import git, trust
-from bridge.bus import MANIFEST_PATH
+from bridge.bus import trust
+from bridge.bus.records import MANIFEST_PATH
+from bridge.bus.trust import UNSIGNED, trust_words
 from bridge.evidence.baseline import compare_to_previous
 from bridge.evidence.done import Done, DoneResults, regate
 from bridge.evidence.requirements import Requirement, shown
 from bridge.host import accelerator_words
-from bridge.presets import Preset
-from bridge.trust import UNSIGNED, trust_words
+from bridge.presets.preset import Preset
+from bridge.wire import git
 
 Status = Literal["pass", "fail", "missing", "mismatch"]
 NOT_RAN = ("expired", "cancelled", "rejected")  # done results whose runner ran nothing

@@ -17,9 +17,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from bridge.errors import InvalidRequest, problems
-from bridge.names import PIN_RE, REQUIREMENT_RE
-from bridge.presets import Preset, get_preset
+from bridge.core.errors import InvalidRequest, problems
+from bridge.core.names import PIN_RE, REQUIREMENT_RE
+from bridge.presets.preset import Preset, get_preset
 
 REQUIRED_FILE = ".github/kakeya-required.yml"
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import gates
 import gates.tables
+from bridge.core.text import clean
 from bridge.evidence.judge import MARK, Outcome
-from bridge.render import tables_markdown
-from bridge.text import clean
+from bridge.results.render import tables_markdown
 from gates.markdown import cell, code
 
 SUMMARY_CAP = 1024 * 1024  # GitHub refuses a job summary (the whole $GITHUB_STEP_SUMMARY file) over 1 MiB
@@ -87,7 +87,9 @@ def summary_table(subject: str, outcomes: Sequence[Outcome], limit: int = SUMMAR
             break
         out.append(block)
         used += size
-    return clean("".join(out), multiline=True)  # no control or format character of a run's (bridge/text.py)
+    return clean(
+        "".join(out), multiline=True
+    )  # no control or format character of a run's (bridge/core/text.py)
 
 
 def append_summary(path: Path, subject: str, outcomes: Sequence[Outcome], cap: int = SUMMARY_CAP) -> int:

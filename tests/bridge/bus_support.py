@@ -21,11 +21,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bridge import git as G
-from bridge.bus import (
+from bridge.bus.bus import Bus
+from bridge.bus.records import (
     MANIFEST_PATH,
     SUBJECT_PREFIX,
-    Bus,
     Manifest,
     Update,
     done_ref,
@@ -34,9 +33,10 @@ from bridge.bus import (
     subject_ref,
     utcnow,
 )
-from bridge.client import Client
+from bridge.client.client import Client
 from bridge.config import load_config
-from bridge.runner import Runner
+from bridge.run.runner import Runner
+from bridge.wire import git as G
 
 # Included at the top of the test programs: writes a valid probe report to $KAKEYA_REPORT.
 WRITE_REPORT_PY = textwrap.dedent("""

@@ -1,4 +1,4 @@
-"""The runner's in-toto attestation of a run (bridge/attest.py): a real signed runner writes it in its done
+"""The runner's in-toto attestation of a run (bridge/results/attest.py): a real signed runner writes it in its done
 commit, `kakeya results --attestation` hands it out, `kakeya verify` checks it offline with ssh-keygen; a
 tampered payload, a stranger's key, another allowed runner's key and a swapped file each fail for their own
 reason, and a file the program planted under the runner's name is never handed out as the runner's."""
@@ -10,9 +10,9 @@ import json
 import shutil
 from pathlib import Path
 
-from bridge import attest
-from bridge.cli import main
-from bridge.trust import ALLOWED_SIGNERS, principal
+from bridge.bus.trust import ALLOWED_SIGNERS, principal
+from bridge.cli.main import main
+from bridge.results import attest
 from tests.bridge.bus_support import Daemon, Env
 from tests.bridge.test_gate_pr import LocalBus
 from tests.bridge.test_signing import allow, keys_fixture, signed_runner  # noqa: F401 (the `keys` fixture)

@@ -12,14 +12,15 @@ import pytest
 import yaml
 
 from bridge import evidence as E
-from bridge import git as G
-from bridge.bus import Bus, done_ref, new_id, results_path
-from bridge.cli import main
+from bridge.bus.bus import Bus
+from bridge.bus.records import done_ref, new_id, results_path
+from bridge.cli.main import main
 from bridge.config import load_config
-from bridge.errors import InvalidRequest
-from bridge.execute import run_preset
-from bridge.presets import load_preset_file, load_registry
-from bridge.result import RunContext
+from bridge.core.errors import InvalidRequest
+from bridge.core.result import RunContext
+from bridge.presets.preset import load_preset_file, load_registry
+from bridge.run.execute import run_preset
+from bridge.wire import git as G
 from tests.bridge.bus_support import WRITE_REPORT_PY, Env, git
 
 # Writes a probe report whose /probe/memory_bytes is the metric and whose /probe/cpu_count passes the gate

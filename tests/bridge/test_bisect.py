@@ -15,20 +15,20 @@ from pathlib import Path
 
 import pytest
 
-from bridge import bisect as BI
-from bridge.bus import (
+from bridge.bus.bus import Bus
+from bridge.bus.records import (
     REQ_PREFIX,
     RUNNERS_PREFIX,
     SUBJECT_PREFIX,
-    Bus,
     Update,
     done_ref,
     read_manifests,
     req_ref,
 )
-from bridge.cli import main
-from bridge.commands.bisect import show
-from bridge.presets import load_registry
+from bridge.cli.commands.bisect import show
+from bridge.cli.main import main
+from bridge.evidence import bisect as BI
+from bridge.presets.preset import load_registry
 from tests.bridge.bus_support import Env, move_done, runner_process, stop, wait_for
 from tests.bridge.test_history import LocalBus, commit, setup_bench
 

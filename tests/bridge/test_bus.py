@@ -9,14 +9,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from bridge import git as G
-from bridge import names as N
-from bridge.bus import (
+from bridge.bus.bus import Bus, BusError, BusUnreachable
+from bridge.bus.records import (
     MANIFEST_MAX_BYTES,
     MANIFEST_PATH,
-    Bus,
-    BusError,
-    BusUnreachable,
     Entry,
     Manifest,
     RequestId,
@@ -33,7 +29,9 @@ from bridge.bus import (
     req_ref,
     utcnow,
 )
-from bridge.errors import KakeyaError
+from bridge.core import names as N
+from bridge.core.errors import KakeyaError
+from bridge.wire import git as G
 from tests.bridge.bus_support import Daemon, free_port, git
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge import git as G
-from bridge.bus import Bus
+from bridge.bus.bus import Bus
+from bridge.wire import git as G
 from tests.bridge.bus_support import Daemon, HttpGit, git
 
 PREFIXES = ("refs/heads/kakeya/", "refs/kakeya/")
@@ -139,7 +139,7 @@ def test_status_in_a_fresh_clone_whose_origin_is_a_working_checkout(world, tmp_p
 @pytest.mark.parametrize("suffix", ["", "/.git"])
 def test_request_run_and_gate_on_a_bus_that_is_a_working_clone(world, tmp_path: Path, capsys, suffix: str):
     """A working clone as the bus, named by its work tree or its .git: request, serve, wait and gate."""
-    from bridge.cli import main
+    from bridge.cli.main import main
     from tests.bridge.bus_support import make_runner
 
     site = tmp_path / "site"

@@ -10,20 +10,19 @@ from collections.abc import Iterator
 
 import pytest
 
-from bridge import git as G
-from bridge.bus import (
+from bridge.bus.bus import Bus, BusUnreachable
+from bridge.bus.records import (
     CLAIM_PREFIX,
     DONE_PREFIX,
     REQ_PREFIX,
     SUBJECT_PREFIX,
-    Bus,
-    BusUnreachable,
     claim_ref,
     done_ref,
     req_ref,
     subject_ref,
 )
-from bridge.cli import main
+from bridge.cli.main import main
+from bridge.wire import git as G
 from tests.bridge.bus_support import Env, HttpGit, git, make_runner
 
 

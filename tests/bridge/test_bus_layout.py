@@ -14,8 +14,8 @@ import pytest
 
 from benchmarks.bus_scale import Relay, template, write_history
 from bridge import evidence as E
-from bridge import git as G
-from bridge.bus import (
+from bridge.bus.bus import Bus, BusError, BusUnreachable
+from bridge.bus.records import (
     CLAIM_PATH,
     CLAIM_PREFIX,
     DONE_PREFIX,
@@ -23,9 +23,6 @@ from bridge.bus import (
     NS,
     PREFIX,
     RUNNERS_PREFIX,
-    Bus,
-    BusError,
-    BusUnreachable,
     Claim,
     Manifest,
     Update,
@@ -40,9 +37,10 @@ from bridge.bus import (
     subject_ref,
     utcnow,
 )
-from bridge.cli import main
-from bridge.presets import load_registry
-from bridge.result import RunResult
+from bridge.cli.main import main
+from bridge.core.result import RunResult
+from bridge.presets.preset import load_registry
+from bridge.wire import git as G
 from tests.bridge.bus_support import Daemon, Env, HttpGit, client, git, make_runner
 from tests.bridge.test_gate_pr import gate
 
@@ -378,7 +376,7 @@ def test_listing_errors_and_time_limits_say_what_was_asked(world: Env, daemon: D
 
 
 def test_an_idle_watch_backs_off_and_a_served_request_resets_it():
-    from bridge.runner import IDLE_CAP, idle_wait
+    from bridge.run.runner import IDLE_CAP, idle_wait
 
     waits = [idle_wait(0.5, n) for n in range(40)]
     assert waits[:11] == [0.5] * 11  # the first ten idle polls at the poll interval

@@ -1,4 +1,4 @@
-"""The ledger at scale (bridge/ledger.py) against real buses: four refs whatever the history (the ledger and its
+"""The ledger at scale (bridge/bus/ledger.py) against real buses: four refs whatever the history (the ledger and its
 maps, no ref per shard), readers that fetch only the shard they need by object id (and a depth-1 fallback where
 a server refuses that), runners that compact on their own under a lease (racing runners, a lease taken over from
 a crashed compactor, a compaction that loses a race to a done ref that moved), baselines found in the ledger,
@@ -14,13 +14,11 @@ from collections.abc import Iterator
 import pytest
 
 from benchmarks.bus_scale import Relay, template, write_history
-from bridge import git as G
-from bridge import ledger as L
-from bridge import runner as runner_module
-from bridge.bus import (
+from bridge.bus import ledger as L
+from bridge.bus.bus import LEDGER_STORE
+from bridge.bus.records import (
     DONE_PREFIX,
     LAYOUT_PREFIX,
-    LEDGER_STORE,
     SUBJECT_PREFIX,
     Update,
     done_ref,
@@ -30,12 +28,14 @@ from bridge.bus import (
     runner_ref,
     utcnow,
 )
-from bridge.cli import main
-from bridge.client import Client
+from bridge.cli.main import main
+from bridge.client.client import Client
 from bridge.config import load_config
-from bridge.errors import BusError, KakeyaError
+from bridge.core.errors import BusError, KakeyaError
 from bridge.evidence import DoneResults
-from bridge.runner import Runner
+from bridge.run import runner as runner_module
+from bridge.run.runner import Runner
+from bridge.wire import git as G
 from tests.bridge.bus_support import (
     Daemon,
     Env,
@@ -213,7 +213,7 @@ def v0_fixture(world: Env) -> Iterator[HttpGit]:
 
 
 def test_a_server_that_sends_no_unnamed_object_gets_the_ledger_at_depth_one(world: Env, v0: HttpGit, capsys):
-    """Protocol v0 (a server that speaks only v0: a git daemon is asked in v2 by bridge/upload_pack.py) serves
+    """Protocol v0 (a server that speaks only v0: a git daemon is asked in v2 by bridge/wire/upload_pack.py) serves
     only objects a ref names: the shard tree is refused, and the reader falls back to the ledger commit at
     depth 1, in the ledger's own store (the user's repository never becomes shallow)."""
     url = v0.repo()

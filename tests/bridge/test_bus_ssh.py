@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks.bus_scale import Relay, template, write_history
-from bridge import git as G
-from bridge.bus import CLAIM_PREFIX, DONE_PREFIX, done_ref, runner_ref
-from bridge.cli import main
+from bridge.bus.records import CLAIM_PREFIX, DONE_PREFIX, done_ref, runner_ref
+from bridge.cli.main import main
+from bridge.wire import git as G
 from tests.bridge.bus_support import Env, free_port, git, make_runner
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"

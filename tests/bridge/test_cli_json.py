@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from bridge.cli import build_parser, main, verbs
-from bridge.commands import doctor
-from bridge.errors import EXIT_CODES, KakeyaError, WaitTimeout
+from bridge.cli.commands import doctor
+from bridge.cli.main import build_parser, main, verbs
+from bridge.core.errors import EXIT_CODES, KakeyaError, WaitTimeout
 from tests.bridge.bus_support import Env, free_port, git
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -177,8 +177,8 @@ def test_error_classes_have_stable_codes():
         "timeout",
         "timeout",
     )
-    from bridge.caps import Unsafe
-    from bridge.slurm import SlurmError
+    from bridge.core.caps import Unsafe
+    from bridge.run.slurm import SlurmError
 
     assert (SlurmError.code, Unsafe.code, KakeyaError("m", code="c", hint="h").as_json()["hint"]) == (
         "slurm-error",

@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from bridge import git as G
-from bridge.bus import (
+from bridge.bus.bus import Bus
+from bridge.bus.records import (
     CANCEL_PATH,
     MANIFEST_PATH,
     NS,
     PREFIX,
-    Bus,
     Manifest,
     Update,
     cancel_ref,
@@ -27,10 +26,11 @@ from bridge.bus import (
     subject_ref,
     utcnow,
 )
-from bridge.cli import main
-from bridge.client import Client, age, parse_duration, resolve_remote
+from bridge.cli.main import main
+from bridge.client.client import Client, age, parse_duration, resolve_remote
 from bridge.config import load_config
-from bridge.errors import InvalidRequest, KakeyaError
+from bridge.core.errors import InvalidRequest, KakeyaError
+from bridge.wire import git as G
 from tests.bridge.bus_support import (
     Daemon,
     Env,

@@ -1,4 +1,4 @@
-"""The pull request's comment, `kakeya gate pr --comment FILE` (bridge/comment.py), against a real bus with an
+"""The pull request's comment, `kakeya gate pr --comment FILE` (bridge/evidence/comment.py), against a real bus with an
 in-process runner: the evidence table, the change against the base branch's latest trusted run (never a newer
 run of a commit off the base's history, never one with other parameters), links to summaries and committed
 plots under the repository's web address (plain ids without one), hostile plot names left out, a refusal
@@ -11,9 +11,9 @@ import textwrap
 import pytest
 import yaml
 
-from bridge import comment
-from bridge.bus import results_path
-from bridge.cli import main
+from bridge.bus.records import results_path
+from bridge.cli.main import main
+from bridge.evidence import comment
 from tests.bridge.bus_support import PRESETS, WRITE_REPORT_PY, Env, git
 from tests.bridge.test_gate_pr import LocalBus
 
@@ -172,7 +172,7 @@ def test_github_web_address_of_a_bus(url, web):
 
 
 def test_metrics_are_the_baseline_metric_else_the_gates_single_numbers():
-    from bridge.presets import Preset
+    from bridge.presets.preset import Preset
 
     data = {**BENCH, "name": "m"}
     data["gate"] = [

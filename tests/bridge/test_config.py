@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bridge.config import load_config, project_root
-from bridge.errors import InvalidRequest
+from bridge.core.errors import InvalidRequest
 
 
 def test_defaults_file_and_environment_layering(tmp_path):

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from bridge.bus import new_id
-from bridge.cli import main
-from bridge.client import Client
-from bridge.commands.evidence import params_for
+from bridge.bus.records import new_id
+from bridge.cli.commands.evidence import params_for
+from bridge.cli.main import main
+from bridge.client.client import Client
+from bridge.client.follow import follow_all
 from bridge.config import load_config
-from bridge.errors import InvalidRequest, KakeyaError
+from bridge.core.errors import InvalidRequest, KakeyaError
 from bridge.evidence import Requirement
-from bridge.follow import follow_all
-from bridge.presets import load_registry
+from bridge.presets.preset import load_registry
 from tests.bridge.bus_support import (
     Daemon,
     Env,

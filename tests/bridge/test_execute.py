@@ -1,4 +1,4 @@
-"""Executing one preset (bridge/execute.py): real subprocesses, process trees, capped logs, redaction, report checks."""
+"""Executing one preset (bridge/run/execute.py): real subprocesses, process trees, capped logs, redaction, report checks."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from bridge.cli import main
+from bridge.cli.main import main
 from bridge.config import Config
-from bridge.errors import InvalidRequest
-from bridge.execute import execute
-from bridge.isolation import bwrap_available
-from bridge.logs import CappedLog, Redactor
-from bridge.outcome import write_outcome
-from bridge.presets import Preset
-from bridge.result import RunContext
+from bridge.core.errors import InvalidRequest
+from bridge.core.logs import CappedLog, Redactor
+from bridge.core.result import RunContext
+from bridge.presets.preset import Preset
+from bridge.results.outcome import write_outcome
+from bridge.run.execute import execute
+from bridge.run.isolation import bwrap_available
 from tests.bridge.bus_support import pid_alive
 
 REPORT = {"kind": "probe", "schema_version": 1}
@@ -400,7 +400,7 @@ def test_kakeya_exec_in_the_sandbox_gets_a_copy_of_the_working_tree_and_nothing_
 def test_an_executor_gets_one_frozen_setup_and_its_outcome_is_gated(checkout, tmp_path):
     import dataclasses
 
-    from bridge.execute import LocalExecutor, RunSetup
+    from bridge.run.execute import LocalExecutor, RunSetup
 
     script(checkout, "ok.py", WRITE_PROBE)
     seen: list[RunSetup] = []

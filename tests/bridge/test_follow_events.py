@@ -1,4 +1,4 @@
-"""The follower's events (bridge/follow.py) as a typed union: each kind dumps to the JSON object agents read
+"""The follower's events (bridge/client/follow.py) as a typed union: each kind dumps to the JSON object agents read
 (`wait --json`, tests/bridge/test_progress.py checks the lines end to end), reads back to the same model, and
 a line of no kind, or with a field missing or too many, is refused."""
 
@@ -9,7 +9,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from bridge.follow import (
+from bridge.client.follow import (
     Cancelled,
     Cancelling,
     Claimed,

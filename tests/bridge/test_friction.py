@@ -11,19 +11,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bridge.bus import (
+from bridge.bus.bus import Bus
+from bridge.bus.records import (
     CANCEL_PREFIX,
     CLAIM_PREFIX,
     DONE_PREFIX,
     MANIFEST_PATH,
-    Bus,
     Manifest,
     Update,
     done_ref,
     req_ref,
 )
-from bridge.cli import main
-from bridge.client import Client
+from bridge.cli.main import main
+from bridge.client.client import Client
 from bridge.config import load_config
 from tests.bridge.bus_support import PRESETS, Env, git, make_runner, push_raw_request
 

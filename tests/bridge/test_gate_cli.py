@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.cli import main
+from bridge.cli.main import main
 from tests.gates.conftest import PROBE as GATES_PROBE
 
 ROOT = Path(__file__).resolve().parents[2]

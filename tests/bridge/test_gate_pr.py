@@ -13,13 +13,14 @@ import pytest
 import yaml
 
 from bridge import evidence as E
-from bridge import git as G
-from bridge.bus import MANIFEST_PATH, RESULTS_STORE, Bus, done_ref, indexed_subject, new_id, results_path
-from bridge.cli import main
-from bridge.client import Client
+from bridge.bus.bus import RESULTS_STORE, Bus
+from bridge.bus.records import MANIFEST_PATH, done_ref, indexed_subject, new_id, results_path
+from bridge.cli.main import main
+from bridge.client.client import Client
 from bridge.config import load_config
-from bridge.errors import InvalidRequest
-from bridge.presets import load_registry
+from bridge.core.errors import InvalidRequest
+from bridge.presets.preset import load_registry
+from bridge.wire import git as G
 from tests.bridge.bus_support import (
     PRESETS,
     Env,

@@ -1,4 +1,4 @@
-"""bridge/git.py's Reader: one `git cat-file --batch-command` kept per repository for every object read,
+"""bridge/wire/git.py's Reader: one `git cat-file --batch-command` kept per repository for every object read,
 against real repositories: what it answers must be what a fresh git would, whatever happened meanwhile."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge import git as G
-from bridge.errors import BusError
+from bridge.core.errors import BusError
+from bridge.wire import git as G
 
 
 def repo_with(tmp: Path, files: dict[str, bytes]) -> tuple[Path, str]:

@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bridge import git as G
-from bridge import history as H
-from bridge.bus import SUBJECT_PREFIX, Bus
-from bridge.cli import main
-from bridge.client import Client
+from bridge.bus.bus import Bus
+from bridge.bus.records import SUBJECT_PREFIX
+from bridge.bus.trust import ALLOWED_SIGNERS, signers_line
+from bridge.cli.main import main
+from bridge.client.client import Client
 from bridge.config import load_config
-from bridge.errors import InvalidRequest
-from bridge.trust import ALLOWED_SIGNERS, signers_line
+from bridge.core.errors import InvalidRequest
+from bridge.evidence import history as H
+from bridge.wire import git as G
 from tests.bridge.bus_support import WRITE_REPORT_PY, Env, git, make_runner, move_done, script_preset
 
 # The subject's own code decides the metric: speed.txt, plus a jitter the `seed` parameter picks (repeated

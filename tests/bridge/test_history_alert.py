@@ -1,5 +1,5 @@
 """Issue 41 (8): `kakeya history ... --alert` on a real bus with real runs: exit 1 and an issue's markdown when
-the newest commit with trusted runs changed for the worse (the noise test of bridge/history.py), nothing for
+the newest commit with trusted runs changed for the worse (the noise test of bridge/evidence/history.py), nothing for
 noise or an improvement; what a commit title says is never a link, a mention or HTML in that markdown."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.cli import main
+from bridge.cli.main import main
 from tests.bridge.bus_support import Env, git
 from tests.bridge.test_history import LocalBus, commit, setup_bench
 

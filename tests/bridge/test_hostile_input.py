@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from bridge import git as G
-from bridge.bus import (
+from bridge.bus.bus import Bus
+from bridge.bus.records import (
     CLAIM_PATH,
     MANIFEST_PATH,
-    Bus,
     Manifest,
     claim_ref,
     done_ref,
@@ -26,11 +25,12 @@ from bridge.bus import (
     results_path,
     utcnow,
 )
-from bridge.cli import main
-from bridge.client import Client
+from bridge.cli.main import main
+from bridge.client.client import Client
 from bridge.config import load_config
-from bridge.errors import InvalidRequest
-from bridge.presets import get_preset, load_registry
+from bridge.core.errors import InvalidRequest
+from bridge.presets.preset import get_preset, load_registry
+from bridge.wire import git as G
 from tests.bridge.bus_support import Env, done_result, git, make_runner, manifest_dict, push_raw_request
 from tests.bridge.test_gate_pr import gate
 

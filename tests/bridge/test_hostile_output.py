@@ -20,16 +20,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bridge import git as G
-from bridge.bus import CLAIM_PATH, MANIFEST_PATH, Bus, Claim, Update, new_id, req_ref, results_path
-from bridge.caps import DROPPED_LINES, RUNNER_FILES, apply_caps
-from bridge.cli import main
-from bridge.client import Client
+from bridge.bus.bus import Bus
+from bridge.bus.presence import read_presences
+from bridge.bus.progress import PROGRESS_FILE, Tracker
+from bridge.bus.records import CLAIM_PATH, MANIFEST_PATH, Claim, Update, new_id, req_ref, results_path
+from bridge.cli.main import main
+from bridge.client.client import Client
 from bridge.config import load_config
-from bridge.presence import read_presences
-from bridge.progress import PROGRESS_FILE, Tracker
-from bridge.result import RunResult
-from bridge.runner import Runner
+from bridge.core.caps import DROPPED_LINES, RUNNER_FILES, apply_caps
+from bridge.core.result import RunResult
+from bridge.run.runner import Runner
+from bridge.wire import git as G
 from tests.bridge.bus_support import (
     WRITE_REPORT_PY,
     Daemon,

@@ -23,13 +23,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bridge.bus import Bus
-from bridge.caps import RUNNER_FILES
-from bridge.client import Client
+from bridge.bus.bus import Bus
+from bridge.client.client import Client
 from bridge.config import load_config
-from bridge.isolation import bwrap_available
-from bridge.presets import load_registry
-from bridge.slurm import LauncherStatus, read_model
+from bridge.core.caps import RUNNER_FILES
+from bridge.presets.preset import load_registry
+from bridge.run.isolation import bwrap_available
+from bridge.run.slurm import LauncherStatus, read_model
 from tests.bridge.bus_support import WRITE_REPORT_PY, Daemon, Env, git, script_preset, stop, wait_for
 from tests.bridge.test_hostile_output import ROOT, Bench, no_secret
 from tests.bridge.test_sandbox import (

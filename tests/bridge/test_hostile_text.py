@@ -20,9 +20,10 @@ import threading
 
 import yaml
 
-from bridge import git as G
-from bridge.bus import CLAIM_PATH, Bus, Update, claim_ref, done_ref, req_ref, results_path, utcnow
-from bridge.cli import main
+from bridge.bus.bus import Bus
+from bridge.bus.records import CLAIM_PATH, Update, claim_ref, done_ref, req_ref, results_path, utcnow
+from bridge.cli.main import main
+from bridge.wire import git as G
 from tests.bridge.bus_support import Daemon, Env, git, runner_process, stop, wait_for
 
 EVIL = (
@@ -265,7 +266,7 @@ def test_a_progress_record_forged_on_the_bus_reaches_no_terminal(world: Env, dae
 
 
 def test_what_the_mcp_server_hands_an_agent_is_clean(world: Env, daemon: Daemon, capsys):
-    from bridge import mcp
+    from bridge.cli import mcp
 
     url = daemon.repo()
     assert main(["request", "work", "--runner", "cpu", "--remote", url]) == 0

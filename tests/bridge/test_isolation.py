@@ -23,14 +23,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bridge import git as G
-from bridge.bus import STAGE_PREFIX, Bus, done_ref, results_path
-from bridge.cli import main
-from bridge.client import Client
+from bridge.bus.bus import Bus
+from bridge.bus.records import STAGE_PREFIX, done_ref, results_path
+from bridge.cli.main import main
+from bridge.client.client import Client
 from bridge.config import load_config
-from bridge.errors import KakeyaError
-from bridge.isolation import userns_available
-from bridge.proc import descendants
+from bridge.core.errors import KakeyaError
+from bridge.run.isolation import userns_available
+from bridge.run.proc import descendants
+from bridge.wire import git as G
 from tests.bridge.bus_support import (
     DETACH_PY,
     WRITE_REPORT_PY,
@@ -445,7 +446,7 @@ def test_a_push_longer_than_the_lease_keeps_the_lease_and_is_done_once(
 
 
 def test_report_and_result_caps_drop_and_list(tmp_path: Path):
-    from bridge.caps import apply_caps
+    from bridge.core.caps import apply_caps
 
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "stdout.log").write_bytes(b"x" * 100)

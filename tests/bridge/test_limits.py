@@ -32,11 +32,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bridge.bus import Bus
-from bridge.client import Client
+from bridge.bus.bus import Bus
+from bridge.client.client import Client
 from bridge.config import load_config
-from bridge.isolation import bwrap_available
-from bridge.presets import load_registry
+from bridge.presets.preset import load_registry
+from bridge.run.isolation import bwrap_available
 from tests.bridge.bus_support import WRITE_REPORT_PY, Daemon, Env, git, processes_with, stop, wait_for
 from tests.bridge.test_sandbox import (
     RUN_UID,

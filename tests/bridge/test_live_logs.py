@@ -14,13 +14,14 @@ import anyio
 import pytest
 import yaml
 
-from bridge import git as G
-from bridge import livelog
-from bridge.bus import Bus, done_ref
-from bridge.cli import main
-from bridge.livelog import LiveFile, printable
-from bridge.logs import Redactor
-from bridge.progress import Tracker
+from bridge.bus import livelog
+from bridge.bus.bus import Bus
+from bridge.bus.livelog import LiveFile, printable
+from bridge.bus.progress import Tracker
+from bridge.bus.records import done_ref
+from bridge.cli.main import main
+from bridge.core.logs import Redactor
+from bridge.wire import git as G
 from tests.bridge.bus_support import (
     WRITE_REPORT_PY,
     Daemon,
@@ -116,7 +117,7 @@ def mcp_logs(url: str, rid: str, **more: object) -> dict:
     """The MCP tool `logs`, through the server's own dispatcher (tests/bridge/test_mcp.py drives it over stdio)."""
     from mcp import Client
 
-    from bridge.mcp import Tools, build
+    from bridge.cli.mcp import Tools, build
 
     async def call() -> dict:
         async with Client(build(Tools(remote=url))) as client:
@@ -284,8 +285,8 @@ def test_a_forged_heartbeat_chain_is_read_capped_and_shown_printable(tmp_path):
 
 
 def test_logs_written_unredacted_are_redacted_before_a_heartbeat_carries_them(tmp_path):
-    """A Slurm job writes its logs without the run's secrets (bridge/slurm_job.py): the runner's live log and
-    its progress tail redact them with the run's redactor (bridge/slurm_runner.py sets it)."""
+    """A Slurm job writes its logs without the run's secrets (bridge/run/slurm_job.py): the runner's live log and
+    its progress tail redact them with the run's redactor (bridge/run/slurm_runner.py sets it)."""
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "stdout.log").write_text(f"key {SECRET}\nsecond line\n")
     tracker = Tracker(tmp_path)

@@ -24,10 +24,10 @@ import yaml
 pytest.importorskip("mcp")
 from mcp import Client, StdioServerParameters  # noqa: E402
 
-from bridge.cli import main  # noqa: E402
-from bridge.errors import InvalidRequest  # noqa: E402
-from bridge.mcp import TOOLS, Tools, build, input_schema  # noqa: E402
-from bridge.presets import load_registry  # noqa: E402
+from bridge.cli.main import main
+from bridge.cli.mcp import TOOLS, Tools, build, input_schema
+from bridge.core.errors import InvalidRequest
+from bridge.presets.preset import load_registry
 from tests.bridge.bus_support import WRITE_REPORT_PY, Daemon, Env, git, probe_preset, runner_process, stop  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,15 +18,16 @@ from pathlib import Path
 
 import yaml
 
-from bridge import git as G
-from bridge.bus import DONE_PREFIX, REQ_PREFIX, RUNNERS_PREFIX, SUBJECT_PREFIX, Bus, done_ref
-from bridge.cli import main
-from bridge.client import Client
-from bridge.commands.wait import line as wait_line
+from bridge.bus.bus import Bus
+from bridge.bus.presence import PRESENCE_PATH, read_presences
+from bridge.bus.progress import View, say
+from bridge.bus.records import DONE_PREFIX, REQ_PREFIX, RUNNERS_PREFIX, SUBJECT_PREFIX, done_ref
+from bridge.cli.commands.wait import line as wait_line
+from bridge.cli.main import main
+from bridge.client.client import Client
 from bridge.config import load_config
-from bridge.presence import PRESENCE_PATH, read_presences
-from bridge.progress import View, say
-from bridge.runner import Runner
+from bridge.run.runner import Runner
+from bridge.wire import git as G
 from tests.bridge.bus_support import (
     WRITE_REPORT_PY,
     Daemon,
@@ -216,7 +217,7 @@ def test_progress_is_one_bar_on_a_terminal_and_short_plain_lines_elsewhere(world
 
 
 def test_doctor_says_the_embedded_bus_has_no_runner_and_how_to_share_one(world: Env, monkeypatch, capsys):
-    monkeypatch.setattr("bridge.commands.doctor.check_engine", lambda: "not checked here")
+    monkeypatch.setattr("bridge.cli.commands.doctor.check_engine", lambda: "not checked here")
 
     def runners_line() -> str:
         main(["doctor"])

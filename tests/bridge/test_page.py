@@ -10,9 +10,9 @@ import textwrap
 from pathlib import Path
 
 from bridge.config import Config
-from bridge.execute import execute
-from bridge.presets import Preset
-from bridge.result import RunContext
+from bridge.core.result import RunContext
+from bridge.presets.preset import Preset
+from bridge.run.execute import execute
 from tests.bridge.bus_support import WRITE_REPORT_PY
 
 PNG = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000") + b"<script>x</script>"

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bridge.cli import main
-from bridge.errors import InvalidRequest, KakeyaError
-from bridge.presets import (
+from bridge.cli.main import main
+from bridge.core.errors import InvalidRequest, KakeyaError
+from bridge.presets.preset import (
     Preset,
     get_preset,
     load_preset_file,

@@ -15,15 +15,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bridge import git as G
-from bridge.bus import Bus, Update, runner_ref, utcnow
-from bridge.cli import main
-from bridge.client import Client
+from bridge.bus.bus import Bus
+from bridge.bus.presence import PRESENCE_PATH, Presence
+from bridge.bus.progress import PROGRESS_CAP, Tracker, progress_line, read_workload
+from bridge.bus.records import Update, runner_ref, utcnow
+from bridge.bus.trust import ALLOWED_SIGNERS, principal
+from bridge.cli.main import main
+from bridge.client.client import Client
+from bridge.client.follow import Claimed, Finished, Follower
 from bridge.config import load_config
-from bridge.follow import Claimed, Finished, Follower
-from bridge.presence import PRESENCE_PATH, Presence
-from bridge.progress import PROGRESS_CAP, Tracker, progress_line, read_workload
-from bridge.trust import ALLOWED_SIGNERS, principal
+from bridge.wire import git as G
 from tests.bridge.bus_support import (
     WRITE_REPORT_PY,
     Daemon,

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bridge import git as G
-from bridge.bus import Bus, archive_ref, done_ref, layout_ref, req_ref
-from bridge.cli import main
+from bridge.bus.bus import Bus
+from bridge.bus.records import archive_ref, done_ref, layout_ref, req_ref
+from bridge.cli.main import main
+from bridge.wire import git as G
 from tests.bridge.bus_support import Daemon, Env, done_result, free_port, git, pid_alive, wait_for
 
 
@@ -211,7 +212,7 @@ def test_a_succeeded_run_whose_gate_failed_says_ran_gate_failed(world: Env, caps
 
 @pytest.mark.parametrize("remote", ["bus.git", "./relative"])
 def test_paths_that_look_like_names_stay_paths(world: Env, remote: str):
-    from bridge.client import resolve_remote
+    from bridge.client.client import resolve_remote
     from bridge.config import load_config
 
     if remote == "./relative":
@@ -261,7 +262,7 @@ def test_summary_has_results_stderr_tail_and_absolute_links_for_a_job_summary(wo
 
 
 def test_results_section_shows_a_kinds_key_table():
-    from bridge.render import absolute_links, results_markdown
+    from bridge.results.render import absolute_links, results_markdown
 
     report = {
         "kind": "throughput",
@@ -351,7 +352,7 @@ def test_doctor_checks_what_each_label_promises_push_access_and_bus_fetching(
     )
     # the client still reads and writes the bus in such a clone
     from bridge.config import load_config
-    from bridge.runner import Runner
+    from bridge.run.runner import Runner
 
     served = Runner(origin, config=load_config(), name="r", labels=["cpu"], workdir=tmp_path / "r").once()
     assert served is not None and served.id == rid and served.pushed
@@ -395,7 +396,7 @@ def test_bus_gc_archives_old_done_refs_out_of_every_clones_fetch(world: Env, dae
     assert main(["request", "work", "-p", "tag=a", "--runner", "cpu"]) == 0
     rid = capsys.readouterr().out.strip()
     from bridge.config import load_config
-    from bridge.runner import Runner
+    from bridge.run.runner import Runner
 
     Runner(url, config=load_config(), name="r", labels=["cpu"], workdir=world.tmp / "r").once()
     done = Bus(url, world.project).ls_remote().entries[rid].done
@@ -427,7 +428,7 @@ def test_doctor_measures_clock_skew_from_an_http_bus_date_header():
     import threading
     import time
 
-    from bridge.commands.doctor import clock_skew
+    from bridge.cli.commands.doctor import clock_skew
 
     class Ahead(http.server.BaseHTTPRequestHandler):
         def date_time_string(self, timestamp=None):

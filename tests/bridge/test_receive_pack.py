@@ -1,4 +1,4 @@
-"""bridge/receive_pack.py: leased pushes in git's receive-pack protocol, against real buses (a path, file://,
+"""bridge/wire/receive_pack.py: leased pushes in git's receive-pack protocol, against real buses (a path, file://,
 git daemon, sshd) and fake servers that drop the connection, answer garbage or never answer."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from bridge import git as G
-from bridge import receive_pack as RP
-from bridge.bus import Bus, Update
-from bridge.errors import BusError, BusUnreachable
+from bridge.bus.bus import Bus
+from bridge.bus.records import Update
+from bridge.core.errors import BusError, BusUnreachable
+from bridge.wire import git as G
+from bridge.wire import receive_pack as RP
 from tests.bridge.bus_support import Daemon, FakeServer, git
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"

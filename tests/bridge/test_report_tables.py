@@ -15,10 +15,10 @@ import pytest
 
 import gates
 import gates.tables as T
-from bridge import plots
-from bridge.cli import main
+from bridge.cli.main import main
 from bridge.evidence import Outcome, Requirement, summary_table
-from bridge.presets import load_registry
+from bridge.presets.preset import load_registry
+from bridge.results import plots
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -198,7 +198,7 @@ def test_a_hostile_report_cannot_open_html_in_the_job_summary():
         "arms": [{"name": "</details><img src=x>", "policy": "a|b\nc", "recall": 0.5, "kv_bytes": 3 * 2**30}],
     }
     (table,) = T.results_tables(report)
-    from bridge.render import tables_markdown
+    from bridge.results.render import tables_markdown
 
     md = "\n".join(tables_markdown([table]))
     assert "| `</details><img src=x>` | `a\\|b c` |" in md and "| 3 GiB |" in md  # code spans (issue 40)
@@ -209,9 +209,9 @@ def test_a_hostile_report_cannot_open_html_in_the_job_summary():
 
 
 def test_a_secret_in_the_report_reaches_no_table_and_no_plot(niah: Path, monkeypatch: pytest.MonkeyPatch):
-    from bridge.logs import Redactor
-    from bridge.outcome import RunOutcome
-    from bridge.result import RunResult
+    from bridge.core.logs import Redactor
+    from bridge.core.result import RunResult
+    from bridge.results.outcome import RunOutcome
 
     report = json.loads((niah / "report.json").read_text())
     report["environment"]["device"] = "cpu hunter2-token"

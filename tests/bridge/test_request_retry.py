@@ -11,12 +11,12 @@ import threading
 
 import pytest
 
-from bridge import git as G
-from bridge.bus import REQ_PREFIX, RUNNERS_PREFIX, Update, parse_id
-from bridge.cli import main
-from bridge.client import IDEM_PATH, IDEM_PREFIX, Client, Idempotency
+from bridge.bus.records import REQ_PREFIX, RUNNERS_PREFIX, Update, parse_id
+from bridge.cli.main import main
+from bridge.client.client import IDEM_PATH, IDEM_PREFIX, Client, Idempotency
 from bridge.config import load_config
-from bridge.errors import BusError, InvalidRequest
+from bridge.core.errors import BusError, InvalidRequest
+from bridge.wire import git as G
 from tests.bridge.bus_support import Daemon, Env, make_runner, wait_for
 
 

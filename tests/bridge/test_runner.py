@@ -10,13 +10,12 @@ import threading
 import time
 from pathlib import Path
 
-from bridge import git as G
-from bridge.bus import (
+from bridge.bus.bus import Bus
+from bridge.bus.records import (
     CLAIM_PATH,
     DONE_PREFIX,
     LIVE,
     SUBJECT_PREFIX,
-    Bus,
     Claim,
     Update,
     claim_ref,
@@ -25,11 +24,12 @@ from bridge.bus import (
     results_path,
     subject_ref,
 )
-from bridge.cli import main
-from bridge.client import Client
+from bridge.cli.main import main
+from bridge.client.client import Client
 from bridge.config import load_config
-from bridge.presets import load_registry
-from bridge.runner import Runner
+from bridge.presets.preset import load_registry
+from bridge.run.runner import Runner
+from bridge.wire import git as G
 from tests.bridge.bus_support import (
     Daemon,
     Env,

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 
-from bridge import git as G
-from bridge.bus import Bus, done_ref
-from bridge.cli import main
-from bridge.client import Client
+from bridge.bus.bus import Bus
+from bridge.bus.records import done_ref
+from bridge.cli.main import main
+from bridge.client.client import Client
 from bridge.config import load_config
+from bridge.wire import git as G
 from tests.bridge.bus_support import Env
 
 

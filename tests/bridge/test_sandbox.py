@@ -31,13 +31,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bridge import git as G
-from bridge.bus import Bus, done_ref, results_path
-from bridge.client import Client
+from bridge.bus.bus import Bus
+from bridge.bus.records import done_ref, results_path
+from bridge.client.client import Client
 from bridge.config import Config, load_config
-from bridge.errors import KakeyaError
-from bridge.isolation import bwrap_available, choose, key_problem, readable_by, userns_available
-from bridge.presets import load_registry
+from bridge.core.errors import KakeyaError
+from bridge.presets.preset import load_registry
+from bridge.run.isolation import bwrap_available, choose, key_problem, readable_by, userns_available
+from bridge.wire import git as G
 from tests.bridge.bus_support import (
     DETACH_PY,
     WRITE_REPORT_PY,
@@ -116,7 +117,7 @@ def test_auto_is_the_strongest_the_host_offers(monkeypatch: pytest.MonkeyPatch):
     iso = choose("auto", str(RUN_UID))
     if bwrap_available():
         assert iso.kind == "bwrap" and iso.describe == (f"bwrap (uid {RUN_UID})" if ROOT else "bwrap")
-    monkeypatch.setattr("bridge.isolation.bwrap_available", lambda: False)
+    monkeypatch.setattr("bridge.run.isolation.bwrap_available", lambda: False)
     fallback = choose("auto", str(RUN_UID)).kind
     assert fallback == ("user" if ROOT else "userns" if userns_available() else "none")
     with pytest.raises(KakeyaError, match="bubblewrap is not installed"):
@@ -394,7 +395,9 @@ def committed(store: Path, url: str, rid: str) -> tuple[dict, dict[str, bytes], 
     return json.loads(files["result.json"]), files, done
 
 
-CHOSEN_PY = "import sys; from bridge.isolation import choose; print(choose(sys.argv[1], sys.argv[2]).kind)"
+CHOSEN_PY = (
+    "import sys; from bridge.run.isolation import choose; print(choose(sys.argv[1], sys.argv[2]).kind)"
+)
 # user None: the test's own user (root in CI); TEST_USER: an unprivileged user made here (needs root)
 CONFIGS = [
     pytest.param("auto", None, id="auto"),
@@ -572,7 +575,7 @@ def run_matrix(world: Env, daemon: Daemon, side: Side) -> None:
 def test_doctor_says_which_sandbox_and_fails_a_key_in_reach(
     world: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ):
-    from bridge.cli import main
+    from bridge.cli.main import main
 
     key = tmp_path / "k"
     key.write_text("key")
@@ -593,7 +596,7 @@ def test_doctor_says_which_sandbox_and_fails_a_key_in_reach(
 def test_kakeya_run_of_ones_own_request_runs_unsigned_where_the_key_is_in_reach(
     world: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ):
-    from bridge.cli import main
+    from bridge.cli.main import main
 
     key = tmp_path / "k"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
@@ -611,8 +614,8 @@ def test_kakeya_run_of_ones_own_request_runs_unsigned_where_the_key_is_in_reach(
 
 @pytest.mark.skipif(not (LINUX and bwrap_available()), reason="bubblewrap is not usable here")
 def test_a_network_none_preset_in_the_sandbox_reaches_nothing(tmp_path: Path, daemon: Daemon):
-    from bridge.execute import execute
-    from bridge.presets import Preset
+    from bridge.presets.preset import Preset
+    from bridge.run.execute import execute
 
     (tmp_path / "subject").mkdir()
     (tmp_path / "subject" / "net.py").write_text(

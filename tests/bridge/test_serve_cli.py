@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.cli import main
+from bridge.cli.main import main
 from tests.bridge.bus_support import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

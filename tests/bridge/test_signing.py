@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from bridge import git as G
-from bridge.bus import Bus, done_ref, req_ref, results_path
-from bridge.cli import main
+from bridge.bus.bus import Bus
+from bridge.bus.records import done_ref, req_ref, results_path
+from bridge.bus.trust import ALLOWED_SIGNERS, Signers, principal, signers_line
+from bridge.cli.main import main
 from bridge.config import load_config
-from bridge.errors import InvalidRequest
-from bridge.isolation import bwrap_available
-from bridge.runner import Runner
-from bridge.trust import ALLOWED_SIGNERS, Signers, principal, signers_line
+from bridge.core.errors import InvalidRequest
+from bridge.run.isolation import bwrap_available
+from bridge.run.runner import Runner
+from bridge.wire import git as G
 from tests.bridge.bus_support import Daemon, Env, git, move_done
 from tests.bridge.test_gate_pr import LocalBus, commit, gate, missing
 

@@ -1,4 +1,4 @@
-"""The Slurm executor (bridge/slurm.py) against a real single-node Slurm with 8 fake GPUs (slurm_support.py):
+"""The Slurm executor (bridge/run/slurm.py) against a real single-node Slurm with 8 fake GPUs (slurm_support.py):
 submit, GPUs as the preset's `resources` ask, the time limit to the second, cancels, a node failure, and
 the hostile cases (a job name with Slurm's field separator, secrets in the environment, a program that
 forges its exit status). Without root or Slurm's packages the cluster tests skip with the reason."""
@@ -18,26 +18,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bridge import git as G
-from bridge.bus import CLAIM_PATH, Bus, Claim
-from bridge.client import Client
+from bridge.bus.bus import Bus
+from bridge.bus.records import CLAIM_PATH, Claim
+from bridge.client.client import Client
 from bridge.config import Config, SlurmLabel, load_config
-from bridge.errors import InvalidRequest
-from bridge.execute import gate
-from bridge.outcome import RunOutcome
-from bridge.presets import Preset, load_registry
-from bridge.result import RunContext
-from bridge.runner import Runner
-from bridge.slurm import (
-    JobSpec,
-    Slurm,
-    SlurmExecutor,
-    SlurmJob,
-    SlurmRun,
-    job_name,
-    sbatch_argv,
-)
-from bridge.slurm_runner import SlurmRunner
+from bridge.core.errors import InvalidRequest
+from bridge.core.result import RunContext
+from bridge.presets.preset import Preset, load_registry
+from bridge.results.outcome import RunOutcome
+from bridge.run.execute import gate
+from bridge.run.runner import Runner
+from bridge.run.slurm import JobSpec, Slurm, SlurmExecutor, SlurmJob, SlurmRun, job_name, sbatch_argv
+from bridge.run.slurm_runner import SlurmRunner
+from bridge.wire import git as G
 from tests.bridge.bus_support import (
     PRESETS,
     WRITE_REPORT_PY,
@@ -400,7 +393,7 @@ def test_the_program_runs_in_the_nodes_sandbox_and_nothing_it_leaves_outlives_th
     """Where the node has bubblewrap, the job's program runs in the sandbox a local run gets: it cannot read the
     runner's state directory or key, nor the job's own files (alloc.json, the env file job.json); a setsid'd
     daemon it leaves dies with the job; result.json says `bwrap (...) (a Slurm job)`."""
-    from bridge.isolation import bwrap_available
+    from bridge.run.isolation import bwrap_available
 
     if not bwrap_available():
         pytest.skip("bubblewrap cannot make a sandbox here (the job then runs under isolation none)")
@@ -478,7 +471,7 @@ def test_a_signing_label_refuses_to_run_where_the_node_gives_no_sandbox(
     """A node without a sandbox (simulated: the isolation the node chooses is `none`, or `userns`, the
     runner's own user either way): with the runner's signing key the job's wrapper refuses before the
     program starts; the run ends in `error` saying why."""
-    from bridge.isolation import userns_available
+    from bridge.run.isolation import userns_available
 
     if node_gives == "userns" and not userns_available():
         pytest.skip("no user namespaces here")
@@ -815,10 +808,10 @@ def test_a_job_slurm_forgot_is_collected_from_its_status_not_run_again(
 def test_doctor_checks_a_slurm_label_through_slurm_not_local_cuda(
     world: Env, slurm: Slurm, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from bridge.cli import main
+    from bridge.cli.main import main
 
     monkeypatch.setenv("KAKEYA_LABELS", "h200")
-    monkeypatch.setattr("bridge.commands.doctor.check_engine", lambda: "not checked here")
+    monkeypatch.setattr("bridge.cli.commands.doctor.check_engine", lambda: "not checked here")
 
     def doctor(**label: str) -> str:
         lines = "".join(f'{k} = "{v}"\n' for k, v in label.items())
@@ -839,7 +832,7 @@ def test_doctor_checks_a_slurm_label_through_slurm_not_local_cuda(
     assert line == "FAIL  h200     partition 'nopart' does not exist (`sinfo -h -p nopart` lists none)", line
     line = doctor(partition=PARTITION, gpu_type="a100")  # no such GPU in the partition: sbatch says so
     assert line.startswith("FAIL  h200     sbatch --test-only failed: "), line
-    monkeypatch.setattr("bridge.commands.doctor.check_git", lambda: "not checked here")
+    monkeypatch.setattr("bridge.cli.commands.doctor.check_git", lambda: "not checked here")
     with monkeypatch.context() as m:
         m.setenv("PATH", str(world.tmp))  # a login node without Slurm's clients
         line = doctor(partition=PARTITION)
@@ -923,9 +916,9 @@ def test_a_signing_slurm_runner_attests_its_results_and_replaces_a_planted_attes
     """The Slurm runner delivers as the local runner does (`Runner.deliver`): its done commit carries the
     runner's attestation.json, which `kakeya verify` accepts, never the one the program left; where a node
     gives no sandbox the same runner's job starts nothing and its done commit is an `error` saying why."""
-    from bridge.cli import main
-    from bridge.isolation import bwrap_available
-    from bridge.trust import principal
+    from bridge.bus.trust import principal
+    from bridge.cli.main import main
+    from bridge.run.isolation import bwrap_available
 
     if not bwrap_available():
         pytest.skip("a signing runner needs a sandbox: bubblewrap is not usable here")

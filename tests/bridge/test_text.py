@@ -1,4 +1,4 @@
-"""bridge/text.py: what a terminal, a page or an agent is shown of a run's text."""
+"""bridge/core/text.py: what a terminal, a page or an agent is shown of a run's text."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import unicodedata
 
 import pytest
 
-from bridge.text import _BAD_MULTILINE, CleanStream, clean, clean_json
+from bridge.core.text import _BAD_MULTILINE, CleanStream, clean, clean_json
 
 HOSTILE = (
     "\x1b]52;c;ZWNobyBwd25lZA==\x07"  # OSC 52: write the clipboard

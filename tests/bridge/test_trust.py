@@ -19,13 +19,14 @@ from markdown_it import MarkdownIt
 import gates
 from bridge import evidence as E
 from bridge import host
-from bridge.bus import MANIFEST_PATH, Bus, new_id, req_ref, results_path
-from bridge.cli import main
+from bridge.bus.bus import Bus
+from bridge.bus.records import MANIFEST_PATH, new_id, req_ref, results_path
+from bridge.bus.trust import ALLOWED_SIGNERS, principal
+from bridge.cli.main import main
 from bridge.config import load_config
-from bridge.errors import InvalidRequest, KakeyaError
-from bridge.presets import Preset, load_registry
-from bridge.runner import Runner
-from bridge.trust import ALLOWED_SIGNERS, principal
+from bridge.core.errors import InvalidRequest, KakeyaError
+from bridge.presets.preset import Preset, load_registry
+from bridge.run.runner import Runner
 from tests.bridge.bus_support import WRITE_REPORT_PY, Daemon, Env, git, make_runner, manifest_dict
 from tests.bridge.test_gate_pr import LocalBus, gate, missing, outcomes
 from tests.bridge.test_signing import allow, keygen, signed_runner
@@ -322,7 +323,7 @@ def test_doctor_and_the_runner_share_one_label_check(monkeypatch: pytest.MonkeyP
     ):
         host.hardware_for(["cpu", "h200"])
     assert host.hardware_for(["cpu", "h200"], force=True) == ["h200"]
-    import bridge.commands.doctor as doctor
+    import bridge.cli.commands.doctor as doctor
 
     assert doctor.check_accelerator is host.check_accelerator  # one function for both
 

@@ -1,4 +1,4 @@
-"""bridge/upload_pack.py: blobs and trees fetched by id over git:// in protocol v2 on our own socket, against a
+"""bridge/wire/upload_pack.py: blobs and trees fetched by id over git:// in protocol v2 on our own socket, against a
 real git daemon and fake servers that refuse, drop the connection half-way, garble or never answer."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from bridge import git as G
-from bridge import upload_pack as UP
-from bridge.bus import Bus
-from bridge.errors import BusError, BusUnreachable
+from bridge.bus.bus import Bus
+from bridge.core.errors import BusError, BusUnreachable
+from bridge.wire import git as G
+from bridge.wire import upload_pack as UP
 from tests.bridge.bus_support import Daemon, FakeServer, git
 
 

@@ -1,0 +1,195 @@
+"""Flags and helpers shared by the commands (request, status, results, wait, cancel, bus, runner, run, exec)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import gates
+from bridge.bus.progress import say
+from bridge.bus.records import utcnow
+from bridge.bus.trust import ALLOWED_SIGNERS
+from bridge.client.client import Client, describe_bus, exit_code
+from bridge.config import Config, load_config, project_root
+from bridge.core.errors import InvalidRequest
+from bridge.core.result import RunResult, iso_time
+from bridge.core.text import clean_json
+from bridge.results.render import verdict_line
+
+if TYPE_CHECKING:
+    from bridge.presets.preset import Preset
+
+
+def add_preset_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("preset", help="the preset to run (`kakeya presets` lists them)")
+    parser.add_argument(
+        "-p", "--param", action="append", metavar="NAME=VALUE", help="a preset parameter (repeatable)"
+    )
+
+
+def add_remote(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--remote",
+        metavar="NAME|URL",
+        help="the bus: a git remote name, URL or path (default: config / KAKEYA_REMOTE, else the "
+        "clone's origin, else the embedded .kakeya/bus.git)",
+    )
+    add_project(parser)
+
+
+def add_project(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--project",
+        type=Path,
+        metavar="DIR",
+        help="the project checkout whose bus, presets and commits to use (default: the working directory's)",
+    )
+
+
+def add_json(parser: argparse.ArgumentParser, prefix: str = "") -> None:
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help=f"{prefix}JSON on stdout, one object per line (an error too: its `code`), for agents",
+    )
+
+
+def add_output(
+    parser: argparse.ArgumentParser, where: str = "write the results into DIR/<id> (default out/<id>)"
+) -> None:
+    """Where a run's results are written (`--out`: `out_dir`) and what of them is printed (`--summary`)."""
+    parser.add_argument("--out", type=Path, metavar="DIR", help=where)
+    parser.add_argument(
+        "--summary", action="store_true", help="print the whole summary.md, not only the verdict table"
+    )
+
+
+def add_id(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "id", help="the request id, a unique prefix of it (20261125T1615...) or its six-hex suffix (663f0b)"
+    )
+
+
+def engine_ready(preset: Preset) -> None:
+    """Refuse, before anything starts, a preset that runs the engine (`{python} -m engine...`) in an install
+    without it (a client-only `pip install kakeya`): one line saying which extra to install."""
+    module = next((b for a, b in itertools.pairwise(preset.argv) if a == "-m"), "")
+    if preset.argv[0] != "{python}" or not module.startswith("engine."):
+        return
+    lacks = [m for m in ("numpy",) if importlib.util.find_spec(m) is None]
+    if not lacks and not any(importlib.util.find_spec(m) for m in ("torch", "mlx")):
+        lacks = ["torch or mlx"]
+    if lacks:
+        raise InvalidRequest(
+            f"preset {preset.name} runs the engine ({module}), which this install lacks (no {lacks[0]}): "
+            "pip install 'kakeya[torch]' (or 'kakeya[mlx]')",
+            code="missing-extra",
+        )
+
+
+def emit(obj: dict[str, Any]) -> None:
+    """One JSON object on one line of stdout, its text cleaned (bridge/core/text.py: an agent decodes it)."""
+    print(json.dumps(clean_json(obj)), flush=True)
+
+
+def event(kind: str, request_id: str | None, **fields: Any) -> dict[str, Any]:
+    return {"event": kind, "id": request_id, "at": iso_time(utcnow()), **fields}
+
+
+def config_and_root(args: argparse.Namespace | None = None) -> tuple[Config, Path]:
+    """The project (`--project DIR` where the verb has it, else the working directory's) and its config."""
+    given = getattr(args, "project", None)
+    if given is not None and not given.expanduser().is_dir():
+        raise InvalidRequest(f"--project {given}: no such directory", code="not-in-project")
+    root = project_root(given.expanduser() if given is not None else None)
+    return load_config(root), root
+
+
+def say_bus(remote: str, url: str) -> None:
+    """The one stderr line that says which bus a command uses."""
+    say(f"kakeya: bus: {describe_bus(remote, url)}")  # a reader that left (EPIPE) fails nothing
+
+
+def client(args: argparse.Namespace, remote: str | None = None) -> Client:
+    config, root = config_and_root(args)
+    c = Client(config, root, remote=args.remote if remote is None else remote)
+    say_bus(c.remote, c.url)
+    return c
+
+
+def out_dir(root: Path, given: Path | None, request_id: str) -> Path:
+    """Where a request's results go: DIR/<id> (default out/<id>), so that two runs never mix."""
+    return ((given or root / "out") / request_id).resolve()
+
+
+def outcome(result: RunResult, out: Path) -> dict[str, Any]:
+    """A result as the fields of a `verdict` JSON event: outcome, gate checks, where its files are."""
+    try:
+        checks = json.loads((out / "verdict.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        checks = None
+    html = out / "report.html"
+    return {
+        "preset": result.preset,
+        "status": result.status,
+        "verdict": result.verdict,
+        "reason": result.reason,
+        "runner": result.runner_name,
+        "subject": result.subject,
+        "started_at": result.started_at,
+        "ended_at": result.ended_at,
+        "duration_s": result.duration_s,
+        "checks": checks,
+        "out": str(out),
+        "summary": str(out / "summary.md"),
+        "report_html": str(html) if html.is_file() else None,
+        "plots": [str(p) for p in sorted(out.rglob("*.png"))],
+        "exit_code": exit_code(result),
+    }
+
+
+def report(
+    request_id: str | None, result: RunResult, out: Path, *, as_json: bool = False, summary: bool = False
+) -> int:
+    """Print the verdict line, the gate table, where the plots and the summary are (`summary`: the whole
+    summary.md too), or with `as_json` the `verdict` event; the exit code of the outcome."""
+    if as_json:
+        emit(event("verdict", request_id, **outcome(result, out)))
+        return exit_code(result)
+    print(verdict_line(request_id or "exec", result))
+    try:
+        if summary:
+            print((out / "summary.md").read_text().rstrip())
+        else:
+            print(
+                gates.Verdict.model_validate_json((out / "verdict.json").read_text()).to_markdown().rstrip()
+            )
+    except (OSError, ValueError):
+        pass  # no verdict (the run did not get that far) or an unreadable one: the line above says why
+    for png in sorted(out.rglob("*.png")):
+        print(f"plot: {png}")
+    if (out / "report.html").is_file():
+        print(f"report: {out / 'report.html'}")
+    print(f"summary: {out / 'summary.md'}")
+    return exit_code(result)
+
+
+def add_signer_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allowed-signers",
+        type=Path,
+        metavar="FILE",
+        help=f"accept only done commits signed by these runners (default: {ALLOWED_SIGNERS} of this "
+        "checkout, the trusted base, when it exists; without one, a shared bus is refused unless "
+        "--allow-unsigned)",
+    )
+    parser.add_argument(
+        "--allow-unsigned",
+        action="store_true",
+        help="with no allowed-signers file, accept unsigned evidence on a shared bus (anyone with push "
+        "access could forge it); the embedded bus never needs keys",
+    )

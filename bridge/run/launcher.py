@@ -1,0 +1,243 @@
+"""The run launcher: the parent of every process a run starts, and their end.
+
+    python -I bridge/run/launcher.py --status-fd FD --lifeline FD [--uid U --gid G]
+        [--memory BYTES] [--processes N] [--file BYTES] -- ARGV...
+
+It becomes a child subreaper (Linux `prctl(PR_SET_CHILD_SUBREAPER)`), so processes that call setsid and
+whose parent exits re-parent to it instead of to init; it asks for SIGTERM when the runner dies
+(`PR_SET_PDEATHSIG`) and also watches a pipe whose write end only the runner holds (EOF = the runner is
+gone, on any platform). It starts ARGV in a new session (as uid/gid U/G when given: the runner's identity
+stays out of the workload's reach), waits for it, and when it exits (or at SIGTERM: the time limit, a
+cancel, the runner's death) kills every process left below it and reaps them. The status pipe FD (only the
+runner reads it: no file the run could replace with a FIFO or a link) gets
+{"exit_code": the program's returncode (negative: killed by that signal), "strays": processes killed
+that were not the program, "subreaper": bool, "start_error": why ARGV could not start, or null, "limit":
+"processes" or "file" when the run reached that limit, or null}.
+
+Limits (bridge/run/isolation.py's `run_limits`), set on the program before it starts and inherited by all it
+starts: --memory is each process's RLIMIT_DATA (its heap and private mappings; not RLIMIT_AS, which
+accelerator runtimes exhaust by reserving address space), --processes RLIMIT_NPROC (the tasks, threads
+included, of the program's user: given only where that user is the run's own), --file RLIMIT_FSIZE (the
+largest file it may write: SIGXFSZ past it). The program's oom_score_adj is 1000: at a shortage of memory
+the kernel's OOM killer takes the run's processes before the runner's.
+
+On macOS there is no subreaper: processes that left the tree (setsid and an exited parent) are out of
+reach; the lifeline and the tree walk still end everything that stayed below the launcher.
+
+Standard library only, and run with `python -I` by path: the subject's PYTHONPATH never reaches it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+GRACE_S = 2.0
+
+
+def children_map() -> dict[int, list[int]]:
+    """ppid -> pids, from /proc (Linux) or `ps` (macOS)."""
+    children: dict[int, list[int]] = {}
+    proc = Path("/proc")
+    if proc.is_dir():
+        for entry in proc.iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    else:
+        text = subprocess.run(["ps", "-A", "-o", "pid=,ppid="], capture_output=True, text=True).stdout
+        for line in text.splitlines():
+            pid, ppid = (int(x) for x in line.split())
+            children.setdefault(ppid, []).append(pid)
+    return children
+
+
+def descendants(pid: int) -> list[int]:
+    children, out, todo = children_map(), [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _prctl(option: int, value: int) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(option, value, 0, 0, 0) == 0
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _reap(codes: dict[int, int]) -> None:
+    """Collect every exited child (ours, and orphans re-parented to us)."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        codes[pid] = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def end_everything(codes: dict[int, int]) -> set[int]:
+    """SIGTERM everything below us, then SIGKILL what is left, until nothing is; the pids seen."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + GRACE_S
+    sig = signal.SIGTERM
+    while True:
+        _reap(codes)
+        alive = [p for p in descendants(os.getpid()) if p not in codes]
+        if not alive:
+            return seen
+        seen.update(alive)
+        if time.monotonic() > deadline:
+            sig = signal.SIGKILL
+        _signal_all(alive, sig)
+        time.sleep(0.05)
+
+
+def _limiter(opts: dict[str, str]) -> object:
+    """What the program's process runs before exec: the rlimits asked for, and first in line for the OOM killer."""
+    wanted = [
+        (resource.RLIMIT_DATA, opts.get("--memory")),
+        (resource.RLIMIT_NPROC, opts.get("--processes")),
+        (resource.RLIMIT_FSIZE, opts.get("--file")),
+    ]
+
+    def apply() -> None:
+        for res, value in wanted:
+            if value is not None:
+                hard = resource.getrlimit(res)[1]
+                limit = int(value) if hard == resource.RLIM_INFINITY else min(int(value), hard)
+                try:
+                    resource.setrlimit(res, (limit, limit))
+                except (OSError, ValueError):  # a limit this platform refuses (macOS's RLIMIT_DATA): not set
+                    pass
+        try:
+            with open("/proc/self/oom_score_adj", "w") as fh:
+                fh.write("1000")
+        except OSError:
+            pass
+
+    return apply
+
+
+def tasks_of(uid: int) -> int:
+    """How many tasks (threads included) of real uid `uid` this /proc shows: what RLIMIT_NPROC counts."""
+    count = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+            real = int(status.split("\nUid:", 1)[1].split()[0])
+            if real == uid:
+                count += int(status.split("\nThreads:", 1)[1].split()[0])
+        except (OSError, IndexError, ValueError):
+            continue
+    return count
+
+
+def main(argv: list[str]) -> int:
+    args = argv[1:]
+    opts: dict[str, str] = {}
+    while args and args[0] != "--":
+        opts[args[0]], args = args[1], args[2:]
+    command = args[1:]
+    lifeline = int(opts.get("--lifeline", "-1"))
+    parent = os.getppid()
+    subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    stop = [os.getppid() != parent]  # the runner died before we could ask to be told
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        stop[0] = True
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    user: dict = {}
+    if "--uid" in opts:
+        user = {"user": int(opts["--uid"]), "group": int(opts["--gid"]), "extra_groups": []}
+    codes: dict[int, int] = {}
+    exit_code: int | None = None
+    start_error: str | None = None
+    nproc = int(opts["--processes"]) if "--processes" in opts else None
+    uid = int(opts["--uid"]) if "--uid" in opts else os.getuid()
+    limit: str | None = None
+    next_count = 0.0
+    try:
+        child = subprocess.Popen(
+            command, start_new_session=True, pass_fds=(), preexec_fn=_limiter(opts), **user
+        )
+    except OSError as exc:
+        child, exit_code, start_error = None, 127, str(exc)
+    while child is not None and not stop[0]:
+        if nproc is not None and limit is None and Path("/proc").is_dir():
+            try:  # has the program exited? (not reaped: while a zombie it still counts, as the kernel counts)
+                ended = os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+            except ChildProcessError:
+                ended = False
+            if ended or time.monotonic() >= next_count:
+                next_count = time.monotonic() + 0.2
+                if tasks_of(uid) >= nproc:  # a fork failed or would: the run is at its limit of processes
+                    limit = "processes"
+        _reap(codes)
+        if child.pid in codes:
+            break
+        if lifeline >= 0:
+            ready, _, _ = select.select([lifeline], [], [], 0.05)
+            if ready and not os.read(lifeline, 1):
+                break  # the runner is gone
+        else:
+            time.sleep(0.05)
+    if child is not None:
+        killed = end_everything(codes)
+        _reap(codes)
+        exit_code = codes.get(child.pid)
+        strays = len(killed - {child.pid})
+        if exit_code == -signal.SIGXFSZ and "--file" in opts:
+            limit = limit or "file"
+    else:
+        strays = 0
+    word = json.dumps(
+        {
+            "exit_code": exit_code,
+            "strays": strays,
+            "subreaper": subreaper,
+            "start_error": start_error,
+            "limit": limit,
+        }
+    ).encode()
+    try:
+        os.write(int(opts["--status-fd"]), word)  # a few dozen bytes: the pipe takes them at once
+    except OSError:  # the runner is gone (EPIPE): nobody to tell
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
