@@ -230,7 +230,7 @@ def test_cleanup_never_changes_the_mode_of_a_file_a_planted_link_points_at():
         key.chmod(0o600)
         home.chmod(0o755)
         locked.chmod(0o500)  # its entries cannot be unlinked until it is opened up
-        code = "import sys; from pathlib import Path; from bridge import caps; caps.remove(Path(sys.argv[1]))"
+        code = "import sys; from pathlib import Path; from bridge.core import caps; caps.remove(Path(sys.argv[1]))"
         env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
         subprocess.run(as_user(user, [sys.executable, "-c", code, str(scratch)]), env=env, check=True)
         assert not scratch.exists()
