@@ -28,7 +28,7 @@ from pathlib import Path
 
 from bridge.core.errors import BusError
 from bridge.wire import git
-from bridge.wire.pktline import Wire, packets_until_flush, pkt
+from bridge.wire.pktline import FLUSH, Wire, packets_until_flush, pkt
 from bridge.wire.transport import Status, Transport, Updates, for_url, pushing
 
 _FALSE = ("false", "no", "off", "0")
@@ -132,7 +132,7 @@ def _converse(store: Path, wire: Wire, updates: Updates, atomic: bool) -> tuple[
     if any(new == zero for _, new, _ in commands) and "delete-refs" not in caps:
         raise Refused("the bus does not take deletions (its git-receive-pack lacks delete-refs)")
     if not commands:
-        wire.send(b"0000")
+        wire.send(FLUSH)
         wire.end()
         return status, None if all(ok for ok, _ in status.values()) else "some refs were rejected"
     pack = (
@@ -144,8 +144,16 @@ def _converse(store: Path, wire: Wire, updates: Updates, atomic: bool) -> tuple[
     asked += [c for c in caps if c.startswith("object-format=")] + ["agent=kakeya"]
     lines = [f"{old} {new} {ref}" for old, new, ref in commands]
     lines[0] += "\0" + " ".join(asked)
-    wire.send(b"".join(pkt(line + "\n") for line in lines) + b"0000" + (pack or b""))
+    wire.send(b"".join(pkt(line + "\n") for line in lines) + FLUSH + (pack or b""))
     wire.end()
+    return _report(wire, commands, status, zero)
+
+
+def _report(
+    wire: Wire, commands: list[tuple[str, str, str]], status: Status, zero: str
+) -> tuple[Status, str | None]:
+    """`status` with what receive-pack's report (`unpack ok`, `ok <ref>` / `ng <ref> <why>`) says of each
+    of `commands`, and the error when not all went through."""
     report = [
         line.decode(errors="replace").rstrip("\n") for line in packets_until_flush(wire.recv, "its report")
     ]
