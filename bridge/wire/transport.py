@@ -70,7 +70,9 @@ def for_url(url: str) -> Transport:
 def is_path(url: str) -> bool:
     """A bus named by a plain path on this host (not file://, not scp-like host:path)."""
     colon, slash = url.find(":"), url.find("/")
-    return "://" not in url and "::" not in url and (colon < 0 or 0 <= slash < colon)
+    return "://" not in url and (
+        colon < 0 or 0 <= slash < colon
+    )  # a helper's name::address is host:path here
 
 
 def pushing(updates: Updates) -> str:
