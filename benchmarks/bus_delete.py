@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from bridge.wire import git as G  # noqa: E402
 from bridge.wire import receive_pack as RP  # noqa: E402
+from bridge.wire import transport as T  # noqa: E402
 from tests.bridge.bus_support import Daemon  # noqa: E402
 
 ENV = {
@@ -37,7 +38,10 @@ ENV = {
     "GIT_COMMITTER_NAME": "b",
     "GIT_COMMITTER_EMAIL": "b@x",
 }
-METHODS: dict[str, Callable[..., tuple[G.Status, str | None]]] = {"git_push": G.push, "receive_pack": RP.push}
+METHODS: dict[str, Callable[..., tuple[T.Status, str | None]]] = {
+    "git_push": lambda store, url, *a: T.for_url(url).push(store, *a),
+    "receive_pack": RP.push,
+}
 
 
 def cpu() -> float:

@@ -25,12 +25,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bridge.wire import git as G  # noqa: E402
+from bridge.wire import transport as T  # noqa: E402
 from bridge.wire import upload_pack as UP  # noqa: E402
 from tests.bridge.bus_support import Daemon  # noqa: E402
 
 
 def git_fetch(store: Path, url: str, sha: str, tree_filter: str | None) -> None:
-    if (msg := G.fetch(store, url, [sha], 30, tree_filter=tree_filter)) is not None:
+    if (msg := T.for_url(url).fetch(store, [sha], 30, tree_filter=tree_filter)) is not None:
         raise SystemExit(f"git fetch failed: {msg}")
 
 

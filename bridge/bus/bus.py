@@ -44,11 +44,12 @@ from bridge.bus.records import (
 )
 from bridge.core.errors import BusError, BusUnreachable
 from bridge.wire import git, receive_pack, upload_pack
+from bridge.wire.transport import Daemon, Transport, for_url, is_path
 
 
 def is_local_path(url: str) -> bool:
-    """A bus named by a plain path on this host (not file://, not scp-like host:path: `git.local_path`)."""
-    return "://" not in url and git.local_path(url) is not None
+    """A bus named by a plain path on this host (not file://, not scp-like host:path: `transport.is_path`)."""
+    return is_path(url)
 
 
 # side stores, in the bus store's git directory, reading its objects too: what is fetched at depth 1 goes
@@ -58,12 +59,15 @@ LEDGER_STORE = "kakeya-ledger.git"  # the compactor's: the ledger's tip without 
 
 
 class Bus:
-    """A bus remote (`url`: URL or path) and the local object store (`store`) that reads and writes for it."""
+    """A bus remote (`url`: URL or path) and the local object store (`store`) that reads and writes for it;
+    `transport` is how the bus is reached (bridge/wire/transport.py), chosen once here from the URL (BusError for
+    a URL that cannot be a bus, saying what to name instead)."""
 
-    def __init__(self, url: str, store: Path, timeout_s: float = 120.0):
+    def __init__(self, url: str, store: Path, timeout_s: float = 120.0, transport: Transport | None = None):
         # A path means the user's directory, as it does to git; every git of a bus runs in `store`.
         url = os.path.abspath(url) if is_local_path(url) else url
         self.url, self.store, self.timeout_s = url, store, timeout_s
+        self.transport = transport or for_url(url)
         self.main: Bus | None = None  # for a side store's Bus (`side`): the bus it serves
         self._sides: dict[str, Bus] = {}
 
@@ -93,7 +97,7 @@ class Bus:
             git.borrow_objects(path, main.git_dir / "objects")
             # the commits it borrows from a shallow store have no parents there either (a depth-1 checkout)
             git.add_shallow(path, git.shallow_commits(main.git_dir))
-            main._sides[name] = Bus(self.url, path, self.timeout_s)
+            main._sides[name] = Bus(self.url, path, self.timeout_s, self.transport)
             main._sides[name].main = main
         return main._sides[name]
 
@@ -158,7 +162,7 @@ class Bus:
     def list(self, prefixes: Sequence[str]) -> str:
         """The refs under `prefixes`, as `git ls-remote` prints them, in one round trip that carries only those."""
         try:
-            return git.ls_refs(self.store, self.url, prefixes, self.timeout_s)
+            return self.transport.ls_refs(self.store, prefixes, self.timeout_s)
         except BusError as exc:
             raise BusUnreachable(
                 f"cannot reach the bus at {self.url} (listing {', '.join(prefixes)}): {exc}"
@@ -183,7 +187,7 @@ class Bus:
         if not refspecs:
             return
         try:
-            msg = git.fetch(self.store, self.url, refspecs, self.timeout_s)
+            msg = self.transport.fetch(self.store, refspecs, self.timeout_s)
         except BusError as exc:  # a time limit: say what was being fetched
             raise BusUnreachable(f"fetching {', '.join(refspecs[:3])} from {self.url}: {exc}") from None
         if msg is not None:
@@ -204,7 +208,7 @@ class Bus:
         """Fetch the commits `shas` (objects only) that no local repository of the bus (the store, with
         `in_store`) has yet, by object id in one round trip (never a named refspec each: the server matches
         those one by one); `depth`: only that many commits of each history (the store becomes shallow);
-        `tree_filter`, `tips`: git's --filter and --negotiation-tip (`git.fetch`). From a git:// bus, blobs and
+        `tree_filter`, `tips`: git's --filter and --negotiation-tip (`Transport.fetch`). From a git:// bus, blobs and
         trees only (`standalone`: nothing to negotiate), or commits with the `haves` to negotiate in one round,
         come in protocol v2 on a socket of our own (bridge/wire/upload_pack.py: no `git fetch`, no delayed-ACK
         stall)."""
@@ -213,19 +217,19 @@ class Bus:
             missing = sorted(set(missing) - git.present(repo, missing))
         if not missing:
             return
-        own = self.url.startswith("git://") and ((standalone and not depth and not tips) or haves is not None)
-        if own:
+        daemon = self.transport if isinstance(self.transport, Daemon) else None
+        if daemon and ((standalone and not depth and not tips) or haves is not None):
             try:
                 said = haves() if haves is not None else ()
                 upload_pack.daemon_fetch(
-                    self.store, self.url, missing, self.timeout_s, tree_filter, depth, said
+                    self.store, daemon, missing, self.timeout_s, tree_filter, depth, said
                 )
                 msg = None
             except BusError as exc:  # classified as git's own message below
                 msg = str(exc)
         else:
             try:
-                msg = git.fetch(self.store, self.url, missing, self.timeout_s, depth, tree_filter, tips)
+                msg = self.transport.fetch(self.store, missing, self.timeout_s, depth, tree_filter, tips)
             except BusError as exc:  # a time limit: say what was being fetched
                 raise BusUnreachable(f"fetching {len(missing)} {what} from {self.url}: {exc}") from None
         if msg is not None:
@@ -244,17 +248,21 @@ class Bus:
         """Whether pushes speak receive-pack here (each update O(1)), not through `git push` (each update
         matched against every ref the bus holds): every transport but http(s), unless the store's git config
         asks for a signed push (bridge/wire/receive_pack.py)."""
-        return receive_pack.speaks(self.store, self.url)
+        return receive_pack.speaks(self.store, self.transport)
 
     def push(self, updates: Sequence[Update], atomic: bool = False) -> dict[str, tuple[bool, str]]:
         """One leased push (bridge/wire/receive_pack.py, or `git push` over http(s)); ref -> (accepted, a summary as
-        git's). BusUnreachable when nothing got through."""
-        way = receive_pack.push if self.receive_pack else git.push
-        status, error = way(
-            self.store, self.url, [(u.ref, u.new, u.expect) for u in updates], atomic, self.timeout_s
-        )
+        git's). BusUnreachable when nothing got through; BusError when the bus refused what no retry changes (a
+        working clone's checked-out branch)."""
+        wanted = [(u.ref, u.new, u.expect) for u in updates]
+        if self.receive_pack:
+            status, error = receive_pack.push(self.store, self.transport, wanted, atomic, self.timeout_s)
+        else:
+            status, error = self.transport.push(self.store, wanted, atomic, self.timeout_s)
         if not status and error is not None:
             raise BusUnreachable(f"cannot push to the bus at {self.url}: {error}")
+        if refusal := self.transport.refusal(status):
+            raise BusError(refusal)
         return status
 
     def swap(self, updates: Sequence[Update], atomic: bool = True, attempts: int = 6) -> bool:

@@ -11,33 +11,26 @@ without atomic is refused, never made piecemeal); then the pack: none when every
 `git pack-objects --revs --thin` of the new commits less what the bus advertises (as git send-pack builds it),
 an empty one when the bus has them all; then the report (`unpack ok`, `ok <ref>` / `ng <ref> <why>`).
 
-Transports: git:// (a socket to git daemon), ssh (`git-receive-pack '<path>'` through the ssh command that
-`git.ssh_command` builds, as listings use), a path or file:// (`git receive-pack <path>` here, with NO_HOOKS: no
-hook of the bus repository runs). http(s) keeps `git push` (git's remote helper owns authentication, credential
+The conversation is the bus's `Transport.receive_pack` (bridge/wire/transport.py): git:// (a socket to git
+daemon), ssh (`git-receive-pack '<path>'` through the ssh command, as listings use), a path or file://
+(`git receive-pack <path>` here, with NO_HOOKS: no hook of the bus repository runs). http(s) keeps `git push` (git's remote helper owns authentication, credential
 helpers, http.extraHeader and proxies), and so does a store whose git config asks for a signed push or push
 options (push.gpgSign, push.pushOption): git speaks those.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
 import re
-import select
-import signal
-import socket
 import struct
-import subprocess
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from bridge.core.errors import BusError
 from bridge.wire import git
+from bridge.wire.pktline import FLUSH, Wire, packets_until_flush, pkt
+from bridge.wire.transport import Status, Transport, Updates, for_url, pushing
 
-Updates = Sequence[tuple[str, str | None, str | None]]  # (ref, new or None to delete, expected or None)
 _FALSE = ("false", "no", "off", "0")
 
 
@@ -46,10 +39,10 @@ class Refused(BusError):
     retry helps."""
 
 
-def speaks(store: Path, url: str) -> bool:
-    """Whether a push to `url` goes through this client: every transport but http(s), unless the store's git
-    config asks for what only git push does (a signed push, push options)."""
-    if url.startswith(("http://", "https://")):
+def speaks(store: Path, way: Transport | str) -> bool:
+    """Whether a push to the bus (its transport, or its URL) goes through this client: every transport but
+    http(s), unless the store's git config asks for what only git push does (a signed push, push options)."""
+    if not (for_url(way) if isinstance(way, str) else way).receive_pack_here:
         return False
     config = git.run(store, "config", "--get-regexp", r"^push\.(gpgsign|pushoption)$", check=False).stdout
     for line in config.decode(errors="replace").splitlines():
@@ -60,19 +53,22 @@ def speaks(store: Path, url: str) -> bool:
 
 
 def push(
-    store: Path, url: str, updates: Updates, atomic: bool, timeout: float
-) -> tuple[git.Status, str | None]:
-    """One push of `updates`, each leased (as `git.push`): (ref -> (accepted, summary), the error when not all
-    went through). An empty answer with an error when the bus could not be reached or its answer was lost
-    (whether anything landed is then unknown); BusError when it took longer than `timeout` seconds; Refused."""
+    store: Path, way: Transport | str, updates: Updates, atomic: bool, timeout: float
+) -> tuple[Status, str | None]:
+    """One push of `updates` to the bus (its transport, or its URL), each leased (as `Transport.push`): (ref ->
+    (accepted, summary), the error when not all went through). An empty answer with an error when the bus could
+    not be reached or its answer was lost (whether anything landed is then unknown); BusError when it took
+    longer than `timeout` seconds; Refused."""
+    way = for_url(way) if isinstance(way, str) else way
+    url = way.url
     for ref, new, expect in updates:
         if new is None and expect is None:
             raise Refused(f"deleting {ref} needs the sha it is expected to hold")
     if not updates:
         return {}, None
-    what = git.pushing(updates)
+    what = pushing(updates)
     try:
-        with _connect(store, url, time.monotonic() + timeout) as wire:
+        with way.receive_pack(store, time.monotonic() + timeout) as wire:
             try:
                 return _converse(store, wire, updates, atomic)
             except (TimeoutError, Refused):
@@ -86,90 +82,6 @@ def push(
         raise Refused(f"pushing {what} to {url}: {exc}") from None
     except (BusError, OSError) as exc:  # could not connect
         return {}, str(exc)
-
-
-class _Wire:
-    """The two ends of a conversation with git-receive-pack (a socket, or a process's pipes), every read and
-    write within `deadline` (TimeoutError past it)."""
-
-    def __init__(self, rfd: int, wfd: int, deadline: float, end: Callable[[], None], said: Callable[[], str]):
-        self.rfd, self.wfd, self.deadline, self.end, self.said = rfd, wfd, deadline, end, said
-        os.set_blocking(wfd, False)
-
-    def _wait(self, fd: int, write: bool) -> None:
-        left = self.deadline - time.monotonic()
-        ready = (
-            select.select([], [fd], [], max(left, 0)) if write else select.select([fd], [], [], max(left, 0))
-        )
-        if left <= 0 or not any(ready):
-            raise TimeoutError
-
-    def recv(self) -> bytes:
-        while True:
-            self._wait(self.rfd, False)
-            with contextlib.suppress(BlockingIOError):
-                return os.read(self.rfd, 65536)
-
-    def send(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            self._wait(self.wfd, True)
-            with contextlib.suppress(BlockingIOError):
-                view = view[os.write(self.wfd, view[:65536]) :]
-
-
-@contextlib.contextmanager
-def _connect(store: Path, url: str, deadline: float) -> Iterator[_Wire]:
-    """A conversation with the bus's git-receive-pack: git daemon's socket for git://, else the process
-    (`git receive-pack` here for a local bus, ssh for a remote one)."""
-    if url.startswith("git://"):
-        host, port, hello = git.daemon_address(url, "git-receive-pack")
-        try:
-            sock = socket.create_connection((host, port), timeout=max(deadline - time.monotonic(), 0.1))
-        except OSError as exc:
-            raise BusError(f"cannot connect to {host}:{port}: {exc}") from None
-        with sock:
-            sock.setblocking(False)
-            wire = _Wire(
-                sock.fileno(), sock.fileno(), deadline, lambda: sock.shutdown(socket.SHUT_WR), lambda: ""
-            )
-            wire.send(hello)
-            yield wire
-        return
-    path = git.local_path(url)
-    if path is not None:
-        program, argv = "git", ["git", *git.NO_HOOKS, "receive-pack", path]
-    else:
-        ssh, path = git.ssh_command(store, url)
-        program, argv = "ssh", [*ssh, f"git-receive-pack '{path}'"]
-    with tempfile.TemporaryFile() as err:
-        proc = git.popen(program, argv, store, err)
-        assert proc.stdin is not None and proc.stdout is not None
-
-        def said() -> str:
-            err.seek(0)
-            return git.message(text) if (text := err.read()).strip() else ""
-
-        try:
-            yield _Wire(proc.stdout.fileno(), proc.stdin.fileno(), deadline, proc.stdin.close, said)
-        finally:
-            with contextlib.suppress(OSError):
-                proc.stdin.close()
-            try:
-                proc.wait(max(min(deadline - time.monotonic(), 5), 0.1))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(OSError):  # receive-pack or ssh, in a process group of its own
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            proc.stdout.close()
-
-
-def _read_packets(wire: _Wire, what: str) -> list[bytes]:
-    """The pkt-lines up to a flush (raises when the bus ends, or says ERR, before it)."""
-    lines = git.pkt_lines(git.read_until_flush(wire.recv))
-    if None not in lines:
-        raise BusError(f"the bus closed the connection before the end of {what}")
-    return [line for line in lines[: lines.index(None)] if line is not None]
 
 
 def _advertisement(lines: list[bytes]) -> tuple[dict[str, str], set[str], set[str]]:
@@ -196,10 +108,10 @@ def _advertisement(lines: list[bytes]) -> tuple[dict[str, str], set[str], set[st
     return refs, haves, caps
 
 
-def _converse(store: Path, wire: _Wire, updates: Updates, atomic: bool) -> tuple[git.Status, str | None]:
-    refs, haves, caps = _advertisement(_read_packets(wire, "its ref advertisement"))
+def _converse(store: Path, wire: Wire, updates: Updates, atomic: bool) -> tuple[Status, str | None]:
+    refs, haves, caps = _advertisement(packets_until_flush(wire.recv, "its ref advertisement"))
     zero = "0" * (64 if "object-format=sha256" in caps else 40)
-    status: git.Status = {}
+    status: Status = {}
     commands: list[tuple[str, str, str]] = []  # (old, new, ref)
     for ref, new, expect in updates:
         held = refs.get(ref)
@@ -220,7 +132,7 @@ def _converse(store: Path, wire: _Wire, updates: Updates, atomic: bool) -> tuple
     if any(new == zero for _, new, _ in commands) and "delete-refs" not in caps:
         raise Refused("the bus does not take deletions (its git-receive-pack lacks delete-refs)")
     if not commands:
-        wire.send(b"0000")
+        wire.send(FLUSH)
         wire.end()
         return status, None if all(ok for ok, _ in status.values()) else "some refs were rejected"
     pack = (
@@ -232,9 +144,19 @@ def _converse(store: Path, wire: _Wire, updates: Updates, atomic: bool) -> tuple
     asked += [c for c in caps if c.startswith("object-format=")] + ["agent=kakeya"]
     lines = [f"{old} {new} {ref}" for old, new, ref in commands]
     lines[0] += "\0" + " ".join(asked)
-    wire.send(b"".join(git.pkt(line + "\n") for line in lines) + b"0000" + (pack or b""))
+    wire.send(b"".join(pkt(line + "\n") for line in lines) + FLUSH + (pack or b""))
     wire.end()
-    report = [line.decode(errors="replace").rstrip("\n") for line in _read_packets(wire, "its report")]
+    return _report(wire, commands, status, zero)
+
+
+def _report(
+    wire: Wire, commands: list[tuple[str, str, str]], status: Status, zero: str
+) -> tuple[Status, str | None]:
+    """`status` with what receive-pack's report (`unpack ok`, `ok <ref>` / `ng <ref> <why>`) says of each
+    of `commands`, and the error when not all went through."""
+    report = [
+        line.decode(errors="replace").rstrip("\n") for line in packets_until_flush(wire.recv, "its report")
+    ]
     if not report or not report[0].startswith("unpack "):
         raise BusError(f"the bus answered the push with {report[0][:80] if report else 'nothing'!r}")
     unpack = report[0].removeprefix("unpack ")

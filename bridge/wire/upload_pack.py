@@ -6,7 +6,7 @@ nor git's client sets TCP_NODELAY, so a small write waits for the ACK that the o
 This socket sets TCP_NODELAY and re-arms TCP_QUICKACK before each read (Linux; elsewhere only NODELAY), and
 there is no `git fetch` process, ref matching or connectivity walk.
 
-The conversation: the hello (`git.daemon_address` with version=2), the capability advertisement (version 2,
+The conversation (the bus's `Daemon.upload_pack`, bridge/wire/transport.py): the hello (with version=2), the capability advertisement (version 2,
 `fetch`, and whether that lists `filter`), then `command=fetch` with ofs-delta, no-progress, the filter where
 the server filters (else none: the server then sends everything, as git does), one `want` per object id and
 `done`. The answer: sections up to `packfile`, then side-band pkt-lines (1: the pack, 2: progress, 3: the
@@ -19,31 +19,27 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import re
-import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from bridge.core.errors import BusError
 from bridge.wire import git
-
-OID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
-# Linux only: ACK each segment at once (the kernel clears it again after a while, so it is set before each read)
-_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
+from bridge.wire.pktline import DELIM, FLUSH, Packets, Wire, pkt, pkt_lines, read_until_flush
+from bridge.wire.transport import OID, Daemon
 
 
 def daemon_fetch(
     store: Path | str,
-    url: str,
+    daemon: Daemon | str,
     wants: Sequence[str],
     timeout: float,
     tree_filter: str | None = None,
     depth: int | None = None,
     haves: Sequence[str] = (),
 ) -> None:
-    """Fetch the objects `wants` from the git:// bus `url` into `store` within `timeout` seconds
-    (`tree_filter`: git's --filter, e.g. tree:0 for a tree without what it holds, sent when the server
+    """Fetch the objects `wants` from the git:// bus (its transport, or its URL) into `store` within `timeout`
+    seconds (`tree_filter`: git's --filter, e.g. tree:0 for a tree without what it holds, sent when the server
     filters). Commits too: `haves` are commits here whose history the server then leaves out (git's
     negotiation, in one round: the store's shallow commits are said, so a shallow `have` stands for itself
     only), `depth` that many commits of each history (the commits cut there are added to the store's
@@ -54,22 +50,13 @@ def daemon_fetch(
         raise BusError(f"cannot fetch {bad[0]!r} by object id: it is not a hex object id")
     if not wants:
         return
+    daemon = Daemon(daemon) if isinstance(daemon, str) else daemon
     deadline = time.monotonic() + timeout
-    host, port, hello = git.daemon_address(url, "git-upload-pack", "\0version=2\0")
     what = f"fetching {len(wants)} object{'s' if len(wants) > 1 else ''}"
     try:
-        sock = socket.create_connection((host, port), timeout=_left(deadline))
-    except TimeoutError:
-        raise BusError(f"{what} timed out after {timeout:.0f} s") from None
-    except OSError as exc:
-        raise BusError(f"cannot connect to {host}:{port}: {exc}") from None
-    try:
-        with sock:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with daemon.upload_pack(Path(store), deadline) as wire:
             shallow = git.shallow_commits(_git_dir(Path(store)))
-            pack, algo, filtered, cut = _converse(
-                sock, deadline, hello, wants, tree_filter, depth, haves, shallow
-            )
+            pack, algo, filtered, cut = _converse(wire, wants, tree_filter, depth, haves, shallow)
     except TimeoutError:
         raise BusError(f"{what} timed out after {timeout:.0f} s") from None
     except OSError as exc:  # a reset: the server went half-way
@@ -84,37 +71,8 @@ def _git_dir(store: Path) -> Path:
     return store if (store / "objects").is_dir() else store / ".git"
 
 
-def _left(deadline: float) -> float:
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise TimeoutError
-    return left
-
-
-def _converse(
-    sock: socket.socket,
-    deadline: float,
-    hello: bytes,
-    wants: Sequence[str],
-    tree_filter: str | None,
-    depth: int | None,
-    haves: Sequence[str],
-    shallow: Sequence[str],
-) -> tuple[bytes, str, bool, list[str]]:
-    """(the pack, its hash algorithm, whether the filter was sent, the commits the server cut at `depth`) of
-    one fetch on `sock`."""
-
-    def recv() -> bytes:
-        if _QUICKACK is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
-        sock.settimeout(_left(deadline))
-        return sock.recv(65536)
-
-    sock.settimeout(_left(deadline))
-    sock.sendall(hello)
-    # the server says nothing more until it has our command: reading up to the flush loses nothing
-    lines = git.pkt_lines(git.read_until_flush(recv))
+def _capabilities(lines: list[bytes | None]) -> dict[str, list[str]]:
+    """key -> values of a protocol v2 capability advertisement (raises when it is not one, or lacks `fetch`)."""
     if not lines or lines[0] != b"version 2\n":
         raise BusError("the bus does not speak git protocol version 2")
     if None not in lines:
@@ -127,6 +85,21 @@ def _converse(
     }
     if "fetch" not in caps:
         raise BusError("the bus does not offer the protocol v2 fetch command")
+    return caps
+
+
+def _converse(
+    wire: Wire,
+    wants: Sequence[str],
+    tree_filter: str | None,
+    depth: int | None,
+    haves: Sequence[str],
+    shallow: Sequence[str],
+) -> tuple[bytes, str, bool, list[str]]:
+    """(the pack, its hash algorithm, whether the filter was sent, the commits the server cut at `depth`) of
+    one fetch on `wire` (its hello sent)."""
+    # the server says nothing more until it has our command: reading up to the flush loses nothing
+    caps = _capabilities(pkt_lines(read_until_flush(wire.recv)))
     algo = (caps.get("object-format") or ["sha1"])[0]
     if algo not in ("sha1", "sha256"):
         raise BusError(f"the bus stores objects in a format kakeya does not know ({algo})")
@@ -145,47 +118,14 @@ def _converse(
         *(f"have {h}" for h in haves),
         "done",
     ]
-    sock.settimeout(_left(deadline))
     with contextlib.suppress(OSError):  # a server that stopped reading to say why (ERR) still answers
-        sock.sendall(b"".join(b"0001" if ln is None else git.pkt(ln + "\n") for ln in request) + b"0000")
-        sock.shutdown(socket.SHUT_WR)
+        wire.send(b"".join(DELIM if ln is None else pkt(ln + "\n") for ln in request) + FLUSH)
+        wire.end()
     cut: list[str] = []
-    return _read_pack(_Packets(recv), cut), algo, filtered, cut
+    return _read_pack(Packets(wire.recv), cut), algo, filtered, cut
 
 
-class _Packets:
-    """The pkt-lines read with `recv` (b'' at the end of the connection), one at a time: `next` is the payload,
-    None for a flush, b'' for a delim; BusError for a server's ERR, a malformed packet, or the end of the
-    connection before a packet did."""
-
-    def __init__(self, recv: Callable[[], bytes]):
-        self.recv = recv
-        self.data = bytearray()
-
-    def _take(self, n: int) -> bytes:
-        while len(self.data) < n:
-            chunk = self.recv()
-            if not chunk:
-                raise BusError("the bus's answer was cut short: the connection ended before its end")
-            self.data += chunk
-        taken = bytes(self.data[:n])
-        del self.data[:n]
-        return taken
-
-    def next(self) -> bytes | None:
-        head = self._take(4)
-        if not re.fullmatch(rb"[0-9a-f]{4}", head) or int(head, 16) == 3:
-            raise BusError(f"the bus sent a malformed packet ({head!r})")
-        size = int(head, 16)
-        if size < 4:
-            return None if size == 0 else b""
-        line = self._take(size - 4)
-        if line.startswith(b"ERR "):
-            raise BusError(line[4:].decode(errors="replace").strip())
-        return line
-
-
-def _read_pack(packets: _Packets, cut: list[str]) -> bytes:
+def _read_pack(packets: Packets, cut: list[str]) -> bytes:
     """The pack of a fetch's answer: its sections up to `packfile` (of them, `shallow-info`'s `shallow <oid>`
     lines go into `cut`), then the side-band packets up to the flush."""
     while (line := packets.next()) != b"packfile\n":

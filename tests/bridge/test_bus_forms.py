@@ -1,19 +1,25 @@
 """Every form of bus that git reads, Kakeya reads: a bare repository, one named without its `.git`, a working
-clone, its `.git` directory, file://, a relative path, git:// and http(s). Each is listed by `Bus.list` and must
-agree with `git ls-remote` on the same URL; and `kakeya status` works in a clone whose origin is a working
-checkout (the README's own fresh clone)."""
+clone, its `.git` directory, file://, a relative path, ssh (ssh://, git+ssh://, scp-like host:path, through a
+real sshd on 127.0.0.1), git:// and http(s). Each is listed by `Bus.list` and must agree with `git ls-remote` on
+the same URL, through the transport git itself would use; `kakeya status` works in a clone whose origin is a
+working checkout (the README's own fresh clone); and a form that cannot be a bus is refused saying what to do."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from bridge.bus.bus import Bus
+from bridge.bus.records import Update
+from bridge.core.errors import BusError
 from bridge.wire import git as G
+from bridge.wire import transport as T
 from tests.bridge.bus_support import Daemon, HttpGit, git
+from tests.bridge.test_bus_ssh import SSHD, Sshd
 
 PREFIXES = ("refs/heads/kakeya/", "refs/kakeya/")
 IDENT = {
@@ -69,10 +75,13 @@ def forms_fixture(tmp_path: Path) -> dict[str, str]:
 
 def test_every_local_form_lists_as_git_ls_remote_does(forms: dict[str, str], tmp_path: Path):
     store = G.init_bare(tmp_path / "store.git")
+    forms["file:// working clone's .git"] = f"file://{tmp_path / 'work' / '.git'}"
     for form, url in forms.items():
         want = _ls_remote(url, tmp_path)
         assert want.count("\n") == 3, (form, want)
-        assert Bus(url, store).list(PREFIXES) == want, form
+        bus = Bus(url, store)
+        assert isinstance(bus.transport, T.Local), form  # chosen once, when the bus is opened
+        assert bus.list(PREFIXES) == want, form
 
 
 def test_a_relative_path_is_read_from_where_the_user_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -104,13 +113,96 @@ def test_git_daemon_and_http_forms_list_as_git_ls_remote_does(tmp_path: Path):
                 "refs/heads/*:refs/heads/*",
                 "refs/kakeya/*:refs/kakeya/*",
             )
-        for url in urls:
+        for url, kind in zip(urls, (T.Daemon, T.Http), strict=True):
             want = _ls_remote(url, tmp_path)
             assert want.count("\n") == 3, (url, want)
-            assert Bus(url, store).list(PREFIXES) == want, url
+            bus = Bus(url, store)
+            assert isinstance(bus.transport, kind), url
+            assert bus.list(PREFIXES) == want, url
     finally:
         daemon.stop()
         http.stop()
+
+
+@pytest.mark.skipif(not Path(SSHD).is_file() or os.geteuid() != 0, reason="needs OpenSSH's sshd and root")
+@pytest.mark.parametrize("accept_env", [True, False], ids=["accept-env", "stock"])
+def test_ssh_forms_list_as_git_ls_remote_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, accept_env: bool
+):
+    """ssh://, git+ssh:// and scp-like user@host:path, to a bare repository and to a working clone, through an
+    sshd that accepts GIT_PROTOCOL (protocol v2) and one that does not (v0, filtered here)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    _populate(work)
+    git(tmp_path, "clone", "-q", "--mirror", str(work), str(tmp_path / "bare.git"))
+    store = G.init_bare(tmp_path / "store.git")
+    sshd = Sshd(tmp_path / "sshd", accept_env)
+    # the port in the ssh command, so that scp-like host:path (which has no port) reaches this sshd too
+    monkeypatch.setenv("GIT_SSH_COMMAND", f"{sshd.command} -p {sshd.port}")
+    user = os.environ.get("USER", "root")
+    try:
+        for repo in (tmp_path / "bare.git", work, work / ".git"):
+            for url in (
+                f"ssh://{user}@127.0.0.1{repo}",
+                f"git+ssh://{user}@127.0.0.1{repo}",
+                f"{user}@127.0.0.1:{repo}",
+            ):
+                want = _ls_remote(url, tmp_path)
+                assert want.count("\n") == 3, (url, want)
+                bus = Bus(url, store)
+                assert isinstance(bus.transport, T.Ssh), url
+                assert bus.list(PREFIXES) == want, url
+    finally:
+        sshd.stop()
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("ext::sh -c true", "remote helper 'ext' is not one kakeya speaks; name it by a path"),
+        ("ftp://example.com/bus.git", "does not speak ftp:// to a bus; name it by a path"),
+        ("ssh://host/it's", "is not an ssh URL"),
+        ("ssh://-oProxyCommand=true/bus.git", "starts with '-'"),
+    ],
+)
+def test_a_url_that_cannot_be_a_bus_is_refused_when_the_bus_is_opened(tmp_path: Path, url: str, said: str):
+    with pytest.raises(BusError, match=re.escape(said)):
+        Bus(url, tmp_path)
+
+
+def test_a_bundle_is_refused_as_a_bus_saying_what_to_name(tmp_path: Path):
+    """git reads a bundle file as a remote, but nothing can be pushed to one."""
+    work = tmp_path / "work"
+    work.mkdir()
+    _populate(work)
+    git(work, "bundle", "create", str(tmp_path / "bus.bundle"), "--all")
+    assert _ls_remote(str(tmp_path / "bus.bundle"), tmp_path).count("\n") == 3  # git reads it
+    with pytest.raises(BusError, match="a git bundle cannot be a bus.*git clone --bare"):
+        Bus(str(tmp_path / "bus.bundle"), tmp_path)
+
+
+@pytest.mark.parametrize("way", ["receive-pack", "git push"])
+def test_a_working_clone_with_the_pushed_branch_checked_out_is_refused_saying_what_to_do(
+    tmp_path: Path, way: str
+):
+    """git moves no branch that a work tree has checked out (receive.denyCurrentBranch): a bus that is a working
+    clone on a request branch cannot take that branch's updates, and retrying never helps."""
+    site = tmp_path / "site"
+    site.mkdir()
+    _populate(site)
+    branch = "refs/heads/kakeya/req/cpu/20261128T000000.000Z-probe-abcdef"
+    git(site, "switch", "-q", branch.removeprefix("refs/heads/"))
+    head = git(site, "rev-parse", "HEAD")
+    store = G.init_bare(tmp_path / "store.git")
+    git(store, "fetch", "-q", str(site), "main")
+    if way == "git push":
+        git(store, "config", "push.gpgSign", "if-asked")  # what only git push does: the bus pushes with it
+    bus = Bus(str(site), store)
+    assert bus.receive_pack is (way == "receive-pack")
+    with pytest.raises(BusError, match=r"working clone with kakeya/req/cpu/.* checked out.*git -C .* switch"):
+        bus.swap([Update(branch, None, head)])
+    assert git(site, "rev-parse", branch) == head  # nothing moved
+    bus.swap([Update("refs/kakeya/claim/20261128T000000.000Z-probe-abcdef", None, head)])  # the rest is a bus
 
 
 def test_a_missing_bus_says_so_as_git_does(tmp_path: Path):

@@ -23,6 +23,8 @@ from bridge.bus.records import (
 )
 from bridge.cli.main import main
 from bridge.wire import git as G
+from bridge.wire import transport as T
+from bridge.wire.pktline import pkt
 from tests.bridge.bus_support import Env, HttpGit, git, make_runner
 
 
@@ -46,8 +48,8 @@ def test_request_run_and_gate_over_http(world: Env, httpgit: HttpGit, capsys):
     assert main(["results", rid, "--remote", url, "--out", str(world.tmp / "res")]) == 0
     assert (world.tmp / "res" / rid / "result.json").is_file()
     # the listing asked the server for the prefix only, and it is exactly what a full listing filters to
-    full = G.ls_remote(world.project, url, (), 60)
-    scoped = G.ls_refs(world.project, url, [DONE_PREFIX, SUBJECT_PREFIX], 60)
+    full = git(world.project, "ls-remote", url)
+    scoped = T.for_url(url).ls_refs(world.project, [DONE_PREFIX, SUBJECT_PREFIX], 60)
     assert scoped == "".join(
         ln + "\n" for ln in full.splitlines() if ln.split("\t")[1].startswith((DONE_PREFIX, SUBJECT_PREFIX))
     )
@@ -63,7 +65,7 @@ def test_a_server_of_protocol_v0_gets_the_full_listing_said_once(world: Env, tmp
         said = capsys.readouterr()
         rid = said.out.strip().splitlines()[-1]
         for _ in range(2):
-            listed = G.ls_refs(world.project, url, [REQ_PREFIX], 60)
+            listed = T.for_url(url).ls_refs(world.project, [REQ_PREFIX], 60)
             assert listed.splitlines() == [
                 f"{G.refs_under(old.base / 'bus.git', 'refs/')[req_ref('cpu', rid)]}\t{req_ref('cpu', rid)}"
             ]
@@ -96,7 +98,7 @@ class Liar:
                 if answer is None:
                     outer.served.wait(30)
                     return
-                self._send("advertisement", G.pkt("version 2\n") + G.pkt("ls-refs\n") + b"0000")
+                self._send("advertisement", pkt("version 2\n") + pkt("ls-refs\n") + b"0000")
 
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -125,9 +127,9 @@ SHA = "a" * 40
 @pytest.mark.parametrize(
     ("liar", "error"),
     [
-        (G.pkt(f"{SHA} refs/kakeya/done/x\n"), "cut short"),  # the answer ends before its flush
-        (G.pkt(f"{SHA} refs/kakeya/done/x\n")[:20], "cut short"),  # and half-way through a packet
-        (G.pkt("ERR go away\n"), "go away"),
+        (pkt(f"{SHA} refs/kakeya/done/x\n"), "cut short"),  # the answer ends before its flush
+        (pkt(f"{SHA} refs/kakeya/done/x\n")[:20], "cut short"),  # and half-way through a packet
+        (pkt("ERR go away\n"), "go away"),
         (b"zzzz", "malformed packet|bad line length"),
         (None, "timed out after 2 s"),  # the server never answers
     ],

@@ -19,6 +19,7 @@ from benchmarks.bus_scale import Relay, template, write_history
 from bridge.bus.records import CLAIM_PREFIX, DONE_PREFIX, done_ref, runner_ref
 from bridge.cli.main import main
 from bridge.wire import git as G
+from bridge.wire import transport as T
 from tests.bridge.bus_support import Env, free_port, git, make_runner
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
@@ -100,10 +101,10 @@ def test_a_listing_over_ssh_asks_only_for_its_prefixes(world: Env, sshd: Sshd, c
     try:
         relayed = sshd.url(bus_dir, relay.port)
         relay.reset()
-        claims = G.ls_refs(world.project, relayed, [CLAIM_PREFIX, runner_ref("x")], 60)
+        claims = T.for_url(relayed).ls_refs(world.project, [CLAIM_PREFIX, runner_ref("x")], 60)
         few = relay.down
         relay.reset()
-        done = G.ls_refs(world.project, relayed, [DONE_PREFIX], 60)
+        done = T.for_url(relayed).ls_refs(world.project, [DONE_PREFIX], 60)
         many = relay.down
     finally:
         relay.close()
@@ -123,17 +124,17 @@ def test_a_listing_over_ssh_asks_only_for_its_prefixes(world: Env, sshd: Sshd, c
 
 def test_an_ssh_url_kakeya_cannot_use_or_reach_says_why(world: Env, monkeypatch):
     with pytest.raises(G.BusError, match="is not an ssh URL"):
-        G.ls_refs(world.project, "ssh://host/it's", [CLAIM_PREFIX], 10)
+        T.for_url("ssh://host/it's").ls_refs(world.project, [CLAIM_PREFIX], 10)
     planted = world.project / "pwned"  # a host that is an ssh option would run this command (in the store)
     for url in ["ssh://-oProxyCommand=touch pwned/bus.git", "-oProxyCommand=touch pwned:bus.git"]:
         with pytest.raises(G.BusError, match="starts with '-'"):
-            G.ls_refs(world.project, url, [CLAIM_PREFIX], 10)
+            T.for_url(url).ls_refs(world.project, [CLAIM_PREFIX], 10)
     assert not planted.exists()
     monkeypatch.setenv("GIT_SSH_COMMAND", "ssh -o BatchMode=yes -o StrictHostKeyChecking=no")
     closed = f"ssh://root@127.0.0.1:{free_port()}/bus.git"
     with pytest.raises(G.BusError, match="refused|closed|Connection"):
-        G.ls_refs(world.project, closed, [CLAIM_PREFIX], 10)
+        T.for_url(closed).ls_refs(world.project, [CLAIM_PREFIX], 10)
     monkeypatch.delenv("GIT_SSH_COMMAND")
     git(world.project, "config", "core.sshCommand", "/nonexistent-ssh")
     with pytest.raises(G.BusError, match="cannot run ssh"):
-        G.ls_refs(world.project, "git@127.0.0.1:bus.git", [CLAIM_PREFIX], 10)
+        T.for_url("git@127.0.0.1:bus.git").ls_refs(world.project, [CLAIM_PREFIX], 10)

@@ -17,6 +17,7 @@ from bridge.bus.records import Update
 from bridge.core.errors import BusError, BusUnreachable
 from bridge.wire import git as G
 from bridge.wire import receive_pack as RP
+from bridge.wire.pktline import Wire, pkt
 from tests.bridge.bus_support import Daemon, FakeServer, git
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
@@ -151,8 +152,8 @@ def test_a_delete_only_push_sends_no_pack_and_many_deletions_go_in_one_push(tmp_
     store, bus_dir = G.init_bare(tmp_path / "store.git"), G.init_bare(tmp_path / "bus.git")
     bus = Bus(str(bus_dir), store)
     sent: list[bytes] = []
-    send = RP._Wire.send
-    monkeypatch.setattr(RP._Wire, "send", lambda self, data: (sent.append(bytes(data)), send(self, data))[1])
+    send = Wire.send
+    monkeypatch.setattr(Wire, "send", lambda self, data: (sent.append(bytes(data)), send(self, data))[1])
     a = commit(store, "a")
     assert bus.push([Update("refs/kakeya/new", a, None)])["refs/kakeya/new"][0]
     assert b"PACK" in b"".join(sent)
@@ -210,7 +211,7 @@ def test_http_and_a_signed_push_keep_git_push(tmp_path):
 
 
 SHA = "1" * 40
-ADVERTISED = G.pkt(f"{SHA} refs/kakeya/x\0report-status delete-refs atomic\n") + b"0000"
+ADVERTISED = pkt(f"{SHA} refs/kakeya/x\0report-status delete-refs atomic\n") + b"0000"
 
 
 def _hang_up(conn: socket.socket) -> None:
@@ -224,7 +225,7 @@ def _garbage(conn: socket.socket) -> None:
 
 def _error(conn: socket.socket) -> None:
     conn.recv(4096)
-    conn.sendall(G.pkt("ERR access denied or repository not exported: /bus.git\n"))
+    conn.sendall(pkt("ERR access denied or repository not exported: /bus.git\n"))
 
 
 def _lose_the_report(conn: socket.socket) -> None:
@@ -237,7 +238,7 @@ def _cut_report(conn: socket.socket) -> None:
     conn.recv(4096)
     conn.sendall(ADVERTISED)
     conn.recv(4096)
-    conn.sendall(G.pkt("unpack ok\n") + G.pkt("ok refs/kakeya/x\n"))  # no flush: the report never ended
+    conn.sendall(pkt("unpack ok\n") + pkt("ok refs/kakeya/x\n"))  # no flush: the report never ended
 
 
 def _silent(conn: socket.socket) -> None:

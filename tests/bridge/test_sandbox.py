@@ -39,6 +39,7 @@ from bridge.core.errors import KakeyaError
 from bridge.presets.preset import load_registry
 from bridge.run.isolation import bwrap_available, choose, key_problem, readable_by, userns_available
 from bridge.wire import git as G
+from bridge.wire import transport as T
 from tests.bridge.bus_support import (
     DETACH_PY,
     WRITE_REPORT_PY,
@@ -100,8 +101,10 @@ def test_the_runners_git_runs_no_hook_a_run_planted(tmp_path: Path):
     G.export(repo, child, tmp_path / "export")
     other = G.init_bare(tmp_path / "other.git")
     plant_hooks(other, log)
-    assert G.push(repo, str(other), [("refs/heads/x", child, None)], atomic=True, timeout=30)[1] is None
-    assert G.fetch(repo, str(other), ["+refs/heads/x:refs/y"], timeout=30) is None
+    assert (
+        T.for_url(str(other)).push(repo, [("refs/heads/x", child, None)], atomic=True, timeout=30)[1] is None
+    )
+    assert T.for_url(str(other)).fetch(repo, ["+refs/heads/x:refs/y"], timeout=30) is None
     G.gc_auto(repo)
     assert not log.exists(), log.read_text()
     # the export is the subject's files alone: nothing points back into the repository

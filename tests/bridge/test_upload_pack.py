@@ -12,7 +12,9 @@ import pytest
 from bridge.bus.bus import Bus
 from bridge.core.errors import BusError, BusUnreachable
 from bridge.wire import git as G
+from bridge.wire import transport as T
 from bridge.wire import upload_pack as UP
+from bridge.wire.pktline import pkt
 from tests.bridge.bus_support import Daemon, FakeServer, git
 
 
@@ -102,8 +104,8 @@ def test_fetch_ids_speaks_upload_pack_only_for_standalone_objects_over_git(
 ):
     bus = Bus(served.url, store, timeout_s=10)
     fetched: list[str] = []
-    real = G.fetch
-    monkeypatch.setattr(G, "fetch", lambda *a, **k: (fetched.append("git fetch"), real(*a, **k))[1])
+    real = T.Transport.fetch
+    monkeypatch.setattr(T.Transport, "fetch", lambda *a, **k: (fetched.append("git fetch"), real(*a, **k))[1])
     bus.fetch_ids([served.blob], "ledger maps", standalone=True)
     assert fetched == [] and G.present(store, [served.blob]) == {served.blob}
     bus.fetch_ids([served.outer], "trees")  # not standalone: git fetch, as before
@@ -112,7 +114,7 @@ def test_fetch_ids_speaks_upload_pack_only_for_standalone_objects_over_git(
 
 # --- servers gone wrong --------------------------------------------------------------------------------
 
-ADVERTISED = b"".join(G.pkt(f"{ln}\n") for ln in ("version 2", "agent=fake", "fetch=filter")) + b"0000"
+ADVERTISED = b"".join(pkt(f"{ln}\n") for ln in ("version 2", "agent=fake", "fetch=filter")) + b"0000"
 
 
 def pack_of(repo: Path, *shas: str) -> bytes:
@@ -138,7 +140,7 @@ def answering(*parts: bytes, close: bool = True) -> Callable[[socket.socket], No
 
 
 def band(n: int, data: bytes) -> bytes:
-    return G.pkt(bytes([n]) + data)
+    return pkt(bytes([n]) + data)
 
 
 def _silent(conn: socket.socket) -> None:
@@ -148,24 +150,24 @@ def _silent(conn: socket.socket) -> None:
 
 def _refuse(conn: socket.socket) -> None:
     conn.recv(4096)
-    conn.sendall(G.pkt("ERR access denied or repository not exported: /bus.git\n"))
+    conn.sendall(pkt("ERR access denied or repository not exported: /bus.git\n"))
 
 
 def _v0(conn: socket.socket) -> None:
     conn.recv(4096)
-    conn.sendall(G.pkt(f"{'1' * 40} HEAD\0multi_ack\n") + b"0000")
+    conn.sendall(pkt(f"{'1' * 40} HEAD\0multi_ack\n") + b"0000")
 
 
 SENT: dict[str, Callable[[bytes], Callable[[socket.socket], None]]] = {
-    "hang-up mid-pack": lambda p: answering(G.pkt("packfile\n"), band(1, p[: len(p) // 2])),
-    "flush mid-pack": lambda p: answering(G.pkt("packfile\n"), band(1, p[:-1]), b"0000"),
+    "hang-up mid-pack": lambda p: answering(pkt("packfile\n"), band(1, p[: len(p) // 2])),
+    "flush mid-pack": lambda p: answering(pkt("packfile\n"), band(1, p[:-1]), b"0000"),
     "garbage": lambda p: answering(b"HTTP/1.1 400 Bad Request\r\n\r\n"),
     "sideband 3": lambda p: answering(
-        G.pkt("packfile\n"), band(1, p[:20]), band(3, b"fatal: the pack could not be made\n"), close=False
+        pkt("packfile\n"), band(1, p[:20]), band(3, b"fatal: the pack could not be made\n"), close=False
     ),
-    "ERR mid-answer": lambda p: answering(G.pkt("packfile\n"), G.pkt("ERR upload-pack: out of memory\n")),
-    "no pack": lambda p: answering(G.pkt("acknowledgments\n"), G.pkt("NAK\n"), b"0000"),
-    "bad band": lambda p: answering(G.pkt("packfile\n"), band(7, p)),
+    "ERR mid-answer": lambda p: answering(pkt("packfile\n"), pkt("ERR upload-pack: out of memory\n")),
+    "no pack": lambda p: answering(pkt("acknowledgments\n"), pkt("NAK\n"), b"0000"),
+    "bad band": lambda p: answering(pkt("packfile\n"), band(7, p)),
     "ERR at hello": lambda p: _refuse,
     "v0": lambda p: _v0,
     "never answers": lambda p: _silent,
@@ -207,7 +209,7 @@ def test_a_whole_pack_from_a_fake_server_is_stored(tmp_path: Path, store: Path):
     pack = pack_of(source, blob)
     halves = [pack[:100], pack[100:]]
     server = FakeServer(
-        answering(G.pkt("packfile\n"), band(2, b"progress\n"), *(band(1, h) for h in halves), b"0000")
+        answering(pkt("packfile\n"), band(2, b"progress\n"), *(band(1, h) for h in halves), b"0000")
     )
     try:
         UP.daemon_fetch(store, f"git://127.0.0.1:{server.port}/bus.git", [blob], 10)
@@ -270,10 +272,10 @@ def test_a_malformed_shallow_line_is_refused(tmp_path: Path, store: Path):
     blob = G.write_blobs(source, [b"x" * 3000])[0]
     server = FakeServer(
         answering(
-            G.pkt("shallow-info\n"),
-            G.pkt("shallow ../../etc\n"),
+            pkt("shallow-info\n"),
+            pkt("shallow ../../etc\n"),
             b"0001",
-            G.pkt("packfile\n"),
+            pkt("packfile\n"),
             band(1, pack_of(source, blob)),
             b"0000",
         )
