@@ -41,7 +41,8 @@ from bridge.client.follow import follow_all
 from bridge.config import load_config, project_root
 from bridge.core.errors import InvalidRequest, KakeyaError, problems
 from bridge.core.text import clean, clean_json
-from bridge.presets.preset import Preset, get_preset, load_registry
+from bridge.presets.preset import Preset
+from bridge.presets.registry import get_preset, load_registry
 from bridge.results.render import verdict_line
 
 PNG = b"\x89PNG\r\n\x1a\n"

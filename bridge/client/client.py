@@ -305,7 +305,7 @@ class Client:
         `expired` (the manifest's expires_at, at most MAX_TTL). `idempotency_key`: a retry with the same key
         and the same content (preset, parameters, labels, subject) returns the first request, queued, running
         or done; other content under the same key is refused (`IDEM_PREFIX`)."""
-        from bridge.presets.preset import get_preset, load_registry
+        from bridge.presets.registry import get_preset, load_registry
 
         self.reused, self.label_note = False, None
         preset = get_preset(registry if registry is not None else load_registry(), preset_name)

@@ -19,7 +19,7 @@ from bridge.client.follow import follow_all
 from bridge.config import load_config
 from bridge.core.errors import InvalidRequest, KakeyaError
 from bridge.evidence import Requirement
-from bridge.presets.preset import load_registry
+from bridge.presets.registry import load_registry
 from tests.bridge.bus_support import (
     Daemon,
     Env,

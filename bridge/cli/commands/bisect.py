@@ -22,7 +22,8 @@ from bridge.client.client import state_dir
 from bridge.core.errors import InvalidRequest
 from bridge.evidence import Requirement
 from bridge.evidence import bisect as BI
-from bridge.presets.preset import load_registry, parse_assignments
+from bridge.presets.params import parse_assignments
+from bridge.presets.registry import load_registry
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -24,7 +24,8 @@ from bridge.client.client import default_remote, describe_bus, resolve_remote, s
 from bridge.config import Config, SlurmLabel, load_config, project_root
 from bridge.core.errors import KakeyaError
 from bridge.host import check_accelerator, label_needs
-from bridge.presets.preset import load_registry
+from bridge.presets.params import models_dirs
+from bridge.presets.registry import load_registry
 from bridge.run.isolation import bwrap_available, choose, key_problem, trial, weak_problem
 from bridge.run.slurm import Slurm
 from bridge.wire import git
@@ -50,8 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def check_models() -> str:
     """The models directory exists (a preset's NAME model is looked up there)."""
-    root = os.environ.get("KAKEYA_MODELS")
-    dirs = ([Path(root).expanduser()] if root else []) + [Path.home() / "kakeya-models"]
+    dirs = models_dirs(os.environ)
     found = next((d for d in dirs if d.is_dir()), None)
     if found is None:
         raise KakeyaError(

@@ -30,7 +30,8 @@ from bridge.core.errors import InvalidRequest
 from bridge.core.names import SHA_PATTERN
 from bridge.evidence import REQUIRED_FILE, DoneResults, Outcome, Requirement
 from bridge.evidence.requirements import ANY
-from bridge.presets.preset import Preset, load_registry
+from bridge.presets.preset import Preset
+from bridge.presets.registry import load_registry
 
 
 def register(sub: argparse._SubParsersAction) -> None:

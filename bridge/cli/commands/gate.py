@@ -30,7 +30,7 @@ from bridge.cli.commands.evidence import add_require, signers_for, subject_sha
 from bridge.cli.commands.evidence import requirements as required
 from bridge.core.errors import InvalidRequest
 from bridge.evidence import comment
-from bridge.presets.preset import get_preset, load_registry
+from bridge.presets.registry import get_preset, load_registry
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -23,7 +23,7 @@ from bridge.cli.commands.wait import add_wait_args, follow
 from bridge.client.client import parse_duration
 from bridge.config import project_root
 from bridge.core.result import iso_time
-from bridge.presets.preset import parse_assignments
+from bridge.presets.params import parse_assignments
 
 
 def register(sub: argparse._SubParsersAction) -> None:
