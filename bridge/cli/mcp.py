@@ -6,8 +6,9 @@ gate_pr, evidence_for. Resources: kakeya://presets, kakeya://presets/<name>, kak
 finished requests of the last two days). Every tool's input schema is its argument model's JSON Schema with
 the preset registry written in: the preset names, the runner labels, and each preset's parameters
 (`Preset.params_schema`: real minimum/maximum/enum/pattern). The tools call what the CLI verbs call
-(bridge/client/client.py, bridge/client/follow.py, bridge/cli/commands/evidence.py), never the `kakeya` command; a KakeyaError
-or a bad argument is a tool result with isError and the message (the problem named), never a crash.
+(bridge/client/client.py, bridge/client/follow.py, bridge/evidence/service.py), never the `kakeya` command;
+a KakeyaError or a bad argument is a tool result with isError and the message (the problem named), never a
+crash.
 
     kakeya mcp --project DIR [--remote R]   # the bus and presets are those `kakeya request` uses in DIR
 """
@@ -33,7 +34,6 @@ from bridge.bus.presence import read_presences
 from bridge.bus.progress import bar
 from bridge.bus.records import MAX_TTL, RUNNERS_PREFIX, utcnow
 from bridge.bus.trust import trusted_signers
-from bridge.cli.commands import evidence as ev
 from bridge.cli.commands._common import out_dir
 from bridge.cli.commands.logs import snapshot
 from bridge.client.client import Client, row_dict
@@ -41,6 +41,7 @@ from bridge.client.follow import follow_all
 from bridge.config import load_config, project_root
 from bridge.core.errors import InvalidRequest, KakeyaError, problems
 from bridge.core.text import clean, clean_json
+from bridge.evidence import service
 from bridge.presets.preset import Preset
 from bridge.presets.registry import get_preset, load_registry
 from bridge.results.render import verdict_line
@@ -285,9 +286,11 @@ class Tools:
     def gate_pr(self, args: GateArgs, progress: Progress) -> Any:
         registry = self.registry()
         c = self.client()
-        reqs = ev.requirements(c, args.require, registry)
-        subject = ev.subject_sha(c, args.subject)
-        outcomes = ev.judge(c, subject, reqs, registry, ev.signers_for(c, None, args.allow_unsigned))
+        reqs = service.requirements(c, args.require, registry)
+        subject = service.subject_sha(c, args.subject)
+        outcomes = service.judge(
+            c, subject, reqs, registry, service.signers_for(c, None, args.allow_unsigned)
+        )
         return {
             "subject": subject,
             "passed": all(o.passed for o in outcomes),
@@ -297,16 +300,18 @@ class Tools:
     def evidence_for(self, args: EvidenceArgs, progress: Progress) -> Any:
         registry = self.registry()
         c = self.client()
-        reqs = ev.requirements(c, args.require, registry)
-        subject = ev.subject_sha(c, args.subject)
-        signers = ev.signers_for(c, None, args.allow_unsigned)
-        outcomes = ev.judge(c, subject, reqs, registry, signers)
-        pending = ev.pending(c, subject, outcomes, registry)
-        made = ev.request_missing(c, subject, outcomes, registry, pending) if args.request_missing else {}
+        reqs = service.requirements(c, args.require, registry)
+        subject = service.subject_sha(c, args.subject)
+        signers = service.signers_for(c, None, args.allow_unsigned)
+        outcomes = service.judge(c, subject, reqs, registry, signers)
+        pending = service.pending(c, subject, outcomes, registry)
+        made = (
+            service.request_missing(c, subject, outcomes, registry, pending) if args.request_missing else {}
+        )
         requested = {req: m.id for req, m in made.items()}
         if args.wait and (pending or requested):
             self.follow(c, [*pending.values(), *requested.values()], args.timeout_s, progress)
-            outcomes = ev.judge(c, subject, reqs, registry, signers)
+            outcomes = service.judge(c, subject, reqs, registry, signers)
         return {
             "subject": subject,
             "passed": all(o.passed for o in outcomes),

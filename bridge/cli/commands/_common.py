@@ -18,6 +18,7 @@ from bridge.config import Config, load_config, project_root
 from bridge.core.errors import InvalidRequest
 from bridge.core.result import RunResult, iso_time
 from bridge.core.text import clean_json
+from bridge.evidence import REQUIRED_FILE
 from bridge.results.render import verdict_line
 
 if TYPE_CHECKING:
@@ -47,6 +48,18 @@ def add_project(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="DIR",
         help="the project checkout whose bus, presets and commits to use (default: the working directory's)",
+    )
+
+
+def add_require(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--require",
+        action="append",
+        metavar="'PRESET[@LABEL] [PARAM OP VALUE ...]'",
+        help=f"evidence that must pass (repeatable; default: the entries of {REQUIRED_FILE}); without @LABEL "
+        "a run on any label counts; pins (operators == >= <= > <; a list parameter's every item must meet "
+        ">= <= > <) make a run whose parameters do not meet them no evidence, e.g. "
+        "'niah-ladder@h200 contexts>=65536 samples>=5'",
     )
 
 

@@ -25,11 +25,11 @@ import yaml
 
 import gates
 from bridge import evidence
-from bridge.cli.commands._common import add_remote, add_signer_args, client
-from bridge.cli.commands.evidence import add_require, signers_for, subject_sha
-from bridge.cli.commands.evidence import requirements as required
+from bridge.cli.commands._common import add_remote, add_require, add_signer_args, client
 from bridge.core.errors import InvalidRequest
 from bridge.evidence import comment
+from bridge.evidence.service import requirements as required
+from bridge.evidence.service import signers_for, subject_sha
 from bridge.presets.registry import get_preset, load_registry
 
 
