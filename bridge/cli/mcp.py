@@ -31,13 +31,14 @@ from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from bridge.bus.presence import read_presences
-from bridge.bus.progress import bar
+from bridge.bus.progress import bar, say
 from bridge.bus.records import MAX_TTL, RUNNERS_PREFIX, utcnow
 from bridge.bus.trust import trusted_signers
-from bridge.cli.commands._common import out_dir
+from bridge.cli.commands._common import label_note, out_dir, unsent_warning
 from bridge.cli.commands.logs import snapshot
-from bridge.client.client import Client, row_dict
+from bridge.client.client import Client
 from bridge.client.follow import follow_all
+from bridge.client.rows import row_dict
 from bridge.config import load_config, project_root
 from bridge.core.errors import InvalidRequest, KakeyaError, problems
 from bridge.core.text import clean, clean_json
@@ -240,13 +241,16 @@ class Tools:
             registry=registry,
             idempotency_key=args.idempotency_key,
         )
+        if c.unsent:  # on stderr, as the CLI says it
+            say(unsent_warning(c.unsent))
+        note = label_note(c.label_choice)
         out: dict[str, Any] = {
             "id": manifest.id,
             "runner": manifest.runner,
             "subject": manifest.subject,
             "expires_at": manifest.expires_at.isoformat(),
             "reused": c.reused,  # an idempotent retry: the request made earlier with this key
-            **({"label_note": c.label_note} if c.label_note and not c.reused else {}),
+            **({"label_note": note} if note and not c.reused else {}),
         }
         if args.wait:
             out["result"] = self.outcome(c, manifest.id, args.timeout_s, progress)

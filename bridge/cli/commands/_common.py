@@ -6,6 +6,7 @@ import argparse
 import importlib.util
 import itertools
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +14,9 @@ import gates
 from bridge.bus.progress import say
 from bridge.bus.records import utcnow
 from bridge.bus.trust import ALLOWED_SIGNERS
-from bridge.client.client import Client, describe_bus, exit_code
+from bridge.client.client import Client
+from bridge.client.request import LabelChoice
+from bridge.client.rows import shown
 from bridge.config import Config, load_config, project_root
 from bridge.core.errors import InvalidRequest
 from bridge.core.result import RunResult, iso_time
@@ -120,6 +123,65 @@ def config_and_root(args: argparse.Namespace | None = None) -> tuple[Config, Pat
         raise InvalidRequest(f"--project {given}: no such directory", code="not-in-project")
     root = project_root(given.expanduser() if given is not None else None)
     return load_config(root), root
+
+
+def describe_bus(remote: str, url: str) -> str:
+    """Which bus, for the stderr line every bus command prints (credentials in a URL are not shown)."""
+    shown = re.sub(r"://[^/@]*@", "://", url)
+    if not remote:
+        return f"{shown} (embedded)"
+    return (
+        f"remote {remote} ({shown})" if re.fullmatch(r"[A-Za-z0-9._-]+", remote) and remote != url else shown
+    )
+
+
+def exit_code(result: RunResult) -> int:
+    """0 succeeded with a passing (or no) verdict, 2 rejected (invalid request, nothing ran), 1 otherwise."""
+    if result.status == "rejected":
+        return 2
+    return 0 if result.status == "succeeded" and result.verdict in (None, "pass") else 1
+
+
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str, unit_required: bool = False) -> float:
+    """'90', '90s', '15m', '2h', '7d', or compound, largest unit first: '1h30m', '2d12h', '1m30s' -> seconds
+    (`unit_required`: a bare number is refused)."""
+    bad = InvalidRequest(
+        f"duration {text!r} must look like 90s, 15m, 2h, 7d or 1h30m (a number and a unit, or several, largest first)"
+    )
+    compact = text.strip().replace(" ", "")
+    parts = re.findall(r"(\d+(?:\.\d+)?)([smhd]?)", compact)
+    if not parts or "".join(n + u for n, u in parts) != compact:
+        raise bad
+    units = [u for _, u in parts]
+    if len(parts) > 1 and ("" in units or units != sorted(set(units), key=lambda u: -_UNITS[u])):
+        raise bad  # every part with its own unit, each unit once, largest first
+    total = sum(float(n) * _UNITS[u] for n, u in parts)
+    if total <= 0 or (unit_required and not units[-1]):
+        raise bad
+    return total
+
+
+def label_note(choice: LabelChoice | None) -> str | None:
+    """Which of several runner labels a request took, and why (None: it was given one)."""
+    if choice is None:
+        return None
+    if not choice.live:
+        return f"no live runner serves {', '.join(choice.labels)}: queued on {choice.chosen}, the first"
+    if choice.chosen != choice.labels[0]:
+        skipped = choice.labels[: choice.labels.index(choice.chosen)]
+        return f"no live runner serves {', '.join(skipped)}: fell back to {choice.chosen}"
+    return f"a live runner serves {choice.chosen}, the first choice"
+
+
+def unsent_warning(unsent: list[str]) -> str:
+    """What a request said when untracked files stayed behind (`Client.unsent`): a runner sees HEAD."""
+    return (
+        f"kakeya: warning: {len(unsent)} untracked file(s) ({shown(unsent)}) are not sent: a runner "
+        "sees HEAD (--allow-dirty sends a snapshot with them)"
+    )
 
 
 def say_bus(remote: str, url: str) -> None:

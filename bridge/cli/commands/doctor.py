@@ -19,8 +19,8 @@ from bridge.bus import trust
 from bridge.bus.bus import Bus
 from bridge.bus.presence import read_presences
 from bridge.bus.records import PREFIX, RUNNERS_PREFIX, utcnow
-from bridge.cli.commands._common import add_json, add_remote, emit
-from bridge.client.client import default_remote, describe_bus, resolve_remote, state_dir
+from bridge.cli.commands._common import add_json, add_remote, describe_bus, emit
+from bridge.client.remote import default_remote, resolve_remote, state_dir
 from bridge.config import Config, SlurmLabel, load_config, project_root
 from bridge.core.errors import KakeyaError
 from bridge.host import check_accelerator, label_needs

@@ -28,7 +28,8 @@ from bridge.cli.commands._common import (
     report,
     say_bus,
 )
-from bridge.client.client import Client, state_dir
+from bridge.client.client import Client
+from bridge.client.remote import state_dir
 from bridge.core.errors import Interrupted, InvalidRequest
 from bridge.presets.params import parse_assignments
 from bridge.presets.registry import get_preset, load_registry
