@@ -18,7 +18,7 @@ import json
 from typing import Any
 
 from bridge.bus.records import Manifest
-from bridge.cli.commands._common import add_remote, add_require, add_signer_args, client
+from bridge.cli.commands._common import add_remote, add_require, add_signer_args, add_wait_args, client, line
 from bridge.evidence import service
 from bridge.presets.registry import load_registry
 
@@ -42,8 +42,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--wait", action="store_true", help="follow the requested and pending runs until all are done"
     )
-    from bridge.cli.commands.wait import add_wait_args
-
     add_wait_args(parser, "with --wait: ")
     add_signer_args(parser)
     add_remote(parser)
@@ -51,7 +49,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge.cli.commands.wait import line
     from bridge.client.follow import follow_all
 
     registry = load_registry()

@@ -21,12 +21,13 @@ from bridge.bus.progress import say
 from bridge.cli.commands._common import (
     add_preset_args,
     add_remote,
+    add_wait_args,
     client,
+    follow,
     label_note,
     parse_duration,
     unsent_warning,
 )
-from bridge.cli.commands.wait import add_wait_args, follow
 from bridge.config import project_root
 from bridge.core.result import iso_time
 from bridge.presets.params import parse_assignments
