@@ -39,7 +39,8 @@ _FROM = {
     "bridge.evidence": ("DoneResults", "Outcome", "Requirement", "apply_baseline", "gate_subject"),
     "bridge.run.execute": ("execute", "run_preset"),
     "bridge.results.outcome": ("RunOutcome",),
-    "bridge.presets.preset": ("Preset", "get_preset", "load_registry"),
+    "bridge.presets.preset": ("Preset",),
+    "bridge.presets.registry": ("get_preset", "load_registry"),
     "bridge.core.result": ("RunContext", "RunResult"),
     "bridge.run.runner": ("Runner", "Served"),
 }
@@ -60,7 +61,8 @@ if TYPE_CHECKING:
     )
     from bridge.core.result import RunContext, RunResult
     from bridge.evidence import DoneResults, Outcome, Requirement, apply_baseline, gate_subject
-    from bridge.presets.preset import Preset, get_preset, load_registry
+    from bridge.presets.preset import Preset
+    from bridge.presets.registry import get_preset, load_registry
     from bridge.results.outcome import RunOutcome
     from bridge.run.execute import execute, run_preset
     from bridge.run.runner import Runner, Served

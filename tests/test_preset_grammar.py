@@ -1,5 +1,5 @@
 """The bridge's own grammars of cache policies and drafter specs (`type: policy`, `type: drafter` in
-bridge/presets/preset.py, docs/presets.md) never widen the engine's: every value a shipped preset's policy or
+bridge/presets/grammar.py, docs/presets.md) never widen the engine's: every value a shipped preset's policy or
 drafter parameter accepts is accepted by the engine's parsers (engine.workloads.cli.policies, which reads a
 policy list with engine.policy.parse_policy, and engine.drafters.DrafterSpec.parse); bad values are refused
 by both; the parameter's JSON Schema pattern matches what the bridge accepts. The bridge may not import the
@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from bridge.presets.preset import DrafterParam, PolicyParam, _upto, load_registry
+from bridge.presets.grammar import DrafterParam, PolicyParam, _upto
+from bridge.presets.registry import load_registry
 from engine.drafters.spec import DrafterSpec
 from engine.workloads.cli import policies as engine_policies
 from engine.workloads.compression import NO_DRAFTER

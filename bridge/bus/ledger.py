@@ -435,36 +435,13 @@ def compact(
         side.fetch_ids([e.done for e in batch if e.done], "done results", in_store=True, depth=1)
         commits = ledger_files(store, batch, index)
         dirs = {path.rsplit("/", 1)[0] for files, _, _ in commits for path in files}
-        if tip is not None and shards is not None:
-            try:  # of the index, only the directories the results go into
-                fetch_index_dirs(side, tip, dirs)
-            except BusError as exc:
-                if not refused(exc):
-                    raise
-                shards = None
-        if tip is not None and shards is None and git.has_object(store, tip):
-            # a tip here may have come with some of its trees only (fetch_index_dirs): start afresh
-            side = bus.side(LEDGER_STORE, empty=True)
-        if (
-            tip is not None and shards is None
-        ):  # the whole index, at depth 1 (and the results again, if emptied)
-            side.fetch_ids(
-                [tip, *(e.done for e in batch if e.done)], "the ledger (depth 1)", in_store=True, depth=1
-            )
+        if tip is not None:
+            side, shards = index_here(bus, side, tip, shards, dirs, batch)
         new_tip = git.import_commits(store, tip, commits, who) if commits else tip
         updates = [Update(ref, None, sha) for ref, sha in stale_shards.items()]
         new_maps = dict(maps)
         if new_tip is not None and (new_tip != tip or None in maps.values()):
-            if shards is None:
-                shards = shard_trees(store, new_tip)
-            else:  # the shards written into, at their new trees
-                grown = sorted({shard_of(d) for d in dirs})
-                specs = [f"{new_tip}:{name}" for name in grown]
-                shards = {
-                    **shards,
-                    **dict(zip(grown, git.out(store, "rev-parse", *specs).split(), strict=True)),
-                }
-            new_maps = write_maps(store, new_tip, shards)
+            shards, new_maps = grown_maps(store, new_tip, shards, dirs)
             updates += [Update(map_ref(kind), new_maps[kind], maps[kind]) for kind in KINDS]
             if new_tip != tip:
                 updates.append(Update(LEDGER_REF, new_tip, tip))
@@ -486,6 +463,42 @@ def compact(
         tip, maps, stale_shards = new_tip, new_maps, {}
         deleted += [u.ref for u in updates if u.new is None]
     return deleted
+
+
+def index_here(
+    bus: Bus, side: Bus, tip: str, shards: dict[str, str] | None, dirs: Iterable[str], batch: Sequence[Entry]
+) -> tuple[Bus, dict[str, str] | None]:
+    """Fetch what of the index at `tip` a batch of results going into `dirs` needs: only those directories
+    when the shards are known and the bus serves trees by id; else the whole index at depth 1 (into an emptied
+    side store when a partial tip is already there, the batch's results fetched again). The side bus and the
+    shards (None: the whole index is here, the maps are written anew)."""
+    if shards is not None:
+        try:  # of the index, only the directories the results go into
+            fetch_index_dirs(side, tip, dirs)
+            return side, shards
+        except BusError as exc:
+            if not refused(exc):
+                raise
+    if git.has_object(side.store, tip):
+        # a tip here may have come with some of its trees only (fetch_index_dirs): start afresh
+        side = bus.side(LEDGER_STORE, empty=True)
+    # the whole index, at depth 1 (and the results again, if emptied)
+    side.fetch_ids([tip, *(e.done for e in batch if e.done)], "the ledger (depth 1)", in_store=True, depth=1)
+    return side, None
+
+
+def grown_maps(
+    store: Path | str, tip: str, shards: dict[str, str] | None, dirs: Iterable[str]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The shards at `tip` (those written into, at their new trees; all of them when `shards` is None) and
+    the maps written for them."""
+    if shards is None:
+        shards = shard_trees(store, tip)
+    else:
+        grown = sorted({shard_of(d) for d in dirs})
+        specs = [f"{tip}:{name}" for name in grown]
+        shards = {**shards, **dict(zip(grown, git.out(store, "rev-parse", *specs).split(), strict=True))}
+    return shards, write_maps(store, tip, shards)
 
 
 def ledger_commits(

@@ -6,8 +6,9 @@ gate_pr, evidence_for. Resources: kakeya://presets, kakeya://presets/<name>, kak
 finished requests of the last two days). Every tool's input schema is its argument model's JSON Schema with
 the preset registry written in: the preset names, the runner labels, and each preset's parameters
 (`Preset.params_schema`: real minimum/maximum/enum/pattern). The tools call what the CLI verbs call
-(bridge/client/client.py, bridge/client/follow.py, bridge/cli/commands/evidence.py), never the `kakeya` command; a KakeyaError
-or a bad argument is a tool result with isError and the message (the problem named), never a crash.
+(bridge/client/client.py, bridge/client/follow.py, bridge/evidence/service.py), never the `kakeya` command;
+a KakeyaError or a bad argument is a tool result with isError and the message (the problem named), never a
+crash.
 
     kakeya mcp --project DIR [--remote R]   # the bus and presets are those `kakeya request` uses in DIR
 """
@@ -30,18 +31,20 @@ from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from bridge.bus.presence import read_presences
-from bridge.bus.progress import bar
+from bridge.bus.progress import bar, say
 from bridge.bus.records import MAX_TTL, RUNNERS_PREFIX, utcnow
 from bridge.bus.trust import trusted_signers
-from bridge.cli.commands import evidence as ev
-from bridge.cli.commands._common import out_dir
-from bridge.cli.commands.logs import snapshot
-from bridge.client.client import Client, row_dict
+from bridge.cli.commands._common import label_note, out_dir, unsent_warning
+from bridge.client.client import Client
 from bridge.client.follow import follow_all
+from bridge.client.logs import snapshot
+from bridge.client.rows import row_dict
 from bridge.config import load_config, project_root
 from bridge.core.errors import InvalidRequest, KakeyaError, problems
 from bridge.core.text import clean, clean_json
-from bridge.presets.preset import Preset, get_preset, load_registry
+from bridge.evidence import service
+from bridge.presets.preset import Preset
+from bridge.presets.registry import get_preset, load_registry
 from bridge.results.render import verdict_line
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -238,13 +241,16 @@ class Tools:
             registry=registry,
             idempotency_key=args.idempotency_key,
         )
+        if c.unsent:  # on stderr, as the CLI says it
+            say(unsent_warning(c.unsent))
+        note = label_note(c.label_choice)
         out: dict[str, Any] = {
             "id": manifest.id,
             "runner": manifest.runner,
             "subject": manifest.subject,
             "expires_at": manifest.expires_at.isoformat(),
             "reused": c.reused,  # an idempotent retry: the request made earlier with this key
-            **({"label_note": c.label_note} if c.label_note and not c.reused else {}),
+            **({"label_note": note} if note and not c.reused else {}),
         }
         if args.wait:
             out["result"] = self.outcome(c, manifest.id, args.timeout_s, progress)
@@ -284,9 +290,11 @@ class Tools:
     def gate_pr(self, args: GateArgs, progress: Progress) -> Any:
         registry = self.registry()
         c = self.client()
-        reqs = ev.requirements(c, args.require, registry)
-        subject = ev.subject_sha(c, args.subject)
-        outcomes = ev.judge(c, subject, reqs, registry, ev.signers_for(c, None, args.allow_unsigned))
+        reqs = service.requirements(c, args.require, registry)
+        subject = service.subject_sha(c, args.subject)
+        outcomes = service.judge(
+            c, subject, reqs, registry, service.signers_for(c, None, args.allow_unsigned)
+        )
         return {
             "subject": subject,
             "passed": all(o.passed for o in outcomes),
@@ -296,16 +304,18 @@ class Tools:
     def evidence_for(self, args: EvidenceArgs, progress: Progress) -> Any:
         registry = self.registry()
         c = self.client()
-        reqs = ev.requirements(c, args.require, registry)
-        subject = ev.subject_sha(c, args.subject)
-        signers = ev.signers_for(c, None, args.allow_unsigned)
-        outcomes = ev.judge(c, subject, reqs, registry, signers)
-        pending = ev.pending(c, subject, outcomes, registry)
-        made = ev.request_missing(c, subject, outcomes, registry, pending) if args.request_missing else {}
+        reqs = service.requirements(c, args.require, registry)
+        subject = service.subject_sha(c, args.subject)
+        signers = service.signers_for(c, None, args.allow_unsigned)
+        outcomes = service.judge(c, subject, reqs, registry, signers)
+        pending = service.pending(c, subject, outcomes, registry)
+        made = (
+            service.request_missing(c, subject, outcomes, registry, pending) if args.request_missing else {}
+        )
         requested = {req: m.id for req, m in made.items()}
         if args.wait and (pending or requested):
             self.follow(c, [*pending.values(), *requested.values()], args.timeout_s, progress)
-            outcomes = ev.judge(c, subject, reqs, registry, signers)
+            outcomes = service.judge(c, subject, reqs, registry, signers)
         return {
             "subject": subject,
             "passed": all(o.passed for o in outcomes),

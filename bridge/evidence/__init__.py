@@ -20,7 +20,8 @@ gated again with the checks of this machine's preset registry for the label it r
 listed as ignored, with why (`Ignored`): none of them can mask the evidence.
 
 By concern: requirements.py (what is required), done.py (the done results read from the bus),
-baseline.py (the previous pass), judge.py (judging a requirement), summary.py (the job summary).
+baseline.py (the previous pass), judge.py (judging a requirement), summary.py (the job summary),
+service.py (the evidence a commit needs, for the front ends: `kakeya evidence`, `gate pr`, the MCP server).
 """
 
 from bridge.evidence.baseline import apply_baseline, compare_to_previous, gate_for_label

@@ -19,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from bridge.core.errors import InvalidRequest, problems
 from bridge.core.names import PIN_RE, REQUIREMENT_RE
-from bridge.presets.preset import Preset, get_preset
+from bridge.presets.preset import Preset
+from bridge.presets.registry import get_preset
 
 REQUIRED_FILE = ".github/kakeya-required.yml"
 

@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bridge.core.errors import KakeyaError
-from bridge.presets.preset import Limits, models_dirs
+from bridge.presets.params import models_dirs
+from bridge.presets.preset import Limits
 from bridge.run import launcher
 
 UNSHARE_USERNS = ["unshare", "--user", "--pid", "--fork", "--mount-proc"]

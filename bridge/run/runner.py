@@ -73,7 +73,8 @@ from bridge.core.names import check_label
 from bridge.core.result import RunContext, RunResult
 from bridge.evidence import apply_baseline
 from bridge.host import hardware_for
-from bridge.presets.preset import Preset, load_registry
+from bridge.presets.preset import Preset
+from bridge.presets.registry import load_registry
 from bridge.results import attest
 from bridge.results.outcome import RunOutcome, not_run
 from bridge.run.execute import Executor, LocalExecutor, run_preset

@@ -18,7 +18,7 @@ from bridge.cli.main import main
 from bridge.config import load_config
 from bridge.core.errors import InvalidRequest
 from bridge.core.result import RunContext
-from bridge.presets.preset import load_preset_file, load_registry
+from bridge.presets.registry import load_preset_file, load_registry
 from bridge.run.execute import run_preset
 from bridge.wire import git as G
 from tests.bridge.bus_support import WRITE_REPORT_PY, Env, git

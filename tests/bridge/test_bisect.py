@@ -28,7 +28,7 @@ from bridge.bus.records import (
 from bridge.cli.commands.bisect import show
 from bridge.cli.main import main
 from bridge.evidence import bisect as BI
-from bridge.presets.preset import load_registry
+from bridge.presets.registry import load_registry
 from tests.bridge.bus_support import Env, move_done, runner_process, stop, wait_for
 from tests.bridge.test_history import LocalBus, commit, setup_bench
 

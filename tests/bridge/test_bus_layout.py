@@ -39,7 +39,7 @@ from bridge.bus.records import (
 )
 from bridge.cli.main import main
 from bridge.core.result import RunResult
-from bridge.presets.preset import load_registry
+from bridge.presets.registry import load_registry
 from bridge.wire import git as G
 from tests.bridge.bus_support import Daemon, Env, HttpGit, client, git, make_runner
 from tests.bridge.test_gate_pr import gate

@@ -29,6 +29,7 @@ from bridge.bus.records import (
     utcnow,
 )
 from bridge.cli.main import main
+from bridge.client.admin import Admin
 from bridge.client.client import Client
 from bridge.config import load_config
 from bridge.core.errors import BusError, KakeyaError
@@ -71,7 +72,7 @@ def ledgered(world: Env, daemon: Daemon, count: int) -> tuple[str, object, dict,
     bus_dir = daemon.base / "bus.git"
     G.run(bus_dir, "config", "uploadpack.allowFilter", "true")
     made = history(url, world, bus_dir, count)
-    assert client(url).compact(3)
+    assert Admin(client(url)).compact(3)
     return url, bus_dir, made, all_refs(bus_dir)[L.LEDGER_REF]
 
 
@@ -183,7 +184,7 @@ def test_a_compaction_onto_a_ledger_reads_only_the_directories_it_writes_into(wo
     git(world.tmp, "clone", "-q", str(world.project), str(other))
     fresh = Client(load_config(), root=other, remote=url)
     moved = old_ids(made, 1) - old_ids(made, 3)
-    assert moved and len(fresh.compact(1)) == 2 * len(moved)  # their done and index refs
+    assert moved and len(Admin(fresh).compact(1)) == 2 * len(moved)  # their done and index refs
     refs = all_refs(bus_dir)
     new_tip = refs[L.LEDGER_REF]
     after = G.ls_tree(bus_dir, new_tip, recursive=True)
@@ -200,7 +201,7 @@ def test_a_compaction_onto_a_ledger_reads_only_the_directories_it_writes_into(wo
     # a map gone (deleted by hand): the next compaction in that store, where the tip came with some of its
     # trees only, reads the whole index afresh and writes every map again
     G.run(bus_dir, "update-ref", "-d", L.map_ref("preset"))
-    assert fresh.compact(0)
+    assert Admin(fresh).compact(0)
     refs = all_refs(bus_dir)
     assert {kind: refs[L.map_ref(kind)] for kind in L.KINDS} == L.write_maps(bus_dir, refs[L.LEDGER_REF])
 
@@ -290,11 +291,11 @@ def test_a_compaction_that_loses_a_race_to_a_moved_done_ref_lands_nothing(
     monkeypatch.setattr(G, "import_commits", import_commits)
     before_ledger = all_refs(bus_dir).get(L.LEDGER_REF)
     with pytest.raises(BusError, match="nothing of this push landed"):
-        c.compact(3)
+        Admin(c).compact(3)
     refs = all_refs(bus_dir)
     assert refs.get(L.LEDGER_REF) == before_ledger is None
     assert all(done_ref(rid) in refs for rid in old[1:]) and done_ref(racing) in refs
-    moved = c.compact(3)
+    moved = Admin(c).compact(3)
     assert {r.rsplit("/", 1)[1] for r in moved if r.startswith(DONE_PREFIX)} == set(old[1:])
     assert done_ref(racing) in all_refs(bus_dir)
 
@@ -405,7 +406,7 @@ def test_while_compactions_run_a_runner_looks_only_at_the_days_before_its_window
     url = daemon.repo()
     bus_dir = daemon.base / "bus.git"
     history(url, world, bus_dir, 30)
-    assert client(url).compact(3)  # by hand: no lease
+    assert Admin(client(url)).compact(3)  # by hand: no lease
     now = utcnow()
     stray = new_id("work", now - dt.timedelta(days=25))  # a done ref older than any compaction left
     G.update_ref(bus_dir, done_ref(stray), all_refs(bus_dir)[L.LEDGER_REF])

@@ -26,8 +26,11 @@ from bridge.bus.records import (
     subject_ref,
     utcnow,
 )
+from bridge.cli.commands._common import parse_duration
 from bridge.cli.main import main
-from bridge.client.client import Client, age, parse_duration, resolve_remote
+from bridge.client.client import Client
+from bridge.client.remote import resolve_remote
+from bridge.client.rows import age
 from bridge.config import load_config
 from bridge.core.errors import InvalidRequest, KakeyaError
 from bridge.wire import git as G

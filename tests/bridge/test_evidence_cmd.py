@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from bridge.bus.records import new_id
-from bridge.cli.commands.evidence import params_for
 from bridge.cli.main import main
 from bridge.client.client import Client
 from bridge.client.follow import follow_all
 from bridge.config import load_config
 from bridge.core.errors import InvalidRequest, KakeyaError
 from bridge.evidence import Requirement
-from bridge.presets.preset import load_registry
+from bridge.evidence.service import params_for
+from bridge.presets.registry import load_registry
 from tests.bridge.bus_support import (
     Daemon,
     Env,

@@ -19,7 +19,7 @@ from bridge.cli.main import main
 from bridge.client.client import Client
 from bridge.config import load_config
 from bridge.core.errors import InvalidRequest
-from bridge.presets.preset import load_registry
+from bridge.presets.registry import load_registry
 from bridge.wire import git as G
 from tests.bridge.bus_support import (
     PRESETS,

@@ -17,6 +17,7 @@ from bridge.bus.bus import Bus
 from bridge.bus.records import SUBJECT_PREFIX
 from bridge.bus.trust import ALLOWED_SIGNERS, signers_line
 from bridge.cli.main import main
+from bridge.client.admin import Admin
 from bridge.client.client import Client
 from bridge.config import load_config
 from bridge.core.errors import InvalidRequest
@@ -159,7 +160,7 @@ def test_history_table_json_plot_page_and_the_noise_decision(
         main(["history", "bench@cpu", "--metric", "/probe/*", "--remote", bus.url, "--allow-unsigned"]) == 2
     )
     # the done results moved into the ledger (kakeya bus compact): the same history, read from its shards
-    assert bus.client.compact(0)
+    assert Admin(bus.client).compact(0)
     left = Bus(bus.url, world.project).ls_remote(SUBJECT_PREFIX).index
     assert set(left) <= {rid}  # (at most Mallory's second index ref of one id: compact moves one per id)
     code, out = history(bus, capsys, "bench@cpu", "--branch", "main", "--json")

@@ -29,7 +29,7 @@ from bridge.cli.main import main
 from bridge.client.client import Client
 from bridge.config import load_config
 from bridge.core.errors import InvalidRequest
-from bridge.presets.preset import get_preset, load_registry
+from bridge.presets.registry import get_preset, load_registry
 from bridge.wire import git as G
 from tests.bridge.bus_support import Env, done_result, git, make_runner, manifest_dict, push_raw_request
 from tests.bridge.test_gate_pr import gate

@@ -27,7 +27,7 @@ from bridge.bus.bus import Bus
 from bridge.client.client import Client
 from bridge.config import load_config
 from bridge.core.caps import RUNNER_FILES
-from bridge.presets.preset import load_registry
+from bridge.presets.registry import load_registry
 from bridge.run.isolation import bwrap_available
 from bridge.run.slurm import LauncherStatus, read_model
 from tests.bridge.bus_support import WRITE_REPORT_PY, Daemon, Env, git, script_preset, stop, wait_for

@@ -35,7 +35,7 @@ import yaml
 from bridge.bus.bus import Bus
 from bridge.client.client import Client
 from bridge.config import load_config
-from bridge.presets.preset import load_registry
+from bridge.presets.registry import load_registry
 from bridge.run.isolation import bwrap_available
 from tests.bridge.bus_support import WRITE_REPORT_PY, Daemon, Env, git, processes_with, stop, wait_for
 from tests.bridge.test_sandbox import (

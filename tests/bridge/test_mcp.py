@@ -27,7 +27,7 @@ from mcp import Client, StdioServerParameters  # noqa: E402
 from bridge.cli.main import main
 from bridge.cli.mcp import TOOLS, Tools, build, input_schema
 from bridge.core.errors import InvalidRequest
-from bridge.presets.preset import load_registry
+from bridge.presets.registry import load_registry
 from tests.bridge.bus_support import WRITE_REPORT_PY, Daemon, Env, git, probe_preset, runner_process, stop  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

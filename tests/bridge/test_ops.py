@@ -22,7 +22,7 @@ from bridge.bus.bus import Bus
 from bridge.bus.presence import PRESENCE_PATH, read_presences
 from bridge.bus.progress import View, say
 from bridge.bus.records import DONE_PREFIX, REQ_PREFIX, RUNNERS_PREFIX, SUBJECT_PREFIX, done_ref
-from bridge.cli.commands.wait import line as wait_line
+from bridge.cli.commands._common import line as wait_line
 from bridge.cli.main import main
 from bridge.client.client import Client
 from bridge.config import load_config

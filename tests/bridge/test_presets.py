@@ -10,14 +10,9 @@ import yaml
 
 from bridge.cli.main import main
 from bridge.core.errors import InvalidRequest, KakeyaError
-from bridge.presets.preset import (
-    Preset,
-    get_preset,
-    load_preset_file,
-    load_registry,
-    parse_assignments,
-    resolve_model,
-)
+from bridge.presets.params import parse_assignments, resolve_model
+from bridge.presets.preset import Preset
+from bridge.presets.registry import get_preset, load_preset_file, load_registry
 
 PARAMS = {
     "n": {"type": "int", "min": 1, "max": 100, "default": 5},

@@ -212,7 +212,7 @@ def test_a_succeeded_run_whose_gate_failed_says_ran_gate_failed(world: Env, caps
 
 @pytest.mark.parametrize("remote", ["bus.git", "./relative"])
 def test_paths_that_look_like_names_stay_paths(world: Env, remote: str):
-    from bridge.client.client import resolve_remote
+    from bridge.client.remote import resolve_remote
     from bridge.config import load_config
 
     if remote == "./relative":

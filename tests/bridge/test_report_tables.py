@@ -17,7 +17,7 @@ import gates
 import gates.tables as T
 from bridge.cli.main import main
 from bridge.evidence import Outcome, Requirement, summary_table
-from bridge.presets.preset import load_registry
+from bridge.presets.registry import load_registry
 from bridge.results import plots
 
 ROOT = Path(__file__).resolve().parents[2]

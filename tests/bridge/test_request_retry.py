@@ -13,7 +13,9 @@ import pytest
 
 from bridge.bus.records import REQ_PREFIX, RUNNERS_PREFIX, Update, parse_id
 from bridge.cli.main import main
-from bridge.client.client import IDEM_PATH, IDEM_PREFIX, Client, Idempotency
+from bridge.client.admin import Admin
+from bridge.client.client import Client
+from bridge.client.request import IDEM_PATH, IDEM_PREFIX, Idempotency
 from bridge.config import load_config
 from bridge.core.errors import BusError, InvalidRequest
 from bridge.wire import git as G
@@ -53,7 +55,7 @@ def test_a_retried_request_returns_the_first_id_queued_running_and_done(world: E
     assert second.id != first.id
     # `bus gc` forgets the keys of finished requests older than its cutoff, never those of live ones
     keys = {Idempotency.key_hash(k): k for k in ("k-1", "k-2")}
-    gone = [r for r in c.gc(0) if r.startswith(IDEM_PREFIX)]
+    gone = [r for r in Admin(c).gc(0) if r.startswith(IDEM_PREFIX)]
     assert [keys[r.removeprefix(IDEM_PREFIX)] for r in gone] == ["k-1"]
     assert c.request("work", {"tag": "a"}, "cpu", idempotency_key="k-2").id == second.id
     assert c.request(
@@ -121,7 +123,7 @@ def test_a_forged_key_ref_is_refused_not_trusted(world: Env, daemon: Daemon):
     with pytest.raises(InvalidRequest, match="must be 1 to 200 printable characters"):
         c.request("work", {"tag": "x"}, "cpu", idempotency_key="a\nb")
     assert requests_on(c) == [other.id]
-    assert IDEM_PREFIX + plain in c.gc(30)  # a key ref that names no request is junk
+    assert IDEM_PREFIX + plain in Admin(c).gc(30)  # a key ref that names no request is junk
 
 
 def test_runner_labels_fall_back_to_the_first_with_a_live_runner(world: Env, daemon: Daemon):

@@ -27,7 +27,7 @@ from bridge.bus.records import (
 from bridge.cli.main import main
 from bridge.client.client import Client
 from bridge.config import load_config
-from bridge.presets.preset import load_registry
+from bridge.presets.registry import load_registry
 from bridge.run.runner import Runner
 from bridge.wire import git as G
 from tests.bridge.bus_support import (

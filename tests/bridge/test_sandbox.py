@@ -36,7 +36,7 @@ from bridge.bus.records import done_ref, results_path
 from bridge.client.client import Client
 from bridge.config import Config, load_config
 from bridge.core.errors import KakeyaError
-from bridge.presets.preset import load_registry
+from bridge.presets.registry import load_registry
 from bridge.run.isolation import bwrap_available, choose, key_problem, readable_by, userns_available
 from bridge.wire import git as G
 from bridge.wire import transport as T

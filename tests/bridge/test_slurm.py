@@ -24,7 +24,8 @@ from bridge.client.client import Client
 from bridge.config import Config, SlurmLabel, load_config
 from bridge.core.errors import InvalidRequest
 from bridge.core.result import RunContext
-from bridge.presets.preset import Preset, load_registry
+from bridge.presets.preset import Preset
+from bridge.presets.registry import load_registry
 from bridge.results.outcome import RunOutcome
 from bridge.run.execute import gate
 from bridge.run.runner import Runner

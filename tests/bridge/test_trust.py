@@ -25,7 +25,8 @@ from bridge.bus.trust import ALLOWED_SIGNERS, principal
 from bridge.cli.main import main
 from bridge.config import load_config
 from bridge.core.errors import InvalidRequest, KakeyaError
-from bridge.presets.preset import Preset, load_registry
+from bridge.presets.preset import Preset
+from bridge.presets.registry import load_registry
 from bridge.run.runner import Runner
 from tests.bridge.bus_support import WRITE_REPORT_PY, Daemon, Env, git, make_runner, manifest_dict
 from tests.bridge.test_gate_pr import LocalBus, gate, missing, outcomes

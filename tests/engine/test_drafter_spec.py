@@ -114,7 +114,7 @@ def test_the_workload_refuses_a_wrong_kind_as_a_usage_error(capsys: pytest.Captu
 
 
 def test_the_preset_takes_one_drafter_parameter() -> None:
-    from bridge.presets.preset import load_registry
+    from bridge.presets.registry import load_registry
 
     preset = load_registry()["throughput-code"]
     assert not {"draft", "proposer", "denoise_steps"} & set(preset.params)

@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from bridge.presets.preset import load_registry  # noqa: E402
+from bridge.presets.registry import load_registry  # noqa: E402
 from engine.workloads import compression, niah, throughput  # noqa: E402
 from tests.engine.workload_support import gate as _gate  # noqa: E402
 from tests.engine.workload_support import run_workload  # noqa: E402

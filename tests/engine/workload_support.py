@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import gates
-from bridge.presets.preset import load_registry
+from bridge.presets.registry import load_registry
 from engine.zoo import corpus, tokenizer
 
 ZOO_VOCAB = len(corpus.VOCAB)  # the zoo tokenizer's vocabulary size: config vocab_size of a saved model

@@ -18,11 +18,12 @@ from typing import Any
 
 from bridge.bus.trust import evidence_signers
 from bridge.cli.commands._common import add_remote, add_signer_args, client
-from bridge.client.client import state_dir
+from bridge.client.remote import state_dir
 from bridge.core.errors import InvalidRequest
 from bridge.evidence import Requirement
 from bridge.evidence import bisect as BI
-from bridge.presets.preset import load_registry, parse_assignments
+from bridge.presets.params import parse_assignments
+from bridge.presets.registry import load_registry
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 
 from bridge.cli.commands._common import add_json, add_remote, client, emit
+from bridge.client.admin import Admin
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,17 +53,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_gc(args: argparse.Namespace) -> int:
-    refs = client(args).gc(args.older_than, dry_run=args.dry_run, archive_done=args.archive_done)
+    refs = Admin(client(args)).gc(args.older_than, dry_run=args.dry_run, archive_done=args.archive_done)
     return said(args, "gc", refs, f"{'would delete' if args.dry_run else 'deleted'} {len(refs)} refs")
 
 
 def run_migrate(args: argparse.Namespace) -> int:
-    refs = client(args).migrate(dry_run=args.dry_run)
+    refs = Admin(client(args)).migrate(dry_run=args.dry_run)
     return said(args, "migrate", refs, f"{'would update' if args.dry_run else 'updated'} {len(refs)} refs")
 
 
 def run_compact(args: argparse.Namespace) -> int:
-    refs = client(args).compact(args.older_than, dry_run=args.dry_run)
+    refs = Admin(client(args)).compact(args.older_than, dry_run=args.dry_run)
     words = f"{'would move' if args.dry_run else 'moved'} {len(refs)} refs into the ledger"
     return said(args, "compact", refs, words)
 

@@ -19,12 +19,13 @@ from bridge.bus import trust
 from bridge.bus.bus import Bus
 from bridge.bus.presence import read_presences
 from bridge.bus.records import PREFIX, RUNNERS_PREFIX, utcnow
-from bridge.cli.commands._common import add_json, add_remote, emit
-from bridge.client.client import default_remote, describe_bus, resolve_remote, state_dir
+from bridge.cli.commands._common import add_json, add_remote, describe_bus, emit
+from bridge.client.remote import default_remote, resolve_remote, state_dir
 from bridge.config import Config, SlurmLabel, load_config, project_root
 from bridge.core.errors import KakeyaError
 from bridge.host import check_accelerator, label_needs
-from bridge.presets.preset import load_registry
+from bridge.presets.params import models_dirs
+from bridge.presets.registry import load_registry
 from bridge.run.isolation import bwrap_available, choose, key_problem, trial, weak_problem
 from bridge.run.slurm import Slurm
 from bridge.wire import git
@@ -50,8 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def check_models() -> str:
     """The models directory exists (a preset's NAME model is looked up there)."""
-    root = os.environ.get("KAKEYA_MODELS")
-    dirs = ([Path(root).expanduser()] if root else []) + [Path.home() / "kakeya-models"]
+    dirs = models_dirs(os.environ)
     found = next((d for d in dirs if d.is_dir()), None)
     if found is None:
         raise KakeyaError(
@@ -186,22 +186,64 @@ def clock_skew(url: str, timeout: float = 10.0) -> str:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    root = project_root(args.project.expanduser() if args.project else None)
-    state: dict[str, object] = {}
+class Doctor:
+    """The checks of one `kakeya doctor`, in order; what one finds (the config, the bus) the later ones use."""
 
-    def config() -> str:
-        state["config"] = cfg = load_config(root)
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.root = project_root(args.project.expanduser() if args.project else None)
+        self.cfg: Config | None = None
+        self.url: str | None = None  # set once the bus could be read
+        self.remote = ""
+        self.store = self.root
+
+    def checks(self) -> list[tuple[str, Callable[[], str]]]:
+        return [
+            ("git", check_git),
+            ("config", self.config),
+            ("project", self.project),
+            ("bus", self.bus),
+            ("runners", self.runners),
+            ("push", self.push),
+            ("clock", self.clock),
+            ("fetch", self.fetch),
+            ("presets", self.presets),
+            ("signing", self.signing),
+            ("isolation", self.isolation),
+            ("engine", check_engine),
+        ]
+
+    def label_checks(self) -> list[tuple[str, Callable[[], str]]]:
+        """What each label promises, checked from here as a runner checks it at its start: a local label's
+        accelerator; a Slurm label's hardware is the cluster's, so Slurm itself (squeue, sinfo, sbatch); and
+        with any accelerated label, the models directory."""
+        if self.cfg is None:
+            return []
+        out: list[tuple[str, Callable[[], str]]] = []
+        accelerated = [lb for lb in self.cfg.labels if label_needs(lb) is not None]
+        for label in self.cfg.labels:
+            ex = self.cfg.executor_for(label)
+            if isinstance(ex, SlurmLabel):
+                out.append((label, lambda ex=ex: Slurm().check(ex)))
+            elif label in accelerated:
+                out.append((label, lambda lb=label: check_accelerator(lb)))
+        return out + ([("models", check_models)] if accelerated else [])
+
+    def loaded(self) -> Config:
+        return self.cfg or load_config(self.root)
+
+    def config(self) -> str:
+        self.cfg = cfg = load_config(self.root)
         return f"runner {cfg.runner_name}, labels {', '.join(cfg.labels)}, lease {cfg.lease_s:g} s"
 
-    def project() -> str:
-        if not git.is_repo(root):
-            raise KakeyaError(f"{root} is not a git repository; `kakeya request` needs one (git init)")
-        return str(root)
+    def project(self) -> str:
+        if not git.is_repo(self.root):
+            raise KakeyaError(f"{self.root} is not a git repository; `kakeya request` needs one (git init)")
+        return str(self.root)
 
-    def bus() -> str:
-        cfg = state.get("config") or load_config(root)
-        remote = default_remote(cfg, root) if args.remote is None else args.remote
+    def bus(self) -> str:
+        cfg, root = self.loaded(), self.root
+        remote = default_remote(cfg, root) if self.args.remote is None else self.args.remote
         url = resolve_remote(remote, root, cfg)
         store = root if git.is_repo(root) else state_dir(cfg, root)
         try:
@@ -211,60 +253,56 @@ def run(args: argparse.Namespace) -> int:
                 f"{exc}; check --remote / KAKEYA_REMOTE / `remote` in kakeya.toml, the network "
                 "and your git credentials"
             ) from None
-        state["url"], state["remote"], state["store"] = url, remote, store
-        where = describe_bus(remote, url)
+        self.url, self.remote, self.store = url, remote, store
         bad = f"; {len(snap.ignored)} malformed refs under {PREFIX}" if snap.ignored else ""
-        return f"{where}: {len(snap.entries)} requests readable{bad}"
+        return f"{describe_bus(remote, url)}: {len(snap.entries)} requests readable{bad}"
 
-    def isolation() -> str:
-        cfg = state.get("config") or load_config(root)
-        return isolation_in_force(cfg)
+    def isolation(self) -> str:
+        return isolation_in_force(self.loaded())
 
-    def runners() -> str:
-        url = state.get("url")
-        if url is None:
-            raise Skip("not looked at: the bus could not be read")
-        return runners_seen(str(state["remote"]), str(url), root, Path(str(state["store"])))
+    def read_bus(self, skipped: str) -> str:
+        """The bus's URL; Skip (saying `skipped`) when the bus check could not read it."""
+        if self.url is None:
+            raise Skip(f"{skipped}: the bus could not be read")
+        return self.url
 
-    def clock() -> str:
-        url = state.get("url")
-        if url is None:
-            raise Skip("not measured: the bus could not be read")
-        return clock_skew(str(url))
+    def runners(self) -> str:
+        return runners_seen(self.remote, self.read_bus("not looked at"), self.root, self.store)
 
-    def push() -> str:
-        cfg = state.get("config") or load_config(root)
-        url = state.get("url")
-        if url is None:
-            raise Skip("not tried: the bus could not be read")
-        if not git.is_repo(root):
-            raise KakeyaError(f"{root} is not a git repository: nothing to push from")
+    def clock(self) -> str:
+        return clock_skew(self.read_bus("not measured"))
+
+    def push(self) -> str:
+        cfg = self.loaded()
+        url = self.read_bus("not tried")
+        if not git.is_repo(self.root):
+            raise KakeyaError(f"{self.root} is not a git repository: nothing to push from")
         ref = f"{PREFIX}doctor/{cfg.runner_name}"
-        git.push_dry_run(root, str(url), "HEAD", ref)
+        git.push_dry_run(self.root, url, "HEAD", ref)
         return f"a dry-run push of {ref} was accepted"
 
-    def fetch() -> str:
-        remote = state.get("remote")
-        if not remote or not git.remote_url(root, str(remote)):
+    def fetch(self) -> str:
+        remote, root = self.remote, self.root
+        if not remote or not git.remote_url(root, remote):
             raise Skip("the bus is not a named remote of this clone: `git fetch` does not pull it")
-        if args.no_bus_fetch:
-            git.add_negative_refspec(root, str(remote), NEGATIVE_REFSPEC)
-        if NEGATIVE_REFSPEC in git.fetch_refspecs(root, str(remote)):
+        if self.args.no_bus_fetch:
+            git.add_negative_refspec(root, remote, NEGATIVE_REFSPEC)
+        if NEGATIVE_REFSPEC in git.fetch_refspecs(root, remote):
             return f"`git fetch {remote}` skips the bus branches ({NEGATIVE_REFSPEC})"
         return (
             f"`git fetch {remote}` also pulls every bus branch; if you do not serve or inspect the bus, "
             "`kakeya doctor --no-bus-fetch` stops that"
         )
 
-    def presets() -> str:
+    def presets(self) -> str:
         registry = load_registry()
         if not registry:
             raise KakeyaError("no presets found; set KAKEYA_PRESETS to the presets/ directory")
         return f"{len(registry)} valid: {', '.join(sorted(registry))}"
 
-    def signing() -> str:
-        cfg = state.get("config") or load_config(root)
-        allowed = trust.trusted_signers(root)
+    def signing(self) -> str:
+        cfg = self.loaded()
+        allowed = trust.trusted_signers(self.root)
         trusted = (
             f"; {trust.ALLOWED_SIGNERS}: {len(allowed.labels)} runner(s)"
             if allowed
@@ -282,41 +320,11 @@ def run(args: argparse.Namespace) -> int:
         line = trust.signers_line(trust.principal(cfg.runner_name, cfg.labels), proc.stdout)
         return f"signs with {key}; its allowed-signers line: {line}{trusted}"
 
-    checks: list[tuple[str, Callable[[], str]]] = [
-        ("git", check_git),
-        ("config", config),
-        ("project", project),
-        ("bus", bus),
-        ("runners", runners),
-        ("push", push),
-        ("clock", clock),
-        ("fetch", fetch),
-        ("presets", presets),
-        ("signing", signing),
-        ("isolation", isolation),
-        ("engine", check_engine),
-    ]
-    failed = 0
 
-    def report(name: str, check: Callable[[], str]) -> bool:
-        return run_check(name, check, args.json)
-
-    for name, check in checks:
-        failed += not report(name, check)
-    cfg = state.get("config")
-    labels = cfg.labels if isinstance(cfg, Config) else []
-    executors = {lb: cfg.executor_for(lb) for lb in labels} if isinstance(cfg, Config) else {}
-    accelerated = [lb for lb in labels if label_needs(lb) is not None]
-    # what each label promises, checked from here as a runner checks it at its start: a local label's
-    # accelerator; a Slurm label's hardware is the cluster's, so Slurm itself (squeue, sinfo, sbatch)
-    for label in labels:
-        ex = executors[label]
-        if isinstance(ex, SlurmLabel):
-            failed += not report(label, lambda ex=ex: Slurm().check(ex))
-        elif label in accelerated:
-            failed += not report(label, lambda lb=label: check_accelerator(lb))
-    if accelerated:
-        failed += not report("models", check_models)
+def run(args: argparse.Namespace) -> int:
+    doctor = Doctor(args)
+    failed = sum(not run_check(name, check, args.json) for name, check in doctor.checks())
+    failed += sum(not run_check(name, check, args.json) for name, check in doctor.label_checks())
     if args.json:
         emit({"event": "doctor", "failed": failed, "ok": not failed, "exit_code": 1 if failed else 0})
     else:

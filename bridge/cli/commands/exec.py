@@ -17,7 +17,8 @@ from bridge.cli.commands._common import (
     engine_ready,
     report,
 )
-from bridge.presets.preset import get_preset, load_registry, parse_assignments
+from bridge.presets.params import parse_assignments
+from bridge.presets.registry import get_preset, load_registry
 from bridge.run.execute import execute
 
 

@@ -25,18 +25,23 @@ import yaml
 
 import gates
 from bridge import evidence
-from bridge.cli.commands._common import add_remote, add_signer_args, client
-from bridge.cli.commands.evidence import add_require, signers_for, subject_sha
-from bridge.cli.commands.evidence import requirements as required
+from bridge.cli.commands._common import add_remote, add_require, add_signer_args, client
 from bridge.core.errors import InvalidRequest
 from bridge.evidence import comment
-from bridge.presets.preset import get_preset, load_registry
+from bridge.evidence.service import requirements as required
+from bridge.evidence.service import signers_for, subject_sha
+from bridge.presets.registry import get_preset, load_registry
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("gate", help="gate a report against a preset's checks, or against a baseline")
     gsub = parser.add_subparsers(dest="gate_command", metavar="SUBCOMMAND", required=True)
+    add_check(gsub)
+    add_compare(gsub)
+    add_pr(gsub)
 
+
+def add_check(gsub: argparse._SubParsersAction) -> None:
     check = gsub.add_parser(
         "check",
         help="validate a report's schema and run gate checks on it",
@@ -58,6 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     check.add_argument("--json", action="store_true", help="print the verdict as JSON")
     check.set_defaults(func=run_check)
 
+
+def add_compare(gsub: argparse._SubParsersAction) -> None:
     comp = gsub.add_parser(
         "compare",
         help="fail when a numeric metric regressed against a baseline report",
@@ -89,6 +96,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     comp.add_argument("--json", action="store_true", help="print the comparison as JSON")
     comp.set_defaults(func=run_compare)
 
+
+def add_pr(gsub: argparse._SubParsersAction) -> None:
     pr = gsub.add_parser(
         "pr",
         help="re-gate the evidence the bus holds for a commit (the pull-request check)",

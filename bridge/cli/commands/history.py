@@ -24,7 +24,7 @@ from bridge.cli.commands._common import add_remote, add_signer_args, client, emi
 from bridge.core.errors import InvalidRequest
 from bridge.evidence import REQUIRED_FILE
 from bridge.evidence import history as H
-from bridge.presets.preset import load_registry
+from bridge.presets.registry import load_registry
 from bridge.wire import git
 
 

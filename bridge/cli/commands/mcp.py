@@ -10,7 +10,7 @@ import argparse
 import importlib.util
 
 from bridge.cli.commands._common import add_remote, config_and_root
-from bridge.client.client import not_in_project
+from bridge.client.remote import not_in_project
 from bridge.core.errors import KakeyaError
 from bridge.wire import git
 

@@ -10,7 +10,8 @@ import argparse
 import json
 
 from bridge.core.errors import InvalidRequest
-from bridge.presets.preset import Preset, get_preset, load_registry
+from bridge.presets.preset import Preset
+from bridge.presets.registry import get_preset, load_registry
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -18,12 +18,19 @@ import shutil
 from pathlib import Path
 
 from bridge.bus.progress import say
-from bridge.cli.commands._common import add_preset_args, add_remote, client
-from bridge.cli.commands.wait import add_wait_args, follow
-from bridge.client.client import parse_duration
+from bridge.cli.commands._common import (
+    add_preset_args,
+    add_remote,
+    add_wait_args,
+    client,
+    follow,
+    label_note,
+    parse_duration,
+    unsent_warning,
+)
 from bridge.config import project_root
 from bridge.core.result import iso_time
-from bridge.presets.preset import parse_assignments
+from bridge.presets.params import parse_assignments
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -93,14 +100,17 @@ def run(args: argparse.Namespace) -> int:
         if fresh:  # a request that failed leaves no state directory behind
             shutil.rmtree(state, ignore_errors=True)
         raise
+    note = label_note(c.label_choice)
+    if c.unsent:
+        say(unsent_warning(c.unsent))
     if c.reused:  # said on stderr; stdout stays the id (or the event) alone
         say(f"kakeya: reused request {manifest.id} (made earlier with this idempotency key and content)")
-    elif c.label_note:
-        say(f"kakeya: runner {manifest.runner}: {c.label_note}")
+    elif note:
+        say(f"kakeya: runner {manifest.runner}: {note}")
     if args.json:
         event = {"event": "requested", "id": manifest.id, "at": iso_time(manifest.created_at)}
         event.update(runner=manifest.runner, expires_at=iso_time(manifest.expires_at), reused=c.reused)
-        event.update({"label_note": c.label_note} if c.label_note and not c.reused else {})
+        event.update({"label_note": note} if note and not c.reused else {})
         print(json.dumps(event), flush=True)
     else:
         print(manifest.id, flush=True)

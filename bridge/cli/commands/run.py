@@ -28,9 +28,11 @@ from bridge.cli.commands._common import (
     report,
     say_bus,
 )
-from bridge.client.client import Client, state_dir
+from bridge.client.client import Client
+from bridge.client.remote import state_dir
 from bridge.core.errors import Interrupted, InvalidRequest
-from bridge.presets.preset import get_preset, load_registry, parse_assignments
+from bridge.presets.params import parse_assignments
+from bridge.presets.registry import get_preset, load_registry
 from bridge.run.isolation import choose, key_problem
 from bridge.run.runner import Runner
 

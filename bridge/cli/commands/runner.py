@@ -31,7 +31,7 @@ from typing import Any
 
 from bridge.bus.progress import say
 from bridge.cli.commands._common import add_remote, config_and_root, say_bus
-from bridge.client.client import default_remote, resolve_remote, state_dir
+from bridge.client.remote import default_remote, resolve_remote, state_dir
 from bridge.config import Config, SlurmLabel
 from bridge.core.errors import Interrupted, InvalidRequest, KakeyaError
 from bridge.results.render import outcome_words

@@ -16,7 +16,7 @@ from bridge.bus.presence import Seen, read_presences
 from bridge.bus.records import RUNNERS_PREFIX, utcnow
 from bridge.bus.trust import trusted_signers
 from bridge.cli.commands._common import add_json, add_remote, client
-from bridge.client.client import age
+from bridge.client.rows import age
 
 COLUMNS = ("NAME", "STATE", "LABELS", "HOST", "ACCELERATOR", "VERSION", "SEEN", "SERVING")
 

@@ -14,7 +14,7 @@ import json
 from bridge.bus.progress import describe
 from bridge.bus.records import Progress
 from bridge.cli.commands._common import add_json, add_remote, client
-from bridge.client.client import Row, age, row_dict
+from bridge.client.rows import Row, age, row_dict
 from bridge.core.text import clean_json
 
 COLUMNS = ("ID", "STATE", "PRESET", "RUNNER", "AGE", "VERDICT")
