@@ -407,7 +407,7 @@ def test_a_claim_taken_while_stopping_is_released_unrun(world: Env):
     rid = client.request("work", {"tag": "r"}, "cpu").id
     runner = make_runner(client.url, world)
     entry = runner.bus.ls_remote().entries[rid]
-    claimed = runner.claim(entry, None)
+    claimed = runner.claims.claim(entry, None)
     assert claimed is not None
     runner.stop("test")
     assert runner.serve(entry, *claimed).status == "released"

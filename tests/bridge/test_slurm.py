@@ -913,7 +913,7 @@ PLANT = WRITE_REPORT_PY + textwrap.dedent("""
 def test_a_signing_slurm_runner_attests_its_results_and_replaces_a_planted_attestation(
     world: Env, bus: str, slurm: Slurm, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The Slurm runner delivers as the local runner does (`Runner.deliver`): its done commit carries the
+    """The Slurm runner delivers as the local runner does (bridge/run/deliver.py): its done commit carries the
     runner's attestation.json, which `kakeya verify` accepts, never the one the program left; where a node
     gives no sandbox the same runner's job starts nothing and its done commit is an `error` saying why."""
     from bridge.bus.trust import principal
