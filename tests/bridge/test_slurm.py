@@ -945,6 +945,8 @@ def test_a_signing_slurm_runner_attests_its_results_and_replaces_a_planted_attes
     assert main(["results", rid, "--remote", bus, "--out", str(out)]) == 0
     attestation = out / rid / "attestation.json"
     assert "planted" not in attestation.read_text()
+    # its provenance names the signer, as a local run's does (both start from `Runner.context`)
+    assert json.loads((out / rid / "result.json").read_text())["signed_by"] == "slurm-1@h200"
     capsys.readouterr()
     assert main(["verify", str(attestation), "--allowed-signers", str(signers)]) == 0, capsys.readouterr().err
     said = capsys.readouterr().out
