@@ -18,7 +18,7 @@ only the shard trees it needs, by object id (protocol v2 upload-pack serves any 
 digit), its shard's tree alone (`--filter=tree:0`: one line per subject of that shard, not their entries), then
 its own directory.
 
-`compact` (`kakeya bus compact`, and the runners on their own: `Runner.maybe_compact`) moves done results older
+`compact` (`kakeya bus compact`, and the runners on their own: `Compaction.maybe`) moves done results older
 than a few days in: per chunk, one atomic push moves the ledger and its map (leased on what it saw), renews the
 lease (leased on its own last lease commit, when it holds one: two compactors never both write) and deletes the
 chunk's done and index refs (leased on their shas: a done ref that moved is never lost). A race loses cleanly:

@@ -4,12 +4,14 @@ and heartbeat (carrying the job's Slurm state), one squeue per poll for all of t
     SlurmRunner(runner, label, executor, jobs_dir).watch()     # until stopped
     SlurmRunner(runner, label, executor, jobs_dir).once()      # one request: submit, follow, done commit
 
-It takes claims the way `Runner.once` does (candidates, claim, takeover of an expired lease), then submits
-the request's job, or, when Slurm already has a job named kakeya-<id> (this runner restarted, or it took the
-request over from a runner that died), adopts that job instead of running the request twice. A job's files
+It takes claims the way `Runner.once` does (bridge/run/claims.py: candidates, claim, takeover of an expired
+lease), then submits the request's job, or, when Slurm already has a job named kakeya-<id> (this runner
+restarted, or it took the request over from a runner that died), adopts that job instead of running the
+request twice. A job's files
 (control dir, out dir, checkout) live in `jobs_dir/<id>/`, on the filesystem the runner and the nodes
 share, so whichever runner adopts the job finds them. A cancel on the bus scancels the job; a lease lost to
-another runner leaves the job to that runner. Each ended job becomes a done commit, as `Runner.serve`'s do.
+another runner leaves the job to that runner. Each ended job becomes a done commit on the one delivery path
+of every executor (bridge/run/deliver.py).
 
 Stopping (`runner.stop()`, a first SIGTERM/SIGINT) takes no new claim and follows the jobs in flight to their
 done commits; `runner.abort()` (a second signal, or `stop_grace_s` after the first) scancels them, and each
@@ -27,13 +29,15 @@ from bridge.bus.progress import Tracker
 from bridge.bus.records import Entry, Progress
 from bridge.core import caps
 from bridge.core.errors import KakeyaError, Rejected
-from bridge.core.result import RunContext
 from bridge.evidence import apply_baseline
 from bridge.presets.preset import Preset
 from bridge.results.outcome import RunOutcome, not_run
+from bridge.run.claims import PREFETCH
+from bridge.run.deliver import Served
 from bridge.run.execute import gate
 from bridge.run.lease import Lease
-from bridge.run.runner import PREFETCH, Runner, Served
+from bridge.run.request import not_started, validate
+from bridge.run.runner import Runner
 from bridge.run.slurm import (
     ALLOC,
     STATUS,
@@ -100,10 +104,10 @@ class SlurmRunner:
     def once(self, request_id: str | None = None, poll_s: float | None = None) -> Served | None:
         """Claim one pending request for the label (or `request_id`), submit its job (or adopt the one Slurm
         has), follow it to its end and push its done commit; None when there was nothing to claim."""
-        self.runner.flush_outbox()
-        if not self.runner.has_room():
+        self.runner.outbox.flush()
+        if not self.runner.presence.has_room():
             if request_id:
-                raise KakeyaError(f"runner {self.runner.name} is {self.runner.paused}")
+                raise KakeyaError(f"runner {self.runner.name} is {self.runner.presence.paused}")
             return None
         self.fill(request_id, room=1)
         self.follow(poll_s, until_idle=True)
@@ -138,7 +142,7 @@ class SlurmRunner:
         """One poll: take claims while there is room (unless not `fill`, or stopping), one squeue for every
         job, cancels, the runner's abort and lost leases, then a done commit for each ended job."""
         runner = self.runner
-        runner.flush_outbox()
+        runner.outbox.flush()
         if fill and not runner.stopping.is_set() and len(self.flights) < self.max_in_flight:
             self.fill()
         for flight in list(self.flights.values()):
@@ -175,14 +179,16 @@ class SlurmRunner:
         runner = self.runner
         room = self.max_in_flight if room is None else room
         snap = runner.bus.ls_remote()
-        candidates = [(e, old) for e, old in runner.candidates(snap, request_id) if e.id not in self.flights]
+        candidates = [
+            (e, old) for e, old in runner.claims.candidates(snap, request_id) if e.id not in self.flights
+        ]
         candidates = [(e, old) for e, old in candidates if e.label == self.label]
-        runner.prefetch([e for e, _ in candidates[:PREFETCH]])
+        runner.claims.prefetch([e for e, _ in candidates[:PREFETCH]])
         queue: dict[str, SlurmJob] | None = None
         for entry, old in candidates:
             if len(self.flights) >= room or runner.stopping.is_set():
                 return
-            claimed = runner.claim(entry, old)
+            claimed = runner.claims.claim(entry, old)
             if not claimed:
                 continue
             if queue is None:
@@ -200,20 +206,16 @@ class SlurmRunner:
         flight.lease = Lease(self.runner, entry.id, sha, claim, progress=flight.progress, live=live)  # type: ignore[arg-type]
         self.flights[entry.id] = flight
         flight.lease.start()
-        context = RunContext(
-            request_id=entry.id, runner_name=self.runner.name, runner_labels=self.runner.labels
-        )
+        context = self.runner.context(entry)
         preset_name, params = entry.preset, {}
         try:
-            manifest, preset, values = self.runner.validate(entry)
+            runner = self.runner
+            manifest, preset, values = validate(runner.mirror, entry, runner.registry, runner.requesters)
             context.subject, preset_name, params = manifest.subject, preset.name, values
             existing = queue.get(job_name(entry.id))
             adopt = existing is not None or (control / STATUS).is_file()
-            stop = None
-            if not adopt and (flight.lease.cancelled or entry.cancel):
-                stop = ("cancelled", "cancelled before it started")
-            elif not adopt and manifest.expires_at < self.runner.now():
-                stop = ("expired", f"expired at {manifest.expires_at.isoformat()} before a runner started it")
+            cancelled = flight.lease.cancelled or bool(entry.cancel)
+            stop = None if adopt else not_started(manifest, cancelled, runner.now())
             if stop:
                 caps.remove(home)  # whatever an earlier run left there, unreadable or not
                 flight.outcome = not_run(out, stop[0], stop[1], preset_name=preset_name, params=params,
@@ -248,14 +250,14 @@ class SlurmRunner:
             )  # fmt: skip
 
     def deliver(self, flight: Flight, outcome: RunOutcome) -> None:
-        """Deliver the outcome as a local run's is (`Runner.deliver`: caps, result, attestation, done commit),
-        then forget the flight."""
+        """Deliver the outcome on the one path of every executor (bridge/run/deliver.py: caps, result,
+        attestation, done commit; an `error` done commit if that raises), then forget the flight."""
         assert flight.lease is not None
 
         def set_phase(phase: str) -> None:
             flight.tracker.phase = phase
 
-        served = self.runner.deliver(flight.entry, flight.lease, outcome, set_phase)
+        served = self.runner.delivery.deliver(flight.entry, flight.lease, outcome, set_phase)
         self.done.append(served)
         self.drop(flight, remove=served.pushed)
 
@@ -273,14 +275,14 @@ class SlurmRunner:
         """The runner's presence says what it serves: each request, its phase and its job's state
         (`r1 queued (pending (Resources))`, `r2 running (running on node1)`; pushed when that changes, not at
         every poll)."""
-        beacon = self.runner.beacon
+        presence = self.runner.presence
         shown = [
             f"{i} {f.phase} ({f.run.describe() if f.run else 'starting'})"
             for i, f in sorted(self.flights.items())
         ]
         serving = ", ".join(shown)[:2000] or None
-        if beacon is not None and serving != self.serving:
-            beacon.serving(serving)
+        if presence.beacon is not None and serving != self.serving:
+            presence.serving(serving)
             self.serving = serving  # what the presence was told
 
     def close(self) -> None:

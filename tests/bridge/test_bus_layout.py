@@ -179,7 +179,7 @@ def test_the_done_push_is_atomic_and_a_lost_lease_pushes_nothing(world: Env, dae
     rid = c.request("work", {}, "cpu", subject="HEAD").id
     r1 = make_runner(url, world, name="r1")
     entry = r1.bus.ls_remote().entries[rid]
-    claimed = r1.claim(entry, None)
+    claimed = r1.claims.claim(entry, None)
     assert claimed is not None
     claim_sha = claimed[0]
     # someone takes the claim over before r1's done push: the push must change nothing at all
@@ -187,7 +187,7 @@ def test_the_done_push_is_atomic_and_a_lost_lease_pushes_nothing(world: Env, dae
     assert r1.bus.swap([Update(claim_ref(rid), thief, claim_sha)])
     done = G.child_commit(r1.mirror, claim_sha, {f"{results_path(rid)}/result.json": b"{}"}, "d", "T <t@x>")
     before = all_refs(bus_dir)
-    assert r1.push_done(rid, claim_sha, done, entry) is False
+    assert r1.outbox.push(rid, claim_sha, done, entry) is False
     assert all_refs(bus_dir) == before  # no done ref, no index ref, the request and the thief's claim kept
     assert before[req_ref("cpu", rid)] == entry.req and before[claim_ref(rid)] == thief
 

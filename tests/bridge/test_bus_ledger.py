@@ -34,7 +34,7 @@ from bridge.client.client import Client
 from bridge.config import load_config
 from bridge.core.errors import BusError, KakeyaError
 from bridge.evidence import DoneResults
-from bridge.run import runner as runner_module
+from bridge.run import compaction as compaction_module
 from bridge.run.runner import Runner
 from bridge.wire import git as G
 from tests.bridge.bus_support import (
@@ -345,7 +345,7 @@ def test_a_runner_with_compaction_off_or_nothing_old_takes_no_lease(world: Env, 
     assert make_runner(url, world, "young").once() is None
     assert L.LEASE_REF not in all_refs(bus_dir)
     monkeypatch.setenv("KAKEYA_COMPACT_AFTER_DAYS", "3")
-    monkeypatch.setattr(runner_module, "COMPACT_BATCH", 4)  # a few at a time, then on at the next poll
+    monkeypatch.setattr(compaction_module, "COMPACT_BATCH", 4)  # a few at a time, then on at the next poll
     r = make_runner(url, world, "old")
     old = old_ids(made, 3)
 
@@ -394,7 +394,7 @@ def test_a_compaction_that_fails_is_logged_and_the_runner_goes_on(world: Env, da
     assert any("no compaction this time: the bus went away" in line for line in said)
     assert L.LEDGER_REF not in all_refs(bus_dir)
     # not only a bus error: anything a forged ledger makes the compaction trip on is logged, and it goes on
-    r.compact_next = 0.0
+    r.compaction.next = 0.0
     monkeypatch.setattr(L, "take_lease", lambda *a: (_ for _ in ()).throw(ValueError("odd ledger entry")))
     assert r.once() is None
     assert any("no compaction this time: odd ledger entry" in line for line in said)

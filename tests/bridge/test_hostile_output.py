@@ -436,7 +436,7 @@ def test_any_exception_after_a_claim_ends_in_an_error_done_commit_and_watch_goes
         workdir=hostile.world.tmp / "runners" / "r1",
         log=logged.append,
     )
-    real_tree, real_ls = runner.result_tree, runner.bus.ls_remote
+    real_tree, real_ls = runner.delivery.result_tree, runner.bus.ls_remote
     faults = {"tree": 1, "ls": 1}
 
     def broken_tree(*args, **kw):  # what a tree writer that meets a name it cannot encode did
@@ -451,7 +451,7 @@ def test_any_exception_after_a_claim_ends_in_an_error_done_commit_and_watch_goes
             raise ValueError("not a KakeyaError")
         return real_ls(*args, **kw)
 
-    runner.result_tree, runner.bus.ls_remote = broken_tree, broken_ls  # type: ignore[method-assign]
+    runner.delivery.result_tree, runner.bus.ls_remote = broken_tree, broken_ls  # type: ignore[method-assign]
     thread = threading.Thread(target=runner.watch, kwargs={"poll_s": 0.2})
     thread.start()
     try:

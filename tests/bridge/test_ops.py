@@ -229,7 +229,7 @@ def test_doctor_says_the_embedded_bus_has_no_runner_and_how_to_share_one(world: 
     runner = make_runner(str(world.project / ".kakeya" / "bus.git"), world, "here")
     runner.start_presence()  # a runner of this project on this host: it does see the embedded bus
     try:
-        wait_for(lambda: runner.beacon and runner.beacon.sha, 20, "the presence")
+        wait_for(lambda: runner.presence.beacon and runner.presence.beacon.sha, 20, "the presence")
         line = runners_line()
     finally:
         runner.stop_presence()
@@ -256,7 +256,7 @@ def test_an_unsigned_request_to_runners_that_take_only_signed_ones_is_refused_up
     def start(name: str, config) -> Runner:
         runner = Runner(url, config=config, name=name, labels=["cpu"], workdir=world.tmp / "runners" / name)
         runner.start_presence()
-        wait_for(lambda: runner.beacon and runner.beacon.sha, 20, f"{name}'s presence")
+        wait_for(lambda: runner.presence.beacon and runner.presence.beacon.sha, 20, f"{name}'s presence")
         return runner
 
     request = ["request", "work", "--runner", "cpu", "--remote", url]

@@ -356,7 +356,7 @@ def test_a_takeover_during_the_run_stops_the_holder_in_process(world: Env):
     entry = thief.bus.ls_remote().entries[rid]
     thief.bus.fetch([claim_ref(rid)])
     seen = Claim.model_validate_json(G.read_path(thief.mirror, entry.claim, CLAIM_PATH) or b"")
-    took = thief.claim(entry, (entry.claim, seen))
+    took = thief.claims.claim(entry, (entry.claim, seen))
     assert took is not None
     thread.join(30)
     assert not thread.is_alive() and not served[0].pushed
@@ -407,7 +407,7 @@ def test_a_claim_taken_while_stopping_is_released_unrun(world: Env):
     rid = client.request("work", {"tag": "r"}, "cpu").id
     runner = make_runner(client.url, world)
     entry = runner.bus.ls_remote().entries[rid]
-    claimed = runner.claim(entry, None)
+    claimed = runner.claims.claim(entry, None)
     assert claimed is not None
     runner.stop("test")
     assert runner.serve(entry, *claimed).status == "released"

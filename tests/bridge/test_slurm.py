@@ -914,7 +914,7 @@ PLANT = WRITE_REPORT_PY + textwrap.dedent("""
 def test_a_signing_slurm_runner_attests_its_results_and_replaces_a_planted_attestation(
     world: Env, bus: str, slurm: Slurm, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The Slurm runner delivers as the local runner does (`Runner.deliver`): its done commit carries the
+    """The Slurm runner delivers as the local runner does (bridge/run/deliver.py): its done commit carries the
     runner's attestation.json, which `kakeya verify` accepts, never the one the program left; where a node
     gives no sandbox the same runner's job starts nothing and its done commit is an `error` saying why."""
     from bridge.bus.trust import principal
@@ -946,6 +946,8 @@ def test_a_signing_slurm_runner_attests_its_results_and_replaces_a_planted_attes
     assert main(["results", rid, "--remote", bus, "--out", str(out)]) == 0
     attestation = out / rid / "attestation.json"
     assert "planted" not in attestation.read_text()
+    # its provenance names the signer, as a local run's does (both start from `Runner.context`)
+    assert json.loads((out / rid / "result.json").read_text())["signed_by"] == "slurm-1@h200"
     capsys.readouterr()
     assert main(["verify", str(attestation), "--allowed-signers", str(signers)]) == 0, capsys.readouterr().err
     said = capsys.readouterr().out

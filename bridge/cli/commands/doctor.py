@@ -162,7 +162,7 @@ def runners_seen(remote: str, url: str, root: Path, store: Path) -> str:
 def clock_skew(url: str, timeout: float = 10.0) -> str:
     """The remote's clock against this host's, where it can be measured: the HTTP Date header of an http(s)
     bus (1 s resolution, half a round trip of uncertainty). A path, file://, git:// or ssh bus has no clock
-    to read. Leases never compare clocks (bridge/run/runner.py), so skew is reported, not failed."""
+    to read. Leases never compare clocks (bridge/run/claims.py), so skew is reported, not failed."""
     if not re.match(r"^https?://", url):
         return "not measurable for this bus (a path, file://, git:// or ssh remote carries no clock)"
     probe = url.rstrip("/") + "/info/refs?service=git-upload-pack"
