@@ -226,91 +226,69 @@ def _account(t: _Tally, seq: engine.Session, slot_bytes: list[int], n_prompts: l
         t.reach = max(t.reach, n_prompt - oldest)
 
 
-def niah(config: Config) -> dict[str, Any]:
+def _depth(
+    config: Config, model: Any, run: list[Any], tallies: dict[str, _Tally], slot_bytes: dict[str, Any],
+    placed: list[Placed], depth: float, bar: Any,
+) -> DepthResult:  # fmt: skip
+    """Every policy (the oracle first: its K/V bytes are the others' reference) on one depth's haystacks."""
+    hits = {p.kind: 0 for p in run}
+    full_kv = 0
+    for p in run:
+        t = tallies[p.kind]
+        for b in range(0, config.samples, config.batch):
+            batch = placed[b : b + config.batch]
+            seq = model.session(p, rows=len(batch))
+            got = _decode(model, seq, batch)
+            hits[p.kind] += sum(got)
+            t.hits += sum(got)
+            t.n += len(batch)
+            _account(t, seq, slot_bytes[p.kind], [len(pl.ids) for pl in batch])
+            if p.kind == "full":
+                full_kv = max(full_kv, max(seq.kv_row_bytes()))
+            bar.update(len(batch))
+        t.full = max(t.full, full_kv)
+    return DepthResult(
+        depth=depth,
+        needle_pos=[pl.needle_pos for pl in placed],
+        prompt_tokens=[len(pl.ids) for pl in placed],
+        recall={k: h / config.samples for k, h in hits.items()},
+    )
 
-    t0 = time.perf_counter()
-    under_test = config.policies
-    oracle = engine.full()
-    run = [oracle, *under_test]
-    sink = max(p.sink for p in under_test)
-    window = max(p.window or 0 for p in under_test)
-    model = engine.load(config.model, config.backend, config.dtype, config.device)
-    geo = read_geometry(engine.resolve(config.model))
-    slot_bytes = {  # per policy: a quantized policy stores codes + scales + biases
-        p.kind: layer_slot_bytes(p, geo, config.dtype) for p in run
-    }
-    scale = tokens_per_word(model)
-    total = len(config.contexts) * len(config.depths) * config.samples * len(run)
-    rungs: list[Rung] = []
-    with cli.progress(total, "niah", "gen") as bar:
-        for context in config.contexts:
-            tallies = {p.kind: _Tally() for p in run}
-            depths, evicted = [], True
-            for depth in config.depths:
-                hits = {p.kind: 0 for p in run}
-                placed = [
-                    place(model, context, depth, config.seed + s, sink, window, scale)
-                    for s in range(config.samples)
-                ]
-                evicted &= all(pl.evicted for pl in placed)
-                positions = [pl.needle_pos for pl in placed]
-                lengths = [len(pl.ids) for pl in placed]
-                full_kv = 0
-                for p in run:  # the oracle first: its K/V bytes are the others' reference
-                    t = tallies[p.kind]
-                    for b in range(0, config.samples, config.batch):
-                        batch = placed[b : b + config.batch]
-                        seq = model.session(p, rows=len(batch))
-                        got = _decode(model, seq, batch)
-                        hits[p.kind] += sum(got)
-                        t.hits += sum(got)
-                        t.n += len(batch)
-                        _account(t, seq, slot_bytes[p.kind], [len(pl.ids) for pl in batch])
-                        if p.kind == "full":
-                            full_kv = max(full_kv, max(seq.kv_row_bytes()))
-                        bar.update(len(batch))
-                    t.full = max(t.full, full_kv)
-                depths.append(
-                    DepthResult(
-                        depth=depth,
-                        needle_pos=positions,
-                        prompt_tokens=lengths,
-                        recall={k: h / config.samples for k, h in hits.items()},
-                    )
-                )
-                bar.set_postfix(context=context, depth=depth)
-            o = tallies["full"]
-            oracle_recall = o.hits / o.n
-            results = {}
-            for p in under_test:
-                t = tallies[p.kind]
-                results[p.kind] = PolicyResult(
-                    policy=str(p),
-                    recall=t.hits / t.n,
-                    recall_delta=oracle_recall - t.hits / t.n,
-                    kv_bytes=t.kv,
-                    kv_bytes_bound=t.bound,
-                    kv_bytes_full=t.full,
-                    kv_fraction=t.kv / t.full if t.full else 1.0,
-                    kv_allocated_bytes=t.allocated,
-                    kv_bounded=t.bounded,
-                    farthest_position=t.farthest,
-                    reach=t.reach,
-                )
-            rungs.append(
-                Rung(
-                    context=context,
-                    samples=config.samples,
-                    needles=len(config.depths) * config.samples,
-                    needles_evicted=evicted,
-                    depths=depths,
-                    oracle=OracleResult(
-                        policy="full", recall=oracle_recall, kv_bytes=o.kv, farthest_position=o.farthest
-                    ),
-                    policies=results,
-                )
-            )
-    summary = Summary(
+
+def _rung(config: Config, context: int, under_test: list[Any], tallies: dict[str, _Tally],
+          depths: list[DepthResult], evicted: bool) -> Rung:  # fmt: skip
+    """One context's rung from its tallies: each policy against the oracle."""
+    o = tallies["full"]
+    oracle_recall = o.hits / o.n
+    results = {}
+    for p in under_test:
+        t = tallies[p.kind]
+        results[p.kind] = PolicyResult(
+            policy=str(p),
+            recall=t.hits / t.n,
+            recall_delta=oracle_recall - t.hits / t.n,
+            kv_bytes=t.kv,
+            kv_bytes_bound=t.bound,
+            kv_bytes_full=t.full,
+            kv_fraction=t.kv / t.full if t.full else 1.0,
+            kv_allocated_bytes=t.allocated,
+            kv_bounded=t.bounded,
+            farthest_position=t.farthest,
+            reach=t.reach,
+        )
+    return Rung(
+        context=context,
+        samples=config.samples,
+        needles=len(config.depths) * config.samples,
+        needles_evicted=evicted,
+        depths=depths,
+        oracle=OracleResult(policy="full", recall=oracle_recall, kv_bytes=o.kv, farthest_position=o.farthest),
+        policies=results,
+    )
+
+
+def _summary(rungs: list[Rung], under_test: list[Any], t0: float) -> Summary:
+    return Summary(
         oracle_min_recall=min(r.oracle.recall for r in rungs),
         evicted_rungs=sum(r.needles_evicted for r in rungs),
         kv_bounded=all(p.kv_bounded for r in rungs for p in r.policies.values()),
@@ -326,15 +304,41 @@ def niah(config: Config) -> dict[str, Any]:
         },
         wall_s=round(time.perf_counter() - t0, 3),
     )
-    body: dict[str, Any] = {
+
+
+def niah(config: Config) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    under_test = config.policies
+    run = [engine.full(), *under_test]  # the oracle first
+    sink = max(p.sink for p in under_test)
+    window = max(p.window or 0 for p in under_test)
+    model = engine.load(config.model, config.backend, config.dtype, config.device)
+    geo = read_geometry(engine.resolve(config.model))
+    slot_bytes = {p.kind: layer_slot_bytes(p, geo, config.dtype) for p in run}  # quantized: codes + scales
+    scale = tokens_per_word(model)
+    total = len(config.contexts) * len(config.depths) * config.samples * len(run)
+    rungs: list[Rung] = []
+    with cli.progress(total, "niah", "gen") as bar:
+        for context in config.contexts:
+            tallies = {p.kind: _Tally() for p in run}
+            depths, evicted = [], True
+            for depth in config.depths:
+                placed = [
+                    place(model, context, depth, config.seed + s, sink, window, scale)
+                    for s in range(config.samples)
+                ]
+                evicted &= all(pl.evicted for pl in placed)
+                depths.append(_depth(config, model, run, tallies, slot_bytes, placed, depth, bar))
+                bar.set_postfix(context=context, depth=depth)
+            rungs.append(_rung(config, context, under_test, tallies, depths, evicted))
+    return {
         "config": config.model_dump(),
         "geometry": geometry_block(geo),
         "placement": {"sink": sink, "window": window},
         "rungs": [r.model_dump() for r in rungs],
-        "summary": summary.model_dump(),
+        "summary": _summary(rungs, under_test, t0).model_dump(),
         "plot": None,
     }
-    return body
 
 
 GATE_DELTA = 0.05  # the niah presets' gate: a bounded policy's recall within 5 points of the oracle's

@@ -126,20 +126,13 @@ def _hit(model: engine.Model, tokens: list[int], answer: str) -> bool:
     return bool(model.decode(tokens).replace(corpus.EOS, " ").split()[: len(want)] == want)
 
 
-def study(config: Config) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    model = engine.load(config.model, "torch", config.dtype, config.device)
-    drafter = engine.load(config.drafter, "torch", config.dtype, config.device)
-    probe = corpus.code_prompts(1, 0, 32)[0]
-    if drafter.encode(probe) != model.encode(probe):
-        raise ValueError(f"the drafter {config.drafter} does not share the verifier's tokenizer")
-    geo = model.geometry
-    sw = engine.sink_window(config.sink, config.window)
-    hy = engine.hybrid(config.sink, config.window)
-    types = list(geo.layer_types)
+ArmSpec = tuple[str, engine.Policy, Restore, float | None]  # name, policy, what is restored, alpha
 
-    # f_theta
+
+def train(config: Config, model: engine.Model, drafter: engine.Model) -> tuple[Any, Training]:
+    """f_theta trained on the zoo's training haystacks, and what its training measured."""
     t_train = time.perf_counter()
+    geo, types = model.geometry, list(model.geometry.layer_types)
     torch.manual_seed(config.seed)
     pairs = training_pairs(model, drafter, config.train_rows, config.train_tokens, config.seed)
     f = restoration.FTheta(
@@ -147,26 +140,103 @@ def study(config: Config) -> dict[str, Any]:
     )
     scaling = float(model.attention_modules()[0].scaling)
     result = restoration.train_ftheta(
-        f,
-        pairs,
-        types,
-        geo.sliding_window,
-        scaling,
-        config.train_steps,
-        attn_weight=config.attn_weight,
+        f, pairs, types, geo.sliding_window, scaling, config.train_steps, attn_weight=config.attn_weight,
         seed=config.seed,
-    )
-    params = sum(p.numel() for p in f.parameters())
+    )  # fmt: skip
     training = Training(
         source=config.drafter,
         rank=config.rank,
-        params=params,
+        params=sum(p.numel() for p in f.parameters()),
         param_bytes=f.nbytes,
         seconds=round(time.perf_counter() - t_train, 3),
         **result.model_dump(),
     )
+    return f, training
 
-    arms: list[tuple[str, engine.Policy, Restore, float | None]] = [
+
+class Tally:
+    """Each arm's figures summed over the haystacks."""
+
+    def __init__(self, arms: list[ArmSpec], types: list[str]):
+        names = [a[0] for a in arms]
+        self.arms, self.n = arms, 0
+        self.hits = dict.fromkeys(names, 0)
+        self.same = dict.fromkeys(names, True)
+        self.kv = dict.fromkeys(names, 0)
+        self.source = dict.fromkeys(names, 0)
+        self.err: dict[str, dict[str, list[float]]] = {a: {t: [] for t in set(types)} for a in names}
+        self.err_all: dict[str, list[float]] = {a: [] for a in names}
+
+    def rows(self) -> list[Arm]:
+        return [
+            Arm(
+                name=name,
+                policy=str(policy),
+                restore=how,
+                alpha=alpha,
+                recall=self.hits[name] / self.n,
+                matches_oracle=self.same[name],
+                kv_bytes=self.kv[name],
+                source_bytes=self.source[name],
+                rel_mse={lt: sum(v) / len(v) for lt, v in sorted(self.err[name].items())},
+                rel_mse_all=sum(self.err_all[name]) / len(self.err_all[name]),
+            )
+            for name, policy, how, alpha in self.arms
+        ]
+
+
+def haystack(
+    config: Config, model: engine.Model, drafter: engine.Model, f: Any, placed: Any, tally: Tally, bar: Any
+) -> None:
+    """Every arm decodes the answer after one placed haystack; its figures go to `tally`."""
+    geo, types = model.geometry, list(model.geometry.layer_types)
+    slot, dslot = geo.slot_bytes(config.dtype), drafter.geometry.slot_bytes(config.dtype)
+    ids, t = placed.ids, len(placed.ids)
+    trace = restoration.capture(model, ids)
+    true = restoration.truth(trace)
+    restored = f.supply(restoration.capture(drafter, ids), trace)
+    zero = restoration.Supply([0 * x for x in true.k], [0 * x for x in true.v])
+    gone = torch.arange(config.sink, max(config.sink, t - config.window))
+    max_new = len(model.encode("? " + placed.answer)) - len(model.encode("?")) + 1
+    stop = engine.Stop(max(2, max_new), model.eos_ids)
+    oracle_tokens: list[int] = []
+    tally.n += 1
+    for name, policy, how, alpha in tally.arms:
+        mix = None if alpha is None else restoration.mix(alpha, true, restored)
+        supply = {"none": None, "truth": true, "f_theta": restored, "mix": mix}[how]
+        session = (
+            model.session(policy) if supply is None else restoration.restored_session(model, policy, supply)  # type: ignore[arg-type]
+        )
+        tokens = engine.generate(session, ids, stop).tokens
+        if name == "oracle":
+            oracle_tokens = tokens
+        tally.hits[name] += _hit(model, tokens, placed.answer)
+        tally.same[name] &= tokens == oracle_tokens
+        tally.kv[name] = max(tally.kv[name], sum(session.kv_bytes()))
+        bounded = [i for i, sp in enumerate(session.specs) if evicts(sp, types[i], geo.sliding_window)]
+        true_bytes = t * sum(slot[i] for i in bounded)
+        f_bytes = t * sum(dslot) + f.nbytes
+        cost = {"none": 0, "truth": true_bytes, "f_theta": f_bytes, "mix": true_bytes + f_bytes}
+        tally.source[name] = max(tally.source[name], cost[how] if bounded else 0)
+        attended = zero if supply is None else supply
+        for lt in set(types):
+            layers = [i for i in bounded if types[i] == lt]
+            tally.err[name][lt].append(restoration.rel_mse(attended, true, layers, gone) if layers else 0.0)
+        tally.err_all[name].append(restoration.rel_mse(attended, true, bounded, gone) if bounded else 0.0)
+        bar.update(1)
+
+
+def study(config: Config) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    model = engine.load(config.model, "torch", config.dtype, config.device)
+    drafter = engine.load(config.drafter, "torch", config.dtype, config.device)
+    probe = corpus.code_prompts(1, 0, 32)[0]
+    if drafter.encode(probe) != model.encode(probe):
+        raise ValueError(f"the drafter {config.drafter} does not share the verifier's tokenizer")
+    f, training = train(config, model, drafter)
+    sw = engine.sink_window(config.sink, config.window)
+    hy = engine.hybrid(config.sink, config.window)
+    arms: list[ArmSpec] = [
         ("oracle", engine.full(), "none", None),
         ("sink_window", sw, "none", None),
         ("exact_global", hy, "none", None),
@@ -175,15 +245,7 @@ def study(config: Config) -> dict[str, Any]:
         ("f_theta+exact_global", hy, "f_theta", None),
         *[(f"alpha={a:g}", sw, "mix", a) for a in config.alphas],
     ]
-    slot = geo.slot_bytes(config.dtype)
-    dslot = drafter.geometry.slot_bytes(config.dtype)
-    hits = {a[0]: 0 for a in arms}
-    same = dict.fromkeys(hits, True)
-    kv = dict.fromkeys(hits, 0)
-    source = dict.fromkeys(hits, 0)
-    err: dict[str, dict[str, list[float]]] = {a[0]: {t: [] for t in set(types)} for a in arms}
-    err_all: dict[str, list[float]] = {a[0]: [] for a in arms}
-    n, evicted = 0, True
+    tally, evicted = Tally(arms, list(model.geometry.layer_types)), True
     total = len(config.contexts) * len(config.depths) * config.samples * len(arms)
     with cli.progress(total, "restoration", "gen") as bar:
         for context in config.contexts:
@@ -193,76 +255,11 @@ def study(config: Config) -> dict[str, Any]:
                         model, context, depth, config.seed + s, config.sink, config.window, 1.0
                     )
                     evicted &= placed.evicted
-                    ids = placed.ids
-                    t = len(ids)
-                    trace = restoration.capture(model, ids)
-                    true = restoration.truth(trace)
-                    restored = f.supply(restoration.capture(drafter, ids), trace)
-                    zero = restoration.Supply([0 * x for x in true.k], [0 * x for x in true.v])
-                    gone = torch.arange(config.sink, max(config.sink, t - config.window))
-                    max_new = len(model.encode("? " + placed.answer)) - len(model.encode("?")) + 1
-                    stop = engine.Stop(max(2, max_new), model.eos_ids)
-                    oracle_tokens: list[int] = []
-                    n += 1
-                    for name, policy, how, alpha in arms:
-                        supply = {
-                            "none": None,
-                            "truth": true,
-                            "f_theta": restored,
-                            "mix": None if alpha is None else restoration.mix(alpha, true, restored),
-                        }[how]
-                        session = (
-                            model.session(policy)
-                            if supply is None
-                            else restoration.restored_session(model, policy, supply)  # type: ignore[arg-type]
-                        )
-                        tokens = engine.generate(session, ids, stop).tokens
-                        if name == "oracle":
-                            oracle_tokens = tokens
-                        hits[name] += _hit(model, tokens, placed.answer)
-                        same[name] &= tokens == oracle_tokens
-                        kv[name] = max(kv[name], sum(session.kv_bytes()))
-                        bounded = [
-                            i
-                            for i, sp in enumerate(session.specs)
-                            if evicts(sp, types[i], geo.sliding_window)
-                        ]
-                        true_bytes = t * sum(slot[i] for i in bounded)
-                        f_bytes = t * sum(dslot) + f.nbytes
-                        cost = {
-                            "none": 0,
-                            "truth": true_bytes,
-                            "f_theta": f_bytes,
-                            "mix": true_bytes + f_bytes,
-                        }
-                        source[name] = max(source[name], cost[how] if bounded else 0)
-                        attended = zero if supply is None else supply
-                        for lt in set(types):
-                            layers = [i for i in bounded if types[i] == lt]
-                            value = restoration.rel_mse(attended, true, layers, gone) if layers else 0.0
-                            err[name][lt].append(value)
-                        err_all[name].append(
-                            restoration.rel_mse(attended, true, bounded, gone) if bounded else 0.0
-                        )
-                        bar.update(1)
-    rows = [
-        Arm(
-            name=name,
-            policy=str(policy),
-            restore=how,
-            alpha=alpha,
-            recall=hits[name] / n,
-            matches_oracle=same[name],
-            kv_bytes=kv[name],
-            source_bytes=source[name],
-            rel_mse={lt: sum(v) / len(v) for lt, v in sorted(err[name].items())},
-            rel_mse_all=sum(err_all[name]) / len(err_all[name]),
-        )
-        for name, policy, how, alpha in arms
-    ]
+                    haystack(config, model, drafter, f, placed, tally, bar)
+    rows = tally.rows()
     by = {r.name: r for r in rows}
     summary = Summary(
-        haystacks=n,
+        haystacks=tally.n,
         needles_evicted=evicted,
         oracle_recall=by["oracle"].recall,
         sink_window_recall=by["sink_window"].recall,
@@ -271,12 +268,12 @@ def study(config: Config) -> dict[str, Any]:
         and by["identity"].recall == by["oracle"].recall,
         f_theta_recall=by["f_theta"].recall,
         f_theta_exact_global_recall=by["f_theta+exact_global"].recall,
-        complete=n == total // len(arms) and len(rows) == len(arms),
+        complete=tally.n == total // len(arms) and len(rows) == len(arms),
         wall_s=round(time.perf_counter() - t0, 3),
     )
     return {
         "config": config.model_dump(),
-        "geometry": geometry_block(geo),
+        "geometry": geometry_block(model.geometry),
         "training": training.model_dump(),
         "arms": [r.model_dump() for r in rows],
         "summary": summary.model_dump(),

@@ -276,12 +276,7 @@ def throughput(config: Config) -> dict[str, Any]:
         probe=texts[0],
     )
     stop = engine.Stop(config.new_tokens, model.eos_ids)
-    warm = model.encode(texts[0])  # first forwards pay one-off costs: keep them out of the figures
-    engine.generate(model.session(policy), warm, engine.Stop(4))
-    session = model.session(policy, config.k + 1)
-    engine.speculative_generate(session, make_drafter(session), warm, config.k, engine.Stop(4))
-    if config.temperature:
-        _sampled(model, config.model_copy(update={"repeats": 1}), make_drafter, warm, engine.Stop(4))
+    _warm_up(model, config, make_drafter, model.encode(texts[0]))
     rows: list[Prompt] = []
     per_repeat: dict[str, list[list[Any]]] = {"greedy": [], "speculative": []}  # [prompt][repeat] runs
     greedy_tokens: list[list[int]] = []
@@ -299,34 +294,8 @@ def throughput(config: Config) -> dict[str, Any]:
             per_repeat["speculative"].append(spec)
             g, s = _best(greedy), _best(spec)
             greedy_tokens.append(g.tokens)
-            mismatch = cli.first_divergence(g.tokens, s.tokens)
-            gr, sr = (
-                Run(**_run(g)),
-                SpecRun(
-                    **_run(s),
-                    forwards=s.forwards,
-                    drafted=s.drafted,
-                    accepted=s.accepted,
-                    acceptance_length=s.acceptance_length,
-                    position_drafted=s.position_drafted,
-                    position_accepted=s.position_accepted,
-                ),
-            )
-            rows.append(
-                Prompt(
-                    prompt_tokens=len(ids),
-                    greedy=gr,
-                    speculative=sr,
-                    speedup=sr.decode_tok_s / gr.decode_tok_s if gr.decode_tok_s else 0.0,
-                    speedup_e2e=sr.e2e_tok_s / gr.e2e_tok_s if gr.e2e_tok_s else 0.0,
-                    exact=mismatch is None,
-                    first_mismatch=mismatch,
-                    digests=[
-                        BatchDigests(batch=1, row=0, greedy=digest(g.tokens), speculative=digest(s.tokens))
-                    ],
-                    sampled=_sampled(model, config, make_drafter, ids, stop) if config.temperature else None,
-                )
-            )
+            sampled = _sampled(model, config, make_drafter, ids, stop) if config.temperature else None
+            rows.append(_prompt(len(ids), g, s, sampled))
     summary = summarize(rows, config.min_speedup).model_copy(
         update={
             **{f"{m}_decode_tok_s_samples": repeat_rates(per_repeat[m]) for m in per_repeat},
@@ -338,12 +307,7 @@ def throughput(config: Config) -> dict[str, Any]:
     if why := batch_unsupported(model.geometry, policy):
         print(f"throughput: no batched runs: batched decoding {why}", file=sys.stderr)
     else:
-        for b in config.batches:
-            run, digests = _batched(model, config, make_drafter, alone, greedy_tokens, b, stop)
-            batched.append(run)
-            for r, d in enumerate(digests):
-                if b > 1:  # batch 1: the unbatched runs' digests stand
-                    rows[r % len(rows)].digests.append(d)
+        batched = _batched_runs(model, config, make_drafter, alone, greedy_tokens, stop, rows)
     return {
         "config": config.model_copy(update={"prompt_source": source}).model_dump(),
         "prompts": [r.model_dump() for r in rows],
@@ -352,6 +316,56 @@ def throughput(config: Config) -> dict[str, Any]:
         "wall_s": round(time.perf_counter() - t0, 3),
         "plot": None,
     }
+
+
+def _warm_up(model: engine.Model, config: Config, make_drafter: DrafterFactory, warm: list[int]) -> None:
+    """First forwards pay one-off costs: run each kind once on a short decode, kept out of the figures."""
+    engine.generate(model.session(config.policy), warm, engine.Stop(4))
+    session = model.session(config.policy, config.k + 1)
+    engine.speculative_generate(session, make_drafter(session), warm, config.k, engine.Stop(4))
+    if config.temperature:
+        _sampled(model, config.model_copy(update={"repeats": 1}), make_drafter, warm, engine.Stop(4))
+
+
+def _prompt(prompt_tokens: int, g: Any, s: Any, sampled: Sampled | None) -> Prompt:
+    """One prompt's row from its best greedy run `g` and best speculative run `s`."""
+    mismatch = cli.first_divergence(g.tokens, s.tokens)
+    gr = Run(**_run(g))
+    sr = SpecRun(
+        **_run(s),
+        forwards=s.forwards,
+        drafted=s.drafted,
+        accepted=s.accepted,
+        acceptance_length=s.acceptance_length,
+        position_drafted=s.position_drafted,
+        position_accepted=s.position_accepted,
+    )
+    return Prompt(
+        prompt_tokens=prompt_tokens,
+        greedy=gr,
+        speculative=sr,
+        speedup=sr.decode_tok_s / gr.decode_tok_s if gr.decode_tok_s else 0.0,
+        speedup_e2e=sr.e2e_tok_s / gr.e2e_tok_s if gr.e2e_tok_s else 0.0,
+        exact=mismatch is None,
+        first_mismatch=mismatch,
+        digests=[BatchDigests(batch=1, row=0, greedy=digest(g.tokens), speculative=digest(s.tokens))],
+        sampled=sampled,
+    )
+
+
+def _batched_runs(
+    model: engine.Model, config: Config, make_drafter: DrafterFactory, alone: list[list[int]],
+    greedy_tokens: list[list[int]], stop: engine.Stop, rows: list[Prompt],
+) -> list[Batched]:  # fmt: skip
+    """Each batch size's run; its rows' digests go to their prompts (batch 1: the unbatched runs' stand)."""
+    batched = []
+    for b in config.batches:
+        run, digests = _batched(model, config, make_drafter, alone, greedy_tokens, b, stop)
+        batched.append(run)
+        for r, d in enumerate(digests):
+            if b > 1:
+                rows[r % len(rows)].digests.append(d)
+    return batched
 
 
 def repeat_rates(runs: list[list[Any]]) -> list[float]:
@@ -566,6 +580,45 @@ def draw(body: dict[str, Any], path: Any) -> None:
     plt.close(fig)
 
 
+def said(report: dict[str, Any], png: Any) -> str:
+    """The report in a few lines: each prompt, the summary, sampling and the batched runs."""
+    out = []
+    s = report["summary"]
+    for i, r in enumerate(report["prompts"]):
+        out.append(
+            f"prompt {i}: greedy {r['greedy']['decode_tok_s']:.1f} tok/s, speculative "
+            f"{r['speculative']['decode_tok_s']:.1f} tok/s ({r['speedup']:.2f}x), acceptance length "
+            f"{r['speculative']['acceptance_length']:.2f}, exact {r['exact']}"
+        )
+    out.append(
+        f"throughput: greedy {s['greedy_decode_tok_s']:.1f} tok/s, speculative {s['speculative_decode_tok_s']:.1f} "
+        f"tok/s, speedup {s['speedup']:.2f}x (e2e {s['speedup_e2e']:.2f}x), acceptance length "
+        f"{s['mean_acceptance_length']:.2f} (per draft position "
+        f"{' '.join(f'{p:.2f}' for p in s['position_acceptance'])}), exact {s['exact_prompts']}/{s['prompts']}"
+        + (f"; plot {png}" if png else "")
+    )
+    if sm := s.get("sampled"):
+        out.append(
+            f"sampling at temperature {sm['temperature']}: plain {sm['plain_decode_tok_s']:.1f} tok/s, speculative "
+            f"{sm['speculative_decode_tok_s']:.1f} tok/s, speedup {sm['speedup']:.2f}x, acceptance length "
+            f"{sm['mean_acceptance_length']:.2f} (no parity check: the draws differ)"
+        )
+    if report["batched"]:
+        out.append("batch  greedy tok/s  speculative tok/s  speedup  acceptance length  per position")
+        for row in report["batched"]:
+            sp = row["speculative"]
+            out.append(
+                f"{row['batch']:>5}  {row['decode_tok_s']:>12.1f}  "
+                + (
+                    f"{sp['decode_tok_s']:>17.1f}  {sp['speedup']:>6.2f}x  {sp['acceptance_length']:>17.2f}  "
+                    + " ".join(f"{p:.2f}" for p in sp["position_acceptance"])
+                    if sp
+                    else f"{'-':>17}"
+                )
+            )
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     cli.add_model_args(parser)
@@ -619,39 +672,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     config = cli.make_config(parser, Config, args, policy=policy, drafter=drafter, drafter_policy=dpolicy)
     report, png = plots.write_plotted(args.out, "throughput", throughput(config), draw, "tok_s", args.plot)
-    s = report["summary"]
-    for i, r in enumerate(report["prompts"]):
-        print(
-            f"prompt {i}: greedy {r['greedy']['decode_tok_s']:.1f} tok/s, speculative "
-            f"{r['speculative']['decode_tok_s']:.1f} tok/s ({r['speedup']:.2f}x), acceptance length "
-            f"{r['speculative']['acceptance_length']:.2f}, exact {r['exact']}"
-        )
-    print(
-        f"throughput: greedy {s['greedy_decode_tok_s']:.1f} tok/s, speculative {s['speculative_decode_tok_s']:.1f} "
-        f"tok/s, speedup {s['speedup']:.2f}x (e2e {s['speedup_e2e']:.2f}x), acceptance length "
-        f"{s['mean_acceptance_length']:.2f} (per draft position "
-        f"{' '.join(f'{p:.2f}' for p in s['position_acceptance'])}), exact {s['exact_prompts']}/{s['prompts']}"
-        + (f"; plot {png}" if png else "")
-    )
-    if sm := s.get("sampled"):
-        print(
-            f"sampling at temperature {sm['temperature']}: plain {sm['plain_decode_tok_s']:.1f} tok/s, speculative "
-            f"{sm['speculative_decode_tok_s']:.1f} tok/s, speedup {sm['speedup']:.2f}x, acceptance length "
-            f"{sm['mean_acceptance_length']:.2f} (no parity check: the draws differ)"
-        )
-    if report["batched"]:
-        print("batch  greedy tok/s  speculative tok/s  speedup  acceptance length  per position")
-        for row in report["batched"]:
-            sp = row["speculative"]
-            print(
-                f"{row['batch']:>5}  {row['decode_tok_s']:>12.1f}  "
-                + (
-                    f"{sp['decode_tok_s']:>17.1f}  {sp['speedup']:>6.2f}x  {sp['acceptance_length']:>17.2f}  "
-                    + " ".join(f"{p:.2f}" for p in sp["position_acceptance"])
-                    if sp
-                    else f"{'-':>17}"
-                )
-            )
+    print(said(report, png))
     return 0
 
 

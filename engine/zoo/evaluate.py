@@ -17,6 +17,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from pydantic import BaseModel
@@ -152,9 +153,17 @@ def render_card(directory: Path) -> str:
     tr = TrainRecord.model_validate_json((directory / "train_record.json").read_text())
     ev_path = directory / "eval_record.json"
     ev = EvalRecord.model_validate_json(ev_path.read_text()) if ev_path.is_file() else None
+    out = [*_architecture(directory, cfg, tr), *_training(tr)]
+    if ev and ev.recall:
+        out += _recall(ev)
+    if ev and ev.acceptance:
+        out += _acceptance(ev.acceptance, ev.command)
+    return "\n".join([*out, *_use(directory, ev)])
+
+
+def _architecture(directory: Path, cfg: dict[str, Any], tr: TrainRecord) -> list[str]:
     kinds = ", ".join("S" if t == "sliding_attention" else "F" for t in cfg["layer_types"])
-    r = tr.recipe
-    out = [
+    return [
         f"# {directory.name}",
         "",
         "A tiny model of the Kakeya model zoo, trained on the CPU from scratch on the synthetic corpus of "
@@ -174,6 +183,12 @@ def render_card(directory: Path) -> str:
         f"- RoPE theta {cfg['rope_theta']:g} (full layers) / {cfg['rope_local_base_freq']:g} (sliding layers); "
         "no logit soft-capping",
         "",
+    ]
+
+
+def _training(tr: TrainRecord) -> list[str]:
+    r = tr.recipe
+    out = [
         "## Training",
         "",
         f"    {tr.command}",
@@ -208,51 +223,56 @@ def render_card(directory: Path) -> str:
         "",
         "Last logged training window: " + ", ".join(f"{k} {v:.3f}" for k, v in tr.final.items()) + ".",
     ]
-    if ev and ev.recall:
-        n = ev.recall[0].samples
-        out += [
-            "",
-            "## Needle recall",
-            "",
-            f"    {ev.command}",
-            "",
-            f"Exact match of the 4 answer digits, plain transformers greedy decoding with the full cache, "
-            f"{n} haystacks per cell (`corpus.haystack(context, depth, seed, n_distractors)`, "
-            f"seeds {ev.seed}-{ev.seed + n - 1}):",
-            "",
-            recall_table(ev.recall),
-        ]
-        crowded = [c for c in ev.recall if c.distractors]
-        if crowded:
-            rate = sum(c.correct for c in crowded) / sum(c.samples for c in crowded)
-            if rate < 0.9:
-                out += [
-                    "",
-                    f"With distractor needles (other keys and values) in the haystack recall is {rate:.2f}: "
-                    "the model often answers with another needle's value, i.e. it does not reliably select "
-                    "a needle by its key. The workloads use haystacks without distractors.",
-                ]
-    if ev and ev.acceptance:
-        a = ev.acceptance
-        out += [
-            "",
-            "## Drafter acceptance",
-            "",
-            f"    {ev.command}",
-            "",
-            f"`{a.drafter}` drafting for `{a.verifier}` on {a.prompts} code prompts "
-            f"(`corpus.code_prompts({a.prompts}, seed={a.seed}, n_tokens={a.prompt_tokens})`), "
-            f"{a.new_tokens} greedy tokens each: the drafter's argmax equals the verifier's greedy token "
-            f"at {a.token_agreement:.1%} of positions.",
-            "",
-            "| block k | accepted drafts per block | tokens per verifier forward |",
-            "|---:|---:|---:|",
-            *[
-                f"| {k} | {a.mean_accepted[k]:.2f} | {a.tokens_per_verify[k]:.2f} |"
-                for k in a.tokens_per_verify
-            ],
-        ]
-    out += [
+    return out
+
+
+def _recall(ev: EvalRecord) -> list[str]:
+    n = ev.recall[0].samples
+    out = [
+        "",
+        "## Needle recall",
+        "",
+        f"    {ev.command}",
+        "",
+        f"Exact match of the 4 answer digits, plain transformers greedy decoding with the full cache, "
+        f"{n} haystacks per cell (`corpus.haystack(context, depth, seed, n_distractors)`, "
+        f"seeds {ev.seed}-{ev.seed + n - 1}):",
+        "",
+        recall_table(ev.recall),
+    ]
+    crowded = [c for c in ev.recall if c.distractors]
+    if crowded:
+        rate = sum(c.correct for c in crowded) / sum(c.samples for c in crowded)
+        if rate < 0.9:
+            out += [
+                "",
+                f"With distractor needles (other keys and values) in the haystack recall is {rate:.2f}: "
+                "the model often answers with another needle's value, i.e. it does not reliably select "
+                "a needle by its key. The workloads use haystacks without distractors.",
+            ]
+    return out
+
+
+def _acceptance(a: Acceptance, command: str) -> list[str]:
+    return [
+        "",
+        "## Drafter acceptance",
+        "",
+        f"    {command}",
+        "",
+        f"`{a.drafter}` drafting for `{a.verifier}` on {a.prompts} code prompts "
+        f"(`corpus.code_prompts({a.prompts}, seed={a.seed}, n_tokens={a.prompt_tokens})`), "
+        f"{a.new_tokens} greedy tokens each: the drafter's argmax equals the verifier's greedy token "
+        f"at {a.token_agreement:.1%} of positions.",
+        "",
+        "| block k | accepted drafts per block | tokens per verifier forward |",
+        "|---:|---:|---:|",
+        *[f"| {k} | {a.mean_accepted[k]:.2f} | {a.tokens_per_verify[k]:.2f} |" for k in a.tokens_per_verify],
+    ]
+
+
+def _use(directory: Path, ev: EvalRecord | None) -> list[str]:
+    out = [
         "",
         "## Use",
         "",
@@ -276,7 +296,7 @@ def render_card(directory: Path) -> str:
             "    print(tok.decode(out[0, ids.shape[1]:]))",
             "",
         ]
-    return "\n".join(out)
+    return out
 
 
 def write_card(directory: Path) -> None:
