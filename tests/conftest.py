@@ -50,7 +50,8 @@ INTEGRATION = frozenset(
         "bridge/test_mcp.py",
         "bridge/test_live_logs.py",
         "bridge/test_report_tables.py",
-        # the engine on the zoo's models end to end: compiled forwards, batches, drafters, the GPU script
+        # the engine end to end: the zoo's models, compiled forwards, batches, drafters, the model families against
+        # transformers and mlx-lm, kakeya serve under 200 clients, the GPU script
         "engine/test_speculative_batch.py",
         "engine/test_batch.py",
         "engine/test_sampling.py",
@@ -63,6 +64,9 @@ INTEGRATION = frozenset(
         "engine/test_gpu_acceptance.py",
         "engine/test_zoo.py",
         "engine/test_workloads_zoo.py",
+        "engine/test_linear.py",
+        "engine/test_model_matrix.py",
+        "engine/test_serve.py",
     }
 )
 _TESTS = Path(__file__).resolve().parent
