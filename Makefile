@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.kakeya-installed
 # The venv's tools (kakeya, actionlint, shellcheck) come first for every recipe and test.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: demo test lint install clean torch slurm gh sshd bwrap
+.PHONY: demo test test-fast lint install clean torch slurm gh sshd bwrap
 
 # pip says only what goes wrong: quiet, no version nag, no prompts (PIP_* are pip's own environment options).
 PIP := PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 $(PY) -m pip
@@ -92,6 +92,12 @@ test: lint bwrap slurm gh sshd
 	  exit $$rc
 	$(PY) -m coverage report --include='bridge/*' --fail-under=90 > /dev/null || \
 	  { echo "bridge/ line coverage is under 90 %"; $(PY) -m coverage report --include='bridge/*'; exit 1; }
+
+# The fast lane: the unit tests and the quick integration tests, under 3 minutes on two cores; the slow
+# integration files (Slurm, sshd, act, sandboxes, many runners, the engine's zoo models: tests/conftest.py
+# INTEGRATION) are left to `make test`, which runs everything.
+test-fast: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile -m "not integration"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .coverage out

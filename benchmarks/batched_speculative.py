@@ -26,14 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import engine  # noqa: E402
-import engine.decode as decode  # noqa: E402
-import engine.speculative as spec  # noqa: E402
-from engine.drafters import load_drafter, parse_drafter  # noqa: E402
-from engine.report import write_report  # noqa: E402
-from engine.zoo import corpus  # noqa: E402
+import engine
+import engine.decode as decode
+import engine.speculative as spec
+from engine.drafters import load_drafter, parse_drafter
+from engine.report import write_report
+from engine.zoo import corpus
 
 METHODS = ("greedy", "fixed", "adaptive")
 

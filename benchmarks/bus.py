@@ -1,7 +1,7 @@
 """Benchmark the git bus; writes JSON. Not a test: it measures, it asserts nothing.
 
-    python benchmarks/bus.py                     # writes benchmarks/results/bus.json
-    python benchmarks/bus.py --parts slurm       # writes benchmarks/results/bus-slurm.json
+    python -m benchmarks.bus                     # writes benchmarks/results/bus.json
+    python -m benchmarks.bus --parts slurm       # writes benchmarks/results/bus-slurm.json
 
   overhead     local round trip: wall time of `kakeya run probe` minus `kakeya exec probe` (both as CLI
                processes, alternated, in a clean clone of this repository; median of --repeats each)
@@ -33,15 +33,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
-ISOLATION = "none"
-sys.path.insert(0, str(ROOT))
+from benchmarks import harness
+from benchmarks.harness import RESULTS, ROOT
+from bridge.client.client import Client
+from bridge.config import load_config
+from bridge.wire import git as G
 
-from bridge.client.client import Client  # noqa: E402
-from bridge.config import load_config  # noqa: E402
-from bridge.host import host_fingerprint, tool_versions  # noqa: E402
-from bridge.wire import git as G  # noqa: E402
+ISOLATION = "none"
 
 PROGRAM = textwrap.dedent("""
     import json, os, sys, time
@@ -337,17 +335,9 @@ def main() -> None:
         args.out = RESULTS / ("bus-slurm.json" if parts == {"slurm"} else "bus.json")
     work = Path(tempfile.mkdtemp(prefix="kakeya-bench-bus-"))
     started = time.time()
+    load_before = harness.load_average()  # 1, 5, 15 min: other work on the machine meanwhile
     try:
-        result: dict[str, Any] = {
-            "host": {
-                **host_fingerprint(),  # hostname, OS, CPU model and count, memory, accelerator
-                "cpus": os.cpu_count(),
-                "load_avg_before": os.getloadavg(),  # 1, 5, 15 min: other work on the machine meanwhile
-            },
-            "tools": tool_versions(),
-            "isolation": ISOLATION,
-            "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        }
+        result: dict[str, Any] = {"isolation": ISOLATION, "command": harness.command("bus")}
         if "overhead" in parts:
             result["overhead"] = overhead(work / "overhead", args.repeats)
             print(json.dumps(result["overhead"]), flush=True)
@@ -373,13 +363,11 @@ def main() -> None:
                 print(json.dumps(result["slurm"]), flush=True)
         finally:
             bench.close()
-        result["host"]["load_avg_after"] = os.getloadavg()
         result["wall_s"] = time.time() - started
+        result["environment"] = harness.environment(load_before)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    harness.write_json(args.out, result)
 
 
 if __name__ == "__main__":

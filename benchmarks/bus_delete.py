@@ -2,14 +2,14 @@
 against bridge/wire/receive_pack.py, side by side. Not a test: it measures, it asserts only that each push deleted
 what it was asked to.
 
-    python benchmarks/bus_delete.py --out benchmarks/results/bus_delete.json
+    python -m benchmarks.bus_delete --out benchmarks/results/bus_delete.json
 
 A bus of `--refs` refs (written with one `git update-ref --stdin`); for each N of `--deletions`, one atomic push
 deleting N of them, each leased on its sha, over git:// (`git daemon`) and a local path; the refs deleted are
 written back between pushes. `cpu_s` is the client's CPU (this process and its finished children: git push and
 what it starts; for a local bus that includes the bus's git-receive-pack, which either method starts here; over
 git:// the daemon's receive-pack is not counted for either); `wall_s` is wall time under the host's load
-(`loadavg` before and after).
+(the environment's load average before and after).
 """
 
 from __future__ import annotations
@@ -17,20 +17,18 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bridge.wire import git as G  # noqa: E402
-from bridge.wire import receive_pack as RP  # noqa: E402
-from bridge.wire import transport as T  # noqa: E402
-from tests.bridge.bus_support import Daemon  # noqa: E402
+from benchmarks import harness
+from benchmarks.harness import RESULTS
+from bridge.wire import git as G
+from bridge.wire import receive_pack as RP
+from bridge.wire import transport as T
+from tests.bridge.bus_support import Daemon
 
 ENV = {
     "GIT_AUTHOR_NAME": "b",
@@ -48,10 +46,6 @@ def cpu() -> float:
     """CPU seconds (user + system) of this process and its finished children."""
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
-
-
-def loadavg() -> list[float]:
-    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
 def fill(bus: Path, refs: list[str], sha: str) -> None:
@@ -79,15 +73,15 @@ def main() -> None:
     parser.add_argument("--refs", type=int, default=20_000)
     parser.add_argument("--deletions", default="250,1000,4000")
     parser.add_argument("--transports", default="git,local")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/bus_delete.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "bus_delete.json")
     args = parser.parse_args()
     sizes = [int(x) for x in args.deletions.split(",")]
+    load_before = harness.load_average()
     report: dict[str, Any] = {
         "what": "one atomic push of N leased deletions on a bus of `refs` refs: git push vs receive_pack",
-        "command": "python " + " ".join(sys.argv),
+        "command": harness.command("bus_delete"),
         "git": G.version(),
         "refs": args.refs,
-        "loadavg_before": loadavg(),
         "results": {},
     }
     with tempfile.TemporaryDirectory(prefix="bus-delete-") as tmp:
@@ -112,7 +106,6 @@ def main() -> None:
                 if daemon is not None:
                     daemon.stop()
             report["results"][transport] = rows
-    report["loadavg_after"] = loadavg()
     report["speedup_cpu"] = {
         f"{t}/{n}": round(
             next(r["cpu_s"] for r in rows if r["deletions"] == n and r["method"] == "git_push")
@@ -124,8 +117,8 @@ def main() -> None:
         for t, rows in report["results"].items()
         for n in sizes
     }
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    report["environment"] = harness.environment(load_before)
+    harness.write_json(args.out, report)
 
 
 if __name__ == "__main__":

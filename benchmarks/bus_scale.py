@@ -1,7 +1,7 @@
 """The bus at a team's scale (issue 27): what each hot path costs, in bytes on the wire and seconds, on buses
 holding 100, 1,000 and 10,000 finished requests. Not a test: it measures, it asserts nothing.
 
-    python benchmarks/bus_scale.py --sizes 100,1000,10000 --out benchmarks/results/bus_scale.json
+    python -m benchmarks.bus_scale --sizes 100,1000,10000 --out benchmarks/results/bus_scale.json
 
 Each bus starts from a real run (a `kakeya runner` serves a real request over `git daemon`); its done
 result is the template of the history, written with one `git fast-import` in exactly the shape real runs
@@ -50,10 +50,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bridge.bus.records import (  # noqa: E402
+from benchmarks import harness
+from benchmarks.harness import RESULTS, ROOT
+from bridge.bus.records import (
     CLAIM_PATH,
     DONE_PREFIX,
     MANIFEST_PATH,
@@ -69,8 +68,8 @@ from bridge.bus.records import (  # noqa: E402
     subject_ref,
     utcnow,
 )
-from bridge.wire import git as G  # noqa: E402
-from tests.bridge.bus_support import WRITE_REPORT_PY, Daemon, HttpGit, probe_preset  # noqa: E402
+from bridge.wire import git as G
+from tests.bridge.bus_support import WRITE_REPORT_PY, Daemon, HttpGit, probe_preset
 
 # --- the relay ---------------------------------------------------------------------------------------
 
@@ -391,14 +390,6 @@ def retry(call: Callable[[], object]) -> None:
         call()
 
 
-def emit(result: dict[str, Any], out: Path | None) -> None:
-    """A benchmark's JSON, to `out` when given, and to stdout."""
-    text = json.dumps(result, indent=2) + "\n"
-    if out:
-        out.write_text(text)
-    print(text, end="")
-
-
 def bench_project(work: Path) -> tuple[Path, dict[str, str]]:
     """The project every bus benchmark requests runs of (work/project: the probe program, one commit on main)
     and the environment of its commands (the `bench` preset of work/presets, a runner name, a committer)."""
@@ -603,7 +594,6 @@ def growth(small: dict[str, Any], large: dict[str, Any]) -> dict[str, dict[str, 
 
 def main() -> None:
     import argparse
-    import platform
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -628,16 +618,12 @@ def main() -> None:
         default=5,
         help="cold `gate pr` runs per subject (median and slowest kept)",
     )
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bus_scale.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "bus_scale.json")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     transports = args.transports.split(",")
-    result: dict[str, Any] = {
-        "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "load_avg_before": os.getloadavg()},
-        "git": G.version(),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "sizes": {},
-    }
+    load_before = harness.load_average()
+    result: dict[str, Any] = {"command": harness.command("bus_scale"), "sizes": {}}
     result["growth"] = {}
     for transport in transports:
         runs = result["sizes"].setdefault(transport, {})
@@ -650,7 +636,7 @@ def main() -> None:
                 )
             finally:
                 shutil.rmtree(work, ignore_errors=True)
-            runs[str(size)]["load_avg_after"] = os.getloadavg()
+            runs[str(size)]["load_avg_after"] = harness.load_average()
             runs[str(size)]["measured_s"] = round(time.perf_counter() - t0, 1)
             print(json.dumps({transport: {size: runs[str(size)]}}), flush=True)
         result["growth"][transport] = growth(runs[str(sizes[0])], runs[str(sizes[-1])])
@@ -658,9 +644,8 @@ def main() -> None:
             result.setdefault("growth_window_full", {})[transport] = growth(
                 runs[str(sizes[1])], runs[str(sizes[-1])]
             )
-    result["host"]["load_avg_after"] = os.getloadavg()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    result["environment"] = harness.environment(load_before)
+    harness.write_json(args.out, result)
     print(json.dumps(result["growth"], indent=2))
 
 

@@ -1,6 +1,6 @@
 """Greedy decode tok/s and the fraction of the device's memory bandwidth it reaches. Writes JSON.
 
-    python benchmarks/decode_bandwidth.py --device cuda --out benchmarks/results/decode_bandwidth-cuda.json
+    python -m benchmarks.decode_bandwidth --device cuda --out benchmarks/results/decode_bandwidth-cuda.json
 
 Decoding one token reads every weight once and the K/V the cache holds: bytes per token = weight bytes +
 the mean K/V bytes held over the run (engine `kv_bytes`, sampled after every step). Achieved bandwidth =
@@ -13,7 +13,6 @@ Not a test: it measures, it asserts nothing (tests/engine/test_gpu_acceptance.py
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 import torch
 
 import engine
+from benchmarks import harness
 from engine.backends.torch.device import pick_device
 
 # Peak memory bandwidth by a substring of the device name (vendor data sheets), bytes/s.
@@ -122,10 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.new_tokens < 2:
         parser.error("--new-tokens must be >= 2")
+    load_before = harness.load_average()
     result = measure(args.model, args.device, args.dtype, args.policy, args.prompt_tokens, args.new_tokens)
-    out = args.out or Path("benchmarks/results") / f"decode_bandwidth-{pick_device(args.device).type}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = args.out or harness.RESULTS / f"decode_bandwidth-{pick_device(args.device).type}.json"
+    result["command"] = harness.command("decode_bandwidth", argv)
+    result["environment"] = harness.environment(load_before)
+    harness.write_json(out, result)
     ref = result["fraction_of_peak"] if result["peak_bytes_s"] else result["fraction_of_measured"]
     print(
         f"decode_bandwidth: {result['device']}: {result['decode_tok_s']:.1f} tok/s, "

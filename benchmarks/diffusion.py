@@ -1,6 +1,6 @@
 """The masked-diffusion drafter against greedy, the AR zoo drafter and prompt lookup. Writes JSON.
 
-    python benchmarks/diffusion.py --out benchmarks/results/diffusion-cpu.json
+    python -m benchmarks.diffusion --out benchmarks/results/diffusion-cpu.json
 
 On the zoo verifier and code-like prompts (engine.zoo.corpus.code_prompts): for every policy, greedy
 decoding and speculative decoding with each drafter at each k: decode tok/s (prefill excluded),
@@ -23,13 +23,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import engine  # noqa: E402
-from engine.drafters.diffusion.drafter import DiffusionDrafter  # noqa: E402
-from engine.drafters.load import load_diffusion_model  # noqa: E402
-from engine.policy import parse_policy  # noqa: E402
-from engine.report import write_report  # noqa: E402
+import engine
+from benchmarks import harness
+from engine.drafters.diffusion.drafter import DiffusionDrafter
+from engine.drafters.load import load_diffusion_model
+from engine.policy import parse_policy
 
 
 class Config(BaseModel):
@@ -77,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
     args = ap.parse_args(argv)
+    load_before = harness.load_average()
 
     if args.backend == "torch":
         import torch
@@ -183,8 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         threads=args.threads,
     )
     body = {"config": config.model_dump(), "rows": [r.model_dump() for r in rows]}
-    write_report(args.out, "bench-diffusion", 1, body)
-    print(f"wrote {args.out}")
+    harness.write_report(args.out, "bench-diffusion", 1, body, load_before)
     if not all(r.exact for r in rows):
         print("error: a speculative run was not exactly greedy", file=sys.stderr)
         return 1

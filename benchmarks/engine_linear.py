@@ -1,7 +1,7 @@
 """Linear-attention hybrid (random-weight Qwen3.5 `qwen3_5_text`, CPU): greedy decode tok/s, ours vs
 transformers `generate` and vs mlx-lm, and the cost of rolling back a partly rejected block. Writes JSON.
 
-    python benchmarks/engine_linear.py --out benchmarks/results/engine_linear.json
+    python -m benchmarks.engine_linear --out benchmarks/results/engine_linear.json
 
 Rollback (engine/backends/base.py): restore the linear layers' snapshots and feed the kept tokens
 again; measured as the wall time of `trim(k - kept)` after a verify forward of k + 1 tokens, next to
@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,10 +19,9 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import engine  # noqa: E402
-from engine.backends.torch.session import TorchModel  # noqa: E402
+import engine
+from benchmarks import harness
+from engine.backends.torch.session import TorchModel
 
 
 def build(path: Path, layers: int, hidden: int) -> TorchModel:
@@ -65,7 +61,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     ids = torch.randint(3, 4096, (args.prompt,), generator=torch.Generator().manual_seed(1)).tolist()
-    out: dict[str, Any] = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "gpu": None}}
+    load_before = harness.load_average()
+    out: dict[str, Any] = {"command": harness.command("engine_linear")}
     out["setup"] = vars(args) | {"out": str(args.out), "threads": 1}
     with tempfile.TemporaryDirectory() as tmp:
         tm = build(Path(tmp), args.layers, args.hidden)
@@ -120,8 +117,8 @@ def main() -> None:
             }
     out["decode_tok_s"] = tok
     out["rollback_per_block"] = rollback
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    out["environment"] = harness.environment(load_before)
+    harness.write_json(args.out, out)
     print(json.dumps(out, indent=2))
 
 

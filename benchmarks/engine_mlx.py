@@ -1,8 +1,8 @@
 """Benchmark the MLX backend against mlx-lm on the same model, prompts and machine; writes JSON.
 
-    python benchmarks/engine_mlx.py --model zoo:tiny-hybrid --drafter zoo:tiny-drafter \\
+    python -m benchmarks.engine_mlx --model zoo:tiny-hybrid --drafter zoo:tiny-drafter \\
         --out benchmarks/results/engine_mlx.json
-    python benchmarks/engine_mlx.py --k 8 --batches '' --out benchmarks/results/block_drafter_mlx.json
+    python -m benchmarks.engine_mlx --k 8 --batches '' --out benchmarks/results/block_drafter_mlx.json
 
 Methods (all greedy, `--new-tokens` tokens, no EOS stop so every method decodes the same length):
   ours_greedy         engine.generate on the MLX backend (policy --policy, default full)
@@ -29,28 +29,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import mlx.core as mx
+import numpy as np
+from mlx_lm.generate import generate_step, stream_generate
+from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-import mlx.core as mx  # noqa: E402
-import numpy as np  # noqa: E402
-from mlx_lm.generate import generate_step, stream_generate  # noqa: E402
-from mlx_lm.tokenizer_utils import TokenizerWrapper  # noqa: E402
-
-import engine  # noqa: E402
-from benchmarks import shapes  # noqa: E402
-from engine.backends.mlx.session import MLXModel  # noqa: E402
-from engine.drafters.load import load_block_drafter  # noqa: E402
-from engine.report import environment  # noqa: E402
-from engine.workloads.cli import first_divergence  # noqa: E402
-from engine.zoo import corpus  # noqa: E402
+import engine
+from benchmarks import harness, shapes
+from engine.backends.mlx.session import MLXModel
+from engine.drafters.load import load_block_drafter
+from engine.workloads.cli import first_divergence
+from engine.zoo import corpus
 
 Run = tuple[list[int], float, float, dict[str, float]]  # tokens, total seconds, decode seconds, extra
 
@@ -121,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/results/engine_mlx.json")
     args = p.parse_args(argv)
-    load_start = list(os.getloadavg())  # (1, 5, 15 min): how busy the (shared) machine was
+    load_start = harness.load_average()  # (1, 5, 15 min): how busy the (shared) machine was
 
     policy = engine.parse_policy(args.policy)
     device = engine.models.check_device("mlx", args.device)
@@ -239,23 +234,17 @@ def main(argv: list[str] | None = None) -> int:
             s["speedup_vs_mlxlm_spec"] = s["tok_s"] / summary["mlxlm_spec"]["tok_s"]
     result = {
         "benchmark": "engine_mlx",
-        "command": " ".join(
-            ["python", "benchmarks/engine_mlx.py", *(argv if argv is not None else sys.argv[1:])]
-        ),
-        "environment": environment(),
+        "command": harness.command("engine_mlx", argv),
+        "environment": harness.environment(load_start),
         "mlx_device": str(mx.default_device()),
         "device": mm.device_name,
         "dtype": mm.dtype_name,
         "peak_memory_bytes": mm.peak_memory_bytes(),
         "config": {k_: v for k_, v in vars(args).items() if k_ != "out"},
-        "load_average": load_start,
-        "load_average_end": list(os.getloadavg()),
         "summary": summary,
         "rows": rows,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    harness.write_json(args.out, result)
     print(json.dumps(summary, indent=2))
     return 0
 

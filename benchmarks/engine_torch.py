@@ -1,6 +1,6 @@
 """Decode throughput of the PyTorch engine vs transformers, and K/V bytes per policy. Writes JSON.
 
-    python benchmarks/engine_torch.py --out benchmarks/results/engine_torch.json
+    python -m benchmarks.engine_torch --out benchmarks/results/engine_torch.json
 
 Measures on the same model and code-like prompts (engine.zoo.corpus.code_prompts, or --prompts):
 - greedy decode tok/s: transformers `generate` (full cache) vs ours (full and each --policies entry);
@@ -14,7 +14,7 @@ Measures on the same model and code-like prompts (engine.zoo.corpus.code_prompts
 - batched greedy (engine.generate_batch) vs transformers `generate` on the same B prompts at each B in
   --batches (decode tok/s over all rows; every row checked against greedy decoding of its prompt alone).
 
-    python benchmarks/engine_torch.py --shape qwen3-1.7b --device cpu --out benchmarks/results/engine_torch-qwen3-1.7b-cpu.json
+    python -m benchmarks.engine_torch --shape qwen3-1.7b --device cpu --out benchmarks/results/engine_torch-qwen3-1.7b-cpu.json
 
 `--shape` (benchmarks/shapes.py) decodes a random-weight model built from a real config instead of a zoo
 model: at full size on an accelerator, at a reduced width with the real layer pattern on a cpu; its
@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,15 +41,12 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import engine  # noqa: E402
-from benchmarks import shapes  # noqa: E402
-from engine.backends.torch.session import TorchModel  # noqa: E402
-from engine.drafters.block.torch import BlockDrafter, BlockDrafterModel  # noqa: E402
-from engine.policy import Policy, parse_policy  # noqa: E402
-from engine.report import write_report  # noqa: E402
-from engine.zoo import corpus  # noqa: E402
+import engine
+from benchmarks import harness, shapes
+from engine.backends.torch.session import TorchModel
+from engine.drafters.block.torch import BlockDrafter, BlockDrafterModel
+from engine.policy import Policy, parse_policy
+from engine.zoo import corpus
 
 
 class Config(BaseModel):
@@ -169,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
-    load_start = list(os.getloadavg())
+    load_start = harness.load_average()
     policies = [engine.full(), *(parse_policy(p) for p in args.policies.split(",") if p)]
     ks = [int(k) for k in args.ks.split(",")]
     batches = [int(b) for b in args.batches.split(",")]
@@ -403,14 +399,14 @@ def main(argv: list[str] | None = None) -> int:
             repeats=reps,
             threads=args.threads,
             load_average=load_start,
-            load_average_end=list(os.getloadavg()),
+            load_average_end=harness.load_average(),
         ),
         throughput=rows,
         batched=batched,
         kv_bytes=kv_rows,
         targets=targets,
     )
-    write_report(args.out, "bench-engine-torch", 1, body.model_dump())
+    harness.write_report(args.out, "bench-engine-torch", 1, body.model_dump())
     print(json.dumps(targets.model_dump()))
     return 0
 

@@ -2,12 +2,12 @@
 bridge/wire/upload_pack.py `daemon_fetch` (protocol v2 on a socket of our own, TCP_NODELAY and TCP_QUICKACK), side by
 side. Not a test: it measures, and asserts only that each fetch brought what it asked for.
 
-    python benchmarks/fetch_by_id.py --out benchmarks/results/fetch_by_id.json
+    python -m benchmarks.fetch_by_id --out benchmarks/results/fetch_by_id.json
 
 One `git daemon` (uploadpack.allowFilter on) serving a blob (a ledger map's size) and a tree of `--entries`
 subdirectories (a ledger shard); `--n` rounds, each fetching the blob, then the tree with tree:0, by either
 method in turn, each into a fresh bare store. Wall seconds per fetch (median and max), under the host's load
-(`/proc/loadavg` before and after).
+(the environment's load average before and after).
 """
 
 from __future__ import annotations
@@ -15,19 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bridge.wire import git as G  # noqa: E402
-from bridge.wire import transport as T  # noqa: E402
-from bridge.wire import upload_pack as UP  # noqa: E402
-from tests.bridge.bus_support import Daemon  # noqa: E402
+from benchmarks import harness
+from benchmarks.harness import RESULTS
+from bridge.wire import git as G
+from bridge.wire import transport as T
+from bridge.wire import upload_pack as UP
+from tests.bridge.bus_support import Daemon
 
 
 def git_fetch(store: Path, url: str, sha: str, tree_filter: str | None) -> None:
@@ -46,14 +44,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=20)
     parser.add_argument("--entries", type=int, default=256)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/fetch_by_id.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "fetch_by_id.json")
     args = parser.parse_args()
+    load_before = harness.load_average()
     report: dict[str, Any] = {
         "what": "wall seconds of one fetch by object id from git daemon on 127.0.0.1, each into a fresh store",
-        "command": "python " + " ".join(sys.argv),
+        "command": harness.command("fetch_by_id"),
         "git": G.version(),
         "n": args.n,
-        "loadavg_before": Path("/proc/loadavg").read_text().strip(),
     }
     with tempfile.TemporaryDirectory(prefix="fetch-by-id-") as tmp:
         base = Path(tmp)
@@ -84,7 +82,6 @@ def main() -> None:
                             raise SystemExit(f"{method} did not bring {name} {sha}")
         finally:
             daemon.stop()
-    report["loadavg_after"] = Path("/proc/loadavg").read_text().strip()
     report["results"] = {
         name: {
             method: {"median_s": round(statistics.median(ts), 4), "max_s": round(max(ts), 4)}
@@ -92,9 +89,9 @@ def main() -> None:
         }
         for name, by in times.items()
     }
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    report["environment"] = harness.environment(load_before)
+    harness.write_json(args.out, report)
     print(json.dumps(report["results"], indent=2))
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ the byte-counting relay); each round gates, in a fresh depth-1 clone, the three 
 alternating from round to round. Not a test: it measures, it asserts nothing.
 
     git worktree add /tmp/before <commit>
-    .venv/bin/python benchmarks/gate_ab.py --before /tmp/before --rounds 10 --out benchmarks/results/gate_ab.json
+    .venv/bin/python -m benchmarks.gate_ab --before /tmp/before --rounds 10 --out benchmarks/results/gate_ab.json
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -25,11 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import bus_scale as B  # noqa: E402
+from benchmarks import bus_scale as B
+from benchmarks import harness
+from benchmarks.harness import ROOT
 
 SUBJECTS = ("1_runs", "50_runs", "recent")
 
@@ -87,21 +83,20 @@ def main() -> None:
     before = B.G.out(args.before, "rev-parse", "--short", "HEAD")
     now = B.G.out(ROOT, "rev-parse", "--short", "HEAD")
     trees = {f"before ({before})": args.before.resolve(), f"now ({now})": ROOT}
-    load0 = os.getloadavg()
+    load0 = harness.load_average()
     with tempfile.TemporaryDirectory(prefix="kakeya-gate-ab-") as tmp:
         figures = measure(Path(tmp), args.size, trees, args.rounds)
     result = {
         "benchmark": "gate_ab",
-        "command": " ".join(["python", "benchmarks/gate_ab.py", *sys.argv[1:]]),
-        "host": {"machine": platform.machine(), "cpus": os.cpu_count()},
+        "command": harness.command("gate_ab"),
         "python": sys.executable,
-        "git": B.G.version(),
         "size": args.size,
-        "load_avg_before": load0,
-        "load_avg_after": os.getloadavg(),
         "gate_cold": figures,
+        "environment": harness.environment(load0),
     }
-    B.emit(result, args.out)
+    if args.out:
+        harness.write_json(args.out, result)
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

@@ -11,25 +11,21 @@ pr-gate.yml runs it) of:
 
 Not a test: it measures, it asserts nothing.
 
-    python benchmarks/gate_history.py --out benchmarks/results/gate_history.json
+    python -m benchmarks.gate_history --out benchmarks/results/gate_history.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import platform
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import bus_scale as B  # noqa: E402
+from benchmarks import bus_scale as B
+from benchmarks import harness
 
 
 def measure(work: Path, commits: int, blob_bytes: int) -> dict:
@@ -111,17 +107,18 @@ def main() -> None:
     args = parser.parse_args()
     if args.commits < 7:
         parser.error("--commits must be 7 or more: the PR's base is the head's 6th parent back")
+    load_before = harness.load_average()
     with tempfile.TemporaryDirectory(prefix="kakeya-gate-history-") as tmp:
         figures = measure(Path(tmp), args.commits, args.blob_bytes)
     result = {
         "benchmark": "gate_history",
-        "command": " ".join(["python", "benchmarks/gate_history.py", *sys.argv[1:]]),
-        "host": platform.node(),
-        "machine": platform.machine(),
-        "git": B.G.version(),
+        "command": harness.command("gate_history"),
         **figures,
+        "environment": harness.environment(load_before),
     }
-    B.emit(result, args.out)
+    if args.out:
+        harness.write_json(args.out, result)
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ transformers itself cannot build or generate with (skipped), how many the engine
 at load in one line, or breaks on; and `fixed`: the exact ones that are broken without issue 44's fixes
 (each fix switched off in turn, `FIXES`). Writes JSON.
 
-    python benchmarks/geometry_sweep.py --budget 30 --out benchmarks/results/geometry_sweep.json
+    python -m benchmarks.geometry_sweep --budget 30 --out benchmarks/results/geometry_sweep.json
 
 The draws and their checks are tests/engine/geometry_sweep.py's (seeded: a draw is a function of family,
 seed and index); every non-exact outcome is listed with its fields, its run and its one-line reason.
@@ -15,16 +15,14 @@ import argparse
 import contextlib
 import importlib
 import json
-import shlex
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tests.engine import geometry_sweep  # noqa: E402
+from benchmarks import harness
+from tests.engine import geometry_sweep
 
 # Issue 44's fixes, as (module, function) the sweep can switch off to see what each one fixed.
 FIXES = {"mla_one_kv_group": ("engine.backends.torch.session", "_one_kv_group")}
@@ -52,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     families = args.families or list(geometry_sweep.FAMILIES)
     t0 = time.monotonic()
+    load_before = harness.load_average()
     outcomes = geometry_sweep.sweep(families, args.budget, args.seed, log=sys.stderr, mlx=args.mlx)
     fixed: dict[str, str] = {}
     for o in outcomes:
@@ -81,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         for k in ("drawn", "skipped", "exact", "refused", "broken", "fixed")
     }
     report = {
-        "command": shlex.join(["python", "benchmarks/geometry_sweep.py", *(argv or sys.argv[1:])]),
+        "command": harness.command("geometry_sweep", argv),
         "budget": args.budget,
         "seed": args.seed,
         "seconds": round(time.monotonic() - t0, 1),
@@ -102,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             for i, fix in fixed.items()
         ],
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    report["environment"] = harness.environment(load_before)
+    harness.write_json(args.out, report, indent=1, default=str)
     print(json.dumps({"totals": totals, "families": per_family}, indent=1))
     mlx_broken = sum(v.get("mlx", {}).get("broken", 0) for v in per_family.values())
     return 1 if totals["broken"] or mlx_broken else 0

@@ -1,7 +1,7 @@
 """Quantized K/V study: needle recall, logit drift and K/V bytes vs storage bits, and decode tok/s of q8
 vs the model dtype. Writes JSON (+ a PNG and a markdown table next to it).
 
-    python benchmarks/kv_quant.py --out benchmarks/results/kv_quant.json
+    python -m benchmarks.kv_quant --out benchmarks/results/kv_quant.json
 
 For each context length x precision (16 = the model dtype, q8, k8v4, q4) of one cache policy
 (`--policy`, default hybrid:4:64), on the same `engine.workloads.niah` haystacks (needles outside the
@@ -17,7 +17,7 @@ on each of `--shapes` (benchmarks/shapes.py: random weights in a real model's la
 width on a cpu unless --full-size, full size elsewhere; random prompt ids). Not a test: the target (q8 >= 0.8x the model
 dtype) is reported per model, not asserted.
 
-    python benchmarks/kv_quant.py --shapes qwen3-1.7b,gemma3-hybrid --out benchmarks/results/kv_quant.json
+    python -m benchmarks.kv_quant --shapes qwen3-1.7b,gemma3-hybrid --out benchmarks/results/kv_quant.json
 """
 
 from __future__ import annotations
@@ -30,14 +30,11 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import engine  # noqa: E402
-from benchmarks import shapes  # noqa: E402
-from engine.policy import Policy, parse_policy, with_precision  # noqa: E402
-from engine.report import write_report  # noqa: E402
-from engine.workloads import niah, plots  # noqa: E402
-from engine.zoo import corpus  # noqa: E402
+import engine
+from benchmarks import harness, shapes
+from engine.policy import Policy, parse_policy, with_precision
+from engine.workloads import niah, plots
+from engine.zoo import corpus
 
 PRECISIONS = ["", "q8", "k8v4", "q4"]
 TURN = 16  # decode steps per policy per turn (throughput)
@@ -221,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    load_before = harness.load_average()
     try:
         policy = with_precision(parse_policy(args.policy), "")
         for shape in args.shapes:
@@ -263,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
     }
     out = Path(args.out)
-    write_report(out, "bench-kv-quant", 1, body)
+    harness.write_report(out, "bench-kv-quant", 1, body, load_before)
     draw(body, out.with_suffix(".png"))
     out.with_suffix(".md").write_text(markdown(body) + "\n")
     print(markdown(body))

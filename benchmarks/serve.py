@@ -31,13 +31,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import engine  # noqa: E402
-from engine.models import resolve  # noqa: E402
-from engine.report import write_report  # noqa: E402
-from engine.serve.load import Job, drive, summarize  # noqa: E402
-from engine.zoo import corpus  # noqa: E402
+import engine
+from engine.models import resolve
+from engine.report import write_report
+from engine.serve.load import Job, drive, summarize
+from engine.zoo import corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 

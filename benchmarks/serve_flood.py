@@ -1,7 +1,7 @@
 """1,000 concurrent connections against kakeya serve: every one answered or refused, the server still up,
 memory after. Writes JSON.
 
-    python benchmarks/serve_flood.py --out benchmarks/results/serve_flood.json
+    python -m benchmarks.serve_flood --out benchmarks/results/serve_flood.json
 
 The server (zoo:tiny-hybrid, sink_window:4:32, `--max-queue` 256) runs in this process on a free 127.0.0.1
 port; `--connections` clients each open a connection at once and post one greedy /v1/completions of
@@ -12,7 +12,7 @@ queue is full) and of client errors, the wall time, /health after, and the proce
 tenth of them: flat memory over 10,000 requests is the issue's target. Not a test: figures are reported, not
 asserted.
 
-    python benchmarks/serve_flood.py --soak 10000 --out benchmarks/results/serve_flood.json
+    python -m benchmarks.serve_flood --soak 10000 --out benchmarks/results/serve_flood.json
 """
 
 from __future__ import annotations
@@ -21,18 +21,15 @@ import argparse
 import asyncio
 import collections
 import resource
-import shlex
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from engine.policy import parse_policy  # noqa: E402
-from engine.report import write_report  # noqa: E402
-from engine.serve.config import ServeConfig  # noqa: E402
-from engine.serve.thread import in_thread  # noqa: E402
+from benchmarks import harness
+from engine.policy import parse_policy
+from engine.serve.config import ServeConfig
+from engine.serve.thread import in_thread
 
 
 async def flood(url: str, n: int, new_tokens: int) -> dict[str, Any]:
@@ -106,6 +103,7 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=16, help="of the soak")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/serve_flood.json"))
     args = ap.parse_args()
+    load_before = harness.load_average()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 4 * args.connections)), hard))
     config = ServeConfig(policy=parse_policy("sink_window:4:32"), max_queue=args.max_queue, threads=1)
@@ -121,18 +119,19 @@ def main() -> int:
     if soaked:
         mib = [f"{x['requests']}: {x['rss_bytes'] / 2**20:.0f}" for x in soaked["rss"]]
         print(f"soak: {soaked['statuses']}; RSS (MiB) after N requests: {', '.join(mib)}")
-    write_report(
+    harness.write_report(
         args.out,
         "bench-serve-flood",
         1,
         {
-            "command": shlex.join([sys.executable, *sys.argv]),
+            "command": harness.command("serve_flood"),
             "connections": args.connections,
             "max_queue": args.max_queue,
             "new_tokens": args.new_tokens,
             "waves": waves,
             "soak": soaked,
         },
+        load_before,
     )
     return 0
 

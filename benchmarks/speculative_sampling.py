@@ -25,19 +25,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-import engine  # noqa: E402
-import engine.drafters.block.base as block_base  # noqa: E402
-import engine.speculative as speculative  # noqa: E402
-from engine.drafters import load_drafter, parse_drafter  # noqa: E402
-from engine.report import write_report  # noqa: E402
-from engine.sampling import Sampling, draw  # noqa: E402
-from engine.workloads import cli  # noqa: E402
-from engine.workloads.throughput import position_acceptance  # noqa: E402
-from engine.zoo import corpus  # noqa: E402
+import engine
+import engine.drafters.block.base as block_base
+import engine.speculative as speculative
+from engine.drafters import load_drafter, parse_drafter
+from engine.report import write_report
+from engine.sampling import Sampling, draw
+from engine.workloads import cli
+from engine.workloads.throughput import position_acceptance
+from engine.zoo import corpus
 
 
 class OneHot:

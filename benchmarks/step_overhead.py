@@ -1,7 +1,7 @@
 """The engine's own per-decode-step overhead: time outside the model's forward, plus the time our cache
 spends inside it (K/V writes), as a fraction of a whole decode step. Writes JSON.
 
-    python benchmarks/step_overhead.py --out benchmarks/results/step_overhead-cpu.json
+    python -m benchmarks.step_overhead --out benchmarks/results/step_overhead-cpu.json
 
 A decode step is `session.forward([token])` (or `forward_rows` at batch B): group bookkeeping, device
 index/position copies, masks built on the device, the model call, argmax and the one host copy of the
@@ -14,8 +14,6 @@ Not a test: nothing is asserted.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,13 +21,10 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import engine  # noqa: E402
-from benchmarks import shapes  # noqa: E402
+import engine
+from benchmarks import harness, shapes
 from engine.backends.torch import kv as tkv
-from engine.backends.torch import session as tb  # noqa: E402
-from engine.report import write_report  # noqa: E402
+from engine.backends.torch import session as tb
 
 
 def _sync(device: torch.device) -> None:
@@ -122,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         raise SystemExit("--repeats must be >= 1")
     torch.set_num_threads(args.threads)
-    load_start = list(os.getloadavg())
+    load_start = harness.load_average()
     device = engine.models.check_device("torch", args.device)
     models = {args.model: args.model}
     for s in filter(None, args.shapes.split(",")):
@@ -143,9 +138,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"  overhead {100 * r['overhead_fraction']:5.1f} %",
                     flush=True,
                 )
-    load = {"load_average": load_start, "load_average_end": list(os.getloadavg())}  # (1, 5, 15 min)
+    load = {"load_average": load_start, "load_average_end": harness.load_average()}  # (1, 5, 15 min)
     body = {"config": {**vars(args), "out": str(args.out), "device": device, **load}, "results": results}
-    write_report(args.out, "bench-step-overhead", 1, body)
+    harness.write_report(args.out, "bench-step-overhead", 1, body)
     return 0
 
 

@@ -7,7 +7,7 @@
 # 1. the engine tests that run on the device (device placement, batched and speculative decoding, sampling);
 # 2. the throughput-code and niah-smoke workloads with --device, each report gated by its preset's checks
 #    (`kakeya gate check --preset`);
-# 3. the decode benchmark (benchmarks/decode_bandwidth.py): tok/s and the fraction of the device's memory
+# 3. the decode benchmark (python -m benchmarks.decode_bandwidth): tok/s and the fraction of the device's memory
 #    bandwidth reached, written to benchmarks/results/decode_bandwidth-<device>.json with the device name.
 #
 # Environment: PYTHON (default: python3), OUT (report folder, default: a temporary one), SKIP_TESTS=1 (skip
@@ -49,6 +49,6 @@ fi
   --device "$device" --threads 0 --plot none "${niah[@]}" --out "$out/niah-$kind.json"
 "$python" -m bridge.cli gate check "$out/niah-$kind.json" --preset niah-smoke
 
-"$python" benchmarks/decode_bandwidth.py --device "$device" "${bench[@]}" \
+"$python" -m benchmarks.decode_bandwidth --device "$device" "${bench[@]}" \
   --out "${BENCH_OUT:-benchmarks/results/decode_bandwidth-$kind.json}"
 echo "gpu-acceptance: passed on $device ($kind)"

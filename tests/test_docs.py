@@ -44,3 +44,32 @@ def test_no_page_says_a_sentence_twice():
             if len(words) > 40 and not words.startswith(("|", "-", "#")):
                 assert words not in seen, f"{page.name} says twice: {words}"
                 seen.add(words)
+
+
+def test_the_module_map_lists_exactly_the_modules_on_disk():
+    """docs/architecture.md's "Layout: one line per module" lists every module of bridge/, engine/ and gates/,
+    one line each (a package's __init__.py may be listed, and need not be), and nothing that is not on disk: a
+    module added, renamed or removed fails here with the exact lines to add or remove."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    start = text.index("## Layout: one line per module")
+    end = text.find("\n## ", start + 1)
+    section = text[start : end if end != -1 else len(text)]
+    packages = ("bridge", "engine", "gates")
+    # a map line: indented, its first word a .py path (placeholders such as <name> included, so they count extra)
+    listed = re.findall(rf"^ {{4}}((?:{'|'.join(packages)})/\S*\.py)(?:\s|$)", section, flags=re.M)
+    twice = sorted({p for p in listed if listed.count(p) > 1})
+    on_disk = {
+        path.relative_to(ROOT).as_posix()
+        for package in packages
+        for path in (ROOT / package).rglob("*.py")
+        if "__pycache__" not in path.parts
+    }
+    modules = {p for p in on_disk if not p.endswith("/__init__.py")}
+    missing = sorted(modules - set(listed))
+    extra = sorted(set(listed) - on_disk)
+    assert (missing, extra, twice) == ([], [], []), (
+        "docs/architecture.md's module map (## Layout: one line per module) is out of date:\n"
+        + "".join(f"  missing from the map (add a line under its layer): {p}\n" for p in missing)
+        + "".join(f"  in the map but not on disk (remove or rename its line): {p}\n" for p in extra)
+        + "".join(f"  listed more than once: {p}\n" for p in twice)
+    )

@@ -17,7 +17,7 @@ built as a tiny random-weight transformers model (torch backend, float32) and is
 Draws are a function of (family, seed, index) alone (`random.Random`), so a draw is reproduced by its id.
 
     python -m tests.engine.geometry_sweep deepseek_v3 --budget 20     # print each draw's outcome
-    python benchmarks/geometry_sweep.py                               # the larger budget, JSON figures
+    python -m benchmarks.geometry_sweep                               # the larger budget, JSON figures
 
 tests/engine/test_geometry_sweep.py runs a small fixed budget of every family in `make test`.
 """

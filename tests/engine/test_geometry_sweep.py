@@ -1,7 +1,7 @@
 """The geometry sweep's fixed budget (issue 44; tests/engine/geometry_sweep.py): for every family, draws of
 its geometry fields that transformers can build and generate with decode exactly (greedy == generate,
 speculative == greedy after the window wraps) or are refused at load in one line naming a field. The
-larger budget is `python benchmarks/geometry_sweep.py`."""
+larger budget is `python -m benchmarks.geometry_sweep`."""
 
 from __future__ import annotations
 
