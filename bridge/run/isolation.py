@@ -378,21 +378,26 @@ def weak_problem(mode: str, iso: Isolation, environ: Mapping[str, str] | None = 
     """Why a runner must not serve under `iso` chosen by `mode`, or None: auto fell to userns or none, or the
     runner is root and its runs would be too (none, userns), able to change the venv and all it executes."""
     environ = os.environ if environ is None else environ
-    if _is_root() and iso.kind in ("none", "userns") and environ.get(ROOT_RUNS_FOR_TESTS) != "1":
+    as_root = _is_root() and iso.kind in ("none", "userns") and environ.get(ROOT_RUNS_FOR_TESTS) != "1"
+    if mode == "auto" and iso.kind not in ("bwrap", "user"):
+        name = (
+            f"as root, runs under {iso.kind} would hold root's files, so a run user or bubblewrap it must be"
+            if as_root
+            else f'or name the isolation: isolation = "{iso.kind}" (or "none") in kakeya.toml / KAKEYA_ISOLATION'
+        )
+        return (
+            f"isolation auto found no bubblewrap and no run user here and would give runs only {iso.kind}, which "
+            f"does not protect {UNPROTECTED[iso.kind]}; install bubblewrap (apt-get install bubblewrap), or, as "
+            f"root, a run user (useradd --system kakeya-run), {name}"
+        )
+    if as_root:
         return (
             f"as root, isolation {iso.kind} runs each program with root's own files (a run could change the "
             "runner's venv and everything the runner executes); install bubblewrap (apt-get install bubblewrap) "
             'and use isolation = "auto" or "bwrap", or isolation = "user" with a run user (useradd --system '
             "kakeya-run; run_user / KAKEYA_RUN_USER), or start the runner as an unprivileged user"
         )
-    if mode != "auto" or iso.kind in ("bwrap", "user"):
-        return None
-    return (
-        f"isolation auto found no bubblewrap and no run user here and would give runs only {iso.kind}, which "
-        f"does not protect {UNPROTECTED[iso.kind]}; install bubblewrap (apt-get install bubblewrap), or, as "
-        f'root, a run user (useradd --system kakeya-run), or name the isolation: isolation = "{iso.kind}" '
-        '(or "none") in kakeya.toml / KAKEYA_ISOLATION'
-    )
+    return None
 
 
 def describe_protection(iso: Isolation) -> str:

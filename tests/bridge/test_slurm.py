@@ -55,6 +55,21 @@ PROGRAM = WRITE_REPORT_PY + textwrap.dedent("""
     print("stdout line", flush=True)
     print(os.environ.get("HF_TOKEN", ""), file=sys.stderr, flush=True)
     sys.stdout.write("x" * int(os.environ.get("FLOOD", "0")))
+    if os.environ.get("HOG") == "memory":
+        hog = bytearray(1 << 30)
+    elif os.environ.get("HOG") == "file":
+        with open(os.path.join(os.environ["TMPDIR"], "big"), "wb") as fh:
+            for _ in range(64):
+                fh.write(b"\0" * (1 << 20))
+    elif os.environ.get("HOG") == "fork":
+        for _ in range(64):
+            try:
+                if os.fork() == 0:
+                    time.sleep(20)
+                    os._exit(0)
+            except BlockingIOError:
+                print("forks refused", flush=True)
+                sys.exit(3)
     time.sleep(seconds)
     write_report()
     sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
@@ -288,6 +303,28 @@ def test_logs_are_capped_inside_the_job(tmp_path: Path, slurm: Slurm) -> None:
     assert outcome.result.status == "succeeded", outcome.result.reason
     log = (run.out_dir / "logs" / "stdout.log").read_text()
     assert len(log) < 4096 + 200 and "kakeya cut" in log  # 1 MB written, the cap kept
+
+
+@pytest.mark.parametrize(
+    ("hog", "why"),
+    [
+        ("memory", "its memory limit of 64 MiB per process (limits.memory_mb)"),
+        ("file", "its limit of 8 MiB per file, /tmp's too (limits.file_mb)"),
+        ("fork", "its limit of 16 processes and threads (limits.processes)"),
+    ],
+)
+def test_a_job_gets_the_presets_limits_and_an_over_limit_run_ends_in_error_naming_it(
+    tmp_path: Path, slurm: Slurm, hog: str, why: str
+) -> None:
+    limits = {"memory_mb": 64, "file_mb": 8, "processes": 16}
+    h = Harness(tmp_path, slurm)
+    run = h.start(f"hog-{hog}", make_preset(tmp_path, env={"HOG": hog}, limits=limits))
+    outcome = h.finish(run)
+    iso = outcome.result.isolation or ""
+    if hog == "fork" and not iso.startswith(("bwrap", "user")):  # the run is the job's user: not enforceable
+        pytest.skip(f"isolation {iso}: no limit of processes")
+    assert outcome.result.status == "error" and why in (outcome.result.reason or ""), outcome.result
+    assert processes_with(str(run.spec.control)) == []
 
 
 def test_a_nonzero_exit_is_the_programs_not_slurms(tmp_path: Path, slurm: Slurm) -> None:
