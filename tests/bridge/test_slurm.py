@@ -60,7 +60,7 @@ PROGRAM = WRITE_REPORT_PY + textwrap.dedent("""
     elif os.environ.get("HOG") == "file":
         with open(os.path.join(os.environ["TMPDIR"], "big"), "wb") as fh:
             for _ in range(64):
-                fh.write(b"\0" * (1 << 20))
+                fh.write(b"x" * (1 << 20))
     elif os.environ.get("HOG") == "fork":
         for _ in range(64):
             try:
