@@ -374,11 +374,24 @@ UNPROTECTED = {
 ROOT_RUNS_FOR_TESTS = "KAKEYA_TEST_ROOT_RUNS"
 
 
+def root_problem(iso: Isolation, environ: Mapping[str, str] | None = None) -> str | None:
+    """Why a root runner (or a root Slurm job) must not run programs under `iso`: none and userns leave them
+    root's files (the venv and all the runner executes), whoever named them; else None."""
+    environ = os.environ if environ is None else environ
+    if not _is_root() or iso.kind not in ("none", "userns") or environ.get(ROOT_RUNS_FOR_TESTS) == "1":
+        return None
+    return (
+        f"as root, isolation {iso.kind} runs each program with root's own files (a run could change the "
+        "runner's venv and everything the runner executes); install bubblewrap (apt-get install bubblewrap) "
+        'and use isolation = "auto" or "bwrap", or isolation = "user" with a run user (useradd --system '
+        "kakeya-run; run_user / KAKEYA_RUN_USER), or start the runner as an unprivileged user"
+    )
+
+
 def weak_problem(mode: str, iso: Isolation, environ: Mapping[str, str] | None = None) -> str | None:
     """Why a runner must not serve under `iso` chosen by `mode`, or None: auto fell to userns or none, or the
-    runner is root and its runs would be too (none, userns), able to change the venv and all it executes."""
-    environ = os.environ if environ is None else environ
-    as_root = _is_root() and iso.kind in ("none", "userns") and environ.get(ROOT_RUNS_FOR_TESTS) != "1"
+    runner is root and its runs would be too (`root_problem`)."""
+    as_root = root_problem(iso, environ)
     if mode == "auto" and iso.kind not in ("bwrap", "user"):
         name = (
             f"as root, runs under {iso.kind} would hold root's files, so a run user or bubblewrap it must be"
@@ -390,14 +403,7 @@ def weak_problem(mode: str, iso: Isolation, environ: Mapping[str, str] | None = 
             f"does not protect {UNPROTECTED[iso.kind]}; install bubblewrap (apt-get install bubblewrap), or, as "
             f"root, a run user (useradd --system kakeya-run), {name}"
         )
-    if as_root:
-        return (
-            f"as root, isolation {iso.kind} runs each program with root's own files (a run could change the "
-            "runner's venv and everything the runner executes); install bubblewrap (apt-get install bubblewrap) "
-            'and use isolation = "auto" or "bwrap", or isolation = "user" with a run user (useradd --system '
-            "kakeya-run; run_user / KAKEYA_RUN_USER), or start the runner as an unprivileged user"
-        )
-    return None
+    return as_root
 
 
 def describe_protection(iso: Isolation) -> str:

@@ -59,7 +59,7 @@ from bridge.run.execute import (
     render_argv,
     secret_values,
 )
-from bridge.run.isolation import Isolation
+from bridge.run.isolation import ROOT_RUNS_FOR_TESTS, Isolation
 
 PREFIX = "kakeya-"
 JOB_SCRIPT, JOB_SPEC, ALLOC, STATUS, SLURM_OUT, SANDBOX = (
@@ -205,9 +205,8 @@ class JobSpec:
     run_user: str = "kakeya-run"
     network_none: bool = False
     signing_key: str | None = None  # the runner signs: the node refuses to run the program without a sandbox
-    limits: dict[str, int | None] | None = (
-        None  # the preset's `limits` as written: the node fills its defaults
-    )
+    limits: dict[str, int | None] | None = None  # the preset's `limits`, as written: the node's defaults fill
+    root_runs_for_tests: bool = False  # the runner's KAKEYA_TEST_ROOT_RUNS (isolation.ROOT_RUNS_FOR_TESTS)
 
 
 def sbatch_argv(spec: JobSpec, label: SlurmLabel) -> list[str]:
@@ -257,6 +256,7 @@ def write_job(spec: JobSpec) -> None:
         "network_none": spec.network_none,
         "signing_key": spec.signing_key,
         "limits": spec.limits or {},
+        "root_runs_for_tests": spec.root_runs_for_tests,
     }
     fd = os.open(spec.control / JOB_SPEC, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -522,6 +522,7 @@ class SlurmExecutor:
             network_none=setup.isolation.network == "none",
             signing_key=key_file(setup.config.signing_key),
             limits=setup.asked_limits.model_dump() if setup.asked_limits is not None else None,
+            root_runs_for_tests=os.environ.get(ROOT_RUNS_FOR_TESTS) == "1",
         )
 
     def launch(self, setup: RunSetup) -> SlurmRun:

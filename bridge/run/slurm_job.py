@@ -40,7 +40,15 @@ from bridge.core.errors import KakeyaError  # noqa: E402
 from bridge.presets.preset import Limits  # noqa: E402
 from bridge.run import launcher  # noqa: E402
 from bridge.run.execute import copy_subject, launcher_status, private_dirs  # noqa: E402
-from bridge.run.isolation import Isolation, bwrap_argv, choose, key_problem, run_limits  # noqa: E402
+from bridge.run.isolation import (  # noqa: E402
+    ROOT_RUNS_FOR_TESTS,
+    Isolation,
+    bwrap_argv,
+    choose,
+    key_problem,
+    root_problem,
+    run_limits,
+)
 
 # What Slurm tells the job about its allocation, passed on to the program.
 ALLOCATION_VARS = ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_GPUS", "GPU_DEVICE_ORDINAL", "SLURM_JOB_ID")
@@ -92,16 +100,20 @@ def sandbox(spec: dict, scratch: Path) -> tuple[Isolation, Path]:
 
 
 def refusal(spec: dict, iso: Isolation, env: dict[str, str]) -> str | None:
-    """Why the program must not run on this node (a signing runner's key within its reach), or None."""
-    problem = key_problem(spec.get("signing_key"), iso, env)
-    if not problem:  # a signing runner's key and evidence are only as safe as the sandbox the node gave
-        return None
+    """Why the program must not run on this node (a signing runner's key within its reach; a root job under
+    none or userns), or None."""
     where = os.environ.get("SLURMD_NODENAME") or "the node"
-    return (
-        f"refused to run the program: {where} gave it isolation {iso.describe} and this runner signs its "
-        f"results: {problem}. On a Slurm label install bubblewrap on the compute nodes and keep the key "
-        'on a path only the runner\'s host can read (docs/runners.md, "A Slurm cluster")'
-    )
+    if problem := key_problem(spec.get("signing_key"), iso, env):
+        # a signing runner's key and evidence are only as safe as the sandbox the node gave
+        return (
+            f"refused to run the program: {where} gave it isolation {iso.describe} and this runner signs its "
+            f"results: {problem}. On a Slurm label install bubblewrap on the compute nodes and keep the key "
+            'on a path only the runner\'s host can read (docs/runners.md, "A Slurm cluster")'
+        )
+    tests = {ROOT_RUNS_FOR_TESTS: "1"} if spec.get("root_runs_for_tests") else {}
+    if as_root := root_problem(iso, tests):  # the job is root's: its program must not be
+        return f"refused to run the program: {where} runs the job as root, and {as_root}"
+    return None
 
 
 def launcher_argv(spec: dict, iso: Isolation, lifeline: int, status: int) -> list[str]:

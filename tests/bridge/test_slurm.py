@@ -6,6 +6,7 @@ forges its exit status). Without root or Slurm's packages the cluster tests skip
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -387,12 +388,22 @@ FORGER = WRITE_REPORT_PY + textwrap.dedent("""
 
 @pytest.mark.parametrize("isolation", ["none", "auto"])
 def test_a_program_that_forges_its_status_and_kills_the_launcher_does_not_succeed(
-    tmp_path: Path, slurm: Slurm, isolation: str
+    tmp_path: Path, slurm: Slurm, isolation: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = Config(runner_name="slurm-test", labels=["h200"], isolation=isolation)  # type: ignore[arg-type]
     h = Harness(tmp_path, slurm, config)
     (tmp_path / "forger.py").write_text(FORGER)
     preset = make_preset(tmp_path, argv=["{python}", "forger.py"], params={})
+    if isolation == "none" and os.geteuid() == 0:  # a root job runs no program as root: refused on the node
+        result = h.finish(h.start("forge-0", preset)).result
+        assert result.status == "error" and "node1 runs the job as root, and as root, isolation none" in (
+            result.reason or ""
+        ), result
+        assert (
+            result.exit_code is None
+            and not (tmp_path.with_name(tmp_path.name + "-runs") / "forge-0" / "out" / "report.json").exists()
+        )
+        monkeypatch.setenv("KAKEYA_TEST_ROOT_RUNS", "1")  # the suite's trusted programs may: the forgery next
     run = h.start("forge-1", preset)
     outcome = h.finish(run)
     result = outcome.result
@@ -503,7 +514,7 @@ SNITCH = WRITE_REPORT_PY + textwrap.dedent("""
 
 @pytest.mark.parametrize("node_gives", ["none", "userns"])
 def test_a_signing_label_refuses_to_run_where_the_node_gives_no_sandbox(
-    tmp_path: Path, slurm: Slurm, node_gives: str
+    tmp_path: Path, slurm: Slurm, node_gives: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A node without a sandbox (simulated: the isolation the node chooses is `none`, or `userns`, the
     runner's own user either way): with the runner's signing key the job's wrapper refuses before the
@@ -529,9 +540,17 @@ def test_a_signing_label_refuses_to_run_where_the_node_gives_no_sandbox(
     assert f"refused to run the program: node1 gave it isolation {node_gives}" in reason, reason
     assert "this runner signs its results" in reason and str(key) in reason, reason
     assert "install bubblewrap on the compute nodes" in reason, reason
-    # the same label without a key runs it
+    # the same label without a key runs it: as another user than root (the suite's root says so by its variable)
     h2 = Harness(tmp_path, slurm, Config(runner_name="slurm-test", labels=["h200"], isolation=node_gives))  # type: ignore[arg-type]
-    run = h2.start("unsafe-2", make_preset(tmp_path, argv=["{python}", "snitch.py", str(ran)], params={}))
+    preset = make_preset(tmp_path, argv=["{python}", "snitch.py", str(ran)], params={})
+    if os.geteuid() == 0:
+        result = h2.finish(h2.start("unsafe-root", preset)).result
+        assert result.status == "error" and f"runs the job as root, and as root, isolation {node_gives}" in (
+            result.reason or ""
+        ), result
+        assert not ran.exists()
+        monkeypatch.setenv("KAKEYA_TEST_ROOT_RUNS", "1")
+    run = h2.start("unsafe-2", preset)
     assert h2.finish(run).result.status == "succeeded"
     assert ran.read_text() == "the program ran"
 
