@@ -39,10 +39,10 @@ from bridge.core.errors import KakeyaError
 from bridge.core.logs import CappedLog, Redactor, pump
 from bridge.core.result import RunContext, RunResult, Status, iso_time, now
 from bridge.host import host_fingerprint, tool_versions
-from bridge.presets.preset import Preset, Resources
+from bridge.presets.preset import Limits, Preset, Resources
 from bridge.results.outcome import RunOutcome
 from bridge.run import launcher
-from bridge.run.isolation import Isolation, RunLimits, bwrap_argv, choose, run_limits
+from bridge.run.isolation import Isolation, RunLimits, bwrap_argv, choose, limit_reason, run_limits
 from bridge.run.proc import kill_tree
 from bridge.wire import git
 
@@ -260,6 +260,9 @@ class RunSetup:
     redact: Redactor
     resources: Resources | None = None  # what a scheduler's executor asks for (the preset's `resources`)
     limits: RunLimits | None = None  # memory, processes, file size (bridge/run/isolation.py's `run_limits`)
+    asked_limits: Limits | None = (
+        None  # the preset's `limits` as written (a scheduler's node fills its defaults)
+    )
 
 
 class Launched(Protocol):
@@ -398,15 +401,7 @@ class LocalExecutor:
         returncode = run.proc.returncode if returncode is None and run.proc else returncode
         base["strays_killed"] = status.get("strays")
         outcome = ended_outcome(setup, base, returncode, run.started, ended, stopped, collected)
-        if setup.limits is not None and outcome.result.status in ("succeeded", "failed", "timed-out"):
-            try:  # the runner's own log of the program's stderr: what it said when refused
-                tail = caps.read_file(out_dir / "logs", "stderr.log", config.log_cap_bytes + 4096)[-8192:]
-            except (OSError, caps.Unsafe):
-                tail = b""
-            which = setup.limits.hit(status.get("limit"), returncode, tail)
-            if which:
-                outcome.result.status, outcome.result.reason = "error", setup.limits.reached(which)
-        return outcome
+        return over_limit(outcome, status, setup.limits)
 
 
 STATUS_CAP = 64 * 1024  # bytes of the launcher's status at most (it writes a few dozen)
@@ -430,12 +425,25 @@ def launcher_status(fd: int) -> dict[str, Any]:
         return {}
     if not isinstance(word, dict):
         return {}
-    types = {"exit_code": int, "strays": int, "start_error": str, "limit": str}
-    return {
+    types = {"exit_code": int, "strays": int, "start_error": str, "limit": str, "why": str, "limits": dict}
+    out = {
         k: word.get(k)
         for k, kind in types.items()
         if word.get(k) is None or (isinstance(word[k], kind) and not isinstance(word[k], bool))
     }
+    if isinstance(out.get("limits"), dict):
+        out["limits"] = {
+            k: v for k, v in out["limits"].items() if k in ("memory", "processes", "file") and type(v) is int
+        }
+    return out
+
+
+def over_limit(outcome: RunOutcome, word: Mapping[str, Any], asked: RunLimits | None) -> RunOutcome:
+    """A run whose launcher said (its status `word`) it reached a limit ends in `error` naming it (whichever
+    executor ran it: the launcher knows by how the program ended, not by anything the run wrote)."""
+    if outcome.result.status in ("succeeded", "failed", "timed-out") and (why := limit_reason(word, asked)):
+        outcome.result.status, outcome.result.reason = "error", why
+    return outcome
 
 
 def ended_outcome(

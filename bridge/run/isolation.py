@@ -19,8 +19,9 @@
              for trusted subjects only, and only when asked for by name
     auto     the strongest the host offers: bwrap, else user (root with run_user), else userns, else none
 
-`auto` never settles in silence for userns or none: a runner refuses to serve (`weak_problem`) until the admin
-names it. In the bwrap sandbox /tmp and /dev/shm are directories of the run's scratch (on disk, not a tmpfs of
+`auto` never settles in silence for userns or none: a runner (and `kakeya run`, `kakeya exec`) refuses to serve
+(`weak_problem`) until the admin names it; a root runner refuses none and userns whoever named them (its runs
+would be root, or hold root's files, and could change the venv and all the runner executes). In the bwrap sandbox /tmp and /dev/shm are directories of the run's scratch (on disk, not a tmpfs of
 the host's memory). A preset's `network: none` (the default) gives the run a new network namespace with its
 own loopback alone, where permitted (`network: host` asks for the host's). `run_limits`: the memory, process
 and file-size limits the launcher sets on the program. What was chosen is recorded in result.json
@@ -31,6 +32,7 @@ and `runner watch` (the run user must be able to start the venv's Python, and no
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -292,11 +294,7 @@ def bwrap_argv(iso: Isolation, scratch: Path, cwd: Path, environ: Mapping[str, s
 
 DEFAULT_PROCESSES = 4096  # tasks (threads count) of the run's user
 DEFAULT_FILE_MB = 64 * 1024
-# What a program prints when an rlimit refused it (Python, libc's strerror, C++): the limit it reached.
-LIMIT_SIGNS = {
-    "memory": (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc", b"out of memory"),
-    "file": (b"File too large", b"[Errno 27]"),
-}
+LIMIT_NAMES = {"memory": "memory_mb", "processes": "processes", "file": "file_mb"}
 
 
 def host_memory_mb() -> int:
@@ -320,24 +318,33 @@ class RunLimits:
         argv = ["--memory", str(self.memory_mb << 20), "--file", str(self.file_mb << 20)]
         return argv + (["--processes", str(self.processes)] if self.processes is not None else [])
 
-    def reached(self, which: str) -> str:
-        """The reason of a run that reached limit `which`."""
+    def reached(self, which: str, why: str | None = None) -> str:
+        """The reason of a run that reached limit `which` (`why`: what showed it, the launcher's words)."""
         if which == "memory":
             what = f"its memory limit of {self.memory_mb} MiB per process (limits.memory_mb)"
         elif which == "processes":
             what = f"its limit of {self.processes} processes and threads (limits.processes)"
         else:
             what = f"its limit of {self.file_mb} MiB per file, /tmp's too (limits.file_mb)"
-        return f"the run reached {what}; the preset may raise it"
+        return f"the run reached {what}{': ' + why if why else ''}; the preset may raise it"
 
-    def hit(self, launcher_limit: str | None, exit_code: int | None, stderr_tail: bytes) -> str | None:
-        """Which limit the run reached: the launcher's word (processes, file), else, for a program that failed,
-        what it printed when an allocation or a write was refused."""
-        if launcher_limit in ("processes", "file"):
-            return launcher_limit
-        if exit_code in (0, None):
-            return None
-        return next((k for k, signs in LIMIT_SIGNS.items() if any(s in stderr_tail for s in signs)), None)
+
+def limit_reason(word: Mapping[str, object], asked: RunLimits | None) -> str | None:
+    """The reason of a run whose launcher said (its status `word`) it reached a limit, or None: the limit's
+    value as the launcher set it (`limits`, in bytes), else as asked."""
+    which, set_ = word.get("limit"), word.get("limits")
+    if which not in LIMIT_NAMES:
+        return None
+    set_ = set_ if isinstance(set_, dict) else {}
+    value = set_.get(which)
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = value >> 20 if which != "processes" else value
+        base = asked or RunLimits(0, None, 0)
+        asked = dataclasses.replace(base, **{LIMIT_NAMES[which]: value})
+    if asked is None:
+        return None
+    why = word.get("why")
+    return asked.reached(str(which), why[:200] if isinstance(why, str) else None)
 
 
 def run_limits(limits: Limits, iso: Isolation) -> RunLimits:
@@ -363,16 +370,41 @@ UNPROTECTED = {
 }
 
 
-def weak_problem(mode: str, iso: Isolation) -> str | None:
-    """Why a runner must not serve under `iso` chosen by `mode` (auto fell to userns or none), or None."""
-    if mode != "auto" or iso.kind in ("bwrap", "user"):
+# Kakeya's own test suite only (its containers run as root, its test programs are trusted and write the
+# test's files): a root runner serves under isolation none or userns, its runs as root. Never on a runner.
+ROOT_RUNS_FOR_TESTS = "KAKEYA_TEST_ROOT_RUNS"
+
+
+def root_problem(iso: Isolation, environ: Mapping[str, str] | None = None) -> str | None:
+    """Why a root runner (or a root Slurm job) must not run programs under `iso`: none and userns leave them
+    root's files (the venv and all the runner executes), whoever named them; else None."""
+    environ = os.environ if environ is None else environ
+    if not _is_root() or iso.kind not in ("none", "userns") or environ.get(ROOT_RUNS_FOR_TESTS) == "1":
         return None
     return (
-        f"isolation auto found no bubblewrap and no run user here and would give runs only {iso.kind}, which "
-        f"does not protect {UNPROTECTED[iso.kind]}; install bubblewrap (apt-get install bubblewrap), or, as "
-        f'root, a run user (useradd --system kakeya-run), or name the isolation: isolation = "{iso.kind}" '
-        '(or "none") in kakeya.toml / KAKEYA_ISOLATION'
+        f"as root, isolation {iso.kind} runs each program with root's own files (a run could change the "
+        "runner's venv and everything the runner executes); install bubblewrap (apt-get install bubblewrap) "
+        'and use isolation = "auto" or "bwrap", or isolation = "user" with a run user (useradd --system '
+        "kakeya-run; run_user / KAKEYA_RUN_USER), or start the runner as an unprivileged user"
     )
+
+
+def weak_problem(mode: str, iso: Isolation, environ: Mapping[str, str] | None = None) -> str | None:
+    """Why a runner must not serve under `iso` chosen by `mode`, or None: auto fell to userns or none, or the
+    runner is root and its runs would be too (`root_problem`)."""
+    as_root = root_problem(iso, environ)
+    if mode == "auto" and iso.kind not in ("bwrap", "user"):
+        name = (
+            f"as root, runs under {iso.kind} would hold root's files, so a run user or bubblewrap it must be"
+            if as_root
+            else f'or name the isolation: isolation = "{iso.kind}" (or "none") in kakeya.toml / KAKEYA_ISOLATION'
+        )
+        return (
+            f"isolation auto found no bubblewrap and no run user here and would give runs only {iso.kind}, which "
+            f"does not protect {UNPROTECTED[iso.kind]}; install bubblewrap (apt-get install bubblewrap), or, as "
+            f"root, a run user (useradd --system kakeya-run), {name}"
+        )
+    return as_root
 
 
 def describe_protection(iso: Isolation) -> str:

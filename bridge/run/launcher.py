@@ -11,8 +11,16 @@ stays out of the workload's reach), waits for it, and when it exits (or at SIGTE
 cancel, the runner's death) kills every process left below it and reaps them. The status pipe FD (only the
 runner reads it: no file the run could replace with a FIFO or a link) gets
 {"exit_code": the program's returncode (negative: killed by that signal), "strays": processes killed
-that were not the program, "subreaper": bool, "start_error": why ARGV could not start, or null, "limit":
-"processes" or "file" when the run reached that limit, or null}.
+that were not the program, "subreaper": bool, "start_error": why ARGV could not start, or null, "limits":
+the limits it set (memory and file in bytes, processes), "limit": "memory", "processes" or "file" when the
+run reached that limit, or null, "why": what showed it (a signal, a refused allocation or write, the count of
+tasks)}.
+
+How a limit is known, from what the launcher itself sees (never from a file the run could write): memory, the
+program died of SIGKILL it was not sent by the launcher while the kernel's OOM kill count (/proc/vmstat
+oom_kill) rose, or it failed and the last lines it wrote to stderr (which passes through the launcher, and
+on, unchanged) end in a refused allocation (Python's MemoryError, C++'s std::bad_alloc, ENOMEM); file, it
+died of SIGXFSZ or failed after a write refused with EFBIG; processes, its user's tasks reached the limit.
 
 Limits (bridge/run/isolation.py's `run_limits`), set on the program before it starts and inherited by all it
 starts: --memory is each process's RLIMIT_DATA (its heap and private mappings; not RLIMIT_AS, which
@@ -37,12 +45,19 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 GRACE_S = 2.0
+TAIL = 8192  # bytes of the program's stderr kept to read a refused allocation or write in
+# The last lines of a program whose allocation or write an rlimit refused (Python, libc's strerror, C++).
+LIMIT_SIGNS = {
+    "memory": (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc", b"[Errno 12]"),
+    "file": (b"File too large", b"[Errno 27]"),
+}
 
 
 def children_map() -> dict[int, list[int]]:
@@ -120,23 +135,28 @@ def end_everything(codes: dict[int, int]) -> set[int]:
         time.sleep(0.05)
 
 
-def _limiter(opts: dict[str, str]) -> object:
+RLIMITS = {"memory": resource.RLIMIT_DATA, "processes": resource.RLIMIT_NPROC, "file": resource.RLIMIT_FSIZE}
+
+
+def limits_to_set(opts: dict[str, str]) -> dict[str, int]:
+    """The rlimits the program gets: each asked for, at most this process's hard limit (which it inherits)."""
+    out: dict[str, int] = {}
+    for name, res in RLIMITS.items():
+        if (value := opts.get(f"--{name}")) is not None:
+            hard = resource.getrlimit(res)[1]
+            out[name] = int(value) if hard == resource.RLIM_INFINITY else min(int(value), hard)
+    return out
+
+
+def _limiter(limits: dict[str, int]) -> object:
     """What the program's process runs before exec: the rlimits asked for, and first in line for the OOM killer."""
-    wanted = [
-        (resource.RLIMIT_DATA, opts.get("--memory")),
-        (resource.RLIMIT_NPROC, opts.get("--processes")),
-        (resource.RLIMIT_FSIZE, opts.get("--file")),
-    ]
 
     def apply() -> None:
-        for res, value in wanted:
-            if value is not None:
-                hard = resource.getrlimit(res)[1]
-                limit = int(value) if hard == resource.RLIM_INFINITY else min(int(value), hard)
-                try:
-                    resource.setrlimit(res, (limit, limit))
-                except (OSError, ValueError):  # a limit this platform refuses (macOS's RLIMIT_DATA): not set
-                    pass
+        for name, limit in limits.items():
+            try:
+                resource.setrlimit(RLIMITS[name], (limit, limit))
+            except (OSError, ValueError):  # a limit this platform refuses (macOS's RLIMIT_DATA): not set
+                pass
         try:
             with open("/proc/self/oom_score_adj", "w") as fh:
                 fh.write("1000")
@@ -162,6 +182,71 @@ def tasks_of(uid: int) -> int:
     return count
 
 
+def oom_kills() -> int | None:
+    """The kernel's count of OOM kills since boot (/proc/vmstat oom_kill, Linux 4.13+), None where unknown."""
+    try:
+        for line in Path("/proc/vmstat").read_text().splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+class StderrTail:
+    """The program's stderr, passed on to ours unchanged as it comes, its last TAIL bytes kept."""
+
+    def __init__(self, fd: int):
+        self.fd, self.tail = fd, b""
+        self.thread = threading.Thread(target=self._pump, daemon=True)
+        self.thread.start()
+
+    def _pump(self) -> None:
+        while chunk := os.read(self.fd, 65536):
+            self.tail = (self.tail + chunk)[-TAIL:]
+            view = memoryview(chunk)
+            while view:
+                try:
+                    view = view[os.write(2, view) :]
+                except OSError:  # nobody reads ours any more: keep reading, so the program never blocks
+                    break
+        os.close(self.fd)
+
+    def refused(self) -> str | None:
+        """The limit the program's last stderr lines say refused it (memory or file), or None."""
+        self.thread.join(timeout=2)
+        last = b"\n".join(self.tail.splitlines()[-5:])
+        return next((k for k, signs in LIMIT_SIGNS.items() if any(s in last for s in signs)), None)
+
+
+def reached(
+    exit_code: int | None,
+    signalled: bool,
+    oom: tuple[int | None, int | None],
+    tail: StderrTail | None,
+    limits: dict[str, int],
+) -> tuple[str, str] | None:
+    """Which limit the program reached and what showed it, by how it ended (not by the processes count)."""
+    if exit_code in (0, None):
+        return None
+    if exit_code == -signal.SIGXFSZ and "file" in limits:
+        return "file", "it was killed by SIGXFSZ"
+    before, after = oom
+    if (
+        exit_code == -signal.SIGKILL
+        and not signalled
+        and before is not None
+        and after is not None
+        and after > before
+    ):
+        return "memory", "it was killed by SIGKILL as the kernel's OOM killer ran"
+    said = tail.refused() if tail is not None else None
+    if said is not None and said in limits:
+        sign = "an allocation was refused" if said == "memory" else "a write was refused (EFBIG)"
+        return said, f"it exited with code {exit_code} after {sign}"
+    return None
+
+
 def main(argv: list[str]) -> int:
     args = argv[1:]
     opts: dict[str, str] = {}
@@ -185,26 +270,30 @@ def main(argv: list[str]) -> int:
     codes: dict[int, int] = {}
     exit_code: int | None = None
     start_error: str | None = None
-    nproc = int(opts["--processes"]) if "--processes" in opts else None
+    limits = limits_to_set(opts)
     uid = int(opts["--uid"]) if "--uid" in opts else os.getuid()
-    limit: str | None = None
+    limit: tuple[str, str] | None = None
     next_count = 0.0
+    oom_before = oom_kills()
+    err_r, err_w = os.pipe()
     try:
         child = subprocess.Popen(
-            command, start_new_session=True, pass_fds=(), preexec_fn=_limiter(opts), **user
+            command, start_new_session=True, pass_fds=(), preexec_fn=_limiter(limits), stderr=err_w, **user
         )
     except OSError as exc:
         child, exit_code, start_error = None, 127, str(exc)
+    os.close(err_w)
+    tail = StderrTail(err_r)
     while child is not None and not stop[0]:
-        if nproc is not None and limit is None and Path("/proc").is_dir():
+        if "processes" in limits and limit is None and Path("/proc").is_dir():
             try:  # has the program exited? (not reaped: while a zombie it still counts, as the kernel counts)
                 ended = os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
             except ChildProcessError:
                 ended = False
             if ended or time.monotonic() >= next_count:
                 next_count = time.monotonic() + 0.2
-                if tasks_of(uid) >= nproc:  # a fork failed or would: the run is at its limit of processes
-                    limit = "processes"
+                if (n := tasks_of(uid)) >= limits["processes"]:  # a fork failed or would: at its limit
+                    limit = ("processes", f"its user had {n} tasks")
         _reap(codes)
         if child.pid in codes:
             break
@@ -214,26 +303,25 @@ def main(argv: list[str]) -> int:
                 break  # the runner is gone
         else:
             time.sleep(0.05)
+    strays = 0
     if child is not None:
+        signalled = child.pid not in codes  # still running: the launcher ends it (time limit, cancel)
         killed = end_everything(codes)
         _reap(codes)
         exit_code = codes.get(child.pid)
         strays = len(killed - {child.pid})
-        if exit_code == -signal.SIGXFSZ and "--file" in opts:
-            limit = limit or "file"
-    else:
-        strays = 0
-    word = json.dumps(
-        {
-            "exit_code": exit_code,
-            "strays": strays,
-            "subreaper": subreaper,
-            "start_error": start_error,
-            "limit": limit,
-        }
-    ).encode()
+        limit = limit or reached(exit_code, signalled, (oom_before, oom_kills()), tail, limits)
+    word = {
+        "exit_code": exit_code,
+        "strays": strays,
+        "subreaper": subreaper,
+        "start_error": start_error,
+        "limits": limits,
+        "limit": limit[0] if limit else None,
+        "why": limit[1] if limit else None,
+    }
     try:
-        os.write(int(opts["--status-fd"]), word)  # a few dozen bytes: the pipe takes them at once
+        os.write(int(opts["--status-fd"]), json.dumps(word).encode())  # a few hundred bytes: at once
     except OSError:  # the runner is gone (EPIPE): nobody to tell
         pass
     return 0

@@ -50,8 +50,16 @@ from bridge.core.logs import Redactor
 from bridge.core.result import RunContext, RunResult, SchedulerJob, Status, iso_time, now
 from bridge.presets.preset import Preset, Resources
 from bridge.results.outcome import RunOutcome
-from bridge.run.execute import RunSetup, build_env, ended_outcome, provenance, render_argv, secret_values
-from bridge.run.isolation import Isolation
+from bridge.run.execute import (
+    RunSetup,
+    build_env,
+    ended_outcome,
+    over_limit,
+    provenance,
+    render_argv,
+    secret_values,
+)
+from bridge.run.isolation import ROOT_RUNS_FOR_TESTS, Isolation
 
 PREFIX = "kakeya-"
 JOB_SCRIPT, JOB_SPEC, ALLOC, STATUS, SLURM_OUT, SANDBOX = (
@@ -197,6 +205,8 @@ class JobSpec:
     run_user: str = "kakeya-run"
     network_none: bool = False
     signing_key: str | None = None  # the runner signs: the node refuses to run the program without a sandbox
+    limits: dict[str, int | None] | None = None  # the preset's `limits`, as written: the node's defaults fill
+    root_runs_for_tests: bool = False  # the runner's KAKEYA_TEST_ROOT_RUNS (isolation.ROOT_RUNS_FOR_TESTS)
 
 
 def sbatch_argv(spec: JobSpec, label: SlurmLabel) -> list[str]:
@@ -245,6 +255,8 @@ def write_job(spec: JobSpec) -> None:
         "run_user": spec.run_user,
         "network_none": spec.network_none,
         "signing_key": spec.signing_key,
+        "limits": spec.limits or {},
+        "root_runs_for_tests": spec.root_runs_for_tests,
     }
     fd = os.open(spec.control / JOB_SPEC, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -393,6 +405,9 @@ class LauncherStatus(BaseModel):
         None  # bridge/run/slurm_job.py: the launcher was killed, so the program's status is unknown
     )
     refused: str | None = None  # bridge/run/slurm_job.py: why the program was not started on the node
+    limits: dict[str, int] | None = None  # what the launcher set (bytes; processes)
+    limit: str | None = None  # the limit the program reached (the launcher's word), and what showed it
+    why: str | None = None
 
 
 def read_model(model: type[BaseModel], path: Path) -> Any:
@@ -488,6 +503,7 @@ class SlurmExecutor:
             provenance=MappingProxyType(base),
             redact=redact,
             resources=preset.resources,
+            asked_limits=preset.limits,
         )
 
     def _spec(self, setup: RunSetup) -> JobSpec:
@@ -505,6 +521,8 @@ class SlurmExecutor:
             run_user=setup.config.run_user,
             network_none=setup.isolation.network == "none",
             signing_key=key_file(setup.config.signing_key),
+            limits=setup.asked_limits.model_dump() if setup.asked_limits is not None else None,
+            root_runs_for_tests=os.environ.get(ROOT_RUNS_FOR_TESTS) == "1",
         )
 
     def launch(self, setup: RunSetup) -> SlurmRun:
@@ -621,7 +639,10 @@ class SlurmExecutor:
             and not killed_by_slurm
         ):
             base["strays_killed"] = status.strays
-            return ended_outcome(setup, base, status.exit_code, started or ended, ended, stopped, collected)
+            outcome = ended_outcome(
+                setup, base, status.exit_code, started or ended, ended, stopped, collected
+            )
+            return over_limit(outcome, status.model_dump(), None)
         if stopped is not None:
             state, reason = stopped
         elif status is not None and status.refused is not None:

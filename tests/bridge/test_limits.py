@@ -79,6 +79,11 @@ HOG_PY = WRITE_REPORT_PY + textwrap.dedent(r"""
                 time.sleep(30)
                 os._exit(0)
             n += 1
+    elif mode == "noisy":  # says a word of memory and of files early on, then fails of something else
+        print("warning: cudaMalloc: out of memory; MemoryError; File too large [Errno 27]", file=sys.stderr)
+        for i in range(10):
+            print("step", i, "ok", file=sys.stderr)
+        sys.exit(2)
     elif mode == "host":  # the runner's venv, then /etc as the run user
         for d in os.environ["RUNNER_DIRS"].split(":"):
             try:
@@ -139,7 +144,7 @@ def write_presets(home: Path, python: str, env: dict[str, str]) -> Path:
     presets = home / "presets"
     presets.mkdir()
     common = {"runners": ["cpu"], "report": {"kind": "probe", "schema_version": 1}, "description": "t"}
-    modes = ["tmp", "memory", "fork", "host", "listen", "reach"]
+    modes = ["tmp", "memory", "fork", "host", "listen", "reach", "noisy"]
     specs = {
         "hog": {
             **common,
@@ -265,6 +270,11 @@ def test_hostile_workloads_reach_their_limits_and_the_runner_serves_on(
                     raise AssertionError((sizes, kinds))
             if mode == "fork":
                 assert "forks refused after" in stdout and processes_with(runners.token) == []
+        # the launcher says what showed the limit; a run that only talks of memory and fails is its own failure
+        result, _ = result_of(runners, request(runners, "hog", {"mode": "memory"}))
+        assert "after an allocation was refused" in result["reason"], result
+        result, _ = result_of(runners, request(runners, "hog", {"mode": "noisy"}))
+        assert (result["status"], result["exit_code"]) == ("failed", 2), result
         # served on: the runner's venv stays its own; /etc is readable by the run user
         result, stdout = result_of(runners, request(runners, "hog", {"mode": "host"}))
         assert result["status"] == "succeeded", result
@@ -335,25 +345,63 @@ def test_without_bubblewrap_a_runner_refuses_until_the_isolation_is_named(
         )
         assert refused.returncode != 0, refused.stderr
         assert "refusing to serve: isolation auto found no bubblewrap and no run user" in refused.stderr
-        assert 'isolation = "userns"' in refused.stderr
+        assert ('isolation = "userns"' in refused.stderr) != (not user), refused.stderr
+        # kakeya run and kakeya exec refuse as the runner does, before any request or run
+        project = runners.home / "project"
+        shutil.copytree(runners.world.project, project)
+        if user:
+            ids = pwd.getpwnam(user)
+            for path in [project, *project.rglob("*")]:
+                os.chown(path, ids.pw_uid, ids.pw_gid, follow_symlinks=False)
+        for verb in (
+            ["exec", "hog", "-p", "mode=host"],
+            ["run", "hog", "-p", "mode=host", "--remote", runners.url],
+        ):
+            said = subprocess.run(
+                runners.wrap([sys.executable, "-m", "bridge.cli", *verb]),
+                env=runners.env,
+                cwd=project,
+                capture_output=True,
+                text=True,
+            )
+            assert said.returncode != 0 and not (project / "out").exists(), (verb, said.stdout, said.stderr)
+            assert "refusing to run: isolation auto found no bubblewrap and no run user" in said.stderr, (
+                said.stderr
+            )
+        assert not [r for r in G_refs(runners.url, runners.world.project).splitlines() if "/req/" in r]
         runners.env["KAKEYA_ISOLATION"] = "userns"  # the admin names it: it serves, and says what it lacks
-        if (
-            not user
-        ):  # root's run under userns could write the shared venv: aim it at a directory of the test's
-            decoy = runners.home / "decoy"
-            decoy.mkdir()
-            spec = yaml.safe_load((runners.presets / "hog.yaml").read_text())
-            spec["env"]["RUNNER_DIRS"] = str(decoy)
-            (runners.presets / "hog.yaml").write_text(yaml.safe_dump(spec))
+        if not user:  # ... but not as root: its runs would hold root's files, the venv among them
+            refused = subprocess.run(
+                runners.argv("once", "named"),
+                env=runners.env,
+                cwd=runners.home,
+                capture_output=True,
+                text=True,
+            )
+            assert refused.returncode != 0 and refused.stderr.strip().splitlines()[-1].startswith(
+                "kakeya: error: refusing"
+            ), refused.stderr
+            assert "refusing to serve: as root, isolation userns runs each program with root's own files" in (
+                refused.stderr
+            )
+            for name in ("none", "userns"):
+                runners.env["KAKEYA_ISOLATION"] = name
+                said = subprocess.run(
+                    runners.wrap([sys.executable, "-m", "bridge.cli", "exec", "hog", "-p", "mode=host"]),
+                    env=runners.env,
+                    cwd=project,
+                    capture_output=True,
+                    text=True,
+                )
+                assert f"refusing to run: as root, isolation {name} runs each" in said.stderr, said.stderr
+            assert all(not Path(d, "kakeya-evil.pth").exists() for d in runners.dirs)
+            return
         runners.start("named")
         result, stdout = result_of(runners, request(runners, "hog", {"mode": "host"}))
         log = runners.log()
         assert result["status"] == "succeeded" and result["isolation"] == "userns", result
         assert "isolation userns, network none; it does not protect the runner's own files" in log, log
-        if user:  # the venv is root's: a run as another user cannot change it
-            assert all(f"refused {d}" in stdout for d in runners.dirs), stdout
-        else:  # root's run under userns can: the runner said so at its start
-            assert "a run can write to what the runner executes" in log, log
+        assert all(f"refused {d}" in stdout for d in runners.dirs), stdout  # the venv is root's
     finally:
         for d in runners.dirs:
             Path(d, "kakeya-evil.pth").unlink(missing_ok=True)
@@ -420,3 +468,34 @@ def test_a_run_user_that_cannot_start_the_runners_python_is_refused_with_the_fix
         assert f"ok    isolation user (uid {RUN_UID})" in doctor.stdout, doctor.stdout
     finally:
         shutil.rmtree(closed, ignore_errors=True)
+
+
+def test_the_launcher_knows_a_limit_by_how_the_program_ended():
+    from bridge.run import launcher
+
+    class Tail:
+        def __init__(self, text: bytes):
+            self.tail = text
+
+        refused = launcher.StderrTail.refused
+
+        class thread:  # noqa: N801 (a joined thread)
+            @staticmethod
+            def join(timeout: float) -> None:
+                pass
+
+    limits = {"memory": 1 << 28, "file": 1 << 26}
+    oom, no_oom = (4, 5), (4, 4)
+    assert launcher.reached(-9, False, oom, None, limits) == (
+        "memory",
+        "it was killed by SIGKILL as the kernel's OOM killer ran",
+    )
+    assert launcher.reached(-9, True, oom, None, limits) is None  # the launcher's own kill (time limit)
+    assert launcher.reached(-9, False, no_oom, None, limits) is None  # someone's kill -9
+    assert launcher.reached(-25, False, no_oom, None, limits)[0] == "file"
+    traceback = b'Traceback (most recent call last):\n  File "x.py", line 1\nMemoryError\n'
+    assert launcher.reached(1, False, no_oom, Tail(traceback), limits)[0] == "memory"
+    assert launcher.reached(0, False, no_oom, Tail(traceback), limits) is None
+    assert launcher.reached(1, False, no_oom, Tail(traceback), {"file": 1}) is None  # no memory limit set
+    earlier = b"MemoryError\n" + b"".join(b"line %d\n" % i for i in range(10))
+    assert launcher.reached(1, False, no_oom, Tail(earlier), limits) is None

@@ -482,6 +482,17 @@ def run_matrix(world: Env, daemon: Daemon, side: Side) -> None:
         check=True,
     )
     kind = chosen.stdout.strip()
+    if not side.user and ROOT and kind in ("none", "userns"):  # its runs would be root, or hold root's files
+        refused = subprocess.run(
+            wrap([*argv, "once", *flags]), env=env, cwd=side.home, capture_output=True, text=True
+        )
+        assert refused.returncode != 0, refused.stderr
+        assert (
+            f"refusing to serve: as root, isolation {kind} runs each program with root's own files"
+            in refused.stderr
+        )
+        assert refused.stderr.strip().splitlines()[-1].startswith("kakeya: error: refusing"), refused.stderr
+        return
     held, signing = HELD[kind], kind in ("bwrap", "user")
     refused = subprocess.run(
         wrap([*argv, "once", *flags]),

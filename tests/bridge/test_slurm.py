@@ -6,6 +6,7 @@ forges its exit status). Without root or Slurm's packages the cluster tests skip
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -56,6 +57,21 @@ PROGRAM = WRITE_REPORT_PY + textwrap.dedent("""
     print("stdout line", flush=True)
     print(os.environ.get("HF_TOKEN", ""), file=sys.stderr, flush=True)
     sys.stdout.write("x" * int(os.environ.get("FLOOD", "0")))
+    if os.environ.get("HOG") == "memory":
+        hog = bytearray(1 << 30)
+    elif os.environ.get("HOG") == "file":
+        with open(os.path.join(os.environ["TMPDIR"], "big"), "wb") as fh:
+            for _ in range(64):
+                fh.write(b"x" * (1 << 20))
+    elif os.environ.get("HOG") == "fork":
+        for _ in range(64):
+            try:
+                if os.fork() == 0:
+                    time.sleep(20)
+                    os._exit(0)
+            except BlockingIOError:
+                print("forks refused", flush=True)
+                sys.exit(3)
     time.sleep(seconds)
     write_report()
     sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
@@ -291,6 +307,28 @@ def test_logs_are_capped_inside_the_job(tmp_path: Path, slurm: Slurm) -> None:
     assert len(log) < 4096 + 200 and "kakeya cut" in log  # 1 MB written, the cap kept
 
 
+@pytest.mark.parametrize(
+    ("hog", "why"),
+    [
+        ("memory", "its memory limit of 64 MiB per process (limits.memory_mb)"),
+        ("file", "its limit of 8 MiB per file, /tmp's too (limits.file_mb)"),
+        ("fork", "its limit of 16 processes and threads (limits.processes)"),
+    ],
+)
+def test_a_job_gets_the_presets_limits_and_an_over_limit_run_ends_in_error_naming_it(
+    tmp_path: Path, slurm: Slurm, hog: str, why: str
+) -> None:
+    limits = {"memory_mb": 64, "file_mb": 8, "processes": 16}
+    h = Harness(tmp_path, slurm)
+    run = h.start(f"hog-{hog}", make_preset(tmp_path, env={"HOG": hog}, limits=limits))
+    outcome = h.finish(run)
+    iso = outcome.result.isolation or ""
+    if hog == "fork" and not iso.startswith(("bwrap", "user")):  # the run is the job's user: not enforceable
+        pytest.skip(f"isolation {iso}: no limit of processes")
+    assert outcome.result.status == "error" and why in (outcome.result.reason or ""), outcome.result
+    assert processes_with(str(run.spec.control)) == []
+
+
 def test_a_nonzero_exit_is_the_programs_not_slurms(tmp_path: Path, slurm: Slurm) -> None:
     h = Harness(tmp_path, slurm)
     outcome = h.finish(h.start("exit-3", make_preset(tmp_path), code=3))
@@ -351,12 +389,22 @@ FORGER = WRITE_REPORT_PY + textwrap.dedent("""
 
 @pytest.mark.parametrize("isolation", ["none", "auto"])
 def test_a_program_that_forges_its_status_and_kills_the_launcher_does_not_succeed(
-    tmp_path: Path, slurm: Slurm, isolation: str
+    tmp_path: Path, slurm: Slurm, isolation: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = Config(runner_name="slurm-test", labels=["h200"], isolation=isolation)  # type: ignore[arg-type]
     h = Harness(tmp_path, slurm, config)
     (tmp_path / "forger.py").write_text(FORGER)
     preset = make_preset(tmp_path, argv=["{python}", "forger.py"], params={})
+    if isolation == "none" and os.geteuid() == 0:  # a root job runs no program as root: refused on the node
+        result = h.finish(h.start("forge-0", preset)).result
+        assert result.status == "error" and "node1 runs the job as root, and as root, isolation none" in (
+            result.reason or ""
+        ), result
+        assert (
+            result.exit_code is None
+            and not (tmp_path.with_name(tmp_path.name + "-runs") / "forge-0" / "out" / "report.json").exists()
+        )
+        monkeypatch.setenv("KAKEYA_TEST_ROOT_RUNS", "1")  # the suite's trusted programs may: the forgery next
     run = h.start("forge-1", preset)
     outcome = h.finish(run)
     result = outcome.result
@@ -467,7 +515,7 @@ SNITCH = WRITE_REPORT_PY + textwrap.dedent("""
 
 @pytest.mark.parametrize("node_gives", ["none", "userns"])
 def test_a_signing_label_refuses_to_run_where_the_node_gives_no_sandbox(
-    tmp_path: Path, slurm: Slurm, node_gives: str
+    tmp_path: Path, slurm: Slurm, node_gives: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A node without a sandbox (simulated: the isolation the node chooses is `none`, or `userns`, the
     runner's own user either way): with the runner's signing key the job's wrapper refuses before the
@@ -493,9 +541,17 @@ def test_a_signing_label_refuses_to_run_where_the_node_gives_no_sandbox(
     assert f"refused to run the program: node1 gave it isolation {node_gives}" in reason, reason
     assert "this runner signs its results" in reason and str(key) in reason, reason
     assert "install bubblewrap on the compute nodes" in reason, reason
-    # the same label without a key runs it
+    # the same label without a key runs it: as another user than root (the suite's root says so by its variable)
     h2 = Harness(tmp_path, slurm, Config(runner_name="slurm-test", labels=["h200"], isolation=node_gives))  # type: ignore[arg-type]
-    run = h2.start("unsafe-2", make_preset(tmp_path, argv=["{python}", "snitch.py", str(ran)], params={}))
+    preset = make_preset(tmp_path, argv=["{python}", "snitch.py", str(ran)], params={})
+    if os.geteuid() == 0:
+        result = h2.finish(h2.start("unsafe-root", preset)).result
+        assert result.status == "error" and f"runs the job as root, and as root, isolation {node_gives}" in (
+            result.reason or ""
+        ), result
+        assert not ran.exists()
+        monkeypatch.setenv("KAKEYA_TEST_ROOT_RUNS", "1")
+    run = h2.start("unsafe-2", preset)
     assert h2.finish(run).result.status == "succeeded"
     assert ran.read_text() == "the program ran"
 

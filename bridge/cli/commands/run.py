@@ -3,7 +3,8 @@
 The request goes to the embedded local bus (.kakeya/bus.git) unless --remote names another; a dirty
 working tree is sent as a snapshot. Prints the verdict line, the gate table and where the results are
 (--summary: the whole summary.md; --json: a `requested` event, then the `verdict` event); exit 0 pass,
-1 fail (or any other outcome), 2 invalid (nothing ran). Ctrl-C (or SIGTERM) kills the run, which
+1 fail (or any other outcome), 2 invalid (nothing ran). Where a runner would refuse to serve (isolation auto found
+no bubblewrap and no run user; a root runner under none or userns) it refuses too, before any request. Ctrl-C (or SIGTERM) kills the run, which
 still ends in a done commit (git helpers are in process groups of their own and never see the signal),
 then exits 130 with one line on stderr.
 """
@@ -30,10 +31,10 @@ from bridge.cli.commands._common import (
 )
 from bridge.client.client import Client
 from bridge.client.remote import state_dir
-from bridge.core.errors import Interrupted, InvalidRequest
+from bridge.core.errors import Interrupted, InvalidRequest, KakeyaError
 from bridge.presets.params import parse_assignments
 from bridge.presets.registry import get_preset, load_registry
-from bridge.run.isolation import choose, key_problem
+from bridge.run.isolation import choose, key_problem, weak_problem
 from bridge.run.runner import Runner
 
 
@@ -64,6 +65,9 @@ def run(args: argparse.Namespace) -> int:
             f"preset {preset.name} runs on {', '.join(preset.runners)}; this host serves "
             f"{', '.join(config.labels)} (set --runner or KAKEYA_LABELS)"
         )
+    iso = choose(config.isolation, config.run_user)
+    if problem := weak_problem(config.isolation, iso):  # as a runner refuses to serve: before any request
+        raise KakeyaError(f"refusing to run: {problem}")
     client = Client(config, root, remote=args.remote or "")
     say_bus(client.remote, client.url)
     manifest = client.request(
@@ -71,7 +75,6 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.json:
         emit(event("requested", manifest.id, preset=preset.name, label=label))
-    iso = choose(config.isolation, config.run_user)
     if problem := key_problem(config.signing_key or None, iso, os.environ):
         # The request is this user's own, from this working tree: run it, unsigned, rather than refuse.
         print(f"kakeya: the result is not signed: {problem}", file=sys.stderr)
