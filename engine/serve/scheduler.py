@@ -30,8 +30,9 @@ import numpy as np
 from engine.decode import Session, Stop, StopReason, commit
 from engine.policy import Policy, layer_slot_bytes
 from engine.sampling import Sampling, draw, host
+from engine.serve.adapt import Backlog, StepLength
 from engine.serve.join import join, join_drafter, joinable, rows_drafter
-from engine.speculative import DraftLength, PerRow, accepted_prefix
+from engine.speculative import PerRow, accepted_prefix
 
 
 class Refused(Exception):
@@ -85,8 +86,12 @@ class Row:
 class Batch:
     session: Session
     rows: list[Row]
-    length: DraftLength | None = None
-    drafter: Any = None  # one RowsDrafter for every row (the block drafter), else None: one drafter per row
+    drafter: Any = (
+        None  # a RowsDrafter for every row: the batched block drafter, or `PerRow` (None: no drafter)
+    )
+    backlog: Backlog | None = (
+        None  # a drafter reading hidden states: what plain steps fed it since it drafted
+    )
 
 
 class Engine:
@@ -142,6 +147,8 @@ class Scheduler:
         metrics: Any = None,
     ) -> None:
         self.engine = engine
+        # every batch's draft length (k = 0: a plain step), from costs per batch size (engine/serve/adapt.py)
+        self.length = StepLength(engine.k) if engine.adapt else None
         self.kv_budget = kv_budget
         self.max_batch = max_batch
         self.max_queue = max_queue
@@ -331,6 +338,8 @@ class Scheduler:
             batch.session.keep_rows(going)
             if batch.drafter is not None:
                 batch.drafter.keep_rows(going)
+            if batch.backlog is not None:
+                batch.backlog.keep_rows(going)
             batch.rows = [batch.rows[i] for i in going]
 
     def _prefill(self) -> None:
@@ -378,32 +387,40 @@ class Scheduler:
         if self.engine.why_no_join is None and self.batches:
             batch = self.batches[0]
             join(batch.session, session)
-            if batch.drafter is not None:
+            if self.engine.rows_drafter:
                 join_drafter(batch.drafter, row.drafter)
+            elif batch.drafter is not None:
+                batch.drafter.drafters.append(row.drafter)
+                batch.drafter.rows += 1
+            if batch.backlog is not None:
+                batch.backlog.add_rows(1)
             batch.rows.append(row)
             return
-        length = DraftLength(self.engine.k) if self.engine.adapt else None
-        self.batches.append(Batch(session, [row], length, row.drafter if self.engine.rows_drafter else None))
+        drafter = None
+        if self.engine.drafter is not None:
+            drafter = row.drafter if self.engine.rows_drafter else PerRow([row.drafter])
+        backlog = Backlog(drafter) if getattr(drafter, "layers", ()) else None
+        self.batches.append(Batch(session, [row], drafter, backlog))
 
     def _decode(self, batch: Batch) -> None:
-        """One step of every row of the batch: a plain batched forward, or a speculative block."""
-        rows, session = batch.rows, batch.session
+        """One step of every row of the batch: a plain batched forward (k = 0: no drafting; a drafter
+        reading hidden states gets this step's later, `Backlog`), or a speculative block."""
+        rows, session, drafter = batch.rows, batch.session, batch.drafter
         k = 0
-        if self.engine.drafter is not None:
-            k = batch.length.choose(len(rows)) if batch.length else self.engine.k
-        started = time.thread_time() if getattr(session, "on_cpu", False) else time.perf_counter()
-        drafter = batch.drafter
-        if drafter is None and self.engine.drafter is not None:
-            drafter = PerRow([r.drafter for r in rows])
-        layers = tuple(getattr(drafter, "layers", ()))
         if drafter is not None:
+            k = self.length.choose(len(rows)) if self.length else self.engine.k
+        started = time.thread_time() if getattr(session, "on_cpu", False) else time.perf_counter()
+        layers = tuple(getattr(drafter, "layers", ()))
+        lasts = [r.out[-1] for r in rows]
+        drafts: list[list[int]] = [[] for _ in rows]
+        if drafter is not None and (k or not layers):  # a drafter keeping its own context hears plain steps
+            if batch.backlog is not None:
+                batch.backlog.flush()
             drafts = drafter.propose_rows(
-                [r.out[-1] for r in rows], [min(k, r.stop.max_new_tokens - len(r.out) - 1) for r in rows]
+                lasts, [min(k, r.stop.max_new_tokens - len(r.out) - 1) for r in rows]
             )
-        else:
-            drafts = [[] for _ in rows]
         m = 1 + max(len(d) for d in drafts)
-        fed = [[r.out[-1], *d] for r, d in zip(rows, drafts, strict=True)]
+        fed = [[last, *d] for last, d in zip(lasts, drafts, strict=True)]
         sampled = any(r.rng is not None for r in rows)
         step = session.forward_rows([f + [f[-1]] * (m - len(f)) for f in fed], hidden=layers, logits=sampled)
         if self.metrics:  # the most K/V a step holds: before the rejected drafts are trimmed
@@ -413,7 +430,7 @@ class Scheduler:
         committed: list[list[int] | None] = [None] * len(rows)
         kept = [0] * len(rows)
         reasons: list[StopReason | None] = [None] * len(rows)
-        block_drafted, block_accepted = [0] * max(k, 1), [0] * max(k, 1)
+        block_drafted, block_accepted = [0] * k, [0] * k
         for i, (row, d) in enumerate(zip(rows, drafts, strict=True)):
             row_logits = None if logits is None else logits[i]
             n, token = accepted_prefix(d, step.tokens[i], row_logits, None, row.req.params.sampling, row.rng)
@@ -430,13 +447,15 @@ class Scheduler:
             session.trim([m - done for done in kept])
         if drafter is not None:
             if layers:
-                drafter.observe_rows(
-                    step.hidden, [kept[i] if reasons[i] is None else 0 for i in range(len(rows))]
-                )
+                counts = [kept[i] if reasons[i] is None else 0 for i in range(len(rows))]
+                if k == 0 and batch.backlog is not None:
+                    batch.backlog.stash(step.hidden, counts)
+                else:
+                    drafter.observe_rows(step.hidden, counts)
             drafter.accept_rows(ns, committed)
-        if batch.length is not None:
+        if self.length is not None and drafter is not None:
             now = time.thread_time() if getattr(session, "on_cpu", False) else time.perf_counter()
-            batch.length.record(k, now - started, block_drafted, block_accepted, len(rows))
+            self.length.record(k, now - started, len(rows), block_drafted, block_accepted)
         for row, reason in zip(rows, reasons, strict=True):
             if reason is not None:
                 self._finish(row, reason)
