@@ -198,16 +198,58 @@ def test_rows_decode_exactly_where_rows_cannot_join(model: Any) -> None:
 
 
 @pytest.mark.skipif(not HAVE_MLX, reason="mlx / mlx-lm not installed")
-def test_mlx_rows_are_served_exactly_each_in_a_batch_of_its_own() -> None:
-    """MLX sessions cannot take joining rows yet (engine/serve/join.py): each request is stepped on its own."""
+@pytest.mark.parametrize("drafter", [None, "lookup"])
+def test_mlx_rows_join_a_running_batch_exactly(drafter: str | None) -> None:
+    """MLX sessions take joining rows (`MLXSession.join`): rows joining a running MLX batch mid-decode
+    (past the first row's window) change no other row's tokens, and each equals decoding it alone."""
     mlx_model = engine.load("zoo:tiny-hybrid", backend="mlx")
     policy = "sink_window:4:16"
-    eng = Engine(mlx_model, parse_policy(policy), load_drafter(parse_drafter("lookup"), mlx_model, k=3), k=3)
-    assert eng.why_no_join is not None and "torch" in eng.why_no_join
+    factory = load_drafter(parse_drafter(drafter), mlx_model, k=3) if drafter else None
+    eng = Engine(mlx_model, parse_policy(policy), factory, k=3)
+    assert eng.why_no_join is None
     prompts = [mlx_model.encode(p) for p in corpus.code_prompts(3, 8, 20)]
-    got = run(Scheduler(eng, kv_budget=1 << 30), prompts, [12, 8, 10], gap=0.01)
-    for i, (p, n) in enumerate(zip(prompts, [12, 8, 10], strict=True)):
+    ns = [60, 40, 20]
+    sched = Scheduler(eng, kv_budget=1 << 30)
+    seen_rows: list[int] = []
+    decode = sched._decode
+
+    def spy(batch: Any) -> None:
+        seen_rows.append(len(batch.rows))
+        decode(batch)
+
+    sched._decode = spy  # type: ignore[method-assign]
+    got = Collect()
+    sched.start()
+    try:
+        sched.submit(prompts[0], Params(ns[0]), got.emit(0))
+        while len(got.tokens[0]) < 20:
+            time.sleep(0.001)
+        sched.submit(prompts[1], Params(ns[1]), got.emit(1))
+        while len(got.tokens[1]) < 5:
+            time.sleep(0.001)
+        sched.submit(prompts[2], Params(ns[2]), got.emit(2))
+        got.wait(3)
+    finally:
+        sched.stop()
+    assert max(seen_rows) == 3 and seen_rows[0] == 1 and len(sched.batches) == 0
+    for i, (p, n) in enumerate(zip(prompts, ns, strict=True)):
         assert got.tokens[i] == reference(mlx_model, policy, p, n), i
+
+
+@pytest.mark.skipif(not HAVE_MLX, reason="mlx / mlx-lm not installed")
+def test_mlx_quantized_rows_cannot_join_and_say_so_in_one_line() -> None:
+    mlx_model = engine.load("zoo:tiny-hybrid", backend="mlx")
+    eng = Engine(mlx_model, parse_policy("sink_window:4:16:q8"))
+    assert eng.why_no_join is not None and "quantized" in eng.why_no_join and "\n" not in eng.why_no_join
+    a, b = eng.session(), eng.session()
+    a.prefill([5, 6, 7])
+    b.prefill([8, 9])
+    with pytest.raises(ValueError, match="cannot join rows: quantized"):
+        a.join(b)
+    prompts = [mlx_model.encode(p) for p in corpus.code_prompts(2, 8, 20)]
+    got = run(Scheduler(eng, kv_budget=1 << 30), prompts, [8, 6], gap=0.01)
+    for i, (p, n) in enumerate(zip(prompts, [8, 6], strict=True)):
+        assert got.tokens[i] == reference(mlx_model, "sink_window:4:16:q8", p, n), i
 
 
 @pytest.mark.parametrize("drafter", ["lookup", "block:zoo:tiny-block-drafter", "model:zoo:tiny-drafter"])
