@@ -29,7 +29,7 @@ import numpy as np
 
 from engine.decode import Session, Stop, StopReason, commit
 from engine.policy import Policy, layer_slot_bytes
-from engine.sampling import Sampling, draw, host
+from engine.sampling import Sampling, host
 from engine.serve.adapt import Backlog, StepLength
 from engine.serve.join import join, join_drafter, joinable, rows_drafter
 from engine.speculative import PerRow, accepted_prefix
@@ -80,6 +80,16 @@ class Row:
     drafter: Any = None
     fed: int = 0  # prompt tokens fed
     out: list[int] = field(default_factory=list)
+    uniforms: list[float] = field(default_factory=list)  # sampling: output position i's uniform (`uniform`)
+
+    def uniform(self, i: int) -> float:
+        """The uniform that decides output position i of a sampled request: the i-th of its generator's
+        stream, whatever the batch and the draft lengths (`engine.decode.generate` spends them the same
+        way: one per token, in order)."""
+        assert self.rng is not None
+        while len(self.uniforms) <= i:
+            self.uniforms.append(float(self.rng.random()))
+        return self.uniforms[i]
 
 
 @dataclass
@@ -374,7 +384,7 @@ class Scheduler:
             if sampling is None or row.rng is None:
                 first = step.tokens[-1]
             else:
-                first = int(draw(sampling.probs(step.logits[-1:]), row.rng)[0])
+                first = inverse_cdf(sampling.probs(host(step.logits[-1:]))[0], row.uniform(0))
             row.out = [first]
             self._emit(row, [first])
             if (reason := row.stop.check(row.out)) is not None:
@@ -432,8 +442,11 @@ class Scheduler:
         reasons: list[StopReason | None] = [None] * len(rows)
         block_drafted, block_accepted = [0] * k, [0] * k
         for i, (row, d) in enumerate(zip(rows, drafts, strict=True)):
-            row_logits = None if logits is None else logits[i]
-            n, token = accepted_prefix(d, step.tokens[i], row_logits, None, row.req.params.sampling, row.rng)
+            sampling = row.req.params.sampling
+            if sampling is None or row.rng is None or logits is None:
+                n, token = accepted_prefix(d, step.tokens[i], None, None, None, None)
+            else:
+                n, token = sampled_prefix(d, sampling.probs(logits[i][: len(d) + 1]), row, len(row.out))
             new = [*d[:n], token]
             for j in range(len(d)):
                 block_drafted[j] += 1
@@ -464,3 +477,24 @@ class Scheduler:
     def _gauges(self) -> None:
         if self.metrics:
             self.metrics.gauges(len(self.waiting), self.running, self.held, self.reserved)
+
+
+def inverse_cdf(p: np.ndarray, u: float) -> int:
+    """The token of probabilities p [vocab] that uniform u picks (`engine.sampling.draw` with this u)."""
+    cdf = np.cumsum(p)
+    return int(min((cdf <= u * cdf[-1]).sum(), p.shape[-1] - 1))
+
+
+def sampled_prefix(drafts: Sequence[int], p: np.ndarray, row: Row, at: int) -> tuple[int, int]:
+    """A sampled row's verdict on its drafts: the verifier's own draw at each output position at + j from
+    p[j] (the probabilities after [last, drafts[:j]]) with that position's uniform (`Row.uniform`); drafts
+    are accepted while they equal those draws, then the first draw that differs (or the one after every
+    draft) is committed. Each committed token is the draw plain sampling makes at that position with the
+    same uniform, so the tokens equal `engine.decode.generate` with the request's `Sampling` whatever the
+    draft lengths; a deterministic draft d is accepted with probability p(d), as the rejection rule
+    accepts a one-hot proposal."""
+    for j in range(len(drafts) + 1):
+        token = inverse_cdf(p[j], row.uniform(at + j))
+        if j == len(drafts) or drafts[j] != token:
+            return j, token
+    raise AssertionError("unreachable")

@@ -120,23 +120,42 @@ def test_speculative_rows_are_greedy_exact(model: Any, drafter: str) -> None:
         assert got.tokens[i] == reference(model, policy, p, n), i
 
 
-def test_seeded_sampling_reproduces_with_a_fixed_draft_length(model: Any) -> None:
+@pytest.mark.parametrize("drafter", [None, "lookup", "block:zoo:tiny-block-drafter"])
+def test_a_seed_reproduces_whatever_the_draft_lengths_and_the_batch(model: Any, drafter: str | None) -> None:
+    """A sampled request's tokens are those of `engine.generate` of its prompt alone with its `Sampling`
+    (each output position decided by its own uniform, `Row.uniform`), with draft lengths changing every
+    step and other rows in the batch: the same seed, the same text; another seed, another."""
     policy = "sink_window:4:16"
-    factory = load_drafter(parse_drafter("lookup"), model, k=3)
-    prompt = model.encode(corpus.code_prompts(1, 4, 20)[0])
-    outs = []
-    for seed in (5, 5, 6):
-        sched = Scheduler(Engine(model, parse_policy(policy), factory, k=3, adapt=False), kv_budget=1 << 30)
-        got = Collect()
-        sched.start()
-        try:
-            sched.submit(prompt, Params(30, Sampling(0.8, 20, 0.95, seed)), got.emit(0))
-            got.wait(1)
-        finally:
-            sched.stop()
-        outs.append(got.tokens[0])
-    assert outs[0] == outs[1] and len(outs[0]) == 30
-    assert outs[0] != outs[2]
+    factory = None
+    if drafter:
+        factory = load_drafter(
+            parse_drafter(drafter), model, k=4, policy=drafter_policy(parse_policy(policy))
+        )
+    prompts = [model.encode(p) for p in corpus.code_prompts(2, 4, 20)]
+    jobs = [
+        (prompts[0], Sampling(0.8, 20, 0.95, 5)),
+        (prompts[1], None),
+        (prompts[0], Sampling(0.8, 20, 0.95, 5)),
+        (prompts[0], Sampling(0.8, 20, 0.95, 6)),
+        (prompts[1], Sampling(1.0, 0, 1.0, 7)),
+    ]
+    sched = Scheduler(Engine(model, parse_policy(policy), factory, k=4), kv_budget=1 << 30)
+    if sched.length is not None:
+        ks = itertools.cycle([4, 0, 2, 0, 0, 3, 1, 4, 4, 0])
+        sched.length.choose = lambda rows: next(ks)  # type: ignore[method-assign]
+    got = Collect()
+    sched.start()
+    try:
+        for i, (p, s) in enumerate(jobs):
+            sched.submit(p, Params(30, s), got.emit(i))
+            time.sleep(0.02 * i)
+        got.wait(len(jobs))
+    finally:
+        sched.stop()
+    for i, (p, s) in enumerate(jobs):
+        session = model.session(parse_policy(policy), max_block=1)
+        assert got.tokens[i] == engine.generate(session, p, engine.Stop(30, model.eos_ids), s).tokens, i
+    assert got.tokens[0] == got.tokens[2] and got.tokens[0] != got.tokens[3]
 
 
 def test_admission_keeps_to_the_kv_budget(model: Any) -> None:
