@@ -6,7 +6,7 @@ Servers (each a subprocess on a free 127.0.0.1 port, started, measured and stopp
 share the CPU): `python -m engine.serve` plain and with the block drafter (`--drafter
 block:zoo:tiny-block-drafter`), `transformers serve --continuous-batching` (torch, paged attention: the
 strongest setting it has) and `python -m mlx_lm.server` (MLX). The model: the zoo's hybrid model directory
-(zoo:tiny-hybrid). The load (engine/serve/load.py): `--concurrency` closed-loop clients streaming greedy
+(zoo:tiny-hybrid). The load (engine/serve/load.py): `--concurrency` closed-loop clients (a comma list, 1,8,32: each level in turn against the same server) streaming greedy
 /v1/completions over zoo code prompts (the zoo tokenizer has no chat template, so no chat), `--rounds`
 requests each, after one warm-up request. Reported per server: output tok/s, requests/s, TTFT and
 inter-token latency p50/p99, failed requests, and how many responses equal greedy decoding of the prompt
@@ -128,10 +128,12 @@ def measure(
     args: Any,
     port: int,
     tok: Any,
-) -> dict[str, Any]:
+) -> list[dict[str, Any]]:
+    """One server started once and driven at each of args.levels in turn (one row per level)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     log = args.logs / f"serve-{name}.log"
     url = f"http://127.0.0.1:{port}"
+    runs: list[tuple[int, list[Any], float]] = []
     with log.open("wb") as sink:
         proc = subprocess.Popen(
             argv, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True
@@ -149,13 +151,15 @@ def measure(
                     },
                     i % len(prompts),
                 )
-                for i in range(args.concurrency * args.rounds)
+                for i in range(max(args.levels) * args.rounds)
             ]
             asyncio.run(drive(url, jobs[:1], 1))  # warm-up
-            results, wall = asyncio.run(drive(url, jobs, args.concurrency))
+            for c in args.levels:
+                results, wall = asyncio.run(drive(url, jobs[: c * args.rounds], c))
+                runs.append((c, results, wall))
         except Exception as exc:  # noqa: BLE001 - a peer that does not run is a reported result
             tail = log.read_bytes()[-1500:].decode(errors="replace")
-            return {"server": name, "argv": shlex.join(argv), "error": f"{exc}", "log_tail": tail}
+            return [{"server": name, "argv": shlex.join(argv), "error": f"{exc}", "log_tail": tail}]
         finally:
             proc.terminate()
             try:
@@ -163,18 +167,32 @@ def measure(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-    stats = summarize(results, wall, lambda t: len(tok.encode(t, add_special_tokens=False)))
-    # the same text up to whitespace: mlx-lm's streaming detokenizer drops the zoo tokenizer's space after "\n"
-    exact = sum(r.status == 200 and r.text.split() == want[r.job.key].split() for r in results)
-    errors = sorted({r.error[:200] for r in results if r.error})[:3]
-    return {"server": name, "argv": shlex.join(argv), **stats, "exact_requests": exact, "errors": errors}
+    out = []
+    for c, results, wall in runs:
+        stats = summarize(results, wall, lambda t: len(tok.encode(t, add_special_tokens=False)))
+        # the same text up to whitespace: mlx-lm's streaming detokenizer drops the zoo tokenizer's space after "\n"
+        exact = sum(r.status == 200 and r.text.split() == want[r.job.key].split() for r in results)
+        errors = sorted({r.error[:200] for r in results if r.error})[:3]
+        out.append(
+            {
+                "server": name,
+                "concurrency": c,
+                "argv": shlex.join(argv),
+                **stats,
+                "exact_requests": exact,
+                "errors": errors,
+            }
+        )
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="zoo:tiny-hybrid")
     ap.add_argument("--servers", default="kakeya,kakeya+block,transformers-cb,mlx_lm")
-    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument(
+        "--concurrency", default="8", help="closed-loop clients; a comma list (1,8,32) for levels"
+    )
     ap.add_argument("--rounds", type=int, default=4, help="requests per client")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--prompt-tokens", type=int, default=64)
@@ -183,6 +201,7 @@ def main() -> int:
     ap.add_argument("--start-timeout", type=float, default=180)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/serve.json"))
     args = ap.parse_args()
+    args.levels = [int(c) for c in str(args.concurrency).split(",")]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.logs = Path(tempfile.mkdtemp(prefix="kakeya-serve-bench-"))  # each server's output, for its errors
     model_dir = resolve(args.model).resolve()
@@ -202,19 +221,23 @@ def main() -> int:
         port = free_port()
         argv, model_name = servers(model_dir, port, policy, args.threads)[name]
         print(f"{name}: {shlex.join(argv)}", file=sys.stderr, flush=True)
-        rows.append(measure(name, argv, model_name, prompts, want, args, port, model.tokenizer))
+        rows += measure(name, argv, model_name, prompts, want, args, port, model.tokenizer)
         print(json.dumps(rows[-1])[:400], file=sys.stderr, flush=True)
-    by = {r["server"]: r for r in rows if "error" not in r}
+    by = {(r["server"], r["concurrency"]): r for r in rows if "error" not in r}
     targets = []
-    for ours in ("kakeya", "kakeya+block"):
-        for peer, factor in (("transformers-cb", 2.0), ("mlx_lm", 1.5)):
-            if ours in by and peer in by and by[peer]["output_tok_s"] > 0:
-                ratio = by[ours]["output_tok_s"] / by[peer]["output_tok_s"]
-                ttft = by[ours]["ttft_p50_s"] <= by[peer]["ttft_p50_s"]
+    for (ours, c), mine in by.items():
+        if ours not in ("kakeya", "kakeya+block"):
+            continue
+        for peer, factor in (("transformers-cb", 2.0), ("mlx_lm", 1.5), ("kakeya", 1.0)):
+            theirs = by.get((peer, c))
+            if peer != ours and theirs and theirs["output_tok_s"] > 0:
+                ratio = mine["output_tok_s"] / theirs["output_tok_s"]
+                ttft = mine["ttft_p50_s"] <= theirs["ttft_p50_s"]
                 targets.append(
                     {
                         "ours": ours,
                         "peer": peer,
+                        "concurrency": c,
                         "tok_s_ratio": ratio,
                         "target": factor,
                         "tok_s_met": ratio >= factor,
@@ -231,8 +254,8 @@ def main() -> int:
             "model": str(args.model),
             "kakeya_policy": policy,
             "load": {
-                "concurrency": args.concurrency,
-                "requests": args.concurrency * args.rounds,
+                "concurrency": args.levels,
+                "requests": [c * args.rounds for c in args.levels],
                 "prompt_tokens": args.prompt_tokens,
                 "new_tokens": args.new_tokens,
                 "threads": args.threads,
@@ -248,14 +271,14 @@ def main() -> int:
             print(f"{r['server']:>16}: FAILED {r['error']}")
         else:
             print(
-                f"{r['server']:>16}: {r['output_tok_s']:7.1f} tok/s  {r['requests_per_s']:5.2f} req/s  TTFT p50 "
+                f"{r['server']:>16} c={r['concurrency']:<3}: {r['output_tok_s']:7.1f} tok/s  {r['requests_per_s']:5.2f} req/s  TTFT p50 "
                 f"{r['ttft_p50_s'] * 1e3:7.1f} ms p99 {r['ttft_p99_s'] * 1e3:7.1f} ms  ITL p50 "
                 f"{r['itl_p50_s'] * 1e3:6.1f} ms p99 {r['itl_p99_s'] * 1e3:6.1f} ms  exact {r['exact_requests']}/"
                 f"{r['requests']}  failed {r['failed']}"
             )
     for t in targets:
         print(
-            f"{t['ours']} / {t['peer']}: {t['tok_s_ratio']:.2f}x tok/s (target {t['target']}x: "
+            f"{t['ours']} / {t['peer']} c={t['concurrency']}: {t['tok_s_ratio']:.2f}x tok/s (target {t['target']}x: "
             f"{'met' if t['tok_s_met'] else 'MISSED'}), TTFT p50 {'no worse' if t['ttft_p50_no_worse'] else 'WORSE'}"
         )
     return 0

@@ -6,13 +6,18 @@ K/V its sequence can ever hold under the policy (`Engine.reserve`): a sink_windo
 number of bytes whatever its length, a `full` (or hybrid: its full-attention layers) one grows with
 prompt + max_tokens. An admitted request is prefilled in a session of its own, at most `prefill_chunk`
 prompt tokens per scheduler step over all joining requests (so one long prompt cannot stall every
-stream), and then joins the running batch at a step boundary (engine/serve/join.py). Each step feeds
-every running row in one batched forward (greedy or sampled, or a speculative block: the drafts of
-every row verified at once, each row accepting and rolling back on its own); a row leaves the batch
-when it stops or its client went away (`Session.keep_rows`).
+stream), and then joins the running batch at a step boundary (`Session.join`, engine/serve/join.py). Each
+step feeds every running row in one batched forward: a plain step (one token per row) or a speculative
+block (the drafts of every row verified at once, each row accepting and rolling back on its own), the
+draft length k of each step (0: plain) from measured costs at the running batch size
+(engine/serve/adapt.py `StepLength`); a row leaves the batch when it stops or its client went away
+(`Session.keep_rows`).
 
 Every row's greedy tokens equal `engine.decode.generate` of its prompt alone under the same policy
 (tests/engine/test_serve_scheduler.py), speculative or not: rows are independent in a batched session.
+A sampled row's tokens equal `generate` with its `Sampling` too: output position i is decided by the i-th
+uniform of the request's generator (`Row.uniform`, `sampled_prefix`), whatever the draft lengths or the
+other rows.
 """
 
 from __future__ import annotations
