@@ -119,6 +119,21 @@ def wait_up(url: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
     raise RuntimeError(f"not up after {timeout:.0f} s")
 
 
+def decode_steps(url: str) -> dict[str, float]:
+    """kakeya's rows stepped so far by draft length k (`kakeya_decode_row_steps_total{k}`); {} for a peer."""
+    import httpx
+
+    try:
+        text = httpx.get(url + "/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("kakeya_decode_row_steps_total{"):
+            out[line.split('k="')[1].split('"')[0]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def measure(
     name: str,
     argv: list[str],
@@ -133,7 +148,7 @@ def measure(
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     log = args.logs / f"serve-{name}.log"
     url = f"http://127.0.0.1:{port}"
-    runs: list[tuple[int, list[Any], float]] = []
+    runs: list[tuple[int, list[Any], float, dict[str, float]]] = []
     with log.open("wb") as sink:
         proc = subprocess.Popen(
             argv, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True
@@ -154,9 +169,13 @@ def measure(
                 for i in range(max(args.levels) * args.rounds)
             ]
             asyncio.run(drive(url, jobs[:1], 1))  # warm-up
+            steps = decode_steps(url)
             for c in args.levels:
                 results, wall = asyncio.run(drive(url, jobs[: c * args.rounds], c))
-                runs.append((c, results, wall))
+                now = decode_steps(url)
+                delta = {k: v - steps.get(k, 0) for k, v in now.items() if v > steps.get(k, 0)}
+                runs.append((c, results, wall, delta))
+                steps = now
         except Exception as exc:  # noqa: BLE001 - a peer that does not run is a reported result
             tail = log.read_bytes()[-1500:].decode(errors="replace")
             return [{"server": name, "argv": shlex.join(argv), "error": f"{exc}", "log_tail": tail}]
@@ -168,7 +187,7 @@ def measure(
                 proc.kill()
                 proc.wait()
     out = []
-    for c, results, wall in runs:
+    for c, results, wall, steps in runs:
         stats = summarize(results, wall, lambda t: len(tok.encode(t, add_special_tokens=False)))
         # the same text up to whitespace: mlx-lm's streaming detokenizer drops the zoo tokenizer's space after "\n"
         exact = sum(r.status == 200 and r.text.split() == want[r.job.key].split() for r in results)
@@ -181,6 +200,7 @@ def measure(
                 **stats,
                 "exact_requests": exact,
                 "errors": errors,
+                **({"row_steps_by_k": steps} if steps else {}),
             }
         )
     return out

@@ -93,8 +93,6 @@ def main(argv: list[str] | None = None) -> int:
         )
     finally:
         scheduler.stop()
-        if scheduler.length is not None:  # what the adaptive draft length did (k = 0: plain steps)
-            print(f"kakeya serve: draft lengths {json.dumps(scheduler.length.summary())}", file=sys.stderr)
     return 0
 
 

@@ -471,6 +471,9 @@ class Scheduler:
                 else:
                     drafter.observe_rows(step.hidden, counts)
             drafter.accept_rows(ns, committed)
+        if self.metrics:
+            self.metrics.steps.labels(str(k)).inc()
+            self.metrics.row_steps.labels(str(k)).inc(len(rows))
         if self.length is not None and drafter is not None:
             now = time.thread_time() if getattr(session, "on_cpu", False) else time.perf_counter()
             self.length.record(k, now - started, len(rows), block_drafted, block_accepted)
