@@ -119,6 +119,16 @@ def wait_up(url: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
     raise RuntimeError(f"not up after {timeout:.0f} s")
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) the server process has used (Linux /proc; 0 elsewhere): tokens per CPU
+    second compare servers fairly on a machine other work shares, where tok/s moves with the load."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def decode_steps(url: str) -> dict[str, float]:
     """kakeya's rows stepped so far by draft length k (`kakeya_decode_row_steps_total{k}`); {} for a peer."""
     import httpx
@@ -148,7 +158,7 @@ def measure(
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     log = args.logs / f"serve-{name}.log"
     url = f"http://127.0.0.1:{port}"
-    runs: list[tuple[int, list[Any], float, dict[str, float]]] = []
+    runs: list[tuple[int, list[Any], float, dict[str, float], float]] = []
     with log.open("wb") as sink:
         proc = subprocess.Popen(
             argv, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True
@@ -171,10 +181,11 @@ def measure(
             asyncio.run(drive(url, jobs[:1], 1))  # warm-up
             steps = decode_steps(url)
             for c in args.levels:
+                cpu = cpu_seconds(proc.pid)
                 results, wall = asyncio.run(drive(url, jobs[: c * args.rounds], c))
                 now = decode_steps(url)
                 delta = {k: v - steps.get(k, 0) for k, v in now.items() if v > steps.get(k, 0)}
-                runs.append((c, results, wall, delta))
+                runs.append((c, results, wall, delta, cpu_seconds(proc.pid) - cpu))
                 steps = now
         except Exception as exc:  # noqa: BLE001 - a peer that does not run is a reported result
             tail = log.read_bytes()[-1500:].decode(errors="replace")
@@ -187,7 +198,7 @@ def measure(
                 proc.kill()
                 proc.wait()
     out = []
-    for c, results, wall, steps in runs:
+    for c, results, wall, steps, cpu in runs:
         stats = summarize(results, wall, lambda t: len(tok.encode(t, add_special_tokens=False)))
         # the same text up to whitespace: mlx-lm's streaming detokenizer drops the zoo tokenizer's space after "\n"
         exact = sum(r.status == 200 and r.text.split() == want[r.job.key].split() for r in results)
@@ -200,6 +211,8 @@ def measure(
                 **stats,
                 "exact_requests": exact,
                 "errors": errors,
+                "server_cpu_s": cpu,
+                "output_tokens_per_cpu_s": stats["output_tokens"] / cpu if cpu > 0 else None,
                 **({"row_steps_by_k": steps} if steps else {}),
             }
         )
@@ -258,6 +271,11 @@ def main() -> int:
                         "ours": ours,
                         "peer": peer,
                         "concurrency": c,
+                        "tok_per_cpu_s_ratio": (
+                            mine["output_tokens_per_cpu_s"] / theirs["output_tokens_per_cpu_s"]
+                            if mine.get("output_tokens_per_cpu_s") and theirs.get("output_tokens_per_cpu_s")
+                            else None
+                        ),
                         "tok_s_ratio": ratio,
                         "target": factor,
                         "tok_s_met": ratio >= factor,
@@ -293,13 +311,15 @@ def main() -> int:
             print(
                 f"{r['server']:>16} c={r['concurrency']:<3}: {r['output_tok_s']:7.1f} tok/s  {r['requests_per_s']:5.2f} req/s  TTFT p50 "
                 f"{r['ttft_p50_s'] * 1e3:7.1f} ms p99 {r['ttft_p99_s'] * 1e3:7.1f} ms  ITL p50 "
-                f"{r['itl_p50_s'] * 1e3:6.1f} ms p99 {r['itl_p99_s'] * 1e3:6.1f} ms  exact {r['exact_requests']}/"
+                f"{r['itl_p50_s'] * 1e3:6.1f} ms p99 {r['itl_p99_s'] * 1e3:6.1f} ms  "
+                f"{r['output_tokens_per_cpu_s'] or 0:6.1f} tok/cpu-s  exact {r['exact_requests']}/"
                 f"{r['requests']}  failed {r['failed']}"
             )
     for t in targets:
         print(
             f"{t['ours']} / {t['peer']} c={t['concurrency']}: {t['tok_s_ratio']:.2f}x tok/s (target {t['target']}x: "
             f"{'met' if t['tok_s_met'] else 'MISSED'}), TTFT p50 {'no worse' if t['ttft_p50_no_worse'] else 'WORSE'}"
+            + (f", {t['tok_per_cpu_s_ratio']:.2f}x tokens per CPU second" if t["tok_per_cpu_s_ratio"] else "")
         )
     return 0
 
