@@ -228,6 +228,12 @@ def main() -> int:
     )
     ap.add_argument("--rounds", type=int, default=4, help="requests per client")
     ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument(
+        "--text",
+        choices=("code", "mixed"),
+        default="code",
+        help="code: zoo code prompts; mixed: every other one zoo sentences, where the block drafter accepts less",
+    )
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
@@ -241,7 +247,12 @@ def main() -> int:
     model = engine.load(str(model_dir))
     window = args.prompt_tokens + args.new_tokens + 8  # covers every sequence: kakeya's greedy = full greedy
     policy = f"sink_window:4:{window}"
-    prompts = corpus.code_prompts(args.prompts, 0, args.prompt_tokens)
+    if args.text == "code":
+        prompts = corpus.code_prompts(args.prompts, 0, args.prompt_tokens)
+    else:  # the serving workload's set: zoo code, and every other prompt zoo sentences (sent as completions)
+        from engine.workloads.serving import prompt_set
+
+        prompts = [text for _, text in prompt_set(model, args.prompts, args.prompt_tokens)]
     want = []
     for p in prompts:
         gen = engine.generate(
@@ -295,6 +306,7 @@ def main() -> int:
                 "concurrency": args.levels,
                 "requests": [c * args.rounds for c in args.levels],
                 "prompt_tokens": args.prompt_tokens,
+                "text": args.text,
                 "new_tokens": args.new_tokens,
                 "threads": args.threads,
             },

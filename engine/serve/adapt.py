@@ -16,7 +16,7 @@ at 32 rows, so drafting pays at 1 row and loses at 32 unless nearly every draft 
   step measured as such (engine/serve/scheduler.py runs it without the drafter: no draft, no drafter
   forward; a drafter reading hidden states gets them later, in one batched catch-up, `Backlog`).
 - The end (0 or k_max) other than the best is measured again once the time spent in the bucket since its
-  last probe pays for the probe's loss within `budget` (1/20 by default: at most ~5% lost to probing), so a
+  last probe pays for the probe's loss within `budget` (1/50 by default: at most ~2% lost to probing), so a
   cost measured low or high at another moment (load, a batch that grew) is corrected.
 """
 
@@ -34,7 +34,7 @@ def bucket(rows: int) -> int:
 class StepLength:
     """Draft length of each server step (module docstring). `choose(rows)` then `record(...)` per step."""
 
-    def __init__(self, k_max: int, samples: int = 4, budget: float = 0.05) -> None:
+    def __init__(self, k_max: int, samples: int = 4, budget: float = 0.02) -> None:
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1 (got {k_max})")
         self.k_max = k_max
