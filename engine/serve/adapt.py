@@ -14,7 +14,8 @@ at 32 rows, so drafting pays at 1 row and loses at 32 unless nearly every draft 
   at k emits 1 + the sum of the first k acceptance fractions per row.
 - Each step takes the k of the least cost per emitted token, cost(k) / tokens(k), where k = 0 is a plain
   step measured as such (engine/serve/scheduler.py runs it without the drafter: no draft, no drafter
-  forward; a drafter reading hidden states gets them later, in one batched catch-up, `Backlog`).
+  forward; a drafter reading hidden states gets them later, in one batched catch-up, `Backlog`, whose time
+  is charged to the plain steps it catches up on, `Backlog.per_position`, and left out of the block's).
 - The end (0 or k_max) other than the best is measured again once the time spent in the bucket since its
   last probe pays for the probe's loss within `budget` (1/50 by default: at most ~2% lost to probing), so a
   cost measured low or high at another moment (load, a batch that grew) is corrected.
@@ -119,6 +120,9 @@ class Backlog:
         self.capacity = capacity
         self.bufs: dict[int, Any] = {}
         self.counts: list[int] = [0] * drafter.rows
+        # seconds a flush takes per stashed position (the latest flushes, smoothed): a plain step's share of
+        # the catch-up, which `StepLength` charges to plain steps (a block's time leaves the flush out)
+        self.per_position = 0.0
 
     def stash(self, hidden: dict[int, Any], counts: Sequence[int]) -> None:
         """The features of the next counts[i] (0 or 1) fed positions of row i: hidden[layer][i, 0]."""
@@ -146,11 +150,17 @@ class Backlog:
         for i in go:
             self.counts[i] += 1
 
-    def flush(self) -> None:
-        """The drafter observes every stashed position (one `observe_rows`)."""
-        if any(self.counts):
+    def flush(self, clock: Any = None) -> None:
+        """The drafter observes every stashed position (one `observe_rows`); timed with `clock` if given."""
+        if n := sum(self.counts):
+            started = clock() if clock else 0.0
             m = max(self.counts)
             self.drafter.observe_rows({j: b[:, :m] for j, b in self.bufs.items()}, list(self.counts))
+            if clock:
+                seconds = (clock() - started) / n
+                self.per_position = (
+                    seconds if not self.per_position else 0.7 * self.per_position + 0.3 * seconds
+                )
         self.counts = [0] * len(self.counts)
 
     def keep_rows(self, rows: Sequence[int]) -> None:

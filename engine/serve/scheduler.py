@@ -424,13 +424,17 @@ class Scheduler:
         k = 0
         if drafter is not None:
             k = self.length.choose(len(rows)) if self.length else self.engine.k
-        started = time.thread_time() if getattr(session, "on_cpu", False) else time.perf_counter()
+        clock = time.thread_time if getattr(session, "on_cpu", False) else time.perf_counter
+        started = clock()
         layers = tuple(getattr(drafter, "layers", ()))
         lasts = [r.out[-1] for r in rows]
         drafts: list[list[int]] = [[] for _ in rows]
         if drafter is not None and (k or not layers):  # a drafter keeping its own context hears plain steps
-            if batch.backlog is not None:
-                batch.backlog.flush()
+            if (
+                batch.backlog is not None
+            ):  # the plain steps' deferred observation: their cost, not this block's
+                batch.backlog.flush(clock)
+                started = clock()
             drafts = drafter.propose_rows(
                 lasts, [min(k, r.stop.max_new_tokens - len(r.out) - 1) for r in rows]
             )
@@ -475,8 +479,10 @@ class Scheduler:
             self.metrics.steps.labels(str(k)).inc()
             self.metrics.row_steps.labels(str(k)).inc(len(rows))
         if self.length is not None and drafter is not None:
-            now = time.thread_time() if getattr(session, "on_cpu", False) else time.perf_counter()
-            self.length.record(k, now - started, len(rows), block_drafted, block_accepted)
+            seconds = clock() - started
+            if k == 0 and batch.backlog is not None:  # its share of the catch-up observe that will follow
+                seconds += batch.backlog.per_position * sum(r is None for r in reasons)
+            self.length.record(k, seconds, len(rows), block_drafted, block_accepted)
         for row, reason in zip(rows, reasons, strict=True):
             if reason is not None:
                 self._finish(row, reason)
