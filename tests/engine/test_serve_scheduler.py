@@ -356,7 +356,10 @@ def test_a_backlog_leaves_the_block_drafter_as_observing_every_step() -> None:
             backlog.add_rows(1)
     backlog.flush()
     assert each.position == lazy.position and each.rows == lazy.rows == 2
-    assert each.propose_rows([5, 6], [4, 4]) == lazy.propose_rows([5, 6], [4, 4])
+    # the same block logits (up to float rounding: a batched projection sums in another order)
+    torch.testing.assert_close(
+        each._block_logits([5, 6], [4, 4]), lazy._block_logits([5, 6], [4, 4]), atol=1e-4, rtol=1e-4
+    )
     for (ka, va), (kb, vb) in zip(each.kv, lazy.kv, strict=True):
         for r in range(2):
             n = each.length[r]
