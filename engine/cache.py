@@ -343,6 +343,18 @@ class Group:
         self._row_index = np.arange(self.rows)[:, None]
         self.forward = None
 
+    def join(self, other: Group) -> None:
+        """Append the rows of `other` (a group of the same spec and max_block, fed on its own) after these:
+        their counters and table rows (the tables padded to the wider with EMPTY, slots no row wrote)."""
+        if other.spec != self.spec or other.layout.max_block != self.layout.max_block:
+            raise ValueError("cannot join rows: the groups differ in policy or max_block")
+        width = max(self.table.shape[1], other.table.shape[1])
+        self.table = np.concatenate((_padded(self.table, width), _padded(other.table, width)))
+        self.layouts = self.layouts + other.layouts
+        self.rows += other.rows
+        self._row_index = np.arange(self.rows)[:, None]
+        self.forward = None
+
     def held(self) -> int:
         """Slots in use (positions held, with EMPTY slots of a pending rollback counted); all rows."""
         return sum(lay.held() for lay in self.layouts)
@@ -350,6 +362,14 @@ class Group:
     def held_rows(self) -> list[int]:
         """Slots in use, per row."""
         return [lay.held() for lay in self.layouts]
+
+
+def _padded(table: np.ndarray, width: int) -> np.ndarray:
+    if table.shape[1] == width:
+        return table
+    out = np.full((table.shape[0], width), EMPTY, dtype=table.dtype)
+    out[:, : table.shape[1]] = table
+    return out
 
 
 def buffer_size(have: int, need: int, limit: int | None) -> int:

@@ -258,6 +258,44 @@ class BaseSession(ABC):
         self.rows = len(rows)
         self._kept(rows)
 
+    def join_refusal(self) -> str | None:
+        """Why rows cannot join this session (`join`), in one line; None: they can."""
+        if self.linear:
+            return "linear-attention / recurrent layers keep batch-1 states (no batched decoding)"
+        return self._join_refusal()
+
+    def join(self, other: BaseSession) -> None:
+        """Append the rows of `other` (a session of the same model, policy and max_block, fed on its own:
+        a prompt prefilled while this one decoded) after this session's rows, at a step boundary: per group
+        the row counters and table rows (`Group.join`), per layer the K/V buffers [rows, heads, slots, dim]
+        concatenated along the rows (the narrower padded: slots the row never wrote, which its mask hides,
+        as in a batch prefilled together). Nothing is recomputed and every row keeps its own positions,
+        sinks and ring, so each row's tokens stay exactly those of decoding it alone. `other` must not be
+        used afterwards. Raises ValueError (`join_refusal`'s line) where rows cannot join."""
+        if (why := self.join_refusal()) or (why := other.join_refusal()):
+            raise ValueError(f"cannot join rows: {why}")
+        if (
+            type(other) is not type(self)
+            or getattr(other, "owner", None) is not getattr(self, "owner", None)
+            or other.policy != self.policy
+            or other.max_block != self.max_block
+        ):
+            raise ValueError("cannot join rows: the sessions differ in model, policy or max_block")
+        if not all(self.positions) or not all(other.positions):
+            raise ValueError("cannot join rows: a session was never fed")
+        for g, h in zip(self.groups, other.groups, strict=True):
+            g.join(h)
+        self._joined(other)
+        self.rows += other.rows
+
+    def _join_refusal(self) -> str | None:
+        """The backend's reasons rows cannot join (its layer states, its model)."""
+        return f"rows join no {type(self).__name__}"
+
+    def _joined(self, other: BaseSession) -> None:
+        """The backend's half of `join`: its group mirrors and each layer state append `other`'s rows."""
+        raise NotImplementedError
+
     def _hidden(self, hidden: Iterable[int]) -> tuple[int, ...]:
         layers = tuple(hidden)
         if bad := [i for i in layers if not 0 <= i <= len(self.specs)]:

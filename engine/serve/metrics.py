@@ -36,6 +36,18 @@ class Metrics:
         self.refused = Counter(
             "kakeya_requests_refused", "Requests refused, by status", ["status"], registry=r
         )
+        self.steps = Counter(
+            "kakeya_decode_steps",
+            "Batched decode steps, by draft length k (0: a plain step)",
+            ["k"],
+            registry=r,
+        )
+        self.row_steps = Counter(
+            "kakeya_decode_row_steps",
+            "Rows stepped (a step of n rows counts n), by draft length k",
+            ["k"],
+            registry=r,
+        )
         self.ttft = Histogram(
             "kakeya_time_to_first_token_seconds",
             "Arrival to first token",

@@ -6,13 +6,18 @@ K/V its sequence can ever hold under the policy (`Engine.reserve`): a sink_windo
 number of bytes whatever its length, a `full` (or hybrid: its full-attention layers) one grows with
 prompt + max_tokens. An admitted request is prefilled in a session of its own, at most `prefill_chunk`
 prompt tokens per scheduler step over all joining requests (so one long prompt cannot stall every
-stream), and then joins the running batch at a step boundary (engine/serve/join.py). Each step feeds
-every running row in one batched forward (greedy or sampled, or a speculative block: the drafts of
-every row verified at once, each row accepting and rolling back on its own); a row leaves the batch
-when it stops or its client went away (`Session.keep_rows`).
+stream), and then joins the running batch at a step boundary (`Session.join`, engine/serve/join.py). Each
+step feeds every running row in one batched forward: a plain step (one token per row) or a speculative
+block (the drafts of every row verified at once, each row accepting and rolling back on its own), the
+draft length k of each step (0: plain) from measured costs at the running batch size
+(engine/serve/adapt.py `StepLength`); a row leaves the batch when it stops or its client went away
+(`Session.keep_rows`).
 
 Every row's greedy tokens equal `engine.decode.generate` of its prompt alone under the same policy
 (tests/engine/test_serve_scheduler.py), speculative or not: rows are independent in a batched session.
+A sampled row's tokens equal `generate` with its `Sampling` too: output position i is decided by the i-th
+uniform of the request's generator (`Row.uniform`, `sampled_prefix`), whatever the draft lengths or the
+other rows.
 """
 
 from __future__ import annotations
@@ -29,9 +34,10 @@ import numpy as np
 
 from engine.decode import Session, Stop, StopReason, commit
 from engine.policy import Policy, layer_slot_bytes
-from engine.sampling import Sampling, draw, host
+from engine.sampling import Sampling, host
+from engine.serve.adapt import Backlog, StepLength
 from engine.serve.join import join, join_drafter, joinable, rows_drafter
-from engine.speculative import DraftLength, PerRow, accepted_prefix
+from engine.speculative import PerRow, accepted_prefix
 
 
 class Refused(Exception):
@@ -79,14 +85,28 @@ class Row:
     drafter: Any = None
     fed: int = 0  # prompt tokens fed
     out: list[int] = field(default_factory=list)
+    uniforms: list[float] = field(default_factory=list)  # sampling: output position i's uniform (`uniform`)
+
+    def uniform(self, i: int) -> float:
+        """The uniform that decides output position i of a sampled request: the i-th of its generator's
+        stream, whatever the batch and the draft lengths (`engine.decode.generate` spends them the same
+        way: one per token, in order)."""
+        assert self.rng is not None
+        while len(self.uniforms) <= i:
+            self.uniforms.append(float(self.rng.random()))
+        return self.uniforms[i]
 
 
 @dataclass
 class Batch:
     session: Session
     rows: list[Row]
-    length: DraftLength | None = None
-    drafter: Any = None  # one RowsDrafter for every row (the block drafter), else None: one drafter per row
+    drafter: Any = (
+        None  # a RowsDrafter for every row: the batched block drafter, or `PerRow` (None: no drafter)
+    )
+    backlog: Backlog | None = (
+        None  # a drafter reading hidden states: what plain steps fed it since it drafted
+    )
 
 
 class Engine:
@@ -142,6 +162,8 @@ class Scheduler:
         metrics: Any = None,
     ) -> None:
         self.engine = engine
+        # every batch's draft length (k = 0: a plain step), from costs per batch size (engine/serve/adapt.py)
+        self.length = StepLength(engine.k) if engine.adapt else None
         self.kv_budget = kv_budget
         self.max_batch = max_batch
         self.max_queue = max_queue
@@ -331,6 +353,8 @@ class Scheduler:
             batch.session.keep_rows(going)
             if batch.drafter is not None:
                 batch.drafter.keep_rows(going)
+            if batch.backlog is not None:
+                batch.backlog.keep_rows(going)
             batch.rows = [batch.rows[i] for i in going]
 
     def _prefill(self) -> None:
@@ -365,7 +389,7 @@ class Scheduler:
             if sampling is None or row.rng is None:
                 first = step.tokens[-1]
             else:
-                first = int(draw(sampling.probs(step.logits[-1:]), row.rng)[0])
+                first = inverse_cdf(sampling.probs(host(step.logits[-1:]))[0], row.uniform(0))
             row.out = [first]
             self._emit(row, [first])
             if (reason := row.stop.check(row.out)) is not None:
@@ -378,32 +402,44 @@ class Scheduler:
         if self.engine.why_no_join is None and self.batches:
             batch = self.batches[0]
             join(batch.session, session)
-            if batch.drafter is not None:
+            if self.engine.rows_drafter:
                 join_drafter(batch.drafter, row.drafter)
+            elif batch.drafter is not None:
+                batch.drafter.drafters.append(row.drafter)
+                batch.drafter.rows += 1
+            if batch.backlog is not None:
+                batch.backlog.add_rows(1)
             batch.rows.append(row)
             return
-        length = DraftLength(self.engine.k) if self.engine.adapt else None
-        self.batches.append(Batch(session, [row], length, row.drafter if self.engine.rows_drafter else None))
+        drafter = None
+        if self.engine.drafter is not None:
+            drafter = row.drafter if self.engine.rows_drafter else PerRow([row.drafter])
+        backlog = Backlog(drafter) if getattr(drafter, "layers", ()) else None
+        self.batches.append(Batch(session, [row], drafter, backlog))
 
     def _decode(self, batch: Batch) -> None:
-        """One step of every row of the batch: a plain batched forward, or a speculative block."""
-        rows, session = batch.rows, batch.session
+        """One step of every row of the batch: a plain batched forward (k = 0: no drafting; a drafter
+        reading hidden states gets this step's later, `Backlog`), or a speculative block."""
+        rows, session, drafter = batch.rows, batch.session, batch.drafter
         k = 0
-        if self.engine.drafter is not None:
-            k = batch.length.choose(len(rows)) if batch.length else self.engine.k
-        started = time.thread_time() if getattr(session, "on_cpu", False) else time.perf_counter()
-        drafter = batch.drafter
-        if drafter is None and self.engine.drafter is not None:
-            drafter = PerRow([r.drafter for r in rows])
-        layers = tuple(getattr(drafter, "layers", ()))
         if drafter is not None:
+            k = self.length.choose(len(rows)) if self.length else self.engine.k
+        clock = time.thread_time if getattr(session, "on_cpu", False) else time.perf_counter
+        started = clock()
+        layers = tuple(getattr(drafter, "layers", ()))
+        lasts = [r.out[-1] for r in rows]
+        drafts: list[list[int]] = [[] for _ in rows]
+        if drafter is not None and (k or not layers):  # a drafter keeping its own context hears plain steps
+            if (
+                batch.backlog is not None
+            ):  # the plain steps' deferred observation: their cost, not this block's
+                batch.backlog.flush(clock)
+                started = clock()
             drafts = drafter.propose_rows(
-                [r.out[-1] for r in rows], [min(k, r.stop.max_new_tokens - len(r.out) - 1) for r in rows]
+                lasts, [min(k, r.stop.max_new_tokens - len(r.out) - 1) for r in rows]
             )
-        else:
-            drafts = [[] for _ in rows]
         m = 1 + max(len(d) for d in drafts)
-        fed = [[r.out[-1], *d] for r, d in zip(rows, drafts, strict=True)]
+        fed = [[last, *d] for last, d in zip(lasts, drafts, strict=True)]
         sampled = any(r.rng is not None for r in rows)
         step = session.forward_rows([f + [f[-1]] * (m - len(f)) for f in fed], hidden=layers, logits=sampled)
         if self.metrics:  # the most K/V a step holds: before the rejected drafts are trimmed
@@ -413,10 +449,13 @@ class Scheduler:
         committed: list[list[int] | None] = [None] * len(rows)
         kept = [0] * len(rows)
         reasons: list[StopReason | None] = [None] * len(rows)
-        block_drafted, block_accepted = [0] * max(k, 1), [0] * max(k, 1)
+        block_drafted, block_accepted = [0] * k, [0] * k
         for i, (row, d) in enumerate(zip(rows, drafts, strict=True)):
-            row_logits = None if logits is None else logits[i]
-            n, token = accepted_prefix(d, step.tokens[i], row_logits, None, row.req.params.sampling, row.rng)
+            sampling = row.req.params.sampling
+            if sampling is None or row.rng is None or logits is None:
+                n, token = accepted_prefix(d, step.tokens[i], None, None, None, None)
+            else:
+                n, token = sampled_prefix(d, sampling.probs(logits[i][: len(d) + 1]), row, len(row.out))
             new = [*d[:n], token]
             for j in range(len(d)):
                 block_drafted[j] += 1
@@ -430,13 +469,20 @@ class Scheduler:
             session.trim([m - done for done in kept])
         if drafter is not None:
             if layers:
-                drafter.observe_rows(
-                    step.hidden, [kept[i] if reasons[i] is None else 0 for i in range(len(rows))]
-                )
+                counts = [kept[i] if reasons[i] is None else 0 for i in range(len(rows))]
+                if k == 0 and batch.backlog is not None:
+                    batch.backlog.stash(step.hidden, counts)
+                else:
+                    drafter.observe_rows(step.hidden, counts)
             drafter.accept_rows(ns, committed)
-        if batch.length is not None:
-            now = time.thread_time() if getattr(session, "on_cpu", False) else time.perf_counter()
-            batch.length.record(k, now - started, block_drafted, block_accepted, len(rows))
+        if self.metrics:
+            self.metrics.steps.labels(str(k)).inc()
+            self.metrics.row_steps.labels(str(k)).inc(len(rows))
+        if self.length is not None and drafter is not None:
+            seconds = clock() - started
+            if k == 0 and batch.backlog is not None:  # its share of the catch-up observe that will follow
+                seconds += batch.backlog.per_position * sum(r is None for r in reasons)
+            self.length.record(k, seconds, len(rows), block_drafted, block_accepted)
         for row, reason in zip(rows, reasons, strict=True):
             if reason is not None:
                 self._finish(row, reason)
@@ -445,3 +491,24 @@ class Scheduler:
     def _gauges(self) -> None:
         if self.metrics:
             self.metrics.gauges(len(self.waiting), self.running, self.held, self.reserved)
+
+
+def inverse_cdf(p: np.ndarray, u: float) -> int:
+    """The token of probabilities p [vocab] that uniform u picks (`engine.sampling.draw` with this u)."""
+    cdf = np.cumsum(p)
+    return int(min((cdf <= u * cdf[-1]).sum(), p.shape[-1] - 1))
+
+
+def sampled_prefix(drafts: Sequence[int], p: np.ndarray, row: Row, at: int) -> tuple[int, int]:
+    """A sampled row's verdict on its drafts: the verifier's own draw at each output position at + j from
+    p[j] (the probabilities after [last, drafts[:j]]) with that position's uniform (`Row.uniform`); drafts
+    are accepted while they equal those draws, then the first draw that differs (or the one after every
+    draft) is committed. Each committed token is the draw plain sampling makes at that position with the
+    same uniform, so the tokens equal `engine.decode.generate` with the request's `Sampling` whatever the
+    draft lengths; a deterministic draft d is accepted with probability p(d), as the rejection rule
+    accepts a one-hot proposal."""
+    for j in range(len(drafts) + 1):
+        token = inverse_cdf(p[j], row.uniform(at + j))
+        if j == len(drafts) or drafts[j] != token:
+            return j, token
+    raise AssertionError("unreachable")

@@ -201,3 +201,44 @@ def test_rows_of_linear_attention_states_are_refused_with_the_reason(backend: st
         linear.session(full(), rows=3)
     # One row still decodes.
     assert linear.session(full()).prefill(tiny_models.prompt(7, seed=1)).tokens
+
+
+@pytest.mark.parametrize("policy", [full(), sink_window(4, 8), hybrid(2, 5)], ids=str)
+def test_rows_joining_a_decoding_batch_equal_decoding_alone(backend: str, policy: Policy) -> None:
+    """`Session.join`: rows prefilled on their own join a batch mid-decode (after its rings wrapped, with
+    other buffer sizes), and later a batch of two; every row's tokens equal decoding its prompt alone, and
+    what cannot join (quantized K/V) refuses in one line."""
+    m = on(backend, tiny_models.gemma())
+    prompts = [tiny_models.prompt(n, seed=n) for n in (23, 5, 40, 9)]
+    alone = [engine.generate(m.session(policy, max_block=3), p, engine.Stop(40)).tokens for p in prompts]
+    outs: list[list[int]] = []
+
+    def fresh(p: list[int]) -> Any:
+        s = m.session(policy, max_block=3)
+        outs.append(s.prefill(p).tokens)
+        return s
+
+    batch = fresh(prompts[0])
+    for i, p in enumerate(prompts):
+        if i:
+            batch.join(fresh(p))
+            assert batch.rows == i + 1
+        for _ in range(7):  # every row steps; the rows that joined later are behind
+            step = batch.forward_rows([[o[-1]] for o in outs])
+            for o, t in zip(outs, step.tokens, strict=True):
+                o.append(t[0])
+    while len(outs[-1]) < 40:
+        step = batch.forward_rows([[o[-1]] for o in outs])
+        for o, t in zip(outs, step.tokens, strict=True):
+            o.append(t[0])
+    for r, (o, want) in enumerate(zip(outs, alone, strict=True)):
+        assert o[:40] == want[: len(o[:40])], r
+    q = parse_policy("sink_window:4:8:q8")
+    mq = on(backend, tiny_models.gemma(head_dim=32, seed=3))
+    a, b = mq.session(q), mq.session(q)
+    why = a.join_refusal()
+    assert why is not None and "quantized" in why and "\n" not in why
+    a.prefill([1, 2, 3])
+    b.prefill([4, 5])
+    with pytest.raises(ValueError, match="cannot join rows: quantized"):
+        a.join(b)

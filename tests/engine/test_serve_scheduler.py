@@ -4,6 +4,7 @@ longer than the context is served under a bounded policy and refused under `full
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from typing import Any
@@ -15,6 +16,8 @@ from engine.drafters.load import load_drafter
 from engine.drafters.spec import parse_drafter
 from engine.policy import drafter_policy, parse_policy
 from engine.sampling import Sampling
+from engine.serve.adapt import Backlog, StepLength
+from engine.serve.join import join_drafter
 from engine.serve.scheduler import Engine, Params, Refused, Scheduler
 from engine.zoo import corpus
 from tests.engine.backends import HAVE_MLX
@@ -117,23 +120,42 @@ def test_speculative_rows_are_greedy_exact(model: Any, drafter: str) -> None:
         assert got.tokens[i] == reference(model, policy, p, n), i
 
 
-def test_seeded_sampling_reproduces_with_a_fixed_draft_length(model: Any) -> None:
+@pytest.mark.parametrize("drafter", [None, "lookup", "block:zoo:tiny-block-drafter"])
+def test_a_seed_reproduces_whatever_the_draft_lengths_and_the_batch(model: Any, drafter: str | None) -> None:
+    """A sampled request's tokens are those of `engine.generate` of its prompt alone with its `Sampling`
+    (each output position decided by its own uniform, `Row.uniform`), with draft lengths changing every
+    step and other rows in the batch: the same seed, the same text; another seed, another."""
     policy = "sink_window:4:16"
-    factory = load_drafter(parse_drafter("lookup"), model, k=3)
-    prompt = model.encode(corpus.code_prompts(1, 4, 20)[0])
-    outs = []
-    for seed in (5, 5, 6):
-        sched = Scheduler(Engine(model, parse_policy(policy), factory, k=3, adapt=False), kv_budget=1 << 30)
-        got = Collect()
-        sched.start()
-        try:
-            sched.submit(prompt, Params(30, Sampling(0.8, 20, 0.95, seed)), got.emit(0))
-            got.wait(1)
-        finally:
-            sched.stop()
-        outs.append(got.tokens[0])
-    assert outs[0] == outs[1] and len(outs[0]) == 30
-    assert outs[0] != outs[2]
+    factory = None
+    if drafter:
+        factory = load_drafter(
+            parse_drafter(drafter), model, k=4, policy=drafter_policy(parse_policy(policy))
+        )
+    prompts = [model.encode(p) for p in corpus.code_prompts(2, 4, 20)]
+    jobs = [
+        (prompts[0], Sampling(0.8, 20, 0.95, 5)),
+        (prompts[1], None),
+        (prompts[0], Sampling(0.8, 20, 0.95, 5)),
+        (prompts[0], Sampling(0.8, 20, 0.95, 6)),
+        (prompts[1], Sampling(1.0, 0, 1.0, 7)),
+    ]
+    sched = Scheduler(Engine(model, parse_policy(policy), factory, k=4), kv_budget=1 << 30)
+    if sched.length is not None:
+        ks = itertools.cycle([4, 0, 2, 0, 0, 3, 1, 4, 4, 0])
+        sched.length.choose = lambda rows: next(ks)  # type: ignore[method-assign]
+    got = Collect()
+    sched.start()
+    try:
+        for i, (p, s) in enumerate(jobs):
+            sched.submit(p, Params(30, s), got.emit(i))
+            time.sleep(0.02 * i)
+        got.wait(len(jobs))
+    finally:
+        sched.stop()
+    for i, (p, s) in enumerate(jobs):
+        session = model.session(parse_policy(policy), max_block=1)
+        assert got.tokens[i] == engine.generate(session, p, engine.Stop(30, model.eos_ids), s).tokens, i
+    assert got.tokens[0] == got.tokens[2] and got.tokens[0] != got.tokens[3]
 
 
 def test_admission_keeps_to_the_kv_budget(model: Any) -> None:
@@ -195,13 +217,152 @@ def test_rows_decode_exactly_where_rows_cannot_join(model: Any) -> None:
 
 
 @pytest.mark.skipif(not HAVE_MLX, reason="mlx / mlx-lm not installed")
-def test_mlx_rows_are_served_exactly_each_in_a_batch_of_its_own() -> None:
-    """MLX sessions cannot take joining rows yet (engine/serve/join.py): each request is stepped on its own."""
+@pytest.mark.parametrize("drafter", [None, "lookup"])
+def test_mlx_rows_join_a_running_batch_exactly(drafter: str | None) -> None:
+    """MLX sessions take joining rows (`MLXSession.join`): rows joining a running MLX batch mid-decode
+    (past the first row's window) change no other row's tokens, and each equals decoding it alone."""
     mlx_model = engine.load("zoo:tiny-hybrid", backend="mlx")
     policy = "sink_window:4:16"
-    eng = Engine(mlx_model, parse_policy(policy), load_drafter(parse_drafter("lookup"), mlx_model, k=3), k=3)
-    assert eng.why_no_join is not None and "torch" in eng.why_no_join
+    factory = load_drafter(parse_drafter(drafter), mlx_model, k=3) if drafter else None
+    eng = Engine(mlx_model, parse_policy(policy), factory, k=3)
+    assert eng.why_no_join is None
     prompts = [mlx_model.encode(p) for p in corpus.code_prompts(3, 8, 20)]
-    got = run(Scheduler(eng, kv_budget=1 << 30), prompts, [12, 8, 10], gap=0.01)
-    for i, (p, n) in enumerate(zip(prompts, [12, 8, 10], strict=True)):
+    ns = [60, 40, 20]
+    sched = Scheduler(eng, kv_budget=1 << 30)
+    seen_rows: list[int] = []
+    decode = sched._decode
+
+    def spy(batch: Any) -> None:
+        seen_rows.append(len(batch.rows))
+        decode(batch)
+
+    sched._decode = spy  # type: ignore[method-assign]
+    got = Collect()
+    sched.start()
+    try:
+        sched.submit(prompts[0], Params(ns[0]), got.emit(0))
+        while len(got.tokens[0]) < 20:
+            time.sleep(0.001)
+        sched.submit(prompts[1], Params(ns[1]), got.emit(1))
+        while len(got.tokens[1]) < 5:
+            time.sleep(0.001)
+        sched.submit(prompts[2], Params(ns[2]), got.emit(2))
+        got.wait(3)
+    finally:
+        sched.stop()
+    assert max(seen_rows) == 3 and seen_rows[0] == 1 and len(sched.batches) == 0
+    for i, (p, n) in enumerate(zip(prompts, ns, strict=True)):
         assert got.tokens[i] == reference(mlx_model, policy, p, n), i
+
+
+@pytest.mark.skipif(not HAVE_MLX, reason="mlx / mlx-lm not installed")
+def test_mlx_quantized_rows_cannot_join_and_say_so_in_one_line() -> None:
+    mlx_model = engine.load("zoo:tiny-hybrid", backend="mlx")
+    eng = Engine(mlx_model, parse_policy("sink_window:4:16:q8"))
+    assert eng.why_no_join is not None and "quantized" in eng.why_no_join and "\n" not in eng.why_no_join
+    a, b = eng.session(), eng.session()
+    a.prefill([5, 6, 7])
+    b.prefill([8, 9])
+    with pytest.raises(ValueError, match="cannot join rows: quantized"):
+        a.join(b)
+    prompts = [mlx_model.encode(p) for p in corpus.code_prompts(2, 8, 20)]
+    got = run(Scheduler(eng, kv_budget=1 << 30), prompts, [8, 6], gap=0.01)
+    for i, (p, n) in enumerate(zip(prompts, [8, 6], strict=True)):
+        assert got.tokens[i] == reference(mlx_model, "sink_window:4:16:q8", p, n), i
+
+
+@pytest.mark.parametrize("drafter", ["lookup", "block:zoo:tiny-block-drafter", "model:zoo:tiny-drafter"])
+def test_plain_steps_between_blocks_keep_every_row_exact(model: Any, drafter: str) -> None:
+    """Plain steps (k = 0: no drafting, a hidden-state drafter's features stashed in a `Backlog`) mixed with
+    blocks of every length while rows join and leave: every row still equals decoding it alone."""
+    policy = "sink_window:4:16"
+    factory = load_drafter(parse_drafter(drafter), model, k=4, policy=drafter_policy(parse_policy(policy)))
+    prompts = [model.encode(p) for p in corpus.code_prompts(5, 9, 28)]
+    ns = [30, 12, 25, 40, 8]
+    sched = Scheduler(Engine(model, parse_policy(policy), factory, k=4, prefill_chunk=16), kv_budget=1 << 30)
+    ks = itertools.cycle([0, 0, 3, 0, 4, 0, 0, 0, 1, 2])
+    assert sched.length is not None
+    sched.length.choose = lambda rows: next(ks)  # type: ignore[method-assign]
+    got = run(sched, prompts, ns, gap=0.01)
+    for i, (p, n) in enumerate(zip(prompts, ns, strict=True)):
+        assert got.tokens[i] == reference(model, policy, p, n), i
+    assert sched.length.steps[0] > 0 and sum(sched.length.steps.values()) > sched.length.steps[0]
+
+
+def test_the_step_length_falls_back_to_plain_where_a_block_costs_more_than_it_saves() -> None:
+    """StepLength: per batch size, the k of the least measured cost per emitted token, k = 0 included, and
+    the other end probed now and then."""
+    length = StepLength(4)
+
+    def steps(rows: int, n: int, block_cost: float, accept: float) -> list[int]:
+        chosen = []
+        for _ in range(n):
+            k = length.choose(rows)
+            chosen.append(k)
+            cost = rows * (1.0 if k == 0 else block_cost)  # seconds; per row: 1 plain, block_cost a block
+            length.record(k, cost, rows, [rows] * k, [int(rows * accept)] * k)
+        return chosen
+
+    one = steps(1, 200, 2.0, 1.0)  # a block of 4 all accepted emits 5 tokens for 2x a plain step: draft
+    assert one[:3] == [0, 4, 0] and one[-50:].count(4) >= 40
+    many = steps(32, 400, 6.0, 0.5)  # 32 rows: a block costs 6x a plain step, emits 3 tokens: plain
+    assert many[-300:].count(0) >= 290 and many[-300:].count(4) > 0  # ... re-probing now and then
+    assert steps(1, 20, 2.0, 1.0)[-10:].count(4) >= 9  # batch size 1 kept its own costs
+
+
+def test_a_backlog_leaves_the_block_drafter_as_observing_every_step() -> None:
+    """Features stashed over plain steps (rows joining and leaving) and flushed in one batched observe give
+    the drafter the same context as observing every step."""
+    import torch
+
+    from engine.drafters.block.config import read_config
+    from engine.drafters.block.torch import BatchedBlockDrafter, BlockDrafterModel
+    from engine.models import resolve
+
+    torch.manual_seed(0)
+    net = BlockDrafterModel(read_config(resolve("zoo:tiny-block-drafter"))).eval()
+    h = net.config.target_hidden_size
+
+    def feats(rows: int) -> dict[int, Any]:
+        return {j: torch.randn(rows, 1, h) for j in net.config.target_layers}
+
+    each, lazy = BatchedBlockDrafter(net, 2), BatchedBlockDrafter(net, 2)
+    for d in (each, lazy):
+        d.begin_rows([[1], [2]])
+    backlog = Backlog(lazy, capacity=5)
+    plan = [
+        ("step", [1, 1]),
+        ("step", [1, 0]),
+        ("keep", [1]),
+        ("step", [1]),
+        ("join", None),
+        ("step", [1, 1]),
+    ]
+    plan += [("step", [1, 1])] * 7 + [("keep", [1, 0]), ("step", [0, 1])]
+    for what, arg in plan:
+        if what == "step":
+            f = feats(len(arg))
+            each.observe_rows(f, arg)
+            backlog.stash(f, arg)
+        elif what == "keep":
+            each.keep_rows(arg)
+            lazy.keep_rows(arg)
+            backlog.keep_rows(arg)
+        else:
+            for d in (each, lazy):
+                new = BatchedBlockDrafter(net, 1)
+                new.begin_rows([[3]])
+                join_drafter(d, new)
+            backlog.add_rows(1)
+    backlog.flush()
+    assert each.position == lazy.position and each.rows == lazy.rows == 2
+    # the same block logits (up to float rounding: a batched projection sums in another order)
+    torch.testing.assert_close(
+        each._block_logits([5, 6], [4, 4]), lazy._block_logits([5, 6], [4, 4]), atol=1e-4, rtol=1e-4
+    )
+    for (ka, va), (kb, vb) in zip(each.kv, lazy.kv, strict=True):
+        for r in range(2):
+            n = each.length[r]
+            a0, b0 = each.length[r] - n, lazy.length[r] - n
+            torch.testing.assert_close(ka[r, :, a0 : a0 + n], kb[r, :, b0 : b0 + n], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(va[r, :, a0 : a0 + n], vb[r, :, b0 : b0 + n], atol=1e-5, rtol=1e-5)

@@ -159,6 +159,15 @@ class KV:
         if self.keys is not None and self.values is not None:
             self.keys, self.values = self.keys[index], self.values[index]
 
+    def join(self, other: KV) -> None:
+        """Append the rows of `other`'s buffers (`Session.join`), the narrower padded with zeros (slots its
+        row never wrote: EMPTY in its table, hidden by its mask)."""
+        if self.keys is None or self.values is None or other.keys is None or other.values is None:
+            raise ValueError("cannot join rows: a session was never fed")
+        size = max(self.keys.shape[2], other.keys.shape[2])
+        self.keys = mx.concatenate((_padded(self.keys, size), _padded(other.keys, size)))
+        self.values = mx.concatenate((_padded(self.values, size), _padded(other.values, size)))
+
     @property
     def state(self) -> list[mx.array]:
         return [] if self.keys is None or self.values is None else [self.keys, self.values]
@@ -180,3 +189,11 @@ class KV:
     @property
     def allocated_bytes(self) -> int:
         return 0 if self.keys is None or self.values is None else self.keys.nbytes + self.values.nbytes
+
+
+def _padded(x: mx.array, size: int) -> mx.array:
+    """x [rows, heads, slots, dim] with `size` slots (zeros after its own)."""
+    if x.shape[2] == size:
+        return x
+    pad = mx.zeros((x.shape[0], x.shape[1], size - x.shape[2], x.shape[3]), x.dtype)
+    return mx.concatenate((x, pad), axis=2)

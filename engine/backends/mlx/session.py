@@ -181,6 +181,19 @@ class MLXSession(BaseSession):
     def on_cpu(self) -> bool:
         return self.owner.device.type == mx.cpu
 
+    def _join_refusal(self) -> str | None:
+        if not all(type(s) is KV for s in self.states):
+            return "quantized K/V (:qN policies) or layers without K/V"
+        return None
+
+    def _joined(self, other: BaseSession) -> None:
+        assert isinstance(other, MLXSession)
+        for a in self.arrays:  # the mirror is copied from the host table on the next forward
+            a.stale = True
+        with mx.stream(self.owner.device):
+            for s, o in zip(self.states, other.states, strict=True):
+                s.join(o)
+
     def _dropped(self, slots: list[list[list[int]] | None]) -> None:
         for a, dropped in zip(self.arrays, slots, strict=True):
             a.drop(dropped)

@@ -190,6 +190,16 @@ class KV:
         self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
         self._flat = self.k.view(-1, self.k.shape[3]), self.v.view(-1, self.v.shape[3])
 
+    def join(self, other: KV) -> None:
+        """Append the rows of `other`'s buffers (`Session.join`), the narrower padded with zeros (slots its
+        row never wrote: EMPTY in its table, hidden by its mask)."""
+        if self.k is None or self.v is None or other.k is None or other.v is None:
+            raise ValueError("cannot join rows: a session was never fed")
+        size = max(self.k.shape[2], other.k.shape[2])
+        self.k = torch.cat((_padded(self.k, size), _padded(other.k, size)))
+        self.v = torch.cat((_padded(self.v, size), _padded(other.v, size)))
+        self._flat = self.k.view(-1, self.k.shape[3]), self.v.view(-1, self.v.shape[3])
+
     @property
     def nbytes(self) -> int:
         if self.k is None or self.v is None:
@@ -200,3 +210,12 @@ class KV:
     @property
     def allocated_bytes(self) -> int:
         return 0 if self.k is None or self.v is None else self.k.nbytes + self.v.nbytes
+
+
+def _padded(x: torch.Tensor, size: int) -> torch.Tensor:
+    """x [rows, heads, slots, dim] with `size` slots (zeros after its own)."""
+    if x.shape[2] == size:
+        return x
+    out = x.new_zeros((x.shape[0], x.shape[1], size, x.shape[3]))
+    out[:, :, : x.shape[2]] = x
+    return out

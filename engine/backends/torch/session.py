@@ -258,6 +258,26 @@ class TorchSession(BaseSession):
     def on_cpu(self) -> bool:
         return self.device.type == "cpu"
 
+    def _join_refusal(self) -> str | None:
+        if self.owner.own_positions:
+            return "the model numbers its own positions (no batched decoding)"
+        if self.restorer is not None:
+            return "a session with a restorer"
+        if not all(isinstance(s, KV) for s in self.states):
+            return "quantized K/V (:qN policies) or layers without K/V"
+        return None
+
+    @torch.inference_mode()
+    def _joined(self, other: BaseSession) -> None:
+        assert isinstance(other, TorchSession)
+        for t in self.tensors:  # the device mirror is copied from the host table on the next forward
+            t.stale = True
+            t._bases.clear()
+            t._constant.clear()
+            t._flat = None
+        for a, b in zip(self.states, other.states, strict=True):
+            a.join(b)
+
     @torch.inference_mode()
     def _dropped(self, slots: list[list[list[int]] | None]) -> None:
         for t, dropped in zip(self.tensors, slots, strict=True):
