@@ -1,6 +1,6 @@
 """kakeya serve against its peers on one model directory, one load, one run. Writes JSON.
 
-    python benchmarks/serve.py --out benchmarks/results/serve.json
+    python -m benchmarks.serve --out benchmarks/results/serve.json
 
 Servers (each a subprocess on a free 127.0.0.1 port, started, measured and stopped in turn, so they never
 share the CPU): `python -m engine.serve` plain and with the block drafter (`--drafter
