@@ -178,7 +178,7 @@ def speculative_generate(
     t1 = time.perf_counter()
     gen = Generation(out, "max_new_tokens", len(prompt), t1 - t0, 0.0)
     reason = stop.check(out)
-    length = DraftLength(k) if adapt else None
+    length = DraftLength(k, margin=PLAIN_MARGIN) if adapt else None
     clock = time.process_time if getattr(verifier, "on_cpu", False) else time.perf_counter
     while reason is None:
         block_k = length.choose() if length else k
@@ -322,6 +322,11 @@ class PerRow:
                 drafter.observe({layer: h[i] for layer, h in hidden.items()}, n)
 
 
+# How much faster than a measured k = 0 block the plain decoding a speculative loop switches to counts
+# (`DraftLength.margin`): drafting must beat it by this much (a k = 0 block pays the drafter's upkeep).
+PLAIN_MARGIN = 0.05
+
+
 class DraftLength:
     """The draft length of each block from measured costs (`speculative_generate_batch(adapt=True)`,
     `speculative_generate(adapt=True)`).
@@ -336,8 +341,9 @@ class DraftLength:
     position i, of the blocks drafting position i, the fraction whose draft i was accepted, so a block at
     k commits 1 + the sum of the first k fractions per row. Each block takes the k of the most tokens per
     second, down to 0 (plain decoding) unless drafting beats the measured k = 0 block by `margin` (k = 0
-    counts `margin` faster than measured, in the choice and in what a probe loses): a k = 0 block still
-    pays the drafter's upkeep, so plain decoding (`plain`) is faster than its measured rate, and a draft
+    counts `margin` faster than measured, in the choice and in what a probe loses). The speculative loops,
+    which switch to plain decoding (`plain`) once k = 0 wins, use `PLAIN_MARGIN`: a k = 0 block still pays
+    the drafter's upkeep, so the plain decoding they switch to is faster than its measured rate, and a draft
     length that only ties with it would make the whole run slower than plain decoding (MLX on the CPU at
     batch 8 and 32: a block at k = 4 costs about 5 plain steps and commits at most 5 tokens per row). The
     k it runs is measured as it runs, so a cost misjudged low corrects itself. One misjudged high would not: an end (0 or k_max)
@@ -347,7 +353,7 @@ class DraftLength:
     cost measured with many more rows than now is forgotten (rows leave the batch as they finish, and a
     block of fewer rows costs less)."""
 
-    def __init__(self, k_max: int, samples: int = 4, budget: float = 0.03, margin: float = 0.05) -> None:
+    def __init__(self, k_max: int, samples: int = 4, budget: float = 0.03, margin: float = 0.0) -> None:
         self.k_max = k_max
         self.samples = samples
         self.budget = budget
@@ -470,7 +476,7 @@ def speculative_generate_batch(
     reasons: list[StopReason | None] = [stop.check(o) for o in outs]
     live = [r for r in range(rows) if reasons[r] is None]  # the prompt row of each verifier row
     _leave(verifier, drafter, live)
-    length = DraftLength(k) if adapt else None
+    length = DraftLength(k, margin=PLAIN_MARGIN) if adapt else None
     clock = time.process_time if getattr(verifier, "on_cpu", False) else time.perf_counter
     while live:
         block_k = length.choose(len(live)) if length else k
