@@ -178,7 +178,7 @@ def speculative_generate(
     t1 = time.perf_counter()
     gen = Generation(out, "max_new_tokens", len(prompt), t1 - t0, 0.0)
     reason = stop.check(out)
-    length = DraftLength(k, margin=PLAIN_MARGIN) if adapt else None
+    length = DraftLength(k, margin=PLAIN_MARGIN, optimistic=True) if adapt else None
     clock = time.process_time if getattr(verifier, "on_cpu", False) else time.perf_counter
     while reason is None:
         block_k = length.choose() if length else k
@@ -340,7 +340,11 @@ class DraftLength:
     the choice is made from measured tokens per second from the fourth block on. Acceptance: per draft
     position i, of the blocks drafting position i, the fraction whose draft i was accepted, so a block at
     k commits 1 + the sum of the first k fractions per row. Each block takes the k of the most tokens per
-    second, down to 0 (plain decoding) unless drafting beats the measured k = 0 block by `margin` (k = 0
+    second; with `optimistic` (the speculative loops: their switch to plain decoding is final), k = 0
+    only where drafting does not pay even with each fraction at (accepted + 1) / (drafted + 1) (the first
+    few blocks' acceptance, sampled drafts above all, decides nothing, while a block that costs as many
+    plain steps as it could ever commit tokens goes plain at once), and unless drafting beats the
+    measured k = 0 block by `margin` (k = 0
     counts `margin` faster than measured, in the choice and in what a probe loses). The speculative loops,
     which switch to plain decoding (`plain`) once k = 0 wins, use `PLAIN_MARGIN`: a k = 0 block still pays
     the drafter's upkeep, so the plain decoding they switch to is faster than its measured rate, and a draft
@@ -353,11 +357,19 @@ class DraftLength:
     cost measured with many more rows than now is forgotten (rows leave the batch as they finish, and a
     block of fewer rows costs less)."""
 
-    def __init__(self, k_max: int, samples: int = 4, budget: float = 0.03, margin: float = 0.0) -> None:
+    def __init__(
+        self,
+        k_max: int,
+        samples: int = 4,
+        budget: float = 0.03,
+        margin: float = 0.0,
+        optimistic: bool = False,
+    ) -> None:
         self.k_max = k_max
         self.samples = samples
         self.budget = budget
         self.margin = margin
+        self.optimistic = optimistic
         self.times: dict[int, list[tuple[float, int]]] = {}  # k -> its last blocks' (seconds, rows)
         self.drafted = [0] * k_max
         self.accepted = [0] * k_max
@@ -387,6 +399,17 @@ class DraftLength:
         rates = [tokens[k] / self.cost(k) for k in range(self.k_max + 1)]
         rates[0] *= 1 + self.margin  # the plain decoding `plain` switches to is faster than a k = 0 block
         best = max(range(self.k_max + 1), key=lambda k: (rates[k], k))
+        if best == 0 and self.optimistic:  # only where drafting cannot pay even at optimistic acceptance
+            # (one more accepted draft per position): a few blocks' acceptance (sampled drafts vary a lot)
+            # decides nothing
+            hope = [1.0]
+            for k in range(1, self.k_max + 1):
+                hope.append(hope[-1] + (self.accepted[k - 1] + 1) / (self.drafted[k - 1] + 1))
+            best = max(
+                range(self.k_max + 1), key=lambda k: (hope[k] / self.cost(k), k) if k else (rates[0], 0)
+            )
+            rates = [rates[0], *(hope[k] / self.cost(k) for k in range(1, self.k_max + 1))]
+            tokens = hope
         loss = {k: self.cost(k) - tokens[k] / rates[best] for k in (0, self.k_max) if k != best}
         probe = min(loss, key=loss.__getitem__)
         if self.spent * self.budget >= loss[probe]:
@@ -476,7 +499,7 @@ def speculative_generate_batch(
     reasons: list[StopReason | None] = [stop.check(o) for o in outs]
     live = [r for r in range(rows) if reasons[r] is None]  # the prompt row of each verifier row
     _leave(verifier, drafter, live)
-    length = DraftLength(k, margin=PLAIN_MARGIN) if adapt else None
+    length = DraftLength(k, margin=PLAIN_MARGIN, optimistic=True) if adapt else None
     clock = time.process_time if getattr(verifier, "on_cpu", False) else time.perf_counter
     while live:
         block_k = length.choose(len(live)) if length else k
