@@ -341,10 +341,10 @@ class DraftLength:
     position i, of the blocks drafting position i, the fraction whose draft i was accepted, so a block at
     k commits 1 + the sum of the first k fractions per row. Each block takes the k of the most tokens per
     second; with `optimistic` (the speculative loops: their switch to plain decoding is final), k = 0
-    only where drafting does not pay even with each fraction at (accepted + 1) / (drafted + 1) (the first
-    few blocks' acceptance, sampled drafts above all, decides nothing, while a block that costs as many
-    plain steps as it could ever commit tokens goes plain at once), and unless drafting beats the
-    measured k = 0 block by `margin` (k = 0
+    on acceptance only after `evidence` drafting blocks (the first few blocks' acceptance, sampled drafts
+    above all, decides nothing), at once where no draft length could pay even with every draft accepted
+    (a block that costs as many plain steps as it could commit tokens: MLX on the CPU at batch 8 and 32);
+    and unless drafting beats the measured k = 0 block by `margin` (k = 0
     counts `margin` faster than measured, in the choice and in what a probe loses). The speculative loops,
     which switch to plain decoding (`plain`) once k = 0 wins, use `PLAIN_MARGIN`: a k = 0 block still pays
     the drafter's upkeep, so the plain decoding they switch to is faster than its measured rate, and a draft
@@ -370,6 +370,8 @@ class DraftLength:
         self.budget = budget
         self.margin = margin
         self.optimistic = optimistic
+        self.evidence = 3  # drafting blocks before an `optimistic` switch to plain on acceptance
+        self.drafting = 0  # drafting blocks recorded (k > 0)
         self.times: dict[int, list[tuple[float, int]]] = {}  # k -> its last blocks' (seconds, rows)
         self.drafted = [0] * k_max
         self.accepted = [0] * k_max
@@ -399,17 +401,16 @@ class DraftLength:
         rates = [tokens[k] / self.cost(k) for k in range(self.k_max + 1)]
         rates[0] *= 1 + self.margin  # the plain decoding `plain` switches to is faster than a k = 0 block
         best = max(range(self.k_max + 1), key=lambda k: (rates[k], k))
-        if best == 0 and self.optimistic:  # only where drafting cannot pay even at optimistic acceptance
-            # (one more accepted draft per position): a few blocks' acceptance (sampled drafts vary a lot)
-            # decides nothing
-            hope = [1.0]
-            for k in range(1, self.k_max + 1):
-                hope.append(hope[-1] + (self.accepted[k - 1] + 1) / (self.drafted[k - 1] + 1))
-            best = max(
-                range(self.k_max + 1), key=lambda k: (hope[k] / self.cost(k), k) if k else (rates[0], 0)
-            )
-            rates = [rates[0], *(hope[k] / self.cost(k) for k in range(1, self.k_max + 1))]
-            tokens = hope
+        # the switch to plain is final: unless no draft length could pay even with every draft accepted
+        # (a block costs as many plain steps as it could commit tokens), a few blocks' acceptance
+        # (sampled drafts vary a lot) decides nothing yet: draft on (the best observed k > 0, no probe)
+        if (
+            best == 0
+            and self.optimistic
+            and self.drafting < self.evidence
+            and max((k + 1) / self.cost(k) for k in range(1, self.k_max + 1)) >= rates[0]
+        ):
+            return max(range(1, self.k_max + 1), key=lambda k: (rates[k], k))
         loss = {k: self.cost(k) - tokens[k] / rates[best] for k in (0, self.k_max) if k != best}
         probe = min(loss, key=loss.__getitem__)
         if self.spent * self.budget >= loss[probe]:
@@ -434,6 +435,7 @@ class DraftLength:
         if self.blocks > 1:
             self.times[k] = [*self.times.get(k, [])[1 - self.samples :], (seconds, rows)]
             self.spent += seconds
+        self.drafting += k > 0
         for i, (d, a) in enumerate(zip(drafted, accepted, strict=False)):
             self.drafted[i] += d
             self.accepted[i] += a
