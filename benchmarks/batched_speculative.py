@@ -1,6 +1,6 @@
 """Batched speculative decoding against batched greedy, side by side, per batch size and backend. Writes JSON.
 
-    python benchmarks/batched_speculative.py --out benchmarks/results/batched_speculative-cpu.json
+    python -m benchmarks.batched_speculative --out benchmarks/results/batched_speculative-cpu.json
 
 The zoo code workload (presets/throughput-code.yaml's defaults: zoo:tiny-hybrid, the block drafter
 zoo:tiny-block-drafter, hybrid:4:64, k = 4, 4 zoo code prompts of 96 tokens cycled over the rows, 96 new
@@ -10,7 +10,8 @@ engine.speculative.DraftLength). Each method runs once per repeat, interleaved, 
 shared machine hits all of them alike; the fastest run of each counts (on each clock). Reported per
 method: decode tok/s over all rows (wall time; and CPU time of the process in the decode phase, read at
 the engine's own clock reads, which other processes' load does not inflate; threads = 1), the
-speedup over batched greedy on both clocks, acceptance length (tokens per row per verify forward),
+speedup over batched greedy on both clocks (and the median over repeats of each repeat's CPU-time
+speedup against the greedy run next to it, steadier than the fastest runs on a busy machine), acceptance length (tokens per row per verify forward),
 per-position acceptance, the draft lengths the adaptive runs chose, and whether every row equals greedy
 decoding of its prompt (checked: a row that is not exact is an error). The load average before and after
 and the exact command go into the report. Not a test: figures are reported, not asserted.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -115,9 +117,12 @@ def bench(backend: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         rows = [prompts[r % len(prompts)] for r in range(b)]
         _run(model, "fixed", rows[:1], args, make)  # warm the shapes of this batch size
         best: dict[str, dict[str, Any]] = {}
+        ratios: dict[str, list[float]] = {m: [] for m in METHODS}  # per repeat: CPU time of greedy / method
         for _ in range(args.repeats):
+            cpu: dict[str, float] = {}
             for method in METHODS:
                 run = _run(model, method, rows, args, make)
+                cpu[method] = run["decode_cpu_s"] / run["new_tokens"]
                 if run["tokens"] != [alone[r % len(alone)] for r in range(b)]:
                     raise RuntimeError(f"{backend} B={b} {method}: a row differs from greedy decoding alone")
                 if method not in best or run["decode_s"] < best[method]["decode_s"]:
@@ -125,6 +130,8 @@ def bench(backend: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                         **run,
                         "decode_cpu_s": min(run["decode_cpu_s"], best.get(method, run)["decode_cpu_s"]),
                     }
+            for method in METHODS:
+                ratios[method].append(cpu["greedy"] / cpu[method])
         greedy = best["greedy"]
         row: dict[str, Any] = {"backend": backend, "batch": b}
         for method in METHODS:
@@ -135,6 +142,7 @@ def bench(backend: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                 "cpu_tok_s": cpu_tok_s,
                 "speedup": tok_s / (greedy["new_tokens"] / greedy["decode_s"]),
                 "cpu_speedup": cpu_tok_s / (greedy["new_tokens"] / greedy["decode_cpu_s"]),
+                "cpu_speedup_median": statistics.median(ratios[method]),
                 "acceptance_length": r["acceptance_length"],
                 "position_acceptance": r["position_acceptance"],
                 "chosen_k": "".join(map(str, r["chosen_k"])) if method == "adaptive" else None,
@@ -144,7 +152,8 @@ def bench(backend: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         print(
             f"{backend} B={b}: "
             + ", ".join(
-                f"{m} {row[m]['decode_tok_s']:.0f} tok/s ({row[m]['speedup']:.2f}x, cpu {row[m]['cpu_speedup']:.2f}x)"
+                f"{m} {row[m]['decode_tok_s']:.0f} tok/s ({row[m]['speedup']:.2f}x, cpu {row[m]['cpu_speedup']:.2f}x, "
+                f"median {row[m]['cpu_speedup_median']:.2f}x)"
                 for m in METHODS
             ),
             flush=True,
@@ -180,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
         "bench-batched-speculative",
         1,
         {
-            "command": shlex.join(["python", "benchmarks/batched_speculative.py", *(argv or sys.argv[1:])]),
+            "command": shlex.join(
+                ["python", "-m", "benchmarks.batched_speculative", *(argv or sys.argv[1:])]
+            ),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "load_average_before": list(load_before),
             "load_average_after": list(os.getloadavg()),

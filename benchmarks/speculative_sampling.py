@@ -1,17 +1,22 @@
 """Speculative sampling against plain sampling at a temperature, with the block drafter on the zoo code
 workload (issue 31's target: >= 1.5x plain sampling decode tok/s at B=1, temperature 0.7). Writes JSON.
 
-    python benchmarks/speculative_sampling.py --out benchmarks/results/speculative_sampling-cpu.json
+    python -m benchmarks.speculative_sampling --out benchmarks/results/speculative_sampling-cpu.json
 
 Per backend (torch, mlx) and draft length k, every prompt and seed, interleaved so a busy spell of this
 shared machine hits every method alike: plain sampling (`generate` with a `Sampling`), speculative
 sampling with the block drafter handing its q to the rule (`propose_sampled`: the whole block fed, its
-first k rows drawn), the same from a block of k mask slots (k < block size), the same drafter counted
-as one-hot (its argmax drafts: the rule accepts a draft with the verifier's own probability of it), and,
-once per prompt, greedy and greedy speculative decoding (acceptance at temperature 0, for comparison).
-Decode tok/s are over all runs of a method (tokens after the first / time after prefill). Then one
-instrumented pass measures the host sampler per block: time in `Sampling.probs`, the rule (`verify`) and
-the drafter's draws, against the whole block. Not a test: nothing is asserted.
+first k rows drawn), the same with the adaptive draft length (`speculative_generate(adapt=True)`:
+engine.speculative.DraftLength, down to plain sampling where drafting does not pay; issue 44), the same
+from a block of k mask slots (k < block size), the same drafter counted as one-hot (its argmax drafts: the
+rule accepts a draft with the verifier's own probability of it), and, once per prompt, greedy and greedy
+speculative decoding (acceptance at temperature 0, for comparison). Decode tok/s are over all runs of a
+method (tokens after the first / time after prefill), on the wall clock and on the CPU time of the process
+in the decode phase (read at the engine's own clock reads, as benchmarks/batched_speculative.py does:
+other processes' load does not inflate it; threads = 1). Then one instrumented pass measures the host
+sampler per block: time in `Sampling.probs`, the rule (`verify`) and the drafter's draws, against the
+whole block. The load average at the start and the end goes into the report. Not a test: nothing is
+asserted.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import Any
 import numpy as np
 
 import engine
+import engine.decode as decode
 import engine.drafters.block.base as block_base
 import engine.speculative as speculative
 from engine.drafters import load_drafter, parse_drafter
@@ -94,8 +100,39 @@ def host_timer(acc: list[float]) -> Iterator[None]:
         Sampling.probs, speculative.verify, block_base.draw = saved  # type: ignore[method-assign]
 
 
-def _rate(gens: list[engine.Generation]) -> float:
-    seconds = sum(g.decode_s for g in gens)
+class Clocks:
+    """Stands in for the `time` module of engine.decode and engine.speculative during a run: every
+    `perf_counter()` they read is logged with the process's CPU time, so the CPU time of the decode phase
+    (between the reads that bound `Generation.decode_s`) is known exactly."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[float, float]] = []
+
+    def perf_counter(self) -> float:
+        wall, cpu = time.perf_counter(), time.process_time()
+        self.log.append((wall, cpu))
+        return wall
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+def timed(fn: Callable[[], engine.Generation]) -> engine.Generation:
+    """Run one generation, recording the CPU time of its decode phase as `decode_cpu_s`."""
+    clocks = Clocks()
+    decode.time, speculative.time = clocks, clocks  # type: ignore[assignment]
+    try:
+        gen = fn()
+    finally:
+        decode.time, speculative.time = time, time  # type: ignore[assignment]
+    end = clocks.log[-1]
+    start = min(clocks.log, key=lambda e: abs(e[0] - (end[0] - gen.decode_s)))
+    gen.decode_cpu_s = end[1] - start[1]  # type: ignore[attr-defined]
+    return gen
+
+
+def _rate(gens: list[engine.Generation], cpu: bool = False) -> float:
+    seconds = sum(g.decode_cpu_s if cpu else g.decode_s for g in gens)  # type: ignore[attr-defined]
     return sum(len(g.tokens) - 1 for g in gens) / seconds if seconds else 0.0
 
 
@@ -114,25 +151,35 @@ def measure(backend: str, k: int, args: argparse.Namespace) -> dict[str, Any]:
     prompts = [model.encode(t) for t in corpus.code_prompts(args.prompts, args.seed, args.prompt_tokens)]
     stop = engine.Stop(args.new_tokens, model.eos_ids)
 
-    def spec(ids: list[int], sampling: Sampling | None, wrap: Any = None) -> engine.Generation:
+    def spec(
+        ids: list[int], sampling: Sampling | None, wrap: Any = None, adapt: bool = False
+    ) -> engine.Generation:
         session = model.session(policy, k + 1)
-        drafter = make(session)
-        return engine.speculative_generate(
-            session, wrap(drafter) if wrap else drafter, ids, k, stop, sampling
-        )
+        drafter = wrap(make(session)) if wrap else make(session)
+        return timed(lambda: engine.speculative_generate(session, drafter, ids, k, stop, sampling, adapt))
 
     def plain(ids: list[int], sampling: Sampling | None) -> engine.Generation:
-        return engine.generate(model.session(policy), ids, stop, sampling)
+        session = model.session(policy)
+        return timed(lambda: engine.generate(session, ids, stop, sampling))
 
     warm = Sampling(args.temperature, seed=10**6)
     for fn in (
         lambda: plain(prompts[0], warm),
         lambda: spec(prompts[0], warm),
+        lambda: spec(prompts[0], warm, adapt=True),
         lambda: spec(prompts[0], None),
     ):
         fn()  # one-off costs out of the figures
     k_slots = k < make(model.session(policy, k + 1)).config.block_size  # else the same as spec
-    methods = ("plain", "spec", *(["spec_k_slots"] if k_slots else []), "one_hot", "greedy", "greedy_spec")
+    methods = (
+        "plain",
+        "spec",
+        "spec_adaptive",
+        *(["spec_k_slots"] if k_slots else []),
+        "one_hot",
+        "greedy",
+        "greedy_spec",
+    )
     runs: dict[str, list[engine.Generation]] = {m: [] for m in methods}
     for ids in prompts:
         runs["greedy"].append(plain(ids, None))
@@ -141,6 +188,7 @@ def measure(backend: str, k: int, args: argparse.Namespace) -> dict[str, Any]:
             s = Sampling(args.temperature, seed=seed)
             runs["plain"].append(plain(ids, s))
             runs["spec"].append(spec(ids, s))
+            runs["spec_adaptive"].append(spec(ids, s, adapt=True))
             if k_slots:
                 runs["spec_k_slots"].append(spec(ids, s, KSlots))
             runs["one_hot"].append(spec(ids, s, OneHot))
@@ -148,8 +196,19 @@ def measure(backend: str, k: int, args: argparse.Namespace) -> dict[str, Any]:
     for i, seed in enumerate(range(args.seed, args.seed + args.seeds)):
         pick = [p * args.seeds + i for p in range(len(prompts))]
         plain_s, spec_s = _rate([runs["plain"][j] for j in pick]), _rate([runs["spec"][j] for j in pick])
+        adaptive_s = _rate([runs["spec_adaptive"][j] for j in pick])
+        cpu = {m: _rate([runs[m][j] for j in pick], cpu=True) for m in ("plain", "spec", "spec_adaptive")}
         per_seed.append(
-            {"seed": seed, "plain_tok_s": plain_s, "spec_tok_s": spec_s, "speedup": spec_s / plain_s}
+            {
+                "seed": seed,
+                "plain_tok_s": plain_s,
+                "spec_tok_s": spec_s,
+                "speedup": spec_s / plain_s,
+                "spec_adaptive_tok_s": adaptive_s,
+                "speedup_adaptive": adaptive_s / plain_s,
+                "cpu_speedup": cpu["spec"] / cpu["plain"],
+                "cpu_speedup_adaptive": cpu["spec_adaptive"] / cpu["plain"],
+            }
         )
     host, sampled_blocks = [0.0], []
     with host_timer(host):
@@ -158,11 +217,17 @@ def measure(backend: str, k: int, args: argparse.Namespace) -> dict[str, Any]:
     blocks = sum(g.forwards for g in sampled_blocks)
     block_s = sum(g.decode_s for g in sampled_blocks) / blocks
     rates = {m: _rate(g) for m, g in runs.items()}
+    cpu_rates = {m: _rate(g, cpu=True) for m, g in runs.items()}
     out = {
         "backend": backend,
         "k": k,
         "decode_tok_s": rates,
+        "cpu_tok_s": cpu_rates,
         "speedup_sampled": rates["spec"] / rates["plain"],
+        "speedup_sampled_adaptive": rates["spec_adaptive"] / rates["plain"],
+        "cpu_speedup_sampled": cpu_rates["spec"] / cpu_rates["plain"],
+        "cpu_speedup_sampled_adaptive": cpu_rates["spec_adaptive"] / cpu_rates["plain"],
+        "cpu_speedup_greedy": cpu_rates["greedy_spec"] / cpu_rates["greedy"],
         "speedup_sampled_one_hot": rates["one_hot"] / rates["plain"],
         "speedup_greedy": rates["greedy_spec"] / rates["greedy"],
         "per_seed": per_seed,
@@ -173,7 +238,8 @@ def measure(backend: str, k: int, args: argparse.Namespace) -> dict[str, Any]:
     }
     print(
         f"{backend:5s} k={k}: plain sampling {rates['plain']:.1f} tok/s, speculative sampling {rates['spec']:.1f} "
-        f"({out['speedup_sampled']:.2f}x; one-hot drafts {out['speedup_sampled_one_hot']:.2f}x; k mask slots "
+        f"({out['speedup_sampled']:.2f}x, cpu {out['cpu_speedup_sampled']:.2f}x; adaptive "
+        f"{out['speedup_sampled_adaptive']:.2f}x, cpu {out['cpu_speedup_sampled_adaptive']:.2f}x; one-hot drafts {out['speedup_sampled_one_hot']:.2f}x; k mask slots "
         f"{rates.get('spec_k_slots', rates['spec']) / rates['plain']:.2f}x), greedy "
         f"{rates['greedy']:.1f} -> {rates['greedy_spec']:.1f} ({out['speedup_greedy']:.2f}x); acceptance length "
         f"sampled {out['acceptance']['spec']['acceptance_length']:.2f} (k mask slots "
@@ -206,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     load_start = list(os.getloadavg())
     results = [measure(b, k, args) for b in args.backends for k in args.ks]
     load = {"load_average": load_start, "load_average_end": list(os.getloadavg())}  # (1, 5, 15 min)
-    command = "python benchmarks/speculative_sampling.py " + " ".join(
+    command = "python -m benchmarks.speculative_sampling " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
     body = {"config": {**vars(args), "out": str(args.out), "command": command, **load}, "results": results}

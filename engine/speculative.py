@@ -148,10 +148,18 @@ def speculative_generate(
     k: int,
     stop: Stop,
     sampling: Sampling | None = None,
+    adapt: bool = False,
 ) -> Generation:
     """Speculative decoding. Greedy: the tokens equal `generate(verifier, prompt, stop)`. With `sampling`
     (temperature > 0): lossless speculative sampling, each token distributed as `generate(verifier,
-    prompt, stop, sampling)` draws it (not the same draws: the rule spends its own uniforms)."""
+    prompt, stop, sampling)` draws it (not the same draws: the rule spends its own uniforms).
+
+    `adapt`: each block's draft length from measured costs and acceptance (`DraftLength`), between 0 and
+    k, as in `speculative_generate_batch`; once k = 0 wins the rest is decoded plainly (`_plain_one`: one
+    forward per token, no drafter, no hidden states), so where drafting does not pay (speculative sampling
+    with the block drafter on MLX on the CPU: a block costs more than the ~2.5 tokens it commits) the run
+    costs little more than plain decoding. Greedy tokens stay those of `generate`; sampled tokens keep
+    plain sampling's distribution (a plain step draws from the verifier's own probabilities)."""
     if k < 1:
         raise ValueError(f"k must be >= 1 (got {k})")
     if not prompt:
@@ -170,9 +178,16 @@ def speculative_generate(
     t1 = time.perf_counter()
     gen = Generation(out, "max_new_tokens", len(prompt), t1 - t0, 0.0)
     reason = stop.check(out)
+    length = DraftLength(k, margin=PLAIN_MARGIN, optimistic=True) if adapt else None
+    clock = time.process_time if getattr(verifier, "on_cpu", False) else time.perf_counter
     while reason is None:
+        block_k = length.choose() if length else k
+        if length is not None and length.plain:
+            reason = _plain_one(verifier, out, gen, stop, sampling, rng)
+            break
+        started = clock()
         last = out[-1]
-        budget = min(k, stop.max_new_tokens - len(out) - 1)
+        budget = min(block_k, stop.max_new_tokens - len(out) - 1)
         if sampling is None or rng is None:
             drafts, q = drafter.propose(last, budget), None
         else:
@@ -191,6 +206,8 @@ def speculative_generate(
             if layers:
                 drafter.observe(step.hidden, done)  # type: ignore[attr-defined]
             drafter.accept(n, new)
+        if length is not None:
+            length.record(block_k, clock() - started, [1] * len(drafts), [1] * n + [0] * (len(drafts) - n))
     gen.stop_reason = reason
     gen.decode_s = time.perf_counter() - t1
     return gen
@@ -305,28 +322,56 @@ class PerRow:
                 drafter.observe({layer: h[i] for layer, h in hidden.items()}, n)
 
 
+# How much faster than a measured k = 0 block the plain decoding a speculative loop switches to counts
+# (`DraftLength.margin`): drafting must beat it by this much (a k = 0 block pays the drafter's upkeep).
+PLAIN_MARGIN = 0.05
+
+
 class DraftLength:
-    """The draft length of each block from measured costs (`speculative_generate_batch(adapt=True)`).
+    """The draft length of each block from measured costs (`speculative_generate_batch(adapt=True)`,
+    `speculative_generate(adapt=True)`).
 
     Cost: the time of a block (drafting + verify forward + bookkeeping; CPU time of the process for a
     verifier on the CPU, so that other processes' load does not count, wall time on an accelerator) at
     each draft length it ran, the least of its last `samples` blocks (timing noise only ever adds); a k
     not measured is interpolated linearly between the nearest measured ones (0 and k_max are always
-    measured). The first block only warms up (its time is not a cost). Acceptance: per draft position
-    i, of the blocks drafting position i, the fraction whose draft i was accepted, so a block at k
-    commits 1 + the sum of the first k fractions per row. Each block takes the k of the most tokens per
-    second, down to 0 (plain decoding) when drafting no longer pays; the k it runs is measured as it
-    runs, so a cost misjudged low corrects itself. One misjudged high would not: an end (0 or k_max)
+    measured). The first block is a plain step (k = 0) that only warms up (its time is not a cost: the
+    first decode forward carries one-off costs); then one block at k_max and one at k = 0 are timed, so
+    the choice is made from measured tokens per second from the fourth block on. Acceptance: per draft
+    position i, of the blocks drafting position i, the fraction whose draft i was accepted, so a block at
+    k commits 1 + the sum of the first k fractions per row. Each block takes the k of the most tokens per
+    second; with `optimistic` (the speculative loops: their switch to plain decoding is final), k = 0
+    on acceptance only after `evidence` drafting blocks (the first few blocks' acceptance, sampled drafts
+    above all, decides nothing), at once where no draft length could pay even with every draft accepted
+    (a block that costs as many plain steps as it could commit tokens: MLX on the CPU at batch 8 and 32);
+    and unless drafting beats the measured k = 0 block by `margin` (k = 0
+    counts `margin` faster than measured, in the choice and in what a probe loses). The speculative loops,
+    which switch to plain decoding (`plain`) once k = 0 wins, use `PLAIN_MARGIN`: a k = 0 block still pays
+    the drafter's upkeep, so the plain decoding they switch to is faster than its measured rate, and a draft
+    length that only ties with it would make the whole run slower than plain decoding (MLX on the CPU at
+    batch 8 and 32: a block at k = 4 costs about 5 plain steps and commits at most 5 tokens per row). The
+    k it runs is measured as it runs, so a cost misjudged low corrects itself. One misjudged high would not: an end (0 or k_max)
     other than the best is measured again once the time spent since the last probe pays for it within
     `budget` (a probe loses its cost less the time the best k takes for the tokens the probe commits:
     a plain step probed while drafting wins, or a long draft probed while plain steps win, is rare). A
     cost measured with many more rows than now is forgotten (rows leave the batch as they finish, and a
     block of fewer rows costs less)."""
 
-    def __init__(self, k_max: int, samples: int = 4, budget: float = 0.03) -> None:
+    def __init__(
+        self,
+        k_max: int,
+        samples: int = 4,
+        budget: float = 0.03,
+        margin: float = 0.0,
+        optimistic: bool = False,
+    ) -> None:
         self.k_max = k_max
         self.samples = samples
         self.budget = budget
+        self.margin = margin
+        self.optimistic = optimistic
+        self.evidence = 3  # drafting blocks before an `optimistic` switch to plain on acceptance
+        self.drafting = 0  # drafting blocks recorded (k > 0)
         self.times: dict[int, list[tuple[float, int]]] = {}  # k -> its last blocks' (seconds, rows)
         self.drafted = [0] * k_max
         self.accepted = [0] * k_max
@@ -345,7 +390,7 @@ class DraftLength:
             else:
                 self.times[k] = seen
         if self.blocks == 1:
-            return self.k_max
+            return 0
         if missing := [k for k in (self.k_max, 0) if k not in self.times]:
             self.spent = 0.0
             return missing[0]
@@ -354,7 +399,18 @@ class DraftLength:
             d = self.drafted[k - 1]
             tokens.append(tokens[-1] + (self.accepted[k - 1] / d if d else 0.0))
         rates = [tokens[k] / self.cost(k) for k in range(self.k_max + 1)]
+        rates[0] *= 1 + self.margin  # the plain decoding `plain` switches to is faster than a k = 0 block
         best = max(range(self.k_max + 1), key=lambda k: (rates[k], k))
+        # the switch to plain is final: unless no draft length could pay even with every draft accepted
+        # (a block costs as many plain steps as it could commit tokens), a few blocks' acceptance
+        # (sampled drafts vary a lot) decides nothing yet: draft on (the best observed k > 0, no probe)
+        if (
+            best == 0
+            and self.optimistic
+            and self.drafting < self.evidence
+            and max((k + 1) / self.cost(k) for k in range(1, self.k_max + 1)) >= rates[0]
+        ):
+            return max(range(1, self.k_max + 1), key=lambda k: (rates[k], k))
         loss = {k: self.cost(k) - tokens[k] / rates[best] for k in (0, self.k_max) if k != best}
         probe = min(loss, key=loss.__getitem__)
         if self.spent * self.budget >= loss[probe]:
@@ -379,6 +435,7 @@ class DraftLength:
         if self.blocks > 1:
             self.times[k] = [*self.times.get(k, [])[1 - self.samples :], (seconds, rows)]
             self.spent += seconds
+        self.drafting += k > 0
         for i, (d, a) in enumerate(zip(drafted, accepted, strict=False)):
             self.drafted[i] += d
             self.accepted[i] += a
@@ -444,7 +501,7 @@ def speculative_generate_batch(
     reasons: list[StopReason | None] = [stop.check(o) for o in outs]
     live = [r for r in range(rows) if reasons[r] is None]  # the prompt row of each verifier row
     _leave(verifier, drafter, live)
-    length = DraftLength(k) if adapt else None
+    length = DraftLength(k, margin=PLAIN_MARGIN, optimistic=True) if adapt else None
     clock = time.process_time if getattr(verifier, "on_cpu", False) else time.perf_counter
     while live:
         block_k = length.choose(len(live)) if length else k
@@ -499,6 +556,28 @@ def speculative_generate_batch(
         assert reason is not None
         gen.stop_reason, gen.decode_s = reason, decode_s
     return gens
+
+
+def _plain_one(
+    verifier: Session,
+    out: list[int],
+    gen: Generation,
+    stop: Stop,
+    sampling: Sampling | None,
+    rng: np.random.Generator | None,
+) -> StopReason:
+    """The rest of a batch-1 speculative run decoded plainly (`DraftLength.plain`): one forward per token,
+    no drafter and no hidden states, the verifier's greedy token or drawn from its probabilities."""
+    while True:
+        step = verifier.forward(out[-1:], logits=sampling is not None)
+        token = (
+            step.tokens[-1]
+            if sampling is None or rng is None
+            else int(draw(sampling.probs(step.logits[-1:]), rng)[0])
+        )
+        gen.forwards += 1
+        if (reason := commit(out, [token], stop)[1]) is not None:
+            return reason
 
 
 def _plain(

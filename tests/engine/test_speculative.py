@@ -121,6 +121,62 @@ def test_speculative_stops_like_greedy_and_leaves_a_consistent_cache(backend: st
         assert seq.position == len(ids) + len(got.tokens) - 1
 
 
+class _PlainAfter(engine.speculative.DraftLength):
+    """A DraftLength whose measured costs say drafting stops paying after `after` blocks at k_max."""
+
+    after = 2
+
+    def choose(self, rows: int = 1) -> int:
+        self.blocks += 1
+        self.plain = self.blocks > self.after
+        return 0 if self.plain else self.k_max
+
+
+def test_adaptive_speculative_equals_greedy_and_goes_plain(backend: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Issue 44: `speculative_generate(adapt=True)` chooses each block's draft length from measured costs
+    (the tokens stay greedy's), and where drafting stops paying it decodes the rest plainly: no drafter
+    call and no hidden states after the switch, one forward per token."""
+    tm = on(backend, tiny_models.gemma())
+    policy, ids = sink_window(4, 8), tiny_models.prompt(40, seed=40)
+    want = list(_greedy(backend, "gemma", policy, 40))
+
+    def run() -> tuple[engine.Generation, list[int]]:
+        drafter = _drafter(backend, "narrow", "gemma", policy, 4)
+        proposed: list[int] = []
+        propose = drafter.propose
+        drafter.propose = lambda *a: proposed.append(1) or propose(*a)  # type: ignore[method-assign]
+        gen = engine.speculative_generate(
+            tm.session(policy, max_block=5), drafter, ids, 4, engine.Stop(NEW), adapt=True
+        )
+        return gen, proposed
+
+    assert run()[0].tokens == want
+    monkeypatch.setattr(engine.speculative, "DraftLength", _PlainAfter)
+    gen, proposed = run()
+    assert gen.tokens == want and len(proposed) == 2
+    # two blocks at k = 4, then one forward per token
+    assert gen.forwards == 2 + (len(gen.tokens) - 1) - (gen.accepted + 2)
+
+
+def test_adaptive_speculative_sampling_goes_plain_as_plain_sampling(backend: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Once plain, a sampled run draws each token from the verifier's probabilities with its own stream,
+    as `generate` does: gone plain from the first block, its tokens are plain sampling's for the seed."""
+    from engine.sampling import Sampling
+
+    monkeypatch.setattr(_PlainAfter, "after", 0)
+    monkeypatch.setattr(engine.speculative, "DraftLength", _PlainAfter)
+    tm = on(backend, tiny_models.gemma())
+    policy, ids, stop = sink_window(4, 8), tiny_models.prompt(40, seed=40), engine.Stop(60)
+    for seed in (0, 1):
+        s = Sampling(0.8, seed=seed)
+        want = engine.generate(tm.session(policy), ids, stop, s)
+        drafter = _drafter(backend, "narrow", "gemma", policy, 4)
+        got = engine.speculative_generate(
+            tm.session(policy, max_block=5), drafter, ids, 4, stop, s, adapt=True
+        )
+        assert got.tokens == want.tokens and got.forwards == want.forwards and got.drafted == 0
+
+
 def test_verifier_without_the_slack_is_refused() -> None:
     seq = tiny_models.gemma().session(sink_window(4, 8), max_block=4)
     with pytest.raises(ValueError, match="max_block >= k \\+ 1 = 5"):

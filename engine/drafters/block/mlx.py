@@ -177,6 +177,10 @@ class MLXBlockDrafter(Buffers, BlockDrafterBase):
         for (kb, vb), (k, v) in zip(self.kv, new, strict=True):
             kb[:, :, at:end] = k
             vb[:, :, at:end] = v
+        # evaluated now (in the background), not with the next block: the prompt's context would
+        # otherwise land in the first block's time (engine.speculative.DraftLength times blocks), and a
+        # run of plain steps (k = 0) would pile its writes up into one graph
+        mx.async_eval(self.kv)
 
     def block_logits(self, last: int, k: int) -> mx.array:
         """[k, vocab] (lazy): the block forward's logits at the k mask slots."""
