@@ -31,33 +31,12 @@ from typing import Any
 import engine
 import engine.decode as decode
 import engine.speculative as spec
+from benchmarks.harness import Clocks
 from engine.drafters import load_drafter, parse_drafter
 from engine.report import write_report
 from engine.zoo import corpus
 
 METHODS = ("greedy", "fixed", "adaptive")
-
-
-class Clocks:
-    """Stands in for the `time` module of engine.decode and engine.speculative during a run: every
-    `perf_counter()` they read is logged with the process's CPU time at that moment, so the CPU time of
-    the decode phase (between the reads that bound `Generation.decode_s`) is known exactly."""
-
-    def __init__(self) -> None:
-        self.log: list[tuple[float, float]] = []
-
-    def perf_counter(self) -> float:
-        wall, cpu = time.perf_counter(), time.process_time()
-        self.log.append((wall, cpu))
-        return wall
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(time, name)
-
-    def cpu_since(self, wall: float) -> float:
-        """CPU time from the logged read closest to `wall` to the last read."""
-        start = min(self.log, key=lambda e: abs(e[0] - wall))
-        return self.log[-1][1] - start[1]
 
 
 def _run(

@@ -36,6 +36,7 @@ import engine
 import engine.decode as decode
 import engine.drafters.block.base as block_base
 import engine.speculative as speculative
+from benchmarks.harness import Clocks
 from engine.drafters import load_drafter, parse_drafter
 from engine.report import write_report
 from engine.sampling import Sampling, draw
@@ -100,23 +101,6 @@ def host_timer(acc: list[float]) -> Iterator[None]:
         Sampling.probs, speculative.verify, block_base.draw = saved  # type: ignore[method-assign]
 
 
-class Clocks:
-    """Stands in for the `time` module of engine.decode and engine.speculative during a run: every
-    `perf_counter()` they read is logged with the process's CPU time, so the CPU time of the decode phase
-    (between the reads that bound `Generation.decode_s`) is known exactly."""
-
-    def __init__(self) -> None:
-        self.log: list[tuple[float, float]] = []
-
-    def perf_counter(self) -> float:
-        wall, cpu = time.perf_counter(), time.process_time()
-        self.log.append((wall, cpu))
-        return wall
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(time, name)
-
-
 def timed(fn: Callable[[], engine.Generation]) -> engine.Generation:
     """Run one generation, recording the CPU time of its decode phase as `decode_cpu_s`."""
     clocks = Clocks()
@@ -125,9 +109,7 @@ def timed(fn: Callable[[], engine.Generation]) -> engine.Generation:
         gen = fn()
     finally:
         decode.time, speculative.time = time, time  # type: ignore[assignment]
-    end = clocks.log[-1]
-    start = min(clocks.log, key=lambda e: abs(e[0] - (end[0] - gen.decode_s)))
-    gen.decode_cpu_s = end[1] - start[1]  # type: ignore[attr-defined]
+    gen.decode_cpu_s = clocks.cpu_since(clocks.log[-1][0] - gen.decode_s)  # type: ignore[attr-defined]
     return gen
 
 

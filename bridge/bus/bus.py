@@ -1,15 +1,5 @@
-"""The git bus (layout 2): only request branches under refs/heads (a push there triggers Actions); claims,
-results, cancels, presence, the per-subject index and the layout marker under refs/kakeya/, which no clone
-or `git fetch` of a teammate sees.
-
-    refs/heads/kakeya/req/<label>/<id>   request commit: parent = the subject; adds .kakeya/request.json
-    refs/kakeya/claim/<id>               claim commit on top of the request (then heartbeats); adds
-                                         .kakeya/claim.json; created only if absent
-    refs/kakeya/done/<id>                result commit on top of the claim; adds .kakeya/results/<id>/...
-    refs/kakeya/by-subject/<sha>/<id>    the same done commit, indexed under the subject it ran
-    refs/kakeya/cancel/<id>              cancel marker on top of the request; adds .kakeya/cancel.json
-    refs/kakeya/runners/<name>           a runner's presence (bridge/bus/presence.py)
-    refs/kakeya/layout/<n>               the bus layout's version (LAYOUT); a client of another layout stops
+"""`Bus`: a bus remote and the local object store that reads and writes for it (the refs and the files they
+carry: bridge/bus/records.py).
 
 The done push is one atomic push that creates the done ref and its index ref and deletes the request, claim
 and cancel refs (the done commit has the request and every claim commit as ancestors): the live namespaces
@@ -18,8 +8,9 @@ hold only live work. Every read asks for the refs under a few prefixes (`Bus.ls_
 Every write is a compare-and-swap push (each ref leased on the sha expected, none = the ref must not exist:
 receive-pack's own check of each command's old sha, bridge/wire/receive_pack.py; `git push --force-with-lease`
 over http(s)), so two writers can never both win; `Bus.swap` retries transient failures and tells a lost
-race from a won one by looking at what the bus holds afterwards. Commits are built by bridge/wire/git.py straight into an
-object store (the user's repository or a runner's mirror): no working tree, index or branch is touched.
+race from a won one by looking at what the bus holds afterwards. Commits are built by bridge/wire/git.py
+straight into an object store (the user's repository or a runner's mirror): no working tree, index or branch
+is touched.
 """
 
 from __future__ import annotations

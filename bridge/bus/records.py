@@ -11,15 +11,9 @@ or `git fetch` of a teammate sees.
     refs/kakeya/runners/<name>           a runner's presence (bridge/bus/presence.py)
     refs/kakeya/layout/<n>               the bus layout's version (LAYOUT); a client of another layout stops
 
-The done push is one atomic push that creates the done ref and its index ref and deletes the request, claim
-and cancel refs (the done commit has the request and every claim commit as ancestors): the live namespaces
-hold only live work. Every read asks for the refs under a few prefixes (`Bus.ls_remote`: protocol v2
-`ref-prefix`, so the bytes are those of the refs asked for), and objects are fetched by id (`Bus.fetch_ids`).
-Every write is a compare-and-swap push (each ref leased on the sha expected, none = the ref must not exist:
-receive-pack's own check of each command's old sha, bridge/wire/receive_pack.py; `git push --force-with-lease`
-over http(s)), so two writers can never both win; `Bus.swap` retries transient failures and tells a lost
-race from a won one by looking at what the bus holds afterwards. Commits are built by bridge/wire/git.py straight into an
-object store (the user's repository or a runner's mirror): no working tree, index or branch is touched.
+What is written under each ref (request.json, claim.json, cancel.json, the results) is read through the
+models here (`Manifest`, `Claim`, `CancelMarker`); a listing becomes a `Snapshot` of `Entry`s, one per
+request id; `Bus` (bridge/bus/bus.py) reads and writes them.
 """
 
 from __future__ import annotations

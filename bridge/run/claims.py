@@ -17,36 +17,17 @@ import os
 import platform
 import random
 import time
-from pathlib import Path
-from typing import Protocol
 
 from pydantic import ValidationError
 
-from bridge.bus.bus import Bus
 from bridge.bus.records import CLAIM_PATH, Claim, Entry, Snapshot, Update, claim_ref, done_ref
-from bridge.config import Config
 from bridge.core.errors import BusError, KakeyaError
+from bridge.run.owner import Owner
 from bridge.wire import git
 
 CLAIM_WINDOW = 8  # runners pick at random among the oldest few pending requests, so they rarely collide
 PREFETCH = 16  # requests fetched ahead in one fetch
 MAX_TRIES = 4  # claims tried per poll before looking at the bus again
-
-
-class Owner(Protocol):
-    """What claiming needs of its runner (bridge/run/runner.py Runner)."""
-
-    config: Config
-    bus: Bus
-    mirror: Path
-    name: str
-    labels: list[str]
-    who: str
-    sign_key: str | None
-
-    def log(self, msg: str) -> None: ...
-
-    def now(self) -> dt.datetime: ...
 
 
 class Claims:

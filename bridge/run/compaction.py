@@ -8,30 +8,13 @@ ledger (bridge/bus/ledger.py).
 from __future__ import annotations
 
 import datetime as dt
-import threading
 import time
-from typing import Protocol
 
 from bridge.bus import ledger
-from bridge.bus.bus import Bus
 from bridge.bus.records import DONE_PREFIX
-from bridge.config import Config
+from bridge.run.owner import Owner
 
 COMPACT_BATCH = 1000  # done results a runner moves into the ledger at a time, between two polls
-
-
-class Owner(Protocol):
-    """What compaction needs of its runner (bridge/run/runner.py Runner)."""
-
-    config: Config
-    bus: Bus
-    name: str
-    who: str
-    stopping: threading.Event
-
-    def log(self, msg: str) -> None: ...
-
-    def now(self) -> dt.datetime: ...
 
 
 class Compaction:

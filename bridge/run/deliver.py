@@ -16,19 +16,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
-from bridge.bus.bus import Bus
 from bridge.bus.records import CLAIM_PATH, Entry, Update, results_path, stage_ref
 from bridge.bus.trust import principal
-from bridge.config import Config
 from bridge.core import caps
 from bridge.core.errors import KakeyaError
-from bridge.core.result import RunContext, RunResult
+from bridge.core.result import RunResult
 from bridge.results import attest
 from bridge.results.outcome import RunOutcome, not_run
 from bridge.run.lease import Lease
 from bridge.run.outbox import Outbox
+from bridge.run.owner import Owner
 from bridge.wire import git
 
 
@@ -44,24 +42,8 @@ class Served:
     pushed: bool = False
 
 
-class Sender(Protocol):
-    """What delivery needs of the runner (bridge/run/runner.py Runner): no import of it, no circle."""
-
-    config: Config
-    bus: Bus
-    mirror: Path
-    name: str
-    labels: list[str]
-    who: str
-    sign_key: str | None
-
-    def log(self, msg: str) -> None: ...
-
-    def context(self, entry: Entry) -> RunContext: ...
-
-
 class Delivery:
-    def __init__(self, runner: Sender, outbox: Outbox):
+    def __init__(self, runner: Owner, outbox: Outbox):
         self.runner, self.outbox = runner, outbox
 
     def deliver(

@@ -11,29 +11,10 @@ it, and its presence says why).
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
-from typing import Protocol
 
-from bridge.bus.bus import Bus
 from bridge.bus.presence import Beacon, host_facts
-from bridge.bus.trust import Signers
 from bridge.config import Config
-
-
-class Owner(Protocol):
-    """What a presence needs of its runner (bridge/run/runner.py Runner)."""
-
-    config: Config
-    bus: Bus
-    mirror: Path
-    workdir: Path
-    name: str
-    labels: list[str]
-    who: str
-    sign_key: str | None
-    requesters: Signers | None
-
-    def log(self, msg: str) -> None: ...
+from bridge.run.owner import Owner
 
 
 class Presence:
