@@ -389,6 +389,29 @@ def root_problem(iso: Isolation, environ: Mapping[str, str] | None = None) -> st
     )
 
 
+def reach_problem(
+    iso: Isolation, writable: list[str], environ: Mapping[str, str] | None = None
+) -> str | None:
+    """Why a runner must not start when a trial run (`trial`) could write to `writable`, what the runner
+    executes: in every mode (a run could change the venv or the bridge and so every later run and client),
+    save a root runner's none/userns that `root_problem` lets through for the test suite alone; else None."""
+    environ = os.environ if environ is None else environ
+    if not writable or (
+        _is_root() and iso.kind in ("none", "userns") and environ.get(ROOT_RUNS_FOR_TESTS) == "1"
+    ):
+        return None
+    owner = "by the runner's user alone (chmod go-w)" if iso.kind in ("bwrap", "user") else "by another user"
+    return (
+        f"a run (isolation {iso.describe}) could write to {', '.join(writable)}, which the runner executes; "
+        f"make them writable {owner}"
+        + (
+            ""
+            if iso.kind in ("bwrap", "user")
+            else ", or give runs bubblewrap or a run user (isolation auto)"
+        )
+    )
+
+
 def weak_problem(mode: str, iso: Isolation, environ: Mapping[str, str] | None = None) -> str | None:
     """Why a runner must not serve under `iso` chosen by `mode`, or None: auto fell to userns or none, or the
     runner is root and its runs would be too (`root_problem`)."""
@@ -430,9 +453,11 @@ TRIAL_PY = (
 
 def runner_paths() -> list[str]:
     """What the runner executes and a run must not change: the venv (its site-packages, bin, prefix), the base
-    interpreter's prefix and standard library, and the bridge package the launcher lives in."""
+    interpreter's prefix and standard library, and the bridge package (the launcher's layer, run/, and the
+    package above it)."""
+    bridge = Path(os.path.abspath(launcher.__file__)).parents[1]
     paths = [sys.prefix, os.path.dirname(sys.executable), *site.getsitepackages(), sys.base_prefix]
-    paths += [os.path.dirname(os.__file__), os.path.dirname(os.path.abspath(launcher.__file__))]
+    paths += [os.path.dirname(os.__file__), str(bridge), str(bridge / "run")]
     return list(dict.fromkeys(os.path.realpath(p) for p in paths if os.path.isdir(p)))
 
 

@@ -499,3 +499,39 @@ def test_the_launcher_knows_a_limit_by_how_the_program_ended():
     assert launcher.reached(1, False, no_oom, Tail(traceback), {"file": 1}) is None  # no memory limit set
     earlier = b"MemoryError\n" + b"".join(b"line %d\n" % i for i in range(10))
     assert launcher.reached(1, False, no_oom, Tail(earlier), limits) is None
+
+
+@pytest.mark.parametrize("isolation", ["none", "userns"])
+def test_an_unprivileged_runner_whose_runs_could_write_its_code_refuses_to_start(
+    world: Env, daemon: Daemon, isolation: str
+):
+    """Under none and userns a run is the runner's own user: where that user can write the bridge (here a
+    copy it owns, as a `pip install --user` or a checkout of its own would be), a run could change what every
+    later run and client executes, so `runner once` and `runner watch` refuse, naming the path; on code it
+    cannot write (the repository, root's) the same runner starts."""
+    runners = setup_world(world, isolation, TEST_USER, daemon)
+    try:
+        own = runners.home / "code"
+        for pkg in ("bridge", "gates"):
+            shutil.copytree(REPO / pkg, own / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+        ids = pwd.getpwnam(TEST_USER)
+        for p in [own, *own.rglob("*")]:
+            os.chown(p, ids.pw_uid, ids.pw_gid)
+        for mode in ("once", "watch"):
+            env = runners.env | {"PYTHONPATH": str(own)}
+            proc = subprocess.run(
+                runners.argv(mode, f"mine-{mode}"), env=env, cwd=runners.home, capture_output=True, text=True,
+                timeout=120,
+            )  # fmt: skip
+            assert proc.returncode != 0, proc.stdout + proc.stderr
+            said = proc.stderr.strip().splitlines()[-1]
+            assert said.startswith(f"kakeya: error: refusing to serve: a run (isolation {isolation})") and (
+                f"{own / 'bridge'}" in said and "make them writable by another user" in said
+            ), said
+        served = subprocess.run(
+            runners.argv("once", "theirs"), env=runners.env, cwd=runners.home, capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+        assert served.returncode == 0, served.stdout + served.stderr
+    finally:
+        runners.close()

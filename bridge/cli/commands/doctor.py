@@ -26,7 +26,7 @@ from bridge.core.errors import KakeyaError
 from bridge.host import check_accelerator, label_needs
 from bridge.presets.params import models_dirs
 from bridge.presets.registry import load_registry
-from bridge.run.isolation import bwrap_available, choose, key_problem, trial, weak_problem
+from bridge.run.isolation import bwrap_available, choose, key_problem, reach_problem, trial, weak_problem
 from bridge.run.slurm import Slurm
 from bridge.wire import git
 
@@ -123,12 +123,10 @@ def isolation_in_force(cfg: Config) -> str:
     if problem:
         raise KakeyaError(f"a runner would refuse to start: {problem}")
     # a trial run, as the run user in the sandbox runs get (bridge/run/isolation.py's `trial`)
-    writable = trial(choose(cfg.isolation, cfg.run_user, network_none=True), os.environ)
-    if writable and iso.kind in ("bwrap", "user"):
-        raise KakeyaError(
-            f"a runner would refuse to start: a run could write to {', '.join(writable)}, which the runner "
-            "executes; make them writable by the runner's user alone (chmod go-w)"
-        )
+    run_iso = choose(cfg.isolation, cfg.run_user, network_none=True)
+    writable = trial(run_iso, os.environ)
+    if problem := reach_problem(run_iso, writable):
+        raise KakeyaError(f"a runner would refuse to start: {problem}")
     extra = f"; runs of untrusted-subjects labels {', '.join(untrusted)} allowed" if untrusted else ""
     extra += f"; a run can write to what the runner executes: {', '.join(writable)}" if writable else ""
     if sys.platform.startswith("linux") and not bwrap_available():

@@ -35,7 +35,14 @@ from bridge.client.remote import default_remote, resolve_remote, state_dir
 from bridge.config import Config, SlurmLabel
 from bridge.core.errors import Interrupted, InvalidRequest, KakeyaError
 from bridge.results.render import outcome_words
-from bridge.run.isolation import choose, describe_protection, trial, weak_problem
+from bridge.run.isolation import (
+    choose,
+    describe_protection,
+    reach_problem,
+    runner_paths,
+    trial,
+    weak_problem,
+)
 from bridge.run.runner import Runner, Served
 from bridge.run.slurm import SlurmExecutor
 from bridge.run.slurm_runner import SlurmRunner
@@ -101,22 +108,24 @@ def make_runner(args: argparse.Namespace, config: Config, root: Path, url: str, 
 
 def isolation_at_start(config: Config, labels: list[str], trial_run: bool) -> str | None:
     """What a runner says at its start of the isolation its local runs get (None: it runs none here); refuses
-    (KakeyaError) where `auto` found only a weak one, and, with `trial_run`, where a trial run cannot start
-    the runner's Python or could write to what the runner executes under an isolation that claims it cannot."""
+    (KakeyaError) where `auto` found only a weak one, where runs under none/userns (this runner's own user)
+    could write what the runner executes, and, with `trial_run`, where a trial run cannot start the runner's
+    Python or could write to what the runner executes."""
     if all(isinstance(config.executor_for(lb), SlurmLabel) for lb in labels):
         return None  # the nodes choose (bridge/run/slurm_job.py)
     iso = choose(config.isolation, config.run_user, network_none=True)
     if problem := weak_problem(config.isolation, iso):
         raise KakeyaError(f"refusing to serve: {problem}")
+    if iso.kind in ("none", "userns"):  # runs are this runner's own user: what it may write, they may
+        mine = [p for p in runner_paths() if os.access(p, os.W_OK)]
+        if problem := reach_problem(iso, mine):
+            raise KakeyaError(f"refusing to serve: {problem}")
     line = describe_protection(iso)
     if trial_run:
         writable = trial(iso, os.environ)
-        if writable and iso.kind in ("bwrap", "user"):
-            raise KakeyaError(
-                f"refusing to serve: a run (isolation {iso.describe}) could write to {', '.join(writable)}, "
-                "which the runner executes; make them writable by the runner's user alone (chmod go-w)"
-            )
-        if writable:
+        if problem := reach_problem(iso, writable):
+            raise KakeyaError(f"refusing to serve: {problem}")
+        if writable:  # the test suite's root runs alone (`reach_problem`)
             line += f"; a run can write to what the runner executes ({', '.join(writable)})"
     return line
 
