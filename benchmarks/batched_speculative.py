@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -31,9 +30,9 @@ from typing import Any
 import engine
 import engine.decode as decode
 import engine.speculative as spec
+from benchmarks import harness
 from benchmarks.harness import Clocks
 from engine.drafters import load_drafter, parse_drafter
-from engine.report import write_report
 from engine.zoo import corpus
 
 METHODS = ("greedy", "fixed", "adaptive")
@@ -159,27 +158,23 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    load_before = os.getloadavg()
+    load_before = harness.load_average()
     t0 = time.perf_counter()
     results = [row for backend in args.backends.split(",") for row in bench(backend, args)]
     config = {k: v for k, v in vars(args).items() if k != "out"}
-    write_report(
+    harness.write_report(
         args.out,
         "bench-batched-speculative",
         1,
         {
-            "command": shlex.join(
-                ["python", "-m", "benchmarks.batched_speculative", *(argv or sys.argv[1:])]
-            ),
+            "command": harness.command("batched_speculative", argv),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-            "load_average_before": list(load_before),
-            "load_average_after": list(os.getloadavg()),
             "wall_s": round(time.perf_counter() - t0, 1),
             "config": config,
             "results": results,
         },
+        load_before,
     )
-    print(f"wrote {args.out}")
     return 0
 
 

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import engine
+from benchmarks import harness
 from engine.models import resolve
-from engine.report import write_report
 from engine.serve.load import Job, drive, summarize
 from engine.zoo import corpus
 
@@ -257,7 +257,7 @@ def main() -> int:
             model.session(engine.full()), model.encode(p), engine.Stop(args.new_tokens, model.eos_ids)
         )
         want.append(str(model.tokenizer.decode(gen.tokens, skip_special_tokens=True)))
-    load_before = os.getloadavg()
+    load_before = harness.load_average()
     rows = []
     for name in args.servers.split(","):
         port = free_port()
@@ -291,13 +291,13 @@ def main() -> int:
                         "ttft_p50_no_worse": ttft,
                     }
                 )
-    write_report(
+    harness.write_report(
         args.out,
         "bench-serve",
         1,
         {
             "benchmark": "serve",
-            "command": shlex.join([sys.executable, *sys.argv]),
+            "command": harness.command("serve"),
             "model": str(args.model),
             "kakeya_policy": policy,
             "load": {
@@ -308,11 +308,10 @@ def main() -> int:
                 "new_tokens": args.new_tokens,
                 "threads": args.threads,
             },
-            "loadavg_before": list(load_before),
-            "loadavg_after": list(os.getloadavg()),
             "results": rows,
             "targets": targets,
         },
+        load_before,
     )
     for r in rows:
         if "error" in r:

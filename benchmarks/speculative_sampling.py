@@ -22,8 +22,6 @@ asserted.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,9 +34,9 @@ import engine
 import engine.decode as decode
 import engine.drafters.block.base as block_base
 import engine.speculative as speculative
+from benchmarks import harness
 from benchmarks.harness import Clocks
 from engine.drafters import load_drafter, parse_drafter
-from engine.report import write_report
 from engine.sampling import Sampling, draw
 from engine.workloads import cli
 from engine.workloads.throughput import position_acceptance
@@ -251,14 +249,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     cli.set_threads(args.threads)
-    load_start = list(os.getloadavg())
+    load_start = harness.load_average()
     results = [measure(b, k, args) for b in args.backends for k in args.ks]
-    load = {"load_average": load_start, "load_average_end": list(os.getloadavg())}  # (1, 5, 15 min)
-    command = "python -m benchmarks.speculative_sampling " + " ".join(
-        argv if argv is not None else sys.argv[1:]
+    config = {**vars(args), "out": str(args.out), "command": harness.command("speculative_sampling", argv)}
+    harness.write_report(
+        args.out, "bench-speculative-sampling", 1, {"config": config, "results": results}, load_start
     )
-    body = {"config": {**vars(args), "out": str(args.out), "command": command, **load}, "results": results}
-    write_report(args.out, "bench-speculative-sampling", 1, body)
     return 0
 
 
