@@ -246,7 +246,8 @@ def test_an_unprivileged_runner_in_its_sandbox_reads_nothing_planted_and_follows
     """Issue 40 (1, 7) as an unprivileged runner (auto: bubblewrap, the run as the runner's own user, so the
     run can write its scratch: the launcher's status there, its temporary file): a FIFO there and a directory
     in its way block nothing; a link left in a locked directory to a file of the runner's user does not change
-    that file's mode at cleanup. The same runner serves the next request."""
+    that file's mode at cleanup; 20,000 files are capped in one line, with no runner path in what is published.
+    The same runner serves the next request."""
     if not bwrap_available():
         pytest.skip("bubblewrap is not installed here")
     user = ensure_user(TEST_USER)
@@ -300,6 +301,10 @@ def test_an_unprivileged_runner_in_its_sandbox_reads_nothing_planted_and_follows
             link = serve("link")
             assert (link["status"], link["verdict"]) == ("succeeded", "pass"), link
             assert victim.stat().st_mode & 0o777 == 0o600
+            many = serve("many")  # 20,000 files: the cap, said in one line; no runner path published
+            assert (many["status"], many["verdict"]) == ("succeeded", "pass"), many
+            assert len([line for line in many["dropped"] if "files_count_cap" in line]) == 1, many["dropped"]
+            assert str(side.home) not in json.dumps(many) and "/kakeya-run-" not in json.dumps(many), many
             assert serve("ok")["verdict"] == "pass"
             assert runner.poll() is None
         finally:
