@@ -11,20 +11,29 @@ from __future__ import annotations
 import json
 import os
 import pty
+import pwd
 import re
 import select
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
+from pathlib import Path
 
+import pytest
 import yaml
 
 from bridge.bus.bus import Bus
 from bridge.bus.records import CLAIM_PATH, Update, claim_ref, done_ref, req_ref, results_path, utcnow
 from bridge.cli.main import main
+from bridge.run.isolation import bwrap_available
 from bridge.wire import git as G
 from tests.bridge.bus_support import Daemon, Env, git, runner_process, stop, wait_for
+from tests.bridge.test_sandbox import TEST_USER, as_user, ensure_user
+
+ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 EVIL = (
     "\x1b]52;c;cHduZWQ=\x07"  # OSC 52: write the reader's clipboard
@@ -148,8 +157,37 @@ def with_hostile(world: Env) -> None:
     git(world.project, "commit", "-q", "-m", "hostile")
 
 
+def hostile_runner(world: Env, url: str, who: str) -> tuple[subprocess.Popen[bytes], Path | None]:
+    """`kakeya runner watch` serving the hostile preset: as root (the suite's `none`), or as an unprivileged
+    user in its default sandbox (auto: bubblewrap), its presets and work directory its own."""
+    if who == "root":
+        return runner_process(world, url, "r1", "--poll", "0.2", "--lease", "3"), None
+    if not (ROOT and bwrap_available()):
+        pytest.skip("a runner as another user needs root and bubblewrap (CI has both)")
+    user = ensure_user(TEST_USER)
+    home = Path(tempfile.mkdtemp(prefix="kakeya-esc-"))
+    (home / "presets").mkdir()
+    shutil.copy(world.presets / "hostile.yaml", home / "presets" / "hostile.yaml")
+    home.chmod(0o755)
+    ids = pwd.getpwnam(user)
+    for path in [home, *home.rglob("*")]:
+        os.chown(path, ids.pw_uid, ids.pw_gid)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KAKEYA_")} | {
+        "KAKEYA_PRESETS": str(home / "presets"),
+        "KAKEYA_MIN_FREE": "0",
+        "HOME": str(home),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    }
+    argv = [sys.executable, "-m", "bridge.cli", "runner", "watch", "--poll", "0.2", "--lease", "3"]
+    flags = ["--labels", "cpu", "--name", "r1", "--remote", url, "--workdir", str(home / "runner")]
+    log = (home / "runner.log").open("ab")
+    proc = subprocess.Popen(as_user(user, [*argv, *flags]), env=env, cwd=home, stdout=log, stderr=log)
+    return proc, home
+
+
+@pytest.mark.parametrize("who", ["root", "unprivileged"])
 def test_a_hostile_runs_escapes_reach_no_terminal_and_are_not_stored_for_showing(
-    world: Env, daemon: Daemon, capsys
+    world: Env, daemon: Daemon, capsys, who: str
 ):
     with_hostile(world)
     url = daemon.repo()
@@ -162,7 +200,7 @@ def test_a_hostile_runs_escapes_reach_no_terminal_and_are_not_stored_for_showing
         stderr=subprocess.PIPE,
     )
     live, drawn = on_a_terminal(world, "wait", rid, "--remote", url, "--out", "live-out")
-    runner = runner_process(world, url, "r1", "--poll", "0.2", "--lease", "3")
+    runner, home = hostile_runner(world, url, who)
     try:
 
         def shown() -> bytes | None:
@@ -177,6 +215,8 @@ def test_a_hostile_runs_escapes_reach_no_terminal_and_are_not_stored_for_showing
         assert live.wait(60) == 1
     finally:
         stop(runner)
+        if home:
+            shutil.rmtree(home, ignore_errors=True)
     assert plain.returncode == 1  # the gate failed: /probe/os is not "test"
     assert b"gnp.exe" in out and b"  | s" in out  # progress lines and the log echo were shown
     assert_clean(out, "kakeya wait (plain lines)")
@@ -202,6 +242,8 @@ def test_a_hostile_runs_escapes_reach_no_terminal_and_are_not_stored_for_showing
     for p in progress:
         assert_clean("\n".join(strings(p)).encode(), "a heartbeat's progress")
     files = G.read_dir(world.project, done_sha, results_path(rid))
+    ran = json.loads(files["result.json"])
+    assert ran["isolation"].startswith("bwrap") if who == "unprivileged" else ran["isolation"] == "none", ran
     for name in ("verdict.json", "result.json", "summary.md", "report.html"):
         text = "\n".join(strings(json.loads(files[name]))) if name.endswith(".json") else files[name].decode()
         assert "gnp.exe" in text or name == "result.json"
