@@ -106,11 +106,16 @@ def _signal_all(pids: list[int], sig: int) -> None:
             pass
 
 
-def _reap(codes: dict[int, int]) -> None:
-    """Collect every exited child (ours, and orphans re-parented to us)."""
+def _reap(codes: dict[int, int], keep: int | None = None) -> None:
+    """Collect every exited child (ours, and orphans re-parented to us); `keep`: a pid left a zombie, and the
+    reaping stopped at it, until its caller has looked at it (Linux: `waitid` peeks first)."""
     while True:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            if keep is not None:
+                peek = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                if peek is None or peek.si_pid == keep:
+                    return
+            pid, status = os.waitpid(-1 if keep is None else peek.si_pid, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
@@ -247,6 +252,40 @@ def reached(
     return None
 
 
+def watch(
+    child: subprocess.Popen[bytes], codes: dict[int, int], limits: dict[str, int], uid: int, lifeline: int,
+    stop: list[bool],
+) -> tuple[str, str] | None:  # fmt: skip
+    """Wait for the program's end (or the runner's, or a signal), reaping as it goes; the process limit, with
+    what showed it, when its user's tasks reached it (counted every 0.2 s and at the program's end)."""
+    limit: tuple[str, str] | None = None
+    next_count = 0.0
+    counting = "processes" in limits and Path("/proc").is_dir()
+    while not stop[0]:
+        ended = False
+        if counting:
+            try:  # has the program exited? (not reaped: while a zombie it still counts, as the kernel counts)
+                ended = os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+            except ChildProcessError:
+                ended = False
+            if limit is None and (ended or time.monotonic() >= next_count):
+                next_count = time.monotonic() + 0.2
+                if (n := tasks_of(uid)) >= limits["processes"]:  # a fork failed or would: at its limit
+                    limit = ("processes", f"its user had {n} tasks")
+        # the program is reaped only once counted after its end: one that ended between the look above and
+        # the reaping would otherwise go uncounted (its children then fewer than the limit)
+        _reap(codes, keep=child.pid if counting and not ended else None)
+        if child.pid in codes:
+            break
+        if lifeline >= 0:
+            ready, _, _ = select.select([lifeline], [], [], 0.05)
+            if ready and not os.read(lifeline, 1):
+                break  # the runner is gone
+        else:
+            time.sleep(0.05)
+    return limit
+
+
 def main(argv: list[str]) -> int:
     args = argv[1:]
     opts: dict[str, str] = {}
@@ -272,8 +311,6 @@ def main(argv: list[str]) -> int:
     start_error: str | None = None
     limits = limits_to_set(opts)
     uid = int(opts["--uid"]) if "--uid" in opts else os.getuid()
-    limit: tuple[str, str] | None = None
-    next_count = 0.0
     oom_before = oom_kills()
     err_r, err_w = os.pipe()
     try:
@@ -284,25 +321,7 @@ def main(argv: list[str]) -> int:
         child, exit_code, start_error = None, 127, str(exc)
     os.close(err_w)
     tail = StderrTail(err_r)
-    while child is not None and not stop[0]:
-        if "processes" in limits and limit is None and Path("/proc").is_dir():
-            try:  # has the program exited? (not reaped: while a zombie it still counts, as the kernel counts)
-                ended = os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-            except ChildProcessError:
-                ended = False
-            if ended or time.monotonic() >= next_count:
-                next_count = time.monotonic() + 0.2
-                if (n := tasks_of(uid)) >= limits["processes"]:  # a fork failed or would: at its limit
-                    limit = ("processes", f"its user had {n} tasks")
-        _reap(codes)
-        if child.pid in codes:
-            break
-        if lifeline >= 0:
-            ready, _, _ = select.select([lifeline], [], [], 0.05)
-            if ready and not os.read(lifeline, 1):
-                break  # the runner is gone
-        else:
-            time.sleep(0.05)
+    limit = watch(child, codes, limits, uid, lifeline, stop) if child is not None else None
     strays = 0
     if child is not None:
         signalled = child.pid not in codes  # still running: the launcher ends it (time limit, cancel)
