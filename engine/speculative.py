@@ -441,6 +441,54 @@ class DraftLength:
             self.accepted[i] += a
 
 
+def _block(
+    verifier: Session, drafter: Any, live: list[int], block_k: int, k: int, layers: tuple[int, ...], stop: Stop,
+    state: tuple[list[list[int]], list[StopReason | None], list[Generation]],
+    samplings: Sequence[Sampling | None], rngs: Sequence[Any],
+) -> tuple[list[int], list[int], list[int]]:  # fmt: skip
+    """One block of `speculative_generate_batch`: every live row drafts up to `block_k` tokens, one batched
+    verify forward, each row accepts its own prefix, commits, rolls back and feeds the drafter. The indices
+    (into `live`) of the rows still going, and the block's drafted and accepted counts per draft position."""
+    outs, reasons, gens = state
+    lasts = [outs[r][-1] for r in live]
+    ks = [min(block_k, stop.max_new_tokens - len(outs[r]) - 1) for r in live]
+    sampled = any(samplings[r] for r in live)
+    qs: list[np.ndarray | None] = [None] * len(live)
+    if sampled and isinstance(drafter, SamplingRows):
+        row_rngs = [rngs[r] for r in live]
+        drafts, qs = drafter.propose_rows_sampled(lasts, ks, [samplings[r] for r in live], row_rngs)
+    else:
+        drafts = drafter.propose_rows(lasts, ks)
+    m = 1 + max(len(d) for d in drafts)
+    fed = [[outs[r][-1], *d] for r, d in zip(live, drafts, strict=True)]
+    step = verifier.forward_rows([f + [f[-1]] * (m - len(f)) for f in fed], hidden=layers, logits=sampled)
+    logits = host(step.logits) if sampled else None
+    ns = [0] * len(live)  # what each row accepted and committed (None: it stopped)
+    committed: list[list[int] | None] = [None] * len(live)
+    kept = [0] * len(live)  # positions each row keeps fed: [last, d1..d(done-1)]
+    block_drafted, block_accepted = [0] * k, [0] * k
+    for i, (r, d) in enumerate(zip(live, drafts, strict=True)):
+        gen, row_logits = gens[r], None if logits is None else logits[i]
+        n, token = accepted_prefix(d, step.tokens[i], row_logits, qs[i], samplings[r], rngs[r])
+        new = [*d[:n], token]
+        gen.forwards += 1
+        gen.drafted += len(d)
+        gen.accepted += n
+        gen.count_positions(len(d), n)
+        for j in range(len(d)):
+            block_drafted[j] += 1
+            block_accepted[j] += j < n
+        kept[i], reasons[r] = commit(outs[r], new, stop)
+        if reasons[r] is None:
+            ns[i], committed[i] = n, new
+    verifier.trim([m - done for done in kept])
+    going = [i for i, r in enumerate(live) if reasons[r] is None]
+    if layers:
+        drafter.observe_rows(step.hidden, [kept[i] if reasons[r] is None else 0 for i, r in enumerate(live)])
+    drafter.accept_rows(ns, committed)
+    return going, block_drafted, block_accepted
+
+
 def speculative_generate_batch(
     verifier: Session,
     drafters: Sequence[Drafter] | RowsDrafter,
@@ -509,44 +557,9 @@ def speculative_generate_batch(
             _plain(verifier, live, outs, reasons, gens, stop, samplings, rngs)
             break
         started = clock()
-        lasts = [outs[r][-1] for r in live]
-        ks = [min(block_k, stop.max_new_tokens - len(outs[r]) - 1) for r in live]
-        sampled = any(samplings[r] for r in live)
-        qs: list[np.ndarray | None] = [None] * len(live)
-        if sampled and isinstance(drafter, SamplingRows):
-            row_rngs = [rngs[r] for r in live]
-            drafts, qs = drafter.propose_rows_sampled(lasts, ks, [samplings[r] for r in live], row_rngs)
-        else:
-            drafts = drafter.propose_rows(lasts, ks)
-        m = 1 + max(len(d) for d in drafts)
-        fed = [[outs[r][-1], *d] for r, d in zip(live, drafts, strict=True)]
-        step = verifier.forward_rows([f + [f[-1]] * (m - len(f)) for f in fed], hidden=layers, logits=sampled)
-        logits = host(step.logits) if sampled else None
-        ns = [0] * len(live)  # what each row accepted and committed (None: it stopped)
-        committed: list[list[int] | None] = [None] * len(live)
-        kept = [0] * len(live)  # positions each row keeps fed: [last, d1..d(done-1)]
-        block_drafted, block_accepted = [0] * k, [0] * k
-        for i, (r, d) in enumerate(zip(live, drafts, strict=True)):
-            gen, row_logits = gens[r], None if logits is None else logits[i]
-            n, token = accepted_prefix(d, step.tokens[i], row_logits, qs[i], samplings[r], rngs[r])
-            new = [*d[:n], token]
-            gen.forwards += 1
-            gen.drafted += len(d)
-            gen.accepted += n
-            gen.count_positions(len(d), n)
-            for j in range(len(d)):
-                block_drafted[j] += 1
-                block_accepted[j] += j < n
-            kept[i], reasons[r] = commit(outs[r], new, stop)
-            if reasons[r] is None:
-                ns[i], committed[i] = n, new
-        verifier.trim([m - done for done in kept])
-        going = [i for i, r in enumerate(live) if reasons[r] is None]
-        if layers:
-            drafter.observe_rows(
-                step.hidden, [kept[i] if reasons[r] is None else 0 for i, r in enumerate(live)]
-            )
-        drafter.accept_rows(ns, committed)
+        going, block_drafted, block_accepted = _block(
+            verifier, drafter, live, block_k, k, layers, stop, (outs, reasons, gens), samplings, rngs
+        )
         if length:
             length.record(block_k, clock() - started, block_drafted, block_accepted, len(live))
         _leave(verifier, drafter, going)

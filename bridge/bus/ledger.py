@@ -38,7 +38,6 @@ from pydantic import AwareDatetime, Field, field_validator
 from bridge.bus.bus import LEDGER_STORE, Bus
 from bridge.bus.records import (
     DONE_PREFIX,
-    MAX_TTL,
     NS,
     SUBJECT_PREFIX,
     Entry,
@@ -55,6 +54,7 @@ from bridge.bus.records import (
     subject_ref,
     utcnow,
 )
+from bridge.config import MAX_TTL
 from bridge.core.errors import BusError, BusUnreachable, KakeyaError
 from bridge.core.names import SHA_PATTERN
 from bridge.core.result import RunResult

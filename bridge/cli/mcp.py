@@ -32,14 +32,14 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from bridge.bus.presence import read_presences
 from bridge.bus.progress import bar, say
-from bridge.bus.records import MAX_TTL, RUNNERS_PREFIX, utcnow
+from bridge.bus.records import RUNNERS_PREFIX, utcnow
 from bridge.bus.trust import trusted_signers
 from bridge.cli.commands._common import label_note, out_dir, unsent_warning
 from bridge.client.client import Client
 from bridge.client.follow import follow_all
 from bridge.client.logs import snapshot
 from bridge.client.rows import row_dict
-from bridge.config import load_config, project_root
+from bridge.config import MAX_TTL, load_config, project_root
 from bridge.core.errors import InvalidRequest, KakeyaError, problems
 from bridge.core.text import clean, clean_json
 from bridge.evidence import service

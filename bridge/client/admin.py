@@ -16,7 +16,6 @@ from bridge.bus.records import (
     DONE_PREFIX,
     LAYOUT,
     LIVE,
-    MAX_TTL,
     NS,
     OLD_PREFIXES,
     PREFIX,
@@ -40,6 +39,7 @@ from bridge.bus.records import (
 )
 from bridge.client.client import Client
 from bridge.client.request import IDEM_PATH, IDEM_PREFIX, Idempotency, layout_marker
+from bridge.config import MAX_TTL
 
 # refs a gc push carries: through git push (http(s)) each is matched against every ref on the bus, so few; in
 # receive-pack's protocol (bridge/wire/receive_pack.py) each costs the same whatever the bus holds, and only the

@@ -32,7 +32,6 @@ from bridge.bus.records import (
     CANCEL_PATH,
     LAYOUT_PREFIX,
     MANIFEST_PATH,
-    MAX_TTL,
     RUNNERS_PREFIX,
     CancelMarker,
     Entry,
@@ -61,7 +60,7 @@ from bridge.client.request import (
     working_subject,
 )
 from bridge.client.rows import Row, age, rows
-from bridge.config import Config, project_root
+from bridge.config import MAX_TTL, Config, project_root
 from bridge.core.errors import BusError, InvalidRequest, KakeyaError, WaitTimeout, problems
 from bridge.core.result import RunResult
 from bridge.wire import git
