@@ -50,6 +50,10 @@ from tests.bridge.test_sandbox import (
 LINUX = sys.platform.startswith("linux")
 ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 REPO = Path(__file__).resolve().parents[2]
+# The run user of these runners: a bare uid no other test runs as. The kernel counts a user's processes
+# host-wide, so other tests' runs as the same uid would spend part of a fork bomb's budget where the
+# launcher, in the run's PID namespace, cannot count them.
+LIMITS_UID = 64124
 pytestmark = pytest.mark.skipif(not (LINUX and bwrap_available()), reason="needs Linux and bubblewrap")
 
 HOG_PY = WRITE_REPORT_PY + textwrap.dedent(r"""
@@ -175,7 +179,7 @@ class Runners:
         )
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("KAKEYA_")} | {
             "KAKEYA_PRESETS": str(self.presets),
-            "KAKEYA_RUN_USER": str(RUN_UID),
+            "KAKEYA_RUN_USER": str(LIMITS_UID),
             "KAKEYA_LEASE": "10",
             "HOME": str(self.home),
             "PYTHONPATH": str(REPO),

@@ -120,6 +120,7 @@ def make_preset(tmp: Path, **extra: object) -> Preset:
 
 
 LABEL = SlurmLabel(executor="slurm", partition=PARTITION, gpu_type=GPU_TYPE)
+LIMITS_UID = 64125  # the limits test's run user: a bare uid no other test runs as
 
 
 class Harness:
@@ -319,7 +320,9 @@ def test_a_job_gets_the_presets_limits_and_an_over_limit_run_ends_in_error_namin
     tmp_path: Path, slurm: Slurm, hog: str, why: str
 ) -> None:
     limits = {"memory_mb": 64, "file_mb": 8, "processes": 16}
-    h = Harness(tmp_path, slurm)
+    # a run user of its own: the kernel counts a user's processes host-wide, and other tests' runs (as nobody,
+    # the default) would spend part of this one's budget where the launcher, in its PID namespace, sees none
+    h = Harness(tmp_path, slurm, Config(runner_name="slurm-test", labels=["h200"], run_user=str(LIMITS_UID)))
     run = h.start(f"hog-{hog}", make_preset(tmp_path, env={"HOG": hog}, limits=limits))
     outcome = h.finish(run)
     iso = outcome.result.isolation or ""
