@@ -5,8 +5,10 @@
 The zoo code workload (presets/throughput-code.yaml's defaults: zoo:tiny-hybrid, the block drafter
 zoo:tiny-block-drafter, hybrid:4:64, k = 4, 4 zoo code prompts of 96 tokens cycled over the rows, 96 new
 tokens): for each backend and batch size B, batched greedy (`generate_batch`), batched speculative
-decoding with k fixed and with the adaptive draft length (`speculative_generate_batch(adapt=True)`,
-engine.speculative.DraftLength). Each method runs once per repeat, interleaved, so a busy spell of a
+decoding with k fixed, with the adaptive draft length of each call alone (`adaptive`:
+`speculative_generate_batch(adapt=True)`, engine/draft_length.py `DraftLength`: every call pays its own
+probes) and with one `DraftLength` carried over every call of the backend (`carried`: `adapt=length`, as a
+process decoding many batches runs; only its first call at a batch size pays the probes). Each method runs once per repeat, interleaved, so a busy spell of a
 shared machine hits all of them alike; the fastest run of each counts (on each clock). Reported per
 method: decode tok/s over all rows (wall time; and CPU time of the process in the decode phase, read at
 the engine's own clock reads, which other processes' load does not inflate; threads = 1), the
@@ -32,26 +34,27 @@ import engine.decode as decode
 import engine.speculative as spec
 from benchmarks import harness
 from benchmarks.harness import Clocks
+from engine.draft_length import DraftLength
 from engine.drafters import load_drafter, parse_drafter
 from engine.zoo import corpus
 
-METHODS = ("greedy", "fixed", "adaptive")
+METHODS = ("greedy", "fixed", "adaptive", "carried")
 
 
 def _run(
-    model: Any, method: str, rows: list[list[int]], args: argparse.Namespace, make: Any
+    model: Any, method: str, rows: list[list[int]], args: argparse.Namespace, make: Any, carried: Any = None
 ) -> dict[str, Any]:
     """One batched run; its decode time on both clocks, its tokens and acceptance."""
     b, stop, k = len(rows), engine.Stop(args.new_tokens, model.eos_ids), args.k
     chosen: list[int] = []
     clocks = Clocks()
-    choose = spec.DraftLength.choose
+    choose = DraftLength.choose
 
-    def record(self: spec.DraftLength, n: int = 1) -> int:
+    def record(self: DraftLength, n: int = 1) -> int:
         chosen.append(choose(self, n))
         return chosen[-1]
 
-    spec.DraftLength.choose = record  # type: ignore[method-assign]
+    DraftLength.choose = record  # type: ignore[method-assign]
     decode.time, spec.time = clocks, clocks  # type: ignore[assignment]
     try:
         if method == "greedy":
@@ -60,10 +63,10 @@ def _run(
             session = model.session(engine.parse_policy(args.policy), k + 1, rows=b)
             drafter = make(session)
             drafters = drafter if hasattr(drafter, "propose_rows") else [drafter]
-            adapt = method == "adaptive"
+            adapt = carried if method == "carried" else method == "adaptive"
             gens = engine.speculative_generate_batch(session, drafters, rows, k, stop, adapt=adapt)
     finally:
-        spec.DraftLength.choose = choose  # type: ignore[method-assign]
+        DraftLength.choose = choose  # type: ignore[method-assign]
         decode.time, spec.time = time, time  # type: ignore[assignment]
     decode_wall = gens[0].decode_s
     new = sum(len(g.tokens) for g in gens) - b  # the first token of each row comes from prefill
@@ -91,6 +94,7 @@ def bench(backend: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         engine.generate(model.session(engine.parse_policy(args.policy)), p, stop).tokens for p in prompts
     ]
     out = []
+    carried = DraftLength.for_loops(args.k)  # one for the whole backend: its costs carry over between calls
     for b in args.batches:
         rows = [prompts[r % len(prompts)] for r in range(b)]
         _run(model, "fixed", rows[:1], args, make)  # warm the shapes of this batch size
@@ -99,7 +103,7 @@ def bench(backend: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         for _ in range(args.repeats):
             cpu: dict[str, float] = {}
             for method in METHODS:
-                run = _run(model, method, rows, args, make)
+                run = _run(model, method, rows, args, make, carried)
                 cpu[method] = run["decode_cpu_s"] / run["new_tokens"]
                 if run["tokens"] != [alone[r % len(alone)] for r in range(b)]:
                     raise RuntimeError(f"{backend} B={b} {method}: a row differs from greedy decoding alone")
@@ -123,7 +127,7 @@ def bench(backend: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                 "cpu_speedup_median": statistics.median(ratios[method]),
                 "acceptance_length": r["acceptance_length"],
                 "position_acceptance": r["position_acceptance"],
-                "chosen_k": "".join(map(str, r["chosen_k"])) if method == "adaptive" else None,
+                "chosen_k": "".join(map(str, r["chosen_k"])) if method in ("adaptive", "carried") else None,
                 "exact": True,
             }
         out.append(row)

@@ -7,7 +7,9 @@ Per backend (torch, mlx) and draft length k, every prompt and seed, interleaved 
 shared machine hits every method alike: plain sampling (`generate` with a `Sampling`), speculative
 sampling with the block drafter handing its q to the rule (`propose_sampled`: the whole block fed, its
 first k rows drawn), the same with the adaptive draft length (`speculative_generate(adapt=True)`:
-engine.speculative.DraftLength, down to plain sampling where drafting does not pay; issue 44), the same
+engine/draft_length.py `DraftLength`, down to plain sampling where drafting does not pay; issue 44), the
+same with one `DraftLength` carried over every call of the backend and k (`spec_carried`: `adapt=length`,
+as a process sampling many requests runs; its first call pays the probes and counts), the same
 from a block of k mask slots (k < block size), the same drafter counted as one-hot (its argmax drafts: the
 rule accepts a draft with the verifier's own probability of it), and, once per prompt, greedy and greedy
 speculative decoding (acceptance at temperature 0, for comparison). Decode tok/s are over all runs of a
@@ -36,6 +38,7 @@ import engine.drafters.block.base as block_base
 import engine.speculative as speculative
 from benchmarks import harness
 from benchmarks.harness import Clocks
+from engine.draft_length import DraftLength
 from engine.drafters import load_drafter, parse_drafter
 from engine.sampling import Sampling, draw
 from engine.workloads import cli
@@ -132,7 +135,7 @@ def measure(backend: str, k: int, args: argparse.Namespace) -> dict[str, Any]:
     stop = engine.Stop(args.new_tokens, model.eos_ids)
 
     def spec(
-        ids: list[int], sampling: Sampling | None, wrap: Any = None, adapt: bool = False
+        ids: list[int], sampling: Sampling | None, wrap: Any = None, adapt: bool | DraftLength = False
     ) -> engine.Generation:
         session = model.session(policy, k + 1)
         drafter = wrap(make(session)) if wrap else make(session)
@@ -151,10 +154,12 @@ def measure(backend: str, k: int, args: argparse.Namespace) -> dict[str, Any]:
     ):
         fn()  # one-off costs out of the figures
     k_slots = k < make(model.session(policy, k + 1)).config.block_size  # else the same as spec
+    carried = DraftLength.for_loops(k)  # its costs carry over between calls (its first call counts too)
     methods = (
         "plain",
         "spec",
         "spec_adaptive",
+        "spec_carried",
         *(["spec_k_slots"] if k_slots else []),
         "one_hot",
         "greedy",
@@ -169,6 +174,7 @@ def measure(backend: str, k: int, args: argparse.Namespace) -> dict[str, Any]:
             runs["plain"].append(plain(ids, s))
             runs["spec"].append(spec(ids, s))
             runs["spec_adaptive"].append(spec(ids, s, adapt=True))
+            runs["spec_carried"].append(spec(ids, s, adapt=carried))
             if k_slots:
                 runs["spec_k_slots"].append(spec(ids, s, KSlots))
             runs["one_hot"].append(spec(ids, s, OneHot))
@@ -177,7 +183,11 @@ def measure(backend: str, k: int, args: argparse.Namespace) -> dict[str, Any]:
         pick = [p * args.seeds + i for p in range(len(prompts))]
         plain_s, spec_s = _rate([runs["plain"][j] for j in pick]), _rate([runs["spec"][j] for j in pick])
         adaptive_s = _rate([runs["spec_adaptive"][j] for j in pick])
-        cpu = {m: _rate([runs[m][j] for j in pick], cpu=True) for m in ("plain", "spec", "spec_adaptive")}
+        carried_s = _rate([runs["spec_carried"][j] for j in pick])
+        cpu = {
+            m: _rate([runs[m][j] for j in pick], cpu=True)
+            for m in ("plain", "spec", "spec_adaptive", "spec_carried")
+        }
         per_seed.append(
             {
                 "seed": seed,
@@ -188,6 +198,9 @@ def measure(backend: str, k: int, args: argparse.Namespace) -> dict[str, Any]:
                 "speedup_adaptive": adaptive_s / plain_s,
                 "cpu_speedup": cpu["spec"] / cpu["plain"],
                 "cpu_speedup_adaptive": cpu["spec_adaptive"] / cpu["plain"],
+                "spec_carried_tok_s": carried_s,
+                "speedup_carried": carried_s / plain_s,
+                "cpu_speedup_carried": cpu["spec_carried"] / cpu["plain"],
             }
         )
     host, sampled_blocks = [0.0], []
@@ -207,6 +220,9 @@ def measure(backend: str, k: int, args: argparse.Namespace) -> dict[str, Any]:
         "speedup_sampled_adaptive": rates["spec_adaptive"] / rates["plain"],
         "cpu_speedup_sampled": cpu_rates["spec"] / cpu_rates["plain"],
         "cpu_speedup_sampled_adaptive": cpu_rates["spec_adaptive"] / cpu_rates["plain"],
+        "speedup_sampled_carried": rates["spec_carried"] / rates["plain"],
+        "cpu_speedup_sampled_carried": cpu_rates["spec_carried"] / cpu_rates["plain"],
+        "carried": carried.summary(),
         "cpu_speedup_greedy": cpu_rates["greedy_spec"] / cpu_rates["greedy"],
         "speedup_sampled_one_hot": rates["one_hot"] / rates["plain"],
         "speedup_greedy": rates["greedy_spec"] / rates["greedy"],
@@ -219,7 +235,8 @@ def measure(backend: str, k: int, args: argparse.Namespace) -> dict[str, Any]:
     print(
         f"{backend:5s} k={k}: plain sampling {rates['plain']:.1f} tok/s, speculative sampling {rates['spec']:.1f} "
         f"({out['speedup_sampled']:.2f}x, cpu {out['cpu_speedup_sampled']:.2f}x; adaptive "
-        f"{out['speedup_sampled_adaptive']:.2f}x, cpu {out['cpu_speedup_sampled_adaptive']:.2f}x; one-hot drafts {out['speedup_sampled_one_hot']:.2f}x; k mask slots "
+        f"{out['speedup_sampled_adaptive']:.2f}x, cpu {out['cpu_speedup_sampled_adaptive']:.2f}x; carried {out['speedup_sampled_carried']:.2f}x, cpu "
+        f"{out['cpu_speedup_sampled_carried']:.2f}x; one-hot drafts {out['speedup_sampled_one_hot']:.2f}x; k mask slots "
         f"{rates.get('spec_k_slots', rates['spec']) / rates['plain']:.2f}x), greedy "
         f"{rates['greedy']:.1f} -> {rates['greedy_spec']:.1f} ({out['speedup_greedy']:.2f}x); acceptance length "
         f"sampled {out['acceptance']['spec']['acceptance_length']:.2f} (k mask slots "

@@ -35,6 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from engine.decode import Generation, Session, Step, Stop, StopReason, commit
+from engine.draft_length import DraftLength
 from engine.sampling import Sampling, draw, host, row_samplings, verify
 
 
@@ -148,7 +149,7 @@ def speculative_generate(
     k: int,
     stop: Stop,
     sampling: Sampling | None = None,
-    adapt: bool = False,
+    adapt: bool | DraftLength = False,
 ) -> Generation:
     """Speculative decoding. Greedy: the tokens equal `generate(verifier, prompt, stop)`. With `sampling`
     (temperature > 0): lossless speculative sampling, each token distributed as `generate(verifier,
@@ -178,12 +179,12 @@ def speculative_generate(
     t1 = time.perf_counter()
     gen = Generation(out, "max_new_tokens", len(prompt), t1 - t0, 0.0)
     reason = stop.check(out)
-    length = DraftLength(k, margin=PLAIN_MARGIN, optimistic=True) if adapt else None
+    length = draft_length(adapt, k)
     clock = time.process_time if getattr(verifier, "on_cpu", False) else time.perf_counter
     while reason is None:
         block_k = length.choose() if length else k
         if length is not None and length.plain:
-            reason = _plain_one(verifier, out, gen, stop, sampling, rng)
+            reason = _plain_one(verifier, out, gen, stop, sampling, rng, length, clock)
             break
         started = clock()
         last = out[-1]
@@ -207,7 +208,7 @@ def speculative_generate(
                 drafter.observe(step.hidden, done)  # type: ignore[attr-defined]
             drafter.accept(n, new)
         if length is not None:
-            length.record(block_k, clock() - started, [1] * len(drafts), [1] * n + [0] * (len(drafts) - n))
+            length.record(block_k, clock() - started, 1, [1] * len(drafts), [1] * n + [0] * (len(drafts) - n))
     gen.stop_reason = reason
     gen.decode_s = time.perf_counter() - t1
     return gen
@@ -322,125 +323,6 @@ class PerRow:
                 drafter.observe({layer: h[i] for layer, h in hidden.items()}, n)
 
 
-# How much faster than a measured k = 0 block the plain decoding a speculative loop switches to counts
-# (`DraftLength.margin`): drafting must beat it by this much (a k = 0 block pays the drafter's upkeep).
-PLAIN_MARGIN = 0.05
-
-
-class DraftLength:
-    """The draft length of each block from measured costs (`speculative_generate_batch(adapt=True)`,
-    `speculative_generate(adapt=True)`).
-
-    Cost: the time of a block (drafting + verify forward + bookkeeping; CPU time of the process for a
-    verifier on the CPU, so that other processes' load does not count, wall time on an accelerator) at
-    each draft length it ran, the least of its last `samples` blocks (timing noise only ever adds); a k
-    not measured is interpolated linearly between the nearest measured ones (0 and k_max are always
-    measured). The first block is a plain step (k = 0) that only warms up (its time is not a cost: the
-    first decode forward carries one-off costs); then one block at k_max and one at k = 0 are timed, so
-    the choice is made from measured tokens per second from the fourth block on. Acceptance: per draft
-    position i, of the blocks drafting position i, the fraction whose draft i was accepted, so a block at
-    k commits 1 + the sum of the first k fractions per row. Each block takes the k of the most tokens per
-    second; with `optimistic` (the speculative loops: their switch to plain decoding is final), k = 0
-    on acceptance only after `evidence` drafting blocks (the first few blocks' acceptance, sampled drafts
-    above all, decides nothing), at once where no draft length could pay even with every draft accepted
-    (a block that costs as many plain steps as it could commit tokens: MLX on the CPU at batch 8 and 32);
-    and unless drafting beats the measured k = 0 block by `margin` (k = 0
-    counts `margin` faster than measured, in the choice and in what a probe loses). The speculative loops,
-    which switch to plain decoding (`plain`) once k = 0 wins, use `PLAIN_MARGIN`: a k = 0 block still pays
-    the drafter's upkeep, so the plain decoding they switch to is faster than its measured rate, and a draft
-    length that only ties with it would make the whole run slower than plain decoding (MLX on the CPU at
-    batch 8 and 32: a block at k = 4 costs about 5 plain steps and commits at most 5 tokens per row). The
-    k it runs is measured as it runs, so a cost misjudged low corrects itself. One misjudged high would not: an end (0 or k_max)
-    other than the best is measured again once the time spent since the last probe pays for it within
-    `budget` (a probe loses its cost less the time the best k takes for the tokens the probe commits:
-    a plain step probed while drafting wins, or a long draft probed while plain steps win, is rare). A
-    cost measured with many more rows than now is forgotten (rows leave the batch as they finish, and a
-    block of fewer rows costs less)."""
-
-    def __init__(
-        self,
-        k_max: int,
-        samples: int = 4,
-        budget: float = 0.03,
-        margin: float = 0.0,
-        optimistic: bool = False,
-    ) -> None:
-        self.k_max = k_max
-        self.samples = samples
-        self.budget = budget
-        self.margin = margin
-        self.optimistic = optimistic
-        self.evidence = 3  # drafting blocks before an `optimistic` switch to plain on acceptance
-        self.drafting = 0  # drafting blocks recorded (k > 0)
-        self.times: dict[int, list[tuple[float, int]]] = {}  # k -> its last blocks' (seconds, rows)
-        self.drafted = [0] * k_max
-        self.accepted = [0] * k_max
-        self.blocks = 0
-        self.spent = 0.0  # seconds since the last probe
-        # Drafting did not pay (k = 0 chosen on measured costs): the loop decodes the rest plainly. A block
-        # at k = 0 still costs more than a plain step (the drafter keeps its context: a feature drafter
-        # observes every committed position, a model drafter feeds it), so k = 0 is never the end state.
-        self.plain = False
-
-    def choose(self, rows: int = 1) -> int:
-        self.blocks += 1
-        for k, seen in list(self.times.items()):
-            if not (seen := [t for t in seen if 4 * rows >= 3 * t[1]]):
-                del self.times[k]
-            else:
-                self.times[k] = seen
-        if self.blocks == 1:
-            return 0
-        if missing := [k for k in (self.k_max, 0) if k not in self.times]:
-            self.spent = 0.0
-            return missing[0]
-        tokens = [1.0]
-        for k in range(1, self.k_max + 1):
-            d = self.drafted[k - 1]
-            tokens.append(tokens[-1] + (self.accepted[k - 1] / d if d else 0.0))
-        rates = [tokens[k] / self.cost(k) for k in range(self.k_max + 1)]
-        rates[0] *= 1 + self.margin  # the plain decoding `plain` switches to is faster than a k = 0 block
-        best = max(range(self.k_max + 1), key=lambda k: (rates[k], k))
-        # the switch to plain is final: unless no draft length could pay even with every draft accepted
-        # (a block costs as many plain steps as it could commit tokens), a few blocks' acceptance
-        # (sampled drafts vary a lot) decides nothing yet: draft on (the best observed k > 0, no probe)
-        if (
-            best == 0
-            and self.optimistic
-            and self.drafting < self.evidence
-            and max((k + 1) / self.cost(k) for k in range(1, self.k_max + 1)) >= rates[0]
-        ):
-            return max(range(1, self.k_max + 1), key=lambda k: (rates[k], k))
-        loss = {k: self.cost(k) - tokens[k] / rates[best] for k in (0, self.k_max) if k != best}
-        probe = min(loss, key=loss.__getitem__)
-        if self.spent * self.budget >= loss[probe]:
-            self.spent = 0.0
-            return probe
-        self.plain = self.plain or best == 0
-        return best
-
-    def cost(self, k: int) -> float:
-        """Seconds per block at k: measured, or linear between the nearest measured draft lengths."""
-        if k in self.times:
-            return min(t for t, _ in self.times[k])
-        lo = max(j for j in self.times if j < k)
-        hi = min(j for j in self.times if j > k)
-        return self.cost(lo) + (self.cost(hi) - self.cost(lo)) * (k - lo) / (hi - lo)
-
-    def record(
-        self, k: int, seconds: float, drafted: Sequence[int], accepted: Sequence[int], rows: int = 1
-    ) -> None:
-        """One block of `rows` rows at draft length k took `seconds`; drafted/accepted per position
-        (summed over the rows)."""
-        if self.blocks > 1:
-            self.times[k] = [*self.times.get(k, [])[1 - self.samples :], (seconds, rows)]
-            self.spent += seconds
-        self.drafting += k > 0
-        for i, (d, a) in enumerate(zip(drafted, accepted, strict=False)):
-            self.drafted[i] += d
-            self.accepted[i] += a
-
-
 def _block(
     verifier: Session, drafter: Any, live: list[int], block_k: int, k: int, layers: tuple[int, ...], stop: Stop,
     state: tuple[list[list[int]], list[StopReason | None], list[Generation]],
@@ -495,7 +377,7 @@ def speculative_generate_batch(
     prompts: Sequence[Sequence[int]],
     k: int,
     stop: Stop,
-    adapt: bool = False,
+    adapt: bool | DraftLength = False,
     sampling: Sampling | Sequence[Sampling] | None = None,
 ) -> list[Generation]:
     """Speculative decoding of `verifier.rows` prompts at once, one drafter per row (or one
@@ -549,19 +431,19 @@ def speculative_generate_batch(
     reasons: list[StopReason | None] = [stop.check(o) for o in outs]
     live = [r for r in range(rows) if reasons[r] is None]  # the prompt row of each verifier row
     _leave(verifier, drafter, live)
-    length = DraftLength(k, margin=PLAIN_MARGIN, optimistic=True) if adapt else None
+    length = draft_length(adapt, k)
     clock = time.process_time if getattr(verifier, "on_cpu", False) else time.perf_counter
     while live:
         block_k = length.choose(len(live)) if length else k
         if length is not None and length.plain:
-            _plain(verifier, live, outs, reasons, gens, stop, samplings, rngs)
+            _plain(verifier, live, outs, reasons, gens, stop, samplings, rngs, (length, clock))
             break
         started = clock()
         going, block_drafted, block_accepted = _block(
             verifier, drafter, live, block_k, k, layers, stop, (outs, reasons, gens), samplings, rngs
         )
         if length:
-            length.record(block_k, clock() - started, block_drafted, block_accepted, len(live))
+            length.record(block_k, clock() - started, len(live), block_drafted, block_accepted)
         _leave(verifier, drafter, going)
         live = [live[i] for i in going]
     decode_s = time.perf_counter() - t1
@@ -571,6 +453,17 @@ def speculative_generate_batch(
     return gens
 
 
+def draft_length(adapt: bool | DraftLength, k: int) -> DraftLength | None:
+    """The loops' `adapt`: False (k every block), True (a `DraftLength` of this call alone), or a
+    `DraftLength` whose measured costs carry over between calls (its k_max must be k)."""
+    if isinstance(adapt, DraftLength):
+        if adapt.k_max != k:
+            raise ValueError(f"the DraftLength's k_max is {adapt.k_max}, the loop's k is {k}")
+        adapt.start()
+        return adapt
+    return DraftLength.for_loops(k) if adapt else None
+
+
 def _plain_one(
     verifier: Session,
     out: list[int],
@@ -578,10 +471,14 @@ def _plain_one(
     stop: Stop,
     sampling: Sampling | None,
     rng: np.random.Generator | None,
+    length: DraftLength,
+    clock: Any,
 ) -> StopReason:
     """The rest of a batch-1 speculative run decoded plainly (`DraftLength.plain`): one forward per token,
-    no drafter and no hidden states, the verifier's greedy token or drawn from its probabilities."""
+    no drafter and no hidden states, the verifier's greedy token or drawn from its probabilities; each
+    step recorded as what not drafting costs (k = 0)."""
     while True:
+        started = clock()
         step = verifier.forward(out[-1:], logits=sampling is not None)
         token = (
             step.tokens[-1]
@@ -589,6 +486,7 @@ def _plain_one(
             else int(draw(sampling.probs(step.logits[-1:]), rng)[0])
         )
         gen.forwards += 1
+        length.record(0, clock() - started)
         if (reason := commit(out, [token], stop)[1]) is not None:
             return reason
 
@@ -602,10 +500,14 @@ def _plain(
     stop: Stop,
     samplings: Sequence[Sampling | None],
     rngs: Sequence[np.random.Generator | None],
+    timing: tuple[DraftLength, Any],
 ) -> None:
     """The rest of a batch decoded plainly (`DraftLength.plain`): one token per live row per forward, no
-    drafter and no hidden states, greedy or drawn from each row's own stream; stopped rows leave."""
+    drafter and no hidden states, greedy or drawn from each row's own stream; stopped rows leave. Each step
+    is recorded as what not drafting costs (k = 0) with the `timing` (length, clock)."""
+    length, clock = timing
     while live:
+        started = clock()
         sampled = any(samplings[r] for r in live)
         step = verifier.forward_rows([[outs[r][-1]] for r in live], logits=sampled)
         logits = host(step.logits) if sampled else None
@@ -618,6 +520,7 @@ def _plain(
             )
             gens[r].forwards += 1
             reasons[r] = commit(outs[r], [token], stop)[1]
+        length.record(0, clock() - started, len(live))
         going = [i for i, r in enumerate(live) if reasons[r] is None]
         if going and len(going) < verifier.rows:
             verifier.keep_rows(going)

@@ -10,7 +10,7 @@ stream), and then joins the running batch at a step boundary (`Session.join`, en
 step feeds every running row in one batched forward: a plain step (one token per row) or a speculative
 block (the drafts of every row verified at once, each row accepting and rolling back on its own), the
 draft length k of each step (0: plain) from measured costs at the running batch size
-(engine/serve/adapt.py `StepLength`); a row leaves the batch when it stops or its client went away
+(engine/draft_length.py `DraftLength`); a row leaves the batch when it stops or its client went away
 (`Session.keep_rows`).
 
 Every row's greedy tokens equal `engine.decode.generate` of its prompt alone under the same policy
@@ -33,9 +33,10 @@ from typing import Any
 import numpy as np
 
 from engine.decode import Session, Stop, StopReason, commit
+from engine.draft_length import DraftLength
 from engine.policy import Policy, layer_slot_bytes
 from engine.sampling import Sampling, host
-from engine.serve.adapt import Backlog, StepLength
+from engine.serve.backlog import Backlog
 from engine.serve.join import join, join_drafter, joinable, rows_drafter
 from engine.speculative import PerRow, accepted_prefix
 
@@ -162,8 +163,8 @@ class Scheduler:
         metrics: Any = None,
     ) -> None:
         self.engine = engine
-        # every batch's draft length (k = 0: a plain step), from costs per batch size (engine/serve/adapt.py)
-        self.length = StepLength(engine.k) if engine.adapt else None
+        # every batch's draft length (k = 0: a plain step), from costs per batch size (engine/draft_length.py)
+        self.length = DraftLength(engine.k) if engine.adapt else None
         self.kv_budget = kv_budget
         self.max_batch = max_batch
         self.max_queue = max_queue

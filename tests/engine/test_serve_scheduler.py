@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 
 import engine
+from engine.draft_length import DraftLength
 from engine.drafters.load import load_drafter
 from engine.drafters.spec import parse_drafter
 from engine.policy import drafter_policy, parse_policy
 from engine.sampling import Sampling
-from engine.serve.adapt import Backlog, StepLength
+from engine.serve.backlog import Backlog
 from engine.serve.join import join_drafter
 from engine.serve.scheduler import Engine, Params, Refused, Scheduler
 from engine.zoo import corpus
@@ -290,9 +291,9 @@ def test_plain_steps_between_blocks_keep_every_row_exact(model: Any, drafter: st
 
 
 def test_the_step_length_falls_back_to_plain_where_a_block_costs_more_than_it_saves() -> None:
-    """StepLength: per batch size, the k of the least measured cost per emitted token, k = 0 included, and
+    """DraftLength in the server: per batch size, the k of the least measured cost per emitted token, k = 0 included, and
     the other end probed now and then."""
-    length = StepLength(4)
+    length = DraftLength(4)
 
     def steps(rows: int, n: int, block_cost: float, accept: float) -> list[int]:
         chosen = []

@@ -125,6 +125,7 @@ class _PlainAfter(engine.speculative.DraftLength):
     """A DraftLength whose measured costs say drafting stops paying after `after` blocks at k_max."""
 
     after = 2
+    blocks = 0
 
     def choose(self, rows: int = 1) -> int:
         self.blocks += 1

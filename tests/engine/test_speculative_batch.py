@@ -159,7 +159,7 @@ def test_one_batched_model_drafter_drafts_as_one_per_row(backend: str, policy: P
 
 
 def test_draft_length_follows_measured_costs_and_acceptance() -> None:
-    from engine.speculative import DraftLength
+    from engine.draft_length import DraftLength
 
     def settle(step: float, per_token: float, acceptance: list[float]) -> list[int]:
         """The draft lengths chosen over 40 blocks: a block at k costs `step` (a plain step) + k *
@@ -172,7 +172,7 @@ def test_draft_length_follows_measured_costs_and_acceptance() -> None:
             j = sum(1 for c in chosen[:-1] if c)  # drafting blocks before this one
             accepted = [int(j * a % 1 + a >= 1) for a in acceptance[:k]]  # a fraction a of them
             accepted = [x * all(accepted[:i]) for i, x in enumerate(accepted)]  # a prefix
-            length.record(k, cost * (3 if b == 0 else 1), [1] * k, accepted)  # block 0: warm-up
+            length.record(k, cost * (3 if b == 0 else 1), 1, [1] * k, accepted)  # block 0: warm-up
         return chosen
 
     # (the last 10 blocks hold at most one probe)
@@ -186,14 +186,16 @@ def test_draft_length_follows_measured_costs_and_acceptance() -> None:
     # a middle ground: the first two drafts pay, the last two almost never accepted
     tail = settle(1.0, 0.3, [1.0, 1.0, 0.1, 0.1])[-10:]
     assert tail.count(2) >= 9, tail
-    # costs measured with 8 rows are forgotten once only 4 rows are left: measured again
+    # costs are kept per batch-size bucket: 8 rows' costs do not stand for 4 rows (warmed up, measured
+    # again), nor 4 rows' for 8 (kept: no new probe when 8 rows come back)
     length = DraftLength(4)
     for _ in range(6):
         k = length.choose(8)
-        length.record(k, 1.0, [1] * k, [1] * k, 8)
-    for probe in (4, 0):
+        length.record(k, 1.0, 8, [8] * k, [8] * k)
+    for probe in (0, 4, 0):
         assert length.choose(4) == probe
-        length.record(probe, 0.5, [1] * probe, [1] * probe, 4)
+        length.record(probe, 0.5, 4, [4] * probe, [4] * probe)
+    assert length.choose(8) == 4 and length.choose(5) == 4
 
 
 def _blocks(length: Any, cost: Any, accepted: int, blocks: int, rows: int = 1) -> list[int]:
@@ -204,7 +206,7 @@ def _blocks(length: Any, cost: Any, accepted: int, blocks: int, rows: int = 1) -
         k = length.choose(rows)
         chosen.append(k)
         n = min(k, accepted)
-        length.record(k, cost(k), [rows] * k, [rows] * n + [0] * (k - n), rows)
+        length.record(k, cost(k), rows, [rows] * k, [rows] * n + [0] * (k - n))
     return chosen
 
 
@@ -213,7 +215,7 @@ def test_draft_length_falls_back_to_plain_where_a_block_costs_what_it_saves() ->
     with every draft accepted it only ties with plain decoding): after the warm-up plain step, one timed
     block at k_max and one at k = 0, the loop goes plain (`plain`) unless drafting beats the measured plain
     step by the margin (`PLAIN_MARGIN`, what the speculative loops use); where it does, it drafts."""
-    from engine.speculative import PLAIN_MARGIN, DraftLength
+    from engine.draft_length import PLAIN_MARGIN, DraftLength
 
     # k = 4 commits 5 tokens in the time of 5 plain steps
     tie = DraftLength(4, margin=PLAIN_MARGIN, optimistic=True)
@@ -241,8 +243,8 @@ def test_draft_length_falls_back_to_plain_where_a_block_costs_what_it_saves() ->
     assert _blocks(DraftLength(4, margin=0.0), lambda k: 1.0 + 0.95 * k, 4, 4) == [0, 4, 0, 4]
     # a first block that is slow (one-off costs of the first decode forward) is not a cost
     first = DraftLength(4, margin=PLAIN_MARGIN, optimistic=True)
-    assert _blocks(first, lambda k: 50.0 if first.blocks == 1 else 1.0 + 0.5 * k, 4, 4)[3] == 4
-    assert first.times[0] == [(1.0, 1)]
+    assert _blocks(first, lambda k: 1.0 + 0.5 * k if first.seen else 50.0, 4, 4)[3] == 4
+    assert first.times[0, 0] == [1.0]
 
 
 @pytest.mark.parametrize("policy", [sink_window(0, 5), hybrid(2, 6)], ids=str)
@@ -404,6 +406,8 @@ def test_throughput_table_has_the_block_drafter_batched(tmp_path: Path) -> None:
 class _DraftingStops(engine.speculative.DraftLength):
     """A DraftLength whose measured costs say drafting stops paying after two blocks (k_max, then 0 best)."""
 
+    blocks = 0
+
     def choose(self, rows: int = 1) -> int:
         self.blocks += 1
         self.plain = self.blocks > 2
@@ -437,3 +441,74 @@ def test_when_drafting_stops_paying_the_rest_decodes_plainly(monkeypatch) -> Non
     assert len(proposed) == 2 and all(hidden[:2]) and not any(hidden[2:]) and len(hidden) > 10
     # two drafting blocks, then one forward per token: tokens - 1 (the prefill's) - the blocks' commits
     assert all(g.forwards == 2 + len(g.tokens) - 1 - (g.accepted + 2) for g in gens)
+
+
+def _planted_plain(rows: int, k: int = 4) -> Any:
+    """A `DraftLength` for the loops whose costs, measured at `rows` rows, say drafting cannot pay: a k = 4
+    block costs 10 plain steps."""
+    from engine.draft_length import DraftLength
+
+    length = DraftLength.for_loops(k)
+    for block_k, seconds in ((0, 1.0), (k, 10.0), (0, 1.0)):  # the warm-up, then k_max and 0 measured
+        length.choose(rows)
+        length.record(block_k, seconds * rows, rows, [rows] * block_k, [0] * block_k)
+    return length
+
+
+def test_a_carried_draft_length_decodes_later_calls_plainly_from_the_first_block() -> None:
+    """One `DraftLength` passed to many calls (`adapt=length`): what it measured carries over, so a later
+    call at a batch size where drafting did not pay decodes plainly at once (no drafter call, no probe);
+    its plain steps are recorded as k = 0 (what not drafting costs); a k_max other than k is refused."""
+    from engine.draft_length import DraftLength
+
+    m, k = _zoo("torch"), 4
+    prompts = _zoo_prompts(m)
+    stop = engine.Stop(30)
+    alone = _alone(m, hybrid(4, 16), prompts, stop)
+    length = _planted_plain(len(prompts), k)
+    before = length.steps[0]
+    for _ in range(2):
+        session = m.session(hybrid(4, 16), max_block=k + 1, rows=len(prompts))
+        drafter = load_block_drafter("zoo:tiny-block-drafter", "torch", rows=len(prompts))
+        proposed: list[int] = []
+        propose_rows = drafter.propose_rows
+        drafter.propose_rows = lambda *a: proposed.append(1) or propose_rows(*a)  # type: ignore[method-assign]
+        gens = engine.speculative_generate_batch(session, drafter, prompts, k, stop, adapt=length)
+        assert [g.tokens for g in gens] == alone and not proposed and length.plain
+        assert all(g.forwards == len(g.tokens) - 1 for g in gens)  # one forward per token after prefill
+    assert length.steps[0] - before == 2 * (len(alone[0]) - 1)  # every plain step recorded
+    assert length.steps[k] == 1  # only the planted block
+    # batch 1 keeps its own costs: a first call there warms up and probes (it drafts)
+    one = _planted_plain(len(prompts), k)
+    session = m.session(hybrid(4, 16), max_block=k + 1)
+    drafter = load_block_drafter("zoo:tiny-block-drafter", "torch")
+    gen = engine.speculative_generate(session, drafter, prompts[0], k, stop, adapt=one)
+    assert gen.tokens == alone[0] and gen.drafted > 0
+    with pytest.raises(ValueError, match="k_max is 4, the loop's k is 3"):
+        engine.speculative_generate_batch(
+            m.session(hybrid(4, 16), max_block=k + 1, rows=len(prompts)),
+            load_block_drafter("zoo:tiny-block-drafter", "torch", rows=len(prompts)),
+            prompts,
+            3,
+            stop,
+            adapt=DraftLength.for_loops(4),
+        )
+
+
+def test_a_carried_draft_length_probes_again_once_plain_decoding_paid_for_it() -> None:
+    """Plain steps count toward the next probe: after enough plain decoding (the probe's loss within the
+    loops' budget, `LOOP_BUDGET`), a call starts with a probe of k_max instead of going plain at once."""
+    from engine.draft_length import LOOP_BUDGET
+
+    length = _planted_plain(8)
+    loss = 10.0 - length.tokens(4) * 1.0 / 1.05  # a k_max block less what plain decoding takes for its tokens
+    length.start()
+    assert length.choose(8) == 0 and length.plain
+    plain_steps = int(loss / LOOP_BUDGET) + 1
+    for _ in range(plain_steps - 2):  # (the planted k = 0 block already counted one)
+        length.record(0, 8.0, 8)
+    length.start()
+    assert length.choose(8) == 0 and length.plain  # not yet
+    length.record(0, 8.0, 8)
+    length.start()
+    assert length.choose(8) == 4 and not length.plain  # the probe

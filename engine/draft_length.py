@@ -1,0 +1,162 @@
+"""The draft length of each speculative block from measured costs (`DraftLength`): one controller for the
+speculative loops (engine/speculative.py, `adapt=`) and the server's scheduler (engine/serve/scheduler.py).
+
+What pays depends on the machine and the batch size: on the project's 2-core CPU a block drafter's k = 4
+block costs 2.1x a plain step at 1 row and 3.2x at 32 rows on torch, and on MLX's CPU backend a k = 1
+block already costs 3x a plain step at 32 rows, so drafting pays at 1 row on torch and loses at 32 rows
+on MLX unless nearly every draft is accepted. So:
+
+- Costs are kept per batch-size bucket (`bucket`: 1, 2, 3-4, 5-8, ..., 17-32, ...: a batch that starts
+  at a power of two stays in its bucket until half its rows have left) and per k, as seconds per row of a
+  block (CPU time of the process or thread for a verifier on the CPU, so that other processes' load does
+  not count; wall time on an accelerator), the least of the last `samples` (timing noise only ever adds).
+  A k not measured in a bucket is interpolated between the nearest measured ones (0 and k_max are always
+  measured before choosing). The first block in a bucket only warms up (its time is not a cost: the first
+  decode forward carries one-off costs); then one at k_max and one at k = 0 are timed.
+- Acceptance is kept per draft position over every bucket (it does not depend on the batch size): a block
+  at k emits 1 + the sum of the first k acceptance fractions per row.
+- Each block takes the k of the least cost per emitted token. k = 0 counts `margin` cheaper than measured:
+  the speculative loops' k = 0 block still keeps the drafter's context (a feature drafter observes every
+  committed position), while the plain decoding they switch to (`plain`) does not, so a draft length that
+  only ties with a k = 0 block would make the run slower than plain decoding (`PLAIN_MARGIN`). The server
+  runs k = 0 as a true plain step (no margin).
+- `optimistic` (the speculative loops, whose switch to plain decoding is final within a call): k = 0 on
+  acceptance only after `evidence` drafting blocks (the first blocks' acceptance, sampled drafts above all,
+  decides nothing), at once where no draft length could pay even with every draft accepted.
+- The end (0 or k_max) other than the best is measured again once the time spent in the bucket since its
+  last probe pays for the probe's loss within `budget` (a probe loses its cost less what the best k takes
+  for the tokens the probe emits), so a cost measured at another moment (load, a batch that grew) is
+  corrected. The k that runs is measured as it runs, so a cost misjudged low corrects itself.
+
+One `DraftLength` may serve many calls (`speculative_generate_batch(adapt=length)`): what it measured
+carries over, so only the first batch of a size pays the probes. A speculative loop that went plain records
+its plain steps as k = 0 blocks (what it costs not to draft), which also count toward the next probe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+# How much cheaper than a measured k = 0 block the plain decoding a speculative loop switches to counts
+# (`DraftLength.margin`): drafting must beat it by this much (a k = 0 block pays the drafter's upkeep).
+PLAIN_MARGIN = 0.05
+# The share of their time the speculative loops may lose to probes (the server's default is 2%): they are
+# to be no slower than plain decoding where drafting does not pay.
+LOOP_BUDGET = 0.01
+
+
+def bucket(rows: int) -> int:
+    """1 -> 0, 2 -> 1, 3-4 -> 2, 5-8 -> 3, 9-16 -> 4, 17-32 -> 5, ... (rows of similar per-row cost)."""
+    return (max(rows, 1) - 1).bit_length()
+
+
+class DraftLength:
+    """Draft length of each block (module docstring): `choose(rows)`, run the block, `record(...)`."""
+
+    def __init__(
+        self,
+        k_max: int,
+        samples: int = 4,
+        budget: float = 0.02,
+        margin: float = 0.0,
+        optimistic: bool = False,
+    ) -> None:
+        if k_max < 1:
+            raise ValueError(f"k_max must be >= 1 (got {k_max})")
+        self.k_max = k_max
+        self.samples = samples
+        self.budget = budget
+        self.margin = margin
+        self.optimistic = optimistic
+        self.evidence = 3  # drafting blocks before an `optimistic` switch to plain on acceptance
+        self.drafting = 0  # drafting blocks recorded (k > 0)
+        self.times: dict[tuple[int, int], list[float]] = {}  # (bucket, k) -> last blocks' seconds per row
+        self.seen: set[int] = set()  # buckets whose first (warm-up) block has run
+        self.spent: dict[int, float] = {}  # seconds per row spent in a bucket since its last probe
+        self.drafted = [0] * k_max
+        self.accepted = [0] * k_max
+        self.steps = {k: 0 for k in range(k_max + 1)}  # blocks run at each k (reported, tested)
+        # k = 0 won on measured costs: a speculative loop decodes the rest of its call plainly (`start`
+        # clears it for the next call)
+        self.plain = False
+
+    @classmethod
+    def for_loops(cls, k: int) -> DraftLength:
+        """What the speculative loops use (`adapt=True` builds one per call; a caller decoding many batches
+        builds one with this and passes it to every call, `adapt=length`)."""
+        return cls(k, budget=LOOP_BUDGET, margin=PLAIN_MARGIN, optimistic=True)
+
+    def start(self) -> None:
+        """A speculative loop's call begins: it drafts until measured costs say otherwise."""
+        self.plain = False
+
+    def tokens(self, k: int) -> float:
+        """Tokens a row emits in a block at k: 1 + the acceptance fraction of each of its k draft positions."""
+        return 1.0 + sum(a / d for a, d in zip(self.accepted[:k], self.drafted[:k], strict=True) if d)
+
+    def cost(self, b: int, k: int) -> float:
+        """Seconds per row of a block at k in bucket b: measured, or linear between measured draft lengths."""
+        if (b, k) in self.times:
+            return min(self.times[b, k])
+        lo = max(j for j in range(k) if (b, j) in self.times)
+        hi = min(j for j in range(k + 1, self.k_max + 1) if (b, j) in self.times)
+        return self.cost(b, lo) + (self.cost(b, hi) - self.cost(b, lo)) * (k - lo) / (hi - lo)
+
+    def per_token(self, b: int) -> list[float]:
+        """Seconds per emitted token at each k in bucket b (0 and k_max measured; k = 0 less the margin)."""
+        per = [self.cost(b, k) / self.tokens(k) for k in range(self.k_max + 1)]
+        per[0] /= 1 + self.margin
+        return per
+
+    def choose(self, rows: int = 1) -> int:
+        b = bucket(rows)
+        if b not in self.seen:
+            return 0
+        if missing := [k for k in (0, self.k_max) if (b, k) not in self.times]:
+            self.spent[b] = 0.0
+            return missing[-1]
+        per = self.per_token(b)
+        best = min(range(self.k_max + 1), key=lambda k: (per[k], -k))
+        drafts = range(1, self.k_max + 1)
+        # the switch to plain is final: unless no draft length could pay even with every draft accepted,
+        # a few blocks' acceptance decides nothing yet: draft on (the best measured k > 0, no probe)
+        if (
+            best == 0
+            and self.optimistic
+            and self.drafting < self.evidence
+            and min(self.cost(b, k) / (k + 1) for k in drafts) <= per[0]
+        ):
+            return min(drafts, key=lambda k: (per[k], -k))
+        loss = {k: self.cost(b, k) - self.tokens(k) * per[best] for k in (0, self.k_max) if k != best}
+        probe = min(loss, key=loss.__getitem__)
+        if self.spent.get(b, 0.0) * self.budget >= loss[probe]:
+            self.spent[b] = 0.0
+            return probe
+        self.plain = self.plain or best == 0
+        return best
+
+    def record(
+        self, k: int, seconds: float, rows: int = 1, drafted: Sequence[int] = (), accepted: Sequence[int] = ()
+    ) -> None:
+        """A block of `rows` rows at k took `seconds`; drafted/accepted per draft position (over the rows)."""
+        b = bucket(rows)
+        self.steps[k] += 1
+        self.drafting += k > 0
+        if b not in self.seen:
+            self.seen.add(b)
+        else:
+            self.times[b, k] = [*self.times.get((b, k), [])[1 - self.samples :], seconds / max(rows, 1)]
+            self.spent[b] = self.spent.get(b, 0.0) + seconds / max(rows, 1)
+        for i, (d, a) in enumerate(zip(drafted, accepted, strict=False)):
+            self.drafted[i] += d
+            self.accepted[i] += a
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "steps": dict(self.steps),
+            "acceptance": [
+                round(a / d, 3) if d else None for a, d in zip(self.accepted, self.drafted, strict=True)
+            ],
+            "ms_per_row": {f"{b}:{k}": round(min(t) * 1e3, 3) for (b, k), t in sorted(self.times.items())},
+        }
