@@ -72,6 +72,8 @@ class DraftLength:
         self.evidence = 3  # drafting blocks before an `optimistic` switch to plain on acceptance
         self.drafting = 0  # drafting blocks recorded (k > 0)
         self.times: dict[tuple[int, int], list[float]] = {}  # (bucket, k) -> last blocks' seconds per row
+        # (bucket, k) -> the same blocks less their drafter calls (the verify forward and bookkeeping)
+        self.bare: dict[tuple[int, int], list[float]] = {}
         self.seen: set[int] = set()  # buckets whose first (warm-up) block has run
         self.spent: dict[int, float] = {}  # seconds per row spent in a bucket since its last probe
         self.drafted = [0] * k_max
@@ -109,13 +111,36 @@ class DraftLength:
         per[0] /= 1 + self.margin
         return per
 
+    def floor(self, b: int, k: int) -> float:
+        """The least a block at k >= 1 can cost per row in bucket b, from the measured k = 1 block: its
+        drafter's share at least as at k = 1, its verify forward at least the k = 1 forward plus, per further
+        draft, what the k = 1 forward cost over the plain step (a forward's cost is convex in its tokens:
+        flat while memory-bound, then linear)."""
+        extra = max(0.0, min(self.bare[b, 1]) - self.cost(b, 0))
+        return self.cost(b, 1) + (k - 1) * extra
+
+    def hopeless(self, b: int) -> bool:
+        """No draft length could pay in bucket b even with every draft accepted (`floor`)."""
+        plain = self.cost(b, 0) / (1 + self.margin)
+        return all(self.floor(b, k) / (k + 1) >= plain for k in range(1, self.k_max + 1))
+
     def choose(self, rows: int = 1) -> int:
         b = bucket(rows)
         if b not in self.seen:
             return 0
-        if missing := [k for k in (0, self.k_max) if (b, k) not in self.times]:
+        if missing := [k for k in (0, 1) if (b, k) not in self.times]:
             self.spent[b] = 0.0
             return missing[-1]
+        if self.hopeless(b):  # plain; the cheap k = 1 block is probed again within the budget
+            loss = self.cost(b, 1) - self.tokens(1) * self.cost(b, 0) / (1 + self.margin)
+            if self.spent.get(b, 0.0) * self.budget >= loss:
+                self.spent[b] = 0.0
+                return 1
+            self.plain = True
+            return 0
+        if (b, self.k_max) not in self.times:
+            self.spent[b] = 0.0
+            return self.k_max
         per = self.per_token(b)
         best = min(range(self.k_max + 1), key=lambda k: (per[k], -k))
         drafts = range(1, self.k_max + 1)
@@ -137,17 +162,27 @@ class DraftLength:
         return best
 
     def record(
-        self, k: int, seconds: float, rows: int = 1, drafted: Sequence[int] = (), accepted: Sequence[int] = ()
+        self,
+        k: int,
+        seconds: float,
+        rows: int = 1,
+        drafted: Sequence[int] = (),
+        accepted: Sequence[int] = (),
+        drafter: float = 0.0,
     ) -> None:
-        """A block of `rows` rows at k took `seconds`; drafted/accepted per draft position (over the rows)."""
+        """A block of `rows` rows at k took `seconds`, `drafter` of them in the drafter's calls (proposing,
+        observing, accepting); drafted/accepted per draft position (over the rows). A block at k = 0 counts
+        without its drafter's upkeep: what the plain decoding it stands for costs."""
         b = bucket(rows)
         self.steps[k] += 1
         self.drafting += k > 0
         if b not in self.seen:
             self.seen.add(b)
         else:
-            self.times[b, k] = [*self.times.get((b, k), [])[1 - self.samples :], seconds / max(rows, 1)]
-            self.spent[b] = self.spent.get(b, 0.0) + seconds / max(rows, 1)
+            per_row, bare = seconds / max(rows, 1), (seconds - drafter) / max(rows, 1)
+            self.times[b, k] = [*self.times.get((b, k), [])[1 - self.samples :], bare if k == 0 else per_row]
+            self.bare[b, k] = [*self.bare.get((b, k), [])[1 - self.samples :], bare]
+            self.spent[b] = self.spent.get(b, 0.0) + per_row
         for i, (d, a) in enumerate(zip(drafted, accepted, strict=False)):
             self.drafted[i] += d
             self.accepted[i] += a

@@ -193,6 +193,7 @@ def speculative_generate(
             drafts, q = drafter.propose(last, budget), None
         else:
             drafts, q = proposal(drafter, last, budget, sampling, rng)
+        drafting = clock() - started
         step = verifier.forward([last, *drafts], hidden=layers, logits=sampling is not None)
         n, token = accepted_prefix(drafts, step.tokens, step.logits, q, sampling, rng)
         new = [*drafts[:n], token]
@@ -204,11 +205,14 @@ def speculative_generate(
         # Keep [last, d1..d(done-1)] fed: the newest committed token is fed by the next block.
         verifier.trim(len(drafts) + 1 - done)
         if reason is None:
+            upkeep = clock()
             if layers:
                 drafter.observe(step.hidden, done)  # type: ignore[attr-defined]
             drafter.accept(n, new)
+            drafting += clock() - upkeep
         if length is not None:
-            length.record(block_k, clock() - started, 1, [1] * len(drafts), [1] * n + [0] * (len(drafts) - n))
+            accepted = [1] * n + [0] * (len(drafts) - n)
+            length.record(block_k, clock() - started, 1, [1] * len(drafts), accepted, drafting)
     gen.stop_reason = reason
     gen.decode_s = time.perf_counter() - t1
     return gen
@@ -326,12 +330,14 @@ class PerRow:
 def _block(
     verifier: Session, drafter: Any, live: list[int], block_k: int, k: int, layers: tuple[int, ...], stop: Stop,
     state: tuple[list[list[int]], list[StopReason | None], list[Generation]],
-    samplings: Sequence[Sampling | None], rngs: Sequence[Any],
-) -> tuple[list[int], list[int], list[int]]:  # fmt: skip
+    samplings: Sequence[Sampling | None], rngs: Sequence[Any], clock: Any,
+) -> tuple[list[int], list[int], list[int], float]:  # fmt: skip
     """One block of `speculative_generate_batch`: every live row drafts up to `block_k` tokens, one batched
     verify forward, each row accepts its own prefix, commits, rolls back and feeds the drafter. The indices
-    (into `live`) of the rows still going, and the block's drafted and accepted counts per draft position."""
+    (into `live`) of the rows still going, the block's drafted and accepted counts per draft position, and
+    the seconds (`clock`) its drafter calls took."""
     outs, reasons, gens = state
+    started = clock()
     lasts = [outs[r][-1] for r in live]
     ks = [min(block_k, stop.max_new_tokens - len(outs[r]) - 1) for r in live]
     sampled = any(samplings[r] for r in live)
@@ -341,6 +347,7 @@ def _block(
         drafts, qs = drafter.propose_rows_sampled(lasts, ks, [samplings[r] for r in live], row_rngs)
     else:
         drafts = drafter.propose_rows(lasts, ks)
+    drafting = clock() - started
     m = 1 + max(len(d) for d in drafts)
     fed = [[outs[r][-1], *d] for r, d in zip(live, drafts, strict=True)]
     step = verifier.forward_rows([f + [f[-1]] * (m - len(f)) for f in fed], hidden=layers, logits=sampled)
@@ -365,10 +372,11 @@ def _block(
             ns[i], committed[i] = n, new
     verifier.trim([m - done for done in kept])
     going = [i for i, r in enumerate(live) if reasons[r] is None]
+    upkeep = clock()
     if layers:
         drafter.observe_rows(step.hidden, [kept[i] if reasons[r] is None else 0 for i, r in enumerate(live)])
     drafter.accept_rows(ns, committed)
-    return going, block_drafted, block_accepted
+    return going, block_drafted, block_accepted, drafting + clock() - upkeep
 
 
 def speculative_generate_batch(
@@ -439,11 +447,11 @@ def speculative_generate_batch(
             _plain(verifier, live, outs, reasons, gens, stop, samplings, rngs, (length, clock))
             break
         started = clock()
-        going, block_drafted, block_accepted = _block(
-            verifier, drafter, live, block_k, k, layers, stop, (outs, reasons, gens), samplings, rngs
+        going, block_drafted, block_accepted, drafting = _block(
+            verifier, drafter, live, block_k, k, layers, stop, (outs, reasons, gens), samplings, rngs, clock
         )
         if length:
-            length.record(block_k, clock() - started, len(live), block_drafted, block_accepted)
+            length.record(block_k, clock() - started, len(live), block_drafted, block_accepted, drafting)
         _leave(verifier, drafter, going)
         live = [live[i] for i in going]
     decode_s = time.perf_counter() - t1

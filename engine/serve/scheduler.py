@@ -430,6 +430,7 @@ class Scheduler:
         layers = tuple(getattr(drafter, "layers", ()))
         lasts = [r.out[-1] for r in rows]
         drafts: list[list[int]] = [[] for _ in rows]
+        drafting = 0.0  # seconds in the drafter's calls
         if drafter is not None and (k or not layers):  # a drafter keeping its own context hears plain steps
             if (
                 batch.backlog is not None
@@ -439,6 +440,7 @@ class Scheduler:
             drafts = drafter.propose_rows(
                 lasts, [min(k, r.stop.max_new_tokens - len(r.out) - 1) for r in rows]
             )
+            drafting = clock() - started
         m = 1 + max(len(d) for d in drafts)
         fed = [[last, *d] for last, d in zip(lasts, drafts, strict=True)]
         sampled = any(r.rng is not None for r in rows)
@@ -469,6 +471,7 @@ class Scheduler:
         if m > 1:
             session.trim([m - done for done in kept])
         if drafter is not None:
+            upkeep = clock()
             if layers:
                 counts = [kept[i] if reasons[i] is None else 0 for i in range(len(rows))]
                 if k == 0 and batch.backlog is not None:
@@ -476,6 +479,7 @@ class Scheduler:
                 else:
                     drafter.observe_rows(step.hidden, counts)
             drafter.accept_rows(ns, committed)
+            drafting += clock() - upkeep
         if self.metrics:
             self.metrics.steps.labels(str(k)).inc()
             self.metrics.row_steps.labels(str(k)).inc(len(rows))
@@ -483,7 +487,8 @@ class Scheduler:
             seconds = clock() - started
             if k == 0 and batch.backlog is not None:  # its share of the catch-up observe that will follow
                 seconds += batch.backlog.per_position * sum(r is None for r in reasons)
-            self.length.record(k, seconds, len(rows), block_drafted, block_accepted)
+            # (a plain step's upkeep is its own cost here: the server drafts again later)
+            self.length.record(k, seconds, len(rows), block_drafted, block_accepted, drafting if k else 0.0)
         for row, reason in zip(rows, reasons, strict=True):
             if reason is not None:
                 self._finish(row, reason)

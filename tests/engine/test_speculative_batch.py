@@ -177,12 +177,12 @@ def test_draft_length_follows_measured_costs_and_acceptance() -> None:
 
     # (the last 10 blocks hold at most one probe)
     plain = settle(1.0, 1.0, [0.5] * 4)
-    # a plain step warms up, then k_max and k = 0 are timed once each before anything is chosen
-    assert plain[:3] == [0, 4, 0] and plain[-10:].count(0) >= 9  # compute-bound, drafts often rejected
-    assert 4 not in plain[3:]  # a probe of k_max here would cost more than 3% of the time in 40 blocks
+    # a plain step warms up, then k = 1 and k = 0 are timed once each: compute-bound (each draft costs a
+    # plain step), no k could pay even with every draft accepted, so k_max is never run
+    assert plain[:3] == [0, 1, 0] and plain[-10:].count(0) >= 9 and 4 not in plain
     drafting = settle(1.0, 0.05, [1.0] * 4)  # a cheap verify, drafts accepted: the most
-    assert drafting[-10:].count(4) >= 9
-    assert 0 in drafting[3:]  # the plain step is measured again (a cost can go stale)
+    assert drafting[:4] == [0, 1, 0, 4] and drafting[-10:].count(4) >= 9  # k_max measured, then chosen
+    assert 0 in drafting[4:]  # the plain step is measured again (a cost can go stale)
     # a middle ground: the first two drafts pay, the last two almost never accepted
     tail = settle(1.0, 0.3, [1.0, 1.0, 0.1, 0.1])[-10:]
     assert tail.count(2) >= 9, tail
@@ -192,7 +192,7 @@ def test_draft_length_follows_measured_costs_and_acceptance() -> None:
     for _ in range(6):
         k = length.choose(8)
         length.record(k, 1.0, 8, [8] * k, [8] * k)
-    for probe in (0, 4, 0):
+    for probe in (0, 1, 0, 4):
         assert length.choose(4) == probe
         length.record(probe, 0.5, 4, [4] * probe, [4] * probe)
     assert length.choose(8) == 4 and length.choose(5) == 4
@@ -213,34 +213,36 @@ def _blocks(length: Any, cost: Any, accepted: int, blocks: int, rows: int = 1) -
 def test_draft_length_falls_back_to_plain_where_a_block_costs_what_it_saves() -> None:
     """Issue 44 (MLX on the CPU at batch 8 and 32: a block at k = 4 costs about 5 plain steps, so even
     with every draft accepted it only ties with plain decoding): after the warm-up plain step, one timed
-    block at k_max and one at k = 0, the loop goes plain (`plain`) unless drafting beats the measured plain
-    step by the margin (`PLAIN_MARGIN`, what the speculative loops use); where it does, it drafts."""
+    block at k = 1 and one at k = 0, the loop goes plain (`plain`) where no k could beat the measured plain
+    step by the margin (`PLAIN_MARGIN`, what the speculative loops use) even with every draft accepted
+    (`DraftLength.floor`: a block at k costs at least the k = 1 block plus, per further draft, what the
+    k = 1 verify forward cost over the plain step); where one could, k_max is measured and it drafts."""
     from engine.draft_length import PLAIN_MARGIN, DraftLength
 
     # k = 4 commits 5 tokens in the time of 5 plain steps
     tie = DraftLength(4, margin=PLAIN_MARGIN, optimistic=True)
-    assert _blocks(tie, lambda k: 1.0 + k, 4, 4, rows=8) == [0, 4, 0, 0] and tie.plain
+    assert _blocks(tie, lambda k: 1.0 + k, 4, 4, rows=8) == [0, 1, 0, 0] and tie.plain
     # drafting loses (5.5 steps for 5 tokens; shorter drafts no better)
     worse = DraftLength(4, margin=PLAIN_MARGIN, optimistic=True)
-    assert _blocks(worse, lambda k: 1.0 + 1.125 * k, 4, 4) == [0, 4, 0, 0] and worse.plain
+    assert _blocks(worse, lambda k: 1.0 + 1.125 * k, 4, 4) == [0, 1, 0, 0] and worse.plain
     # 4% faster than the measured k = 0 block: inside the margin, plain
     within = DraftLength(4, margin=PLAIN_MARGIN, optimistic=True)
-    assert _blocks(within, lambda k: 1.0 + 0.95 * k, 4, 4) == [0, 4, 0, 0] and within.plain
+    assert _blocks(within, lambda k: 1.0 + 0.95 * k, 4, 4) == [0, 1, 0, 0] and within.plain
     # k = 4 at 4.6 steps for 5 tokens beats plain by 8.7%: it drafts and goes on drafting (a k = 0 probe
     # costs little here, 8% of a step, so it comes often within the 3% budget)
     pays = DraftLength(4, margin=PLAIN_MARGIN, optimistic=True)
     chosen = _blocks(pays, lambda k: 1.0 + 0.9 * k, 4, 30)
-    assert chosen[:4] == [0, 4, 0, 4] and not pays.plain and chosen[-10:].count(4) >= 5
+    assert chosen[:4] == [0, 1, 0, 4] and not pays.plain and chosen[-10:].count(4) >= 5
     # a first drafting block with every draft rejected does not end drafting where a block costs little
     # (a k = 4 block at 2 plain steps; sampled acceptance varies a lot): the evidence must add up first
     unlucky = DraftLength(4, margin=PLAIN_MARGIN, optimistic=True)
     chosen = _blocks(unlucky, lambda k: 1.0 + 0.25 * k, 0, 5)
-    assert chosen[:3] == [0, 4, 0] and 0 not in chosen[3:] and not unlucky.plain
+    assert chosen == [0, 1, 0, 4, 1] and not unlucky.plain
     assert (
         _blocks(unlucky, lambda k: 1.0 + 0.25 * k, 0, 1) == [0] and unlucky.plain
     )  # after 3 drafting blocks
     # the margin is a parameter: without one, 4% faster is enough to draft
-    assert _blocks(DraftLength(4, margin=0.0), lambda k: 1.0 + 0.95 * k, 4, 4) == [0, 4, 0, 4]
+    assert _blocks(DraftLength(4, margin=0.0), lambda k: 1.0 + 0.95 * k, 4, 4) == [0, 1, 0, 4]
     # a first block that is slow (one-off costs of the first decode forward) is not a cost
     first = DraftLength(4, margin=PLAIN_MARGIN, optimistic=True)
     assert _blocks(first, lambda k: 1.0 + 0.5 * k if first.seen else 50.0, 4, 4)[3] == 4
@@ -444,14 +446,14 @@ def test_when_drafting_stops_paying_the_rest_decodes_plainly(monkeypatch) -> Non
 
 
 def _planted_plain(rows: int, k: int = 4) -> Any:
-    """A `DraftLength` for the loops whose costs, measured at `rows` rows, say drafting cannot pay: a k = 4
-    block costs 10 plain steps."""
+    """A `DraftLength` for the loops whose costs, measured at `rows` rows, say drafting cannot pay: a k = 1
+    block costs 5 plain steps, its verify forward 4."""
     from engine.draft_length import DraftLength
 
     length = DraftLength.for_loops(k)
-    for block_k, seconds in ((0, 1.0), (k, 10.0), (0, 1.0)):  # the warm-up, then k_max and 0 measured
-        length.choose(rows)
-        length.record(block_k, seconds * rows, rows, [rows] * block_k, [0] * block_k)
+    for block_k, seconds in ((0, 1.0), (1, 5.0), (0, 1.0)):  # the warm-up, then k = 1 and 0 measured
+        assert length.choose(rows) == block_k
+        length.record(block_k, seconds * rows, rows, [rows] * block_k, [0] * block_k, rows * (block_k > 0))
     return length
 
 
@@ -472,12 +474,12 @@ def test_a_carried_draft_length_decodes_later_calls_plainly_from_the_first_block
         drafter = load_block_drafter("zoo:tiny-block-drafter", "torch", rows=len(prompts))
         proposed: list[int] = []
         propose_rows = drafter.propose_rows
-        drafter.propose_rows = lambda *a: proposed.append(1) or propose_rows(*a)  # type: ignore[method-assign]
+        drafter.propose_rows = lambda *a, p=proposed, f=propose_rows: p.append(1) or f(*a)  # type: ignore[method-assign]
         gens = engine.speculative_generate_batch(session, drafter, prompts, k, stop, adapt=length)
         assert [g.tokens for g in gens] == alone and not proposed and length.plain
         assert all(g.forwards == len(g.tokens) - 1 for g in gens)  # one forward per token after prefill
     assert length.steps[0] - before == 2 * (len(alone[0]) - 1)  # every plain step recorded
-    assert length.steps[k] == 1  # only the planted block
+    assert length.steps[1] == 1 and not any(length.steps[j] for j in range(2, k + 1))  # the planted block
     # batch 1 keeps its own costs: a first call there warms up and probes (it drafts)
     one = _planted_plain(len(prompts), k)
     session = m.session(hybrid(4, 16), max_block=k + 1)
@@ -497,11 +499,11 @@ def test_a_carried_draft_length_decodes_later_calls_plainly_from_the_first_block
 
 def test_a_carried_draft_length_probes_again_once_plain_decoding_paid_for_it() -> None:
     """Plain steps count toward the next probe: after enough plain decoding (the probe's loss within the
-    loops' budget, `LOOP_BUDGET`), a call starts with a probe of k_max instead of going plain at once."""
+    loops' budget, `LOOP_BUDGET`), a call starts with a probe (k = 1) instead of going plain at once."""
     from engine.draft_length import LOOP_BUDGET
 
     length = _planted_plain(8)
-    loss = 10.0 - length.tokens(4) * 1.0 / 1.05  # a k_max block less what plain decoding takes for its tokens
+    loss = 5.0 - length.tokens(1) * 1.0 / 1.05  # a k = 1 block less what plain decoding takes for its tokens
     length.start()
     assert length.choose(8) == 0 and length.plain
     plain_steps = int(loss / LOOP_BUDGET) + 1
@@ -511,4 +513,4 @@ def test_a_carried_draft_length_probes_again_once_plain_decoding_paid_for_it() -
     assert length.choose(8) == 0 and length.plain  # not yet
     length.record(0, 8.0, 8)
     length.start()
-    assert length.choose(8) == 4 and not length.plain  # the probe
+    assert length.choose(8) == 1 and not length.plain  # the probe (the cheapest drafting block)
