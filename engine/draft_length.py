@@ -43,7 +43,7 @@ from typing import Any
 PLAIN_MARGIN = 0.05
 # The share of their time the speculative loops may lose to probes (the server's default is 2%): they are
 # to be no slower than plain decoding where drafting does not pay.
-LOOP_BUDGET = 0.01
+LOOP_BUDGET = 0.005
 
 
 def bucket(rows: int) -> int:

@@ -160,7 +160,9 @@ def speculative_generate(
     forward per token, no drafter, no hidden states), so where drafting does not pay (speculative sampling
     with the block drafter on MLX on the CPU: a block costs more than the ~2.5 tokens it commits) the run
     costs little more than plain decoding. Greedy tokens stay those of `generate`; sampled tokens keep
-    plain sampling's distribution (a plain step draws from the verifier's own probabilities)."""
+    plain sampling's distribution (a plain step draws from the verifier's own probabilities). A
+    `DraftLength` carried over calls (`adapt=length`) that says plain before the prompt is fed leaves the
+    drafter out altogether (not begun, no hidden states): the call is plain decoding."""
     if k < 1:
         raise ValueError(f"k must be >= 1 (got {k})")
     if not prompt:
@@ -172,17 +174,21 @@ def speculative_generate(
     if sampling is not None and sampling.greedy:
         sampling = None
     rng = sampling.rng() if sampling else None
-    layers = tuple(getattr(drafter, "layers", ()))
+    length = draft_length(adapt, k)
+    chosen = length.choose() if length else None  # the first block's k (a carried length may say plain)
+    plain = length is not None and length.plain  # then no drafter at all: plain decoding from the prompt
+    layers = () if plain else tuple(getattr(drafter, "layers", ()))
     t0 = time.perf_counter()
-    drafter.begin(prompt)
+    if not plain:
+        drafter.begin(prompt)
     out = _first(_prefill(verifier, drafter, list(prompt), layers, sampling is not None), sampling, rng)
     t1 = time.perf_counter()
     gen = Generation(out, "max_new_tokens", len(prompt), t1 - t0, 0.0)
     reason = stop.check(out)
-    length = draft_length(adapt, k)
     clock = time.process_time if getattr(verifier, "on_cpu", False) else time.perf_counter
     while reason is None:
-        block_k = length.choose() if length else k
+        block_k = chosen if chosen is not None else length.choose() if length else k
+        chosen = None
         if length is not None and length.plain:
             reason = _plain_one(verifier, out, gen, stop, sampling, rng, length, clock)
             break
@@ -404,7 +410,9 @@ def speculative_generate_batch(
     `adapt`: each block's draft length from measured costs and acceptance (`DraftLength`), between 0 and
     k; the tokens stay exact whatever k a block takes. Once k = 0 wins on the measured costs the rest of
     the batch is decoded plainly (`_plain`: no drafter, no hidden states), so an adaptive batch costs
-    little more than plain batched decoding where drafting does not pay.
+    little more than plain batched decoding where drafting does not pay. `adapt=length`: a `DraftLength`
+    carried over calls (engine/draft_length.py); where it says plain before the prompts are fed, the
+    drafter is left out altogether (not begun, no hidden states): the call is plain batched decoding.
 
     `sampling` (temperature > 0): lossless speculative sampling per row, each row deciding its prefix by the
     rejection rule on its own (`accepted_prefix`) with its own random stream: row r draws with
@@ -423,11 +431,15 @@ def speculative_generate_batch(
         raise ValueError(
             f"the verifier's sequence needs max_block >= k + 1 = {k + 1} (has {verifier.max_block})"
         )
-    layers = tuple(getattr(drafter, "layers", ()))
     samplings = row_samplings(sampling, rows)
     rngs = [s.rng() if s else None for s in samplings]
+    length = draft_length(adapt, k)
+    chosen = length.choose(rows) if length else None  # the first block's k (a carried length may say plain)
+    plain = length is not None and length.plain  # then no drafter at all: plain decoding from the prompts
+    layers = () if plain else tuple(getattr(drafter, "layers", ()))
     t0 = time.perf_counter()
-    drafter.begin_rows(prompts)
+    if not plain:
+        drafter.begin_rows(prompts)
     outs = [
         _first(
             _prefill(verifier, drafter, list(p), layers, samplings[r] is not None, r), samplings[r], rngs[r]
@@ -438,11 +450,11 @@ def speculative_generate_batch(
     gens = [Generation(o, "max_new_tokens", len(p), t1 - t0, 0.0) for o, p in zip(outs, prompts, strict=True)]
     reasons: list[StopReason | None] = [stop.check(o) for o in outs]
     live = [r for r in range(rows) if reasons[r] is None]  # the prompt row of each verifier row
-    _leave(verifier, drafter, live)
-    length = draft_length(adapt, k)
+    _leave(verifier, None if plain else drafter, live)
     clock = time.process_time if getattr(verifier, "on_cpu", False) else time.perf_counter
     while live:
-        block_k = length.choose(len(live)) if length else k
+        block_k = chosen if chosen is not None else length.choose(len(live)) if length else k
+        chosen = None
         if length is not None and length.plain:
             _plain(verifier, live, outs, reasons, gens, stop, samplings, rngs, (length, clock))
             break
@@ -535,8 +547,10 @@ def _plain(
         live[:] = [live[i] for i in going]
 
 
-def _leave(verifier: Session, drafter: RowsDrafter, going: list[int]) -> None:
-    """Rows not in `going` have stopped: the verifier and the drafter drop them (unless none goes on)."""
+def _leave(verifier: Session, drafter: RowsDrafter | None, going: list[int]) -> None:
+    """Rows not in `going` have stopped: the verifier and the drafter (None: unused) drop them (unless
+    none goes on)."""
     if going and len(going) < verifier.rows:
         verifier.keep_rows(going)
-        drafter.keep_rows(going)
+        if drafter is not None:
+            drafter.keep_rows(going)

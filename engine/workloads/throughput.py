@@ -65,7 +65,7 @@ HUMANEVAL_STYLE = [
 ]
 
 
-# batched speculative runs adapt the draft length per block (engine.speculative.DraftLength)? On: with the
+# batched speculative runs adapt the draft length per block (engine/draft_length.py)? On: with the
 # block drafter on the zoo pair (benchmarks/results/batched_speculative-cpu.json) fixed k = 4 was 0.98x
 # batched greedy at B = 32 and adaptive 1.19x, at the price of ~10% at B = 1 and 8 (still 1.5-2x)
 ADAPT = True

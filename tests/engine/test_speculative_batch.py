@@ -459,7 +459,7 @@ def _planted_plain(rows: int, k: int = 4) -> Any:
 
 def test_a_carried_draft_length_decodes_later_calls_plainly_from_the_first_block() -> None:
     """One `DraftLength` passed to many calls (`adapt=length`): what it measured carries over, so a later
-    call at a batch size where drafting did not pay decodes plainly at once (no drafter call, no probe);
+    call at a batch size where drafting did not pay is plain decoding (the drafter is not even begun);
     its plain steps are recorded as k = 0 (what not drafting costs); a k_max other than k is refused."""
     from engine.draft_length import DraftLength
 
@@ -475,6 +475,8 @@ def test_a_carried_draft_length_decodes_later_calls_plainly_from_the_first_block
         proposed: list[int] = []
         propose_rows = drafter.propose_rows
         drafter.propose_rows = lambda *a, p=proposed, f=propose_rows: p.append(1) or f(*a)  # type: ignore[method-assign]
+        begin_rows = drafter.begin_rows
+        drafter.begin_rows = lambda *a, p=proposed, f=begin_rows: p.append(1) or f(*a)  # type: ignore[method-assign]
         gens = engine.speculative_generate_batch(session, drafter, prompts, k, stop, adapt=length)
         assert [g.tokens for g in gens] == alone and not proposed and length.plain
         assert all(g.forwards == len(g.tokens) - 1 for g in gens)  # one forward per token after prefill
@@ -486,6 +488,19 @@ def test_a_carried_draft_length_decodes_later_calls_plainly_from_the_first_block
     drafter = load_block_drafter("zoo:tiny-block-drafter", "torch")
     gen = engine.speculative_generate(session, drafter, prompts[0], k, stop, adapt=one)
     assert gen.tokens == alone[0] and gen.drafted > 0
+    # ... and where batch 1 did not pay either, a call there is plain decoding too (sampled: plain
+    # sampling's tokens for the seed)
+    from engine.sampling import Sampling
+
+    one = _planted_plain(1, k)
+    drafter = load_block_drafter("zoo:tiny-block-drafter", "torch")
+    drafter.begin = lambda *a: pytest.fail("a plain call began its drafter")  # type: ignore[method-assign]
+    seeded = Sampling(0.8, seed=3)
+    gen = engine.speculative_generate(
+        m.session(hybrid(4, 16), max_block=k + 1), drafter, prompts[0], k, stop, seeded, adapt=one
+    )
+    assert gen.tokens == engine.generate(m.session(hybrid(4, 16)), prompts[0], stop, seeded).tokens
+    assert one.plain and gen.drafted == 0
     with pytest.raises(ValueError, match="k_max is 4, the loop's k is 3"):
         engine.speculative_generate_batch(
             m.session(hybrid(4, 16), max_block=k + 1, rows=len(prompts)),

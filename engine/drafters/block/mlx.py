@@ -178,7 +178,7 @@ class MLXBlockDrafter(Buffers, BlockDrafterBase):
             kb[:, :, at:end] = k
             vb[:, :, at:end] = v
         # evaluated now (in the background), not with the next block: the prompt's context would
-        # otherwise land in the first block's time (engine.speculative.DraftLength times blocks), and a
+        # otherwise land in the first block's time (engine/draft_length.py DraftLength times blocks), and a
         # run of plain steps (k = 0) would pile its writes up into one graph
         mx.async_eval(self.kv)
 
