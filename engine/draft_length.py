@@ -9,7 +9,8 @@ on MLX unless nearly every draft is accepted. So:
 - Costs are kept per batch-size bucket (`bucket`: 1, 2, 3-4, 5-8, ..., 17-32, ...: a batch that starts
   at a power of two stays in its bucket until half its rows have left) and per k, as seconds per row of a
   block (CPU time of the process or thread for a verifier on the CPU, so that other processes' load does
-  not count; wall time on an accelerator), the least of the last `samples` (timing noise only ever adds).
+  not count; wall time on an accelerator), the least of the last `samples` (timing noise only ever adds)
+  of those measured with about as many rows as now (3/4 to 4/3; `measured`).
   A k not measured in a bucket is interpolated between the nearest measured ones (0 and k_max are always
   measured before choosing). The first block in a bucket only warms up (its time is not a cost: the first
   decode forward carries one-off costs); then one at k_max and one at k = 0 are timed.
@@ -21,8 +22,10 @@ on MLX unless nearly every draft is accepted. So:
   only ties with a k = 0 block would make the run slower than plain decoding (`PLAIN_MARGIN`). The server
   runs k = 0 as a true plain step (no margin).
 - `optimistic` (the speculative loops, whose switch to plain decoding is final within a call): k = 0 on
-  acceptance only after `evidence` drafting blocks (the first blocks' acceptance, sampled drafts above all,
-  decides nothing), at once where no draft length could pay even with every draft accepted.
+  acceptance only after `evidence` rows of drafting blocks (the first blocks' acceptance, sampled drafts
+  above all, decides little): 3 times what drafting could gain at full acceptance, at most 16; at once
+  where no draft length could pay even with every draft accepted. Where no draft length could pay even
+  at full acceptance by the least a block can cost (`floor`, from the k = 1 block), k_max is not run.
 - The end (0 or k_max) other than the best is measured again once the time spent in the bucket since its
   last probe pays for the probe's loss within `budget` (a probe loses its cost less what the best k takes
   for the tokens the probe emits), so a cost measured at another moment (load, a batch that grew) is
@@ -35,6 +38,7 @@ its plain steps as k = 0 blocks (what it costs not to draft), which also count t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,7 +47,7 @@ from typing import Any
 PLAIN_MARGIN = 0.05
 # The share of their time the speculative loops may lose to probes (the server's default is 2%): they are
 # to be no slower than plain decoding where drafting does not pay.
-LOOP_BUDGET = 0.005
+LOOP_BUDGET = 0.002
 
 
 def bucket(rows: int) -> int:
@@ -69,11 +73,12 @@ class DraftLength:
         self.budget = budget
         self.margin = margin
         self.optimistic = optimistic
-        self.evidence = 3  # drafting blocks before an `optimistic` switch to plain on acceptance
-        self.drafting = 0  # drafting blocks recorded (k > 0)
-        self.times: dict[tuple[int, int], list[float]] = {}  # (bucket, k) -> last blocks' seconds per row
-        # (bucket, k) -> the same blocks less their drafter calls (the verify forward and bookkeeping)
-        self.bare: dict[tuple[int, int], list[float]] = {}
+        self.drafting = 0  # rows of drafting blocks recorded (k > 0): how many samples the acceptance holds
+        # (bucket, k) -> the last blocks' (seconds per row, rows); `bare`: the same blocks less their drafter
+        # calls (the verify forward and bookkeeping)
+        self.times: dict[tuple[int, int], list[tuple[float, int]]] = {}
+        self.bare: dict[tuple[int, int], list[tuple[float, int]]] = {}
+        self.rows = 1  # the rows of the block being chosen: only costs measured with about as many count
         self.seen: set[int] = set()  # buckets whose first (warm-up) block has run
         self.spent: dict[int, float] = {}  # seconds per row spent in a bucket since its last probe
         self.drafted = [0] * k_max
@@ -97,12 +102,17 @@ class DraftLength:
         """Tokens a row emits in a block at k: 1 + the acceptance fraction of each of its k draft positions."""
         return 1.0 + sum(a / d for a, d in zip(self.accepted[:k], self.drafted[:k], strict=True) if d)
 
+    def measured(self, table: dict[tuple[int, int], list[tuple[float, int]]], b: int, k: int) -> list[float]:
+        """The seconds per row of `table`'s blocks at k in bucket b measured with about as many rows as now
+        (3/4 to 4/3: rows leave a batch as they finish, and a block's fixed costs weigh more per row)."""
+        return [t for t, r in table.get((b, k), []) if 3 * r <= 4 * self.rows and 4 * r >= 3 * self.rows]
+
     def cost(self, b: int, k: int) -> float:
         """Seconds per row of a block at k in bucket b: measured, or linear between measured draft lengths."""
-        if (b, k) in self.times:
-            return min(self.times[b, k])
-        lo = max(j for j in range(k) if (b, j) in self.times)
-        hi = min(j for j in range(k + 1, self.k_max + 1) if (b, j) in self.times)
+        if seen := self.measured(self.times, b, k):
+            return min(seen)
+        lo = max(j for j in range(k) if self.measured(self.times, b, j))
+        hi = min(j for j in range(k + 1, self.k_max + 1) if self.measured(self.times, b, j))
         return self.cost(b, lo) + (self.cost(b, hi) - self.cost(b, lo)) * (k - lo) / (hi - lo)
 
     def per_token(self, b: int) -> list[float]:
@@ -116,7 +126,7 @@ class DraftLength:
         drafter's share at least as at k = 1, its verify forward at least the k = 1 forward plus, per further
         draft, what the k = 1 forward cost over the plain step (a forward's cost is convex in its tokens:
         flat while memory-bound, then linear)."""
-        extra = max(0.0, min(self.bare[b, 1]) - self.cost(b, 0))
+        extra = max(0.0, min(self.measured(self.bare, b, 1)) - self.cost(b, 0))
         return self.cost(b, 1) + (k - 1) * extra
 
     def hopeless(self, b: int) -> bool:
@@ -124,11 +134,19 @@ class DraftLength:
         plain = self.cost(b, 0) / (1 + self.margin)
         return all(self.floor(b, k) / (k + 1) >= plain for k in range(1, self.k_max + 1))
 
+    def evidence(self, b: int, plain: float) -> int:
+        """Rows of drafting blocks before an `optimistic` switch to plain on acceptance: 3 times what
+        drafting could gain at full acceptance (plain's seconds per token over the least a drafting block
+        could take per token), at most 16; 0 where it could gain nothing. Exploring is cheap where blocks
+        are cheap (and a wrong switch costs the most there), dear where they cost nearly what they save."""
+        gain = plain / min(self.cost(b, k) / (k + 1) for k in range(1, self.k_max + 1))
+        return 0 if gain <= 1 else min(16, math.ceil(3 * gain))
+
     def choose(self, rows: int = 1) -> int:
-        b = bucket(rows)
+        b, self.rows = bucket(rows), rows
         if b not in self.seen:
             return 0
-        if missing := [k for k in (0, 1) if (b, k) not in self.times]:
+        if missing := [k for k in (0, 1) if not self.measured(self.times, b, k)]:
             self.spent[b] = 0.0
             return missing[-1]
         if self.hopeless(b):  # plain; the cheap k = 1 block is probed again within the budget
@@ -138,7 +156,7 @@ class DraftLength:
                 return 1
             self.plain = True
             return 0
-        if (b, self.k_max) not in self.times:
+        if not self.measured(self.times, b, self.k_max):
             self.spent[b] = 0.0
             return self.k_max
         per = self.per_token(b)
@@ -146,12 +164,7 @@ class DraftLength:
         drafts = range(1, self.k_max + 1)
         # the switch to plain is final: unless no draft length could pay even with every draft accepted,
         # a few blocks' acceptance decides nothing yet: draft on (the best measured k > 0, no probe)
-        if (
-            best == 0
-            and self.optimistic
-            and self.drafting < self.evidence
-            and min(self.cost(b, k) / (k + 1) for k in drafts) <= per[0]
-        ):
+        if best == 0 and self.optimistic and self.drafting < self.evidence(b, per[0]):
             return min(drafts, key=lambda k: (per[k], -k))
         loss = {k: self.cost(b, k) - self.tokens(k) * per[best] for k in (0, self.k_max) if k != best}
         probe = min(loss, key=loss.__getitem__)
@@ -175,13 +188,14 @@ class DraftLength:
         without its drafter's upkeep: what the plain decoding it stands for costs."""
         b = bucket(rows)
         self.steps[k] += 1
-        self.drafting += k > 0
+        self.drafting += rows if k > 0 else 0
         if b not in self.seen:
             self.seen.add(b)
         else:
             per_row, bare = seconds / max(rows, 1), (seconds - drafter) / max(rows, 1)
-            self.times[b, k] = [*self.times.get((b, k), [])[1 - self.samples :], bare if k == 0 else per_row]
-            self.bare[b, k] = [*self.bare.get((b, k), [])[1 - self.samples :], bare]
+            last = 1 - self.samples
+            self.times[b, k] = [*self.times.get((b, k), [])[last:], (bare if k == 0 else per_row, rows)]
+            self.bare[b, k] = [*self.bare.get((b, k), [])[last:], (bare, rows)]
             self.spent[b] = self.spent.get(b, 0.0) + per_row
         for i, (d, a) in enumerate(zip(drafted, accepted, strict=False)):
             self.drafted[i] += d
@@ -193,5 +207,8 @@ class DraftLength:
             "acceptance": [
                 round(a / d, 3) if d else None for a, d in zip(self.accepted, self.drafted, strict=True)
             ],
-            "ms_per_row": {f"{b}:{k}": round(min(t) * 1e3, 3) for (b, k), t in sorted(self.times.items())},
+            "ms_per_row": {
+                f"{b}:{k}": round(min(t for t, _ in seen) * 1e3, 3)
+                for (b, k), seen in sorted(self.times.items())
+            },
         }
