@@ -28,8 +28,9 @@ on MLX unless nearly every draft is accepted. So:
   at full acceptance by the least a block can cost (`floor`, from the k = 1 block), k_max is not run.
 - The end (0 or k_max) other than the best is measured again once the time spent in the bucket since its
   last probe pays for the probe's loss within `budget` (a probe loses its cost less what the best k takes
-  for the tokens the probe emits), so a cost measured at another moment (load, a batch that grew) is
-  corrected. The k that runs is measured as it runs, so a cost misjudged low corrects itself.
+  for the tokens the probe emits; `plain_budget` while plain decoding wins), so a cost measured at another
+  moment (load, a batch that grew, a noisy sample) is corrected. The k that runs is measured as it runs,
+  so a cost misjudged low corrects itself.
 
 One `DraftLength` may serve many calls (`speculative_generate_batch(adapt=length)`): what it measured
 carries over, so only the first batch of a size pays the probes. A speculative loop that went plain records
@@ -45,8 +46,9 @@ from typing import Any
 # How much cheaper than a measured k = 0 block the plain decoding a speculative loop switches to counts
 # (`DraftLength.margin`): drafting must beat it by this much (a k = 0 block pays the drafter's upkeep).
 PLAIN_MARGIN = 0.05
-# The share of their time the speculative loops may lose to probes (the server's default is 2%): they are
-# to be no slower than plain decoding where drafting does not pay.
+# The share of their time the speculative loops may lose to probes while plain decoding wins (`plain_budget`;
+# 2% while drafting wins, as the server): they are to be no slower than plain decoding where drafting does
+# not pay.
 LOOP_BUDGET = 0.002
 
 
@@ -65,12 +67,14 @@ class DraftLength:
         budget: float = 0.02,
         margin: float = 0.0,
         optimistic: bool = False,
+        plain_budget: float | None = None,
     ) -> None:
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1 (got {k_max})")
         self.k_max = k_max
         self.samples = samples
         self.budget = budget
+        self.plain_budget = budget if plain_budget is None else plain_budget  # while plain decoding wins
         self.margin = margin
         self.optimistic = optimistic
         self.drafting = 0  # rows of drafting blocks recorded (k > 0): how many samples the acceptance holds
@@ -92,7 +96,7 @@ class DraftLength:
     def for_loops(cls, k: int) -> DraftLength:
         """What the speculative loops use (`adapt=True` builds one per call; a caller decoding many batches
         builds one with this and passes it to every call, `adapt=length`)."""
-        return cls(k, budget=LOOP_BUDGET, margin=PLAIN_MARGIN, optimistic=True)
+        return cls(k, margin=PLAIN_MARGIN, optimistic=True, plain_budget=LOOP_BUDGET)
 
     def start(self) -> None:
         """A speculative loop's call begins: it drafts until measured costs say otherwise."""
@@ -151,7 +155,7 @@ class DraftLength:
             return missing[-1]
         if self.hopeless(b):  # plain; the cheap k = 1 block is probed again within the budget
             loss = self.cost(b, 1) - self.tokens(1) * self.cost(b, 0) / (1 + self.margin)
-            if self.spent.get(b, 0.0) * self.budget >= loss:
+            if self.spent.get(b, 0.0) * self.plain_budget >= loss:
                 self.spent[b] = 0.0
                 return 1
             self.plain = True
@@ -168,7 +172,7 @@ class DraftLength:
             return min(drafts, key=lambda k: (per[k], -k))
         loss = {k: self.cost(b, k) - self.tokens(k) * per[best] for k in (0, self.k_max) if k != best}
         probe = min(loss, key=loss.__getitem__)
-        if self.spent.get(b, 0.0) * self.budget >= loss[probe]:
+        if self.spent.get(b, 0.0) * (self.plain_budget if best == 0 else self.budget) >= loss[probe]:
             self.spent[b] = 0.0
             return probe
         self.plain = self.plain or best == 0
