@@ -52,6 +52,10 @@ PLAIN_MARGIN = 0.05
 LOOP_BUDGET = 0.002
 
 
+# Blocks the geometric guess of a draft position's acceptance is worth (`DraftLength.tokens`).
+PRIOR = 4
+
+
 def bucket(rows: int) -> int:
     """1 -> 0, 2 -> 1, 3-4 -> 2, 5-8 -> 3, 9-16 -> 4, 17-32 -> 5, ... (rows of similar per-row cost)."""
     return (max(rows, 1) - 1).bit_length()
@@ -103,8 +107,14 @@ class DraftLength:
         self.plain = False
 
     def tokens(self, k: int) -> float:
-        """Tokens a row emits in a block at k: 1 + the acceptance fraction of each of its k draft positions."""
-        return 1.0 + sum(a / d for a, d in zip(self.accepted[:k], self.drafted[:k], strict=True) if d)
+        """Tokens a row emits in a block at k: 1 + the acceptance fraction of each of its k draft positions.
+        A position drafted in few blocks leans on the geometric guess from the first position's fraction
+        f (position i: f^(i+1)), worth `PRIOR` blocks: a deep position sampled once or twice (sampled
+        drafts, a block probed after short ones) neither sinks nor lifts a draft length alone."""
+        f = self.accepted[0] / self.drafted[0] if self.drafted[0] else 1.0
+        return 1.0 + sum(
+            (self.accepted[i] + PRIOR * f ** (i + 1)) / (self.drafted[i] + PRIOR) for i in range(k)
+        )
 
     def measured(self, table: dict[tuple[int, int], list[tuple[float, int]]], b: int, k: int) -> list[float]:
         """The seconds per row of `table`'s blocks at k in bucket b measured with about as many rows as now

@@ -536,3 +536,27 @@ def test_a_carried_draft_length_probes_again_once_plain_decoding_paid_for_it() -
     length.record(0, 8.0, 8)
     length.start()
     assert length.choose(8) == 1 and not length.plain  # the probe (the cheapest drafting block)
+
+
+def test_deep_draft_positions_sampled_once_lean_on_the_first_positions_fraction() -> None:
+    """Sampled drafts: one block at k_max rejected at its second draft says little about positions 2..k;
+    `tokens` leans on the geometric guess from the first position's fraction (worth `PRIOR` blocks), so k
+    = 8 is not written off after one unlucky block, and data outweighs the guess as it comes."""
+    from engine.draft_length import PRIOR, DraftLength
+
+    length = DraftLength(8)
+    length.record(0, 1.0)  # the warm-up
+    for _ in range(10):  # k = 1 blocks, the first draft accepted 80% of the time
+        length.record(1, 2.0, 1, [1], [1])
+    length.record(1, 2.0, 1, [1], [0])
+    length.record(1, 2.0, 1, [1], [0])
+    length.record(8, 2.0, 1, [1] * 8, [1] + [0] * 7)  # one k = 8 block, rejected at its second draft
+    f = 11 / 13
+    assert length.tokens(1) == pytest.approx(1 + f)
+    assert length.tokens(8) == pytest.approx(
+        1 + f + sum(PRIOR * f ** (i + 1) / (1 + PRIOR) for i in range(1, 8))
+    )
+    assert length.tokens(8) > length.tokens(1) + 1
+    for _ in range(200):  # many k = 8 blocks that never get past the first draft: the data wins
+        length.record(8, 2.0, 1, [1] * 8, [1] + [0] * 7)
+    assert length.tokens(8) < length.tokens(1) + 0.1
