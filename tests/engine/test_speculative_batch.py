@@ -559,4 +559,4 @@ def test_deep_draft_positions_sampled_once_lean_on_the_first_positions_fraction(
     assert length.tokens(8) > length.tokens(1) + 1
     for _ in range(200):  # many k = 8 blocks that never get past the first draft: the data wins
         length.record(8, 2.0, 1, [1] * 8, [1] + [0] * 7)
-    assert length.tokens(8) < length.tokens(1) + 0.1
+    assert length.tokens(8) < length.tokens(1) + 0.15  # 7 positions x 4 / 205 of the guess left
