@@ -9,8 +9,9 @@ on MLX unless nearly every draft is accepted. So:
 - Costs are kept per batch-size bucket (`bucket`: 1, 2, 3-4, 5-8, ..., 17-32, ...: a batch that starts
   at a power of two stays in its bucket until half its rows have left) and per k, as seconds per row of a
   block (CPU time of the process or thread for a verifier on the CPU, so that other processes' load does
-  not count; wall time on an accelerator), the least of the last `samples` (timing noise only ever adds)
-  of those measured with about as many rows as now (3/4 to 4/3; `measured`).
+  not count; wall time on an accelerator), the least of the last `samples` (timing noise only ever adds);
+  with `rows_fit` (the speculative loops, whose rows only leave) of those measured with about as many
+  rows as now (3/4 to 4/3; `measured`: a block's fixed costs weigh more per row as rows leave).
   A k not measured in a bucket is interpolated between the nearest measured ones (0 and k_max are always
   measured before choosing). The first block in a bucket only warms up (its time is not a cost: the first
   decode forward carries one-off costs); then one at k_max and one at k = 0 are timed.
@@ -72,6 +73,7 @@ class DraftLength:
         margin: float = 0.0,
         optimistic: bool = False,
         plain_budget: float | None = None,
+        rows_fit: bool = False,
     ) -> None:
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1 (got {k_max})")
@@ -86,7 +88,10 @@ class DraftLength:
         # calls (the verify forward and bookkeeping)
         self.times: dict[tuple[int, int], list[tuple[float, int]]] = {}
         self.bare: dict[tuple[int, int], list[tuple[float, int]]] = {}
-        self.rows = 1  # the rows of the block being chosen: only costs measured with about as many count
+        # the rows of the block being chosen; `rows_fit`: only costs measured with about as many count (a
+        # speculative loop's rows only leave; a server's come and go, and would be probed again and again)
+        self.rows = 1
+        self.rows_fit = rows_fit
         self.seen: set[int] = set()  # buckets whose first (warm-up) block has run
         self.spent: dict[int, float] = {}  # seconds per row spent in a bucket since its last probe
         self.drafted = [0] * k_max
@@ -100,7 +105,7 @@ class DraftLength:
     def for_loops(cls, k: int) -> DraftLength:
         """What the speculative loops use (`adapt=True` builds one per call; a caller decoding many batches
         builds one with this and passes it to every call, `adapt=length`)."""
-        return cls(k, margin=PLAIN_MARGIN, optimistic=True, plain_budget=LOOP_BUDGET)
+        return cls(k, margin=PLAIN_MARGIN, optimistic=True, plain_budget=LOOP_BUDGET, rows_fit=True)
 
     def start(self) -> None:
         """A speculative loop's call begins: it drafts until measured costs say otherwise."""
@@ -117,9 +122,10 @@ class DraftLength:
         )
 
     def measured(self, table: dict[tuple[int, int], list[tuple[float, int]]], b: int, k: int) -> list[float]:
-        """The seconds per row of `table`'s blocks at k in bucket b measured with about as many rows as now
-        (3/4 to 4/3: rows leave a batch as they finish, and a block's fixed costs weigh more per row)."""
-        return [t for t, r in table.get((b, k), []) if 3 * r <= 4 * self.rows and 4 * r >= 3 * self.rows]
+        """The seconds per row of `table`'s blocks at k in bucket b (`rows_fit`: measured with about as many
+        rows as now, 3/4 to 4/3)."""
+        fit = (lambda r: 3 * r <= 4 * self.rows and 4 * r >= 3 * self.rows) if self.rows_fit else None
+        return [t for t, r in table.get((b, k), []) if fit is None or fit(r)]
 
     def cost(self, b: int, k: int) -> float:
         """Seconds per row of a block at k in bucket b: measured, or linear between measured draft lengths."""

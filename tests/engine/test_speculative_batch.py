@@ -188,7 +188,7 @@ def test_draft_length_follows_measured_costs_and_acceptance() -> None:
     assert tail.count(2) >= 9, tail
     # costs are kept per batch-size bucket: 8 rows' costs do not stand for 4 rows (warmed up, measured
     # again), nor 4 rows' for 8 (kept: no new probe when 8 rows come back)
-    length = DraftLength(4)
+    length = DraftLength(4, rows_fit=True)
     for _ in range(6):
         k = length.choose(8)
         length.record(k, 1.0, 8, [8] * k, [8] * k)
