@@ -15,7 +15,9 @@ rule accepts a draft with the verifier's own probability of it), and, once per p
 speculative decoding (acceptance at temperature 0, for comparison). Decode tok/s are over all runs of a
 method (tokens after the first / time after prefill), on the wall clock and on the CPU time of the process
 in the decode phase (read at the engine's own clock reads, as benchmarks/batched_speculative.py does:
-other processes' load does not inflate it; threads = 1). Then one instrumented pass measures the host
+other processes' load does not inflate it; threads = 1), and the median over runs of each run's speedup
+against the plain run of the same prompt and seed (`median_paired_speedup`: steadier where identical
+runs' times swing, as MLX's do on this CPU). Then one instrumented pass measures the host
 sampler per block: time in `Sampling.probs`, the rule (`verify`) and the drafter's draws, against the
 whole block. The load average at the start and the end goes into the report. Not a test: nothing is
 asserted.
@@ -24,6 +26,7 @@ asserted.
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -210,6 +213,12 @@ def measure(backend: str, k: int, args: argparse.Namespace) -> dict[str, Any]:
     blocks = sum(g.forwards for g in sampled_blocks)
     block_s = sum(g.decode_s for g in sampled_blocks) / blocks
     rates = {m: _rate(g) for m, g in runs.items()}
+    # each run against the plain run of the same prompt and seed next to it (steadier than totals when a
+    # busy spell hits some runs: MLX's CPU timings swing 20% between identical runs here)
+    paired = {
+        m: statistics.median(_rate([g]) / _rate([p]) for p, g in zip(runs["plain"], runs[m], strict=True))
+        for m in ("spec", "spec_adaptive", "spec_carried")
+    }
     cpu_rates = {m: _rate(g, cpu=True) for m, g in runs.items()}
     out = {
         "backend": backend,
@@ -227,6 +236,7 @@ def measure(backend: str, k: int, args: argparse.Namespace) -> dict[str, Any]:
         "speedup_sampled_one_hot": rates["one_hot"] / rates["plain"],
         "speedup_greedy": rates["greedy_spec"] / rates["greedy"],
         "per_seed": per_seed,
+        "median_paired_speedup": paired,
         "acceptance": {m: _acceptance(runs[m]) for m in methods if m not in ("plain", "greedy")},
         "host_sampler_ms_per_block": 1000 * host[0] / blocks,
         "block_ms": 1000 * block_s,
@@ -236,7 +246,8 @@ def measure(backend: str, k: int, args: argparse.Namespace) -> dict[str, Any]:
         f"{backend:5s} k={k}: plain sampling {rates['plain']:.1f} tok/s, speculative sampling {rates['spec']:.1f} "
         f"({out['speedup_sampled']:.2f}x, cpu {out['cpu_speedup_sampled']:.2f}x; adaptive "
         f"{out['speedup_sampled_adaptive']:.2f}x, cpu {out['cpu_speedup_sampled_adaptive']:.2f}x; carried {out['speedup_sampled_carried']:.2f}x, cpu "
-        f"{out['cpu_speedup_sampled_carried']:.2f}x; one-hot drafts {out['speedup_sampled_one_hot']:.2f}x; k mask slots "
+        f"{out['cpu_speedup_sampled_carried']:.2f}x; median paired: speculative {paired['spec']:.2f}x, adaptive "
+        f"{paired['spec_adaptive']:.2f}x, carried {paired['spec_carried']:.2f}x; one-hot drafts {out['speedup_sampled_one_hot']:.2f}x; k mask slots "
         f"{rates.get('spec_k_slots', rates['spec']) / rates['plain']:.2f}x), greedy "
         f"{rates['greedy']:.1f} -> {rates['greedy_spec']:.1f} ({out['speedup_greedy']:.2f}x); acceptance length "
         f"sampled {out['acceptance']['spec']['acceptance_length']:.2f} (k mask slots "
