@@ -9,9 +9,10 @@ prompt, no slower than `generate`. The length's costs are planted (k = 1 at 5 pl
 pay), so what is timed is the call itself, never a probe's choice. For each backend, draft length k and
 pair i (zoo code prompts cycled, seed i, temperature 0.7 and greedy): a speculative run that drafts (so
 whatever a drafting run leaves behind, MLX's background work included, precedes both alike), then
-`generate`, then another drafting run, then the carried call; every pair's tokens are checked equal. Reported:
-median seconds per token of each, and the median over pairs of generate's time per token over the carried
-call's (above 1: the carried call faster). Interleaved pairs, medians: MLX's CPU timings swing 20% between
+`generate`, then another drafting run, then the carried call, then `generate` on a session sized for blocks (max_block k + 1), then
+`generate` on such a session with a drafter made for it (what the carried call runs on); every pair's
+tokens are checked equal. Reported: median seconds per token of each, and the median over pairs of
+generate's time per token over the carried call's (above 1: the carried call faster). Interleaved pairs, medians: MLX's CPU timings swing 20% between
 identical runs on this machine. Not a test: figures are reported, not asserted.
 """
 
@@ -52,17 +53,23 @@ def measure(backend: str, k: int, temperature: float, args: argparse.Namespace) 
         session = model.session(policy, k + 1)
         return engine.speculative_generate(session, make(session), ids, k, stop, sampling, adapt)
 
-    plain, carried = [], []
+    plain, carried, sized, bound = [], [], [], []
     for i in range(args.pairs):
         ids, sampling = prompts[i % len(prompts)], Sampling(temperature, seed=args.seed + i)
         speculative(ids, sampling)
         want = engine.generate(model.session(policy), ids, stop, sampling)
         speculative(ids, sampling)
         got = speculative(ids, sampling, length)
-        if got.tokens != want.tokens or got.drafted:
-            raise RuntimeError(f"{backend} k={k} pair {i}: the carried call drafted or decoded other tokens")
-        plain.append(want.decode_s / (len(want.tokens) - 1))
-        carried.append(got.decode_s / (len(got.tokens) - 1))
+        session = model.session(policy, k + 1)
+        in_sized = engine.generate(session, ids, stop, sampling)
+        session = model.session(policy, k + 1)
+        drafter = make(session)  # made for the session, not used: what a carried plain call holds
+        in_bound = engine.generate(session, ids, stop, sampling)
+        del drafter
+        if got.drafted or any(g.tokens != want.tokens for g in (got, in_sized, in_bound)):
+            raise RuntimeError(f"{backend} k={k} pair {i}: a run drafted or decoded other tokens")
+        for times, gen in ((plain, want), (carried, got), (sized, in_sized), (bound, in_bound)):
+            times.append(gen.decode_s / (len(gen.tokens) - 1))
     out = {
         "backend": backend,
         "k": k,
@@ -70,12 +77,16 @@ def measure(backend: str, k: int, temperature: float, args: argparse.Namespace) 
         "pairs": args.pairs,
         "generate_ms_per_token": 1e3 * statistics.median(plain),
         "carried_ms_per_token": 1e3 * statistics.median(carried),
+        "generate_sized_ms_per_token": 1e3 * statistics.median(sized),
+        "generate_sized_with_drafter_ms_per_token": 1e3 * statistics.median(bound),
         "median_paired_speedup": statistics.median(p / c for p, c in zip(plain, carried, strict=True)),
         "plain_blocks": length.steps[0],
     }
     print(
         f"{backend:5s} k={k} t={temperature}: generate {out['generate_ms_per_token']:.3f} ms/token, carried "
-        f"{out['carried_ms_per_token']:.3f}, median paired {out['median_paired_speedup']:.3f}x",
+        f"{out['carried_ms_per_token']:.3f}, median paired {out['median_paired_speedup']:.3f}x; generate on "
+        f"max_block {k + 1}: {out['generate_sized_ms_per_token']:.3f}, with a drafter made for it "
+        f"{out['generate_sized_with_drafter_ms_per_token']:.3f}",
         flush=True,
     )
     return out

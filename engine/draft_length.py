@@ -2,9 +2,9 @@
 speculative loops (engine/speculative.py, `adapt=`) and the server's scheduler (engine/serve/scheduler.py).
 
 What pays depends on the machine and the batch size: on the project's 2-core CPU a block drafter's k = 4
-block costs 2.1x a plain step at 1 row and 3.2x at 32 rows on torch, and on MLX's CPU backend a k = 1
-block already costs 3x a plain step at 32 rows, so drafting pays at 1 row on torch and loses at 32 rows
-on MLX unless nearly every draft is accepted. So:
+block costs 1.9x a plain step at 1 row and 3.1x at 32 rows on torch, and on MLX's CPU backend a k = 1
+block already costs 2.7x a plain step at 32 rows (python -m benchmarks.block_costs), so drafting pays at
+1 row on torch and cannot pay at 32 rows on MLX. So:
 
 - Costs are kept per batch-size bucket (`bucket`: 1, 2, 3-4, 5-8, ..., 17-32, ...: a batch that starts
   at a power of two stays in its bucket until half its rows have left) and per k, as seconds per row of a
@@ -84,7 +84,7 @@ class DraftLength:
         self.margin = margin
         self.optimistic = optimistic
         self.drafting = 0  # rows of drafting blocks recorded (k > 0): how many samples the acceptance holds
-        # (bucket, k) -> the last blocks' (seconds per row, rows); `bare`: the same blocks less their drafter
+        # (bucket, k) -> the last blocks' (seconds per row, rows); `bare`: the k = 1 blocks less their drafter
         # calls (the verify forward and bookkeeping)
         self.times: dict[tuple[int, int], list[tuple[float, int]]] = {}
         self.bare: dict[tuple[int, int], list[tuple[float, int]]] = {}
@@ -215,7 +215,8 @@ class DraftLength:
             per_row, bare = seconds / max(rows, 1), (seconds - drafter) / max(rows, 1)
             last = 1 - self.samples
             self.times[b, k] = [*self.times.get((b, k), [])[last:], (bare if k == 0 else per_row, rows)]
-            self.bare[b, k] = [*self.bare.get((b, k), [])[last:], (bare, rows)]
+            if k == 1:  # what `floor` reads
+                self.bare[b, k] = [*self.bare.get((b, k), [])[last:], (bare, rows)]
             self.spent[b] = self.spent.get(b, 0.0) + per_row
         for i, (d, a) in enumerate(zip(drafted, accepted, strict=False)):
             self.drafted[i] += d

@@ -76,19 +76,25 @@ def run(sched: Scheduler, prompts: list[list[int]], ns: list[int], gap: float = 
     return got
 
 
+def _batch_sizes(sched: Scheduler) -> list[int]:
+    """The rows of every batch step the scheduler takes from now on (its `_decode` spied on)."""
+    seen: list[int] = []
+    decode = sched._decode
+
+    def spy(batch: Any) -> None:
+        seen.append(len(batch.rows))
+        decode(batch)
+
+    sched._decode = spy  # type: ignore[method-assign]
+    return seen
+
+
 def test_a_row_joining_mid_decode_changes_no_other_row(model: Any) -> None:
     policy = "sink_window:4:16"
     prompts = [model.encode(p) for p in corpus.code_prompts(3, 1, 30)]
     sched = Scheduler(Engine(model, parse_policy(policy)), kv_budget=1 << 30)
     got = Collect()
-    seen_rows: list[int] = []
-    decode = sched._decode
-
-    def spy(batch: Any) -> None:
-        seen_rows.append(len(batch.rows))
-        decode(batch)
-
-    sched._decode = spy  # type: ignore[method-assign]
+    seen_rows = _batch_sizes(sched)
     sched.start()
     try:
         sched.submit(prompts[0], Params(60), got.emit(0))
@@ -230,14 +236,7 @@ def test_mlx_rows_join_a_running_batch_exactly(drafter: str | None) -> None:
     prompts = [mlx_model.encode(p) for p in corpus.code_prompts(3, 8, 20)]
     ns = [60, 40, 20]
     sched = Scheduler(eng, kv_budget=1 << 30)
-    seen_rows: list[int] = []
-    decode = sched._decode
-
-    def spy(batch: Any) -> None:
-        seen_rows.append(len(batch.rows))
-        decode(batch)
-
-    sched._decode = spy  # type: ignore[method-assign]
+    seen_rows = _batch_sizes(sched)
     got = Collect()
     sched.start()
     try:
